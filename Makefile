@@ -1,0 +1,65 @@
+# Thin wrapper over CMake presets. Every target installs what is missing first (scripts/bootstrap.sh).
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
+SHORT_FUZZ_SECONDS ?= 20
+GPUIPC := build/bin/gpuipc
+
+.PHONY: all deps build demo test gpu-test bench asan tsan fuzz fuzz-build fuzz-short format tidy clean
+
+all: build
+
+deps:
+	@scripts/bootstrap.sh
+
+build: deps
+	cmake --preset default >/dev/null
+	cmake --build --preset default -j $(JOBS)
+
+## The main job: a producer and a consumer process stream frames through a channel (see README).
+demo: build
+	$(GPUIPC) demo
+
+## CPU test suite (GPU tests skip with their reason where there is no GPU) plus a short fuzz run.
+test: build
+	ctest --preset default
+	$(MAKE) --no-print-directory fuzz-short
+
+## The gpu-labelled tests, for a machine with a GPU.
+gpu-test: build
+	ctest --preset gpu
+
+## Benchmarks; JSON lands in bench/results/ (see docs/benchmarks.md).
+bench: build
+	scripts/run_bench.sh
+
+## ASan + UBSan build of the CPU test suite.
+asan: deps
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan
+
+## TSan build of the CPU test suite.
+tsan: deps
+	cmake --preset tsan >/dev/null
+	cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan
+
+fuzz-build: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS) --target fuzz_proto_decode
+
+## The wire-protocol decoder under libFuzzer + ASan for FUZZ_SECONDS (default 60).
+fuzz: fuzz-build
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
+fuzz-short: fuzz-build
+	scripts/fuzz.sh $(SHORT_FUZZ_SECONDS)
+
+format:
+	git ls-files '*.cpp' '*.hpp' '*.cu' | xargs clang-format -i
+
+tidy: build
+	git ls-files 'src/*.cpp' | xargs clang-tidy -p build --quiet
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz

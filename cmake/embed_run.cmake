@@ -1,0 +1,5 @@
+file(READ "${INPUT}" hex HEX)
+string(LENGTH "${hex}" n)
+math(EXPR bytes "${n} / 2")
+string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," body "${hex}")
+file(WRITE "${OUTPUT}" "#include <cstddef>\nalignas(64) extern const unsigned char ${SYMBOL}[] = {${body}0x00};\nextern const std::size_t ${SYMBOL}_size = ${bytes};\n")

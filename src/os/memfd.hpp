@@ -1,0 +1,54 @@
+// Anonymous shared memory files (memfd) and memory mappings.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "os/fd.hpp"
+
+namespace gpuipc::os {
+
+/// memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING) and ftruncate to `size`. Throws Error naming `name`.
+UniqueFd memfd_create(const std::string& name, std::size_t size);
+
+/// Adds seals (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL, ...) with F_ADD_SEALS. Throws Error.
+void memfd_seal(int fd, unsigned seals);
+
+/// The seals in force (F_GET_SEALS).
+unsigned memfd_seals(int fd);
+
+/// The size of the file behind fd (fstat).
+std::size_t fd_size(int fd);
+
+/// A new read-only open file description of the same file (open("/proc/self/fd/N", O_RDONLY | O_CLOEXEC)):
+/// whoever receives it cannot map it writable (mmap(PROT_WRITE, MAP_SHARED) fails with EACCES).
+UniqueFd reopen_readonly(int fd);
+
+/// One mmap'ed region; unmaps on destruction. Move-only.
+class Mapping {
+ public:
+  Mapping() noexcept = default;
+  /// mmap(MAP_SHARED) of `size` bytes of fd at `offset`, PROT_READ and, if writable, PROT_WRITE. Throws Error.
+  static Mapping map(int fd, std::size_t size, bool writable, std::size_t offset = 0);
+  /// Anonymous private read-write memory (MAP_PRIVATE | MAP_ANONYMOUS).
+  static Mapping anonymous(std::size_t size);
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  Mapping(Mapping&& other) noexcept;
+  Mapping& operator=(Mapping&& other) noexcept;
+  ~Mapping();
+
+  void* data() const noexcept { return m_data; }
+  std::size_t size() const noexcept { return m_size; }
+  explicit operator bool() const noexcept { return m_data != nullptr; }
+
+ private:
+  Mapping(void* data, std::size_t size) noexcept : m_data(data), m_size(size) {}
+  void* m_data = nullptr;
+  std::size_t m_size = 0;
+};
+
+/// The system page size.
+std::size_t page_size() noexcept;
+
+}  // namespace gpuipc::os

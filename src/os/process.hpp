@@ -1,0 +1,56 @@
+// Processes: pidfd, signals as fds, file locks, directories, clocks.
+#pragma once
+
+#include <sys/types.h>
+
+#include <csignal>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "os/fd.hpp"
+
+namespace gpuipc::os {
+
+/// pidfd_open(pid). Throws Error(NotFound) when the process does not exist, Error(Unsupported) when the kernel
+/// lacks pidfd (ENOSYS; Linux < 5.3).
+UniqueFd pidfd_open(pid_t pid);
+
+/// Polls a pidfd: true once the process has exited, false when `timeout_ms` passed first (-1: wait forever).
+bool pidfd_wait_exit(int pidfd, int timeout_ms);
+
+/// Whether a process with this pid exists (kill(pid, 0); EPERM counts as existing).
+bool process_alive(pid_t pid) noexcept;
+
+/// Blocks `signals` in the calling thread and returns a signalfd (CLOEXEC | NONBLOCK) that reports them.
+UniqueFd signal_fd(const std::vector<int>& signals);
+
+/// Reads one pending signal number from a signalfd, or 0 when none is pending.
+int read_signal(int sigfd);
+
+/// eventfd (CLOEXEC | NONBLOCK) and its write/read.
+UniqueFd event_fd();
+void event_fd_signal(int efd) noexcept;
+void event_fd_drain(int efd) noexcept;
+
+/// Opens (creating, mode 0600) and flock(LOCK_EX | LOCK_NB)s `path`. Returns an invalid UniqueFd when another
+/// process holds the lock. The lock lives as long as the fd (and dies with the process).
+UniqueFd try_lock_file(const std::string& path);
+
+/// Creates `path` (and missing parents) with `mode` if absent. Then checks that it is a directory owned by the
+/// caller or root and not writable by others unless sticky; throws Error(PermissionDenied) with what is wrong
+/// and what to do otherwise.
+void ensure_private_dir(const std::string& path, unsigned mode = 0755);
+
+/// CLOCK_MONOTONIC in nanoseconds.
+std::int64_t monotonic_ns() noexcept;
+
+/// The path of the running executable (/proc/self/exe), or empty.
+std::string self_exe_path();
+
+/// Starts `argv[0]` (an absolute path) with `argv`, detached: double fork, setsid, stdin/stdout to /dev/null,
+/// stderr to `log_path` (appended; /dev/null when empty), all other fds closed. Returns once the intermediate
+/// child has been reaped, so no zombie is left. Throws Error if the program cannot be started.
+void spawn_detached(const std::vector<std::string>& argv, const std::string& log_path);
+
+}  // namespace gpuipc::os

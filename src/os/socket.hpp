@@ -1,0 +1,74 @@
+// Unix SOCK_SEQPACKET sockets that carry one message with up to kMaxFds file descriptors (SCM_RIGHTS).
+// Every call retries EINTR. No call raises SIGPIPE (MSG_NOSIGNAL).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "os/fd.hpp"
+
+namespace gpuipc::os {
+
+/// Most fds one message may carry, in either direction.
+inline constexpr std::size_t kMaxFds = 16;
+
+/// Peer credentials of a connected Unix socket (SO_PEERCRED): as of connect(2), not of later setuid.
+struct Credentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+/// Outcome of a send or receive that did not throw.
+enum class IoStatus {
+  Ok,          ///< the whole message went / came
+  WouldBlock,  ///< non-blocking socket and nothing could be done now
+  Closed,      ///< the peer closed (EOF, EPIPE, ECONNRESET)
+  Truncated,   ///< received message or its control data did not fit; every fd that came with it is closed
+};
+
+/// Creates, binds and listens on a SOCK_SEQPACKET socket at `path` (an existing socket file there is unlinked
+/// first: the caller holds the instance lock). The socket file gets `mode` (default 0666: access control is
+/// per request, from SO_PEERCRED). The socket is CLOEXEC and non-blocking. Throws Error naming path and call.
+UniqueFd listen_seqpacket(const std::string& path, unsigned mode = 0666, int backlog = 256);
+
+/// accept4 (CLOEXEC | NONBLOCK). Returns an invalid UniqueFd when no connection is pending (EAGAIN) or the
+/// pending one vanished (ECONNABORTED); throws on other errors (EMFILE: Error(System) naming the limit).
+UniqueFd accept_seqpacket(int listen_fd);
+
+/// Connects (blocking, CLOEXEC) to `path`. Throws Error(NotFound) when nothing listens there (ENOENT,
+/// ECONNREFUSED), other codes as errno maps.
+UniqueFd connect_seqpacket(const std::string& path);
+
+/// A connected pair (socketpair AF_UNIX SOCK_SEQPACKET, CLOEXEC).
+std::pair<UniqueFd, UniqueFd> seqpacket_pair();
+
+/// Sends `payload` (at most `max_bytes`) plus `fds` (at most kMaxFds) as one message. Throws
+/// Error(InvalidArgument) for an oversized message, Error(System) for other failures. Returns Ok, WouldBlock or
+/// Closed.
+IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<const int> fds = {},
+                      std::size_t max_bytes = 65536);
+
+/// Receives one message into `buffer`; `size` gets its length and `fds` (cleared first) the fds that came with it
+/// (at most `max_fds` are accepted; a message with more counts as Truncated). On Truncated (MSG_TRUNC or
+/// MSG_CTRUNC) every received fd is closed before returning, so nothing leaks. Throws Error(System) on other
+/// failures.
+IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& size, std::vector<UniqueFd>& fds,
+                         std::size_t max_fds = kMaxFds);
+
+/// SO_PEERCRED of a connected socket. Throws Error(System).
+Credentials peer_credentials(int sock);
+
+/// Sets or clears O_NONBLOCK.
+void set_nonblocking(int fd, bool on);
+
+/// poll(2) for POLLIN on one fd, retrying EINTR with the remaining time. timeout_ms < 0 waits forever.
+/// Returns true when readable (or hung up), false on timeout.
+bool wait_readable(int fd, int timeout_ms);
+
+}  // namespace gpuipc::os

@@ -1,0 +1,180 @@
+// The broker wire format, version 1: one message per SOCK_SEQPACKET datagram, fixed layout, little-endian,
+// file descriptors alongside by SCM_RIGHTS. Pure data: no I/O here. See docs/protocol.md.
+//
+// Every message starts with a 16-byte header:
+//   u32 magic 'GIPC' (0x43504947) | u16 version | u16 type | u32 request_id | u16 body_length | u8 fd_count | u8 0
+// then body_length bytes of body. Strings are u16 length + bytes (no terminator). Decoding checks the magic,
+// version, type, lengths (header, body, each string, each array), every enum, the name charset, every size
+// limit, the reserved byte, that the body is consumed exactly, and that fd_count matches both the type and the
+// number of fds that actually arrived.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace gpuipc::proto {
+
+inline constexpr std::uint32_t kMagic = 0x43504947;  // "GIPC" little-endian
+inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::size_t kHeaderSize = 16;
+/// Largest message either side sends or accepts (header included).
+inline constexpr std::size_t kMaxMessageSize = 60 * 1024;
+/// Longest object name; names are [A-Za-z0-9._-], not starting with '.' or '-'.
+inline constexpr std::size_t kMaxNameLength = 128;
+/// Longest error message text.
+inline constexpr std::size_t kMaxTextLength = 2048;
+/// Most segment entries in one ListReply (the client pages with ListRequest::after_id).
+inline constexpr std::size_t kMaxListEntries = 64;
+/// Most mapper pids reported per segment (SegmentInfo::mapper_count has the full number).
+inline constexpr std::size_t kMaxMapperPids = 16;
+/// Largest segment (1 TiB).
+inline constexpr std::uint64_t kMaxSegmentSize = 1ULL << 40;
+
+enum class MessageType : std::uint16_t {
+  Hello = 1,
+  HelloReply = 2,
+  Create = 3,
+  Open = 4,
+  OpenReply = 5,
+  Close = 6,
+  Unlink = 7,
+  Stat = 8,
+  StatReply = 9,
+  List = 10,
+  ListReply = 11,
+  Ok = 12,
+  Error = 13,
+};
+
+/// Segment kinds (include/gpuipc/segment.hpp mirrors these values).
+enum class Kind : std::uint8_t { Device = 1, Host = 2, HostPinned = 3 };
+
+/// How the opener wants to access a segment.
+enum class Access : std::uint8_t { ReadOnly = 1, ReadWrite = 2 };
+
+/// 16-byte CUDA device UUID; all zero for host kinds.
+using Uuid = std::array<std::uint8_t, 16>;
+
+/// Client -> broker, first message on a connection. The broker refuses other versions with an Error reply.
+struct Hello {
+  std::uint32_t pid = 0;     ///< the client's pid as it sees it (informational; the broker trusts SO_PEERCRED)
+  std::string client_name;   ///< program name, for `gpuipc ls`; at most 64 bytes, printable ASCII
+};
+
+struct HelloReply {
+  std::uint32_t broker_pid = 0;
+  std::uint32_t uid = 0;     ///< the client's uid as the broker sees it
+  std::uint32_t gid = 0;
+  std::string broker_version;  ///< "0.1.0"
+};
+
+/// Registers a new segment. Carries exactly one fd: the memory (memfd for host kinds, cuMem POSIX fd for
+/// device). The creator holds one reference, as if it had opened the segment read-write.
+struct Create {
+  std::string name;
+  Kind kind = Kind::Host;
+  std::uint16_t mode = 0600;  ///< permission bits, only 0777 allowed
+  std::uint64_t size = 0;     ///< bytes; 1..kMaxSegmentSize
+  Uuid device{};              ///< device kinds: the GPU the memory lives on
+  std::uint32_t flags = 0;    ///< reserved, 0
+};
+
+/// Opens a segment by name. `wait_ms` > 0: the broker answers once the name exists or after that long.
+struct Open {
+  std::string name;
+  Access access = Access::ReadWrite;
+  std::uint32_t wait_ms = 0;
+};
+
+/// What the broker knows of a segment.
+struct SegmentInfo {
+  std::uint64_t id = 0;       ///< unique for the broker's lifetime, never reused
+  std::string name;           ///< empty once unlinked
+  Kind kind = Kind::Host;
+  std::uint16_t mode = 0;
+  std::uint64_t size = 0;
+  Uuid device{};
+  std::uint32_t owner_uid = 0;
+  std::uint32_t owner_gid = 0;
+  std::uint64_t created_unix_ns = 0;
+  std::uint32_t references = 0;   ///< open references over all connections
+  std::uint32_t mapper_count = 0; ///< distinct connections holding references
+  std::vector<std::uint32_t> mapper_pids;  ///< at most kMaxMapperPids
+};
+
+/// Reply to Open (and to Create: no fd then). Carries one fd for Open: read-only opens of host kinds get a
+/// read-only file description.
+struct OpenReply {
+  SegmentInfo info;
+};
+
+/// Drops one reference this connection holds on segment `id`.
+struct Close {
+  std::uint64_t id = 0;
+};
+
+/// Removes the name; the memory goes when the last reference does.
+struct Unlink {
+  std::string name;
+};
+
+struct Stat {
+  std::string name;
+};
+
+struct StatReply {
+  SegmentInfo info;
+};
+
+/// Lists segments with id > after_id, at most kMaxListEntries per reply.
+struct List {
+  std::uint64_t after_id = 0;
+};
+
+struct ListReply {
+  std::vector<SegmentInfo> entries;
+  bool more = false;  ///< another List with after_id = entries.back().id returns the rest
+};
+
+struct OkReply {};
+
+/// A refused request. `code` is a gpuipc::ErrorCode value; `message` says what to do.
+struct ErrorReply {
+  std::uint8_t code = 0;
+  std::int32_t sys_errno = 0;
+  std::string message;
+};
+
+using Body = std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unlink, Stat, StatReply, List, ListReply,
+                          OkReply, ErrorReply>;
+
+struct Message {
+  std::uint32_t request_id = 0;
+  Body body;
+};
+
+/// The type tag of a body.
+MessageType type_of(const Body& body) noexcept;
+
+/// Most fds a message of this type may carry: Create 1, OpenReply 1 (0 when it answers Create), others 0.
+/// Create must carry exactly 1.
+std::size_t max_fds(MessageType type) noexcept;
+
+/// Whether `name` is a valid object name (see kMaxNameLength). Returns an empty string when valid, else why not.
+std::string check_name(std::string_view name);
+
+/// Encodes `msg` announcing `fd_count` fds. Throws std::invalid_argument if the message breaks a limit
+/// (callers build messages from checked values; the broker never encodes client-supplied garbage).
+std::vector<std::byte> encode(const Message& msg, std::size_t fd_count = 0);
+
+/// Decodes one received datagram that came with `fds_received` fds. On success returns true and fills `out`;
+/// on failure returns false and puts a one-line reason in `error`. Never crashes, never reads past `bytes`.
+bool decode(std::span<const std::byte> bytes, std::size_t fds_received, Message& out, std::string& error);
+
+}  // namespace gpuipc::proto
