@@ -1,0 +1,49 @@
+#include "broker/daemon.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "base/config.hpp"
+#include "base/log.hpp"
+
+namespace gpuipc::broker {
+
+ServerOptions default_options(bool on_demand) {
+  ServerOptions o;
+  o.runtime_dir = config::runtime_dir();
+  o.quotas.bytes = config::env_u64("GPUIPC_QUOTA_BYTES", UINT64_MAX);
+  o.quotas.segments = config::env_u64("GPUIPC_QUOTA_SEGMENTS", 4096);
+  o.idle_timeout = on_demand ? config::env_ms("GPUIPC_IDLE_TIMEOUT_MS", std::chrono::milliseconds(30000))
+                             : std::chrono::milliseconds(0);
+  return o;
+}
+
+void add_options(CLI::App& app, ServerOptions& options) {
+  app.add_option("--runtime-dir", options.runtime_dir, "directory of the socket and lock file (GPUIPC_RUNTIME_DIR)")
+      ->capture_default_str();
+  app.add_option_function<std::int64_t>(
+         "--idle-timeout-ms", [&](std::int64_t ms) { options.idle_timeout = std::chrono::milliseconds(ms); },
+         "exit after this long with no client and nothing registered; 0 = never")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--quota-bytes", options.quotas.bytes, "bytes of segments one uid may register (GPUIPC_QUOTA_BYTES)");
+  app.add_option("--quota-segments", options.quotas.segments,
+                 "segments one uid may register (GPUIPC_QUOTA_SEGMENTS)");
+}
+
+int run_daemon(const ServerOptions& options) {
+  try {
+    Server server(options);
+    server.run();
+    return 0;
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::AlreadyExists) {
+      std::fprintf(stderr, "gpuipcd: %s\n", e.what());  // NOLINT(cert-err33-c)
+      return 3;
+    }
+    std::fprintf(stderr, "gpuipcd: %s\n", e.what());  // NOLINT(cert-err33-c)
+    return 1;
+  }
+}
+
+}  // namespace gpuipc::broker

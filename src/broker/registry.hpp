@@ -1,0 +1,134 @@
+// The broker's state: named segments, who may do what with them, and which connection holds which reference.
+// Pure bookkeeping, no I/O: the server (server.hpp) feeds it decoded requests and sends what it returns.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gpuipc/error.hpp"
+#include "os/fd.hpp"
+#include "os/memfd.hpp"
+#include "os/socket.hpp"
+#include "proto/messages.hpp"
+
+namespace gpuipc::broker {
+
+using ConnId = std::uint64_t;
+
+/// Limits the registry enforces per uid.
+struct Quotas {
+  std::uint64_t bytes = UINT64_MAX;  ///< bytes of registered segments one uid may own
+  std::uint64_t segments = 4096;     ///< registered segments one uid may own
+};
+
+/// Who is asking: a connection and its SO_PEERCRED credentials.
+struct Caller {
+  ConnId conn = 0;
+  os::Credentials creds;
+};
+
+/// One message to send: to `conn`, answering `request_id`, with an optional fd (owned: dup'ed or reopened).
+struct Outgoing {
+  ConnId conn = 0;
+  proto::Message msg;
+  os::UniqueFd fd;
+};
+
+/// One registered segment.
+struct SegmentRecord {
+  std::uint64_t id = 0;
+  std::string name;  ///< empty once unlinked
+  proto::Kind kind = proto::Kind::Host;
+  std::uint16_t mode = 0;
+  std::uint64_t size = 0;
+  proto::Uuid device{};
+  uid_t owner_uid = 0;
+  gid_t owner_gid = 0;
+  std::uint64_t created_unix_ns = 0;
+  os::UniqueFd memory;                      ///< keeps the memory alive while registered
+  std::map<ConnId, std::uint32_t> refs;     ///< references per connection
+  std::uint32_t total_refs() const noexcept;
+};
+
+class Registry {
+ public:
+  /// Creates the status page (proto/status_page.hpp). Throws Error(System).
+  explicit Registry(Quotas quotas);
+
+  /// The status page's memfd; the server hands a read-only reopen of it to each client with HelloReply.
+  int status_fd() const noexcept { return m_status_fd.get(); }
+
+  /// A connection said Hello: remember its pid for `gpuipc ls`.
+  void add_connection(ConnId conn, const os::Credentials& creds);
+  /// A connection ended (clean close or crash): drop its references (freeing unlinked segments with no
+  /// references left) and cancel its pending opens.
+  void drop_connection(ConnId conn);
+
+  /// Handles one request of an established connection; appends replies (to this and, for Create, to waiting
+  /// openers) to `out`. `fds` are the fds that came with the request (ownership taken where used).
+  void handle(const Caller& caller, const proto::Message& request, std::vector<os::UniqueFd>& fds,
+              std::int64_t now_ns, std::vector<Outgoing>& out);
+
+  /// Answers pending opens whose deadline passed with Timeout errors.
+  void expire(std::int64_t now_ns, std::vector<Outgoing>& out);
+  /// The earliest pending-open deadline, if any.
+  std::optional<std::int64_t> next_deadline() const;
+
+  /// Whether nothing is registered (the broker may idle-exit).
+  bool empty() const noexcept { return m_segments.empty(); }
+  std::size_t segment_count() const noexcept { return m_segments.size(); }
+  /// Sum of references over all segments and connections (tests and `gpuipc ls`).
+  std::size_t total_references() const noexcept;
+  std::size_t pending_count() const noexcept { return m_pending.size(); }
+
+ private:
+  struct Pending {
+    ConnId conn;
+    std::uint32_t request_id;
+    proto::Open request;
+    os::Credentials creds;
+    std::int64_t deadline_ns;
+  };
+
+  void create(const Caller& caller, std::uint32_t rid, const proto::Create& req, std::vector<os::UniqueFd>& fds,
+              std::vector<Outgoing>& out);
+  void open(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
+            std::vector<Outgoing>& out);
+  /// Opens an existing segment for the caller (permission check, reference, reply with fd).
+  void open_existing(SegmentRecord& seg, ConnId conn, const os::Credentials& creds, std::uint32_t rid,
+                     proto::Access access, std::vector<Outgoing>& out);
+  void close(const Caller& caller, std::uint32_t rid, const proto::Close& req, std::vector<Outgoing>& out);
+  void unlink(const Caller& caller, std::uint32_t rid, const proto::Unlink& req, std::vector<Outgoing>& out);
+  void stat(const Caller& caller, std::uint32_t rid, const proto::Stat& req, std::vector<Outgoing>& out);
+  void list(const Caller& caller, std::uint32_t rid, const proto::List& req, std::vector<Outgoing>& out);
+
+  proto::SegmentInfo info_of(const SegmentRecord& seg) const;
+  /// Removes the segment if it is unlinked and nobody references it.
+  void maybe_destroy(std::uint64_t id);
+
+  void bump_names_generation() noexcept;
+
+  Quotas m_quotas;
+  os::UniqueFd m_status_fd;
+  os::Mapping m_status_map;
+  std::uint64_t m_next_id = 1;
+  std::map<std::uint64_t, SegmentRecord> m_segments;      // by id (ordered: List pages by id)
+  std::unordered_map<std::string, std::uint64_t> m_names;  // linked names -> id
+  std::unordered_map<ConnId, os::Credentials> m_connections;
+  std::vector<Pending> m_pending;
+};
+
+/// The permission bits (r=4, w=2) `creds` has on an object of `mode` owned by uid/gid, like a file.
+unsigned permission_bits(const os::Credentials& creds, std::uint16_t mode, uid_t owner_uid, gid_t owner_gid) noexcept;
+
+/// Builds an ErrorReply message.
+proto::Message error_reply(std::uint32_t request_id, ErrorCode code, std::string message, int sys_errno = 0);
+
+}  // namespace gpuipc::broker

@@ -1,0 +1,325 @@
+#include "broker/server.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <csignal>
+#include <fstream>
+
+#include "base/log.hpp"
+#include "os/memfd.hpp"
+#include "os/process.hpp"
+#include "proto/messages.hpp"
+
+namespace gpuipc::broker {
+namespace {
+
+constexpr std::uint64_t kListenKey = 1;
+constexpr std::uint64_t kSignalKey = 2;
+constexpr std::uint64_t kWakeupKey = 3;
+// Messages served per connection per loop turn, so one busy client cannot starve the others.
+constexpr int kMessagesPerTurn = 32;
+
+std::vector<std::byte> encode_or_error(const proto::Message& msg, std::size_t fds) {
+  try {
+    return proto::encode(msg, fds);
+  } catch (const std::exception& e) {
+    // Only reachable through a bug: the registry builds replies from checked values.
+    GPUIPC_LOG_ERROR("cannot encode reply: {}", e.what());
+    return proto::encode(error_reply(msg.request_id, ErrorCode::Protocol, "broker could not encode its reply"), 0);
+  }
+}
+
+}  // namespace
+
+Server::Server(ServerOptions options)
+    : m_options(std::move(options)), m_registry(m_options.quotas), m_buffer(proto::kMaxMessageSize + 1) {
+  os::ensure_private_dir(m_options.runtime_dir, 0755);
+  const std::string lock_path = m_options.runtime_dir + "/broker.lock";
+  m_lock = os::try_lock_file(lock_path);
+  if (!m_lock) {
+    std::string pid;
+    std::ifstream(m_options.runtime_dir + "/broker.pid") >> pid;
+    throw Error(ErrorCode::AlreadyExists,
+                fmt::format("another gpuipcd{} already serves {} (it holds {})", pid.empty() ? "" : " (pid " + pid + ")",
+                            m_options.runtime_dir, lock_path),
+                "flock");
+  }
+  std::ofstream(m_options.runtime_dir + "/broker.pid", std::ios::trunc) << ::getpid() << "\n";
+  m_socket_path = m_options.runtime_dir + "/broker.sock";
+  m_listen = os::listen_seqpacket(m_socket_path, 0666);
+  m_signals = os::signal_fd({SIGTERM, SIGINT});
+  m_wakeup = os::event_fd();
+  m_epoll.add(m_listen.get(), EPOLLIN, kListenKey);
+  m_epoll.add(m_signals.get(), EPOLLIN, kSignalKey);
+  m_epoll.add(m_wakeup.get(), EPOLLIN, kWakeupKey);
+  std::signal(SIGPIPE, SIG_IGN);  // NOLINT(cert-err33-c): sends use MSG_NOSIGNAL; this is belt and braces
+  GPUIPC_LOG_INFO("gpuipcd pid {} serving {}", ::getpid(), m_socket_path);
+}
+
+Server::~Server() = default;
+
+void Server::request_stop() noexcept { os::event_fd_signal(m_wakeup.get()); }
+
+void Server::run() {
+  std::array<epoll_event, 64> events{};
+  m_idle_since_ns = os::monotonic_ns();
+  bool stop = false;
+  while (!stop) {
+    const std::int64_t now = os::monotonic_ns();
+    std::int64_t timeout_ns = -1;
+    if (auto d = m_registry.next_deadline()) timeout_ns = std::max<std::int64_t>(0, *d - now);
+    const bool idle = m_connections.empty() && m_registry.empty();
+    if (idle && m_options.idle_timeout.count() > 0) {
+      const std::int64_t left = m_idle_since_ns + m_options.idle_timeout.count() * 1'000'000 - now;
+      if (left <= 0) {
+        GPUIPC_LOG_INFO("idle for {} ms with nothing registered: exiting", m_options.idle_timeout.count());
+        break;
+      }
+      timeout_ns = timeout_ns < 0 ? left : std::min(timeout_ns, left);
+    }
+    const int timeout_ms = timeout_ns < 0 ? -1 : static_cast<int>((timeout_ns + 999'999) / 1'000'000);
+    const int n = m_epoll.wait(events, timeout_ms);
+    for (int i = 0; i < n; ++i) {
+      const std::uint64_t key = events[static_cast<std::size_t>(i)].data.u64;
+      if (key == kListenKey) {
+        accept_all();
+      } else if (key == kSignalKey) {
+        while (const int sig = os::read_signal(m_signals.get())) {
+          GPUIPC_LOG_INFO("signal {}: shutting down", sig);
+          stop = true;
+        }
+      } else if (key == kWakeupKey) {
+        os::event_fd_drain(m_wakeup.get());
+        stop = true;
+      } else {
+        serve(key, events[static_cast<std::size_t>(i)].events);
+      }
+    }
+    std::vector<Outgoing> out;
+    m_registry.expire(os::monotonic_ns(), out);
+    dispatch(out);
+    reap_closing();
+    if (!(m_connections.empty() && m_registry.empty())) m_idle_since_ns = os::monotonic_ns();
+  }
+  std::vector<ConnId> ids;
+  for (const auto& [id, c] : m_connections) ids.push_back(id);
+  for (auto id : ids) close_connection(id);
+  (void)::unlink(m_socket_path.c_str());  // NOLINT: the lock is still ours, so the socket is too
+}
+
+void Server::accept_all() {
+  for (;;) {
+    os::UniqueFd sock;
+    try {
+      sock = os::accept_seqpacket(m_listen.get());
+    } catch (const Error& e) {
+      GPUIPC_LOG_WARN("accept: {}", e.what());  // EMFILE and friends: try again on the next turn
+      return;
+    }
+    if (!sock) return;
+    os::Credentials creds;
+    try {
+      creds = os::peer_credentials(sock.get());
+    } catch (const Error& e) {
+      GPUIPC_LOG_WARN("dropping a connection without credentials: {}", e.what());
+      continue;
+    }
+    auto& count = m_per_uid[creds.uid];
+    if (count >= m_options.max_connections_per_uid || m_connections.size() >= m_options.max_connections) {
+      auto bytes = proto::encode(error_reply(0, ErrorCode::QuotaExceeded,
+                                             fmt::format("too many connections from uid {} ({} allowed); close some "
+                                                         "gpuipc clients",
+                                                         creds.uid, m_options.max_connections_per_uid)),
+                                 0);
+      (void)os::send_message(sock.get(), bytes);
+      continue;
+    }
+    ++count;
+    const ConnId id = m_next_conn++;
+    m_epoll.add(sock.get(), EPOLLIN, id);
+    Connection c;
+    c.sock = std::move(sock);
+    c.creds = creds;
+    m_connections.emplace(id, std::move(c));
+    GPUIPC_LOG_DEBUG("connection {} from pid {} uid {}", id, creds.pid, creds.uid);
+  }
+}
+
+void Server::serve(ConnId id, std::uint32_t events) {
+  auto it = m_connections.find(id);
+  if (it == m_connections.end()) return;
+  Connection& c = it->second;
+  if ((events & EPOLLOUT) != 0) flush(id, c);
+  if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) == 0) return;
+  for (int i = 0; i < kMessagesPerTurn && !c.closing; ++i) {
+    std::size_t size = 0;
+    std::vector<os::UniqueFd> fds;
+    os::IoStatus st;
+    try {
+      st = os::receive_message(c.sock.get(), m_buffer, size, fds);
+    } catch (const Error& e) {
+      GPUIPC_LOG_WARN("connection {} (pid {}): {}", id, c.creds.pid, e.what());
+      c.closing = true;
+      break;
+    }
+    if (st == os::IoStatus::WouldBlock) break;
+    if (st == os::IoStatus::Closed) {
+      c.closing = true;
+      break;
+    }
+    if (st == os::IoStatus::Truncated) {
+      queue(id, c,
+            proto::encode(error_reply(0, ErrorCode::Protocol,
+                                      fmt::format("message larger than {} bytes or with more than {} fds: closing",
+                                                  proto::kMaxMessageSize, os::kMaxFds)),
+                          0),
+            {});
+      c.closing = true;
+      break;
+    }
+    bool keep = false;
+    try {
+      keep = handle_message(id, c, std::span<const std::byte>(m_buffer.data(), size), fds);
+    } catch (const std::exception& e) {
+      // A bug or resource exhaustion while serving this client: it loses its connection, the broker goes on.
+      GPUIPC_LOG_ERROR("connection {} (pid {}): request failed: {}", id, c.creds.pid, e.what());
+    }
+    if (!keep) {
+      c.closing = true;
+      break;
+    }
+  }
+  // Not everything read this turn: epoll (level-triggered) reports the socket again.
+}
+
+bool Server::handle_message(ConnId id, Connection& c, std::span<const std::byte> bytes,
+                            std::vector<os::UniqueFd>& fds) {
+  proto::Message msg;
+  std::string why;
+  if (!proto::decode(bytes, fds.size(), msg, why)) {
+    GPUIPC_LOG_WARN("connection {} (pid {} uid {}): malformed message: {}", id, c.creds.pid, c.creds.uid, why);
+    queue(id, c,
+          proto::encode(error_reply(0, ErrorCode::Protocol,
+                                    fmt::format("malformed message: {}; this broker speaks gpuipc protocol version {}",
+                                                why, proto::kVersion)),
+                        0),
+          {});
+    return false;
+  }
+  if (!c.greeted) {
+    const auto* hello = std::get_if<proto::Hello>(&msg.body);
+    if (hello == nullptr) {
+      queue(id, c, proto::encode(error_reply(msg.request_id, ErrorCode::Protocol, "the first message must be Hello"), 0), {});
+      return false;
+    }
+    c.greeted = true;
+    m_registry.add_connection(id, c.creds);
+    proto::HelloReply r;
+    r.broker_pid = static_cast<std::uint32_t>(::getpid());
+    r.uid = c.creds.uid;
+    r.gid = c.creds.gid;
+    r.broker_version = "0.1.0";
+    os::UniqueFd status;
+    try {
+      status = os::reopen_readonly(m_registry.status_fd());
+    } catch (const Error& e) {
+      GPUIPC_LOG_WARN("cannot share the status page: {}", e.what());
+    }
+    const std::size_t nfds = status ? 1 : 0;
+    queue(id, c, encode_or_error(proto::Message{msg.request_id, r}, nfds), std::move(status));
+    return true;
+  }
+  if (std::holds_alternative<proto::Hello>(msg.body)) {
+    queue(id, c, proto::encode(error_reply(msg.request_id, ErrorCode::Protocol, "Hello sent twice"), 0), {});
+    return false;
+  }
+  std::vector<Outgoing> out;
+  m_registry.handle(Caller{id, c.creds}, msg, fds, os::monotonic_ns(), out);
+  dispatch(out);
+  return true;
+}
+
+void Server::dispatch(std::vector<Outgoing>& out) {
+  for (auto& o : out) {
+    auto it = m_connections.find(o.conn);
+    if (it == m_connections.end() || it->second.closing) continue;  // o.fd closes with o
+    const std::size_t nfds = o.fd ? 1 : 0;
+    queue(o.conn, it->second, encode_or_error(o.msg, nfds), std::move(o.fd));
+  }
+  out.clear();
+}
+
+void Server::queue(ConnId id, Connection& c, std::vector<std::byte> bytes, os::UniqueFd fd) {
+  if (c.outbox.size() >= m_options.max_queued_replies) {
+    GPUIPC_LOG_WARN("connection {} (pid {}) does not read its replies: closing", id, c.creds.pid);
+    c.closing = true;
+    return;
+  }
+  c.outbox.push_back(Connection::Queued{std::move(bytes), std::move(fd)});
+  if (c.outbox.size() == 1) flush(id, c);
+}
+
+void Server::flush(ConnId id, Connection& c) {
+  while (!c.outbox.empty()) {
+    auto& q = c.outbox.front();
+    const int fd = q.fd.get();
+    os::IoStatus st;
+    try {
+      st = os::send_message(c.sock.get(), q.bytes, fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>{},
+                            proto::kMaxMessageSize);
+    } catch (const Error& e) {
+      GPUIPC_LOG_WARN("connection {}: {}", id, e.what());
+      c.closing = true;
+      return;
+    }
+    if (st == os::IoStatus::WouldBlock) {
+      m_epoll.modify(c.sock.get(), EPOLLIN | EPOLLOUT, id);
+      return;
+    }
+    if (st == os::IoStatus::Closed) {
+      c.closing = true;
+      return;
+    }
+    c.outbox.pop_front();
+  }
+  m_epoll.modify(c.sock.get(), EPOLLIN, id);
+}
+
+void Server::close_connection(ConnId id) {
+  auto it = m_connections.find(id);
+  if (it == m_connections.end()) return;
+  GPUIPC_LOG_DEBUG("connection {} (pid {}) closed", id, it->second.creds.pid);
+  m_epoll.remove(it->second.sock.get());
+  auto count = m_per_uid.find(it->second.creds.uid);
+  if (count != m_per_uid.end() && --count->second == 0) m_per_uid.erase(count);
+  m_registry.drop_connection(id);
+  m_connections.erase(it);
+}
+
+void Server::reap_closing() {
+  std::vector<ConnId> ids;
+  for (auto& [id, c] : m_connections) {
+    if (c.closing) ids.push_back(id);
+  }
+  for (auto id : ids) {
+    // Best effort: the last error reply tells a misbehaving client why it is cut off.
+    auto& c = m_connections.at(id);
+    while (!c.outbox.empty()) {
+      const int fd = c.outbox.front().fd.get();
+      try {
+        if (os::send_message(c.sock.get(), c.outbox.front().bytes,
+                             fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>{},
+                             proto::kMaxMessageSize) != os::IoStatus::Ok) {
+          break;
+        }
+      } catch (const Error&) {
+        break;
+      }
+      c.outbox.pop_front();
+    }
+    close_connection(id);
+  }
+}
+
+}  // namespace gpuipc::broker

@@ -1,0 +1,84 @@
+// gpuipcd's event loop: one thread, epoll over the listening socket, a signalfd and the client connections.
+// No client can block it: sockets are non-blocking, replies a slow client does not read are queued up to a
+// bound and then its connection is closed; a malformed message gets an error reply and the connection closed.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "broker/registry.hpp"
+#include "os/epoll.hpp"
+#include "os/fd.hpp"
+#include "os/socket.hpp"
+
+namespace gpuipc::broker {
+
+struct ServerOptions {
+  std::string runtime_dir;                    ///< holds broker.sock and broker.lock
+  Quotas quotas;
+  std::chrono::milliseconds idle_timeout{0};  ///< exit after this long with no client and nothing registered; 0: never
+  std::size_t max_connections_per_uid = 512;
+  std::size_t max_connections = 8192;
+  std::size_t max_queued_replies = 256;       ///< per connection, before it is closed as not reading
+};
+
+class Server {
+ public:
+  /// Creates the runtime directory if needed, takes its instance lock and listens on its socket. Throws
+  /// Error(AlreadyExists) when another broker holds the lock (naming its pid when known), Error otherwise.
+  explicit Server(ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Serves until SIGTERM or SIGINT (blocked in the calling thread and read from a signalfd), request_stop(), or
+  /// the idle timeout. Unlinks the socket on the way out.
+  void run();
+  /// Thread-safe and async-signal-safe: makes run() return soon.
+  void request_stop() noexcept;
+
+  const Registry& registry() const noexcept { return m_registry; }
+
+ private:
+  struct Connection {
+    os::UniqueFd sock;
+    os::Credentials creds;
+    bool greeted = false;
+    bool closing = false;
+    struct Queued {
+      std::vector<std::byte> bytes;
+      os::UniqueFd fd;
+    };
+    std::deque<Queued> outbox;
+  };
+
+  void accept_all();
+  void serve(ConnId id, std::uint32_t events);
+  bool handle_message(ConnId id, Connection& c, std::span<const std::byte> bytes, std::vector<os::UniqueFd>& fds);
+  void dispatch(std::vector<Outgoing>& out);
+  void queue(ConnId id, Connection& c, std::vector<std::byte> bytes, os::UniqueFd fd);
+  void flush(ConnId id, Connection& c);
+  void close_connection(ConnId id);
+  void reap_closing();
+
+  ServerOptions m_options;
+  std::string m_socket_path;
+  os::UniqueFd m_lock;
+  os::UniqueFd m_listen;
+  os::UniqueFd m_signals;
+  os::UniqueFd m_wakeup;
+  os::Epoll m_epoll;
+  Registry m_registry;
+  std::unordered_map<ConnId, Connection> m_connections;
+  std::unordered_map<uid_t, std::size_t> m_per_uid;
+  ConnId m_next_conn = 16;  // keys below are the listener, the signalfd and the wakeup eventfd
+  std::int64_t m_idle_since_ns = 0;
+  std::vector<std::byte> m_buffer;
+};
+
+}  // namespace gpuipc::broker

@@ -1,0 +1,223 @@
+#include "core/client.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "base/config.hpp"
+#include "base/log.hpp"
+#include "gpuipc/error.hpp"
+#include "os/module.hpp"
+#include "os/process.hpp"
+#include "os/socket.hpp"
+
+namespace gpuipc::core {
+namespace {
+
+std::atomic<std::uint64_t> g_generations{0};
+
+std::string dir_of(const std::string& path) {
+  if (path.empty()) return {};
+  return std::filesystem::path(path).parent_path().string();
+}
+
+std::chrono::milliseconds connect_timeout() {
+  return config::env_ms("GPUIPC_CONNECT_TIMEOUT_MS", std::chrono::milliseconds(5000));
+}
+
+}  // namespace
+
+BrokerClient& BrokerClient::instance() {
+  static std::mutex guard;
+  static BrokerClient* client = nullptr;
+  static pid_t owner = 0;
+  std::lock_guard lock(guard);
+  const pid_t pid = os::current_pid();
+  if (client == nullptr || owner != pid) {
+    if (client != nullptr) {
+      // A forked child: the parent's connection is not ours. Drop our copy of its fd; the object itself is left
+      // behind (its mutex may have been held by a thread that does not exist in this process).
+      client->m_sock.reset();
+    }
+    client = new BrokerClient();  // NOLINT(cppcoreguidelines-owning-memory): process-lifetime singleton
+    owner = pid;
+  }
+  return *client;
+}
+
+std::uint64_t BrokerClient::names_generation() const noexcept {
+  const proto::StatusPage* page = m_status.load(std::memory_order_acquire);
+  if (page == nullptr) return 0;
+  return std::atomic_ref<std::uint64_t>(const_cast<std::uint64_t&>(page->names_generation))  // NOLINT: read-only map
+      .load(std::memory_order_acquire);
+}
+
+std::uint32_t BrokerClient::broker_pid() {
+  std::lock_guard lock(m_mutex);
+  if (!m_sock) connect_locked();
+  return m_broker_pid;
+}
+
+std::string BrokerClient::find_daemon() {
+  if (auto env = config::env_raw("GPUIPC_DAEMON")) return *env;
+  std::vector<std::string> dirs{dir_of(os::self_exe_path()),
+                                dir_of(os::module_path(reinterpret_cast<const void*>(&BrokerClient::find_daemon)))};
+  for (const auto& d : dirs) {
+    if (d.empty()) continue;
+    for (const char* rel : {"/gpuipcd", "/../bin/gpuipcd", "/bin/gpuipcd"}) {
+      const std::string p = d + rel;
+      if (os::is_executable(p)) return std::filesystem::weakly_canonical(p).string();
+    }
+  }
+  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): nothing in gpuipc calls setenv
+  if (path != nullptr) {
+    std::stringstream ss(path);
+    std::string d;
+    while (std::getline(ss, d, ':')) {
+      if (!d.empty() && os::is_executable(d + "/gpuipcd")) return d + "/gpuipcd";
+    }
+  }
+  return {};
+}
+
+void BrokerClient::connect_locked() {
+  m_sock.reset();
+  const std::string dir = config::runtime_dir();
+  const std::string path = config::socket_path();
+  const auto deadline = std::chrono::steady_clock::now() + connect_timeout();
+  bool spawned = false;
+  auto delay = std::chrono::microseconds(200);
+  for (;;) {
+    try {
+      m_sock = os::connect_seqpacket(path);
+      break;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::NotFound) throw;
+      if (!spawned) {
+        if (config::env_bool("GPUIPC_NO_AUTOSTART", false)) {
+          throw Error(ErrorCode::NotFound,
+                      fmt::format("no gpuipc broker listens on {} and GPUIPC_NO_AUTOSTART=1; start one with "
+                                  "`gpuipc daemon` (or unset GPUIPC_NO_AUTOSTART)",
+                                  path),
+                      "connect");
+        }
+        const std::string daemon = find_daemon();
+        if (daemon.empty()) {
+          throw Error(ErrorCode::NotFound,
+                      fmt::format("no gpuipc broker listens on {} and gpuipcd was not found (not in $GPUIPC_DAEMON, "
+                                  "next to this program or library, or on $PATH); install it or set GPUIPC_DAEMON",
+                                  path),
+                      "connect");
+        }
+        os::ensure_private_dir(dir, 0755);
+        GPUIPC_LOG_DEBUG("starting broker {} for {}", daemon, dir);
+        os::spawn_detached({daemon, "--on-demand", "--runtime-dir", dir}, dir + "/broker.log");
+        spawned = true;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw Error(ErrorCode::Timeout,
+                    fmt::format("the gpuipc broker did not start listening on {} within {} ms; see {}/broker.log",
+                                path, connect_timeout().count(), dir),
+                    "connect");
+      }
+      std::this_thread::sleep_for(delay);
+      delay = std::min(delay * 2, std::chrono::microseconds(20000));
+    }
+  }
+  m_generation = ++g_generations;
+  proto::Hello hello;
+  hello.pid = static_cast<std::uint32_t>(os::current_pid());
+  std::string exe = std::filesystem::path(os::self_exe_path()).filename().string();
+  for (char& ch : exe) {
+    if (ch < 0x20 || ch > 0x7e) ch = '?';
+  }
+  hello.client_name = exe.substr(0, 64);
+  Reply r = exchange_locked(hello, {}, connect_timeout());
+  const auto* hr = std::get_if<proto::HelloReply>(&r.msg.body);
+  if (hr == nullptr) {
+    m_sock.reset();
+    throw Error(ErrorCode::Protocol, "the broker answered Hello with something else", "hello");
+  }
+  m_broker_pid = hr->broker_pid;
+  m_status.store(nullptr, std::memory_order_release);
+  if (r.fds.size() == 1) {
+    try {
+      auto map = os::Mapping::map(r.fds[0].get(), sizeof(proto::StatusPage), false);
+      const auto* page = static_cast<const proto::StatusPage*>(map.data());
+      if (page->magic == proto::kStatusMagic && page->version == proto::kStatusVersion) {
+        m_status.store(page, std::memory_order_release);
+        m_status_maps.push_back(std::move(map));
+      }
+    } catch (const Error& e) {
+      GPUIPC_LOG_WARN("cannot map the broker's status page: {}", e.what());
+    }
+  }
+}
+
+Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int> fds,
+                                    std::chrono::milliseconds timeout) {
+  proto::Message msg;
+  msg.request_id = m_next_request++;
+  msg.body = body;
+  const auto bytes = proto::encode(msg, fds.size());
+  if (os::send_message(m_sock.get(), bytes, fds, proto::kMaxMessageSize) != os::IoStatus::Ok) {
+    m_sock.reset();
+    throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "send");
+  }
+  // The wait is bounded: a broker that stops answering becomes an error, not a hang.
+  const int wait_ms = static_cast<int>(std::max<std::int64_t>(timeout.count(), connect_timeout().count()));
+  std::vector<std::byte> buffer(proto::kMaxMessageSize);
+  for (;;) {
+    if (!os::wait_readable(m_sock.get(), wait_ms)) {
+      m_sock.reset();
+      throw Error(ErrorCode::Timeout, fmt::format("the gpuipc broker did not answer within {} ms", wait_ms), "recv");
+    }
+    Reply reply;
+    std::size_t size = 0;
+    const auto st = os::receive_message(m_sock.get(), buffer, size, reply.fds);
+    if (st == os::IoStatus::WouldBlock) continue;
+    if (st != os::IoStatus::Ok) {
+      m_sock.reset();
+      throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "recv");
+    }
+    std::string why;
+    if (!proto::decode(std::span<const std::byte>(buffer.data(), size), reply.fds.size(), reply.msg, why)) {
+      m_sock.reset();
+      throw Error(ErrorCode::Protocol, "malformed reply from the gpuipc broker: " + why, "recv");
+    }
+    if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) {
+      // request_id 0: the broker is closing this connection (it could not parse what we sent).
+      if (err->code == 0 || err->code > static_cast<std::uint8_t>(ErrorCode::Protocol)) {
+        throw Error(ErrorCode::Protocol, err->message, "broker");
+      }
+      if (reply.msg.request_id == 0) m_sock.reset();
+      throw Error(static_cast<ErrorCode>(err->code), err->message, "broker", err->sys_errno);
+    }
+    if (reply.msg.request_id != msg.request_id) {
+      m_sock.reset();
+      throw Error(ErrorCode::Protocol,
+                  fmt::format("reply {} does not answer request {}", reply.msg.request_id, msg.request_id), "recv");
+    }
+    return reply;
+  }
+}
+
+Reply BrokerClient::request(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout) {
+  std::lock_guard lock(m_mutex);
+  for (int attempt = 0;; ++attempt) {
+    if (!m_sock) connect_locked();
+    try {
+      return exchange_locked(body, fds, timeout);
+    } catch (const Error& e) {
+      // The broker went away (restart, crash): reconnect once. Its references are gone with it.
+      if (attempt == 0 && e.code() == ErrorCode::PeerDied && !m_sock) continue;
+      throw;
+    }
+  }
+}
+
+}  // namespace gpuipc::core

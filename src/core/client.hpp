@@ -1,0 +1,65 @@
+// The process's connection to the broker: connects (starting gpuipcd on demand), says Hello, and runs one
+// request at a time. Thread-safe. Survives fork (the child gets a fresh connection) and a broker restart
+// (the next request reconnects; references held through the old broker are gone with it: `generation()` tells).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "os/fd.hpp"
+#include "os/memfd.hpp"
+#include "proto/status_page.hpp"
+#include "proto/messages.hpp"
+
+namespace gpuipc::core {
+
+/// A reply and the fds that came with it.
+struct Reply {
+  proto::Message msg;
+  std::vector<os::UniqueFd> fds;
+};
+
+class BrokerClient {
+ public:
+  /// The process-wide client (created on first use; replaced in a forked child).
+  static BrokerClient& instance();
+
+  /// Sends `body` (with `fds`, borrowed) and waits for its reply, at most `timeout`. An ErrorReply becomes a thrown
+  /// gpuipc::Error with the broker's code and message. Reconnects once if the broker went away.
+  Reply request(const proto::Body& body, std::span<const int> fds = {},
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+  /// Changes whenever the connection is replaced (fork, broker restart): references taken under an older
+  /// generation are not this connection's to drop.
+  std::uint64_t generation() const noexcept { return m_generation.load(std::memory_order_acquire); }
+
+  /// The broker's names generation from its status page (bumped on every unlink), or 0 when unknown. Lock-free:
+  /// a cache hit reads it instead of asking the broker.
+  std::uint64_t names_generation() const noexcept;
+
+  /// The broker's pid as it reported it in HelloReply (connects if needed).
+  std::uint32_t broker_pid();
+
+  /// The path of the gpuipcd the library would start: $GPUIPC_DAEMON, else next to the executable, else next
+  /// to the library, else on $PATH. Empty when none is found.
+  static std::string find_daemon();
+
+ private:
+  BrokerClient() = default;
+  void connect_locked();
+  Reply exchange_locked(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout);
+
+  mutable std::mutex m_mutex;
+  os::UniqueFd m_sock;
+  std::atomic<std::uint64_t> m_generation{0};
+  std::atomic<const proto::StatusPage*> m_status{nullptr};
+  std::vector<os::Mapping> m_status_maps;  // kept for the process's life: lock-free readers may hold old pointers
+  std::uint32_t m_next_request = 1;
+  std::uint32_t m_broker_pid = 0;
+};
+
+}  // namespace gpuipc::core

@@ -1,0 +1,204 @@
+#include "core/gpu_memory.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "base/log.hpp"
+#include "cuda/device.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/resources.hpp"
+
+namespace gpuipc::core {
+namespace {
+
+/// Virtual address space for imported segments. cuMemAddressReserve costs 0.5-0.8 ms per call, so ranges are
+/// carved out of large reservations (reserving address space costs no memory) and given back on unmap.
+class VaArena {
+ public:
+  static VaArena& instance() {
+    static VaArena* arena = new VaArena();  // NOLINT: process lifetime: mappings may outlive static destructors
+    return *arena;
+  }
+
+  CUdeviceptr allocate(std::size_t size, std::size_t alignment) {
+    std::lock_guard lock(m_mutex);
+    for (auto& chunk : m_chunks) {
+      if (auto p = chunk.take(size, alignment)) return p;
+    }
+    const std::size_t chunk_size = std::max(kChunkSize, cuda::round_up(size, kChunkAlignment));
+    m_chunks.emplace_back(cuda::reserve_va(chunk_size, kChunkAlignment));
+    GPUIPC_LOG_DEBUG("reserved a {} GiB VA arena chunk", chunk_size >> 30);
+    return m_chunks.back().take(size, alignment);
+  }
+
+  void release(CUdeviceptr ptr, std::size_t size) noexcept {
+    std::lock_guard lock(m_mutex);
+    for (auto& chunk : m_chunks) {
+      if (chunk.owns(ptr)) {
+        chunk.give(ptr, size);
+        return;
+      }
+    }
+  }
+
+ private:
+  static constexpr std::size_t kChunkSize = 256ULL << 30;
+  static constexpr std::size_t kChunkAlignment = 2ULL << 20;
+
+  struct Chunk {
+    explicit Chunk(cuda::VaRange r) : range(std::move(r)) { free[range.base()] = range.size(); }
+    bool owns(CUdeviceptr p) const noexcept { return p >= range.base() && p < range.base() + range.size(); }
+    CUdeviceptr take(std::size_t size, std::size_t alignment) {
+      for (auto it = free.begin(); it != free.end(); ++it) {
+        const CUdeviceptr start = (it->first + alignment - 1) / alignment * alignment;
+        const CUdeviceptr end = it->first + it->second;
+        if (start + size > end) continue;
+        const CUdeviceptr block = it->first;
+        free.erase(it);
+        if (start > block) free[block] = start - block;
+        if (start + size < end) free[start + size] = end - (start + size);
+        return start;
+      }
+      return 0;
+    }
+    void give(CUdeviceptr p, std::size_t size) {
+      auto it = free.emplace(p, size).first;
+      auto next = std::next(it);
+      if (next != free.end() && it->first + it->second == next->first) {
+        it->second += next->second;
+        free.erase(next);
+      }
+      if (it != free.begin()) {
+        auto prev = std::prev(it);
+        if (prev->first + prev->second == it->first) {
+          prev->second += it->second;
+          free.erase(it);
+        }
+      }
+    }
+    cuda::VaRange range;
+    std::map<CUdeviceptr, std::size_t> free;  // start -> length
+  };
+
+  std::mutex m_mutex;
+  std::vector<Chunk> m_chunks;
+};
+
+/// A range of the arena, given back on destruction.
+class ArenaRange {
+ public:
+  ArenaRange(std::size_t size, std::size_t alignment) : m_size(size), m_ptr(VaArena::instance().allocate(size, alignment)) {}
+  ArenaRange(const ArenaRange&) = delete;
+  ArenaRange& operator=(const ArenaRange&) = delete;
+  ~ArenaRange() { VaArena::instance().release(m_ptr, m_size); }
+  CUdeviceptr ptr() const noexcept { return m_ptr; }
+
+ private:
+  std::size_t m_size;
+  CUdeviceptr m_ptr;
+};
+
+/// Device memory mapped into this process (constructed with the device's primary context current). Members in acquisition order: destruction unmaps, returns the
+/// address range, releases the allocation handle, then the context.
+class DeviceMemory final : public GpuMemory {
+ public:
+  DeviceMemory(int ordinal, cuda::AllocationHandle handle, std::size_t size, std::size_t alignment,
+               std::span<const int> access, bool read_only)
+      : m_ctx(ordinal), m_handle(std::move(handle)), m_range(size, alignment),
+        m_mapping(cuda::map(m_range.ptr(), size, m_handle)) {
+    cuda::set_access(m_mapping.ptr(), size, access, read_only);
+  }
+  std::uint64_t device_pointer() const noexcept override { return m_mapping.ptr(); }
+  int device() const noexcept override { return m_ctx.ordinal(); }
+
+ private:
+  cuda::PrimaryContext m_ctx;  // retained for as long as the mapping exists
+  cuda::AllocationHandle m_handle;
+  ArenaRange m_range;
+  cuda::MemMapping m_mapping;
+};
+
+class PinnedMemory final : public GpuMemory {
+ public:
+  PinnedMemory(int ordinal, void* ptr, std::size_t size, bool read_only) : m_ctx(ordinal) {
+    cuda::ScopedContext scope(m_ctx.get());
+    m_registration = cuda::HostRegistration::register_memory(ptr, size, read_only);
+    m_device_ptr = m_registration.device_pointer();
+  }
+  std::uint64_t device_pointer() const noexcept override { return m_device_ptr; }
+  int device() const noexcept override { return m_ctx.ordinal(); }
+
+ private:
+  cuda::PrimaryContext m_ctx;
+  cuda::HostRegistration m_registration;
+  std::uint64_t m_device_ptr = 0;
+};
+
+std::unique_ptr<GpuMemory> make_device_memory(int ordinal, cuda::AllocationHandle handle, std::size_t size,
+                                              std::span<const int> access, bool read_only) {
+  const std::size_t alignment = cuda::allocation_granularity(ordinal, false);
+  return std::make_unique<DeviceMemory>(ordinal, std::move(handle), size, alignment, access, read_only);
+}
+
+}  // namespace
+
+CreatedDevice create_device_memory(int ordinal, std::size_t bytes) {
+  const auto info = cuda::query_device(ordinal, false);
+  if (!info.vmm || !info.posix_fd_handles) {
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("GPU {} ({}) cannot export memory as a POSIX fd (VMM {}, POSIX fd handles {}): device "
+                            "segments are unavailable on it; use host_pinned segments",
+                            ordinal, info.name, info.vmm ? "yes" : "no", info.posix_fd_handles ? "yes" : "no"),
+                "create");
+  }
+  cuda::PrimaryContext ctx(ordinal);
+  cuda::ScopedContext scope(ctx.get());
+  CreatedDevice out;
+  out.size = cuda::round_up(bytes, cuda::allocation_granularity(ordinal, false));
+  out.uuid = info.uuid;
+  auto handle = cuda::create_exportable(ordinal, out.size);
+  out.exported = cuda::export_fd(handle);
+  const int access[] = {ordinal};
+  out.memory = make_device_memory(ordinal, std::move(handle), out.size, access, false);
+  return out;
+}
+
+std::unique_ptr<GpuMemory> import_device_memory(int fd, std::size_t size, const proto::Uuid& owner, int requested,
+                                                bool read_only) {
+  const auto owner_ordinal = cuda::find_device(owner);
+  int ordinal = requested;
+  if (ordinal < 0) {
+    ordinal = cuda::current_context() != nullptr ? cuda::current_ordinal() : owner_ordinal.value_or(-1);
+  }
+  if (ordinal < 0) {
+    throw Error(ErrorCode::NoDevice,
+                fmt::format("the segment lives on {}, which this process does not see (check CUDA_VISIBLE_DEVICES), "
+                            "and no device was requested",
+                            cuda::format_uuid(owner)),
+                "open");
+  }
+  if (owner_ordinal && *owner_ordinal != ordinal) {
+    const auto peers = cuda::peer_access_matrix();
+    if (!peers.at(static_cast<std::size_t>(ordinal)).at(static_cast<std::size_t>(*owner_ordinal))) {
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("GPU {} cannot access memory of GPU {} ({}): no peer access between them; open the "
+                              "segment from a context on GPU {}",
+                              ordinal, *owner_ordinal, cuda::format_uuid(owner), *owner_ordinal),
+                  "open");
+    }
+  }
+  cuda::PrimaryContext ctx(ordinal);
+  cuda::ScopedContext scope(ctx.get());
+  auto handle = cuda::import_fd(fd);
+  const int access[] = {ordinal};
+  return make_device_memory(ordinal, std::move(handle), size, access, read_only);
+}
+
+std::unique_ptr<GpuMemory> register_host_memory(void* ptr, std::size_t size, int ordinal, bool read_only) {
+  return std::make_unique<PinnedMemory>(ordinal, ptr, size, read_only);
+}
+
+}  // namespace gpuipc::core

@@ -1,0 +1,310 @@
+#include "gpuipc/segment.hpp"
+
+#include <fmt/format.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "base/log.hpp"
+#include "core/client.hpp"
+#include "core/gpu_memory.hpp"
+#include "os/memfd.hpp"
+
+namespace gpuipc {
+namespace detail {
+
+/// One mapping of one segment in this process, shared by every Segment handle and cache entry of it.
+/// Members are declared in acquisition order; the destructor drops the broker reference last.
+struct Mapping {
+  std::string name;
+  std::uint64_t id = 0;
+  SegmentKind kind = SegmentKind::Host;
+  Access access = Access::ReadWrite;
+  std::size_t size = 0;
+  std::uint64_t client_generation = 0;  // the broker connection that holds our reference
+  os::Mapping host;                     // host kinds
+  std::unique_ptr<core::GpuMemory> gpu; // device kinds, and the registration of host_pinned
+
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    gpu.reset();
+    host = os::Mapping();
+    auto& client = core::BrokerClient::instance();
+    if (client_generation != client.generation()) return;  // that broker (or parent process) holds it, not us
+    try {
+      client.request(proto::Close{id});
+    } catch (const std::exception& e) {
+      GPUIPC_LOG_DEBUG("close of segment '{}' (id {}): {}", name, id, e.what());
+    }
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+constexpr std::string_view kKindNames[] = {"?", "device", "host", "host_pinned"};
+
+std::string check_name_or_throw(std::string_view name) {
+  auto why = proto::check_name(name);
+  if (!why.empty()) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("invalid segment name '{}': {} (use 1-{} characters of A-Z a-z 0-9 . _ -, not starting "
+                            "with '.' or '-')",
+                            name, why, proto::kMaxNameLength),
+                "check_name");
+  }
+  return std::string(name);
+}
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+std::string uuid_string(const proto::Uuid& u) {
+  bool zero = true;
+  for (auto b : u) zero = zero && b == 0;
+  if (zero) return {};
+  std::string s = "GPU-";
+  for (std::size_t i = 0; i < u.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += fmt::format("{:02x}", u[i]);
+  }
+  return s;
+}
+
+SegmentInfo to_info(const proto::SegmentInfo& p) {
+  SegmentInfo i;
+  i.id = p.id;
+  i.name = p.name;
+  i.kind = static_cast<SegmentKind>(p.kind);
+  i.size = p.size;
+  i.device_uuid = uuid_string(p.device);
+  i.owner_uid = p.owner_uid;
+  i.owner_gid = p.owner_gid;
+  i.mode = p.mode;
+  i.created_unix_ns = p.created_unix_ns;
+  i.references = p.references;
+  i.mapper_pids = p.mapper_pids;
+  i.mapper_count = p.mapper_count;
+  return i;
+}
+
+/// This process's mappings by (name, access, requested device). A hit costs a hash lookup and one atomic load
+/// of the broker's names generation: an unlink anywhere invalidates every binding made before it, and the next
+/// open of such a name asks the broker again (Stat) whether it still names the same segment.
+class MappingCache {
+ public:
+  static MappingCache& instance() {
+    static MappingCache* cache = new MappingCache();  // NOLINT: process lifetime, outlives static Segments
+    return *cache;
+  }
+
+  std::shared_ptr<detail::Mapping> find(const std::string& key, std::uint64_t names_gen, std::uint64_t client_gen) {
+    std::lock_guard lock(m_mutex);
+    auto it = m_entries.find(key);
+    if (it == m_entries.end()) return nullptr;
+    auto map = it->second.mapping.lock();
+    if (!map || map->client_generation != client_gen) {
+      m_entries.erase(it);
+      return nullptr;
+    }
+    if (names_gen != 0 && it->second.names_generation == names_gen) return map;
+    it->second.stale = true;
+    return map;  // caller revalidates (see is_stale)
+  }
+
+  bool is_stale(const std::string& key) {
+    std::lock_guard lock(m_mutex);
+    auto it = m_entries.find(key);
+    return it == m_entries.end() || it->second.stale;
+  }
+
+  void put(const std::string& key, const std::shared_ptr<detail::Mapping>& map, std::uint64_t names_gen) {
+    std::lock_guard lock(m_mutex);
+    m_entries[key] = Entry{map, names_gen, false};
+  }
+
+  void erase(const std::string& key) {
+    std::lock_guard lock(m_mutex);
+    m_entries.erase(key);
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<detail::Mapping> mapping;
+    std::uint64_t names_generation = 0;
+    bool stale = false;
+  };
+  std::mutex m_mutex;
+  std::unordered_map<std::string, Entry> m_entries;
+};
+
+std::string cache_key(std::string_view name, Access access, int device) {
+  return fmt::format("{}\x1f{}\x1f{}", name, static_cast<int>(access), device);
+}
+
+void map_host(detail::Mapping& m, int fd, bool writable) {
+  m.host = os::Mapping::map(fd, m.size, writable);
+}
+
+}  // namespace
+
+std::string_view to_string(SegmentKind kind) noexcept {
+  const auto i = static_cast<std::size_t>(kind);
+  return i < std::size(kKindNames) ? kKindNames[i] : "?";
+}
+
+Segment::Segment() noexcept = default;
+Segment::Segment(std::shared_ptr<detail::Mapping> map) noexcept : m_map(std::move(map)) {}
+Segment::Segment(Segment&&) noexcept = default;
+Segment& Segment::operator=(Segment&&) noexcept = default;
+Segment::Segment(const Segment&) noexcept = default;
+Segment& Segment::operator=(const Segment&) noexcept = default;
+Segment::~Segment() = default;
+
+void* Segment::data() const noexcept {
+  if (!m_map) return nullptr;
+  if (m_map->kind == SegmentKind::Device) return reinterpret_cast<void*>(m_map->gpu->device_pointer());  // NOLINT
+  return m_map->host.data();
+}
+std::uint64_t Segment::device_pointer() const noexcept { return m_map && m_map->gpu ? m_map->gpu->device_pointer() : 0; }
+std::size_t Segment::size() const noexcept { return m_map ? m_map->size : 0; }
+SegmentKind Segment::kind() const noexcept { return m_map ? m_map->kind : SegmentKind::Host; }
+Access Segment::access() const noexcept { return m_map ? m_map->access : Access::ReadOnly; }
+int Segment::device() const noexcept { return m_map && m_map->gpu ? m_map->gpu->device() : -1; }
+const std::string& Segment::name() const noexcept {
+  static const std::string kEmpty;
+  return m_map ? m_map->name : kEmpty;
+}
+std::uint64_t Segment::id() const noexcept { return m_map ? m_map->id : 0; }
+void Segment::close() noexcept { m_map.reset(); }
+
+Segment Segment::create(std::string_view name, std::size_t bytes, const CreateOptions& options) {
+  std::string n = check_name_or_throw(name);
+  if (bytes == 0 || bytes > proto::kMaxSegmentSize) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("segment '{}': size {} is out of range (1 byte to 1 TiB)", name, bytes), "create");
+  }
+  if ((options.mode & ~0777U) != 0) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("segment '{}': mode {:o} has bits outside 0777", name, options.mode), "create");
+  }
+  auto& client = core::BrokerClient::instance();
+  auto m = std::make_shared<detail::Mapping>();
+  m->name = n;
+  m->kind = options.kind;
+  m->access = Access::ReadWrite;
+
+  proto::Create req;
+  req.name = n;
+  req.kind = static_cast<proto::Kind>(options.kind);
+  req.mode = static_cast<std::uint16_t>(options.mode);
+  os::UniqueFd fd;
+  if (options.kind == SegmentKind::Device) {
+    auto created = core::create_device_memory(options.device, bytes);
+    m->size = created.size;
+    m->gpu = std::move(created.memory);
+    fd = std::move(created.exported);
+    req.device = created.uuid;
+  } else {
+    m->size = round_up(bytes, os::page_size());
+    fd = os::memfd_create("gpuipc:" + n, m->size);
+    map_host(*m, fd.get(), true);
+    if (options.kind == SegmentKind::HostPinned) {
+      m->gpu = core::register_host_memory(m->host.data(), m->size, options.device, false);
+    }
+  }
+  req.size = m->size;
+  const int raw = fd.get();
+  auto reply = client.request(req, std::span<const int>(&raw, 1));
+  const auto* r = std::get_if<proto::OpenReply>(&reply.msg.body);
+  if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Create with something else", "create");
+  m->id = r->info.id;
+  m->client_generation = client.generation();
+  MappingCache::instance().put(cache_key(n, Access::ReadWrite, options.kind == SegmentKind::Host ? -1 : options.device),
+                               m, client.names_generation());
+  return Segment(std::move(m));
+}
+
+Segment Segment::open(std::string_view name, const OpenOptions& options) {
+  std::string n = check_name_or_throw(name);
+  auto& client = core::BrokerClient::instance();
+  auto& cache = MappingCache::instance();
+  const std::string key = cache_key(n, options.access, options.device);
+  if (auto hit = cache.find(key, client.names_generation(), client.generation())) {
+    if (!cache.is_stale(key)) return Segment(std::move(hit));
+    // An unlink happened somewhere since this binding was made: is the name still this segment?
+    try {
+      auto st = client.request(proto::Stat{n});
+      const auto* sr = std::get_if<proto::StatReply>(&st.msg.body);
+      if (sr != nullptr && sr->info.id == hit->id) {
+        cache.put(key, hit, client.names_generation());
+        return Segment(std::move(hit));
+      }
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::NotFound) throw;
+    }
+    cache.erase(key);
+  }
+
+  proto::Open req;
+  req.name = n;
+  req.access = static_cast<proto::Access>(options.access);
+  req.wait_ms = static_cast<std::uint32_t>(std::clamp<std::int64_t>(options.wait.count(), 0, UINT32_MAX));
+  const std::uint64_t names_gen = client.names_generation();
+  auto reply = client.request(req, {}, options.wait + std::chrono::milliseconds(1000));
+  const auto* r = std::get_if<proto::OpenReply>(&reply.msg.body);
+  if (r == nullptr || reply.fds.size() != 1) {
+    throw Error(ErrorCode::Protocol, "the broker answered Open without the segment's fd", "open");
+  }
+  auto m = std::make_shared<detail::Mapping>();
+  m->name = n;
+  m->id = r->info.id;
+  m->kind = static_cast<SegmentKind>(r->info.kind);
+  m->access = options.access;
+  m->size = r->info.size;
+  // From here on the broker counts a reference for us: the Mapping's destructor returns it, also when a step
+  // below throws.
+  m->client_generation = client.generation();
+  const bool read_only = options.access == Access::ReadOnly;
+  if (m->kind == SegmentKind::Device) {
+    m->gpu = core::import_device_memory(reply.fds[0].get(), m->size, r->info.device, options.device, read_only);
+  } else {
+    map_host(*m, reply.fds[0].get(), !read_only);
+    if (m->kind == SegmentKind::HostPinned) {
+      m->gpu = core::register_host_memory(m->host.data(), m->size, options.device < 0 ? 0 : options.device, read_only);
+    }
+  }
+  cache.put(key, m, names_gen);
+  return Segment(std::move(m));
+}
+
+void Segment::unlink(std::string_view name) {
+  std::string n = check_name_or_throw(name);
+  core::BrokerClient::instance().request(proto::Unlink{n});
+}
+
+SegmentInfo Segment::stat(std::string_view name) {
+  std::string n = check_name_or_throw(name);
+  auto reply = core::BrokerClient::instance().request(proto::Stat{n});
+  const auto* r = std::get_if<proto::StatReply>(&reply.msg.body);
+  if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Stat with something else", "stat");
+  return to_info(r->info);
+}
+
+std::vector<SegmentInfo> Segment::list() {
+  std::vector<SegmentInfo> out;
+  std::uint64_t after = 0;
+  for (;;) {
+    auto reply = core::BrokerClient::instance().request(proto::List{after});
+    const auto* r = std::get_if<proto::ListReply>(&reply.msg.body);
+    if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered List with something else", "list");
+    for (const auto& e : r->entries) out.push_back(to_info(e));
+    if (!r->more || r->entries.empty()) break;
+    after = r->entries.back().id;
+  }
+  return out;
+}
+
+}  // namespace gpuipc

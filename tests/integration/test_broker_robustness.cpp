@@ -1,0 +1,227 @@
+// Hostile and broken clients against a real gpuipcd: each gets an error or its connection closed, and everyone
+// else keeps being served. Also the daemon's lifecycle: single instance, SIGTERM, idle exit.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+
+#include "base/config.hpp"
+#include "gpuipc/segment.hpp"
+#include "os/memfd.hpp"
+#include "os/process.hpp"
+#include "os/socket.hpp"
+#include "proto/messages.hpp"
+#include "support/broker_env.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+os::UniqueFd raw_connect() {
+  BrokerEnvironment::broker_pid();  // make sure it runs
+  return os::connect_seqpacket(config::socket_path());
+}
+
+/// Receives one message (bounded wait); returns Closed/Ok etc. and decodes into msg when Ok.
+os::IoStatus receive(int sock, proto::Message& msg, int timeout_ms = 3000) {
+  if (!os::wait_readable(sock, timeout_ms)) return os::IoStatus::WouldBlock;
+  std::vector<std::byte> buf(proto::kMaxMessageSize);
+  std::size_t n = 0;
+  std::vector<os::UniqueFd> fds;
+  auto st = os::receive_message(sock, buf, n, fds);
+  if (st != os::IoStatus::Ok) return st;
+  std::string why;
+  if (!proto::decode(std::span<const std::byte>(buf.data(), n), fds.size(), msg, why)) {
+    ADD_FAILURE() << "broker sent an undecodable message: " << why;
+  }
+  return st;
+}
+
+/// After an error reply the broker must close: the next receive sees EOF.
+void expect_error_then_closed(int sock, ErrorCode code) {
+  proto::Message msg;
+  ASSERT_EQ(receive(sock, msg), os::IoStatus::Ok);
+  const auto* e = std::get_if<proto::ErrorReply>(&msg.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->code, static_cast<std::uint8_t>(code)) << e->message;
+  EXPECT_EQ(receive(sock, msg), os::IoStatus::Closed);
+}
+
+void send_bytes(int sock, const std::vector<std::byte>& bytes, std::span<const int> fds = {}) {
+  ASSERT_EQ(os::send_message(sock, bytes, fds, proto::kMaxMessageSize + 4096), os::IoStatus::Ok);
+}
+
+void expect_still_serving() {
+  const auto name = unique_name("alive");
+  auto s = Segment::create(name, 4096);
+  Segment::unlink(name);
+}
+
+TEST(BrokerRobustness, GarbageGetsAnErrorAndTheConnectionClosed) {
+  auto sock = raw_connect();
+  std::vector<std::byte> junk(100);
+  for (std::size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<std::byte>(i * 37 + 11);
+  send_bytes(sock.get(), junk);
+  expect_error_then_closed(sock.get(), ErrorCode::Protocol);
+  expect_still_serving();
+}
+
+TEST(BrokerRobustness, WrongVersionIsToldTheVersionTheBrokerSpeaks) {
+  auto sock = raw_connect();
+  auto bytes = proto::encode(proto::Message{1, proto::Hello{1, "old"}});
+  bytes[4] = std::byte{9};  // version field
+  send_bytes(sock.get(), bytes);
+  proto::Message msg;
+  ASSERT_EQ(receive(sock.get(), msg), os::IoStatus::Ok);
+  const auto* e = std::get_if<proto::ErrorReply>(&msg.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_NE(e->message.find("version 1"), std::string::npos) << e->message;
+  EXPECT_EQ(receive(sock.get(), msg), os::IoStatus::Closed);
+  expect_still_serving();
+}
+
+TEST(BrokerRobustness, RequestBeforeHelloIsRefused) {
+  auto sock = raw_connect();
+  send_bytes(sock.get(), proto::encode(proto::Message{1, proto::List{0}}));
+  expect_error_then_closed(sock.get(), ErrorCode::Protocol);
+}
+
+TEST(BrokerRobustness, OversizedMessageIsRefused) {
+  auto sock = raw_connect();
+  std::vector<std::byte> huge(proto::kMaxMessageSize + 2048, std::byte{0x41});
+  send_bytes(sock.get(), huge);
+  expect_error_then_closed(sock.get(), ErrorCode::Protocol);
+  expect_still_serving();
+}
+
+TEST(BrokerRobustness, FdFloodLeaksNothingInTheBroker) {
+  const int fds0 = BrokerEnvironment::broker_fd_count();
+  auto sock = raw_connect();
+  send_bytes(sock.get(), proto::encode(proto::Message{1, proto::Hello{1, "flood"}}));
+  proto::Message msg;
+  ASSERT_EQ(receive(sock.get(), msg), os::IoStatus::Ok);
+  // A List carrying fds it should not: the maximum the socket layer allows.
+  std::vector<os::UniqueFd> owned;
+  std::vector<int> fds;
+  for (std::size_t i = 0; i < os::kMaxFds; ++i) {
+    owned.push_back(os::memfd_create("flood", 4096));
+    fds.push_back(owned.back().get());
+  }
+  send_bytes(sock.get(), proto::encode(proto::Message{2, proto::List{0}}, 0), fds);
+  expect_error_then_closed(sock.get(), ErrorCode::Protocol);
+  sock.reset();
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() == fds0; }, 2s))
+      << BrokerEnvironment::broker_fd_count() << " vs " << fds0;
+  expect_still_serving();
+}
+
+TEST(BrokerRobustness, AClientThatNeverReadsIsCutOffAndOthersAreServed) {
+  auto sock = raw_connect();
+  send_bytes(sock.get(), proto::encode(proto::Message{1, proto::Hello{1, "deaf"}}));
+  // Fill the socket: the broker queues what it cannot send, then gives up on this client.
+  os::set_nonblocking(sock.get(), true);
+  const auto req = proto::encode(proto::Message{2, proto::List{0}});
+  bool closed = false;
+  for (int i = 0; i < 20000 && !closed; ++i) {
+    auto st = os::send_message(sock.get(), req);
+    if (st == os::IoStatus::Closed) closed = true;
+    if (st == os::IoStatus::WouldBlock) {
+      expect_still_serving();  // the broker is not stuck on us
+      std::this_thread::sleep_for(1ms);
+    }
+    if (i % 1000 == 999) expect_still_serving();
+  }
+  expect_still_serving();
+  if (!closed) {
+    // Drain: we must eventually see EOF because the broker closed us.
+    os::set_nonblocking(sock.get(), false);
+    proto::Message msg;
+    os::IoStatus st = os::IoStatus::Ok;
+    for (int i = 0; i < 100000 && st == os::IoStatus::Ok; ++i) st = receive(sock.get(), msg, 3000);
+    EXPECT_EQ(st, os::IoStatus::Closed);
+  }
+}
+
+TEST(BrokerRobustness, CreateWithoutFdOrWithALiarsSizeIsRefused) {
+  auto sock = raw_connect();
+  send_bytes(sock.get(), proto::encode(proto::Message{1, proto::Hello{1, "liar"}}));
+  proto::Message msg;
+  ASSERT_EQ(receive(sock.get(), msg), os::IoStatus::Ok);
+  proto::Create c;
+  c.name = unique_name();
+  c.kind = proto::Kind::Host;
+  c.mode = 0600;
+  c.size = 1 << 20;
+  auto fd = os::memfd_create("liar", 4096);  // smaller than declared
+  const int raw = fd.get();
+  send_bytes(sock.get(), proto::encode(proto::Message{2, c}, 1), std::span<const int>(&raw, 1));
+  ASSERT_EQ(receive(sock.get(), msg), os::IoStatus::Ok);
+  const auto* e = std::get_if<proto::ErrorReply>(&msg.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->code, static_cast<std::uint8_t>(ErrorCode::InvalidArgument));
+  EXPECT_NE(e->message.find("memfd is 4096 bytes"), std::string::npos) << e->message;
+  // Honest size: accepted, and sealed against shrinking.
+  auto good = os::memfd_create("honest", 1 << 20);
+  const int g = good.get();
+  send_bytes(sock.get(), proto::encode(proto::Message{3, c}, 1), std::span<const int>(&g, 1));
+  ASSERT_EQ(receive(sock.get(), msg), os::IoStatus::Ok);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(msg.body));
+  EXPECT_NE(::ftruncate(good.get(), 0), 0) << "the broker must seal host segments against shrinking";
+  sock.reset();
+  Segment::unlink(c.name);
+}
+
+TEST(BrokerRobustness, CloseOfAReferenceNotHeldIsAnError) {
+  const auto name = unique_name();
+  auto s = Segment::create(name, 4096);
+  auto sock = raw_connect();
+  send_bytes(sock.get(), proto::encode(proto::Message{1, proto::Hello{1, "thief"}}));
+  proto::Message msg;
+  ASSERT_EQ(receive(sock.get(), msg), os::IoStatus::Ok);
+  send_bytes(sock.get(), proto::encode(proto::Message{2, proto::Close{s.id()}}));
+  ASSERT_EQ(receive(sock.get(), msg), os::IoStatus::Ok);
+  ASSERT_TRUE(std::holds_alternative<proto::ErrorReply>(msg.body));
+  EXPECT_EQ(BrokerEnvironment::references_of(name), 1U);  // our reference was not stolen
+  Segment::unlink(name);
+}
+
+TEST(BrokerDaemon, SecondInstanceOnTheSameDirectoryRefusesToStart) {
+  BrokerEnvironment::broker_pid();
+  const pid_t child = start_child([] {
+    ::execl(GPUIPC_BUILD_BIN_DIR "/gpuipcd", "gpuipcd", "--runtime-dir", BrokerEnvironment::runtime_dir().c_str(),
+            static_cast<char*>(nullptr));
+    return 99;
+  });
+  EXPECT_EQ(wait_child(child, 10s), 3);
+  expect_still_serving();
+}
+
+TEST(BrokerDaemon, SigtermShutsDownCleanlyAndIdleTimeoutExits) {
+  TempDir dir("gpuipc-rt2");
+  const std::string sock = dir.file("broker.sock");
+  // Foreground broker, no idle timeout: SIGTERM ends it with status 0 and removes the socket.
+  const pid_t a = start_child([&] {
+    ::execl(GPUIPC_BUILD_BIN_DIR "/gpuipcd", "gpuipcd", "--runtime-dir", dir.path().c_str(),
+            static_cast<char*>(nullptr));
+    return 99;
+  });
+  ASSERT_TRUE(wait_until([&] { return read_file(sock).has_value() || ::access(sock.c_str(), F_OK) == 0; }, 5s));
+  ::kill(a, SIGTERM);
+  EXPECT_EQ(wait_child(a, 10s), 0);
+  EXPECT_NE(::access(sock.c_str(), F_OK), 0);
+  // Idle timeout: exits by itself with nothing registered and nobody connected.
+  const pid_t b = start_child([&] {
+    ::execl(GPUIPC_BUILD_BIN_DIR "/gpuipcd", "gpuipcd", "--runtime-dir", dir.path().c_str(), "--idle-timeout-ms",
+            "200", static_cast<char*>(nullptr));
+    return 99;
+  });
+  EXPECT_EQ(wait_child(b, 10s), 0);
+}
+
+}  // namespace
+}  // namespace gpuipc::test

@@ -1,0 +1,108 @@
+// gpuipc ls / stat / rm.
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "gpuipc/segment.hpp"
+
+namespace gpuipc::cli {
+namespace {
+
+std::string human_bytes(std::uint64_t n) {
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{} B", n) : fmt::format("{:.1f} {}", v, kUnits[u]);
+}
+
+std::string created_string(std::uint64_t unix_ns) {
+  const auto tp = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(unix_ns)));
+  return fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(tp)));
+}
+
+nlohmann::json to_json(const SegmentInfo& i) {
+  return nlohmann::json{{"id", i.id},
+                        {"name", i.name},
+                        {"unlinked", i.name.empty()},
+                        {"kind", std::string(to_string(i.kind))},
+                        {"size", i.size},
+                        {"device", i.device_uuid},
+                        {"owner_uid", i.owner_uid},
+                        {"owner_gid", i.owner_gid},
+                        {"mode", fmt::format("{:04o}", i.mode)},
+                        {"created", created_string(i.created_unix_ns)},
+                        {"references", i.references},
+                        {"mapper_count", i.mapper_count},
+                        {"mapper_pids", i.mapper_pids}};
+}
+
+std::string pids_string(const SegmentInfo& i) {
+  std::string s = fmt::format("{}", fmt::join(i.mapper_pids, ","));
+  if (i.mapper_count > i.mapper_pids.size()) s += fmt::format(",+{}", i.mapper_count - i.mapper_pids.size());
+  return s.empty() ? "-" : s;
+}
+
+}  // namespace
+
+void register_segments(CLI::App& app, int& exit_code) {
+  auto* ls = app.add_subcommand("ls", "list segments: name, kind, size, device, owner, mode, mappers and their pids");
+  static bool ls_json = false;
+  ls->add_flag("--json", ls_json, "print a JSON array (keys: docs/cli/ls.md)");
+  ls->callback([&exit_code] {
+    const auto all = Segment::list();
+    if (ls_json) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& i : all) arr.push_back(to_json(i));
+      std::cout << arr.dump(2) << "\n";
+    } else {
+      std::cout << fmt::format("{:<32} {:<12} {:>10} {:<40} {:>6} {:>5} {:>4} {}\n", "NAME", "KIND", "SIZE", "DEVICE",
+                               "OWNER", "MODE", "REFS", "PIDS");
+      for (const auto& i : all) {
+        std::cout << fmt::format("{:<32} {:<12} {:>10} {:<40} {:>6} {:04o} {:>4} {}\n",
+                                 i.name.empty() ? fmt::format("(unlinked #{})", i.id) : i.name, to_string(i.kind),
+                                 human_bytes(i.size), i.device_uuid.empty() ? "-" : i.device_uuid, i.owner_uid, i.mode,
+                                 i.references, pids_string(i));
+      }
+    }
+    exit_code = kExitOk;
+  });
+
+  auto* st = app.add_subcommand("stat", "show one segment");
+  static std::string stat_name;
+  static bool stat_json = false;
+  st->add_option("NAME", stat_name, "segment name")->required();
+  st->add_flag("--json", stat_json, "print JSON (keys: docs/cli/stat.md)");
+  st->callback([&exit_code] {
+    const auto i = Segment::stat(stat_name);
+    if (stat_json) {
+      std::cout << to_json(i).dump(2) << "\n";
+    } else {
+      std::cout << fmt::format(
+          "name:       {}\nid:         {}\nkind:       {}\nsize:       {} ({} bytes)\ndevice:     {}\nowner:      "
+          "uid {} gid {}\nmode:       {:04o}\ncreated:    {}\nreferences: {}\nmappers:    {} (pids {})\n",
+          i.name, i.id, to_string(i.kind), human_bytes(i.size), i.size, i.device_uuid.empty() ? "-" : i.device_uuid,
+          i.owner_uid, i.owner_gid, i.mode, created_string(i.created_unix_ns), i.references, i.mapper_count,
+          pids_string(i));
+    }
+    exit_code = kExitOk;
+  });
+
+  auto* rm = app.add_subcommand("rm", "unlink segments: the names go now, the memory when the last mapper closes");
+  static std::vector<std::string> rm_names;
+  rm->add_option("NAME", rm_names, "segment names")->required();
+  rm->callback([&exit_code] {
+    for (const auto& n : rm_names) Segment::unlink(n);
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace gpuipc::cli
