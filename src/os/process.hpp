@@ -38,8 +38,8 @@ void event_fd_drain(int efd) noexcept;
 UniqueFd try_lock_file(const std::string& path);
 
 /// Creates `path` (and missing parents) with `mode` if absent. Then checks that it is a directory owned by the
-/// caller or root and not writable by others unless sticky; throws Error(PermissionDenied) with what is wrong
-/// and what to do otherwise.
+/// caller or root and not writable by group or others unless sticky; throws Error(PermissionDenied) with what is
+/// wrong and what to do otherwise.
 void ensure_private_dir(const std::string& path, unsigned mode = 0755);
 
 /// CLOCK_MONOTONIC in nanoseconds.

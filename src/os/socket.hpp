@@ -49,8 +49,8 @@ UniqueFd connect_seqpacket(const std::string& path);
 std::pair<UniqueFd, UniqueFd> seqpacket_pair();
 
 /// Sends `payload` (at most `max_bytes`) plus `fds` (at most kMaxFds) as one message. Throws
-/// Error(InvalidArgument) for an oversized message, Error(System) for other failures. Returns Ok, WouldBlock or
-/// Closed.
+/// Error(InvalidArgument) for an oversized message or an empty payload (a zero-length SOCK_SEQPACKET message reads
+/// as end-of-stream on the other side), Error(System) for other failures. Returns Ok, WouldBlock or Closed.
 IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<const int> fds = {},
                       std::size_t max_bytes = 65536);
 

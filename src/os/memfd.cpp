@@ -1,0 +1,96 @@
+#include "os/memfd.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <utility>
+
+#include "base/errors.hpp"
+
+namespace gpuipc::os {
+
+UniqueFd memfd_create(const std::string& name, std::size_t size) {
+  const std::string what = fmt::format("memfd '{}'", name);
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) throw_system("memfd_create", what);
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    throw_system("ftruncate", fmt::format("{} ({} bytes)", what, size));
+  }
+  return fd;
+}
+
+void memfd_seal(int fd, unsigned seals) {
+  if (::fcntl(fd, F_ADD_SEALS, static_cast<int>(seals)) != 0) {
+    throw_system("fcntl(F_ADD_SEALS)", fmt::format("memfd fd {} (seals {:#x})", fd, seals));
+  }
+}
+
+unsigned memfd_seals(int fd) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) throw_system("fcntl(F_GET_SEALS)", fmt::format("memfd fd {}", fd));
+  return static_cast<unsigned>(seals);
+}
+
+std::size_t fd_size(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_system("fstat", fmt::format("fd {}", fd));
+  return static_cast<std::size_t>(st.st_size);
+}
+
+UniqueFd reopen_readonly(int fd) {
+  const std::string path = fmt::format("/proc/self/fd/{}", fd);
+  UniqueFd ro(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ro) throw_system("open(O_RDONLY)", path);
+  return ro;
+}
+
+Mapping Mapping::map(int fd, std::size_t size, bool writable, std::size_t offset) {
+  const auto what = [&] {
+    return fmt::format("mapping of {} bytes at offset {} of fd {} ({})", size, offset, fd,
+                       writable ? "read-write" : "read-only");
+  };
+  if (size == 0) throw Error(ErrorCode::InvalidArgument, what() + ": mmap failed: the size is 0", "mmap", EINVAL);
+  const int prot = PROT_READ | (writable ? PROT_WRITE : 0);
+  void* data = ::mmap(nullptr, size, prot, MAP_SHARED, fd, static_cast<off_t>(offset));
+  if (data == MAP_FAILED) throw_system("mmap", what());
+  return Mapping(data, size);
+}
+
+Mapping Mapping::anonymous(std::size_t size) {
+  const auto what = [&] { return fmt::format("anonymous mapping of {} bytes", size); };
+  if (size == 0) throw Error(ErrorCode::InvalidArgument, what() + ": mmap failed: the size is 0", "mmap", EINVAL);
+  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (data == MAP_FAILED) throw_system("mmap", what());
+  return Mapping(data, size);
+}
+
+Mapping::Mapping(Mapping&& other) noexcept
+    : m_data(std::exchange(other.m_data, nullptr)), m_size(std::exchange(other.m_size, 0)) {}
+
+Mapping& Mapping::operator=(Mapping&& other) noexcept {
+  if (this != &other) {
+    if (m_data != nullptr) ::munmap(m_data, m_size);
+    m_data = std::exchange(other.m_data, nullptr);
+    m_size = std::exchange(other.m_size, 0);
+  }
+  return *this;
+}
+
+Mapping::~Mapping() {
+  if (m_data != nullptr) ::munmap(m_data, m_size);
+}
+
+std::size_t page_size() noexcept {
+  static const std::size_t size = [] {
+    const long value = ::sysconf(_SC_PAGESIZE);
+    return value > 0 ? static_cast<std::size_t>(value) : std::size_t{4096};
+  }();
+  return size;
+}
+
+}  // namespace gpuipc::os

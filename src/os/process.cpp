@@ -1,0 +1,341 @@
+#include "os/process.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+#include "base/errors.hpp"
+#include "os/socket.hpp"
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+namespace gpuipc::os {
+
+UniqueFd pidfd_open(pid_t pid) {
+  if (pid <= 0) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("pidfd_open: pid {} is not a process id", pid), "pidfd_open",
+                EINVAL);
+  }
+#ifdef SYS_pidfd_open
+  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  const int err = fd < 0 ? errno : 0;
+#else
+  const long fd = -1;
+  const int err = ENOSYS;
+#endif
+  if (fd >= 0) return UniqueFd(static_cast<int>(fd));
+  const std::string what = fmt::format("process {}", pid);
+  if (err == ESRCH) {
+    throw Error(ErrorCode::NotFound, fmt::format("{}: pidfd_open failed: no such process", what), "pidfd_open", err);
+  }
+  if (err == ENOSYS) {
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("{}: pidfd_open failed: the kernel lacks pidfd (Linux 5.3 or newer is needed)", what),
+                "pidfd_open", err);
+  }
+  throw_system("pidfd_open", what, err);
+}
+
+bool pidfd_wait_exit(int pidfd, int timeout_ms) { return wait_readable(pidfd, timeout_ms); }
+
+bool process_alive(pid_t pid) noexcept {
+  if (pid <= 0) return false;  // kill(0 or -n, 0) would probe a process group
+  return ::kill(pid, 0) == 0 || errno == EPERM;
+}
+
+UniqueFd signal_fd(const std::vector<int>& signals) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (const int sig : signals) {
+    if (sigaddset(&set, sig) != 0) throw_system("sigaddset", fmt::format("signal {}", sig));
+  }
+  if (const int err = ::pthread_sigmask(SIG_BLOCK, &set, nullptr); err != 0) {
+    throw_system("pthread_sigmask(SIG_BLOCK)", "signal fd", err);
+  }
+  UniqueFd fd(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!fd) throw_system("signalfd", "signal fd");
+  return fd;
+}
+
+int read_signal(int sigfd) {
+  signalfd_siginfo info{};
+  for (;;) {
+    const ssize_t n = ::read(sigfd, &info, sizeof(info));
+    if (n == static_cast<ssize_t>(sizeof(info))) return static_cast<int>(info.ssi_signo);
+    if (n >= 0) {
+      throw Error(ErrorCode::System, fmt::format("signal fd {}: read returned {} bytes", sigfd, n), "read");
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN) return 0;
+    throw_system("read", fmt::format("signal fd {}", sigfd));
+  }
+}
+
+UniqueFd event_fd() {
+  UniqueFd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!fd) throw_system("eventfd", "event fd");
+  return fd;
+}
+
+void event_fd_signal(int efd) noexcept {
+  const std::uint64_t one = 1;
+  // EAGAIN means the counter is saturated: it is readable anyway, which is all a wake-up needs.
+  while (::write(efd, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
+}
+
+void event_fd_drain(int efd) noexcept {
+  std::uint64_t value = 0;
+  while (::read(efd, &value, sizeof(value)) < 0 && errno == EINTR) {
+  }
+}
+
+UniqueFd try_lock_file(const std::string& path) {
+  const std::string what = fmt::format("lock file {}", path);
+  // O_NOFOLLOW: a symlink planted in a shared directory must not redirect the lock (or its creation) elsewhere.
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) throw_system("open", what);
+  for (;;) {
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) return fd;
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) return UniqueFd();
+    throw_system("flock(LOCK_EX)", what);
+  }
+}
+
+void ensure_private_dir(const std::string& path, unsigned mode) {
+  if (path.empty()) {
+    throw Error(ErrorCode::InvalidArgument, "ensure_private_dir: the directory path is empty", "mkdir", EINVAL);
+  }
+  // mkdir -p: every missing component gets `mode`; existing ones are left alone.
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  bool created = false;
+  for (std::size_t pos = dir.find('/', 1);; pos = dir.find('/', pos + 1)) {
+    const std::string prefix = dir.substr(0, pos);
+    if (prefix.back() != '/') {
+      if (::mkdir(prefix.c_str(), static_cast<mode_t>(mode)) == 0) {
+        created = pos == std::string::npos;
+      } else if (errno != EEXIST) {
+        throw_system("mkdir", fmt::format("directory {}", prefix));
+      }
+    }
+    if (pos == std::string::npos) break;
+  }
+  if (created) {
+    // The umask may have removed bits from the directory just made: give it exactly the mode asked for. Through
+    // an O_NOFOLLOW fd, so that a symlink swapped in meanwhile is not followed.
+    UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) throw_system("open", fmt::format("directory {}", dir));
+    if (::fchmod(fd.get(), static_cast<mode_t>(mode)) != 0) throw_system("fchmod", fmt::format("directory {}", dir));
+  }
+
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) throw_system("lstat", fmt::format("directory {}", path));
+  const auto refuse = [&](const std::string& why) {
+    throw Error(ErrorCode::PermissionDenied, fmt::format("directory {} is unsafe: {}", path, why), "lstat");
+  };
+  if (S_ISLNK(st.st_mode)) {
+    refuse("it is a symbolic link; remove it, or use a directory that you own");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    refuse("it exists but is not a directory; remove it, or choose another path");
+  }
+  const uid_t me = ::getuid();
+  if (st.st_uid != me && st.st_uid != 0) {
+    refuse(fmt::format("it is owned by uid {}, you are uid {}; use a directory that you own", st.st_uid, me));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    refuse(fmt::format("it is mode {:04o}, writable by group or others and not sticky; run 'chmod go-w {}'",
+                       st.st_mode & 07777, path));
+  }
+}
+
+std::int64_t monotonic_ns() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::string self_exe_path() {
+  std::string buf(256, '\0');
+  for (;;) {
+    const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size());
+    if (n < 0) return {};
+    if (static_cast<std::size_t>(n) < buf.size()) {
+      buf.resize(static_cast<std::size_t>(n));
+      return buf;
+    }
+    buf.resize(buf.size() * 2);
+  }
+}
+
+namespace {
+
+// What the grandchild reports through the exec-status pipe when it cannot start the program.
+struct SpawnFailure {
+  int stage;  // one of the Stage values
+  int err;    // errno
+};
+
+enum Stage : int { kStageSetsid = 1, kStageFork, kStageRedirect, kStageExec };
+
+const char* stage_call(int stage) {
+  switch (stage) {
+    case kStageSetsid:
+      return "setsid";
+    case kStageFork:
+      return "fork";
+    case kStageRedirect:
+      return "dup2";
+    case kStageExec:
+      return "execv";
+    default:
+      return "spawn";
+  }
+}
+
+// Moves fd to a number >= 3 (CLOEXEC), so that the child's dup2 onto 0..2 never meets a source that is already
+// one of them.
+UniqueFd above_stdio(UniqueFd fd, const char* what) {
+  if (fd.get() >= 3) return fd;
+  const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
+  if (moved < 0) throw_system("fcntl(F_DUPFD_CLOEXEC)", what);
+  return UniqueFd(moved);
+}
+
+[[noreturn]] void report_and_exit(int pipe_fd, int stage, int err) noexcept {
+  const SpawnFailure failure{stage, err};
+  while (::write(pipe_fd, &failure, sizeof(failure)) < 0 && errno == EINTR) {
+  }
+  ::_exit(127);
+}
+
+// Runs in the grandchild, after fork in a possibly multi-threaded process: async-signal-safe calls only.
+[[noreturn]] void exec_grandchild(char* const* argv, int null_fd, int err_fd, int pipe_fd, int max_fd) noexcept {
+  if (::dup2(null_fd, STDIN_FILENO) < 0 || ::dup2(null_fd, STDOUT_FILENO) < 0 || ::dup2(err_fd, STDERR_FILENO) < 0) {
+    report_and_exit(pipe_fd, kStageRedirect, errno);
+  }
+  // Mark every other fd close-on-exec rather than closing it: the status pipe must stay open until execv.
+#ifdef SYS_close_range
+  const bool ranged = ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0;
+#else
+  const bool ranged = false;
+#endif
+  if (!ranged) {
+    for (int fd = 3; fd < max_fd; ++fd) {
+      if (fd != pipe_fd) ::close(fd);
+    }
+  }
+  // A daemon must not inherit the caller's blocked signals (signal_fd blocks some) or ignored ones (exec keeps
+  // SIG_IGN).
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);  // NOLINT(concurrency-mt-unsafe): single-threaded after fork
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) ::sigaction(sig, &dfl, nullptr);
+  }
+  ::execv(argv[0], argv);
+  report_and_exit(pipe_fd, kStageExec, errno);
+}
+
+}  // namespace
+
+void spawn_detached(const std::vector<std::string>& argv, const std::string& log_path) {
+  if (argv.empty() || argv[0].empty() || argv[0][0] != '/') {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("spawn_detached: the program must be an absolute path, got '{}'",
+                            argv.empty() ? std::string() : argv[0]),
+                "execv", EINVAL);
+  }
+  const std::string& program = argv[0];
+
+  // Everything the children need is prepared here: after fork they may only make async-signal-safe calls.
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+
+  UniqueFd opened_null(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!opened_null) throw_system("open", "/dev/null");
+  UniqueFd null_fd = above_stdio(std::move(opened_null), "/dev/null");
+  UniqueFd log_fd;
+  if (!log_path.empty()) {
+    UniqueFd opened(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    if (!opened) throw_system("open", fmt::format("log file {} of {}", log_path, program));
+    log_fd = above_stdio(std::move(opened), "log file");
+  }
+  const int err_fd = log_fd ? log_fd.get() : null_fd.get();
+
+  int pipe_fds[2] = {-1, -1};
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw_system("pipe2", fmt::format("exec status pipe for {}", program));
+  UniqueFd status_read(pipe_fds[0]);
+  UniqueFd status_write(pipe_fds[1]);
+  status_write = above_stdio(std::move(status_write), "exec status pipe");
+
+  rlimit lim{};
+  int max_fd = 65536;
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < rlim_t{1024} * 1024) {
+    max_fd = static_cast<int>(lim.rlim_cur);
+  }
+
+  const pid_t child = ::fork();
+  if (child < 0) throw_system("fork", fmt::format("starting {}", program));
+  if (child == 0) {
+    const int pipe_fd = status_write.get();
+    if (::setsid() < 0) report_and_exit(pipe_fd, kStageSetsid, errno);
+    const pid_t grandchild = ::fork();
+    if (grandchild < 0) report_and_exit(pipe_fd, kStageFork, errno);
+    if (grandchild == 0) exec_grandchild(args.data(), null_fd.get(), err_fd, pipe_fd, max_fd);
+    ::_exit(0);  // the grandchild is reparented: nobody has to reap it
+  }
+
+  status_write.reset();  // our copy: the read below sees EOF once execv succeeded or every writer exited
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0) {
+    if (errno == EINTR) continue;
+    if (errno == ECHILD) break;  // SIGCHLD is ignored: the kernel reaped it already
+    throw_system("waitpid", fmt::format("intermediate child {} starting {}", child, program));
+  }
+
+  SpawnFailure failure{0, 0};
+  std::size_t got = 0;
+  while (got < sizeof(failure)) {
+    const ssize_t n = ::read(status_read.get(), reinterpret_cast<char*>(&failure) + got, sizeof(failure) - got);
+    if (n > 0) {
+      got += static_cast<std::size_t>(n);
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      throw_system("read", fmt::format("exec status pipe for {}", program));
+    }
+  }
+  if (got == 0) return;  // execv succeeded: the pipe closed on exec
+  if (got != sizeof(failure)) {
+    throw Error(ErrorCode::System, fmt::format("{}: could not be started (truncated status from the child)", program),
+                "execv");
+  }
+  const std::string what =
+      failure.stage == kStageExec ? fmt::format("program {}", program) : fmt::format("starting {} (detached)", program);
+  throw_system(stage_call(failure.stage), what, failure.err);
+}
+
+}  // namespace gpuipc::os

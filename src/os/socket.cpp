@@ -1,0 +1,310 @@
+#include "os/socket.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <system_error>
+
+#include "base/errors.hpp"
+
+namespace gpuipc::os {
+namespace {
+
+// Control buffer for kMaxFds descriptors, aligned for cmsghdr, plus room for the SCM_CREDENTIALS cmsg that the kernel
+// puts before the fds when SO_PASSCRED is on (otherwise that would leave room for fewer than kMaxFds fds).
+union ControlBuffer {
+  char buf[CMSG_SPACE(kMaxFds * sizeof(int)) + CMSG_SPACE(sizeof(ucred))];
+  cmsghdr align;
+};
+
+// The most descriptors that can arrive in one ControlBuffer, however the sender split them into cmsgs.
+constexpr std::size_t kMaxArrivingFds = sizeof(ControlBuffer) / sizeof(int);
+
+sockaddr_un socket_address(const std::string& path, const char* call) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty()) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{}: the socket path is empty", call), call);
+  }
+  if (path.find('\0') != std::string::npos) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("socket path '{}' contains a NUL byte", path), call);
+  }
+  if (path.size() >= sizeof(addr.sun_path)) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("socket path '{}' is {} bytes long; a Unix socket path holds at most {} bytes: choose a "
+                            "shorter directory (e.g. set GPUIPC_RUNTIME_DIR)",
+                            path, path.size(), sizeof(addr.sun_path) - 1),
+                call);
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  return addr;
+}
+
+std::string socket_what(const std::string& path) { return fmt::format("socket {}", path); }
+
+std::string fd_what(int fd) { return fmt::format("socket fd {}", fd); }
+
+}  // namespace
+
+UniqueFd listen_seqpacket(const std::string& path, unsigned mode, int backlog) {
+  const sockaddr_un addr = socket_address(path, "bind");
+  const std::string what = socket_what(path);
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!sock) throw_system("socket", what);
+
+  // Only a stale socket file is removed; anything else at the path makes bind fail with EADDRINUSE.
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) throw_system("unlink", what);
+  }
+  if (::bind(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) throw_system("bind", what);
+
+  // From here on the socket file is ours: remove it again if a later step fails. Nobody can connect before
+  // listen(2), so setting the mode after bind leaves no window.
+  struct Unlinker {
+    const std::string& path;
+    bool armed = true;
+    ~Unlinker() {
+      if (armed) ::unlink(path.c_str());
+    }
+  } unlinker{path};
+  if (::chmod(path.c_str(), static_cast<mode_t>(mode)) != 0) throw_system("chmod", what);
+  if (::listen(sock.get(), backlog) != 0) throw_system("listen", what);
+  unlinker.armed = false;
+  return sock;
+}
+
+UniqueFd accept_seqpacket(int listen_fd) {
+  for (;;) {
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) return UniqueFd(fd);
+    const int err = errno;
+    switch (err) {
+      case EINTR:
+        continue;
+      case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+      case EWOULDBLOCK:
+#endif
+      case ECONNABORTED:
+        return UniqueFd();
+      case EMFILE:
+      case ENFILE: {
+        rlimit lim{};
+        ::getrlimit(RLIMIT_NOFILE, &lim);
+        throw Error(ErrorCode::System,
+                    fmt::format("listening socket fd {}: accept4 failed: {} (errno {}); the open-file limit is {} "
+                                "(ulimit -n): raise it or close connections",
+                                listen_fd, std::system_category().message(err), err,
+                                static_cast<unsigned long long>(lim.rlim_cur)),
+                    "accept4", err);
+      }
+      default:
+        throw_system("accept4", fmt::format("listening socket fd {}", listen_fd), err);
+    }
+  }
+}
+
+UniqueFd connect_seqpacket(const std::string& path) {
+  const sockaddr_un addr = socket_address(path, "connect");
+  const std::string what = socket_what(path);
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!sock) throw_system("socket", what);
+  for (;;) {
+    if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return sock;
+    const int err = errno;
+    // A Unix connect interrupted while waiting for backlog room leaves the socket unconnected: retry. If the
+    // first attempt did complete, the retry reports EISCONN.
+    if (err == EINTR) continue;
+    if (err == EISCONN) return sock;
+    if (err == ENOENT || err == ECONNREFUSED) {
+      throw Error(ErrorCode::NotFound,
+                  fmt::format("{}: connect failed: {} (errno {}): nothing listens there", what,
+                              std::system_category().message(err), err),
+                  "connect", err);
+    }
+    throw_system("connect", what, err);
+  }
+}
+
+std::pair<UniqueFd, UniqueFd> seqpacket_pair() {
+  int sv[2] = {-1, -1};
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) throw_system("socketpair", "seqpacket pair");
+  return {UniqueFd(sv[0]), UniqueFd(sv[1])};
+}
+
+IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<const int> fds, std::size_t max_bytes) {
+  if (payload.size() > max_bytes) {
+    throw Error(
+        ErrorCode::InvalidArgument,
+        fmt::format("{}: message of {} bytes exceeds the limit of {} bytes", fd_what(sock), payload.size(), max_bytes),
+        "sendmsg");
+  }
+  if (payload.empty()) {
+    // A zero-length SOCK_SEQPACKET message reads as end-of-stream (recvmsg returns 0) on the other side.
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{}: empty message (a zero-length seqpacket reads as a closed connection)", fd_what(sock)),
+                "sendmsg");
+  }
+  if (fds.size() > kMaxFds) {
+    throw Error(
+        ErrorCode::InvalidArgument,
+        fmt::format("{}: message carries {} fds; at most {} fit in one message", fd_what(sock), fds.size(), kMaxFds),
+        "sendmsg");
+  }
+
+  iovec iov{const_cast<std::byte*>(payload.data()), payload.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  ControlBuffer control{};
+  if (!fds.empty()) {
+    msg.msg_control = control.buf;
+    msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), fds.data(), fds.size() * sizeof(int));
+  }
+
+  for (;;) {
+    const ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (n >= 0) {
+      if (static_cast<std::size_t>(n) != payload.size()) {
+        // SOCK_SEQPACKET sends whole records; a short count means the fd is not such a socket.
+        throw Error(ErrorCode::System,
+                    fmt::format("{}: sendmsg sent {} of {} bytes (not a SOCK_SEQPACKET socket?)", fd_what(sock), n,
+                                payload.size()),
+                    "sendmsg");
+      }
+      return IoStatus::Ok;
+    }
+    const int err = errno;
+    switch (err) {
+      case EINTR:
+        continue;
+      case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+      case EWOULDBLOCK:
+#endif
+        return IoStatus::WouldBlock;
+      case EPIPE:
+      case ECONNRESET:
+        return IoStatus::Closed;
+      default:
+        throw_system("sendmsg", fd_what(sock), err);
+    }
+  }
+}
+
+IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& size, std::vector<UniqueFd>& fds,
+                         std::size_t max_fds) {
+  fds.clear();
+  size = 0;
+  iovec iov{buffer.data(), buffer.size()};
+  ControlBuffer control{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.buf;
+  msg.msg_controllen = sizeof(control.buf);
+
+  ssize_t n = -1;
+  for (;;) {
+    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n >= 0) break;
+    const int err = errno;
+    switch (err) {
+      case EINTR:
+        continue;
+      case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+      case EWOULDBLOCK:
+#endif
+        return IoStatus::WouldBlock;
+      case ECONNRESET:
+        return IoStatus::Closed;
+      default:
+        throw_system("recvmsg", fd_what(sock), err);
+    }
+  }
+
+  // Take ownership of every descriptor that arrived, from every SCM_RIGHTS cmsg, before deciding anything: they
+  // are closed on every path that does not hand them to the caller.
+  std::array<UniqueFd, kMaxArrivingFds> arrived;
+  std::size_t count = 0;
+  if (msg.msg_controllen > 0) {
+    for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg); cmsg != nullptr; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
+      if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS) continue;
+      const std::size_t bytes = cmsg->cmsg_len - CMSG_LEN(0);
+      const unsigned char* data = CMSG_DATA(cmsg);
+      for (std::size_t i = 0; i + sizeof(int) <= bytes && count < arrived.size(); i += sizeof(int)) {
+        int fd = -1;
+        std::memcpy(&fd, data + i, sizeof(int));  // CMSG_DATA need not be aligned for int
+        arrived[count++].reset(fd);
+      }
+    }
+  }
+
+  if (n == 0 && count == 0 && (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0) return IoStatus::Closed;
+  size = std::min(static_cast<std::size_t>(n), buffer.size());
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || count > max_fds) return IoStatus::Truncated;
+  fds.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) fds.push_back(std::move(arrived[i]));
+  return IoStatus::Ok;
+}
+
+Credentials peer_credentials(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    throw_system("getsockopt(SO_PEERCRED)", fd_what(sock));
+  }
+  return Credentials{cred.pid, cred.uid, cred.gid};
+}
+
+void set_nonblocking(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0) throw_system("fcntl(F_GETFL)", fmt::format("fd {}", fd));
+  const int wanted = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  if (wanted != flags && ::fcntl(fd, F_SETFL, wanted) != 0) throw_system("fcntl(F_SETFL)", fmt::format("fd {}", fd));
+}
+
+bool wait_readable(int fd, int timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
+  int remaining = timeout_ms;
+  for (;;) {
+    pollfd pfd{fd, POLLIN, 0};
+    const int rc = ::poll(&pfd, 1, remaining);
+    if (rc > 0) {
+      if ((pfd.revents & POLLNVAL) != 0) {
+        throw Error(ErrorCode::InvalidArgument, fmt::format("fd {}: poll failed: not an open file descriptor", fd),
+                    "poll", EBADF);
+      }
+      return true;  // POLLIN, POLLHUP or POLLERR: the next read reports which
+    }
+    if (rc == 0) return false;
+    if (errno != EINTR) throw_system("poll", fmt::format("fd {}", fd));
+    if (timeout_ms >= 0) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      remaining = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
+    }
+  }
+}
+
+}  // namespace gpuipc::os

@@ -1,0 +1,155 @@
+// Small helpers shared by the test suites: temporary directories, forked child processes, fd counting, signal
+// injection and bounded polling. Test code only: these call POSIX directly and abort nothing on failure.
+#pragma once
+
+#include <pthread.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "os/fd.hpp"
+
+namespace gpuipc::test {
+
+using namespace std::chrono_literals;
+
+/// A fresh directory (mode 0700) under $TMPDIR (when set and short enough for socket paths), else /tmp; removed
+/// with all its contents on destruction. Only the creating process removes it, so a forked child that leaves
+/// through exit() instead of _exit() does not delete it under its parent. Throws std::runtime_error if it cannot be
+/// created.
+class TempDir {
+ public:
+  explicit TempDir(std::string_view prefix = "gpuipc-test");
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir();
+
+  const std::string& path() const noexcept { return m_path; }
+  /// path() + "/" + name.
+  std::string file(std::string_view name) const;
+
+ private:
+  std::string m_path;
+  pid_t m_owner;
+};
+
+/// How long wait_child / run_child give a child by default before they SIGKILL it.
+inline constexpr std::chrono::milliseconds kDefaultChildTimeout = 20s;
+/// wait_child's result when the child outlived its timeout (it was SIGKILLed and reaped).
+inline constexpr int kChildTimedOut = -1;
+/// Exit code of a child whose body threw (the exception's what() goes to stderr).
+inline constexpr int kChildThrew = 125;
+
+/// Forks; the child runs `body` and leaves with _exit(its return value) (kChildThrew if it throws), never returning
+/// into the test framework. Use exit codes 0..124 in bodies and GPUIPC_CHILD_CHECK instead of gtest assertions,
+/// which would only fail the child's copy of the test. Returns the child's pid; the caller must wait_child it.
+pid_t start_child(const std::function<int()>& body);
+
+/// Waits at most `timeout` for `pid` (a child) to end and reaps it. Returns its exit code, 128 + the signal number
+/// when a signal killed it, or kChildTimedOut after SIGKILLing and reaping it when the time ran out.
+int wait_child(pid_t pid, std::chrono::milliseconds timeout = kDefaultChildTimeout);
+
+/// start_child + wait_child: `EXPECT_EQ(run_child([] { ...; return 0; }), 0);`
+int run_child(const std::function<int()>& body, std::chrono::milliseconds timeout = kDefaultChildTimeout);
+
+/// Prints "file:line: child check failed: expr" to stderr (used by GPUIPC_CHILD_CHECK).
+void report_child_failure(const char* file, int line, const char* expr) noexcept;
+
+/// Inside a start_child / run_child body: returns 1 from the body, after saying which check failed, when `cond` is
+/// false.
+#define GPUIPC_CHILD_CHECK(cond)                                       \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      ::gpuipc::test::report_child_failure(__FILE__, __LINE__, #cond); \
+      return 1;                                                        \
+    }                                                                  \
+  } while (0)
+
+/// A one-way pipe (both ends CLOEXEC) for "I am ready" notifications between a parent and a forked child.
+class SyncPipe {
+ public:
+  SyncPipe();
+  /// Writes one byte.
+  void notify() const;
+  /// Waits at most `timeout` for a byte and consumes it; false on timeout or when every writer closed.
+  bool wait(std::chrono::milliseconds timeout) const;
+  int read_fd() const noexcept { return m_read.get(); }
+  int write_fd() const noexcept { return m_write.get(); }
+
+ private:
+  os::UniqueFd m_read;
+  os::UniqueFd m_write;
+};
+
+/// Polls `pred` every `interval` until it returns true (-> true) or `timeout` passed (-> false, after one last try).
+bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
+                std::chrono::milliseconds interval = 2ms);
+
+/// The open fds of this process, one "fd -> target" per line, for leak-check failure messages.
+std::string describe_open_fds();
+
+/// The scheduler state letter of a process or thread (field 3 of /proc/<id>/stat: 'R', 'S', 'D', 'Z', ...), or '\0'
+/// when it cannot be read (the task is gone).
+char task_state(pid_t id);
+
+/// Waits at most `timeout` until process or thread `id` sleeps in the kernel (state 'S' or 'D'): how a test knows
+/// that a child or thread has reached a blocking call before it pokes it.
+bool wait_until_sleeping(pid_t id, std::chrono::milliseconds timeout);
+
+/// Installs a handler for `sig` that only counts deliveries, WITHOUT SA_RESTART, so a blocking system call the
+/// signal interrupts fails with EINTR; restores the previous action on destruction. The signal mask is left alone.
+/// One instance per signal at a time.
+class ScopedSignalCounter {
+ public:
+  explicit ScopedSignalCounter(int sig);
+  ScopedSignalCounter(const ScopedSignalCounter&) = delete;
+  ScopedSignalCounter& operator=(const ScopedSignalCounter&) = delete;
+  ~ScopedSignalCounter();
+
+  /// Deliveries since construction.
+  int count() const noexcept;
+
+ private:
+  int m_sig;
+  struct Saved;
+  Saved* m_saved;
+};
+
+/// A thread that sends `sig` to thread `target` (pthread_kill) first after `delay`, then every `period`, until it has
+/// sent `max_signals` or is destroyed; for making signals arrive while `target` blocks in a system call. Declare it
+/// after the ScopedSignalCounter of the same signal, so it stops before the handler goes.
+class SignalPulser {
+ public:
+  SignalPulser(pthread_t target, int sig, std::chrono::milliseconds delay, std::chrono::milliseconds period,
+               int max_signals = INT_MAX);
+  SignalPulser(const SignalPulser&) = delete;
+  SignalPulser& operator=(const SignalPulser&) = delete;
+  ~SignalPulser();
+
+  /// Signals sent so far.
+  int sent() const noexcept { return m_sent.load(); }
+
+ private:
+  std::mutex m_mutex;
+  std::condition_variable m_cv;
+  bool m_stop = false;
+  std::atomic<int> m_sent{0};
+  std::thread m_thread;
+};
+
+/// The whole content of a file, or nullopt when it cannot be opened.
+std::optional<std::string> read_file(const std::string& path);
+
+/// Creates or replaces a file with `content`; throws std::runtime_error on failure.
+void write_file(const std::string& path, std::string_view content);
+
+}  // namespace gpuipc::test

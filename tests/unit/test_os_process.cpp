@@ -1,0 +1,314 @@
+// pidfd, process_alive, signalfd, eventfd, lock files, private directories, clocks and detached spawning.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <chrono>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "gpuipc/error.hpp"
+#include "os/fd.hpp"
+#include "os/process.hpp"
+#include "os/socket.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A child that sleeps until killed (bounded: it leaves by itself after 30 s).
+pid_t start_sleeper() {
+  return test::start_child([] {
+    std::this_thread::sleep_for(30s);
+    return 0;
+  });
+}
+
+TEST(OsProcess, PidfdReportsExit) {
+  const pid_t child = start_sleeper();
+  os::UniqueFd pidfd;
+  try {
+    pidfd = os::pidfd_open(child);
+  } catch (const Error& e) {
+    ::kill(child, SIGKILL);
+    test::wait_child(child);
+    if (e.code() == ErrorCode::Unsupported) GTEST_SKIP() << e.what();
+    throw;
+  }
+  ASSERT_TRUE(pidfd.valid());
+  EXPECT_EQ(::fcntl(pidfd.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  EXPECT_TRUE(os::process_alive(child));
+  EXPECT_FALSE(os::pidfd_wait_exit(pidfd.get(), 50)) << "the child is still running";
+
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  EXPECT_TRUE(os::pidfd_wait_exit(pidfd.get(), 10'000));
+  EXPECT_TRUE(os::pidfd_wait_exit(pidfd.get(), 0)) << "an exited process stays readable";
+  EXPECT_EQ(test::wait_child(child), 128 + SIGKILL);
+  EXPECT_FALSE(os::process_alive(child)) << "reaped";
+}
+
+TEST(OsProcess, PidfdOpenOfAMissingProcessIsNotFound) {
+  const pid_t gone = test::start_child([] { return 0; });
+  ASSERT_EQ(test::wait_child(gone), 0);  // reaped: the pid is free (reuse this soon is very unlikely)
+  EXPECT_FALSE(os::process_alive(gone));
+  try {
+    (void)os::pidfd_open(gone);
+    FAIL() << "pidfd_open of a reaped pid succeeded";
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::Unsupported) GTEST_SKIP() << e.what();
+    EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
+    EXPECT_EQ(e.call(), "pidfd_open");
+    EXPECT_NE(std::string(e.what()).find(std::to_string(gone)), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)os::pidfd_open(0), Error);
+}
+
+TEST(OsProcess, ProcessAlive) {
+  EXPECT_TRUE(os::process_alive(::getpid()));
+  EXPECT_TRUE(os::process_alive(1)) << "init exists (EPERM, if any, counts as existing)";
+  EXPECT_FALSE(os::process_alive(0)) << "0 would probe our process group";
+  EXPECT_FALSE(os::process_alive(-1));
+}
+
+TEST(OsProcess, SignalFdDeliversSignalsSentToSelf) {
+  sigset_t old;
+  ASSERT_EQ(::pthread_sigmask(SIG_SETMASK, nullptr, &old), 0);
+  {
+    const os::UniqueFd sigfd = os::signal_fd({SIGUSR1});
+    ASSERT_TRUE(sigfd.valid());
+    EXPECT_NE(::fcntl(sigfd.get(), F_GETFL) & O_NONBLOCK, 0);
+    EXPECT_EQ(::fcntl(sigfd.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+    sigset_t now;
+    ASSERT_EQ(::pthread_sigmask(SIG_SETMASK, nullptr, &now), 0);
+    EXPECT_EQ(sigismember(&now, SIGUSR1), 1) << "signal_fd blocks the signal in the calling thread";
+
+    EXPECT_EQ(os::read_signal(sigfd.get()), 0) << "nothing pending yet";
+    // Without the block the default action of SIGUSR1 would kill the test process here.
+    ASSERT_EQ(::raise(SIGUSR1), 0);
+    EXPECT_TRUE(os::wait_readable(sigfd.get(), 5'000));
+    EXPECT_EQ(os::read_signal(sigfd.get()), SIGUSR1);
+    EXPECT_EQ(os::read_signal(sigfd.get()), 0) << "consumed";
+  }
+  ASSERT_EQ(::pthread_sigmask(SIG_SETMASK, &old, nullptr), 0);
+  EXPECT_THROW((void)os::signal_fd({9999}), Error);
+}
+
+TEST(OsProcess, EventFdSignalsAndDrains) {
+  const os::UniqueFd efd = os::event_fd();
+  ASSERT_TRUE(efd.valid());
+  EXPECT_NE(::fcntl(efd.get(), F_GETFL) & O_NONBLOCK, 0);
+  EXPECT_FALSE(os::wait_readable(efd.get(), 0));
+  os::event_fd_signal(efd.get());
+  os::event_fd_signal(efd.get());
+  EXPECT_TRUE(os::wait_readable(efd.get(), 0));
+  os::event_fd_drain(efd.get());
+  EXPECT_FALSE(os::wait_readable(efd.get(), 0)) << "one drain empties the counter";
+  os::event_fd_drain(efd.get());  // draining an empty eventfd is harmless
+  EXPECT_FALSE(os::wait_readable(efd.get(), 0));
+}
+
+TEST(OsProcess, LockFileIsExclusiveAcrossProcessesAndDiesWithItsHolder) {
+  const test::TempDir dir;
+  const std::string path = dir.file("daemon.lock");
+  const test::SyncPipe locked;
+  const pid_t holder = test::start_child([&] {
+    const os::UniqueFd lock = os::try_lock_file(path);
+    GPUIPC_CHILD_CHECK(lock.valid());
+    locked.notify();
+    std::this_thread::sleep_for(30s);  // until SIGKILLed
+    return 0;
+  });
+  ASSERT_TRUE(locked.wait(10s));
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  EXPECT_FALSE(os::try_lock_file(path).valid()) << "the holder is alive";
+  // A second child fails too (a different process, not just a different open file).
+  EXPECT_EQ(test::run_child([&] { return os::try_lock_file(path).valid() ? 1 : 0; }), 0);
+
+  ASSERT_EQ(::kill(holder, SIGKILL), 0);
+  EXPECT_EQ(test::wait_child(holder), 128 + SIGKILL);
+  const os::UniqueFd mine = os::try_lock_file(path);
+  EXPECT_TRUE(mine.valid()) << "the lock died with its holder";
+  EXPECT_EQ(test::run_child([&] { return os::try_lock_file(path).valid() ? 1 : 0; }), 0) << "now we hold it";
+}
+
+TEST(OsProcess, LockFileRefusesSymlinksAndMissingDirectories) {
+  const test::TempDir dir;
+  const std::string target = dir.file("target");
+  const std::string link = dir.file("link");
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  EXPECT_THROW((void)os::try_lock_file(link), Error);
+  EXPECT_NE(::access(target.c_str(), F_OK), 0) << "nothing was created through the symlink";
+  try {
+    (void)os::try_lock_file(dir.file("missing/x.lock"));
+    FAIL() << "a lock file in a missing directory was created";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound);
+    EXPECT_NE(std::string(e.what()).find("missing/x.lock"), std::string::npos) << e.what();
+  }
+}
+
+mode_t mode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+TEST(OsProcess, EnsurePrivateDirCreatesWithTheMode) {
+  const test::TempDir dir;
+  const std::string path = dir.file("a/b/c");
+  const mode_t old_umask = ::umask(077);  // the requested mode wins over the umask for the final directory
+  os::ensure_private_dir(path, 0750);
+  ::umask(old_umask);
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(st.st_uid, ::getuid());
+  EXPECT_NO_THROW(os::ensure_private_dir(path, 0750)) << "idempotent";
+  EXPECT_NO_THROW(os::ensure_private_dir(path + "/", 0750)) << "a trailing slash is fine";
+  EXPECT_NO_THROW(os::ensure_private_dir("/", 0755)) << "root-owned directories are fine";
+}
+
+TEST(OsProcess, EnsurePrivateDirRefusesUnsafeDirectories) {
+  const test::TempDir dir;
+  const auto expect_refused = [](const std::string& path, const char* hint) {
+    try {
+      os::ensure_private_dir(path, 0700);
+      ADD_FAILURE() << path << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::PermissionDenied) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(hint), std::string::npos) << e.what();
+    }
+  };
+
+  const std::string open_dir = dir.file("world");
+  ASSERT_EQ(::mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open_dir.c_str(), 0777), 0);
+  expect_refused(open_dir, "chmod go-w");
+  ASSERT_EQ(::chmod(open_dir.c_str(), 0770), 0);
+  expect_refused(open_dir, "chmod go-w");
+  ASSERT_EQ(::chmod(open_dir.c_str(), 01777), 0);  // sticky, like /tmp
+  EXPECT_NO_THROW(os::ensure_private_dir(open_dir, 0700));
+  EXPECT_EQ(mode_of(open_dir), 01777u) << "an existing directory's mode is left alone";
+
+  const std::string link = dir.file("link");
+  const std::string real = dir.file("real");
+  ASSERT_EQ(::mkdir(real.c_str(), 0700), 0);
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);
+  expect_refused(link, "symbolic link");
+
+  const std::string file = dir.file("file");
+  test::write_file(file, "");
+  expect_refused(file, "not a directory");
+
+  if (::getuid() != 0) {
+    // /proc is owned by root: accepted. A directory of another user is refused; find one that exists.
+    EXPECT_NO_THROW(os::ensure_private_dir("/proc", 0755));
+  }
+}
+
+TEST(OsProcess, MonotonicClockAndSelfExe) {
+  const std::int64_t a = os::monotonic_ns();
+  std::this_thread::sleep_for(10ms);
+  const std::int64_t b = os::monotonic_ns();
+  EXPECT_GE(b - a, 9'000'000);
+  EXPECT_LT(b - a, 5'000'000'000);
+
+  const std::string exe = os::self_exe_path();
+  ASSERT_FALSE(exe.empty());
+  EXPECT_EQ(exe[0], '/');
+  EXPECT_NE(exe.find("unit_test_os_process"), std::string::npos) << exe;
+}
+
+TEST(OsProcess, SpawnDetachedRunsTheProgramInItsOwnSession) {
+  const test::TempDir dir;
+  const std::string out = dir.file("out");
+  const std::string log = dir.file("log");
+  // A descriptor without CLOEXEC that the detached program must not inherit (numbered high, away from the ones
+  // the shell and ls open themselves).
+  const int low = ::open("/dev/null", O_RDONLY);
+  ASSERT_GE(low, 0);
+  const int leaky = ::fcntl(low, F_DUPFD, 100);
+  ::close(low);
+  ASSERT_GE(leaky, 100);
+  const std::string script = "ls /proc/self/fd > " + out + ".fds; readlink /proc/self/fd/0 > " + out +
+                             ".stdin; echo to-stderr >&2; " + "cat /proc/$$/stat > " + out + ".tmp && mv " + out +
+                             ".tmp " + out;
+  os::spawn_detached({"/bin/sh", "-c", script}, log);
+  ::close(leaky);
+
+  // The intermediate child was reaped: this process has no child left.
+  int status = 0;
+  errno = 0;
+  EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1);
+  EXPECT_EQ(errno, ECHILD);
+
+  ASSERT_TRUE(test::wait_until([&] { return ::access(out.c_str(), F_OK) == 0; }, 10s)) << "the script never ran";
+  const auto stat = test::read_file(out);
+  ASSERT_TRUE(stat.has_value());
+  // "pid (sh) state ppid pgrp session ...": the shell runs in a session that is not ours.
+  std::istringstream fields(stat->substr(stat->rfind(')') + 2));
+  char state = 0;
+  long ppid = 0, pgrp = 0, session = 0;
+  fields >> state >> ppid >> pgrp >> session;
+  EXPECT_GT(session, 0);
+  EXPECT_NE(session, static_cast<long>(::getsid(0))) << "setsid did not run";
+  const long shell_pid = std::stol(*stat);
+  EXPECT_NE(shell_pid, static_cast<long>(::getpid()));
+  EXPECT_NE(shell_pid, session) << "the program must not be a session leader (double fork)";
+
+  const auto fds = test::read_file(out + ".fds");
+  ASSERT_TRUE(fds.has_value());
+  std::set<std::string> listed;
+  std::istringstream lines(*fds);
+  for (std::string line; std::getline(lines, line);) listed.insert(line);
+  EXPECT_EQ(listed.count(std::to_string(leaky)), 0u) << "fd " << leaky << " leaked into the program: " << *fds;
+  EXPECT_LE(listed.size(), 4u) << *fds;  // 0, 1, 2 and the one ls reads the directory with
+  EXPECT_EQ(test::read_file(out + ".stdin"), "/dev/null\n");
+  ASSERT_TRUE(
+      test::wait_until([&] { return test::read_file(log).value_or("").find("to-stderr") != std::string::npos; }, 5s))
+      << "stderr does not go to the log";
+}
+
+TEST(OsProcess, SpawnDetachedReportsAMissingProgram) {
+  const test::TempDir dir;
+  const std::string missing = dir.file("no-such-program");
+  try {
+    os::spawn_detached({missing, "--flag"}, "");
+    FAIL() << "spawning a missing program did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
+    EXPECT_EQ(e.call(), "execv");
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "no zombie left";
+
+  const std::string not_executable = dir.file("plain");
+  test::write_file(not_executable, "#!/bin/sh\n");
+  try {
+    os::spawn_detached({not_executable}, "");
+    FAIL() << "spawning a non-executable file did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::PermissionDenied) << e.what();
+  }
+  EXPECT_THROW(os::spawn_detached({"sh", "-c", "true"}, ""), Error) << "relative paths are refused";
+  EXPECT_THROW(os::spawn_detached({}, ""), Error);
+  EXPECT_THROW(os::spawn_detached({"/bin/true"}, dir.file("missing-dir/log")), Error) << "an unopenable log";
+}
+
+}  // namespace
+}  // namespace gpuipc

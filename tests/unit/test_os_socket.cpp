@@ -1,0 +1,519 @@
+// SOCK_SEQPACKET sockets with fd passing: messages, fd leaks on truncation, limits, peer exit, credentials,
+// listen/accept/connect, EINTR.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "gpuipc/error.hpp"
+#include "os/fd.hpp"
+#include "os/memfd.hpp"
+#include "os/socket.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc {
+namespace {
+
+using namespace std::chrono_literals;
+using os::IoStatus;
+
+std::span<const std::byte> bytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
+
+std::string text(std::span<const std::byte> buf, std::size_t size) {
+  return std::string(reinterpret_cast<const char*>(buf.data()), size);
+}
+
+// A memfd holding `content`.
+os::UniqueFd memfd_with(const std::string& content) {
+  os::UniqueFd fd = os::memfd_create("test", content.size());
+  EXPECT_EQ(::pwrite(fd.get(), content.data(), content.size(), 0), static_cast<ssize_t>(content.size()));
+  return fd;
+}
+
+std::string content_of(int fd) {
+  std::string out(os::fd_size(fd), '\0');
+  EXPECT_EQ(::pread(fd, out.data(), out.size(), 0), static_cast<ssize_t>(out.size()));
+  return out;
+}
+
+std::vector<int> raw(const std::vector<os::UniqueFd>& fds) {
+  std::vector<int> out;
+  for (const auto& fd : fds) out.push_back(fd.get());
+  return out;
+}
+
+// sendmsg with the fds split into one SCM_RIGHTS cmsg per group: what a foreign (or hostile) peer may send,
+// beyond what send_message allows.
+ssize_t raw_send(int sock, std::string_view payload, const std::vector<std::vector<int>>& groups) {
+  std::size_t space = 0;
+  for (const auto& g : groups) space += CMSG_SPACE(g.size() * sizeof(int));
+  std::vector<char> control(space);
+  iovec iov{const_cast<char*>(payload.data()), payload.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = space ? control.data() : nullptr;
+  msg.msg_controllen = space;
+  cmsghdr* cmsg = space ? CMSG_FIRSTHDR(&msg) : nullptr;
+  for (const auto& g : groups) {
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(g.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), g.data(), g.size() * sizeof(int));
+    cmsg = CMSG_NXTHDR(&msg, cmsg);
+  }
+  return ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+}
+
+TEST(OsSocket, FiveMemfdsInOneMessageAcrossFork) {
+  auto [parent_end, child_end] = os::seqpacket_pair();
+  const pid_t child = test::start_child([&, &child_sock = child_end] {
+    std::vector<os::UniqueFd> memfds;
+    std::vector<int> fds;
+    for (int i = 0; i < 5; ++i) {
+      memfds.push_back(
+          memfd_with("segment number " + std::to_string(i) + std::string(static_cast<std::size_t>(i), '*')));
+      fds.push_back(memfds.back().get());
+    }
+    GPUIPC_CHILD_CHECK(os::send_message(child_sock.get(), bytes("five"), fds) == IoStatus::Ok);
+    return 0;
+  });
+  child_end.reset();
+
+  ASSERT_TRUE(os::wait_readable(parent_end.get(), 10'000));
+  std::array<std::byte, 64> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  ASSERT_EQ(os::receive_message(parent_end.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "five");
+  ASSERT_EQ(fds.size(), 5u);
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    EXPECT_EQ(content_of(fds[i].get()), "segment number " + std::to_string(i) + std::string(i, '*'));
+    EXPECT_EQ(::fcntl(fds[i].get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC) << "received fds must be CLOEXEC";
+  }
+  EXPECT_EQ(test::wait_child(child), 0);
+}
+
+TEST(OsSocket, FdsAfterAnotherCmsgAreCollected) {
+  // With SO_PASSCRED the kernel puts an SCM_CREDENTIALS cmsg before the SCM_RIGHTS one: a receiver that looks at
+  // the first cmsg only would miss (and leak) the fds. The sender splits its fds over two SCM_RIGHTS cmsgs too.
+  auto [a, b] = os::seqpacket_pair();
+  const int on = 1;
+  ASSERT_EQ(::setsockopt(b.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)), 0);
+  std::vector<os::UniqueFd> memfds;
+  std::vector<std::vector<int>> groups(2);
+  for (int i = 0; i < 5; ++i) {
+    memfds.push_back(memfd_with("fd" + std::to_string(i)));
+    groups[i < 2 ? 0 : 1].push_back(memfds.back().get());
+  }
+  ASSERT_EQ(raw_send(a.get(), "split", groups), 5);
+  const int before = os::count_open_fds();
+  std::array<std::byte, 16> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  ASSERT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "split");
+  ASSERT_EQ(fds.size(), 5u);
+  for (std::size_t i = 0; i < fds.size(); ++i) EXPECT_EQ(content_of(fds[i].get()), "fd" + std::to_string(i));
+  EXPECT_EQ(os::count_open_fds(), before + 5);
+
+  // kMaxFds fds still fit behind the credentials cmsg.
+  const std::vector<int> max_fds(os::kMaxFds, memfds[0].get());
+  ASSERT_EQ(os::send_message(a.get(), bytes("max"), max_fds), IoStatus::Ok);
+  fds.clear();
+  ASSERT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_EQ(fds.size(), os::kMaxFds);
+  fds.clear();
+
+  // Truncated behind a credentials cmsg: still nothing leaks.
+  ASSERT_EQ(raw_send(a.get(), "again", groups), 5);
+  fds.clear();
+  EXPECT_EQ(os::receive_message(b.get(), buf, size, fds, 4), IoStatus::Truncated);
+  EXPECT_EQ(os::count_open_fds(), before) << test::describe_open_fds();
+}
+
+std::vector<int> first(const std::vector<os::UniqueFd>& fds, std::size_t n) {
+  std::vector<int> out = raw(fds);
+  out.resize(n);
+  return out;
+}
+
+TEST(OsSocket, MoreFdsThanAllowedIsTruncatedAndLeaksNothing) {
+  auto [a, b] = os::seqpacket_pair();
+  std::vector<os::UniqueFd> memfds;
+  for (int i = 0; i < 5; ++i) memfds.push_back(memfd_with("content " + std::to_string(i)));
+  ASSERT_EQ(os::send_message(a.get(), bytes("too many"), raw(memfds)), IoStatus::Ok);
+
+  const int before = os::count_open_fds();
+  std::array<std::byte, 64> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  fds.push_back(memfd_with("stale"));  // receive_message clears (and closes) what the vector held
+  EXPECT_EQ(os::count_open_fds(), before + 1);
+  EXPECT_EQ(os::receive_message(b.get(), buf, size, fds, /*max_fds=*/2), IoStatus::Truncated);
+  EXPECT_TRUE(fds.empty());
+  EXPECT_EQ(os::count_open_fds(), before) << test::describe_open_fds();
+
+  // The socket stays usable: the next message arrives whole, with max_fds fds exactly.
+  ASSERT_EQ(os::send_message(a.get(), bytes("next"), first(memfds, 2)), IoStatus::Ok);
+  ASSERT_EQ(os::receive_message(b.get(), buf, size, fds, 2), IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "next");
+  ASSERT_EQ(fds.size(), 2u);
+  EXPECT_EQ(content_of(fds[1].get()), "content 1");
+  EXPECT_EQ(os::count_open_fds(), before + 2);
+}
+
+TEST(OsSocket, OversizedPayloadIsTruncatedAndLeaksNothing) {
+  auto [a, b] = os::seqpacket_pair();
+  std::vector<os::UniqueFd> memfds;
+  for (int i = 0; i < 3; ++i) memfds.push_back(memfd_with("y"));
+  const std::string big(100, 'b');
+  ASSERT_EQ(os::send_message(a.get(), bytes(big), raw(memfds)), IoStatus::Ok);
+
+  const int before = os::count_open_fds();
+  std::array<std::byte, 10> small{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  EXPECT_EQ(os::receive_message(b.get(), small, size, fds), IoStatus::Truncated);
+  EXPECT_TRUE(fds.empty());
+  EXPECT_LE(size, small.size());
+  EXPECT_EQ(os::count_open_fds(), before) << test::describe_open_fds();
+}
+
+TEST(OsSocket, TruncatedControlDataLeaksNothing) {
+  // 64 fds do not fit the receiver's control buffer (room for about kMaxFds): the kernel installs what fits and
+  // sets MSG_CTRUNC; receive_message must close those.
+  auto [a, b] = os::seqpacket_pair();
+  const os::UniqueFd memfd = memfd_with("z");
+  const std::vector<int> many(64, memfd.get());
+  ASSERT_EQ(raw_send(a.get(), "ctrunc", {many}), 6);
+
+  const int before = os::count_open_fds();
+  std::array<std::byte, 64> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  EXPECT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::Truncated);
+  EXPECT_TRUE(fds.empty());
+  EXPECT_EQ(os::count_open_fds(), before) << test::describe_open_fds();
+}
+
+TEST(OsSocket, OversizedMessagesAreRefusedBeforeSending) {
+  auto [a, b] = os::seqpacket_pair();
+  os::set_nonblocking(b.get(), true);
+
+  const std::string over_default(65537, 'o');
+  try {
+    os::send_message(a.get(), bytes(over_default));
+    FAIL() << "a 65537-byte message was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("65537"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(os::send_message(a.get(), bytes("eleven byte"), {}, 10), Error);
+  EXPECT_EQ(os::send_message(a.get(), bytes("ten bytes!"), {}, 10), IoStatus::Ok);  // the limit itself is fine
+
+  const os::UniqueFd memfd = memfd_with("f");
+  const std::vector<int> too_many(os::kMaxFds + 1, memfd.get());
+  try {
+    os::send_message(a.get(), bytes("fds"), too_many);
+    FAIL() << "kMaxFds + 1 fds were not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+  }
+  const std::vector<int> max_fds(os::kMaxFds, memfd.get());
+  EXPECT_EQ(os::send_message(a.get(), bytes("max"), max_fds), IoStatus::Ok);
+
+  // Only the two accepted messages went out.
+  std::array<std::byte, 64> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  ASSERT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "ten bytes!");
+  ASSERT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "max");
+  EXPECT_EQ(fds.size(), os::kMaxFds);
+  EXPECT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::WouldBlock);
+}
+
+TEST(OsSocket, EmptyPayloadIsRefused) {
+  // A zero-length seqpacket would read as end-of-stream on the other side.
+  auto [a, b] = os::seqpacket_pair();
+  EXPECT_THROW(os::send_message(a.get(), {}), Error);
+}
+
+TEST(OsSocket, ClosedWhenThePeerProcessExits) {
+  auto [mine, theirs] = os::seqpacket_pair();
+  const pid_t child = test::start_child([] { return 0; });  // exits holding its copy of `theirs`
+  theirs.reset();
+  EXPECT_EQ(test::wait_child(child), 0);
+
+  ASSERT_TRUE(os::wait_readable(mine.get(), 5'000));
+  std::array<std::byte, 16> buf{};
+  std::size_t size = 99;
+  std::vector<os::UniqueFd> fds;
+  EXPECT_EQ(os::receive_message(mine.get(), buf, size, fds), IoStatus::Closed);
+  EXPECT_EQ(size, 0u);
+  // Sending to a closed peer reports Closed and raises no SIGPIPE (which would kill this test process).
+  EXPECT_EQ(os::send_message(mine.get(), bytes("anyone?")), IoStatus::Closed);
+}
+
+TEST(OsSocket, WouldBlockOnEmptyAndFullNonBlockingSockets) {
+  auto [a, b] = os::seqpacket_pair();
+  os::set_nonblocking(a.get(), true);
+  os::set_nonblocking(b.get(), true);
+  EXPECT_NE(::fcntl(a.get(), F_GETFL) & O_NONBLOCK, 0);
+  std::array<std::byte, 16> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  EXPECT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::WouldBlock);
+
+  const std::string chunk(4096, 'c');
+  int sent = 0;
+  IoStatus status = IoStatus::Ok;
+  for (; sent < 100'000 && (status = os::send_message(a.get(), bytes(chunk))) == IoStatus::Ok; ++sent) {
+  }
+  EXPECT_EQ(status, IoStatus::WouldBlock) << "the socket never filled after " << sent << " messages";
+  EXPECT_GT(sent, 0);
+
+  os::set_nonblocking(a.get(), false);
+  EXPECT_EQ(::fcntl(a.get(), F_GETFL) & O_NONBLOCK, 0);
+}
+
+TEST(OsSocket, PeerCredentialsAcrossFork) {
+  const test::TempDir dir;
+  const std::string path = dir.file("broker.sock");
+  const os::UniqueFd listener = os::listen_seqpacket(path);
+  const pid_t child = test::start_child([&] {
+    const os::UniqueFd sock = os::connect_seqpacket(path);
+    GPUIPC_CHILD_CHECK(os::send_message(sock.get(), bytes("hello")) == IoStatus::Ok);
+    std::array<std::byte, 16> buf{};
+    std::size_t size = 0;
+    std::vector<os::UniqueFd> fds;
+    GPUIPC_CHILD_CHECK(os::receive_message(sock.get(), buf, size, fds) == IoStatus::Ok);
+    GPUIPC_CHILD_CHECK(text(buf, size) == "welcome");
+    return 0;
+  });
+
+  ASSERT_TRUE(os::wait_readable(listener.get(), 10'000));
+  const os::UniqueFd conn = os::accept_seqpacket(listener.get());
+  ASSERT_TRUE(conn.valid());
+  const os::Credentials cred = os::peer_credentials(conn.get());
+  EXPECT_EQ(cred.pid, child);
+  EXPECT_NE(cred.pid, ::getpid());
+  EXPECT_EQ(cred.uid, ::getuid());
+  EXPECT_EQ(cred.gid, ::getgid());
+
+  ASSERT_TRUE(os::wait_readable(conn.get(), 10'000));
+  std::array<std::byte, 16> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  ASSERT_EQ(os::receive_message(conn.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "hello");
+  EXPECT_EQ(os::send_message(conn.get(), bytes("welcome")), IoStatus::Ok);
+  EXPECT_EQ(test::wait_child(child), 0);
+}
+
+TEST(OsSocket, ListenAcceptConnectThroughAPath) {
+  const test::TempDir dir;
+  const std::string path = dir.file("s.sock");
+  const os::UniqueFd listener = os::listen_seqpacket(path, 0600);
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_NE(::fcntl(listener.get(), F_GETFL) & O_NONBLOCK, 0) << "the listening socket must be non-blocking";
+  EXPECT_EQ(::fcntl(listener.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+
+  EXPECT_FALSE(os::accept_seqpacket(listener.get()).valid()) << "nothing is pending yet";
+  const os::UniqueFd client = os::connect_seqpacket(path);
+  EXPECT_EQ(::fcntl(client.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  EXPECT_EQ(::fcntl(client.get(), F_GETFL) & O_NONBLOCK, 0) << "connect_seqpacket returns a blocking socket";
+  ASSERT_TRUE(os::wait_readable(listener.get(), 5'000));
+  const os::UniqueFd server = os::accept_seqpacket(listener.get());
+  ASSERT_TRUE(server.valid());
+  EXPECT_NE(::fcntl(server.get(), F_GETFL) & O_NONBLOCK, 0) << "accepted sockets are non-blocking";
+  EXPECT_EQ(::fcntl(server.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+
+  std::array<std::byte, 32> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  ASSERT_EQ(os::send_message(client.get(), bytes("ping")), IoStatus::Ok);
+  ASSERT_EQ(os::receive_message(server.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "ping");
+  ASSERT_EQ(os::send_message(server.get(), bytes("pong")), IoStatus::Ok);
+  ASSERT_EQ(os::receive_message(client.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "pong");
+}
+
+TEST(OsSocket, ConnectToAMissingPathIsNotFound) {
+  const test::TempDir dir;
+  const std::string path = dir.file("nobody.sock");
+  try {
+    (void)os::connect_seqpacket(path);
+    FAIL() << "connect to a missing path did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound);
+    EXPECT_EQ(e.call(), "connect");
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  // A socket file whose listener is gone (ECONNREFUSED) is NotFound too.
+  { const os::UniqueFd gone = os::listen_seqpacket(path); }
+  ASSERT_EQ(::access(path.c_str(), F_OK), 0);
+  try {
+    (void)os::connect_seqpacket(path);
+    FAIL() << "connect to a stale socket did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
+  }
+}
+
+TEST(OsSocket, ListenReplacesAStaleSocketButNoOtherFile) {
+  const test::TempDir dir;
+  const std::string path = dir.file("s.sock");
+  { const os::UniqueFd old = os::listen_seqpacket(path); }
+  const os::UniqueFd listener = os::listen_seqpacket(path);  // unlinks the stale socket file
+  const os::UniqueFd client = os::connect_seqpacket(path);
+  EXPECT_TRUE(client.valid());
+
+  const std::string regular = dir.file("regular");
+  test::write_file(regular, "keep me");
+  EXPECT_THROW((void)os::listen_seqpacket(regular), Error);
+  EXPECT_EQ(test::read_file(regular), "keep me");
+}
+
+TEST(OsSocket, PathLongerThanSunPathIsRefused) {
+  const std::string path = "/tmp/" + std::string(103, 'p');  // 108 bytes: one too many
+  ASSERT_EQ(path.size(), 108u);
+  for (const bool listening : {true, false}) {
+    try {
+      if (listening) {
+        (void)os::listen_seqpacket(path);
+      } else {
+        (void)os::connect_seqpacket(path);
+      }
+      FAIL() << "a 108-byte socket path was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("107"), std::string::npos) << e.what();
+    }
+  }
+  // 107 bytes fit (bind then fails for the missing directory, not for the length).
+  const std::string fits = "/tmp/gpuipc-no-such-dir/" + std::string(107 - 24, 'q');
+  ASSERT_EQ(fits.size(), 107u);
+  try {
+    (void)os::listen_seqpacket(fits);
+    FAIL() << "bind in a missing directory succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
+    EXPECT_EQ(e.call(), "bind");
+  }
+}
+
+TEST(OsSocket, WaitReadableTimesOutAndSeesDataAndHangup) {
+  auto [a, b] = os::seqpacket_pair();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(os::wait_readable(b.get(), 50));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 45ms);
+  EXPECT_FALSE(os::wait_readable(b.get(), 0));
+  ASSERT_EQ(os::send_message(a.get(), bytes("d")), IoStatus::Ok);
+  EXPECT_TRUE(os::wait_readable(b.get(), 0));
+  a.reset();
+  std::array<std::byte, 4> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  ASSERT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_TRUE(os::wait_readable(b.get(), 1'000));  // hang-up counts as readable
+  EXPECT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::Closed);
+}
+
+// EINTR: a no-op handler without SA_RESTART makes blocking calls fail with EINTR; the os layer must retry.
+
+TEST(OsSocketEintr, BlockingReceiveRetriesAfterSignals) {
+  auto [a, b] = os::seqpacket_pair();
+  const test::ScopedSignalCounter counter(SIGUSR1);
+  std::jthread sender([fd = a.get()] {
+    std::this_thread::sleep_for(250ms);
+    (void)os::send_message(fd, bytes("late"));
+  });
+  std::array<std::byte, 16> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  IoStatus status = IoStatus::Closed;
+  {
+    const test::SignalPulser pulser(::pthread_self(), SIGUSR1, 50ms, 30ms);
+    status = os::receive_message(b.get(), buf, size, fds);
+  }
+  sender.join();
+  EXPECT_EQ(status, IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "late");
+  EXPECT_GE(counter.count(), 1) << "no signal arrived during the blocking receive: the test proves nothing";
+}
+
+TEST(OsSocketEintr, WaitReadableKeepsItsDeadlineAcrossSignals) {
+  auto [a, b] = os::seqpacket_pair();
+  const test::ScopedSignalCounter counter(SIGUSR1);
+  const auto start = std::chrono::steady_clock::now();
+  bool readable = true;
+  {
+    // Five signals, 50 ms apart, all before the deadline: restarting the full timeout after the last one would
+    // end the wait at ~550 ms instead of 300.
+    const test::SignalPulser pulser(::pthread_self(), SIGUSR1, 50ms, 50ms, 5);
+    readable = os::wait_readable(b.get(), 300);
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_FALSE(readable);
+  EXPECT_GE(elapsed, 295ms) << "a signal cut the wait short";
+  EXPECT_LT(elapsed, 500ms) << "the timeout restarted after a signal";
+  EXPECT_EQ(counter.count(), 5);
+
+  // And with data arriving after the signals.
+  std::jthread sender([fd = a.get()] {
+    std::this_thread::sleep_for(200ms);
+    (void)os::send_message(fd, bytes("x"));
+  });
+  {
+    const test::SignalPulser pulser(::pthread_self(), SIGUSR1, 20ms, 20ms);
+    readable = os::wait_readable(b.get(), 10'000);
+  }
+  sender.join();
+  EXPECT_TRUE(readable);
+}
+
+TEST(OsSocketEintr, BlockingAcceptRetriesAfterSignals) {
+  const test::TempDir dir;
+  const std::string path = dir.file("a.sock");
+  const os::UniqueFd listener = os::listen_seqpacket(path);
+  os::set_nonblocking(listener.get(), false);  // make accept4 block, so that signals interrupt it
+  const test::ScopedSignalCounter counter(SIGUSR1);
+  const pid_t child = test::start_child([&] {
+    std::this_thread::sleep_for(250ms);
+    const os::UniqueFd sock = os::connect_seqpacket(path);
+    GPUIPC_CHILD_CHECK(os::send_message(sock.get(), bytes("in")) == IoStatus::Ok);
+    return 0;
+  });
+  os::UniqueFd conn;
+  {
+    const test::SignalPulser pulser(::pthread_self(), SIGUSR1, 50ms, 30ms);
+    conn = os::accept_seqpacket(listener.get());
+  }
+  EXPECT_TRUE(conn.valid());
+  EXPECT_GE(counter.count(), 1) << "no signal arrived during the blocking accept: the test proves nothing";
+  if (conn.valid()) {
+    EXPECT_EQ(os::peer_credentials(conn.get()).pid, child);
+  }
+  EXPECT_EQ(test::wait_child(child), 0);
+}
+
+}  // namespace
+}  // namespace gpuipc
