@@ -65,13 +65,18 @@ using Uuid = std::array<std::uint8_t, 16>;
 struct Hello {
   std::uint32_t pid = 0;     ///< the client's pid as it sees it (informational; the broker trusts SO_PEERCRED)
   std::string client_name;   ///< program name, for `gpuipc ls`; at most 64 bytes, printable ASCII
+
+  bool operator==(const Hello&) const = default;
 };
 
+/// Carries 0 or 1 fd: the broker's read-only status page (status_page.hpp).
 struct HelloReply {
   std::uint32_t broker_pid = 0;
   std::uint32_t uid = 0;     ///< the client's uid as the broker sees it
   std::uint32_t gid = 0;
   std::string broker_version;  ///< "0.1.0"
+
+  bool operator==(const HelloReply&) const = default;
 };
 
 /// Registers a new segment. Carries exactly one fd: the memory (memfd for host kinds, cuMem POSIX fd for
@@ -82,7 +87,9 @@ struct Create {
   std::uint16_t mode = 0600;  ///< permission bits, only 0777 allowed
   std::uint64_t size = 0;     ///< bytes; 1..kMaxSegmentSize
   Uuid device{};              ///< device kinds: the GPU the memory lives on
-  std::uint32_t flags = 0;    ///< reserved, 0
+  std::uint32_t flags = 0;    ///< 0, kFlagSemaphore or kFlagChannel (proto/shm.hpp)
+
+  bool operator==(const Create&) const = default;
 };
 
 /// Opens a segment by name. `wait_ms` > 0: the broker answers once the name exists or after that long.
@@ -90,6 +97,8 @@ struct Open {
   std::string name;
   Access access = Access::ReadWrite;
   std::uint32_t wait_ms = 0;
+
+  bool operator==(const Open&) const = default;
 };
 
 /// What the broker knows of a segment.
@@ -106,49 +115,69 @@ struct SegmentInfo {
   std::uint32_t references = 0;   ///< open references over all connections
   std::uint32_t mapper_count = 0; ///< distinct connections holding references
   std::vector<std::uint32_t> mapper_pids;  ///< at most kMaxMapperPids
+
+  bool operator==(const SegmentInfo&) const = default;
 };
 
 /// Reply to Open (and to Create: no fd then). Carries one fd for Open: read-only opens of host kinds get a
 /// read-only file description.
 struct OpenReply {
   SegmentInfo info;
+
+  bool operator==(const OpenReply&) const = default;
 };
 
 /// Drops one reference this connection holds on segment `id`.
 struct Close {
   std::uint64_t id = 0;
+
+  bool operator==(const Close&) const = default;
 };
 
 /// Removes the name; the memory goes when the last reference does.
 struct Unlink {
   std::string name;
+
+  bool operator==(const Unlink&) const = default;
 };
 
 struct Stat {
   std::string name;
+
+  bool operator==(const Stat&) const = default;
 };
 
 struct StatReply {
   SegmentInfo info;
+
+  bool operator==(const StatReply&) const = default;
 };
 
 /// Lists segments with id > after_id, at most kMaxListEntries per reply.
 struct List {
   std::uint64_t after_id = 0;
+
+  bool operator==(const List&) const = default;
 };
 
 struct ListReply {
   std::vector<SegmentInfo> entries;
   bool more = false;  ///< another List with after_id = entries.back().id returns the rest
+
+  bool operator==(const ListReply&) const = default;
 };
 
-struct OkReply {};
+struct OkReply {
+  bool operator==(const OkReply&) const = default;
+};
 
 /// A refused request. `code` is a gpuipc::ErrorCode value; `message` says what to do.
 struct ErrorReply {
   std::uint8_t code = 0;
   std::int32_t sys_errno = 0;
   std::string message;
+
+  bool operator==(const ErrorReply&) const = default;
 };
 
 using Body = std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unlink, Stat, StatReply, List, ListReply,
@@ -157,12 +186,15 @@ using Body = std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unl
 struct Message {
   std::uint32_t request_id = 0;
   Body body;
+
+  bool operator==(const Message&) const = default;
 };
 
 /// The type tag of a body.
 MessageType type_of(const Body& body) noexcept;
 
-/// Most fds a message of this type may carry: Create 1, OpenReply 1 (0 when it answers Create), others 0.
+/// Most fds a message of this type may carry: Create 1, OpenReply 1 (0 when it answers Create), HelloReply 1
+/// (the broker's status page, src/proto/status_page.hpp; 0 if the broker could not share it), others 0.
 /// Create must carry exactly 1.
 std::size_t max_fds(MessageType type) noexcept;
 

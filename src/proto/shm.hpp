@@ -1,0 +1,136 @@
+// Layouts of the shared-memory control blocks of semaphores and channels. Like the wire format, these are a
+// protocol between processes (clients, and the broker that repairs them when a member dies), so they live here:
+// fixed layout, versioned, no pointers (offsets and sequence numbers only), one atomic scope per word
+// (std::atomic_ref on the host; the GPU touches only the `value`, `filled` and `freed` words, through stream
+// memory operations).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace gpuipc::proto {
+
+/// Create.flags: what a segment is. The broker repairs semaphores and channels when a member dies.
+inline constexpr std::uint32_t kFlagSemaphore = 1U << 0;
+inline constexpr std::uint32_t kFlagChannel = 1U << 1;
+inline constexpr std::uint32_t kKnownCreateFlags = kFlagSemaphore | kFlagChannel;
+
+/// Values are below 2^62. Bit 62 marks a poisoned value: CUDA's 64-bit stream waits compare cyclically
+/// ((int64_t)(*addr - v) >= 0), so poison must stay within 2^63 of every value waited for — a set top bit would
+/// look *smaller* to a waiting stream and keep it blocked.
+inline constexpr std::uint64_t kPoisonBit = 1ULL << 62;
+inline constexpr std::uint64_t kMaxValue = kPoisonBit - 1;
+
+/// Why a block was poisoned.
+enum class PoisonReason : std::uint32_t { None = 0, PeerDied = 1, Closed = 2 };
+
+/// Most members (processes) registered at once in one semaphore or channel.
+inline constexpr std::uint32_t kMaxMembers = 64;
+
+/// Member roles.
+enum class Role : std::uint32_t { None = 0, Signaller = 1, Producer = 2, Consumer = 3 };
+
+struct alignas(8) Member {
+  std::uint32_t pid;   ///< 0: free entry (claimed with a CAS 0 -> pid)
+  std::uint32_t role;  ///< Role
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Semaphore: one page.
+inline constexpr std::uint32_t kSemaphoreMagic = 0x4D534947;  // "GISM"
+inline constexpr std::uint32_t kSemaphoreVersion = 1;
+
+struct alignas(64) SemaphoreBlock {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::uint32_t poison_reason;  ///< PoisonReason, written before the value gets kPoisonBit
+  std::uint32_t signallers;     ///< live signallers (registered members)
+  std::uint32_t signallers_seen;  ///< 1 once any signaller registered
+  std::uint32_t pad0;
+  std::uint64_t pad1[5];
+  alignas(64) std::uint64_t value;     ///< the timeline; GPU streams wait on / write this word
+  alignas(64) std::uint32_t wake_seq;  ///< futex word: bumped after every host-visible change
+  alignas(64) Member members[kMaxMembers];
+};
+static_assert(sizeof(SemaphoreBlock) <= 4096);
+static_assert(offsetof(SemaphoreBlock, value) % 64 == 0);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Channel: a control segment (this header, then `slots` Slot records each followed by header_bytes of inline
+// user header, each record 64-byte aligned) and a data segment of slots * slot_bytes.
+inline constexpr std::uint32_t kChannelMagic = 0x48434947;  // "GICH"
+inline constexpr std::uint32_t kChannelVersion = 1;
+inline constexpr std::uint32_t kMaxSlots = 4096;
+inline constexpr std::uint32_t kMaxHeaderBytes = 4096;
+
+/// Slot phases (in Slot::state).
+enum class Phase : std::uint32_t {
+  Free = 0,       ///< ready for the producer of `seq`
+  Writing = 1,    ///< claimed by producer `member` for message `seq`
+  Published = 2,  ///< message `seq` is ready for a consumer
+  Reading = 3,    ///< consumer `member` holds message `seq`
+};
+
+/// Slot::state packs seq (48 bits) | phase (8 bits) | member (8 bits), so a claim is one CAS.
+inline constexpr std::uint64_t pack_state(std::uint64_t seq, Phase phase, std::uint32_t member) noexcept {
+  return (seq << 16) | (static_cast<std::uint64_t>(phase) << 8) | (member & 0xFFU);
+}
+inline constexpr std::uint64_t state_seq(std::uint64_t s) noexcept { return s >> 16; }
+inline constexpr Phase state_phase(std::uint64_t s) noexcept { return static_cast<Phase>((s >> 8) & 0xFFU); }
+inline constexpr std::uint32_t state_member(std::uint64_t s) noexcept { return static_cast<std::uint32_t>(s & 0xFFU); }
+inline constexpr std::uint32_t kNoMember = 0xFF;
+
+struct alignas(64) Slot {
+  std::uint64_t state;      ///< pack_state(...)
+  std::uint64_t size;       ///< payload bytes of the message
+  std::uint32_t header_size;
+  std::uint32_t releaser;   ///< member that last released this slot (kNoMember: none), for crash repair
+  std::uint32_t flags;      ///< kSlotIncomplete: its producer died before its GPU work finished
+  std::uint32_t publisher;  ///< member that published the message in the slot (kNoMember: none), for crash repair
+  alignas(64) std::uint64_t filled;  ///< GPU-visible: seq + 1 once the producer's stream reached publish
+  alignas(64) std::uint64_t freed;   ///< GPU-visible: seq + 1 once the consumer's stream reached release
+};
+static_assert(sizeof(Slot) == 192);
+inline constexpr std::uint32_t kSlotIncomplete = 1;
+
+struct alignas(64) ChannelHeader {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::uint32_t slots;
+  std::uint32_t header_bytes;
+  std::uint64_t slot_bytes;
+  std::uint32_t data_kind;    ///< Kind of the data segment
+  std::uint32_t record_bytes; ///< sizeof(Slot) + header_bytes, rounded to 64
+  std::uint64_t pad0[5];
+  alignas(64) std::uint64_t head;  ///< next sequence producers claim
+  alignas(64) std::uint64_t tail;  ///< next sequence consumers claim
+  alignas(64) std::uint32_t published_seq;  ///< futex: bumped on every publish (consumers sleep on it)
+  alignas(64) std::uint32_t released_seq;   ///< futex: bumped on every release (producers sleep on it)
+  alignas(64) std::uint32_t producers;      ///< live producers
+  std::uint32_t consumers;                  ///< live consumers
+  std::uint32_t producers_seen;             ///< 1 once any producer registered
+  std::uint32_t consumers_seen;
+  std::uint32_t producers_gone;             ///< PoisonReason once producers went from >0 to 0
+  std::uint32_t consumers_gone;
+  std::uint32_t orphans;                    ///< messages handed back by the repair of a dead consumer
+  std::uint32_t pad1;
+  std::uint64_t redelivered;                ///< messages redelivered after a consumer died holding them
+  std::uint64_t abandoned;                  ///< messages whose producer died before publishing them
+  alignas(64) Member members[kMaxMembers];
+};
+static_assert(sizeof(ChannelHeader) % 64 == 0);
+
+inline constexpr std::uint32_t record_bytes(std::uint32_t header_bytes) noexcept {
+  return static_cast<std::uint32_t>((sizeof(Slot) + header_bytes + 63) / 64 * 64);
+}
+inline constexpr std::size_t channel_control_bytes(std::uint32_t slots, std::uint32_t header_bytes) noexcept {
+  return sizeof(ChannelHeader) + static_cast<std::size_t>(slots) * record_bytes(header_bytes);
+}
+
+template <typename T>
+std::atomic_ref<T> atomic(T& word) noexcept {
+  return std::atomic_ref<T>(word);
+}
+
+}  // namespace gpuipc::proto
