@@ -59,6 +59,8 @@ enum class Status : std::uint8_t {
   Interrupted,   ///< a signal arrived and the caller asked to see it
   Closed,        ///< the channel was closed by its owner
   InvalidState,  ///< the call does not fit the object's state (release without receive, ...)
+  DriverError,   ///< the CUDA driver refused a stream operation (bad stream, wrong context, no driver)
+  WouldBlock,    ///< a zero timeout and nothing ready
 };
 
 /// The enumerator's name, e.g. "PeerDied".

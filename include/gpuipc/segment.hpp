@@ -63,9 +63,13 @@ struct SegmentInfo {
   std::uint32_t mapper_count = 0;
 };
 
+class Segment;
+struct CreateOptions;
 namespace detail {
 struct Mapping;
-}
+/// Segment::create with broker flags (semaphores and channels); see src/core/segment_internal.hpp.
+Segment create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options, std::uint32_t flags);
+}  // namespace detail
 
 /// A handle to a mapped segment. Copies share the mapping (opening the same name again in this process is a
 /// cache hit, < 1 us, and shares it too). The mapping stays valid while any Segment of this process refers to
@@ -111,6 +115,7 @@ class Segment {
   void close() noexcept;
 
  private:
+  friend Segment detail::create_segment(std::string_view, std::size_t, const CreateOptions&, std::uint32_t);
   explicit Segment(std::shared_ptr<detail::Mapping> map) noexcept;
   std::shared_ptr<detail::Mapping> m_map;
 };

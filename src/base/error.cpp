@@ -36,6 +36,8 @@ std::string_view to_string(Status status) noexcept {
     case Status::Interrupted: return "Interrupted";
     case Status::Closed: return "Closed";
     case Status::InvalidState: return "InvalidState";
+    case Status::DriverError: return "DriverError";
+    case Status::WouldBlock: return "WouldBlock";
   }
   return "Unknown";
 }

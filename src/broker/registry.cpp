@@ -10,7 +10,9 @@
 #include "base/log.hpp"
 #include "os/memfd.hpp"
 #include "os/module.hpp"
+#include "proto/shm.hpp"
 #include "proto/status_page.hpp"
+#include "broker/repair.hpp"
 
 namespace gpuipc::broker {
 namespace {
@@ -92,10 +94,22 @@ void Registry::bump_names_generation() noexcept {
 
 void Registry::add_connection(ConnId conn, const os::Credentials& creds) { m_connections[conn] = creds; }
 
+void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
+  if (!seg.control) return;
+  auto c = m_connections.find(conn);
+  if (c == m_connections.end()) return;
+  const pid_t pid = c->second.pid;
+  if ((seg.flags & proto::kFlagSemaphore) != 0) repair_semaphore(seg.control.data(), seg.control.size(), pid);
+  if ((seg.flags & proto::kFlagChannel) != 0) repair_channel(seg.control.data(), seg.control.size(), pid);
+}
+
 void Registry::drop_connection(ConnId conn) {
   std::vector<std::uint64_t> touched;
   for (auto& [id, seg] : m_segments) {
-    if (seg.refs.erase(conn) > 0) touched.push_back(id);
+    if (seg.refs.erase(conn) > 0) {
+      repair_for(seg, conn);
+      touched.push_back(id);
+    }
   }
   for (auto id : touched) maybe_destroy(id);
   std::erase_if(m_pending, [&](const Pending& p) { return p.conn == conn; });
@@ -174,6 +188,18 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                      caller.creds.uid, human_bytes(bytes), req.name, human_bytes(req.size), human_bytes(m_quotas.bytes)));
     return;
   }
+  if ((req.flags & ~proto::kKnownCreateFlags) != 0 || req.flags == proto::kKnownCreateFlags) {
+    fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': unknown Create flags {:#x}", req.name, req.flags));
+    return;
+  }
+  const std::size_t min_control = (req.flags & proto::kFlagSemaphore) != 0 ? sizeof(proto::SemaphoreBlock)
+                                                                           : sizeof(proto::ChannelHeader);
+  if (req.flags != 0 && (req.kind == proto::Kind::Device || req.size < min_control || req.size > (64ULL << 20))) {
+    fail(ErrorCode::InvalidArgument,
+         fmt::format("segment '{}': a semaphore or channel control block is host memory of {} bytes to 64 MiB",
+                     req.name, min_control));
+    return;
+  }
   if (req.kind != proto::Kind::Device) {
     // Host memory is a memfd the broker can check: exactly the declared size, then sealed so that nobody can
     // shrink it under another process's mapping (which would SIGBUS that process).
@@ -203,6 +229,15 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
   seg.owner_uid = caller.creds.uid;
   seg.owner_gid = caller.creds.gid;
   seg.created_unix_ns = unix_now_ns();
+  seg.flags = req.flags;
+  if (req.flags != 0) {
+    try {
+      seg.control = os::Mapping::map(fds[0].get(), req.size, true);
+    } catch (const Error& e) {
+      fail(e.code(), fmt::format("segment '{}': cannot map its control block: {}", req.name, e.what()));
+      return;
+    }
+  }
   seg.memory = std::move(fds[0]);
   seg.refs[caller.conn] = 1;
   const std::uint64_t id = seg.id;
@@ -281,7 +316,10 @@ void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close
     return;
   }
   auto& refs = it->second.refs;
-  if (--refs[caller.conn] == 0) refs.erase(caller.conn);
+  if (--refs[caller.conn] == 0) {
+    refs.erase(caller.conn);
+    repair_for(it->second, caller.conn);
+  }
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));
   maybe_destroy(req.id);
 }

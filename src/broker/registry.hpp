@@ -52,7 +52,9 @@ struct SegmentRecord {
   uid_t owner_uid = 0;
   gid_t owner_gid = 0;
   std::uint64_t created_unix_ns = 0;
+  std::uint32_t flags = 0;                  ///< proto::kFlagSemaphore / kFlagChannel
   os::UniqueFd memory;                      ///< keeps the memory alive while registered
+  os::Mapping control;                      ///< semaphores and channels: the broker's view, for repairs
   std::map<ConnId, std::uint32_t> refs;     ///< references per connection
   std::uint32_t total_refs() const noexcept;
 };
@@ -112,6 +114,8 @@ class Registry {
   proto::SegmentInfo info_of(const SegmentRecord& seg) const;
   /// Removes the segment if it is unlinked and nobody references it.
   void maybe_destroy(std::uint64_t id);
+  /// Connection `conn` holds no more references to `seg`: repair its control block for that process's members.
+  void repair_for(SegmentRecord& seg, ConnId conn);
 
   void bump_names_generation() noexcept;
 

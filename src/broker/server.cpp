@@ -201,8 +201,7 @@ bool Server::handle_message(ConnId id, Connection& c, std::span<const std::byte>
     GPUIPC_LOG_WARN("connection {} (pid {} uid {}): malformed message: {}", id, c.creds.pid, c.creds.uid, why);
     queue(id, c,
           proto::encode(error_reply(0, ErrorCode::Protocol,
-                                    fmt::format("malformed message: {}; this broker speaks gpuipc protocol version {}",
-                                                why, proto::kVersion)),
+                                    fmt::format("malformed message: {}", why)),
                         0),
           {});
     return false;

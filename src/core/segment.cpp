@@ -8,6 +8,7 @@
 #include "base/log.hpp"
 #include "core/client.hpp"
 #include "core/gpu_memory.hpp"
+#include "core/segment_internal.hpp"
 #include "os/memfd.hpp"
 
 namespace gpuipc {
@@ -181,6 +182,11 @@ std::uint64_t Segment::id() const noexcept { return m_map ? m_map->id : 0; }
 void Segment::close() noexcept { m_map.reset(); }
 
 Segment Segment::create(std::string_view name, std::size_t bytes, const CreateOptions& options) {
+  return detail::create_segment(name, bytes, options, 0);
+}
+
+Segment detail::create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options,
+                               std::uint32_t flags) {
   std::string n = check_name_or_throw(name);
   if (bytes == 0 || bytes > proto::kMaxSegmentSize) {
     throw Error(ErrorCode::InvalidArgument,
@@ -200,6 +206,7 @@ Segment Segment::create(std::string_view name, std::size_t bytes, const CreateOp
   req.name = n;
   req.kind = static_cast<proto::Kind>(options.kind);
   req.mode = static_cast<std::uint16_t>(options.mode);
+  req.flags = flags;
   os::UniqueFd fd;
   if (options.kind == SegmentKind::Device) {
     auto created = core::create_device_memory(options.device, bytes);

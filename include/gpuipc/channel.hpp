@@ -1,0 +1,130 @@
+// gpuipc::Channel: a named producer/consumer ring of fixed-size buffers — GPU memory (device) or host memory
+// (host) — with an inline user header per message (shape, dtype, ...). Zero-copy and stream-ordered: a producer
+// writes a slot with its own kernels and publishes it; a consumer's stream waits for the producer's stream, its
+// kernels read the slot, and its release lets the producer's stream reuse the slot. Nothing on this path makes
+// the host wait for the GPU. Any number of producers and consumers; each message goes to exactly one consumer.
+//
+// Peer death: when the last producer is gone, consumers drain what was published, then get PeerDied (Closed when
+// producers closed cleanly). When a consumer dies holding a message, the message goes back to the queue and
+// another consumer receives it (Message::redelivered counts them). When the last consumer is gone, producers get
+// PeerDied. No survivor's GPU stream waits on the dead: the broker writes the words it waits on.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "gpuipc/error.hpp"
+#include "gpuipc/segment.hpp"
+#include "gpuipc/stream.hpp"
+
+namespace gpuipc {
+
+struct ChannelOptions {
+  std::uint32_t slots = 4;             ///< buffers in flight at most (1 to 4096)
+  std::size_t slot_bytes = 1 << 20;    ///< capacity of each buffer
+  std::uint32_t header_bytes = 256;    ///< inline user header per message (0 to 4096)
+  SegmentKind kind = SegmentKind::Device;  ///< Device: slots in GPU memory; Host: host memory and host-side waits
+  int device = 0;                      ///< device kind: the GPU the slots live on
+  unsigned mode = 0600;                ///< producers need rw, consumers r (they map the slots read-only)
+};
+
+enum class ChannelRole : std::uint8_t { Producer, Consumer };
+
+struct ChannelOpenOptions {
+  std::chrono::milliseconds wait{0};  ///< wait this long for the channel to be created
+  int device = -1;                    ///< device kind: the context that maps the slots (see OpenOptions::device)
+};
+
+/// A slot a producer acquired: write up to `capacity` bytes at `data` (a device pointer for device channels).
+struct SlotView {
+  void* data = nullptr;
+  std::uint64_t device_pointer = 0;
+  std::size_t capacity = 0;
+  std::uint64_t sequence = 0;  ///< the message's position in the channel (0, 1, 2, ...)
+};
+
+/// A message a consumer received. `data` and `header` stay valid until this consumer releases it.
+struct MessageView {
+  const void* data = nullptr;
+  std::uint64_t device_pointer = 0;
+  std::size_t size = 0;
+  std::span<const std::byte> header;
+  std::uint64_t sequence = 0;
+  /// The producer died after publishing but before its stream finished writing: the data may be partial.
+  /// Check after this consumer's stream has passed receive (e.g. after a synchronize) — see docs/channels.md.
+  bool incomplete() const noexcept;
+  const std::uint32_t* flags = nullptr;
+};
+
+/// Counters of a channel (for monitoring and tests).
+struct ChannelStats {
+  std::uint64_t head = 0;         ///< messages claimed by producers
+  std::uint64_t tail = 0;         ///< messages claimed by consumers
+  std::uint32_t producers = 0;    ///< live producers
+  std::uint32_t consumers = 0;
+  std::uint64_t redelivered = 0;  ///< messages handed to another consumer after theirs died
+  std::uint64_t abandoned = 0;    ///< slots a dead producer had claimed but not published
+  std::uint32_t free_slots = 0;   ///< slots not holding a message
+};
+
+class Channel {
+ public:
+  /// Creates channel `name` (two segments: `name`, the control block, and `name`.slots, the buffers) and joins it.
+  /// Throws Error like Segment::create (InvalidArgument for bad sizes; names up to 122 characters).
+  static Channel create(std::string_view name, const ChannelOptions& options, ChannelRole role);
+  /// Joins channel `name` as a producer or consumer. Throws Error like Segment::open.
+  static Channel open(std::string_view name, ChannelRole role, const ChannelOpenOptions& options = {});
+  /// Removes both names; members keep working until they close.
+  static void unlink(std::string_view name);
+
+  Channel() noexcept;
+  Channel(Channel&&) noexcept;
+  Channel& operator=(Channel&&) noexcept;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+  /// Leaves: acquired slots are given up, received messages go back to the queue, and the last producer (or
+  /// consumer) leaving tells the other side (Closed).
+  ~Channel();
+
+  // Producer. -----------------------------------------------------------------------------------------------
+  /// Claims the next free slot, waiting on the host up to `timeout` while every slot is in flight (a negative
+  /// timeout waits forever; zero returns WouldBlock at once). For device channels, work enqueued on `stream` after
+  /// this waits until the consumer's stream has released the slot. Returns Ok, Timeout, WouldBlock, PeerDied or
+  /// Closed (no consumer left), InvalidState (not a producer; too many acquired). No allocation, no exception.
+  Status acquire(StreamHandle stream, std::chrono::nanoseconds timeout, SlotView& slot) noexcept;
+  /// Publishes the oldest acquired slot with `bytes` of payload and `header` (at most header_bytes), in stream
+  /// order: consumers' streams see the data once `stream` has reached this point.
+  Status publish(StreamHandle stream, std::span<const std::byte> header, std::size_t bytes) noexcept;
+
+  // Consumer. -----------------------------------------------------------------------------------------------
+  /// Takes the next message, waiting on the host up to `timeout` for one to be published. For device channels,
+  /// work enqueued on `stream` after this waits for the producer's stream. Returns Ok, Timeout, WouldBlock,
+  /// PeerDied or Closed (no producer left and nothing left to drain), InvalidState.
+  Status receive(StreamHandle stream, std::chrono::nanoseconds timeout, MessageView& message) noexcept;
+  /// Releases the oldest received message in stream order: its slot is reused once `stream` has reached this.
+  Status release(StreamHandle stream) noexcept;
+
+  const std::string& name() const noexcept;
+  ChannelRole role() const noexcept;
+  SegmentKind kind() const noexcept;
+  std::uint32_t slots() const noexcept;
+  std::size_t slot_bytes() const noexcept;
+  std::uint32_t header_bytes() const noexcept;
+  /// The device ordinal whose context maps the slots (device channels), else -1.
+  int device() const noexcept;
+  ChannelStats stats() const noexcept;
+  explicit operator bool() const noexcept { return m_impl != nullptr; }
+
+  struct Impl;
+
+ private:
+  explicit Channel(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> m_impl;
+};
+
+}  // namespace gpuipc

@@ -1,0 +1,97 @@
+// gpuipc::Semaphore: a named cross-process timeline — a 64-bit counter that only grows — which GPU streams wait on
+// and signal in stream order, and host threads too. When the last process allowed to signal it goes away (exit,
+// crash, or closing its handle), the broker poisons it: every pending and later wait, GPU or host, returns at
+// once and reports PeerDied (or Closed).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "gpuipc/error.hpp"
+#include "gpuipc/segment.hpp"
+#include "gpuipc/stream.hpp"
+
+namespace gpuipc {
+
+/// Largest value a semaphore takes (2^62 - 1); bit 62 marks poison.
+inline constexpr std::uint64_t kSemaphoreMaxValue = (1ULL << 62) - 1;
+
+struct SemaphoreOptions {
+  std::uint64_t initial = 0;
+  /// host_pinned: GPU streams and host threads (needs a driver); host: host threads only (no GPU needed).
+  SegmentKind kind = SegmentKind::HostPinned;
+  int device = 0;        ///< the context that registers the page (host_pinned)
+  unsigned mode = 0600;  ///< r: may wait, w: may signal
+};
+
+/// Which side of a semaphore a process is on.
+enum class SemaphoreRole : std::uint8_t {
+  Signaller,  ///< may signal and wait; counts towards "someone can still signal" (needs write permission)
+  Waiter,     ///< may only wait; maps the page read-only (needs read permission)
+};
+
+struct SemaphoreOpenOptions {
+  SemaphoreRole role = SemaphoreRole::Waiter;
+  std::chrono::milliseconds wait{0};  ///< wait this long for the semaphore to be created
+  int device = 0;
+};
+
+/// How a host wait ended.
+struct WaitResult {
+  Status status = Status::Ok;
+  std::uint64_t value = 0;  ///< the value seen (without the poison bit)
+};
+
+class Semaphore {
+ public:
+  /// Creates semaphore `name` with `options.initial`; the creator is a signaller. Throws Error like
+  /// Segment::create.
+  static Semaphore create(std::string_view name, const SemaphoreOptions& options = {});
+  /// Opens semaphore `name` as a signaller or a waiter. Throws Error like Segment::open; InvalidArgument when the
+  /// name is not a semaphore.
+  static Semaphore open(std::string_view name, const SemaphoreOpenOptions& options = {});
+  /// Removes the name (like Segment::unlink).
+  static void unlink(std::string_view name);
+
+  Semaphore() noexcept;
+  Semaphore(Semaphore&&) noexcept;
+  Semaphore& operator=(Semaphore&&) noexcept;
+  Semaphore(const Semaphore&) = delete;
+  Semaphore& operator=(const Semaphore&) = delete;
+  /// A signaller leaving: if it was the last, the semaphore is poisoned (Closed) so no waiter waits forever.
+  ~Semaphore();
+
+  /// Stream-ordered: once `stream` reaches this point, the value becomes `value` (cuStreamWriteValue64). With
+  /// `wake_host`, a host function then wakes host waiters at once (otherwise they notice within their polling
+  /// interval, at most 1 ms). Returns Ok, PeerDied/Closed (poisoned), InvalidState (a waiter, a host-kind
+  /// semaphore, or value > kSemaphoreMaxValue). Does not allocate or throw.
+  Status signal(StreamHandle stream, std::uint64_t value, bool wake_host = false) noexcept;
+  /// Stream-ordered: work enqueued on `stream` after this waits until the value reaches `value`
+  /// (cuStreamWaitValue64, GEQ). A poison releases the wait. Returns Ok, PeerDied/Closed (already poisoned:
+  /// nothing is enqueued), InvalidState (host-kind semaphore).
+  Status wait(StreamHandle stream, std::uint64_t value) noexcept;
+  /// Raises the value to `value` from the host (never lowers it) and wakes host waiters.
+  Status signal_host(std::uint64_t value) noexcept;
+  /// Waits on the host until the value reaches `value`: spins briefly, then sleeps (futex). Returns Ok, Timeout,
+  /// PeerDied or Closed (poisoned), with the value seen.
+  WaitResult wait_host(std::uint64_t value, std::chrono::nanoseconds timeout) noexcept;
+  /// The current value (without the poison bit).
+  std::uint64_t value() const noexcept;
+  /// Ok, or why it is poisoned (PeerDied, Closed).
+  Status status() const noexcept;
+
+  const std::string& name() const noexcept;
+  SemaphoreRole role() const noexcept;
+  explicit operator bool() const noexcept { return m_impl != nullptr; }
+
+  struct Impl;
+
+ private:
+  explicit Semaphore(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> m_impl;
+};
+
+}  // namespace gpuipc

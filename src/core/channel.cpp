@@ -1,0 +1,464 @@
+#include "gpuipc/channel.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/segment_internal.hpp"
+#include "proto/messages.hpp"
+#include "core/shm_wait.hpp"
+#include "cuda/resources.hpp"
+
+namespace gpuipc {
+
+using proto::atomic;
+using proto::Phase;
+
+bool MessageView::incomplete() const noexcept {
+  return flags != nullptr && (atomic(const_cast<std::uint32_t&>(*flags)).load() & proto::kSlotIncomplete) != 0;
+}
+
+struct Channel::Impl {
+  // Declared in acquisition order: the segments outlive everything that points into them.
+  Segment control;
+  Segment data;
+  proto::ChannelHeader* h = nullptr;
+  std::byte* records = nullptr;
+  std::uint64_t control_device = 0;  // GPU address of the control block (device channels)
+  std::uint64_t n = 0;
+  std::uint32_t record_bytes = 0;
+  ChannelRole role = ChannelRole::Producer;
+  SegmentKind kind = SegmentKind::Host;
+  std::uint32_t member = proto::kNoMember;
+  // Sequences this member holds (acquired, or received), oldest first: a ring of capacity n.
+  std::vector<std::uint64_t> held;
+  std::size_t held_first = 0;
+  std::size_t held_count = 0;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() { leave(); }
+
+  proto::Slot& slot(std::uint64_t seq) const noexcept {
+    return *reinterpret_cast<proto::Slot*>(records + (seq % n) * record_bytes);  // NOLINT: layout of shm.hpp
+  }
+  std::byte* header_of(std::uint64_t seq) const noexcept {
+    return records + (seq % n) * record_bytes + sizeof(proto::Slot);
+  }
+  CUdeviceptr word_device(std::uint64_t seq, std::size_t offset) const noexcept {
+    return control_device + sizeof(proto::ChannelHeader) + (seq % n) * record_bytes + offset;
+  }
+  std::uint64_t data_offset(std::uint64_t seq) const noexcept { return (seq % n) * atomic(h->slot_bytes).load(); }
+  bool gpu() const noexcept { return kind == SegmentKind::Device; }
+
+  void push_held(std::uint64_t seq) noexcept {
+    held[(held_first + held_count) % held.size()] = seq;
+    ++held_count;
+  }
+  std::uint64_t front_held() const noexcept { return held[held_first]; }
+  void pop_held() noexcept {
+    held_first = (held_first + 1) % held.size();
+    --held_count;
+  }
+
+  void join() {
+    const proto::Role r = role == ChannelRole::Producer ? proto::Role::Producer : proto::Role::Consumer;
+    member = core::claim_member(h->members, r);
+    if (member == proto::kNoMember) {
+      throw Error(ErrorCode::QuotaExceeded,
+                  fmt::format("channel '{}' already has {} members", control.name(), proto::kMaxMembers), "open");
+    }
+    if (role == ChannelRole::Producer) {
+      atomic(h->producers).fetch_add(1);
+      atomic(h->producers_gone).store(0);
+      atomic(h->producers_seen).store(1);
+    } else {
+      atomic(h->consumers).fetch_add(1);
+      atomic(h->consumers_gone).store(0);
+      atomic(h->consumers_seen).store(1);
+    }
+  }
+
+  /// Clean leave: give up acquired slots, hand back received messages, tell the other side if we were the last.
+  void leave() noexcept {
+    if (member == proto::kNoMember || h == nullptr) return;
+    while (held_count > 0) {
+      const std::uint64_t seq = front_held();
+      auto& s = slot(seq);
+      if (role == ChannelRole::Producer) {
+        atomic(s.freed).store(std::max(atomic(s.freed).load(), seq + 1));
+        atomic(s.state).store(proto::pack_state(seq + n, Phase::Free, proto::kNoMember), std::memory_order_release);
+        atomic(h->abandoned).fetch_add(1);
+      } else {
+        atomic(s.state).store(proto::pack_state(seq, Phase::Published, proto::kNoMember), std::memory_order_release);
+        atomic(h->orphans).fetch_add(1);
+        atomic(h->redelivered).fetch_add(1);
+      }
+      pop_held();
+    }
+    core::release_member(h->members, member);
+    member = proto::kNoMember;
+    if (role == ChannelRole::Producer) {
+      if (atomic(h->producers).fetch_sub(1) == 1) {
+        atomic(h->producers_gone).store(static_cast<std::uint32_t>(proto::PoisonReason::Closed));
+      }
+    } else if (atomic(h->consumers).fetch_sub(1) == 1) {
+      atomic(h->consumers_gone).store(static_cast<std::uint32_t>(proto::PoisonReason::Closed));
+    }
+    core::bump_and_wake(h->published_seq);
+    core::bump_and_wake(h->released_seq);
+  }
+
+  /// Moves a ring index from `from` to `from + 1` unless someone already did. (Not compare_exchange on `from`
+  /// itself: a failed exchange overwrites its expected value, and callers still need `from`.)
+  static void advance(std::atomic_ref<std::uint64_t> index, std::uint64_t from) noexcept {
+    std::uint64_t expected = from;
+    index.compare_exchange_strong(expected, from + 1, std::memory_order_acq_rel);
+  }
+
+  static Status gone_status(std::uint32_t reason) noexcept {
+    return reason == static_cast<std::uint32_t>(proto::PoisonReason::Closed) ? Status::Closed : Status::PeerDied;
+  }
+
+  /// One attempt to claim the next free slot. Returns true when done (claimed, or `status` says why not).
+  bool try_acquire(std::uint64_t& claimed, Status& status) noexcept {
+    for (;;) {
+      if (atomic(h->consumers).load() == 0) {
+        if (const auto gone = atomic(h->consumers_gone).load(); gone != 0) {
+          status = gone_status(gone);
+          return true;
+        }
+      }
+      auto head = atomic(h->head);
+      std::uint64_t pos = head.load(std::memory_order_acquire);
+      auto st = atomic(slot(pos).state);
+      std::uint64_t s = st.load(std::memory_order_acquire);
+      const std::uint64_t seq = proto::state_seq(s);
+      if (seq == pos && proto::state_phase(s) == Phase::Free) {
+        if (st.compare_exchange_strong(s, proto::pack_state(pos, Phase::Writing, member), std::memory_order_acq_rel)) {
+          advance(head, pos);
+          claimed = pos;
+          status = Status::Ok;
+          return true;
+        }
+        continue;
+      }
+      if (seq >= pos) {  // claimed by another producer (or abandoned) but head not moved yet: help it along
+        advance(head, pos);
+        continue;
+      }
+      return false;  // the slot still holds message pos - n: every slot is in flight
+    }
+  }
+
+  /// One attempt to take the next message.
+  bool try_receive(std::uint64_t& claimed, Status& status) noexcept {
+    if (const std::uint32_t orphans = atomic(h->orphans).load(std::memory_order_acquire); orphans > 0) {
+      // Messages a dead (or leaving) consumer held: behind the tail, back in the Published phase.
+      const std::uint64_t tail = atomic(h->tail).load(std::memory_order_acquire);
+      for (std::uint64_t i = 0; i < n; ++i) {
+        auto st = atomic(slot(i).state);
+        std::uint64_t s = st.load(std::memory_order_acquire);
+        if (proto::state_phase(s) != Phase::Published || proto::state_seq(s) >= tail) continue;
+        const std::uint64_t seq = proto::state_seq(s);
+        if (st.compare_exchange_strong(s, proto::pack_state(seq, Phase::Reading, member), std::memory_order_acq_rel)) {
+          atomic(h->orphans).fetch_sub(1);
+          claimed = seq;
+          status = Status::Ok;
+          return true;
+        }
+      }
+      std::uint32_t seen = orphans;
+      atomic(h->orphans).compare_exchange_strong(seen, 0U);  // all taken already
+    }
+    for (;;) {
+      auto tail = atomic(h->tail);
+      std::uint64_t pos = tail.load(std::memory_order_acquire);
+      auto st = atomic(slot(pos).state);
+      std::uint64_t s = st.load(std::memory_order_acquire);
+      const std::uint64_t seq = proto::state_seq(s);
+      const Phase phase = proto::state_phase(s);
+      if (seq == pos && phase == Phase::Published) {
+        if (st.compare_exchange_strong(s, proto::pack_state(pos, Phase::Reading, member), std::memory_order_acq_rel)) {
+          advance(tail, pos);
+          claimed = pos;
+          status = Status::Ok;
+          return true;
+        }
+        continue;
+      }
+      if (seq > pos || (seq == pos && phase == Phase::Reading)) {
+        // Taken by another consumer, or abandoned by a dead producer: move the tail past it.
+        advance(tail, pos);
+        continue;
+      }
+      if (atomic(h->producers).load() == 0) {
+        if (const auto gone = atomic(h->producers_gone).load(); gone != 0) {
+          status = gone_status(gone);
+          return true;
+        }
+      }
+      return false;
+    }
+  }
+};
+
+namespace {
+
+std::string slots_name(std::string_view name) { return std::string(name) + ".slots"; }
+
+void check_channel_name(std::string_view name) {
+  if (name.size() + 6 > proto::kMaxNameLength) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("channel name '{}' is longer than {} characters", name, proto::kMaxNameLength - 6),
+                "channel");
+  }
+}
+
+std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole role) {
+  auto impl = std::make_unique<Channel::Impl>();
+  auto* h = static_cast<proto::ChannelHeader*>(control.data());
+  if (control.size() < sizeof(proto::ChannelHeader) || h->magic != proto::kChannelMagic ||
+      h->version != proto::kChannelVersion || h->slots == 0 || h->slots > proto::kMaxSlots ||
+      h->record_bytes != proto::record_bytes(h->header_bytes) ||
+      proto::channel_control_bytes(h->slots, h->header_bytes) > control.size() ||
+      static_cast<std::uint64_t>(h->slots) * h->slot_bytes > data.size()) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("'{}' is not a gpuipc channel (version {}) or its buffers do not match it", control.name(),
+                            proto::kChannelVersion),
+                "open");
+  }
+  impl->h = h;
+  impl->records = static_cast<std::byte*>(control.data()) + sizeof(proto::ChannelHeader);
+  impl->n = h->slots;
+  impl->record_bytes = h->record_bytes;
+  impl->kind = data.kind();
+  impl->role = role;
+  if (impl->gpu()) impl->control_device = control.device_pointer();
+  impl->held.assign(impl->n, 0);
+  impl->control = std::move(control);
+  impl->data = std::move(data);
+  impl->join();
+  return impl;
+}
+
+}  // namespace
+
+Channel::Channel() noexcept = default;
+Channel::Channel(std::unique_ptr<Impl> impl) noexcept : m_impl(std::move(impl)) {}
+Channel::Channel(Channel&&) noexcept = default;
+Channel& Channel::operator=(Channel&&) noexcept = default;
+Channel::~Channel() = default;
+
+Channel Channel::create(std::string_view name, const ChannelOptions& options, ChannelRole role) {
+  check_channel_name(name);
+  if (options.slots == 0 || options.slots > proto::kMaxSlots || options.header_bytes > proto::kMaxHeaderBytes ||
+      options.slot_bytes == 0 || options.kind == SegmentKind::HostPinned) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("channel '{}': slots must be 1..{}, header_bytes 0..{}, slot_bytes > 0, kind device or "
+                            "host",
+                            name, proto::kMaxSlots, proto::kMaxHeaderBytes),
+                "create");
+  }
+  const bool gpu = options.kind == SegmentKind::Device;
+  // Buffers first, so that a control block anyone can open always has its buffers. Slots are aligned to 256 bytes.
+  const std::size_t slot_bytes = (options.slot_bytes + 255) / 256 * 256;
+  Segment data = Segment::create(slots_name(name), slot_bytes * options.slots,
+                                 {.kind = options.kind, .device = options.device, .mode = options.mode});
+  const std::size_t control_bytes = proto::channel_control_bytes(options.slots, options.header_bytes);
+  Segment control;
+  try {
+    control = detail::create_segment(
+        name, control_bytes,
+        {.kind = gpu ? SegmentKind::HostPinned : SegmentKind::Host, .device = options.device, .mode = options.mode},
+        proto::kFlagChannel);
+  } catch (...) {
+    try {
+      Segment::unlink(slots_name(name));
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
+    }
+    throw;
+  }
+  auto* h = static_cast<proto::ChannelHeader*>(control.data());
+  h->slots = options.slots;
+  h->header_bytes = options.header_bytes;
+  h->slot_bytes = slot_bytes;
+  h->data_kind = static_cast<std::uint32_t>(options.kind);
+  h->record_bytes = proto::record_bytes(options.header_bytes);
+  auto* records = static_cast<std::byte*>(control.data()) + sizeof(proto::ChannelHeader);
+  for (std::uint32_t i = 0; i < options.slots; ++i) {
+    auto& s = *reinterpret_cast<proto::Slot*>(records + static_cast<std::size_t>(i) * h->record_bytes);  // NOLINT
+    s.state = proto::pack_state(i, Phase::Free, proto::kNoMember);
+    s.releaser = proto::kNoMember;
+    s.publisher = proto::kNoMember;
+  }
+  h->version = proto::kChannelVersion;
+  atomic(h->magic).store(proto::kChannelMagic, std::memory_order_release);
+  return Channel(attach(std::move(control), std::move(data), role));
+}
+
+Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpenOptions& options) {
+  check_channel_name(name);
+  OpenOptions co{.access = Access::ReadWrite, .wait = options.wait, .device = options.device};
+  Segment control = Segment::open(name, co);
+  for (int i = 0; i < 1000 && atomic(static_cast<proto::ChannelHeader*>(control.data())->magic).load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));  // the creator is filling it in
+  }
+  // Consumers only read the buffers: they map them read-only, so a stray write faults in the consumer.
+  OpenOptions dopt{.access = role == ChannelRole::Consumer ? Access::ReadOnly : Access::ReadWrite,
+                   .wait = std::chrono::milliseconds(0),
+                   .device = options.device};
+  Segment data = Segment::open(slots_name(name), dopt);
+  return Channel(attach(std::move(control), std::move(data), role));
+}
+
+void Channel::unlink(std::string_view name) {
+  check_channel_name(name);
+  Segment::unlink(name);
+  try {
+    Segment::unlink(slots_name(name));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::NotFound) throw;
+  }
+}
+
+Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, SlotView& out) noexcept {
+  if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == m_impl->n) return Status::InvalidState;
+  auto& im = *m_impl;
+  std::uint64_t seq = 0;
+  Status status = Status::Ok;
+  if (!im.try_acquire(seq, status)) {
+    if (timeout.count() == 0) return Status::WouldBlock;
+    const Status w = core::wait_on(im.h->released_seq, timeout, [&] { return im.try_acquire(seq, status); });
+    if (w != Status::Ok) return w;
+  }
+  if (status != Status::Ok) return status;
+  if (im.gpu() && seq >= im.n) {
+    // The slot's previous message: the consumer released it on the host; its stream may still be reading.
+    if (cuda::stream_wait_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, freed)),
+                                  seq - im.n + 1) != CUDA_SUCCESS) {
+      // Give the slot up rather than keep a claim nobody will publish.
+      atomic(im.slot(seq).state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember));
+      atomic(im.h->abandoned).fetch_add(1);
+      core::bump_and_wake(im.h->released_seq);
+      return Status::DriverError;
+    }
+  }
+  im.push_held(seq);
+  const std::uint64_t offset = im.data_offset(seq);
+  out.capacity = atomic(im.h->slot_bytes).load();
+  out.sequence = seq;
+  out.device_pointer = im.gpu() ? im.data.device_pointer() + offset : 0;
+  out.data = static_cast<std::byte*>(im.data.data()) + offset;
+  return Status::Ok;
+}
+
+Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, std::size_t bytes) noexcept {
+  if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == 0) return Status::InvalidState;
+  auto& im = *m_impl;
+  if (header.size() > im.h->header_bytes || bytes > im.h->slot_bytes) return Status::InvalidState;
+  const std::uint64_t seq = im.front_held();
+  auto& s = im.slot(seq);
+  if (!header.empty()) std::memcpy(im.header_of(seq), header.data(), header.size());
+  s.header_size = static_cast<std::uint32_t>(header.size());
+  s.size = bytes;
+  atomic(s.flags).store(0);
+  atomic(s.publisher).store(im.member);
+  if (im.gpu()) {
+    if (cuda::stream_write_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, filled)),
+                                   seq + 1) != CUDA_SUCCESS) {
+      return Status::DriverError;
+    }
+  } else {
+    atomic(s.filled).store(seq + 1, std::memory_order_release);
+  }
+  atomic(s.state).store(proto::pack_state(seq, Phase::Published, im.member), std::memory_order_release);
+  im.pop_held();
+  core::bump_and_wake(im.h->published_seq);
+  return Status::Ok;
+}
+
+Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, MessageView& out) noexcept {
+  if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == m_impl->n) return Status::InvalidState;
+  auto& im = *m_impl;
+  std::uint64_t seq = 0;
+  Status status = Status::Ok;
+  if (!im.try_receive(seq, status)) {
+    if (timeout.count() == 0) return Status::WouldBlock;
+    const Status w = core::wait_on(im.h->published_seq, timeout, [&] { return im.try_receive(seq, status); });
+    if (w != Status::Ok) return w;
+  }
+  if (status != Status::Ok) return status;
+  auto& s = im.slot(seq);
+  if (im.gpu()) {
+    if (cuda::stream_wait_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, filled)),
+                                  seq + 1) != CUDA_SUCCESS) {
+      atomic(s.state).store(proto::pack_state(seq, Phase::Published, proto::kNoMember));
+      atomic(im.h->orphans).fetch_add(1);
+      core::bump_and_wake(im.h->published_seq);
+      return Status::DriverError;
+    }
+  }
+  im.push_held(seq);
+  const std::uint64_t offset = im.data_offset(seq);
+  out.size = s.size;
+  out.sequence = seq;
+  out.header = std::span<const std::byte>(im.header_of(seq), std::min<std::size_t>(s.header_size, im.h->header_bytes));
+  out.device_pointer = im.gpu() ? im.data.device_pointer() + offset : 0;
+  out.data = static_cast<const std::byte*>(im.data.data()) + offset;
+  out.flags = &s.flags;
+  return Status::Ok;
+}
+
+Status Channel::release(StreamHandle stream) noexcept {
+  if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == 0) return Status::InvalidState;
+  auto& im = *m_impl;
+  const std::uint64_t seq = im.front_held();
+  auto& s = im.slot(seq);
+  if (im.gpu()) {
+    if (cuda::stream_write_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, freed)),
+                                   seq + 1) != CUDA_SUCCESS) {
+      return Status::DriverError;
+    }
+  } else {
+    atomic(s.freed).store(seq + 1, std::memory_order_release);
+  }
+  atomic(s.releaser).store(im.member);
+  atomic(s.state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember), std::memory_order_release);
+  im.pop_held();
+  core::bump_and_wake(im.h->released_seq);
+  return Status::Ok;
+}
+
+const std::string& Channel::name() const noexcept {
+  static const std::string kEmpty;
+  return m_impl ? m_impl->control.name() : kEmpty;
+}
+ChannelRole Channel::role() const noexcept { return m_impl ? m_impl->role : ChannelRole::Producer; }
+SegmentKind Channel::kind() const noexcept { return m_impl ? m_impl->kind : SegmentKind::Host; }
+std::uint32_t Channel::slots() const noexcept { return m_impl ? static_cast<std::uint32_t>(m_impl->n) : 0; }
+std::size_t Channel::slot_bytes() const noexcept { return m_impl ? m_impl->h->slot_bytes : 0; }
+std::uint32_t Channel::header_bytes() const noexcept { return m_impl ? m_impl->h->header_bytes : 0; }
+int Channel::device() const noexcept { return m_impl && m_impl->gpu() ? m_impl->data.device() : -1; }
+
+ChannelStats Channel::stats() const noexcept {
+  ChannelStats st;
+  if (!m_impl) return st;
+  auto& h = *m_impl->h;
+  st.head = atomic(h.head).load();
+  st.tail = atomic(h.tail).load();
+  st.producers = atomic(h.producers).load();
+  st.consumers = atomic(h.consumers).load();
+  st.redelivered = atomic(h.redelivered).load();
+  st.abandoned = atomic(h.abandoned).load();
+  for (std::uint64_t i = 0; i < m_impl->n; ++i) {
+    const std::uint64_t s = atomic(m_impl->slot(i).state).load();
+    if (proto::state_phase(s) == Phase::Free) ++st.free_slots;
+  }
+  return st;
+}
+
+}  // namespace gpuipc

@@ -1,0 +1,204 @@
+#include "gpuipc/semaphore.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <thread>
+
+#include "core/segment_internal.hpp"
+#include "core/shm_wait.hpp"
+#include "cuda/host_func.hpp"
+#include "cuda/resources.hpp"
+#include "os/module.hpp"
+
+namespace gpuipc {
+
+using proto::atomic;
+
+struct Semaphore::Impl {
+  Segment segment;
+  proto::SemaphoreBlock* block = nullptr;
+  std::uint64_t device_value = 0;  // GPU address of block->value (host_pinned); 0 for host kind
+  SemaphoreRole role = SemaphoreRole::Waiter;
+  std::uint32_t member = proto::kNoMember;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() { leave(); }
+
+  void join() {
+    if (role != SemaphoreRole::Signaller) return;
+    member = core::claim_member(block->members, proto::Role::Signaller);
+    if (member == proto::kNoMember) {
+      throw Error(ErrorCode::QuotaExceeded,
+                  fmt::format("semaphore '{}' already has {} signalling processes", segment.name(), proto::kMaxMembers),
+                  "open");
+    }
+    atomic(block->signallers).fetch_add(1, std::memory_order_acq_rel);
+    atomic(block->signallers_seen).store(1, std::memory_order_release);
+  }
+
+  /// A signaller leaving cleanly. The last one poisons the semaphore (Closed): no stream waits forever for a
+  /// value nobody can signal any more.
+  void leave() noexcept {
+    if (member == proto::kNoMember || block == nullptr) return;
+    core::release_member(block->members, member);
+    member = proto::kNoMember;
+    if (atomic(block->signallers).fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      atomic(block->poison_reason).store(static_cast<std::uint32_t>(proto::PoisonReason::Closed));
+      atomic(block->value).fetch_or(proto::kPoisonBit, std::memory_order_acq_rel);
+      core::bump_and_wake(block->wake_seq);
+    }
+  }
+
+  Status poison_status(std::uint64_t v) const noexcept {
+    if ((v & proto::kPoisonBit) == 0) return Status::Ok;
+    return atomic(block->poison_reason).load() == static_cast<std::uint32_t>(proto::PoisonReason::Closed)
+               ? Status::Closed
+               : Status::PeerDied;
+  }
+};
+
+namespace {
+
+void wake_host_waiters(void* data) {
+  auto* block = static_cast<proto::SemaphoreBlock*>(data);
+  core::bump_and_wake(block->wake_seq);
+}
+
+std::unique_ptr<Semaphore::Impl> attach(Segment seg, SemaphoreRole role) {
+  auto impl = std::make_unique<Semaphore::Impl>();
+  impl->block = static_cast<proto::SemaphoreBlock*>(seg.data());
+  if (seg.size() < sizeof(proto::SemaphoreBlock) || impl->block->magic != proto::kSemaphoreMagic ||
+      impl->block->version != proto::kSemaphoreVersion) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("'{}' is not a gpuipc semaphore (version {})", seg.name(),
+                                                        proto::kSemaphoreVersion),
+                "open");
+  }
+  if (seg.kind() == SegmentKind::HostPinned) {
+    impl->device_value = seg.device_pointer() + offsetof(proto::SemaphoreBlock, value);
+  }
+  impl->role = role;
+  impl->segment = std::move(seg);
+  impl->join();
+  return impl;
+}
+
+}  // namespace
+
+Semaphore::Semaphore() noexcept = default;
+Semaphore::Semaphore(std::unique_ptr<Impl> impl) noexcept : m_impl(std::move(impl)) {}
+Semaphore::Semaphore(Semaphore&&) noexcept = default;
+Semaphore& Semaphore::operator=(Semaphore&&) noexcept = default;
+Semaphore::~Semaphore() = default;
+
+Semaphore Semaphore::create(std::string_view name, const SemaphoreOptions& options) {
+  if (options.kind == SegmentKind::Device) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("semaphore '{}': kind must be host_pinned (GPU and host) or host (host only)", name),
+                "create");
+  }
+  if (options.initial > kSemaphoreMaxValue) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("semaphore '{}': initial value above 2^62 - 1", name),
+                "create");
+  }
+  // The block is initialised before the broker publishes the name, through the creator's own mapping: a
+  // host_pinned segment is a memfd mapped here first, so write it, then register.
+  CreateOptions co{.kind = options.kind, .device = options.device, .mode = options.mode};
+  Segment seg = detail::create_segment(name, sizeof(proto::SemaphoreBlock), co, proto::kFlagSemaphore);
+  auto* b = static_cast<proto::SemaphoreBlock*>(seg.data());
+  atomic(b->value).store(options.initial, std::memory_order_relaxed);
+  b->version = proto::kSemaphoreVersion;
+  atomic(b->magic).store(proto::kSemaphoreMagic, std::memory_order_release);
+  return Semaphore(attach(std::move(seg), SemaphoreRole::Signaller));
+}
+
+Semaphore Semaphore::open(std::string_view name, const SemaphoreOpenOptions& options) {
+  OpenOptions oo;
+  oo.access = options.role == SemaphoreRole::Signaller ? Access::ReadWrite : Access::ReadOnly;
+  oo.wait = options.wait;
+  oo.device = options.device;
+  Segment seg = Segment::open(name, oo);
+  // A creator fills the block right after the broker registers it: give it a moment.
+  for (int i = 0; i < 1000 && atomic(static_cast<proto::SemaphoreBlock*>(seg.data())->magic).load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return Semaphore(attach(std::move(seg), options.role));
+}
+
+void Semaphore::unlink(std::string_view name) { Segment::unlink(name); }
+
+Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_host) noexcept {
+  if (!m_impl || m_impl->role != SemaphoreRole::Signaller || m_impl->device_value == 0 || value > kSemaphoreMaxValue) {
+    return Status::InvalidState;
+  }
+  if (auto st = m_impl->poison_status(atomic(m_impl->block->value).load(std::memory_order_acquire)); st != Status::Ok) {
+    return st;
+  }
+  auto s = static_cast<CUstream>(stream);
+  if (cuda::stream_write_value64(s, m_impl->device_value, value) != CUDA_SUCCESS) return Status::DriverError;
+  if (wake_host && cuda::launch_host_func(s, wake_host_waiters, m_impl->block) != CUDA_SUCCESS) {
+    return Status::DriverError;
+  }
+  return Status::Ok;
+}
+
+Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
+  if (!m_impl || m_impl->device_value == 0 || value > kSemaphoreMaxValue) return Status::InvalidState;
+  if (auto st = m_impl->poison_status(atomic(m_impl->block->value).load(std::memory_order_acquire)); st != Status::Ok) {
+    return st;
+  }
+  if (cuda::stream_wait_value64(static_cast<CUstream>(stream), m_impl->device_value, value) != CUDA_SUCCESS) {
+    return Status::DriverError;
+  }
+  return Status::Ok;
+}
+
+Status Semaphore::signal_host(std::uint64_t value) noexcept {
+  if (!m_impl || m_impl->role != SemaphoreRole::Signaller || value > kSemaphoreMaxValue) return Status::InvalidState;
+  auto v = atomic(m_impl->block->value);
+  std::uint64_t cur = v.load(std::memory_order_acquire);
+  for (;;) {
+    if (auto st = m_impl->poison_status(cur); st != Status::Ok) return st;
+    if (cur >= value) break;
+    if (v.compare_exchange_weak(cur, value, std::memory_order_acq_rel)) break;
+  }
+  core::bump_and_wake(m_impl->block->wake_seq);
+  return Status::Ok;
+}
+
+WaitResult Semaphore::wait_host(std::uint64_t value, std::chrono::nanoseconds timeout) noexcept {
+  WaitResult r;
+  if (!m_impl) {
+    r.status = Status::InvalidState;
+    return r;
+  }
+  Status outcome = Status::Ok;
+  const Status st = core::wait_on(m_impl->block->wake_seq, timeout, [&] {
+    const std::uint64_t cur = atomic(m_impl->block->value).load(std::memory_order_acquire);
+    r.value = cur & proto::kMaxValue;
+    outcome = m_impl->poison_status(cur);
+    return outcome != Status::Ok || r.value >= value;
+  });
+  r.status = st == Status::Ok ? outcome : st;
+  return r;
+}
+
+std::uint64_t Semaphore::value() const noexcept {
+  return m_impl ? atomic(m_impl->block->value).load(std::memory_order_acquire) & proto::kMaxValue : 0;
+}
+
+Status Semaphore::status() const noexcept {
+  return m_impl ? m_impl->poison_status(atomic(m_impl->block->value).load(std::memory_order_acquire))
+                : Status::InvalidState;
+}
+
+const std::string& Semaphore::name() const noexcept {
+  static const std::string kEmpty;
+  return m_impl ? m_impl->segment.name() : kEmpty;
+}
+
+SemaphoreRole Semaphore::role() const noexcept { return m_impl ? m_impl->role : SemaphoreRole::Waiter; }
+
+}  // namespace gpuipc

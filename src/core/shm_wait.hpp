@@ -1,0 +1,62 @@
+// Host-side waiting on shared control blocks, and membership in them (semaphores and channels).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "gpuipc/error.hpp"
+#include "proto/shm.hpp"
+
+namespace gpuipc::core {
+
+/// Claims a free member entry for this process with `role`; returns its index or proto::kNoMember when the table
+/// is full.
+std::uint32_t claim_member(proto::Member (&members)[proto::kMaxMembers], proto::Role role) noexcept;
+
+/// Frees member entry `index` if this process holds it.
+void release_member(proto::Member (&members)[proto::kMaxMembers], std::uint32_t index) noexcept;
+
+/// Bumps a futex word and wakes everyone sleeping on it.
+void bump_and_wake(std::uint32_t& word) noexcept;
+
+/// Sleeps on `futex_word` while it still reads `seen`, at most `slice`.
+void futex_sleep(const std::uint32_t& futex_word, std::uint32_t seen, std::chrono::nanoseconds slice) noexcept;
+
+/// One spin-loop pause.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/// Waits until `ready()` returns true (its captures carry the result). Spins ~20 us, then sleeps on `futex_word`
+/// with a timeout that starts at 50 us and doubles up to 1 ms, so changes that do not bump the word (a GPU
+/// stream's write) are still seen. A negative timeout waits forever. Returns Ok when ready() said so, Timeout
+/// when `timeout` passed first. Does not allocate.
+template <typename Ready>
+Status wait_on(const std::uint32_t& futex_word, std::chrono::nanoseconds timeout, Ready&& ready) noexcept {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto deadline = timeout.count() < 0 ? clock::time_point::max() : start + timeout;
+  // Spinning first: a peer that answers within microseconds is seen without two context switches.
+  constexpr auto kSpin = std::chrono::microseconds(20);
+  while (clock::now() - start < kSpin) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return Status::Ok;
+      cpu_relax();
+    }
+    if (clock::now() >= deadline) return ready() ? Status::Ok : Status::Timeout;
+  }
+  std::chrono::nanoseconds backoff = std::chrono::microseconds(50);
+  constexpr std::chrono::nanoseconds kMaxBackoff = std::chrono::milliseconds(1);
+  for (;;) {
+    const std::uint32_t seen = proto::atomic(const_cast<std::uint32_t&>(futex_word)).load(std::memory_order_acquire);
+    if (ready()) return Status::Ok;
+    const auto now = clock::now();
+    if (now >= deadline) return Status::Timeout;
+    futex_sleep(futex_word, seen, std::min<std::chrono::nanoseconds>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+}
+
+}  // namespace gpuipc::core

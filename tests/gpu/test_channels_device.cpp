@@ -1,0 +1,300 @@
+// Device channels and host_pinned semaphores on a real GPU, across real processes: kernels write and read the
+// slots, every message's content is checked on the GPU, and a survivor's stream blocked on a dead peer is
+// released. All CUDA work runs in forked children.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+
+#include "cuda/driver.hpp"
+#include "cuda/resources.hpp"
+#include "gpuipc/channel.hpp"
+#include "gpuipc/semaphore.hpp"
+#include "kernels/kernels.hpp"
+#include "os/process.hpp"
+#include "support/broker_env.hpp"
+#include "support/gpu.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+struct Gpu {
+  cuda::PrimaryContext ctx{0};
+  int made_current = (ctx.make_current(), 0);
+  cuda::Stream stream = cuda::Stream::create();
+  kernels::Kernels k;
+};
+
+struct Header {
+  std::uint32_t producer;
+  std::uint32_t index;
+  std::uint64_t seed;
+};
+
+/// Waits for a stream with a bound: true when it finished, false when it is still blocked after `timeout`.
+bool stream_done_within(const cuda::Stream& s, std::chrono::milliseconds timeout) {
+  return wait_until([&] { return s.query(); }, timeout, 1ms);
+}
+
+constexpr std::size_t kSlotBytes = 4 << 20;
+constexpr std::size_t kSlotWords = kSlotBytes / 4;
+
+int produce(const std::string& name, std::uint32_t id, std::uint32_t count) {
+  Gpu g;
+  auto ch = Channel::open(name, ChannelRole::Producer);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    SlotView slot;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 30s, slot) == Status::Ok);
+    Header h{id, i, (static_cast<std::uint64_t>(id) << 32) | i};
+    g.k.fill_pattern(g.stream.get(), slot.device_pointer, kSlotWords, h.seed);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), std::as_bytes(std::span(&h, 1)), kSlotBytes) == Status::Ok);
+  }
+  g.stream.synchronize();
+  return 0;
+}
+
+/// Verifies every message on the GPU (one mismatch counter for all, never a host sync per message).
+int consume(const std::string& name, std::uint32_t expected_total, std::atomic<std::uint32_t>* received) {
+  Gpu g;
+  auto ch = Channel::open(name, ChannelRole::Consumer);
+  auto mismatches = cuda::DeviceBuffer::allocate(8);
+  cuda::memset_d8(mismatches.get(), 0, 8);
+  for (;;) {
+    MessageView m;
+    const Status st = ch.receive(g.stream.get(), 30s, m);
+    if (st == Status::Closed) break;
+    GPUIPC_CHILD_CHECK(st == Status::Ok);
+    Header h{};
+    std::memcpy(&h, m.header.data(), sizeof h);
+    GPUIPC_CHILD_CHECK(m.size == kSlotBytes);
+    g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, h.seed, mismatches.get());
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    received->fetch_add(1);
+  }
+  g.stream.synchronize();
+  std::uint64_t bad = 1;
+  cuda::copy_to_host(&bad, mismatches.get(), 8);
+  GPUIPC_CHILD_CHECK(bad == 0);
+  (void)expected_total;
+  return 0;
+}
+
+void run_device_mpmc(std::uint32_t producers, std::uint32_t consumers, std::uint32_t per_producer) {
+  const auto name = unique_name("dch");
+  std::atomic<std::uint32_t>* received = nullptr;
+  void* shared = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  received = new (shared) std::atomic<std::uint32_t>(0);
+  auto* joined = new (static_cast<char*>(shared) + 64) std::atomic<std::uint32_t>(0);
+  SyncPipe created, release_holder;
+  // The creator (a producer that publishes nothing) stays until the real producers joined.
+  const pid_t holder = start_child([&] {
+    Gpu g;
+    auto ch = Channel::create(name, {.slots = 4, .slot_bytes = kSlotBytes, .header_bytes = sizeof(Header),
+                                     .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+                              ChannelRole::Producer);
+    created.notify();
+    GPUIPC_CHILD_CHECK(release_holder.wait(60s));
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  std::vector<pid_t> kids;
+  for (std::uint32_t c = 0; c < consumers; ++c) {
+    kids.push_back(start_child([&] { return consume(name, producers * per_producer, received); }));
+  }
+  for (std::uint32_t p = 0; p < producers; ++p) {
+    kids.push_back(start_child([&, p] {
+      joined->fetch_add(1);
+      return produce(name, p, per_producer);
+    }));
+  }
+  ASSERT_TRUE(wait_until([&] { return joined->load() == producers; }, 60s));
+  std::this_thread::sleep_for(200ms);  // they open the channel right after counting themselves
+  release_holder.notify();
+  EXPECT_EQ(wait_child(holder), 0);
+  for (auto pid : kids) EXPECT_EQ(wait_child(pid, 120s), 0);
+  EXPECT_EQ(received->load(), producers * per_producer);
+  ::munmap(shared, 4096);
+  Channel::unlink(name);
+}
+
+TEST(ChannelsDevice, OneToOneEveryMessageCheckedOnTheGpu) {
+  GPUIPC_REQUIRE_GPU();
+  run_device_mpmc(1, 1, 500);
+}
+
+TEST(ChannelsDevice, FourToFourEveryMessageCheckedOnTheGpu) {
+  GPUIPC_REQUIRE_GPU();
+  run_device_mpmc(4, 4, 100);
+}
+
+TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("dead");
+  SyncPipe published, created;
+  // The producer publishes on the host, but its stream is stuck behind a kernel that spins on a flag nobody sets:
+  // its `filled` write never happens. Then it is killed.
+  const pid_t prod = start_child([&] {
+    Gpu g;
+    auto ch = Channel::create(name, {.slots = 2, .slot_bytes = 1 << 20, .header_bytes = 0,
+                                     .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+                              ChannelRole::Producer);
+    created.notify();
+    auto flag = cuda::DeviceBuffer::allocate(16);
+    cuda::memset_d8(flag.get(), 0, 16);
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+    g.k.spin_until(g.stream.get(), flag.get(), 1, 0, flag.get() + 8);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, 1 << 20) == Status::Ok);
+    published.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  SyncPipe received;
+  const pid_t cons = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    received.notify();
+    // The consumer's stream now waits for the producer's `filled`, which never comes by itself.
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
+    // ... until the producer dies and the broker poisons it: then the stream moves on within bounded time.
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
+    GPUIPC_CHILD_CHECK(m.incomplete());
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    MessageView next;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 5s, next) == Status::PeerDied);
+    g.stream.synchronize();
+    return 0;
+  });
+  ASSERT_TRUE(published.wait(60s));
+  ASSERT_TRUE(received.wait(60s));
+  std::this_thread::sleep_for(500ms);
+  ::kill(prod, SIGKILL);
+  EXPECT_EQ(wait_child(prod), 128 + SIGKILL);
+  EXPECT_EQ(wait_child(cons, 60s), 0);
+  Channel::unlink(name);
+}
+
+TEST(ChannelsDevice, ProducerStreamWaitingOnADeadConsumersReleaseIsReleased) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("deadc");
+  SyncPipe created, released;
+  // The consumer releases on the host while its stream is stuck (spinning kernel), so `freed` is never written
+  // by its stream; then it dies.
+  const pid_t cons = start_child([&] {
+    Gpu g;
+    auto ch = Channel::create(name, {.slots = 1, .slot_bytes = 1 << 20, .header_bytes = 0,
+                                     .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+                              ChannelRole::Consumer);
+    created.notify();
+    auto flag = cuda::DeviceBuffer::allocate(16);
+    cuda::memset_d8(flag.get(), 0, 16);
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    g.k.spin_until(g.stream.get(), flag.get(), 1, 0, flag.get() + 8);
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    released.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  SyncPipe second_acquired;
+  const pid_t prod = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Producer);
+    auto keep = Channel::open(name, ChannelRole::Consumer);  // a consumer survives, so producing goes on
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, 0) == Status::Ok);
+    GPUIPC_CHILD_CHECK(released.wait(30s));
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);  // host: the slot is free
+    g.k.write_fill(g.stream.get(), s.device_pointer, 1024, 5);           // stream: waits for `freed`
+    second_acquired.notify();
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));  // released once the broker wrote `freed`
+    return 0;
+  });
+  ASSERT_TRUE(second_acquired.wait(60s));
+  std::this_thread::sleep_for(500ms);
+  ::kill(cons, SIGKILL);
+  EXPECT_EQ(wait_child(cons), 128 + SIGKILL);
+  EXPECT_EQ(wait_child(prod, 60s), 0);
+  Channel::unlink(name);
+}
+
+TEST(SemaphoresDevice, StreamsSignalAndWaitAcrossProcesses) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("gsem");
+  SyncPipe created;
+  const pid_t a = start_child([&] {
+    Gpu g;
+    auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    created.notify();
+    // Ping-pong: A signals odd values, waits for even ones, all in stream order.
+    for (std::uint64_t v = 1; v < 200; v += 2) {
+      GPUIPC_CHILD_CHECK(sem.signal(g.stream.get(), v) == Status::Ok);
+      GPUIPC_CHILD_CHECK(sem.wait(g.stream.get(), v + 1) == Status::Ok);
+    }
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 30s));
+    GPUIPC_CHILD_CHECK(sem.value() >= 200);
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto sem = Semaphore::open(name, {.role = SemaphoreRole::Signaller});
+              for (std::uint64_t v = 2; v <= 200; v += 2) {
+                GPUIPC_CHILD_CHECK(sem.wait(g.stream.get(), v - 1) == Status::Ok);
+                GPUIPC_CHILD_CHECK(sem.signal(g.stream.get(), v, v == 200) == Status::Ok);
+              }
+              GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 30s));
+              // A GPU-signalled value wakes a host waiter too.
+              GPUIPC_CHILD_CHECK(sem.wait_host(200, 5s).status == Status::Ok);
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(wait_child(a, 60s), 0);
+  Semaphore::unlink(name);
+}
+
+TEST(SemaphoresDevice, PoisonReleasesAStreamBlockedOnADeadSignaller) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("psem");
+  SyncPipe created, waiting;
+  const pid_t signaller = start_child([&] {
+    Gpu g;
+    auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    created.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t waiter = start_child([&] {
+    Gpu g;
+    auto sem = Semaphore::open(name, {.role = SemaphoreRole::Waiter});
+    GPUIPC_CHILD_CHECK(sem.wait(g.stream.get(), 5) == Status::Ok);
+    waiting.notify();
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));  // released by the broker's poison
+    GPUIPC_CHILD_CHECK(sem.status() == Status::PeerDied);
+    GPUIPC_CHILD_CHECK(sem.wait(g.stream.get(), 6) == Status::PeerDied);  // later waits report it at once
+    return 0;
+  });
+  ASSERT_TRUE(waiting.wait(60s));
+  std::this_thread::sleep_for(500ms);
+  ::kill(signaller, SIGKILL);
+  EXPECT_EQ(wait_child(signaller), 128 + SIGKILL);
+  EXPECT_EQ(wait_child(waiter, 60s), 0);
+  Semaphore::unlink(name);
+}
+
+}  // namespace
+}  // namespace gpuipc::test

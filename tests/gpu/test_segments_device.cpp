@@ -1,0 +1,200 @@
+// Device-kind segments on a real GPU, across real processes. All CUDA work happens in forked children (the test
+// process never initialises CUDA, so it can keep forking).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+
+#include "cuda/resources.hpp"
+#include "gpuipc/segment.hpp"
+#include "kernels/kernels.hpp"
+#include "support/broker_env.hpp"
+#include "support/gpu.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+constexpr std::size_t kBytes = 64ULL << 20;
+constexpr std::size_t kWords = kBytes / 4;
+
+/// A CUDA context on GPU 0 made current, a stream and the kernels: what each child needs.
+struct Gpu {
+  cuda::PrimaryContext ctx{0};
+  int made_current = (ctx.make_current(), 0);
+  cuda::Stream stream = cuda::Stream::create();
+  kernels::Kernels k;
+};
+
+TEST(SegmentsDevice, DataWrittenByAIsReadByBAndBack) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  SyncPipe created, b_done;
+  const pid_t a = start_child([&] {
+    Gpu g;
+    auto seg = Segment::create(name, kBytes, {.kind = SegmentKind::Device, .device = 0, .mode = 0600});
+    GPUIPC_CHILD_CHECK(seg.kind() == SegmentKind::Device && seg.size() >= kBytes && seg.device() == 0);
+    g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords, 1);
+    g.stream.synchronize();
+    created.notify();
+    GPUIPC_CHILD_CHECK(b_done.wait(60s));
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 2) == 0);
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto seg = Segment::open(name);
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 1) == 0);
+              auto again = Segment::open(name);  // cached: the same mapping
+              GPUIPC_CHILD_CHECK(again.device_pointer() == seg.device_pointer());
+              g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords, 2);
+              g.stream.synchronize();
+              return 0;
+            }),
+            0);
+  b_done.notify();
+  EXPECT_EQ(wait_child(a), 0);
+  Segment::unlink(name);
+}
+
+void survives_creator(bool sigkill) {
+  const std::size_t baseline = gpu_free_memory();
+  ASSERT_GT(baseline, 0U);
+  const auto name = unique_name();
+  SyncPipe filled;
+  const pid_t a = start_child([&] {
+    Gpu g;
+    auto seg = Segment::create(name, kBytes * 4, {.kind = SegmentKind::Device, .device = 0, .mode = 0600});
+    g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords * 4, 7);
+    g.stream.synchronize();
+    filled.notify();
+    if (sigkill) ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(filled.wait(60s));
+  if (sigkill) ::kill(a, SIGKILL);
+  EXPECT_EQ(wait_child(a), sigkill ? 128 + SIGKILL : 0);
+  // The creator is gone; the broker (CUDA-free) holds the exported fd: the data survives.
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto seg = Segment::open(name, {.access = Access::ReadOnly});
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords * 4, 7) == 0);
+              return 0;
+            }),
+            0);
+  Segment::unlink(name);
+  // Nobody maps it and the name is gone: the GPU memory is back.
+  std::size_t after = 0;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        after = gpu_free_memory();
+        return after + (16ULL << 20) >= baseline;
+      },
+      10s, 200ms))
+      << "free before " << baseline << ", after " << after;
+}
+
+TEST(SegmentsDevice, DataSurvivesItsCreatorsExitAndMemoryReturnsAfterLastClose) {
+  GPUIPC_REQUIRE_GPU();
+  survives_creator(false);
+}
+
+TEST(SegmentsDevice, DataSurvivesSigkillOfItsCreator) {
+  GPUIPC_REQUIRE_GPU();
+  survives_creator(true);
+}
+
+TEST(SegmentsDevice, WriteThroughReadOnlyMappingFaultsOnlyTheReader) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  SyncPipe created, reader_done;
+  const pid_t writer = start_child([&] {
+    Gpu g;
+    auto seg = Segment::create(name, kBytes, {.kind = SegmentKind::Device, .device = 0, .mode = 0600});
+    g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords, 3);
+    g.stream.synchronize();
+    created.notify();
+    GPUIPC_CHILD_CHECK(reader_done.wait(60s));
+    // The writer keeps running: its context is fine and the data is untouched by the reader's write.
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 3) == 0);
+    g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords, 4);
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 4) == 0);
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const int reader = run_child([&] {
+    Gpu g;
+    auto seg = Segment::open(name, {.access = Access::ReadOnly});
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 3) == 0);  // reads work
+    g.k.write_one(g.stream.get(), seg.device_pointer() + 4096, 0xdeadbeef);
+    try {
+      g.stream.synchronize();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "reader faulted as expected: %s\n", e.what());
+      return 42;  // the fault, confined to this process
+    }
+    return 1;
+  });
+  EXPECT_EQ(reader, 42);
+  reader_done.notify();
+  EXPECT_EQ(wait_child(writer), 0);
+  Segment::unlink(name);
+}
+
+TEST(SegmentsDevice, HostPinnedIsVisibleToTheGpuAndHostOfAnotherProcess) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  constexpr std::size_t kPinnedWords = (1 << 20) / 4;
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto pinned = Segment::create(name, 1 << 20, {.kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+              GPUIPC_CHILD_CHECK(pinned.device_pointer() != 0 && pinned.data() != nullptr);
+              g.k.fill_pattern(g.stream.get(), pinned.device_pointer(), kPinnedWords, 9);
+              g.stream.synchronize();
+              return 0;  // exits: the name stays
+            }),
+            0);
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto pinned = Segment::open(name, {.access = Access::ReadOnly});
+              GPUIPC_CHILD_CHECK(pinned.kind() == SegmentKind::HostPinned);
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), pinned.device_pointer(), kPinnedWords, 9) == 0);
+              const auto* host = static_cast<const std::uint32_t*>(pinned.data());
+              for (std::size_t i = 0; i < kPinnedWords; ++i) GPUIPC_CHILD_CHECK(host[i] == kernels::pattern_word(9, i));
+              return 0;
+            }),
+            0);
+  Segment::unlink(name);
+}
+
+TEST(SegmentsDevice, HundredCyclesLeakNoGpuMemoryOrBrokerFds) {
+  GPUIPC_REQUIRE_GPU();
+  const std::size_t baseline = gpu_free_memory();
+  const int broker_fds = BrokerEnvironment::broker_fd_count();
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              const auto name = unique_name();
+              for (int i = 0; i < 100; ++i) {
+                auto s = Segment::create(name, 8 << 20, {.kind = SegmentKind::Device, .device = 0, .mode = 0600});
+                Segment::unlink(name);
+              }
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(BrokerEnvironment::broker_fd_count(), broker_fds);
+  EXPECT_EQ(BrokerEnvironment::broker_references(), 0U);
+  std::size_t after = 0;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        after = gpu_free_memory();
+        return after + (16ULL << 20) >= baseline;
+      },
+      10s, 200ms))
+      << "free before " << baseline << ", after " << after;
+}
+
+}  // namespace
+}  // namespace gpuipc::test
