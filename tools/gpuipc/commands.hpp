@@ -16,6 +16,7 @@ enum ExitCode : int {
   kExitNotFound = 5,     ///< the named object does not exist
   kExitPermission = 6,   ///< the caller may not do this
   kExitBroker = 7,       ///< the broker could not be reached or started
+  kExitNeedsGpu = 8,     ///< the command needs a GPU and there is none (bench)
 };
 
 /// Each register_* adds one subcommand whose callback runs the command and stores its exit code in `exit_code`.
@@ -23,5 +24,6 @@ void register_doctor(CLI::App& app, int& exit_code);
 void register_daemon(CLI::App& app, int& exit_code);
 void register_segments(CLI::App& app, int& exit_code);  // ls, stat, rm
 void register_demo(CLI::App& app, int& exit_code);
+void register_bench(CLI::App& app, int& exit_code);
 
 }  // namespace gpuipc::cli

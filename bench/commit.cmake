@@ -1,0 +1,18 @@
+execute_process(COMMAND git -C ${SOURCE_DIR} rev-parse HEAD OUTPUT_VARIABLE sha OUTPUT_STRIP_TRAILING_WHITESPACE
+                RESULT_VARIABLE rc ERROR_QUIET)
+if(NOT rc EQUAL 0 OR sha STREQUAL "")
+  set(sha "unknown")
+else()
+  execute_process(COMMAND git -C ${SOURCE_DIR} status --porcelain --untracked-files=no -- src include tools bench
+                  OUTPUT_VARIABLE dirty OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(NOT dirty STREQUAL "")
+    set(sha "${sha}-dirty")
+  endif()
+endif()
+set(content "#pragma once\n#define GPUIPC_BENCH_GIT_COMMIT \"${sha}\"\n")
+if(EXISTS ${OUTPUT})
+  file(READ ${OUTPUT} old)
+endif()
+if(NOT "${old}" STREQUAL "${content}")
+  file(WRITE ${OUTPUT} "${content}")
+endif()

@@ -1,0 +1,183 @@
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+
+#include "bench.hpp"
+#include "bench_commit.hpp"
+#include "cuda/device.hpp"
+#include "cuda/driver.hpp"
+
+namespace gpuipc::bench {
+namespace {
+
+std::vector<Suite>& registry() {
+  static std::vector<Suite> r;
+  return r;
+}
+
+std::string short_name_of(const std::string& full) {
+  std::string lower;
+  for (char c : full) lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (const char* known : {"h200", "h100", "h800", "a100", "l40s", "l4", "b200", "gh200"}) {
+    if (lower.find(known) != std::string::npos) return known;
+  }
+  std::string s;
+  for (char c : lower) {
+    if (std::isalnum(static_cast<unsigned char>(c))) s.push_back(c);
+  }
+  return s.empty() ? "gpu" : s.substr(0, 16);
+}
+
+}  // namespace
+
+bool register_suite(Suite suite) {
+  registry().push_back(std::move(suite));
+  std::sort(registry().begin(), registry().end(), [](const Suite& a, const Suite& b) { return a.name < b.name; });
+  return true;
+}
+
+const std::vector<Suite>& suites() { return registry(); }
+
+DeviceMeta probe_device() {
+  // In a child: the caller must not initialise CUDA before it forks its workers.
+  int fds[2];
+  DeviceMeta meta;
+  if (::pipe(fds) != 0) {
+    meta.error = "pipe failed";
+    return meta;
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    nlohmann::json j;
+    std::string why;
+    if (!cuda::driver_available(&why)) {
+      j["error"] = why;
+    } else {
+      try {
+        j["devices"] = cuda::device_count();
+        if (j["devices"].get<int>() == 0) {
+          j["error"] = "the CUDA driver reports no GPU";
+        } else {
+          const auto info = cuda::query_device(0, false);
+          j["name"] = info.name;
+          j["mps"] = info.mps_known && info.mps_enabled;
+          j["driver"] = cuda::format_driver_version(cuda::driver_version());
+        }
+      } catch (const std::exception& e) {
+        j["error"] = e.what();
+      }
+    }
+    const std::string s = j.dump();
+    [[maybe_unused]] auto n = ::write(fds[1], s.data(), s.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[1024];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  try {
+    const auto j = nlohmann::json::parse(out);
+    if (j.contains("error")) {
+      meta.error = j["error"].get<std::string>();
+      return meta;
+    }
+    meta.ok = true;
+    meta.devices = j.value("devices", 0);
+    meta.name = j.value("name", "");
+    meta.mps = j.value("mps", false);
+    meta.driver = j.value("driver", "");
+    meta.short_name = short_name_of(meta.name);
+    // nvidia-smi knows the full driver version (580.159.04); the driver API gives only its CUDA version.
+    if (FILE* f = ::popen("nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null", "r")) {
+      char line[128] = {};
+      if (std::fgets(line, sizeof line, f) != nullptr) {
+        std::string v(line);
+        while (!v.empty() && (v.back() == '\n' || v.back() == '\r' || v.back() == ' ')) v.pop_back();
+        if (!v.empty()) meta.driver = v;
+      }
+      ::pclose(f);
+    }
+  } catch (const std::exception& e) {
+    meta.error = std::string("device probe failed: ") + e.what();
+  }
+  return meta;
+}
+
+Summary summarize(std::vector<double> v) {
+  Summary s;
+  s.n = v.size();
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {
+    const double pos = q * static_cast<double>(v.size() - 1);
+    const auto lo = static_cast<std::size_t>(std::floor(pos));
+    const auto hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+  };
+  s.median = at(0.5);
+  s.p99 = at(0.99);
+  s.min = v.front();
+  s.max = v.back();
+  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  return s;
+}
+
+nlohmann::json to_json(const Summary& s) {
+  return {{"median", s.median}, {"p99", s.p99}, {"min", s.min}, {"max", s.max}, {"mean", s.mean}, {"n", s.n}};
+}
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void progress(const Options& options, const std::string& what) {
+  if (!options.progress) return;
+  if (::isatty(STDERR_FILENO) != 0) {
+    std::cerr << "\r\033[K" << what << std::flush;
+  } else {
+    std::cerr << what << "\n";
+  }
+}
+
+std::string git_commit() { return GPUIPC_BENCH_GIT_COMMIT; }
+
+std::string write_result(const std::string& suite, const Result& result, const DeviceMeta& meta,
+                         const Options& options) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::string path = options.json_path;
+  if (path.empty()) {
+    path = fmt::format("{}/{}-{}-{:%Y%m%d}.json", options.out_dir, suite, meta.ok ? meta.short_name : "cpu",
+                       fmt::gmtime(t));
+  }
+  nlohmann::json doc{{"suite", suite},
+                     {"commit", git_commit()},
+                     {"device", meta.ok ? meta.name : "none"},
+                     {"driver", meta.driver},
+                     {"date", fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(t))},
+                     {"mps", result.mps},
+                     {"metrics", result.metrics},
+                     {"notes", result.notes},
+                     {"samples", result.samples}};
+  const auto dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir);
+  std::ofstream(path) << doc.dump(2) << "\n";
+  return path;
+}
+
+}  // namespace gpuipc::bench
