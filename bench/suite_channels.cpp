@@ -1,0 +1,486 @@
+// The `channels` suite: cross-process synchronisation and buffer handoff, each beside its baseline in the same
+// run. Semaphores (stream memory operations on a shared pinned page) against IPC events; channel handoff against
+// torch.multiprocessing and cuda.core IPC pools (bench/baselines/handoff.py); two-process streaming against the
+// same kernels in one process; all again under MPS when an MPS control daemon can be started privately.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "bench.hpp"
+#include "cuda/events.hpp"
+#include "cuda/resources.hpp"
+#include "gpuipc/channel.hpp"
+#include "gpuipc/semaphore.hpp"
+#include "kernels/kernels.hpp"
+#include "os/module.hpp"
+#include "os/process.hpp"
+#include "workers.hpp"
+
+namespace gpuipc::bench {
+namespace {
+
+using json = nlohmann::json;
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+/// What every worker sets up first.
+struct Gpu {
+  cuda::PrimaryContext ctx{0};
+  int current = (ctx.make_current(), 0);
+  cuda::Stream stream = cuda::Stream::create();
+};
+
+/// Flags shared by the two workers of one measurement (lives in a SharedPage made before the fork).
+struct Sync {
+  std::atomic<std::uint64_t> a_ready, b_ready, progress_a, progress_b;
+  std::atomic<std::int64_t> t0;
+  CUipcEventHandle event_a, event_b;
+};
+
+/// Spins (with a short sleep) until `pred` or `timeout`; throws on timeout so a worker never hangs.
+template <typename P>
+void await(P&& pred, const char* what, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw Error(ErrorCode::Timeout, fmt::format("bench worker: timed out waiting for {}", what), "bench");
+    }
+    std::this_thread::yield();
+  }
+}
+
+void check_status(Status st, const char* what) {
+  if (st != Status::Ok) throw Error(ErrorCode::System, fmt::format("{}: {}", what, to_string(st)), "bench");
+}
+
+std::string unique(const char* what) { return fmt::format("bench-{}-{}-{}", what, os::current_pid(), now_ns() % 100000); }
+
+// --- semaphore ping-pong --------------------------------------------------------------------------------------
+// A's stream signals odd values and waits for even ones; B's stream the reverse. Batches of `per_batch` round trips
+// are enqueued up front on both sides (no host in the loop): that is what a timeline semaphore allows.
+json sem_rtt(const Env& env, int batches, int per_batch) {
+  SharedPage page;
+  auto* sync = new (page.as<Sync>()) Sync{};
+  const std::string name = unique("sem");
+  const auto results = run_workers(
+      {[&]() -> json {
+         Gpu g;
+         auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+         sync->a_ready = 1;
+         await([&] { return sync->b_ready.load() == 1; }, "the peer to open the semaphore");
+         std::vector<double> per_rtt_us;
+         std::vector<double> host_sync_us;
+         for (int b = 0; b <= batches; ++b) {  // batch 0 warms up
+           await([&] { return sync->progress_b.load() >= static_cast<std::uint64_t>(b + 1); }, "the peer's batch");
+           const std::uint64_t base = static_cast<std::uint64_t>(b) * 2 * per_batch;
+           const auto t0 = now_ns();
+           for (int i = 0; i < per_batch; ++i) {
+             check_status(sem.signal(g.stream.get(), base + 2 * i + 1), "signal");
+             check_status(sem.wait(g.stream.get(), base + 2 * i + 2), "wait");
+           }
+           g.stream.synchronize();
+           if (b > 0) per_rtt_us.push_back(static_cast<double>(now_ns() - t0) / 1e3 / per_batch);
+         }
+         // The same round trip with the host synchronising after each one (as an IPC event ping-pong must).
+         const std::uint64_t base = static_cast<std::uint64_t>(batches + 1) * 2 * per_batch;
+         sync->progress_a = 1;
+         for (int i = 0; i < per_batch * 2; ++i) {
+           const auto t0 = now_ns();
+           check_status(sem.signal(g.stream.get(), base + 2 * i + 1), "signal");
+           check_status(sem.wait(g.stream.get(), base + 2 * i + 2), "wait");
+           g.stream.synchronize();
+           host_sync_us.push_back(static_cast<double>(now_ns() - t0) / 1e3);
+         }
+         return json{{"rtt_us", to_json(summarize(per_rtt_us))}, {"host_sync_rtt_us", to_json(summarize(host_sync_us))}};
+       },
+       [&]() -> json {
+         Gpu g;
+         await([&] { return sync->a_ready.load() == 1; }, "the semaphore");
+         auto sem = Semaphore::open(name, {.role = SemaphoreRole::Signaller});
+         sync->b_ready = 1;
+         for (int b = 0; b <= batches; ++b) {
+           const std::uint64_t base = static_cast<std::uint64_t>(b) * 2 * per_batch;
+           for (int i = 0; i < per_batch; ++i) {
+             check_status(sem.wait(g.stream.get(), base + 2 * i + 1), "wait");
+             check_status(sem.signal(g.stream.get(), base + 2 * i + 2), "signal");
+           }
+           sync->progress_b = static_cast<std::uint64_t>(b + 1);
+         }
+         await([&] { return sync->progress_a.load() == 1; }, "the host-synchronised phase");
+         const std::uint64_t base = static_cast<std::uint64_t>(batches + 1) * 2 * per_batch;
+         for (int i = 0; i < per_batch * 2; ++i) {
+           check_status(sem.wait(g.stream.get(), base + 2 * i + 1), "wait");
+           check_status(sem.signal(g.stream.get(), base + 2 * i + 2), "signal");
+         }
+         g.stream.synchronize();
+         return json::object();
+       }},
+      env);
+  Semaphore::unlink(name);
+  return results[0];
+}
+
+// --- IPC event ping-pong --------------------------------------------------------------------------------------
+// cuStreamWaitEvent waits for the event's most recent record *at the time of the call*, so a peer cannot enqueue
+// its wait before the record happened: the host has to relay every step.
+json ipc_event_rtt(const Env& env, int iterations) {
+  SharedPage page;
+  auto* sync = new (page.as<Sync>()) Sync{};
+  const auto results = run_workers(
+      {[&]() -> json {
+         Gpu g;
+         auto ev = cuda::Event::create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+         sync->event_a = cuda::ipc_get_event_handle(ev);
+         sync->a_ready = 1;
+         await([&] { return sync->b_ready.load() == 1; }, "the peer's event");
+         auto peer = cuda::ImportedEvent::open(sync->event_b);
+         std::vector<double> us;
+         for (int k = 1; k <= iterations + 20; ++k) {
+           const auto t0 = now_ns();
+           ev.record(g.stream.get());
+           sync->progress_a.store(static_cast<std::uint64_t>(k), std::memory_order_release);
+           await([&] { return sync->progress_b.load(std::memory_order_acquire) == static_cast<std::uint64_t>(k); },
+                 "the peer's record");
+           cuda::stream_wait_event(g.stream.get(), peer.get());
+           g.stream.synchronize();
+           if (k > 20) us.push_back(static_cast<double>(now_ns() - t0) / 1e3);
+         }
+         return json{{"rtt_us", to_json(summarize(us))}};
+       },
+       [&]() -> json {
+         Gpu g;
+         auto ev = cuda::Event::create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+         sync->event_b = cuda::ipc_get_event_handle(ev);
+         await([&] { return sync->a_ready.load() == 1; }, "the peer's event");
+         auto peer = cuda::ImportedEvent::open(sync->event_a);
+         sync->b_ready = 1;
+         for (int k = 1; k <= iterations + 20; ++k) {
+           await([&] { return sync->progress_a.load(std::memory_order_acquire) == static_cast<std::uint64_t>(k); },
+                 "the peer's record");
+           cuda::stream_wait_event(g.stream.get(), peer.get());
+           ev.record(g.stream.get());
+           sync->progress_b.store(static_cast<std::uint64_t>(k), std::memory_order_release);
+         }
+         g.stream.synchronize();
+         return json::object();
+       }},
+      env);
+  return results[0];
+}
+
+// --- channel handoff ------------------------------------------------------------------------------------------
+// One slot: the producer's next acquire returns when the consumer has released the previous message, so
+// acquire(k+1) - publish(k) is one handoff round trip: publish -> the consumer holds the buffer (a device pointer
+// its stream may use) -> the producer sees the release.
+json handoff_rtt(std::size_t bytes, int iterations) {
+  SharedPage page;
+  auto* sync = new (page.as<Sync>()) Sync{};
+  const std::string name = unique("handoff");
+  const auto results = run_workers(
+      {[&]() -> json {
+         Gpu g;
+         auto ch = Channel::create(name, {.slots = 1, .slot_bytes = bytes, .header_bytes = 64,
+                                          .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+                                   ChannelRole::Producer);
+         sync->a_ready = 1;
+         await([&] { return sync->b_ready.load() == 1; }, "the consumer");
+         std::vector<double> us;
+         std::int64_t published = 0;
+         for (int k = 0; k <= iterations + 50; ++k) {
+           SlotView s;
+           check_status(ch.acquire(g.stream.get(), std::chrono::seconds(30), s), "acquire");
+           if (k > 50) us.push_back(static_cast<double>(now_ns() - published) / 1e3);
+           if (k == iterations + 50) break;
+           published = now_ns();
+           check_status(ch.publish(g.stream.get(), {}, bytes), "publish");
+         }
+         g.stream.synchronize();
+         return json{{"rtt_us", to_json(summarize(us))}};
+       },
+       [&]() -> json {
+         Gpu g;
+         await([&] { return sync->a_ready.load() == 1; }, "the channel");
+         auto ch = Channel::open(name, ChannelRole::Consumer);
+         sync->b_ready = 1;
+         for (int k = 0; k < iterations + 50; ++k) {
+           MessageView m;
+           check_status(ch.receive(g.stream.get(), std::chrono::seconds(30), m), "receive");
+           check_status(ch.release(g.stream.get()), "release");
+         }
+         g.stream.synchronize();
+         return json::object();
+       }});
+  Channel::unlink(name);
+  return results[0];
+}
+
+// --- streaming throughput -------------------------------------------------------------------------------------
+constexpr std::size_t kFrameBytes = 8 << 20;
+constexpr std::uint32_t kSlots = 4;
+
+/// A producer kernel writes and a consumer kernel reads 8 MiB frames, in two processes through a channel.
+double two_process_fps(const Env& env, int frames) {
+  SharedPage page;
+  auto* sync = new (page.as<Sync>()) Sync{};
+  const std::string name = unique("stream");
+  const auto results = run_workers(
+      {[&]() -> json {
+         Gpu g;
+         kernels::Kernels k;
+         auto ch = Channel::create(name, {.slots = kSlots, .slot_bytes = kFrameBytes, .header_bytes = 0,
+                                          .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+                                   ChannelRole::Producer);
+         sync->a_ready = 1;
+         await([&] { return sync->b_ready.load() == 1; }, "the consumer");
+         sync->t0 = now_ns();
+         for (int f = 0; f < frames; ++f) {
+           SlotView s;
+           check_status(ch.acquire(g.stream.get(), std::chrono::seconds(30), s), "acquire");
+           k.write_fill(g.stream.get(), s.device_pointer, kFrameBytes / 16, static_cast<std::uint32_t>(f));
+           check_status(ch.publish(g.stream.get(), {}, kFrameBytes), "publish");
+         }
+         g.stream.synchronize();
+         return json::object();
+       },
+       [&]() -> json {
+         Gpu g;
+         kernels::Kernels k;
+         auto out = cuda::DeviceBuffer::allocate(8);
+         cuda::memset_d8(out.get(), 0, 8);
+         await([&] { return sync->a_ready.load() == 1; }, "the channel");
+         auto ch = Channel::open(name, ChannelRole::Consumer);
+         sync->b_ready = 1;
+         for (int f = 0; f < frames; ++f) {
+           MessageView m;
+           check_status(ch.receive(g.stream.get(), std::chrono::seconds(30), m), "receive");
+           k.read_sum(g.stream.get(), m.device_pointer, kFrameBytes / 16, out.get());
+           check_status(ch.release(g.stream.get()), "release");
+         }
+         g.stream.synchronize();
+         return json{{"seconds", static_cast<double>(now_ns() - sync->t0.load()) / 1e9}};
+       }},
+      env);
+  Channel::unlink(name);
+  return frames / results[1]["seconds"].get<double>();
+}
+
+/// The same two kernels in one process: two streams, four buffers, events between them.
+double one_process_fps(const Env& env, int frames) {
+  const auto results = run_workers(
+      {[&]() -> json {
+        Gpu g;
+        kernels::Kernels k;
+        auto consumer = cuda::Stream::create();
+        auto out = cuda::DeviceBuffer::allocate(8);
+        cuda::memset_d8(out.get(), 0, 8);
+        std::vector<cuda::DeviceBuffer> buf;
+        std::vector<cuda::Event> filled, freed;
+        for (std::uint32_t i = 0; i < kSlots; ++i) {
+          buf.push_back(cuda::DeviceBuffer::allocate(kFrameBytes));
+          filled.push_back(cuda::Event::create(CU_EVENT_DISABLE_TIMING));
+          freed.push_back(cuda::Event::create(CU_EVENT_DISABLE_TIMING));
+        }
+        const auto t0 = now_ns();
+        for (int f = 0; f < frames; ++f) {
+          const auto b = static_cast<std::size_t>(f) % kSlots;
+          if (f >= static_cast<int>(kSlots)) cuda::stream_wait_event(g.stream.get(), freed[b].get());
+          k.write_fill(g.stream.get(), buf[b].get(), kFrameBytes / 16, static_cast<std::uint32_t>(f));
+          filled[b].record(g.stream.get());
+          cuda::stream_wait_event(consumer.get(), filled[b].get());
+          k.read_sum(consumer.get(), buf[b].get(), kFrameBytes / 16, out.get());
+          freed[b].record(consumer.get());
+        }
+        g.stream.synchronize();
+        consumer.synchronize();
+        return json{{"seconds", static_cast<double>(now_ns() - t0) / 1e9}};
+      }},
+      env);
+  return frames / results[0]["seconds"].get<double>();
+}
+
+// --- baselines in Python ----------------------------------------------------------------------------------------
+std::string baseline_script() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> candidates{fs::current_path() / "bench/baselines/handoff.py"};
+  const auto exe = os::self_exe_path();
+  if (!exe.empty()) candidates.push_back(fs::path(exe).parent_path() / "../../bench/baselines/handoff.py");
+  for (const auto& c : candidates) {
+    if (fs::exists(c)) return fs::weakly_canonical(c).string();
+  }
+  return {};
+}
+
+/// Runs bench/baselines/handoff.py for `impl` (torch, cudacore); its last line is a JSON object.
+json python_baseline(const std::string& impl, std::size_t bytes, int iterations) {
+  const std::string script = baseline_script();
+  if (script.empty()) return {{"error", "bench/baselines/handoff.py not found"}};
+  const std::string cmd = fmt::format("python3 '{}' --impl {} --bytes {} --iters {} 2>&1", script, impl, bytes, iterations);
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return {{"error", "popen failed"}};
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
+  const int rc = ::pclose(f);
+  const auto pos = out.rfind("\n{");
+  const std::string last = pos == std::string::npos ? out : out.substr(pos + 1);
+  try {
+    auto j = json::parse(last);
+    if (rc != 0 && !j.contains("error")) j["error"] = fmt::format("exit status {}", rc);
+    return j;
+  } catch (const std::exception&) {
+    return {{"error", fmt::format("no result (exit status {}): {}", rc, out.substr(out.size() > 600 ? out.size() - 600 : 0))}};
+  }
+}
+
+// --- MPS --------------------------------------------------------------------------------------------------------
+/// A private MPS control daemon (own pipe and log directories under /tmp), stopped on destruction.
+class MpsDaemon {
+ public:
+  MpsDaemon() {
+    char tmpl[] = "/tmp/gpuipc-mps-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) return;
+    m_dir = tmpl;
+    std::filesystem::create_directories(m_dir + "/pipe");
+    std::filesystem::create_directories(m_dir + "/log");
+    const std::string cmd = fmt::format("{} nvidia-cuda-mps-control -d >/dev/null 2>&1", prefix());
+    m_started = std::system(cmd.c_str()) == 0;  // NOLINT(cert-env33-c): a fixed command line of our own
+    if (m_started) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  ~MpsDaemon() {
+    if (m_started) {
+      const std::string cmd = fmt::format("echo quit | {} nvidia-cuda-mps-control >/dev/null 2>&1", prefix());
+      [[maybe_unused]] int rc = std::system(cmd.c_str());  // NOLINT(cert-env33-c)
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    if (!m_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(m_dir, ec);
+    }
+  }
+  MpsDaemon(const MpsDaemon&) = delete;
+  MpsDaemon& operator=(const MpsDaemon&) = delete;
+  bool started() const noexcept { return m_started; }
+  Env env() const { return {{"CUDA_MPS_PIPE_DIRECTORY", m_dir + "/pipe"}, {"CUDA_MPS_LOG_DIRECTORY", m_dir + "/log"}}; }
+
+ private:
+  std::string prefix() const {
+    return fmt::format("CUDA_MPS_PIPE_DIRECTORY={0}/pipe CUDA_MPS_LOG_DIRECTORY={0}/log", m_dir);
+  }
+  std::string m_dir;
+  bool m_started = false;
+};
+
+/// Whether workers started with `env` really run under MPS (the device attribute, where the driver has it).
+bool mps_active(const Env& env) {
+  const auto r = run_workers({[]() -> json {
+                               Gpu g;
+                               const int v = cuda::device_attribute(static_cast<CUdevice_attribute>(133), 0);
+                               return json{{"mps", v != 0}};
+                             }},
+                             env);
+  return r[0].value("mps", false);
+}
+
+Result run(const Options& o, const DeviceMeta& meta) {
+  Result r;
+  r.mps = meta.mps;
+  const int batches = o.quick ? 10 : 40;
+  const int per_batch = 100;
+  const int event_iters = o.quick ? 200 : 1000;
+  const int handoff_iters = o.quick ? 500 : 5000;
+  const int frames = o.quick ? 1000 : 5000;
+
+  progress(o, "channels: semaphore ping-pong");
+  const auto sem = sem_rtt({}, batches, per_batch);
+  progress(o, "channels: IPC event ping-pong");
+  const auto ev = ipc_event_rtt({}, event_iters);
+  r.metrics["sem_rtt_us"] = sem["rtt_us"]["median"];
+  r.metrics["sem_host_sync_rtt_us"] = sem["host_sync_rtt_us"]["median"];
+  r.metrics["ipc_event_rtt_us"] = ev["rtt_us"]["median"];
+  r.samples.push_back({{"what", "sem_rtt_us"}, {"summary", sem["rtt_us"]}});
+  r.samples.push_back({{"what", "sem_host_sync_rtt_us"}, {"summary", sem["host_sync_rtt_us"]}});
+  r.samples.push_back({{"what", "ipc_event_rtt_us"}, {"summary", ev["rtt_us"]}});
+
+  for (const std::size_t mib : {1, 64}) {
+    progress(o, fmt::format("channels: handoff round trip, {} MiB", mib));
+    const auto h = handoff_rtt(mib << 20, handoff_iters);
+    r.metrics[fmt::format("handoff_rtt_p50_us_{}MiB", mib)] = h["rtt_us"]["median"];
+    r.metrics[fmt::format("handoff_rtt_p99_us_{}MiB", mib)] = h["rtt_us"]["p99"];
+    r.samples.push_back({{"what", fmt::format("handoff_rtt_us_{}MiB", mib)}, {"summary", h["rtt_us"]}});
+  }
+  for (const char* impl : {"torch", "cudacore"}) {
+    progress(o, fmt::format("channels: {} handoff baseline", impl));
+    const auto b = python_baseline(impl, 1 << 20, o.quick ? 200 : 1000);
+    r.samples.push_back({{"what", fmt::format("{}_handoff_1MiB", impl)}, {"result", b}});
+    if (b.contains("error")) {
+      r.notes.push_back(fmt::format("{} baseline did not run: {}", impl, b["error"].dump()));
+      r.metrics[fmt::format("{}_handoff_rtt_p50_us_1MiB", impl)] = nullptr;
+    } else {
+      r.metrics[fmt::format("{}_handoff_rtt_p50_us_1MiB", impl)] = b["p50_us"];
+      r.metrics[fmt::format("{}_handoff_rtt_p99_us_1MiB", impl)] = b["p99_us"];
+    }
+  }
+
+  progress(o, "channels: streaming, two processes vs one");
+  const double cross = two_process_fps({}, frames);
+  const double local = one_process_fps({}, frames);
+  r.metrics["stream_fps_two_process"] = cross;
+  r.metrics["stream_fps_one_process"] = local;
+  r.metrics["stream_throughput_ratio"] = cross / local;
+
+  progress(o, "channels: the same under MPS");
+  {
+    MpsDaemon mps;
+    if (!mps.started()) {
+      r.notes.push_back("MPS: nvidia-cuda-mps-control -d could not be started here: no _mps metrics");
+    } else if (!mps_active(mps.env())) {
+      r.notes.push_back("MPS: the control daemon started but the workers' contexts do not report MPS: no _mps metrics");
+    } else {
+      const auto sem_mps = sem_rtt(mps.env(), batches, per_batch);
+      const auto ev_mps = ipc_event_rtt(mps.env(), event_iters);
+      r.metrics["sem_rtt_us_mps"] = sem_mps["rtt_us"]["median"];
+      r.metrics["ipc_event_rtt_us_mps"] = ev_mps["rtt_us"]["median"];
+      r.samples.push_back({{"what", "sem_rtt_us_mps"}, {"summary", sem_mps["rtt_us"]}});
+      r.samples.push_back({{"what", "ipc_event_rtt_us_mps"}, {"summary", ev_mps["rtt_us"]}});
+      const double cross_mps = two_process_fps(mps.env(), frames);
+      const double local_mps = one_process_fps(mps.env(), frames);
+      r.metrics["stream_fps_two_process_mps"] = cross_mps;
+      r.metrics["stream_fps_one_process_mps"] = local_mps;
+      r.metrics["stream_throughput_ratio_mps"] = cross_mps / local_mps;
+    }
+  }
+
+  // Verdicts against the targets, in words, from the numbers above.
+  auto num = [&](const char* k) { return r.metrics.contains(k) && r.metrics[k].is_number() ? r.metrics[k].get<double>() : -1.0; };
+  const double sem_us = num("sem_rtt_us");
+  const double h1 = num("handoff_rtt_p50_us_1MiB");
+  r.notes.push_back(fmt::format("semaphore round trip {:.1f} us vs IPC events {:.1f} us ({:.0f}x); target <= 15 us: {}",
+                                sem_us, num("ipc_event_rtt_us"), num("ipc_event_rtt_us") / sem_us,
+                                sem_us <= 15 ? "met" : "MISSED"));
+  for (const char* impl : {"torch", "cudacore"}) {
+    const double b = num(fmt::format("{}_handoff_rtt_p50_us_1MiB", impl).c_str());
+    if (b > 0) r.notes.push_back(fmt::format("1 MiB handoff p50 {:.1f} us vs {} {:.1f} us: {:.1f}x faster", h1, impl, b, b / h1));
+  }
+  r.notes.push_back(fmt::format("handoff p50 target <= 20 us: {}", h1 <= 20 ? "met" : "MISSED"));
+  r.notes.push_back(fmt::format("two-process streaming reaches {:.2f} of one process without MPS{}",
+                                num("stream_throughput_ratio"),
+                                num("stream_throughput_ratio_mps") > 0
+                                    ? fmt::format(", {:.2f} with MPS (target >= 0.9: {})", num("stream_throughput_ratio_mps"),
+                                                  num("stream_throughput_ratio_mps") >= 0.9 ? "met" : "MISSED")
+                                    : ""));
+  return r;
+}
+
+}  // namespace
+
+GPUIPC_BENCH_SUITE(Suite{.name = "channels",
+                         .description = "semaphores vs IPC events, channel handoff vs torch/cuda.core, streaming "
+                                        "across processes vs one process; with and without MPS",
+                         .needs_gpu = true,
+                         .run = run});
+
+}  // namespace gpuipc::bench
