@@ -1,6 +1,5 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include "bench_commit.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
+#include "os/child.hpp"
 
 namespace gpuipc::bench {
 namespace {
@@ -50,45 +50,29 @@ const std::vector<Suite>& suites() { return registry(); }
 
 DeviceMeta probe_device() {
   // In a child: the caller must not initialise CUDA before it forks its workers.
-  int fds[2];
   DeviceMeta meta;
-  if (::pipe(fds) != 0) {
-    meta.error = "pipe failed";
-    return meta;
-  }
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
+  auto child = os::fork_reporting([]() -> std::string {
     nlohmann::json j;
     std::string why;
     if (!cuda::driver_available(&why)) {
       j["error"] = why;
     } else {
-      try {
-        j["devices"] = cuda::device_count();
-        if (j["devices"].get<int>() == 0) {
-          j["error"] = "the CUDA driver reports no GPU";
-        } else {
-          const auto info = cuda::query_device(0, false);
-          j["name"] = info.name;
-          j["mps"] = info.mps_known && info.mps_enabled;
-          j["driver"] = cuda::format_driver_version(cuda::driver_version());
-        }
-      } catch (const std::exception& e) {
-        j["error"] = e.what();
+      j["devices"] = cuda::device_count();
+      if (j["devices"].get<int>() == 0) {
+        j["error"] = "the CUDA driver reports no GPU";
+      } else {
+        const auto info = cuda::query_device(0, false);
+        j["name"] = info.name;
+        j["mps"] = info.mps_known && info.mps_enabled;
+        j["driver"] = cuda::format_driver_version(cuda::driver_version());
       }
     }
-    const std::string s = j.dump();
-    [[maybe_unused]] auto n = ::write(fds[1], s.data(), s.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string out;
-  char buf[1024];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+    return j.dump();
+  });
+  const auto report = os::join_reporting(child, std::chrono::seconds(120));
+  const std::string out = report.text.rfind("error: ", 0) == 0
+                              ? nlohmann::json{{"error", report.text.substr(7)}}.dump()
+                              : report.text;
   try {
     const auto j = nlohmann::json::parse(out);
     if (j.contains("error")) {

@@ -10,11 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "os/child.hpp"
+
 namespace gpuipc::bench {
 
 struct Worker {
-  pid_t pid = -1;
-  int fd = -1;
+  os::ReportingChild child;
 };
 
 /// Forks a worker running `body`; an exception becomes {"error": what}. `env` entries are set in the child

@@ -12,6 +12,18 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
+# The CUDA headers (cuda.h) are needed to build; the driver is not (it is loaded at run time).
+cuda_ok=0
+for d in "${CUDA_HOME:-}/include" /usr/local/cuda/include /usr/include; do
+  [ -f "$d/cuda.h" ] && cuda_ok=1
+done
+if [ $cuda_ok -eq 0 ]; then
+  echo "gpuipc needs the CUDA toolkit's headers (cuda.h) to build, and nvcc for its GPU kernels." >&2
+  echo "Install the CUDA toolkit (NVIDIA's packages, or Debian's nvidia-cuda-toolkit from non-free)," >&2
+  echo "or point CUDA_HOME at an installed one. No GPU or driver is needed to build." >&2
+  exit 1
+fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

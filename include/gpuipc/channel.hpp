@@ -6,7 +6,7 @@
 //
 // Peer death: when the last producer is gone, consumers drain what was published, then get PeerDied (Closed when
 // producers closed cleanly). When a consumer dies holding a message, the message goes back to the queue and
-// another consumer receives it (Message::redelivered counts them). When the last consumer is gone, producers get
+// another consumer receives it (ChannelStats::redelivered counts them). When the last consumer is gone, producers get
 // PeerDied. No survivor's GPU stream waits on the dead: the broker writes the words it waits on.
 #pragma once
 
@@ -30,7 +30,8 @@ struct ChannelOptions {
   std::uint32_t header_bytes = 256;    ///< inline user header per message (0 to 4096)
   SegmentKind kind = SegmentKind::Device;  ///< Device: slots in GPU memory; Host: host memory and host-side waits
   int device = 0;                      ///< device kind: the GPU the slots live on
-  unsigned mode = 0600;                ///< producers need rw, consumers r (they map the slots read-only)
+  unsigned mode = 0600;                ///< every member needs rw (all update the shared ring); consumers map the
+                                       ///< slots themselves read-only
 };
 
 enum class ChannelRole : std::uint8_t { Producer, Consumer };

@@ -92,22 +92,24 @@ void Registry::bump_names_generation() noexcept {
   std::atomic_ref<std::uint64_t>(page->names_generation).fetch_add(1, std::memory_order_release);
 }
 
-void Registry::add_connection(ConnId conn, const os::Credentials& creds) { m_connections[conn] = creds; }
+void Registry::add_connection(ConnId conn, const os::Credentials& creds, std::uint32_t hello_pid) {
+  m_connections[conn] = ConnectionInfo{creds, hello_pid};
+}
 
 void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   if (!seg.control) return;
   auto c = m_connections.find(conn);
   if (c == m_connections.end()) return;
-  const pid_t pid = c->second.pid;
+  const auto pid = static_cast<pid_t>(c->second.hello_pid);
   if ((seg.flags & proto::kFlagSemaphore) != 0) repair_semaphore(seg.control.data(), seg.control.size(), pid);
   if ((seg.flags & proto::kFlagChannel) != 0) repair_channel(seg.control.data(), seg.control.size(), pid);
 }
 
-void Registry::drop_connection(ConnId conn) {
+void Registry::drop_connection(ConnId conn, bool repair) {
   std::vector<std::uint64_t> touched;
   for (auto& [id, seg] : m_segments) {
     if (seg.refs.erase(conn) > 0) {
-      repair_for(seg, conn);
+      if (repair) repair_for(seg, conn);
       touched.push_back(id);
     }
   }
@@ -388,7 +390,7 @@ proto::SegmentInfo Registry::info_of(const SegmentRecord& seg) const {
   std::set<std::uint32_t> pids;
   for (const auto& [conn, count] : seg.refs) {
     auto c = m_connections.find(conn);
-    if (c != m_connections.end()) pids.insert(static_cast<std::uint32_t>(c->second.pid));
+    if (c != m_connections.end()) pids.insert(static_cast<std::uint32_t>(c->second.creds.pid));
   }
   for (auto pid : pids) {
     if (info.mapper_pids.size() == proto::kMaxMapperPids) break;

@@ -67,11 +67,13 @@ class Registry {
   /// The status page's memfd; the server hands a read-only reopen of it to each client with HelloReply.
   int status_fd() const noexcept { return m_status_fd.get(); }
 
-  /// A connection said Hello: remember its pid for `gpuipc ls`.
-  void add_connection(ConnId conn, const os::Credentials& creds);
+  /// A connection said Hello: remember its credentials (its pid for `gpuipc ls`) and the pid it gave in Hello,
+  /// which is the pid it writes into member tables (its own pid namespace's, unlike SO_PEERCRED's).
+  void add_connection(ConnId conn, const os::Credentials& creds, std::uint32_t hello_pid);
   /// A connection ended (clean close or crash): drop its references (freeing unlinked segments with no
-  /// references left) and cancel its pending opens.
-  void drop_connection(ConnId conn);
+  /// references left) and cancel its pending opens. With `repair`, semaphores and channels it was a member of are
+  /// repaired (a broker shutting down does not repair: its clients live on).
+  void drop_connection(ConnId conn, bool repair = true);
 
   /// Handles one request of an established connection; appends replies (to this and, for Create, to waiting
   /// openers) to `out`. `fds` are the fds that came with the request (ownership taken where used).
@@ -125,7 +127,11 @@ class Registry {
   std::uint64_t m_next_id = 1;
   std::map<std::uint64_t, SegmentRecord> m_segments;      // by id (ordered: List pages by id)
   std::unordered_map<std::string, std::uint64_t> m_names;  // linked names -> id
-  std::unordered_map<ConnId, os::Credentials> m_connections;
+  struct ConnectionInfo {
+    os::Credentials creds;
+    std::uint32_t hello_pid = 0;
+  };
+  std::unordered_map<ConnId, ConnectionInfo> m_connections;
   std::vector<Pending> m_pending;
 };
 

@@ -71,7 +71,11 @@ void Server::run() {
     if (auto d = m_registry.next_deadline()) timeout_ns = std::max<std::int64_t>(0, *d - now);
     const bool idle = m_connections.empty() && m_registry.empty();
     if (idle && m_options.idle_timeout.count() > 0) {
-      const std::int64_t left = m_idle_since_ns + m_options.idle_timeout.count() * 1'000'000 - now;
+      // Saturating: "unlimited" (UINT64_MAX ms) must not overflow into "already expired".
+      const std::int64_t idle_ns = m_options.idle_timeout.count() > INT64_MAX / 1'000'000
+                                       ? INT64_MAX / 2
+                                       : m_options.idle_timeout.count() * 1'000'000;
+      const std::int64_t left = m_idle_since_ns + idle_ns - now;
       if (left <= 0) {
         GPUIPC_LOG_INFO("idle for {} ms with nothing registered: exiting", m_options.idle_timeout.count());
         break;
@@ -104,7 +108,9 @@ void Server::run() {
   }
   std::vector<ConnId> ids;
   for (const auto& [id, c] : m_connections) ids.push_back(id);
-  for (auto id : ids) close_connection(id);
+  // Shutting down is not the clients dying: their semaphores and channels keep working without a broker, so
+  // nothing is poisoned or repaired here.
+  for (auto id : ids) close_connection(id, false);
   (void)::unlink(m_socket_path.c_str());  // NOLINT: the lock is still ours, so the socket is too
 }
 
@@ -213,7 +219,7 @@ bool Server::handle_message(ConnId id, Connection& c, std::span<const std::byte>
       return false;
     }
     c.greeted = true;
-    m_registry.add_connection(id, c.creds);
+    m_registry.add_connection(id, c.creds, hello->pid);
     proto::HelloReply r;
     r.broker_pid = static_cast<std::uint32_t>(::getpid());
     r.uid = c.creds.uid;
@@ -285,14 +291,14 @@ void Server::flush(ConnId id, Connection& c) {
   m_epoll.modify(c.sock.get(), EPOLLIN, id);
 }
 
-void Server::close_connection(ConnId id) {
+void Server::close_connection(ConnId id, bool repair) {
   auto it = m_connections.find(id);
   if (it == m_connections.end()) return;
   GPUIPC_LOG_DEBUG("connection {} (pid {}) closed", id, it->second.creds.pid);
   m_epoll.remove(it->second.sock.get());
   auto count = m_per_uid.find(it->second.creds.uid);
   if (count != m_per_uid.end() && --count->second == 0) m_per_uid.erase(count);
-  m_registry.drop_connection(id);
+  m_registry.drop_connection(id, repair);
   m_connections.erase(it);
 }
 

@@ -63,7 +63,7 @@ class Server {
   void dispatch(std::vector<Outgoing>& out);
   void queue(ConnId id, Connection& c, std::vector<std::byte> bytes, os::UniqueFd fd);
   void flush(ConnId id, Connection& c);
-  void close_connection(ConnId id);
+  void close_connection(ConnId id, bool repair = true);
   void reap_closing();
 
   ServerOptions m_options;

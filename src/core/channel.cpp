@@ -82,9 +82,34 @@ struct Channel::Impl {
     }
   }
 
+  /// Whether this member's stream has written every `filled` (its publications) and `freed` (its releases) word
+  /// it was asked to: until then, leaving would let the process exit with those writes still queued, and a
+  /// survivor's stream would wait for them forever.
+  bool own_stream_writes_done() const noexcept {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      auto& sl = slot(i);
+      const std::uint64_t st = atomic(sl.state).load(std::memory_order_acquire);
+      const std::uint64_t seq = proto::state_seq(st);
+      const Phase phase = proto::state_phase(st);
+      if (atomic(sl.publisher).load() == member) {
+        const bool current = phase == Phase::Published || phase == Phase::Reading;
+        const std::uint64_t published = current ? seq : seq - n;  // a later round holds the slot now
+        if ((current || seq >= n) && (atomic(sl.filled).load() & proto::kMaxValue) < published + 1) return false;
+      }
+      if (atomic(sl.releaser).load() == member && seq >= n && atomic(sl.freed).load() < seq - n + 1) return false;
+    }
+    return true;
+  }
+
   /// Clean leave: give up acquired slots, hand back received messages, tell the other side if we were the last.
   void leave() noexcept {
     if (member == proto::kNoMember || h == nullptr) return;
+    if (gpu()) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!own_stream_writes_done() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
     while (held_count > 0) {
       const std::uint64_t seq = front_held();
       auto& s = slot(seq);

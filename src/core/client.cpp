@@ -62,6 +62,15 @@ std::uint32_t BrokerClient::broker_pid() {
   return m_broker_pid;
 }
 
+bool BrokerClient::broker_listening() {
+  try {
+    os::connect_seqpacket(config::socket_path());
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 std::string BrokerClient::find_daemon() {
   if (auto env = config::env_raw("GPUIPC_DAEMON")) return *env;
   std::vector<std::string> dirs{dir_of(os::self_exe_path()),
@@ -101,7 +110,7 @@ void BrokerClient::connect_locked() {
         if (config::env_bool("GPUIPC_NO_AUTOSTART", false)) {
           throw Error(ErrorCode::NotFound,
                       fmt::format("no gpuipc broker listens on {} and GPUIPC_NO_AUTOSTART=1; start one with "
-                                  "`gpuipc daemon` (or unset GPUIPC_NO_AUTOSTART)",
+                                  "`gpuipc daemon --foreground` (or unset GPUIPC_NO_AUTOSTART)",
                                   path),
                       "connect");
         }

@@ -44,6 +44,9 @@ class BrokerClient {
   /// The broker's pid as it reported it in HelloReply (connects if needed).
   std::uint32_t broker_pid();
 
+  /// Whether a broker listens on this process's socket path now (connects and disconnects; never starts one).
+  static bool broker_listening();
+
   /// The path of the gpuipcd the library would start: $GPUIPC_DAEMON, else next to the executable, else next
   /// to the library, else on $PATH. Empty when none is found.
   static std::string find_daemon();

@@ -229,8 +229,13 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Create with something else", "create");
   m->id = r->info.id;
   m->client_generation = client.generation();
-  MappingCache::instance().put(cache_key(n, Access::ReadWrite, options.kind == SegmentKind::Host ? -1 : options.device),
-                               m, client.names_generation());
+  // Cached under the device it was made with and under "any device" (-1, OpenOptions' default), so that the
+  // creator opening its own segment is a cache hit either way.
+  const std::uint64_t names_gen = client.names_generation();
+  MappingCache::instance().put(cache_key(n, Access::ReadWrite, -1), m, names_gen);
+  if (options.kind != SegmentKind::Host) {
+    MappingCache::instance().put(cache_key(n, Access::ReadWrite, options.device), m, names_gen);
+  }
   return Segment(std::move(m));
 }
 

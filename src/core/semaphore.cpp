@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -21,6 +23,7 @@ struct Semaphore::Impl {
   std::uint64_t device_value = 0;  // GPU address of block->value (host_pinned); 0 for host kind
   SemaphoreRole role = SemaphoreRole::Waiter;
   std::uint32_t member = proto::kNoMember;
+  std::uint64_t stream_signalled = 0;  // highest value handed to a stream: leave() waits for it to land
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -43,6 +46,12 @@ struct Semaphore::Impl {
   /// value nobody can signal any more.
   void leave() noexcept {
     if (member == proto::kNoMember || block == nullptr) return;
+    // A signal still queued on a stream would land after the poison and erase it: wait for ours (bounded).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((atomic(block->value).load(std::memory_order_acquire) & proto::kMaxValue) < stream_signalled &&
+           (atomic(block->value).load() & proto::kPoisonBit) == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
     core::release_member(block->members, member);
     member = proto::kNoMember;
     if (atomic(block->signallers).fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -53,7 +62,9 @@ struct Semaphore::Impl {
   }
 
   Status poison_status(std::uint64_t v) const noexcept {
-    if ((v & proto::kPoisonBit) == 0) return Status::Ok;
+    // The reason word is written before the poison bit and never cleared: it stays true even if a late stream
+    // write (from a process that died with signals queued) overwrote the value.
+    if ((v & proto::kPoisonBit) == 0 && atomic(block->poison_reason).load() == 0) return Status::Ok;
     return atomic(block->poison_reason).load() == static_cast<std::uint32_t>(proto::PoisonReason::Closed)
                ? Status::Closed
                : Status::PeerDied;
@@ -138,6 +149,7 @@ Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_hos
   }
   auto s = static_cast<CUstream>(stream);
   if (cuda::stream_write_value64(s, m_impl->device_value, value) != CUDA_SUCCESS) return Status::DriverError;
+  m_impl->stream_signalled = std::max(m_impl->stream_signalled, value);
   if (wake_host && cuda::launch_host_func(s, wake_host_waiters, m_impl->block) != CUDA_SUCCESS) {
     return Status::DriverError;
   }

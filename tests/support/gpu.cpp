@@ -1,39 +1,21 @@
 #include "support/gpu.hpp"
 
-#include <unistd.h>
-
 #include <cstring>
 
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/resources.hpp"
+#include "os/child.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
 namespace {
 
-/// Runs `probe` in a child; returns what it wrote to the pipe.
+/// Runs `probe` in a child; returns what it reported.
 template <typename F>
 std::string ask_child(F&& probe) {
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  const pid_t pid = start_child([&] {
-    ::close(fds[0]);
-    const std::string answer = probe();
-    [[maybe_unused]] auto n = ::write(fds[1], answer.data(), answer.size());
-    return 0;
-  });
-  ::close(fds[1]);
-  std::string out;
-  char buf[512];
-  for (;;) {
-    const auto n = ::read(fds[0], buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fds[0]);
-  wait_child(pid, std::chrono::seconds(60));
-  return out;
+  auto child = os::fork_reporting(std::forward<F>(probe));
+  return os::join_reporting(child, std::chrono::seconds(60)).text;
 }
 
 }  // namespace

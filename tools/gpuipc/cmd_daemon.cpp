@@ -21,13 +21,25 @@ void register_daemon(CLI::App& app, int& exit_code) {
   cmd->add_flag("--stop", stop, "ask the running broker to shut down (SIGTERM)");
   cmd->preparse_callback([](std::size_t) { options = broker::default_options(false); });
   broker::add_options(*cmd, options);
-  cmd->callback([&exit_code] {
+  cmd->callback([cmd, &exit_code] {
     if (foreground) {
-      exit_code = broker::run_daemon(options);
+      const int rc = broker::run_daemon(options);
+      exit_code = rc == 0 ? kExitOk : rc == 3 ? kExitBroker : kExitFailure;
       return;
+    }
+    for (const char* o : {"--runtime-dir", "--idle-timeout-ms", "--quota-bytes", "--quota-segments"}) {
+      if (cmd->count(o) > 0) {
+        throw CLI::ValidationError(o, "applies to --foreground only; for a broker started on demand set the "
+                                      "GPUIPC_* environment variables instead (docs/env/)");
+      }
     }
     auto& client = core::BrokerClient::instance();
     if (stop) {
+      if (!core::BrokerClient::broker_listening()) {
+        std::cout << "no gpuipc broker is running\n";
+        exit_code = kExitOk;
+        return;
+      }
       const auto pid = client.broker_pid();
       // The pid comes from the broker itself over its socket, so this signals the process serving it.
       os::send_signal(static_cast<pid_t>(pid), SIGTERM);

@@ -2,9 +2,6 @@
 // on GPU 0, the producer's kernel writes each frame into a slot and the consumer's kernel verifies it, all in
 // stream order; without a GPU, a host channel (clearly labelled) does the same with the CPU.
 #include <fmt/format.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -17,6 +14,7 @@
 #include "cuda/resources.hpp"
 #include "gpuipc/channel.hpp"
 #include "kernels/pattern.hpp"
+#include "os/child.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
 #if defined(GPUIPC_HAVE_KERNELS)
@@ -41,34 +39,16 @@ struct DemoOptions {
 
 /// Whether GPU 0 can run the device demo; asked in a child so this process can still fork CUDA workers.
 std::string gpu_unavailable_reason() {
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
+  auto child = os::fork_reporting([]() -> std::string {
     std::string why;
-    if (!cuda::driver_available(&why)) {
-      // why already reads "no CUDA driver: ..."
-    } else {
-      try {
-        if (cuda::device_count() == 0) {
-          why = "no GPU";
-        } else if (const auto info = cuda::query_device(0, false); !info.vmm || !info.posix_fd_handles) {
-          why = "GPU 0 cannot export memory as POSIX fds";
-        }
-      } catch (const std::exception& e) {
-        why = e.what();
-      }
+    if (!cuda::driver_available(&why)) return why;  // "no CUDA driver: ..."
+    if (cuda::device_count() == 0) return "no GPU";
+    if (const auto info = cuda::query_device(0, false); !info.vmm || !info.posix_fd_handles) {
+      return "GPU 0 cannot export memory as POSIX fds";
     }
-    [[maybe_unused]] auto n = ::write(fds[1], why.data(), why.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string out;
-  char buf[512];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-  ::close(fds[0]);
-  ::waitpid(pid, nullptr, 0);
+    return "";
+  });
+  std::string out = os::join_reporting(child, std::chrono::seconds(120)).text;
 #if !defined(GPUIPC_HAVE_KERNELS)
   if (out.empty()) out = "this build has no GPU kernels (built without nvcc)";
 #endif
@@ -208,39 +188,22 @@ nlohmann::json consume(const std::string& name, const DemoOptions& o) {
   return r;
 }
 
-/// Runs `body` in a child; its JSON report comes back through a pipe.
-pid_t spawn(int& read_fd, const std::function<nlohmann::json()>& body) {
-  int fds[2];
-  if (::pipe(fds) != 0) throw Error(ErrorCode::System, "pipe failed", "pipe", errno);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    nlohmann::json r;
-    try {
-      r = body();
-    } catch (const std::exception& e) {
-      r["error"] = e.what();
-    }
-    const std::string s = r.dump();
-    [[maybe_unused]] auto n = ::write(fds[1], s.data(), s.size());
-    ::_exit(r.contains("error") ? 1 : 0);
-  }
-  ::close(fds[1]);
-  read_fd = fds[0];
-  return pid;
+/// Runs `body` in a child process; its JSON report comes back through a pipe.
+os::ReportingChild spawn(const std::function<nlohmann::json()>& body) {
+  return os::fork_reporting([&] {
+    auto r = body();
+    if (r.contains("error")) throw std::runtime_error(r["error"].get<std::string>());
+    return r.dump();
+  });
 }
 
-nlohmann::json collect(int fd, pid_t pid) {
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-  ::close(fd);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+nlohmann::json collect(os::ReportingChild& child) {
+  const auto r = os::join_reporting(child, std::chrono::minutes(10));
+  if (r.text.rfind("error: ", 0) == 0) return nlohmann::json{{"error", r.text.substr(7)}};
   try {
-    return nlohmann::json::parse(out);
+    return nlohmann::json::parse(r.text);
   } catch (const std::exception&) {
-    return nlohmann::json{{"error", fmt::format("worker {} ended without a report (status {})", pid, status)}};
+    return nlohmann::json{{"error", fmt::format("worker ended without a report (wait status {:#x})", r.wait_status)}};
   }
 }
 
@@ -273,12 +236,10 @@ void register_demo(CLI::App& app, int& exit_code) {
     std::cout << fmt::format("{} frames of {} MiB through {} slots, producer and consumer in two processes\n",
                              o.frames, o.frame_bytes >> 20, o.slots);
     const std::string name = fmt::format("gpuipc-demo-{}", os::current_pid());
-    int cfd = -1;
-    int pfd = -1;
-    const pid_t producer = spawn(pfd, [&] { return produce(name, o); });
-    const pid_t consumer = spawn(cfd, [&] { return consume(name, o); });
-    const auto c = collect(cfd, consumer);
-    const auto p = collect(pfd, producer);
+    auto producer = spawn([&] { return produce(name, o); });
+    auto consumer = spawn([&] { return consume(name, o); });
+    const auto c = collect(consumer);
+    const auto p = collect(producer);
     try {
       Channel::unlink(name);
     } catch (const Error&) {  // NOLINT(bugprone-empty-catch): the producer may not have created it

@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : gpuipc::cli::kExitUsage;
   } catch (const gpuipc::Error& e) {
     std::cerr << "gpuipc: " << e.what() << "\n";
+    // The broker could not be reached or started (connect, hello, or a dead connection).
+    if (e.call() == "connect" || e.call() == "hello" || e.call() == "send" || e.call() == "recv") {
+      return gpuipc::cli::kExitBroker;
+    }
     switch (e.code()) {
       case gpuipc::ErrorCode::NoDriver: return gpuipc::cli::kExitNoDriver;
       case gpuipc::ErrorCode::NoDevice: return gpuipc::cli::kExitNoDevice;

@@ -22,6 +22,13 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([&] { idle_given = app.count("--idle-timeout-ms") > 0; });
   CLI11_PARSE(app, argc, argv);
   if (verbose) gpuipc::log::set_level(gpuipc::log::Level::Debug);
-  if (on_demand && !idle_given) options.idle_timeout = gpuipc::broker::default_options(true).idle_timeout;
+  if (on_demand && !idle_given) {
+    try {
+      options.idle_timeout = gpuipc::broker::default_options(true).idle_timeout;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gpuipcd: %s\n", e.what());  // NOLINT(cert-err33-c)
+      return 2;
+    }
+  }
   return gpuipc::broker::run_daemon(options);
 }

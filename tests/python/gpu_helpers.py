@@ -1,0 +1,157 @@
+"""Functions the GPU tests run in spawned child processes (importable by name, so spawn can find them)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import List, Tuple
+
+import gpuipc
+
+N = 1024  # segments hold N x N float32
+
+
+def torch_cuda():
+    import torch
+
+    torch.zeros(1, device="cuda")  # a current context before gpuipc maps anything
+    return torch
+
+
+def torch_check_and_double(name: str) -> bool:
+    torch = torch_cuda()
+    with gpuipc.Segment.open(name) as seg:
+        t = torch.from_dlpack(seg.as_array("float32", (N, N)))
+        assert t.is_cuda and t.shape == (N, N)
+        ok = torch.equal(t, torch.arange(N * N, dtype=torch.float32, device="cuda").reshape(N, N))
+        t.mul_(2)
+        torch.cuda.synchronize()
+        return ok
+
+
+def cupy_check_and_negate(name: str) -> bool:
+    import cupy
+
+    with gpuipc.Segment.open(name) as seg:
+        view = seg.as_array("float32", (N, N))
+        a = cupy.from_dlpack(view)
+        b = cupy.asarray(view)  # through __cuda_array_interface__
+        assert a.data.ptr == b.data.ptr == view.address
+        ok = bool(cupy.array_equal(a, cupy.arange(N * N, dtype=cupy.float32).reshape(N, N)))
+        b *= -1
+        cupy.cuda.Device().synchronize()
+        return ok
+
+
+def torch_read_only(name: str) -> Tuple[bool, bool, bool]:
+    """(view says read-only, CAI says read-only, contents right) for a read-only open through torch.from_dlpack."""
+    torch = torch_cuda()
+    with gpuipc.Segment.open(name, readonly=True) as seg:
+        view = seg.as_array("float32", (N, N))
+        t = torch.from_dlpack(view)
+        ok = torch.equal(t, torch.full((N, N), 7.0, device="cuda"))
+        return view.readonly, view.__cuda_array_interface__["data"][1], ok
+
+
+def torch_write_read_only(name: str) -> str:
+    """Writes through a read-only mapping: the write faults this process's context (returns the error)."""
+    torch = torch_cuda()
+    with gpuipc.Segment.open(name, readonly=True) as seg:
+        t = torch.from_dlpack(seg.as_array("float32", (N, N)))
+        try:
+            t.add_(1)
+            torch.cuda.synchronize()
+            return ""
+        except RuntimeError as e:
+            return str(e) or "RuntimeError"
+
+
+def torch_samples(i: int):
+    import torch
+
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8]
+    shapes = [(17,), (4, 33), (2, 3, 5), (), (0, 7)]
+    dt = dtypes[i % len(dtypes)]
+    shape = shapes[i % len(shapes)]
+    x = torch.full(shape, i % 100, dtype=dt, device="cuda")
+    if x.dim() == 2 and i % 2:
+        x = x.t()  # strided: send copies it into a contiguous slot
+    return x
+
+
+def torch_producer(name: str, count: int) -> int:
+    torch = torch_cuda()
+    stream = torch.cuda.Stream()
+    with gpuipc.Channel.open(name, "producer", wait=30) as ch:
+        with torch.cuda.stream(stream):
+            for i in range(count):
+                ch.send(torch_samples(i), stream=stream, meta=str(i).encode(), timeout=60)
+        stream.synchronize()
+    return count
+
+
+def cupy_producer(name: str, count: int) -> int:
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with gpuipc.Channel.open(name, "producer", wait=30) as ch:
+        with stream:
+            for i in range(count):
+                a = cupy.full((8, 16), i, dtype=cupy.float32)[:, ::2]  # strided: cupy copies it
+                ch.send(a, stream=stream, timeout=60)
+        stream.synchronize()
+    return count
+
+
+def jax_producer(name: str, count: int) -> int:
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    import jax.numpy as jnp
+
+    with gpuipc.Channel.open(name, "producer", wait=30) as ch:
+        for i in range(count):
+            ch.send(jnp.full((3, 5), i, dtype=jnp.float32), timeout=60)
+    return count
+
+
+def numpy_producer(name: str, count: int) -> int:
+    import numpy as np
+
+    with gpuipc.Channel.open(name, "producer", wait=30) as ch:
+        for i in range(count):
+            ch.send(np.full((6, 6), i, dtype=np.int32), timeout=60)
+    return count
+
+
+def torch_producer_killed(name: str, ready: str) -> None:
+    torch = torch_cuda()
+    ch = gpuipc.Channel.open(name, "producer", wait=30)
+    for i in range(2):
+        ch.send(torch.full((64,), float(i), device="cuda"))
+    torch.cuda.synchronize()
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del ch, keep
+
+
+def torch_semaphore_consumer(seg_name: str, sem_name: str) -> float:
+    """Waits on the GPU (stream-ordered) for semaphore value 1, then sums the segment on the same stream."""
+    torch = torch_cuda()
+    stream = torch.cuda.Stream()
+    with gpuipc.Segment.open(seg_name, readonly=True, wait=30) as seg, \
+            gpuipc.Semaphore.open(sem_name, role="waiter", wait=30) as sem:
+        t = torch.from_dlpack(seg.as_array("float32", (N, N)))
+        with torch.cuda.stream(stream):
+            sem.wait(1, stream=stream)
+            total = t.sum()
+        stream.synchronize()
+        return float(total.item())
+
+
+def receive_sums(name: str, count: int) -> List[float]:
+    torch = torch_cuda()
+    out = []
+    with gpuipc.Channel.open(name, "consumer", wait=30) as ch:
+        for _ in range(count):
+            with ch.recv(timeout=60) as msg:
+                out.append(float(torch.from_dlpack(msg.array).double().sum().item()))
+    return out

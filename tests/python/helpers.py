@@ -1,0 +1,151 @@
+"""Functions the CPU tests run in spawned child processes (importable by name, so spawn can find them)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import List, Tuple
+
+import numpy as np
+
+import gpuipc
+
+
+def drop_privileges() -> None:
+    """Become uid/gid 65534 (nobody) for good."""
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+
+
+def open_check_and_double(name: str, n: int) -> float:
+    """Opens float64 segment `name`, checks it holds arange(n), doubles it in place; returns the old sum."""
+    with gpuipc.Segment.open(name) as seg:
+        a = seg.as_array("float64", (n,))
+        assert np.array_equal(a, np.arange(n, dtype=np.float64)), a[:10]
+        total = float(a.sum())
+        a *= 2
+        return total
+
+
+def open_readonly_and_try_write(name: str) -> Tuple[bool, str, int]:
+    """Opens `name` read-only: (array writeable?, error of a write attempt, first byte)."""
+    with gpuipc.Segment.open(name, readonly=True) as seg:
+        a = seg.as_array("uint8", 16)
+        try:
+            a[0] = 1
+            err = ""
+        except ValueError as e:
+            err = str(e)
+        return bool(a.flags.writeable), err, int(a[0])
+
+
+def open_as_other_user(name: str, readonly: bool) -> Tuple[str, str]:
+    """Drops to uid 65534 and opens `name`: ("ok", first byte) or (exception class, message)."""
+    drop_privileges()
+    try:
+        with gpuipc.Segment.open(name, readonly=readonly) as seg:
+            return "ok", str(int(seg.as_array("uint8", 1)[0]))
+    except gpuipc.Error as e:
+        assert isinstance(e, PermissionError) == isinstance(e, gpuipc.PermissionDenied)
+        return type(e).__name__, str(e)
+
+
+def unlink_as_other_user(name: str) -> str:
+    drop_privileges()
+    try:
+        gpuipc.Segment.unlink(name)
+        return "ok"
+    except gpuipc.Error as e:
+        return type(e).__name__
+
+
+def create_later(name: str, delay: float, value: int) -> None:
+    """Creates host segment `name` after `delay` seconds, writes `value` and keeps it for a while."""
+    time.sleep(delay)
+    seg = gpuipc.Segment.create(name, 4096)
+    seg.as_array("int64", 1)[0] = value
+    time.sleep(1.0)  # the name stays; the memory too (the test opens it meanwhile)
+    seg.close()
+
+
+# Semaphores ----------------------------------------------------------------------------------------------------------
+def semaphore_wait(name: str, value: int, timeout: float) -> int:
+    with gpuipc.Semaphore.open(name, role="waiter", wait=10) as sem:
+        return sem.wait_host(value, timeout=timeout)
+
+
+def semaphore_signaller_then_close(name: str, ready: str) -> None:
+    """Creates host semaphore `name`, signals 1, creates segment `ready` as a sign, then closes cleanly."""
+    sem = gpuipc.Semaphore.create(name, kind="host")
+    sem.signal_host(1)
+    gpuipc.Segment.create(ready, 4096).close()
+    time.sleep(0.5)
+    sem.close()
+
+
+def semaphore_signaller_forever(name: str, ready: str) -> None:
+    """Creates host semaphore `name`, signals 1, creates `ready`, then sleeps until killed."""
+    sem = gpuipc.Semaphore.create(name, kind="host")
+    sem.signal_host(1)
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del sem, keep
+
+
+# Channels ------------------------------------------------------------------------------------------------------------
+def sample_arrays() -> List[np.ndarray]:
+    """Arrays of every kind send must carry: dtypes, ranks (0-d, empty, 3-d), non-contiguous sources."""
+    rng = np.random.default_rng(7)
+    base = np.arange(48, dtype=np.float64).reshape(6, 8)
+    return [
+        np.arange(10, dtype=np.float32),
+        rng.integers(-100, 100, size=(3, 4, 5), dtype=np.int64),
+        np.array([True, False, True]),
+        (np.arange(6) + 1j * np.arange(6)).astype(np.complex64),
+        np.linspace(0, 1, 7, dtype=np.float16),
+        np.array(3.5, dtype=np.float64),
+        np.zeros((0, 4), dtype=np.uint16),
+        base[:, ::2],  # strided: send makes it contiguous
+        base.T,
+        np.frombuffer(b"abcdef", dtype=np.uint8),
+    ]
+
+
+def channel_producer(name: str, count: int) -> int:
+    """Opens channel `name` as a producer and sends sample_arrays() `count` times; returns messages sent."""
+    with gpuipc.Channel.open(name, "producer", wait=10) as ch:
+        sent = 0
+        for i in range(count):
+            for j, a in enumerate(sample_arrays()):
+                ch.send(a, meta=f"{i}:{j}".encode(), timeout=30)
+                sent += 1
+        return sent
+
+
+def channel_consumer(name: str, expect: int) -> List[Tuple[str, Tuple[int, ...], float]]:
+    """Receives `expect` messages from `name`: (dtype name, shape, sum) of each."""
+    out = []
+    with gpuipc.Channel.open(name, "consumer", wait=10) as ch:
+        for _ in range(expect):
+            with ch.recv(timeout=30) as msg:
+                a = msg.array
+                assert not a.flags.writeable
+                out.append((msg.dtype_name, msg.shape, float(np.abs(a).sum())))
+    return out
+
+
+def channel_producer_killed(name: str, ready: str) -> None:
+    """Joins `name` as a producer, sends two messages, creates `ready`, then sleeps until killed."""
+    ch = gpuipc.Channel.open(name, "producer", wait=10)
+    ch.send(np.full(4, 1, dtype=np.int32))
+    ch.send(np.full(4, 2, dtype=np.int32))
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del ch, keep
+
+
+def wait_for_name(name: str, timeout: float = 30) -> None:
+    with gpuipc.Segment.open(name, wait=timeout):
+        pass
+

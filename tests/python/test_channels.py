@@ -1,0 +1,295 @@
+"""Channels from Python on the CPU (host kind): send/recv across processes, raw slots, back-pressure, peers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import struct
+import time
+
+import numpy as np
+import pytest
+
+import gpuipc
+from gpuipc import channel as channel_mod
+import helpers
+
+
+def _host_channel(name, **kw):
+    opts = dict(kind="host", slots=4, slot_bytes=4096)
+    opts.update(kw)
+    return gpuipc.Channel.create(name, **opts)
+
+
+def test_send_recv_across_processes_with_contents(name, start):
+    arrays = helpers.sample_arrays()
+    rounds = 3
+    with _host_channel(name, role="producer") as keep:  # the creator stays a producer until the end
+        producer = start(helpers.channel_producer, name, rounds)
+        with gpuipc.Channel.open(name, "consumer") as rx:
+            for i in range(rounds):
+                for j, want in enumerate(arrays):
+                    with rx.recv(timeout=30) as msg:
+                        got = msg.array
+                        assert isinstance(got, np.ndarray) and not got.flags.writeable
+                        assert got.dtype == want.dtype and got.shape == want.shape
+                        assert np.array_equal(got, want), (i, j)
+                        assert msg.meta == f"{i}:{j}".encode()
+                        assert msg.dtype == want.dtype and msg.shape == want.shape
+                        assert not msg.incomplete
+        assert producer.result(timeout=60) == rounds * len(arrays)
+        assert keep.stats.head == rounds * len(arrays)
+
+
+def test_consumer_in_child_process(name, start):
+    with _host_channel(name) as tx:
+        consumer = start(helpers.channel_consumer, name, 2)
+        tx.send(np.arange(5, dtype=np.int32), timeout=30)
+        tx.send(-np.ones((2, 2)), timeout=30)
+        assert consumer.result(timeout=60) == [("int32", (5,), 10.0), ("float64", (2, 2), 4.0)]
+
+
+def test_message_order_and_release_rules(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        for i in range(3):
+            tx.send(np.full(3, i, dtype=np.uint8))
+        m0, m1 = rx.recv(timeout=5), rx.recv(timeout=5)
+        assert (m0.sequence, m1.sequence) == (0, 1)
+        with pytest.raises(gpuipc.InvalidState, match="older messages first"):
+            m1.release()
+        m0.release()
+        m0.release()  # idempotent
+        assert m0.released and not m1.released
+        with pytest.raises(gpuipc.InvalidState, match="released"):
+            m0.array
+        arr = m1.array
+        m1.release()
+        assert arr[0] == 1  # still mapped (but the slot may be reused: views must not outlive release)
+        with rx.recv(timeout=5) as m2:
+            assert m2.array[0] == 2
+        with pytest.raises(gpuipc.InvalidState):
+            rx.release()
+        assert "released" in repr(m2)
+
+
+def test_back_pressure_and_timeouts(name):
+    with _host_channel(name, slots=2) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        tx.send(np.zeros(4))
+        tx.send(np.ones(4))
+        t0 = time.monotonic()
+        with pytest.raises(gpuipc.Timeout):
+            tx.send(np.ones(4), timeout=0.2)
+        assert time.monotonic() - t0 >= 0.15
+        with pytest.raises(gpuipc.WouldBlock):
+            tx.acquire(timeout=0)
+        assert tx.stats.head == 2  # the timed-out send claimed nothing
+        rx.recv(timeout=1).release()
+        tx.send(np.full(4, 2.0), timeout=1)
+        got = []
+        for _ in range(2):
+            with rx.recv(timeout=1) as m:
+                got.append(float(m.array[0]))
+        assert got == [1.0, 2.0]
+        with pytest.raises(gpuipc.WouldBlock):
+            rx.recv(timeout=0)
+        with pytest.raises(gpuipc.Timeout):
+            rx.recv(timeout=0.1)
+
+
+def test_too_big_is_refused_before_acquiring(name):
+    with _host_channel(name, slot_bytes=256, header_bytes=64) as tx, gpuipc.Channel.open(name, "consumer"):
+        with pytest.raises(gpuipc.InvalidArgument, match="do not fit in a slot"):
+            tx.send(np.zeros(1000))
+        with pytest.raises(gpuipc.InvalidArgument, match="header"):
+            tx.send(np.zeros([1] * 6))  # 24 + 48 bytes of header > 64
+        with pytest.raises(gpuipc.InvalidArgument, match="header"):
+            tx.send(np.zeros(2), meta=b"x" * 64)
+        with pytest.raises(TypeError):
+            tx.send(np.array([object()]))
+        with pytest.raises(TypeError):
+            tx.send("text")
+        assert tx.stats.head == 0 and tx.stats.free_slots == 4
+
+
+def test_zero_copy_slots_and_raw_messages(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        slot = tx.acquire(timeout=1)
+        assert slot.capacity == 4096 and not slot.published
+        a = slot.as_array("float32", (4, 4))
+        a[:] = np.eye(4)
+        assert slot.publish_array("float32", (4, 4), meta=b"eye") == slot.sequence
+        assert slot.published
+        # Raw: any header, any bytes.
+        raw = tx.acquire(timeout=1)
+        np.frombuffer(raw.data, dtype=np.uint8, count=5)[:] = np.frombuffer(b"hello", dtype=np.uint8)
+        raw.publish(5, header=b"\x01\x02")
+        with rx.receive(timeout=1) as m:
+            assert np.array_equal(m.array, np.eye(4, dtype=np.float32)) and m.meta == b"eye"
+        with rx.receive(timeout=1) as m:
+            assert m.header == b"\x01\x02" and m.size == 5
+            assert bytes(np.asarray(m.data)) == b"hello"
+            assert bytes(m.as_array("uint8", 5)) == b"hello"
+            with pytest.raises(gpuipc.InvalidState, match="not sent with Channel.send"):
+                m.array
+
+
+def test_unpublished_slot_is_skipped_by_recv(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        with pytest.raises(RuntimeError, match="boom"):
+            with tx.acquire(timeout=1) as slot:
+                slot.as_array("uint8", 1)[0] = 1
+                raise RuntimeError("boom")
+        with tx.acquire(timeout=1):
+            pass  # forgotten: published as aborted too
+        tx.send(np.array([7, 8, 9]))
+        with rx.recv(timeout=1) as m:
+            assert list(m.array) == [7, 8, 9] and m.sequence == 2
+        assert tx.stats.free_slots == 4
+
+
+def test_publish_order_rules(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer"):
+        s0, s1 = tx.acquire(timeout=1), tx.acquire(timeout=1)
+        with pytest.raises(gpuipc.InvalidState, match="older acquired slots first"):
+            s1.publish(1)
+        s0.publish(1)
+        with pytest.raises(gpuipc.InvalidState, match="already published"):
+            s0.publish(1)
+        tx.publish(1)
+        with pytest.raises(gpuipc.InvalidState, match="no slot is acquired"):
+            tx.publish(1)
+
+
+def test_roles_are_enforced(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        with pytest.raises(gpuipc.InvalidState):
+            tx.receive(timeout=0)
+        with pytest.raises(gpuipc.InvalidState):
+            rx.acquire(timeout=0)
+        with pytest.raises(ValueError, match="role"):
+            gpuipc.Channel.open(name, "spectator")
+        assert (tx.role, rx.role, tx.kind, tx.slots, tx.slot_bytes, tx.header_bytes, tx.device) == (
+            "producer", "consumer", "host", 4, 4096, 256, -1)
+
+
+def test_iteration_ends_when_producers_close(name):
+    tx = _host_channel(name)
+    rx = gpuipc.Channel.open(name, "consumer")
+    for i in range(3):
+        tx.send(np.array([i]))
+    tx.close()
+    seen = []
+    for msg in rx:
+        with msg:
+            seen.append(int(msg.array[0]))
+    assert seen == [0, 1, 2]
+    with pytest.raises(gpuipc.Closed):
+        rx.recv(timeout=1)
+    rx.close()
+    with pytest.raises(gpuipc.InvalidArgument, match="closed"):
+        rx.recv(timeout=0)
+
+
+def test_killed_producer_gives_peer_died(name):
+    ready = name + "r"
+    with _host_channel(name, role="consumer") as rx:
+        proc = multiprocessing.get_context("spawn").Process(
+            target=helpers.channel_producer_killed, args=(name, ready))
+        proc.start()
+        try:
+            helpers.wait_for_name(ready)
+            for want in (1, 2):
+                with rx.recv(timeout=10) as m:
+                    assert list(m.array) == [want] * 4
+            os.kill(proc.pid, signal.SIGKILL)
+            with pytest.raises(gpuipc.PeerDied):
+                rx.recv(timeout=30)
+        finally:
+            proc.kill()
+            proc.join(10)
+
+
+def test_views_outlive_channel_close(name):
+    tx = _host_channel(name)
+    rx = gpuipc.Channel.open(name, "consumer")
+    tx.send(np.arange(100, dtype=np.int64))
+    msg = rx.recv(timeout=1)
+    arr = msg.array
+    rx.close()
+    tx.close()
+    gpuipc.Channel.unlink(name)
+    assert int(arr.sum()) == 4950  # the slots stay mapped while a view lives
+    assert msg.released  # closing gave the message back
+
+
+def test_dlpack_producers_and_exporter(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        # The DLPack consumer in C++ (used for JAX, bfloat16 torch tensors, ...), fed by NumPy's exporter.
+        slot = tx.acquire(timeout=1)
+        dt, shape, nbytes = channel_mod._copy_dlpack(np.arange(6, dtype=np.int16).reshape(2, 3), slot.data, 0)
+        assert (dt.name, shape, nbytes) == ("int16", (2, 3), 12)
+        with pytest.raises(gpuipc.InvalidArgument, match="strided"):
+            channel_mod._copy_dlpack(np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2], slot.data, 0)
+        slot.publish_array("int16", (2, 3))
+        with rx.recv(timeout=1) as m:
+            assert np.array_equal(m.array, np.arange(6).reshape(2, 3))
+            # Our exporter: NumPy reads a message view through DLPack, read-only.
+            b = np.from_dlpack(m.data)
+            assert not b.flags.writeable and b.nbytes == 12
+
+        class OnlyDLPack:  # an array known only through DLPack
+            def __init__(self, a):
+                self.a = a
+
+            def __dlpack__(self, **kw):
+                return self.a.__dlpack__(**kw)
+
+            def __dlpack_device__(self):
+                return self.a.__dlpack_device__()
+
+        tx.send(OnlyDLPack(np.array([[1.5, 2.5]])))
+        with rx.recv(timeout=1) as m:
+            assert m.shape == (1, 2) and list(m.array[0]) == [1.5, 2.5]
+
+
+def test_header_layout_is_stable(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        tx.send(np.zeros((2, 3), dtype=np.float32), meta=b"m")
+        with rx.recv(timeout=1) as m:
+            h = m.header
+            assert h[:4] == b"GPYA"
+            magic, version, ndim, flags, code, bits, lanes, meta_len, nbytes = struct.unpack_from("<4sHBBBBHIQ", h)
+            assert (version, ndim, flags, code, bits, lanes, meta_len, nbytes) == (1, 2, 0, 2, 32, 1, 1, 24)
+            assert struct.unpack_from("<2q", h, 24) == (2, 3) and h[40:41] == b"m"
+
+
+CTRL_C = """
+import sys, gpuipc
+rx = gpuipc.Channel.create(sys.argv[1], kind="host", role="consumer")
+print("waiting", flush=True)
+try:
+    rx.recv()  # forever
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(42)
+"""
+
+
+def test_ctrl_c_interrupts_recv(name):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C, name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 42, out + err
+        assert "interrupted" in out and time.monotonic() - t0 < 5
+    finally:
+        proc.kill()
+        proc.wait()

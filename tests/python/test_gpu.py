@@ -1,0 +1,244 @@
+"""GPU tests: device segments and channels with PyTorch, CuPy and JAX across processes, read-only mappings,
+stream-ordered semaphores, a producer killed mid-stream. Skipped (with the reason) where there is no GPU or no
+such framework."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gpuipc
+import gpu_helpers
+import helpers
+
+_PROBE = """
+import ctypes, sys
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+except OSError:
+    print("0 no CUDA driver (libcuda.so.1)"); sys.exit()
+rc = cuda.cuInit(0)
+if rc != 0:
+    print(f"0 cuInit failed ({rc})"); sys.exit()
+n = ctypes.c_int(0)
+cuda.cuDeviceGetCount(ctypes.byref(n))
+print(n.value, "devices")
+"""
+
+
+def _probe() -> str:
+    """Asks a child (so this process never initialises CUDA) how many GPUs there are: "" when some, else why not."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60).stdout
+        count, why = out.split(" ", 1)
+        return "" if int(count) > 0 else why.strip()
+    except Exception as e:  # noqa: BLE001
+        return f"GPU probe failed: {e}"
+
+
+_NO_GPU = _probe()
+pytestmark = pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
+
+N = gpu_helpers.N
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    return torch
+
+
+def _cupy():
+    return pytest.importorskip("cupy")
+
+
+def test_device_segment_views(name):
+    with gpuipc.Segment.create(name, N * N * 4, kind="device") as seg:
+        assert seg.kind == "device" and seg.device == 0 and seg.device_pointer == seg.address != 0
+        assert gpuipc.Segment.stat(name).device_uuid.startswith("GPU-")
+        view = seg.as_array("float32", (N, N))
+        assert view.is_cuda and view.__dlpack_device__() == (2, 0) and not view.readonly
+        cai = view.__cuda_array_interface__
+        assert cai["shape"] == (N, N) and cai["typestr"] == "<f4" and cai["data"] == (seg.address, False)
+        assert cai["version"] == 3 and cai["strides"] is None
+        with pytest.raises(BufferError):
+            memoryview(view)
+        with gpuipc.Segment.open(name, readonly=True) as ro:
+            assert ro.as_array("float32", 4).__cuda_array_interface__["data"][1] is True
+
+
+def test_torch_segment_across_processes(name, spawn):
+    torch = _torch()
+    with gpuipc.Segment.create(name, N * N * 4, kind="device") as seg:
+        t = torch.from_dlpack(seg.as_array("float32", (N, N)))
+        assert t.is_cuda and t.data_ptr() == seg.address
+        want = torch.arange(N * N, dtype=torch.float32, device="cuda").reshape(N, N)
+        t.copy_(want)
+        torch.cuda.synchronize()
+        assert spawn(gpu_helpers.torch_check_and_double, name, timeout=120)
+        assert torch.equal(t, want * 2)
+
+
+def test_cupy_segment_across_processes(name, spawn):
+    cupy = _cupy()
+    with gpuipc.Segment.create(name, N * N * 4, kind="device") as seg:
+        a = cupy.asarray(seg.as_array("float32", (N, N)))
+        a[...] = cupy.arange(N * N, dtype=cupy.float32).reshape(N, N)
+        cupy.cuda.Device().synchronize()
+        assert spawn(gpu_helpers.cupy_check_and_negate, name, timeout=120)
+        assert bool(cupy.array_equal(a, -cupy.arange(N * N, dtype=cupy.float32).reshape(N, N)))
+
+
+def test_torch_from_dlpack_on_a_read_only_segment(name, spawn):
+    torch = _torch()
+    with gpuipc.Segment.create(name, N * N * 4, kind="device") as seg:
+        torch.from_dlpack(seg.as_array("float32", (N, N))).fill_(7.0)
+        torch.cuda.synchronize()
+        assert spawn(gpu_helpers.torch_read_only, name, timeout=120) == (True, True, True)
+
+
+def test_writes_through_a_read_only_mapping_fault(name, spawn):
+    torch = _torch()
+    with gpuipc.Segment.create(name, N * N * 4, kind="device") as seg:
+        t = torch.from_dlpack(seg.as_array("float32", (N, N)))
+        t.fill_(7.0)
+        torch.cuda.synchronize()
+        err = spawn(gpu_helpers.torch_write_read_only, name, timeout=120)
+        assert err, "a write through a read-only mapping must fault"
+        assert bool((t == 7.0).all())  # and the memory is untouched
+
+
+def test_host_pinned_segment(name):
+    with gpuipc.Segment.create(name, 1 << 16, kind="host_pinned") as seg:
+        a = seg.as_array("int32")
+        a[:] = 5
+        assert isinstance(a, np.ndarray) and seg.device_pointer != 0 and seg.device == 0
+
+
+def test_torch_channel_across_processes(name, start):
+    torch = _torch()
+    count = 40
+    with gpuipc.Channel.create(name, slots=4, slot_bytes=1 << 16, kind="device", role="consumer") as ch:
+        assert ch.kind == "device" and ch.device == 0
+        producer = start(gpu_helpers.torch_producer, name, count)
+        stream = torch.cuda.Stream()
+        got = []
+        with torch.cuda.stream(stream):
+            for i in range(count):
+                msg = ch.recv(timeout=120, stream=stream)
+                x = torch.from_dlpack(msg.array)  # zero-copy, ordered after the producer's copy by recv's stream
+                assert x.is_cuda and x.data_ptr() == msg.data.address
+                got.append((msg.meta, msg.dtype_name, msg.shape, x.clone()))
+                msg.release(stream=stream)
+        stream.synchronize()
+        assert producer.result(timeout=120) == count
+        for i, (meta, dtype_name, shape, x) in enumerate(got):
+            want = gpu_helpers.torch_samples(i).contiguous()
+            assert meta == str(i).encode() and shape == tuple(want.shape)
+            assert dtype_name == str(want.dtype).split(".")[1]
+            assert torch.equal(x, want), i
+
+
+def test_cupy_channel_and_torch_consumer(name, start):
+    torch = _torch()
+    _cupy()
+    count = 20
+    with gpuipc.Channel.create(name, slots=2, slot_bytes=4096, kind="device", role="consumer") as ch:
+        producer = start(gpu_helpers.cupy_producer, name, count)
+        for i in range(count):
+            with ch.recv(timeout=120) as msg:
+                x = torch.from_dlpack(msg.array)
+                assert tuple(x.shape) == (8, 8) and bool((x == i).all())
+        assert producer.result(timeout=120) == count
+
+
+def test_cupy_consumer_through_cuda_array_interface(name, start):
+    cupy = _cupy()
+    with gpuipc.Channel.create(name, slots=2, slot_bytes=4096, kind="device", role="consumer") as ch:
+        producer = start(gpu_helpers.numpy_producer, name, 5)  # host arrays into GPU slots
+        for i in range(5):
+            with ch.recv(timeout=120) as msg:
+                a = cupy.asarray(msg.array)
+                assert a.shape == (6, 6) and int(a.sum()) == 36 * i
+        assert producer.result(timeout=120) == 5
+
+
+def test_jax_producer(name, start):
+    pytest.importorskip("jax")
+    torch = _torch()
+    with gpuipc.Channel.create(name, slots=2, slot_bytes=4096, kind="device", role="consumer") as ch:
+        producer = start(gpu_helpers.jax_producer, name, 4)
+        for i in range(4):
+            with ch.recv(timeout=180) as msg:
+                assert bool((torch.from_dlpack(msg.array) == i).all()) and msg.shape == (3, 5)
+        assert producer.result(timeout=180) == 4
+
+
+def test_torch_producer_to_child_consumer(name, start):
+    torch = _torch()
+    with gpuipc.Channel.create(name, slots=2, slot_bytes=1 << 16, kind="device") as ch:
+        consumer = start(gpu_helpers.receive_sums, name, 6)
+        s = torch.cuda.Stream()
+        for i in range(6):
+            with torch.cuda.stream(s):
+                ch.send(torch.full((128,), float(i), device="cuda"), stream=s, timeout=120)
+        s.synchronize()
+        assert consumer.result(timeout=120) == [128.0 * i for i in range(6)]
+
+
+def test_killed_producer_raises_peer_died(name):
+    _torch()
+    ready = name + "r"
+    with gpuipc.Channel.create(name, slots=4, slot_bytes=4096, kind="device", role="consumer") as ch:
+        proc = multiprocessing.get_context("spawn").Process(target=gpu_helpers.torch_producer_killed,
+                                                            args=(name, ready))
+        proc.start()
+        try:
+            helpers.wait_for_name(ready, timeout=120)
+            for i in range(2):
+                with ch.recv(timeout=60) as msg:
+                    assert msg.shape == (64,)
+            os.kill(proc.pid, signal.SIGKILL)
+            with pytest.raises(gpuipc.PeerDied):
+                ch.recv(timeout=60)
+        finally:
+            proc.kill()
+            proc.join(30)
+
+
+def test_semaphore_orders_streams_across_processes(name, start):
+    torch = _torch()
+    sem_name = name + "s"
+    with gpuipc.Segment.create(name, N * N * 4, kind="device", mode=0o644) as seg, \
+            gpuipc.Semaphore.create(sem_name, mode=0o644) as sem:  # host_pinned: GPU streams wait on it
+        t = torch.from_dlpack(seg.as_array("float32", (N, N)))
+        t.zero_()
+        torch.cuda.synchronize()
+        consumer = start(gpu_helpers.torch_semaphore_consumer, name, sem_name)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(50_000_000)  # the fill lands well after the consumer enqueued its wait
+            t.fill_(3.0)
+            sem.signal(1, stream=s, wake_host=True)
+        s.synchronize()
+        assert consumer.result(timeout=120) == 3.0 * N * N
+        assert sem.value == 1
+
+
+@pytest.mark.parametrize("script, args", [
+    ("weights_server.py", ["--workers", "2", "--mib", "16"]),
+    ("pipeline.py", ["--frames", "100", "--size", "256"]),
+])
+def test_examples_on_the_gpu(script, args):
+    _torch()
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python", script)
+    r = subprocess.run([sys.executable, path, *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "GPU pipeline" in r.stdout or "device segments" in r.stdout, r.stdout

@@ -1,0 +1,84 @@
+"""The package itself: the shipped daemon, the exception hierarchy, stream arguments."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import gpuipc
+from gpuipc._streams import stream_handle
+
+
+def test_daemon_ships_inside_the_package():
+    pkg = os.path.dirname(os.path.abspath(gpuipc.__file__))
+    daemon = os.path.join(pkg, "gpuipcd")
+    assert os.access(daemon, os.X_OK), "the wheel must carry an executable gpuipcd"
+    if "GPUIPC_DAEMON" not in os.environ or os.environ["GPUIPC_DAEMON"] == daemon:
+        assert os.path.realpath(gpuipc.daemon_path()) == os.path.realpath(daemon)
+
+
+def test_broker_started_from_the_package(name, runtime_dir):
+    with gpuipc.Segment.create(name, 1):
+        pid = int(open(os.path.join(runtime_dir, "broker.pid")).read())
+        exe = os.path.realpath(f"/proc/{pid}/exe")
+        assert os.path.basename(exe) == "gpuipcd"
+
+
+@pytest.mark.parametrize(
+    "cls, builtin",
+    [
+        (gpuipc.InvalidArgument, ValueError),
+        (gpuipc.NotFound, FileNotFoundError),
+        (gpuipc.AlreadyExists, FileExistsError),
+        (gpuipc.PermissionDenied, PermissionError),
+        (gpuipc.Timeout, TimeoutError),
+        (gpuipc.WouldBlock, gpuipc.Timeout),
+        (gpuipc.Interrupted, InterruptedError),
+        (gpuipc.InvalidState, RuntimeError),
+        (gpuipc.SystemCallError, OSError),
+    ],
+)
+def test_errors_derive_from_builtins(cls, builtin):
+    assert issubclass(cls, gpuipc.Error) and issubclass(cls, builtin)
+
+
+def test_every_error_class_is_exported():
+    for cls in (gpuipc.QuotaExceeded, gpuipc.PeerDied, gpuipc.Closed, gpuipc.NoDriver, gpuipc.NoDevice,
+                gpuipc.Unsupported, gpuipc.CudaError, gpuipc.ProtocolError):
+        assert issubclass(cls, gpuipc.Error) and cls.__name__ in gpuipc.__all__
+    e = gpuipc.PermissionDenied("no", code="PermissionDenied", call="open", errno=13)
+    assert (str(e), e.code, e.call, e.errno, e.cu_result) == ("no", "PermissionDenied", "open", 13, 0)
+
+
+def test_translated_error_carries_code_and_call(name):
+    with pytest.raises(gpuipc.NotFound) as e:
+        gpuipc.Segment.stat(name)
+    assert e.value.code == "NotFound" and name in str(e.value)
+
+
+class _Proto:
+    def __cuda_stream__(self):
+        return (0, 1234)
+
+
+class _Torchish:
+    cuda_stream = 99
+
+
+class _Cupyish:
+    ptr = 77
+
+
+def test_stream_arguments():
+    assert stream_handle(None) == 0
+    assert stream_handle(5) == 5
+    assert stream_handle(_Proto()) == 1234
+    assert stream_handle(_Torchish()) == 99
+    assert stream_handle(_Cupyish()) == 77
+    with pytest.raises(TypeError):
+        stream_handle("stream")
+    with pytest.raises(TypeError):
+        stream_handle(True)
+    with pytest.raises(ValueError):
+        stream_handle(-1)

@@ -1,0 +1,162 @@
+// The broker's repairs of semaphore and channel control blocks, on blocks built in memory: every slot phase a
+// dead member can leave behind, and the counts and poison that follow.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "broker/registry.hpp"
+#include "broker/repair.hpp"
+#include "proto/shm.hpp"
+
+namespace gpuipc::broker {
+namespace {
+
+using proto::Phase;
+
+struct ChannelBlock {
+  explicit ChannelBlock(std::uint32_t slots, std::uint32_t header_bytes = 16)
+      : bytes(proto::channel_control_bytes(slots, header_bytes)), mem(bytes / 8 + 1, 0) {
+    h().magic = proto::kChannelMagic;
+    h().version = proto::kChannelVersion;
+    h().slots = slots;
+    h().header_bytes = header_bytes;
+    h().slot_bytes = 4096;
+    h().record_bytes = proto::record_bytes(header_bytes);
+    for (std::uint32_t i = 0; i < slots; ++i) {
+      slot(i).state = proto::pack_state(i, Phase::Free, proto::kNoMember);
+      slot(i).releaser = proto::kNoMember;
+      slot(i).publisher = proto::kNoMember;
+    }
+  }
+  proto::ChannelHeader& h() { return *reinterpret_cast<proto::ChannelHeader*>(mem.data()); }
+  proto::Slot& slot(std::uint32_t i) {
+    auto* base = reinterpret_cast<std::byte*>(mem.data()) + sizeof(proto::ChannelHeader);
+    return *reinterpret_cast<proto::Slot*>(base + static_cast<std::size_t>(i) * h().record_bytes);
+  }
+  void member(std::uint32_t idx, std::uint32_t pid, proto::Role role) {
+    h().members[idx].pid = pid;
+    h().members[idx].role = static_cast<std::uint32_t>(role);
+    if (role == proto::Role::Producer) ++h().producers, h().producers_seen = 1;
+    if (role == proto::Role::Consumer) ++h().consumers, h().consumers_seen = 1;
+  }
+  std::size_t bytes;
+  std::vector<std::uint64_t> mem;  // 8-byte aligned
+};
+
+TEST(RepairChannel, ProducerDeadWhileWritingAbandonsTheSlot) {
+  ChannelBlock b(4);
+  b.member(0, 100, proto::Role::Producer);
+  b.member(1, 200, proto::Role::Producer);
+  b.member(2, 300, proto::Role::Consumer);
+  b.slot(1).state = proto::pack_state(1, Phase::Writing, 0);
+  EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 100), 1);
+  EXPECT_EQ(b.slot(1).state, proto::pack_state(5, Phase::Free, proto::kNoMember));
+  EXPECT_EQ(b.slot(1).freed, 2U);  // the next producer's stream may reuse it
+  EXPECT_EQ(b.h().abandoned, 1U);
+  EXPECT_EQ(b.h().producers, 1U);
+  EXPECT_EQ(b.h().producers_gone, 0U);  // another producer lives
+  EXPECT_EQ(b.h().members[0].pid, 0U);
+}
+
+TEST(RepairChannel, LastProducerDeadPoisonsUnfinishedMessagesAndSaysPeerDied) {
+  ChannelBlock b(4);
+  b.member(0, 100, proto::Role::Producer);
+  b.member(1, 300, proto::Role::Consumer);
+  // Message 0: published and its stream finished. Message 1: published, stream never got there.
+  // Message 2: already held by the consumer, stream never got there either.
+  b.slot(0).state = proto::pack_state(0, Phase::Published, 0);
+  b.slot(0).publisher = 0;
+  b.slot(0).filled = 1;
+  b.slot(1).state = proto::pack_state(1, Phase::Published, 0);
+  b.slot(1).publisher = 0;
+  b.slot(2).state = proto::pack_state(2, Phase::Reading, 1);
+  b.slot(2).publisher = 0;
+  EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 100), 1);
+  EXPECT_EQ(b.slot(0).filled, 1U);
+  EXPECT_EQ(b.slot(0).flags, 0U);
+  EXPECT_EQ(b.slot(1).filled, proto::kPoisonBit | 2U);
+  EXPECT_EQ(b.slot(1).flags, proto::kSlotIncomplete);
+  EXPECT_EQ(b.slot(2).filled, proto::kPoisonBit | 3U);
+  EXPECT_EQ(proto::state_phase(b.slot(1).state), Phase::Published);  // still delivered (drained), flagged
+  EXPECT_EQ(proto::state_phase(b.slot(2).state), Phase::Reading);    // the live consumer keeps it
+  EXPECT_EQ(b.h().producers, 0U);
+  EXPECT_EQ(b.h().producers_gone, static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  // A cyclic 64-bit GEQ wait for seq + 1 is satisfied by the poisoned value.
+  EXPECT_GE(static_cast<std::int64_t>(b.slot(1).filled - 2U), 0);
+}
+
+TEST(RepairChannel, ConsumerDeadHoldingAMessageRedeliversItAndWritesItsFreedWords) {
+  ChannelBlock b(2);
+  b.member(0, 100, proto::Role::Producer);
+  b.member(1, 300, proto::Role::Consumer);
+  b.member(2, 301, proto::Role::Consumer);
+  b.slot(0).state = proto::pack_state(4, Phase::Reading, 1);  // holds message 4
+  b.slot(1).state = proto::pack_state(5, Phase::Free, proto::kNoMember);  // released message 3 ...
+  b.slot(1).releaser = 1;                                                 // ... on the host, stream pending
+  b.slot(1).freed = 2;  // its stream wrote freed for message 1 only
+  EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 300), 1);
+  EXPECT_EQ(b.slot(0).state, proto::pack_state(4, Phase::Published, proto::kNoMember));
+  EXPECT_EQ(b.h().orphans, 1U);
+  EXPECT_EQ(b.h().redelivered, 1U);
+  EXPECT_EQ(b.slot(1).freed, 4U);  // message 3's release, written for the dead stream
+  EXPECT_EQ(b.slot(1).releaser, proto::kNoMember);
+  EXPECT_EQ(b.h().consumers, 1U);
+  EXPECT_EQ(b.h().consumers_gone, 0U);
+}
+
+TEST(RepairChannel, LastConsumerDeadTellsProducersAndOthersAreUntouched) {
+  ChannelBlock b(2);
+  b.member(0, 100, proto::Role::Producer);
+  b.member(5, 300, proto::Role::Consumer);
+  b.slot(0).state = proto::pack_state(0, Phase::Writing, 0);  // the live producer's
+  EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 999), 0);   // nobody with that pid
+  EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 300), 1);
+  EXPECT_EQ(b.h().consumers_gone, static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  EXPECT_EQ(b.slot(0).state, proto::pack_state(0, Phase::Writing, 0));
+}
+
+TEST(RepairChannel, MalformedBlocksAreIgnored) {
+  ChannelBlock b(4);
+  b.member(0, 100, proto::Role::Producer);
+  b.h().slots = 1000000;  // claims more slots than the block holds
+  EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 100), 0);
+  b.h().slots = 4;
+  b.h().magic = 0;
+  EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 100), 0);
+  EXPECT_EQ(repair_channel(b.mem.data(), 16, 100), 0);
+}
+
+TEST(RepairSemaphore, PoisonsOnlyWhenTheLastSignallerGoes) {
+  proto::SemaphoreBlock s{};
+  s.magic = proto::kSemaphoreMagic;
+  s.version = proto::kSemaphoreVersion;
+  s.value = 7;
+  s.members[0] = {100, static_cast<std::uint32_t>(proto::Role::Signaller)};
+  s.members[1] = {200, static_cast<std::uint32_t>(proto::Role::Signaller)};
+  s.signallers = 2;
+  s.signallers_seen = 1;
+  EXPECT_EQ(repair_semaphore(&s, sizeof s, 100), 1);
+  EXPECT_EQ(s.value, 7U);
+  EXPECT_EQ(repair_semaphore(&s, sizeof s, 200), 1);
+  EXPECT_EQ(s.value, proto::kPoisonBit | 7U);
+  EXPECT_EQ(s.poison_reason, static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  EXPECT_EQ(s.wake_seq, 1U);
+  // Every value below 2^62 counts as reached for a cyclic 64-bit GEQ wait.
+  for (std::uint64_t v : {std::uint64_t{0}, std::uint64_t{8}, std::uint64_t{1} << 40, proto::kMaxValue}) {
+    EXPECT_GE(static_cast<std::int64_t>(s.value - v), 0) << v;
+  }
+}
+
+TEST(Permissions, LikeFilesOwnerGroupOtherAndRoot) {
+  const std::uint16_t mode = 0640;
+  EXPECT_EQ(permission_bits({1, 1000, 1000}, mode, 1000, 1000), 6U);
+  EXPECT_EQ(permission_bits({1, 1001, 1000}, mode, 1000, 1000), 4U);
+  EXPECT_EQ(permission_bits({1, 1001, 1001}, mode, 1000, 1000), 0U);
+  EXPECT_EQ(permission_bits({1, 0, 0}, 0, 1000, 1000), 7U);
+  // The owner's bits apply even when the group's are wider (as for files).
+  EXPECT_EQ(permission_bits({1, 1000, 1000}, 0060, 1000, 1000), 0U);
+}
+
+}  // namespace
+}  // namespace gpuipc::broker
