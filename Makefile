@@ -23,6 +23,12 @@ demo: build
 test: build
 	ctest --preset default
 	$(MAKE) --no-print-directory fuzz-short
+	@# The Python module (python/): a virtual environment kept between runs, the wheel rebuilt incrementally in
+	@# build-py/ (pyproject.toml), then pytest. nanobind is pinned: tests/python/test_stubs.py compares its stubs.
+	test -f .venv/.gpuipc-test-deps || (python3 -m venv .venv && \
+	  .venv/bin/pip install -q nanobind==3.1.0 'scikit-build-core>=0.10' pytest numpy && touch .venv/.gpuipc-test-deps)
+	.venv/bin/pip install -q --no-build-isolation ./
+	.venv/bin/pytest -p no:cacheprovider tests/python -q
 
 ## The gpu-labelled tests, for a machine with a GPU.
 gpu-test: build

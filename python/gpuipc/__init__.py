@@ -1,0 +1,91 @@
+"""gpuipc: share GPU memory between processes on one machine.
+
+* :class:`Segment` — named, access-controlled shared memory (GPU, host or pinned host), zero-copy into NumPy,
+  PyTorch, CuPy and JAX (``seg.as_array(dtype, shape)``; DLPack and ``__cuda_array_interface__``).
+* :class:`Semaphore` — a cross-process timeline that GPU streams and host threads signal and wait on.
+* :class:`Channel` — a producer/consumer ring of GPU (or host) buffers: ``send(array)`` / ``recv().array``.
+
+A broker daemon (``gpuipcd``, shipped inside this package) holds names and permissions; the library starts it on
+first use. ``GPUIPC_RUNTIME_DIR`` chooses its socket directory (default ``$XDG_RUNTIME_DIR/gpuipc``, else
+``/tmp/gpuipc-$UID``). Errors are :class:`Error` subclasses (see :mod:`gpuipc.errors`).
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+from . import _gpuipc
+from .channel import Channel, ChannelStats, Message, Slot
+from .errors import (
+    AlreadyExists,
+    Closed,
+    CudaError,
+    Error,
+    Interrupted,
+    InvalidArgument,
+    InvalidState,
+    NoDevice,
+    NoDriver,
+    NotFound,
+    PeerDied,
+    PermissionDenied,
+    ProtocolError,
+    QuotaExceeded,
+    SystemCallError,
+    Timeout,
+    Unsupported,
+    WouldBlock,
+)
+from .segment import Segment, SegmentInfo
+from .semaphore import MAX_VALUE, Semaphore
+
+ArrayView = _gpuipc.ArrayView
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Segment",
+    "SegmentInfo",
+    "Semaphore",
+    "MAX_VALUE",
+    "Channel",
+    "ChannelStats",
+    "Message",
+    "Slot",
+    "ArrayView",
+    "daemon_path",
+    "Error",
+    "InvalidArgument",
+    "NotFound",
+    "AlreadyExists",
+    "PermissionDenied",
+    "QuotaExceeded",
+    "PeerDied",
+    "Closed",
+    "Timeout",
+    "WouldBlock",
+    "Interrupted",
+    "InvalidState",
+    "NoDriver",
+    "NoDevice",
+    "Unsupported",
+    "CudaError",
+    "SystemCallError",
+    "ProtocolError",
+]
+
+
+def daemon_path() -> str:
+    """The gpuipcd the library starts when no broker runs: ``$GPUIPC_DAEMON``, else the one shipped in this
+    package (next to the extension module), else one on ``$PATH``; "" when there is none."""
+    return _gpuipc._daemon_path()
+
+
+def _packaged_daemon() -> str:
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "gpuipcd")
+
+
+# The library looks for gpuipcd next to the shared object that contains it (the extension, in this folder). Say
+# so explicitly where the package sits behind a symlink or a zipapp-like loader that hides that path.
+if "GPUIPC_DAEMON" not in _os.environ and not _gpuipc._daemon_path() and _os.access(_packaged_daemon(), _os.X_OK):
+    _os.environ["GPUIPC_DAEMON"] = _packaged_daemon()

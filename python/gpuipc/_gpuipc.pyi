@@ -1,0 +1,247 @@
+"""
+gpuipc's C++ core, bound with nanobind. Use the gpuipc package, not this module.
+"""
+
+from collections.abc import Sequence
+
+
+class ArrayView:
+    """
+    A window on mapped gpuipc memory that keeps the mapping alive while it (or anything made
+    from it) lives. Host memory: the buffer protocol (``numpy.asarray(view)``). GPU memory:
+    DLPack (``torch.from_dlpack(view)``, ``cupy.from_dlpack(view)``, ``jax.dlpack.from_dlpack``)
+    and ``__cuda_array_interface__`` (CuPy, Numba). C-contiguous; read-only when the memory
+    was opened read-only.
+    """
+
+    @property
+    def address(self) -> int:
+        """
+        Host address (host memory) or device address (GPU memory) of the first byte.
+        """
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+
+    @property
+    def readonly(self) -> bool:
+        """Whether writes are refused."""
+
+    @property
+    def shape(self) -> tuple:
+        """Dimensions (C order)."""
+
+    @property
+    def dlpack_dtype(self) -> tuple[int, int, int]:
+        """DLPack element type (code, bits, lanes)."""
+
+    @property
+    def typestr(self) -> str:
+        """Array-interface type string."""
+
+    @property
+    def is_cuda(self) -> bool:
+        """Whether the memory is GPU memory."""
+
+    def typed(self, dtype: tuple[int, int, int], typestr: str, shape: Sequence[int], offset: int) -> ArrayView:
+        """
+        A view of ``shape`` elements of ``dtype`` starting ``offset`` bytes in. Raises InvalidArgument when it
+        does not fit or ``offset`` is not a multiple of the element size.
+        """
+
+    def __dlpack__(self, *, stream: object | None = None, max_version: tuple[int, int] | None = None, dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> object:
+        """
+        Exports the view as a DLPack capsule (versioned, with the read-only flag, when the consumer passes
+        ``max_version >= (1, 0)``). ``stream`` is accepted and not waited on: the data is ordered by the
+        stream given to the gpuipc call that produced the view.
+        """
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """
+        (device type, device ordinal) as DLPack numbers: (1, 0) host, (2, n) CUDA device n.
+        """
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """
+        The CUDA array interface (version 3) of GPU views; AttributeError for host views.
+        """
+
+    def __repr__(self) -> str: ...
+
+def _copy_from_dlpack(dst: ArrayView, capsule: object, stream: int) -> object:
+    """
+    Copies a C-contiguous DLPack tensor into ``dst`` (after synchronizing ``stream``). Returns
+    (code, bits, lanes, shape, nbytes), or None when the tensor is strided.
+    """
+
+def _copy_raw(dst: ArrayView, src: int, nbytes: int, src_is_cuda: bool, src_device: int, stream: int) -> None:
+    """
+    Copies ``nbytes`` from address ``src`` into ``dst`` (synchronous; after synchronizing ``stream``).
+    """
+
+class Segment:
+    """A mapped gpuipc segment (low level; see gpuipc.Segment)."""
+
+    @staticmethod
+    def create(name: str, size: int, *, kind: str = 'host', device: int = 0, mode: int = 384) -> Segment:
+        """
+        Creates segment ``name`` of at least ``size`` bytes and maps it read-write.
+        """
+
+    @staticmethod
+    def open(name: str, *, readonly: bool = False, wait: float | None = None, device: int | None = None) -> Segment:
+        """
+        Opens segment ``name``; ``wait`` seconds for it to be created (None: not at all).
+        """
+
+    @staticmethod
+    def unlink(name: str) -> None:
+        """Removes the name; mappings stay valid until closed."""
+
+    @staticmethod
+    def stat(name: str) -> dict:
+        """The broker's record of segment ``name`` as a dict."""
+
+    @staticmethod
+    def list() -> list:
+        """Every segment the broker knows, as dicts."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def readonly(self) -> bool: ...
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def address(self) -> int: ...
+
+    @property
+    def device_pointer(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def view(self) -> ArrayView:
+        """
+        The whole segment as bytes (GPU memory for device segments, host memory otherwise).
+        """
+
+    def close(self) -> None:
+        """Drops this handle; views keep the mapping until they go."""
+
+class Semaphore:
+    """A cross-process timeline semaphore (low level; see gpuipc.Semaphore)."""
+
+    @staticmethod
+    def create(name: str, *, initial: int = 0, kind: str = 'host_pinned', device: int = 0, mode: int = 384) -> Semaphore: ...
+
+    @staticmethod
+    def open(name: str, *, role: str = 'waiter', wait: float | None = None, device: int = 0) -> Semaphore: ...
+
+    @staticmethod
+    def unlink(name: str) -> None: ...
+
+    def signal(self, value: int, stream: int, wake_host: bool) -> None: ...
+
+    def wait(self, value: int, stream: int) -> None: ...
+
+    def signal_host(self, value: int) -> None: ...
+
+    def wait_host(self, value: int, timeout: float | None = None) -> int: ...
+
+    @property
+    def value(self) -> int: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+class Channel:
+    """A joined producer/consumer channel (low level; see gpuipc.Channel)."""
+
+    @staticmethod
+    def create(name: str, *, slots: int = 4, slot_bytes: int = 1048576, header_bytes: int = 256, kind: str = 'device', device: int = 0, mode: int = 384, role: str = 'producer') -> Channel: ...
+
+    @staticmethod
+    def open(name: str, *, role: str, wait: float | None = None, device: int | None = None) -> Channel: ...
+
+    @staticmethod
+    def unlink(name: str) -> None: ...
+
+    def acquire(self, stream: int, timeout: float | None = None) -> tuple[ArrayView, int]:
+        """Claims the next free slot: (bytes view of its capacity, sequence)."""
+
+    def publish(self, header: bytes, nbytes: int, stream: int) -> None:
+        """Publishes the oldest acquired slot."""
+
+    def receive(self, stream: int, timeout: float | None = None) -> tuple[ArrayView, bytes, int]:
+        """
+        Takes the next message: (read-only bytes view of its payload, header bytes, sequence).
+        """
+
+    def release(self, stream: int) -> None:
+        """Releases the oldest received message."""
+
+    def incomplete(self, sequence: int) -> bool:
+        """
+        Whether held message ``sequence`` may be partial (its producer died while writing).
+        """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def slot_bytes(self) -> int: ...
+
+    @property
+    def header_bytes(self) -> int: ...
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def stats(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+def _live_objects() -> dict:
+    """Live C++ objects by kind (for leak tests)."""
+
+def _daemon_path() -> str:
+    """The gpuipcd the library would start (empty when none is found)."""

@@ -1,0 +1,223 @@
+// gpuipc._gpuipc.Channel: gpuipc::Channel with interruptible waits and views that keep the slot memory mapped.
+// python/gpuipc/channel.py wraps it (send/recv, message objects, the array header).
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+
+#include <deque>
+#include <mutex>
+
+#include "common.hpp"
+#include "views.hpp"
+
+namespace gpuipc::py {
+
+using namespace nb::literals;
+
+namespace {
+
+std::string_view slots_suffix() { return ".slots"; }
+
+/// One joined channel. Calls are serialised by `mutex` (the core Channel is not thread-safe), taken without the
+/// GIL so that a holder waiting in slices can take the GIL back.
+struct ChannelState {
+  std::mutex mutex;
+  /// A second handle on the slots' mapping (the cache shares it): views of slots keep it, so they stay valid after
+  /// close(). Empty when it could not be had (the name was unlinked in between); views then keep this state.
+  Segment slots;
+  std::deque<MessageView> received;  // held messages, oldest first, for incomplete()
+  Channel ch;                        // declared last: leaves the channel first
+};
+
+struct PyChannel {
+  explicit PyChannel(std::shared_ptr<ChannelState> s) noexcept : state(std::move(s)) {}
+  std::shared_ptr<ChannelState> state;
+  LiveCount<Live::Channel> counted;
+};
+
+ChannelRole parse_role(std::string_view role) {
+  if (role == "producer") return ChannelRole::Producer;
+  if (role == "consumer") return ChannelRole::Consumer;
+  throw Error(ErrorCode::InvalidArgument, "role must be 'producer' or 'consumer', not '" + std::string(role) + "'",
+              "channel");
+}
+
+/// Joins through `join` and takes the second handle on the slots (a cache hit: no broker round trip).
+template <class Join>
+PyChannel attach(std::string_view name, Access slots_access, int slots_device, Join&& join) {
+  auto st = std::make_shared<ChannelState>();
+  st->ch = join();
+  try {
+    st->slots = Segment::open(std::string(name) + std::string(slots_suffix()),
+                              {.access = slots_access, .wait = std::chrono::milliseconds(0), .device = slots_device});
+  } catch (const Error&) {  // NOLINT(bugprone-empty-catch): views fall back to keeping the channel alive
+  }
+  return PyChannel(std::move(st));
+}
+
+/// A channel's state, locked. Holds a reference: a concurrent close() cannot free it under the holder.
+struct Locked {
+  std::shared_ptr<ChannelState> state;
+  std::unique_lock<std::mutex> lock;
+  Channel& ch() const noexcept { return state->ch; }
+};
+
+/// Locks the channel's state (the GIL released while waiting for the lock). Closed channels raise.
+Locked lock(const PyChannel& c) {
+  Locked g{c.state, {}};
+  if (!g.state) throw Error(ErrorCode::InvalidArgument, "the channel is closed", "channel");
+  g.lock = std::unique_lock<std::mutex>(g.state->mutex, std::defer_lock);
+  {
+    nb::gil_scoped_release unlocked;
+    g.lock.lock();
+  }
+  if (!g.state->ch) throw Error(ErrorCode::InvalidArgument, "the channel is closed", "channel");
+  return g;
+}
+
+/// What keeps a view of `address` alive: the slots handle when the address is inside it, else the whole channel.
+std::shared_ptr<const void> owner_of(const Locked& g, std::uintptr_t address) {
+  const Segment& s = g.state->slots;
+  const auto base = reinterpret_cast<std::uintptr_t>(s.data());
+  if (s && address >= base && address < base + s.size()) return std::make_shared<const Segment>(s);
+  return g.state;
+}
+
+std::string role_name(ChannelRole r) { return r == ChannelRole::Producer ? "producer" : "consumer"; }
+
+}  // namespace
+
+void bind_channel(nb::module_& m) {
+  nb::class_<PyChannel>(m, "Channel", "A joined producer/consumer channel (low level; see gpuipc.Channel).")
+      .def_static(
+          "create",
+          [](std::string_view name, std::uint32_t slots, std::size_t slot_bytes, std::uint32_t header_bytes,
+             std::string_view kind, int device, unsigned mode, std::string_view role) {
+            const ChannelOptions o{.slots = slots, .slot_bytes = slot_bytes, .header_bytes = header_bytes,
+                                   .kind = parse_kind(kind), .device = device, .mode = mode};
+            const ChannelRole r = parse_role(role);
+            nb::gil_scoped_release unlocked;
+            return attach(name, Access::ReadWrite, o.kind == SegmentKind::Device ? device : -1,
+                          [&] { return Channel::create(name, o, r); });
+          },
+          "name"_a, nb::kw_only(), "slots"_a = 4, "slot_bytes"_a = 1 << 20, "header_bytes"_a = 256,
+          "kind"_a = "device", "device"_a = 0, "mode"_a = 0600, "role"_a = "producer")
+      .def_static(
+          "open",
+          [](std::string_view name, std::string_view role, std::optional<double> wait, std::optional<int> device) {
+            const ChannelRole r = parse_role(role);
+            const int dev = device.value_or(-1);
+            return open_in_slices(wait, "channel '" + std::string(name) + "'", [&](std::chrono::milliseconds slice) {
+              return attach(name, r == ChannelRole::Consumer ? Access::ReadOnly : Access::ReadWrite, dev,
+                            [&] { return Channel::open(name, r, {.wait = slice, .device = dev}); });
+            });
+          },
+          "name"_a, nb::kw_only(), "role"_a, "wait"_a = nb::none(), "device"_a = nb::none())
+      .def_static(
+          "unlink",
+          [](std::string_view name) {
+            nb::gil_scoped_release unlocked;
+            Channel::unlink(name);
+          },
+          "name"_a)
+      .def(
+          "acquire",
+          [](PyChannel& c, std::uintptr_t stream, std::optional<double> timeout) {
+            const Locked g = lock(c);
+            SlotView slot;
+            const Status s = wait_in_slices(to_timeout(timeout, "timeout"), [&](std::chrono::nanoseconds slice) {
+              return g.ch().acquire(to_stream(stream), slice, slot);
+            });
+            check_status(s, "acquire on channel '" + g.ch().name() + "'");
+            const bool gpu = g.ch().kind() == SegmentKind::Device;
+            const std::uintptr_t address = gpu ? slot.device_pointer : reinterpret_cast<std::uintptr_t>(slot.data);
+            auto view = ArrayView::bytes(owner_of(g, address), address, slot.capacity, false, gpu ? kDLCUDA : kDLCPU,
+                                         gpu ? g.ch().device() : 0);
+            return std::make_tuple(std::move(view), slot.sequence);
+          },
+          "stream"_a, "timeout"_a = nb::none(),
+          "Claims the next free slot: (bytes view of its capacity, sequence).")
+      .def(
+          "publish",
+          [](PyChannel& c, nb::bytes header, std::size_t nbytes, std::uintptr_t stream) {
+            const Locked g = lock(c);
+            const std::span<const std::byte> h(static_cast<const std::byte*>(header.data()), header.size());
+            check_status(g.ch().publish(to_stream(stream), h, nbytes), "publish on channel '" + g.ch().name() + "'");
+          },
+          "header"_a, "nbytes"_a, "stream"_a, "Publishes the oldest acquired slot.")
+      .def(
+          "receive",
+          [](PyChannel& c, std::uintptr_t stream, std::optional<double> timeout) {
+            const Locked g = lock(c);
+            MessageView msg;
+            const Status s = wait_in_slices(to_timeout(timeout, "timeout"), [&](std::chrono::nanoseconds slice) {
+              return g.ch().receive(to_stream(stream), slice, msg);
+            });
+            check_status(s, "receive on channel '" + g.ch().name() + "'");
+            g.state->received.push_back(msg);
+            const bool gpu = g.ch().kind() == SegmentKind::Device;
+            const std::uintptr_t address = gpu ? msg.device_pointer : reinterpret_cast<std::uintptr_t>(msg.data);
+            auto view = ArrayView::bytes(owner_of(g, address), address, msg.size, true, gpu ? kDLCUDA : kDLCPU,
+                                         gpu ? g.ch().device() : 0);
+            nb::bytes header(msg.header.data(), msg.header.size());
+            return std::make_tuple(std::move(view), std::move(header), msg.sequence);
+          },
+          "stream"_a, "timeout"_a = nb::none(),
+          "Takes the next message: (read-only bytes view of its payload, header bytes, sequence).")
+      .def(
+          "release",
+          [](PyChannel& c, std::uintptr_t stream) {
+            const Locked g = lock(c);
+            check_status(g.ch().release(to_stream(stream)), "release on channel '" + g.ch().name() + "'");
+            if (!g.state->received.empty()) g.state->received.pop_front();
+          },
+          "stream"_a, "Releases the oldest received message.")
+      .def(
+          "incomplete",
+          [](PyChannel& c, std::uint64_t sequence) {
+            const Locked g = lock(c);
+            for (const auto& msg : g.state->received) {
+              if (msg.sequence == sequence) return msg.incomplete();
+            }
+            throw Error(ErrorCode::InvalidArgument, "message " + std::to_string(sequence) + " is not held", "incomplete");
+          },
+          "sequence"_a, "Whether held message ``sequence`` may be partial (its producer died while writing).")
+      .def_prop_ro("name", [](PyChannel& c) { return lock(c).ch().name(); })
+      .def_prop_ro("role", [](PyChannel& c) { return role_name(lock(c).ch().role()); })
+      .def_prop_ro("kind", [](PyChannel& c) { return std::string(to_string(lock(c).ch().kind())); })
+      .def_prop_ro("slots", [](PyChannel& c) { return lock(c).ch().slots(); })
+      .def_prop_ro("slot_bytes", [](PyChannel& c) { return lock(c).ch().slot_bytes(); })
+      .def_prop_ro("header_bytes", [](PyChannel& c) { return lock(c).ch().header_bytes(); })
+      .def_prop_ro("device", [](PyChannel& c) { return lock(c).ch().device(); })
+      .def_prop_ro("closed", [](const PyChannel& c) { return !c.state; })
+      .def_prop_ro("stats", [](PyChannel& c) {
+        const ChannelStats s = lock(c).ch().stats();
+        nb::dict d;
+        d["head"] = s.head;
+        d["tail"] = s.tail;
+        d["producers"] = s.producers;
+        d["consumers"] = s.consumers;
+        d["redelivered"] = s.redelivered;
+        d["abandoned"] = s.abandoned;
+        d["free_slots"] = s.free_slots;
+        return d;
+      })
+      .def("close", [](PyChannel& c) {
+        std::shared_ptr<ChannelState> st = std::move(c.state);
+        if (!st) return;
+        nb::gil_scoped_release unlocked;
+        {
+          std::unique_lock<std::mutex> l(st->mutex);
+          // Views hold the slots' mapping through their own handle: leave the channel now. Without that handle
+          // the views hold this state, and the channel is left when the last of them goes.
+          if (st->slots) {
+            Channel gone = std::move(st->ch);
+            st->received.clear();
+          }
+        }
+        st.reset();
+      });
+}
+
+}  // namespace gpuipc::py

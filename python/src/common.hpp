@@ -1,0 +1,147 @@
+// Shared pieces of the nanobind module gpuipc._gpuipc: status errors, argument parsing, interruptible waits.
+// The module is a thin front end (shared/DESIGN.md): it converts arguments, releases the GIL around anything that
+// blocks, and turns errors into the gpuipc.Error hierarchy of python/gpuipc/errors.py. No logic of its own.
+#pragma once
+
+#include <fmt/format.h>
+#include <nanobind/nanobind.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "gpuipc/channel.hpp"
+#include "gpuipc/error.hpp"
+#include "gpuipc/segment.hpp"
+#include "gpuipc/semaphore.hpp"
+#include "gpuipc/stream.hpp"
+
+namespace gpuipc::py {
+
+namespace nb = nanobind;
+
+/// A non-Ok Status of a hot-path call, raised in Python as the matching gpuipc.Error subclass (errors.cpp).
+class StatusError : public std::exception {
+ public:
+  StatusError(Status status, std::string message) : m_status(status), m_message(std::move(message)) {}
+  Status status() const noexcept { return m_status; }
+  const char* what() const noexcept override { return m_message.c_str(); }
+
+ private:
+  Status m_status;
+  std::string m_message;
+};
+
+/// Throws StatusError for anything but Ok; `what` names the call and the object ("receive on channel 'x'").
+void check_status(Status status, std::string_view what);
+
+/// Registers the translator of gpuipc::Error and StatusError into gpuipc.errors classes.
+void register_errors(nb::module_& m);
+
+/// "host" / "device" / "host_pinned" -> SegmentKind; InvalidArgument otherwise.
+SegmentKind parse_kind(std::string_view kind);
+
+/// A stream handle from Python: an int (CUstream / cudaStream_t value); 0 is the legacy default stream.
+inline StreamHandle to_stream(std::uintptr_t handle) noexcept {
+  return reinterpret_cast<StreamHandle>(handle);  // NOLINT(performance-no-int-to-ptr): a driver handle
+}
+
+/// Longest time a blocking call spends without the GIL before it looks for signals (Ctrl-C).
+inline constexpr std::chrono::milliseconds kWaitSlice{50};
+
+/// Seconds (None: forever) -> nanoseconds for the core (negative: forever). Negative or NaN seconds:
+/// InvalidArgument.
+std::chrono::nanoseconds to_timeout(std::optional<double> seconds, std::string_view what);
+
+/// Throws nb::python_error when a signal handler raised (KeyboardInterrupt for Ctrl-C). Needs the GIL.
+void check_signals();
+
+/// Calls attempt(slice) without the GIL in slices of at most kWaitSlice until it returns anything but
+/// Status::Timeout or `timeout` (negative: forever) has passed, checking for signals between slices. A zero
+/// timeout makes one attempt with a zero slice (the core answers WouldBlock). Returns the last status.
+template <class Attempt>
+Status wait_in_slices(std::chrono::nanoseconds timeout, Attempt&& attempt) {
+  using clock = std::chrono::steady_clock;
+  if (timeout.count() == 0) {
+    nb::gil_scoped_release unlocked;
+    return attempt(std::chrono::nanoseconds(0));
+  }
+  const bool forever = timeout.count() < 0;
+  const auto deadline = forever ? clock::time_point::max() : clock::now() + timeout;
+  for (;;) {
+    std::chrono::nanoseconds slice = kWaitSlice;
+    if (!forever) slice = std::min<std::chrono::nanoseconds>(slice, std::max(deadline - clock::now(), {}));
+    if (slice.count() == 0) return Status::Timeout;  // a zero slice would answer WouldBlock
+    Status status;
+    {
+      nb::gil_scoped_release unlocked;
+      status = attempt(slice);
+    }
+    if (status != Status::Timeout) return status;
+    if (!forever && clock::now() >= deadline) return Status::Timeout;
+    check_signals();
+  }
+}
+
+/// Opens with the broker waiting for the name in slices (Ctrl-C works in between): calls open(wait) with the GIL
+/// released; `wait` is the total in seconds (None or 0: no waiting). A NotFound/Timeout when the total has passed
+/// becomes Error(Timeout) naming `what` and the total.
+template <class Open>
+auto open_in_slices(std::optional<double> wait, std::string_view what, Open&& open) -> decltype(open(kWaitSlice)) {
+  using clock = std::chrono::steady_clock;
+  const auto total = wait ? to_timeout(wait, "wait") : std::chrono::nanoseconds(0);
+  if (total.count() == 0) {
+    nb::gil_scoped_release unlocked;
+    return open(std::chrono::milliseconds(0));
+  }
+  const bool forever = total.count() < 0;
+  const auto deadline = forever ? clock::time_point::max() : clock::now() + total;
+  for (;;) {
+    auto slice = std::chrono::milliseconds(kWaitSlice);
+    if (!forever) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
+      slice = std::clamp(left, std::chrono::milliseconds(1), slice);
+    }
+    try {
+      nb::gil_scoped_release unlocked;
+      return open(slice);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::Timeout && e.code() != ErrorCode::NotFound) throw;
+      if (!forever && clock::now() >= deadline) {
+        throw Error(ErrorCode::Timeout,
+                    fmt::format("{} did not appear within {:g} s (`gpuipc ls` lists what exists; does its creator use "
+                                "the same GPUIPC_RUNTIME_DIR?)",
+                                what, *wait),
+                    "open");
+      }
+    }
+    check_signals();
+  }
+}
+
+/// Live C++ objects of each bound kind, for the leak tests (gpuipc._gpuipc._live_objects()).
+enum class Live : std::uint8_t { Segment, Semaphore, Channel, ArrayView, DLPackExport, Count };
+std::atomic<long>& live_counter(Live kind) noexcept;
+
+/// A member that counts the objects of kind K alive (copies and moves included).
+template <Live K>
+struct LiveCount {
+  LiveCount() noexcept { live_counter(K).fetch_add(1, std::memory_order_relaxed); }
+  LiveCount(const LiveCount&) noexcept : LiveCount() {}
+  LiveCount(LiveCount&&) noexcept : LiveCount() {}
+  LiveCount& operator=(const LiveCount&) noexcept = default;
+  LiveCount& operator=(LiveCount&&) noexcept = default;
+  ~LiveCount() { live_counter(K).fetch_sub(1, std::memory_order_relaxed); }
+};
+
+void bind_views(nb::module_& m);
+void bind_segment(nb::module_& m);
+void bind_semaphore(nb::module_& m);
+void bind_channel(nb::module_& m);
+
+}  // namespace gpuipc::py

@@ -1,0 +1,105 @@
+// One translation point from C++ errors to the gpuipc.Error hierarchy (python/gpuipc/errors.py): gpuipc::Error by
+// its ErrorCode, StatusError by its Status. The classes live in Python (they inherit from builtin exceptions such
+// as PermissionError); the translator looks them up by name.
+#include <nanobind/stl/string.h>
+
+#include <cmath>
+#include <string>
+
+#include "common.hpp"
+
+namespace gpuipc::py {
+
+using namespace nb::literals;
+
+namespace {
+
+/// The gpuipc.errors class name for a Status.
+const char* status_class(Status status) noexcept {
+  switch (status) {
+    case Status::Timeout: return "Timeout";
+    case Status::PeerDied: return "PeerDied";
+    case Status::Interrupted: return "Interrupted";
+    case Status::Closed: return "Closed";
+    case Status::InvalidState: return "InvalidState";
+    case Status::DriverError: return "CudaError";
+    case Status::WouldBlock: return "WouldBlock";
+    case Status::Ok: break;
+  }
+  return "Error";
+}
+
+/// Raises gpuipc.errors.<name>(message, code=..., call=..., errno=..., cu_result=...). Falls back to RuntimeError
+/// when the Python package is not importable (the extension loaded on its own).
+void raise(const char* class_name, const std::string& code, const char* message, const std::string& call,
+           int sys_errno, int cu_result) noexcept {
+  try {
+    nb::object errors = nb::module_::import_("gpuipc.errors");
+    nb::object cls = errors.attr("_class_for")(class_name);
+    nb::object exc = cls(message, "code"_a = code, "call"_a = call, "errno"_a = sys_errno, "cu_result"_a = cu_result);
+    PyErr_SetObject(cls.ptr(), exc.ptr());
+  } catch (nb::python_error& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "%s (gpuipc could not raise gpuipc.%s: %s)", message, class_name, e.what());
+  }
+}
+
+}  // namespace
+
+void check_status(Status status, std::string_view what) {
+  const char* why = "";
+  switch (status) {
+    case Status::Ok: return;
+    case Status::Timeout: why = "timed out"; break;
+    case Status::WouldBlock: why = "nothing is ready (timeout=0)"; break;
+    case Status::PeerDied: why = "the other side is gone (it exited or crashed without closing)"; break;
+    case Status::Closed: why = "the other side closed it"; break;
+    case Status::Interrupted: why = "interrupted by a signal"; break;
+    case Status::InvalidState: why = "not allowed here (wrong role, nothing held, too big, or a host-kind object)"; break;
+    case Status::DriverError: why = "the CUDA driver refused the stream operation (bad stream, wrong context, no driver)"; break;
+  }
+  throw StatusError(status, fmt::format("{}: {}", what, why));
+}
+
+SegmentKind parse_kind(std::string_view kind) {
+  if (kind == "host") return SegmentKind::Host;
+  if (kind == "device") return SegmentKind::Device;
+  if (kind == "host_pinned") return SegmentKind::HostPinned;
+  throw Error(ErrorCode::InvalidArgument,
+              "kind must be 'host', 'device' or 'host_pinned', not '" + std::string(kind) + "'", "kind");
+}
+
+std::chrono::nanoseconds to_timeout(std::optional<double> seconds, std::string_view what) {
+  if (!seconds) return std::chrono::nanoseconds(-1);
+  if (std::isnan(*seconds) || *seconds < 0) {
+    throw Error(ErrorCode::InvalidArgument,
+                std::string(what) + " must be None (wait forever) or a number of seconds >= 0", std::string(what));
+  }
+  if (std::isinf(*seconds) || *seconds > 1e9) return std::chrono::nanoseconds(-1);
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(*seconds * 1e9));
+}
+
+void check_signals() {
+  if (PyErr_CheckSignals() != 0) throw nb::python_error();
+}
+
+void register_errors(nb::module_& /*m*/) {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      const std::string_view code = to_string(e.code());
+      const char* cls = e.code() == ErrorCode::Cuda     ? "CudaError"
+                        : e.code() == ErrorCode::System ? "SystemCallError"
+                        : e.code() == ErrorCode::Protocol ? "ProtocolError"
+                                                          : nullptr;
+      const std::string name = cls != nullptr ? std::string(cls) : std::string(code);
+      raise(name.c_str(), std::string(code), e.what(), e.call(), e.sys_errno(), e.cu_result());
+    } catch (const StatusError& e) {
+      raise(status_class(e.status()), std::string(to_string(e.status())), e.what(), {}, 0, 0);
+    }
+  });
+}
+
+}  // namespace gpuipc::py

@@ -1,0 +1,44 @@
+// gpuipc._gpuipc: the nanobind extension under the Python package gpuipc (python/gpuipc). Low level on purpose:
+// python/gpuipc/*.py turn these objects into the documented Python API (keyword options, NumPy/DLPack arrays,
+// send/recv, the exception classes).
+#include <nanobind/stl/string.h>
+
+#include <array>
+
+#include "core/client.hpp"
+
+#include "common.hpp"
+
+namespace gpuipc::py {
+
+std::atomic<long>& live_counter(Live kind) noexcept {
+  static std::array<std::atomic<long>, static_cast<std::size_t>(Live::Count)> counters{};
+  return counters[static_cast<std::size_t>(kind)];
+}
+
+}  // namespace gpuipc::py
+
+NB_MODULE(_gpuipc, m) {
+  namespace py = gpuipc::py;
+  m.doc() = "gpuipc's C++ core, bound with nanobind. Use the gpuipc package, not this module.";
+  py::register_errors(m);
+  py::bind_views(m);
+  py::bind_segment(m);
+  py::bind_semaphore(m);
+  py::bind_channel(m);
+  m.def(
+      "_live_objects",
+      []() {
+        py::nb::dict d;
+        d["Segment"] = py::live_counter(py::Live::Segment).load();
+        d["Semaphore"] = py::live_counter(py::Live::Semaphore).load();
+        d["Channel"] = py::live_counter(py::Live::Channel).load();
+        d["ArrayView"] = py::live_counter(py::Live::ArrayView).load();
+        d["DLPackExport"] = py::live_counter(py::Live::DLPackExport).load();
+        return d;
+      },
+      "Live C++ objects by kind (for leak tests).");
+  m.def(
+      "_daemon_path", []() { return gpuipc::core::BrokerClient::find_daemon(); },
+      "The gpuipcd the library would start (empty when none is found).");
+}

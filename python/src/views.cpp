@@ -1,0 +1,299 @@
+#include "views.hpp"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <limits>
+
+#include "cuda/resources.hpp"
+#include "dlpack.hpp"
+
+namespace gpuipc::py {
+
+using namespace nb::literals;
+
+namespace {
+
+/// What a DLPack export owns: the shape array and a reference that keeps the mapping alive.
+struct Exported {
+  dlpack::ManagedTensorVersioned versioned{};
+  dlpack::ManagedTensor legacy{};
+  std::vector<std::int64_t> shape;
+  std::shared_ptr<const void> owner;
+  LiveCount<Live::DLPackExport> counted;
+};
+
+void delete_versioned(dlpack::ManagedTensorVersioned* t) { delete static_cast<Exported*>(t->manager_ctx); }
+void delete_legacy(dlpack::ManagedTensor* t) { delete static_cast<Exported*>(t->manager_ctx); }
+
+/// A capsule nobody consumed (its name was not changed to "used_…") still owns its tensor.
+void capsule_destructor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, dlpack::kCapsuleVersioned) != 0) {
+    auto* t = static_cast<dlpack::ManagedTensorVersioned*>(PyCapsule_GetPointer(capsule, dlpack::kCapsuleVersioned));
+    if (t != nullptr && t->deleter != nullptr) t->deleter(t);
+  } else if (PyCapsule_IsValid(capsule, dlpack::kCapsule) != 0) {
+    auto* t = static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(capsule, dlpack::kCapsule));
+    if (t != nullptr && t->deleter != nullptr) t->deleter(t);
+  }
+}
+
+[[noreturn]] void buffer_error(const std::string& message) {
+  PyErr_SetString(PyExc_BufferError, message.c_str());
+  throw nb::python_error();
+}
+
+std::string device_name(int type, int id) {
+  return type == kDLCUDA ? "cuda:" + std::to_string(id) : std::string("cpu");
+}
+
+nb::object dlpack_export(const ArrayView& v, nb::handle /*stream*/, std::optional<std::tuple<int, int>> max_version,
+                         std::optional<std::tuple<int, int>> dl_device, std::optional<bool> copy) {
+  if (copy.value_or(false)) buffer_error("gpuipc views are zero-copy: __dlpack__(copy=True) is not supported");
+  if (dl_device && (std::get<0>(*dl_device) != v.device_type || std::get<1>(*dl_device) != v.device_id)) {
+    buffer_error("this view lives on " + device_name(v.device_type, v.device_id) +
+                 "; __dlpack__(dl_device=...) cannot move it (copy it with your framework instead)");
+  }
+  auto e = std::make_unique<Exported>();
+  e->shape = v.shape;
+  e->owner = v.owner;
+  dlpack::Tensor t{};
+  t.data = reinterpret_cast<void*>(v.address);  // NOLINT(performance-no-int-to-ptr)
+  t.device = {v.device_type, v.device_id};
+  t.ndim = static_cast<std::int32_t>(e->shape.size());
+  t.dtype = {v.dtype.code, v.dtype.bits, v.dtype.lanes};
+  t.shape = e->shape.data();
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  const bool versioned = max_version && std::get<0>(*max_version) >= 1;
+  PyObject* capsule = nullptr;
+  if (versioned) {
+    e->versioned.version = {dlpack::kMajorVersion, dlpack::kMinorVersion};
+    e->versioned.manager_ctx = e.get();
+    e->versioned.deleter = delete_versioned;
+    e->versioned.flags = v.readonly ? dlpack::kFlagReadOnly : 0;
+    e->versioned.dl_tensor = t;
+    capsule = PyCapsule_New(&e->versioned, dlpack::kCapsuleVersioned, capsule_destructor);
+  } else {
+    // The legacy format cannot say read-only; a read-only mapping still refuses writes (the MMU faults them).
+    e->legacy.dl_tensor = t;
+    e->legacy.manager_ctx = e.get();
+    e->legacy.deleter = delete_legacy;
+    capsule = PyCapsule_New(&e->legacy, dlpack::kCapsule, capsule_destructor);
+  }
+  if (capsule == nullptr) throw nb::python_error();
+  e.release();  // NOLINT(bugprone-unused-return-value): the capsule owns it now
+  return nb::steal(capsule);
+}
+
+nb::dict cuda_array_interface(const ArrayView& v) {
+  if (v.device_type != kDLCUDA) {
+    throw nb::attribute_error("host memory has no __cuda_array_interface__ (use it as a NumPy array)");
+  }
+  nb::dict d;
+  nb::list shape;
+  for (auto s : v.shape) shape.append(s);
+  d["shape"] = nb::tuple(shape);
+  d["typestr"] = v.typestr;
+  d["data"] = nb::make_tuple(v.address, v.readonly);
+  d["version"] = 3;
+  d["strides"] = nb::none();
+  d["stream"] = nb::none();  // ordered by the stream passed to receive/acquire: nothing to synchronise here
+  return d;
+}
+
+int get_buffer(PyObject* self, Py_buffer* view, int flags) {
+  const ArrayView* v = nb::inst_ptr<ArrayView>(nb::handle(self));
+  if (v->device_type != kDLCPU) {
+    PyErr_SetString(PyExc_BufferError,
+                    "GPU memory has no buffer interface: use DLPack (torch.from_dlpack, cupy.from_dlpack) or "
+                    "__cuda_array_interface__");
+    view->obj = nullptr;
+    return -1;
+  }
+  static char empty = 0;
+  void* data = v->nbytes == 0 ? &empty : reinterpret_cast<void*>(v->address);  // NOLINT(performance-no-int-to-ptr)
+  return PyBuffer_FillInfo(view, self, data, static_cast<Py_ssize_t>(v->nbytes), v->readonly ? 1 : 0, flags);
+}
+
+PyType_Slot kViewSlots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(get_buffer)}, {0, nullptr}};
+
+ArrayView typed(const ArrayView& v, std::tuple<int, int, int> element, const std::string& typestr,
+                const std::vector<std::int64_t>& shape, std::size_t offset) {
+  const auto [code, bits, lanes] = element;
+  if (code < 0 || code > 255 || bits < 0 || bits > 255 || lanes < 0 || lanes > 65535) {
+    throw Error(ErrorCode::InvalidArgument, "bad DLPack element type", "as_array");
+  }
+  const ElementType dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits),
+                          static_cast<std::uint16_t>(lanes)};
+  if (dtype.bits == 0 || dtype.lanes == 0) throw Error(ErrorCode::InvalidArgument, "element type of zero bits", "as_array");
+  const std::size_t item = dtype.itemsize();
+  if (offset % item != 0) {
+    throw Error(ErrorCode::InvalidArgument,
+                "offset " + std::to_string(offset) + " is not a multiple of the element size " + std::to_string(item),
+                "as_array");
+  }
+  std::size_t count = 1;
+  for (auto s : shape) {
+    if (s < 0) throw Error(ErrorCode::InvalidArgument, "negative dimension in shape", "as_array");
+    if (s != 0 && count > std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(s)) {
+      throw Error(ErrorCode::InvalidArgument, "shape too large", "as_array");
+    }
+    count *= static_cast<std::size_t>(s);
+  }
+  if (offset > v.nbytes || count > (v.nbytes - offset) / item) {
+    throw Error(ErrorCode::InvalidArgument,
+                std::to_string(count) + " elements of " + std::to_string(item) + " bytes at offset " +
+                    std::to_string(offset) + " do not fit in " + std::to_string(v.nbytes) + " bytes",
+                "as_array");
+  }
+  ArrayView out = v;
+  out.address = v.address + offset;
+  out.nbytes = count * item;
+  out.dtype = dtype;
+  out.shape = shape;
+  out.typestr = typestr;
+  return out;
+}
+
+/// Copies `n` bytes from `src` (DLPack device type `src_type`) into `dst` after `stream` has finished its work.
+/// Host to host: memcpy. Anything with a GPU side: synchronous driver copies (cuMemcpy*), after synchronizing
+/// `stream` so the source is complete.
+void copy_bytes(const ArrayView& dst, std::uintptr_t src, int src_type, int src_id, std::size_t n,
+                std::uintptr_t stream) {
+  if (dst.readonly) throw Error(ErrorCode::InvalidArgument, "cannot copy into a read-only view", "copy");
+  if (n > dst.nbytes) {
+    throw Error(ErrorCode::InvalidArgument,
+                std::to_string(n) + " bytes do not fit in " + std::to_string(dst.nbytes), "copy");
+  }
+  if (n == 0) return;
+  const bool dst_gpu = dst.device_type == kDLCUDA;
+  const bool src_gpu = src_type == kDLCUDA || src_type == kDLCUDAManaged;
+  if (!src_gpu && src_type != kDLCPU && src_type != kDLCUDAHost) {
+    throw Error(ErrorCode::Unsupported, "cannot copy from DLPack device type " + std::to_string(src_type), "copy");
+  }
+  nb::gil_scoped_release unlocked;
+  if (!dst_gpu && !src_gpu) {
+    std::memcpy(reinterpret_cast<void*>(dst.address), reinterpret_cast<const void*>(src), n);  // NOLINT
+    return;
+  }
+  cuda::PrimaryContext ctx(dst_gpu ? dst.device_id : src_id);
+  cuda::ScopedContext current(ctx.get());
+  cuda::synchronize(static_cast<CUstream>(to_stream(stream)), "the source's stream before a copy into a channel");
+  if (dst_gpu && src_gpu) {
+    cuda::copy_device_to_device(dst.address, src, n);
+  } else if (dst_gpu) {
+    cuda::copy_to_device(dst.address, reinterpret_cast<const void*>(src), n);  // NOLINT(performance-no-int-to-ptr)
+  } else {
+    cuda::copy_to_host(reinterpret_cast<void*>(dst.address), src, n);  // NOLINT(performance-no-int-to-ptr)
+  }
+}
+
+/// Copies a compact (C-contiguous) DLPack tensor into `dst`. Returns (code, bits, lanes, shape, nbytes), or None
+/// when the tensor is strided (the caller makes it contiguous first). The capsule is only borrowed.
+nb::object copy_from_dlpack(const ArrayView& dst, nb::handle capsule, std::uintptr_t stream) {
+  const dlpack::Tensor* t = nullptr;
+  if (PyCapsule_IsValid(capsule.ptr(), dlpack::kCapsuleVersioned) != 0) {
+    const auto* m =
+        static_cast<const dlpack::ManagedTensorVersioned*>(PyCapsule_GetPointer(capsule.ptr(), dlpack::kCapsuleVersioned));
+    if (m->version.major != dlpack::kMajorVersion) {
+      throw Error(ErrorCode::Unsupported, "DLPack major version " + std::to_string(m->version.major), "copy");
+    }
+    t = &m->dl_tensor;
+  } else if (PyCapsule_IsValid(capsule.ptr(), dlpack::kCapsule) != 0) {
+    t = &static_cast<const dlpack::ManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), dlpack::kCapsule))->dl_tensor;
+  } else {
+    throw Error(ErrorCode::InvalidArgument, "not an unused DLPack capsule", "copy");
+  }
+  if (t->ndim < 0 || t->ndim > 64) throw Error(ErrorCode::InvalidArgument, "DLPack tensor of bad rank", "copy");
+  const ElementType et{t->dtype.code, t->dtype.bits, t->dtype.lanes};
+  std::size_t count = 1;
+  std::int64_t expect = 1;
+  bool compact = true;
+  nb::list shape;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    const std::int64_t s = t->shape[i];
+    if (s < 0) throw Error(ErrorCode::InvalidArgument, "DLPack tensor with a negative dimension", "copy");
+    if (t->strides != nullptr && s > 1 && t->strides[i] != expect) compact = false;
+    expect *= s;
+    count *= static_cast<std::size_t>(s);
+  }
+  for (int i = 0; i < t->ndim; ++i) shape.append(t->shape[i]);
+  if (!compact) return nb::none();
+  const std::size_t n = count * et.itemsize();
+  const auto src = reinterpret_cast<std::uintptr_t>(t->data) + t->byte_offset;
+  copy_bytes(dst, src, t->device.device_type, t->device.device_id, n, stream);
+  return nb::make_tuple(t->dtype.code, t->dtype.bits, t->dtype.lanes, nb::tuple(shape), n);
+}
+
+}  // namespace
+
+ArrayView ArrayView::bytes(std::shared_ptr<const void> owner, std::uintptr_t address, std::size_t nbytes,
+                           bool readonly, int device_type, int device_id) {
+  ArrayView v;
+  v.owner = std::move(owner);
+  v.address = address;
+  v.nbytes = nbytes;
+  v.readonly = readonly;
+  v.device_type = device_type;
+  v.device_id = device_id;
+  v.shape = {static_cast<std::int64_t>(nbytes)};
+  return v;
+}
+
+void bind_views(nb::module_& m) {
+  nb::class_<ArrayView>(m, "ArrayView", nb::type_slots(kViewSlots),
+                        "A window on mapped gpuipc memory that keeps the mapping alive while it (or anything made\n"
+                        "from it) lives. Host memory: the buffer protocol (``numpy.asarray(view)``). GPU memory:\n"
+                        "DLPack (``torch.from_dlpack(view)``, ``cupy.from_dlpack(view)``, ``jax.dlpack.from_dlpack``)\n"
+                        "and ``__cuda_array_interface__`` (CuPy, Numba). C-contiguous; read-only when the memory\n"
+                        "was opened read-only.")
+      .def_prop_ro("address", [](const ArrayView& v) { return v.address; },
+                   "Host address (host memory) or device address (GPU memory) of the first byte.")
+      .def_prop_ro("nbytes", [](const ArrayView& v) { return v.nbytes; }, "Size in bytes.")
+      .def_prop_ro("readonly", [](const ArrayView& v) { return v.readonly; }, "Whether writes are refused.")
+      .def_prop_ro("shape", [](const ArrayView& v) {
+        nb::list l;
+        for (auto s : v.shape) l.append(s);
+        return nb::tuple(l);
+      }, "Dimensions (C order).")
+      .def_prop_ro("dlpack_dtype", [](const ArrayView& v) {
+        return std::make_tuple(v.dtype.code, v.dtype.bits, v.dtype.lanes);
+      }, "DLPack element type (code, bits, lanes).")
+      .def_prop_ro("typestr", [](const ArrayView& v) { return v.typestr; }, "Array-interface type string.")
+      .def_prop_ro("is_cuda", [](const ArrayView& v) { return v.device_type == kDLCUDA; },
+                   "Whether the memory is GPU memory.")
+      .def("typed", &typed, "dtype"_a, "typestr"_a, "shape"_a, "offset"_a,
+           "A view of ``shape`` elements of ``dtype`` starting ``offset`` bytes in. Raises InvalidArgument when it\n"
+           "does not fit or ``offset`` is not a multiple of the element size.")
+      .def("__dlpack__", &dlpack_export, nb::kw_only(), "stream"_a = nb::none(), "max_version"_a = nb::none(),
+           "dl_device"_a = nb::none(), "copy"_a = nb::none(),
+           "Exports the view as a DLPack capsule (versioned, with the read-only flag, when the consumer passes\n"
+           "``max_version >= (1, 0)``). ``stream`` is accepted and not waited on: the data is ordered by the\n"
+           "stream given to the gpuipc call that produced the view.")
+      .def("__dlpack_device__", [](const ArrayView& v) { return std::make_tuple(v.device_type, v.device_id); },
+           "(device type, device ordinal) as DLPack numbers: (1, 0) host, (2, n) CUDA device n.")
+      .def_prop_ro("__cuda_array_interface__", &cuda_array_interface,
+                   "The CUDA array interface (version 3) of GPU views; AttributeError for host views.")
+      .def("__repr__", [](const ArrayView& v) {
+        std::string dims;
+        for (auto d : v.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+        if (v.shape.size() == 1) dims += ",";
+        return "ArrayView(" + device_name(v.device_type, v.device_id) + ", address=" + std::to_string(v.address) +
+               ", shape=(" + dims + "), typestr='" + v.typestr + "'" + (v.readonly ? ", readonly)" : ")");
+      });
+  m.def("_copy_from_dlpack", &copy_from_dlpack, "dst"_a, "capsule"_a, "stream"_a,
+        "Copies a C-contiguous DLPack tensor into ``dst`` (after synchronizing ``stream``). Returns\n"
+        "(code, bits, lanes, shape, nbytes), or None when the tensor is strided.");
+  m.def("_copy_raw",
+        [](const ArrayView& dst, std::uintptr_t src, std::size_t nbytes, bool src_is_cuda, int src_device,
+           std::uintptr_t stream) {
+          copy_bytes(dst, src, src_is_cuda ? kDLCUDA : kDLCPU, src_device, nbytes, stream);
+        },
+        "dst"_a, "src"_a, "nbytes"_a, "src_is_cuda"_a, "src_device"_a, "stream"_a,
+        "Copies ``nbytes`` from address ``src`` into ``dst`` (synchronous; after synchronizing ``stream``).");
+}
+
+}  // namespace gpuipc::py

@@ -1,0 +1,49 @@
+// ArrayView: a window on mapped segment or channel memory that keeps the mapping alive. Host views export the
+// buffer protocol (NumPy wraps them without a copy); device views export DLPack and __cuda_array_interface__.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace gpuipc::py {
+
+/// DLPack device types (dlpack.h DLDeviceType) that views use.
+inline constexpr int kDLCPU = 1;
+inline constexpr int kDLCUDA = 2;
+inline constexpr int kDLCUDAHost = 3;
+inline constexpr int kDLCUDAManaged = 13;
+
+/// A DLPack element type (dlpack.h DLDataType): code (0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool),
+/// bits per lane, lanes.
+struct ElementType {
+  std::uint8_t code = 1;
+  std::uint8_t bits = 8;
+  std::uint16_t lanes = 1;
+  std::size_t itemsize() const noexcept { return (static_cast<std::size_t>(bits) * lanes + 7) / 8; }
+};
+
+struct ArrayView {
+  /// Keeps the memory mapped (a gpuipc::Segment sharing the mapping, or the channel that owns it). Never a Python
+  /// object: DLPack deleters may run on threads that do not hold the GIL.
+  std::shared_ptr<const void> owner;
+  std::uintptr_t address = 0;  ///< host address (kDLCPU) or device address (kDLCUDA)
+  std::size_t nbytes = 0;
+  bool readonly = false;
+  int device_type = kDLCPU;
+  int device_id = 0;
+  ElementType dtype;                ///< bytes (uint8) unless typed
+  std::vector<std::int64_t> shape;  ///< C-contiguous; {nbytes} unless typed
+  std::string typestr = "|u1";      ///< __cuda_array_interface__ typestr
+  LiveCount<Live::ArrayView> counted;
+
+  /// An untyped (bytes) view of [address, address + nbytes).
+  static ArrayView bytes(std::shared_ptr<const void> owner, std::uintptr_t address, std::size_t nbytes, bool readonly,
+                         int device_type, int device_id);
+};
+
+}  // namespace gpuipc::py
