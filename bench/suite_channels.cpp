@@ -220,10 +220,9 @@ json handoff_rtt(std::size_t bytes, int iterations) {
 
 // --- streaming throughput -------------------------------------------------------------------------------------
 constexpr std::size_t kFrameBytes = 8 << 20;
-constexpr std::uint32_t kSlots = 4;
 
 /// A producer kernel writes and a consumer kernel reads 8 MiB frames, in two processes through a channel.
-double two_process_fps(const Env& env, int frames) {
+double two_process_fps(const Env& env, int frames, std::uint32_t kSlots) {
   SharedPage page;
   auto* sync = new (page.as<Sync>()) Sync{};
   const std::string name = unique("stream");
@@ -269,7 +268,7 @@ double two_process_fps(const Env& env, int frames) {
 }
 
 /// The same two kernels in one process: two streams, four buffers, events between them.
-double one_process_fps(const Env& env, int frames) {
+double one_process_fps(const Env& env, int frames, std::uint32_t kSlots) {
   const auto results = run_workers(
       {[&]() -> json {
         Gpu g;
@@ -315,6 +314,9 @@ std::string baseline_script() {
 }
 
 /// Runs bench/baselines/handoff.py for `impl` (torch, cudacore); its last line is a JSON object.
+/// Buffers in flight for the streaming metric (both sides: channel slots, and buffers of the one-process version).
+constexpr std::uint32_t kStreamSlots = 8;
+
 json python_baseline(const std::string& impl, std::size_t bytes, int iterations) {
   const std::string script = baseline_script();
   if (script.empty()) return {{"error", "bench/baselines/handoff.py not found"}};
@@ -325,15 +327,18 @@ json python_baseline(const std::string& impl, std::size_t bytes, int iterations)
   char buf[4096];
   while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
   const int rc = ::pclose(f);
-  const auto pos = out.rfind("\n{");
-  const std::string last = pos == std::string::npos ? out : out.substr(pos + 1);
-  try {
-    auto j = json::parse(last);
-    if (rc != 0 && !j.contains("error")) j["error"] = fmt::format("exit status {}", rc);
-    return j;
-  } catch (const std::exception&) {
-    return {{"error", fmt::format("no result (exit status {}): {}", rc, out.substr(out.size() > 600 ? out.size() - 600 : 0))}};
+  // The script's result is the one line that starts with {"impl"; anything else is its (or its child's) log.
+  const auto pos = out.find("{\"impl\"");
+  if (pos != std::string::npos) {
+    try {
+      auto j = json::parse(out.substr(pos, out.find('\n', pos) - pos));
+      if (rc != 0 && !j.contains("error")) j["error"] = fmt::format("exit status {}", rc);
+      if (j.contains("error")) j["log"] = out.substr(0, 4000);
+      return j;
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): reported below
+    }
   }
+  return {{"error", fmt::format("no result (exit status {})", rc)}, {"log", out.substr(0, 4000)}};
 }
 
 // --- MPS --------------------------------------------------------------------------------------------------------
@@ -417,7 +422,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
     const auto b = python_baseline(impl, 1 << 20, o.quick ? 200 : 1000);
     r.samples.push_back({{"what", fmt::format("{}_handoff_1MiB", impl)}, {"result", b}});
     if (b.contains("error")) {
-      r.notes.push_back(fmt::format("{} baseline did not run: {}", impl, b["error"].dump()));
+      r.notes.push_back(fmt::format("{} baseline did not run: {} (its log is in samples)", impl, b["error"].dump()));
       r.metrics[fmt::format("{}_handoff_rtt_p50_us_1MiB", impl)] = nullptr;
     } else {
       r.metrics[fmt::format("{}_handoff_rtt_p50_us_1MiB", impl)] = b["p50_us"];
@@ -425,12 +430,23 @@ Result run(const Options& o, const DeviceMeta& meta) {
     }
   }
 
-  progress(o, "channels: streaming, two processes vs one");
-  const double cross = two_process_fps({}, frames);
-  const double local = one_process_fps({}, frames);
-  r.metrics["stream_fps_two_process"] = cross;
-  r.metrics["stream_fps_one_process"] = local;
-  r.metrics["stream_throughput_ratio"] = cross / local;
+  // Streaming: the metric uses kStreamSlots buffers on both sides; other depths go to samples.
+  auto stream_ratio = [&](const Env& env, const char* suffix) {
+    for (const std::uint32_t slots : {2U, 4U, 8U, 16U}) {
+      if (o.quick && slots != kStreamSlots) continue;
+      progress(o, fmt::format("channels: streaming{}, {} slots, two processes vs one", suffix, slots));
+      const double cross = two_process_fps(env, frames, slots);
+      const double local = one_process_fps(env, frames, slots);
+      r.samples.push_back({{"what", fmt::format("stream{}", suffix)}, {"slots", slots}, {"frame_bytes", kFrameBytes},
+                           {"fps_two_process", cross}, {"fps_one_process", local}, {"ratio", cross / local}});
+      if (slots == kStreamSlots) {
+        r.metrics[fmt::format("stream_fps_two_process{}", suffix)] = cross;
+        r.metrics[fmt::format("stream_fps_one_process{}", suffix)] = local;
+        r.metrics[fmt::format("stream_throughput_ratio{}", suffix)] = cross / local;
+      }
+    }
+  };
+  stream_ratio({}, "");
 
   progress(o, "channels: the same under MPS");
   {
@@ -446,11 +462,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
       r.metrics["ipc_event_rtt_us_mps"] = ev_mps["rtt_us"]["median"];
       r.samples.push_back({{"what", "sem_rtt_us_mps"}, {"summary", sem_mps["rtt_us"]}});
       r.samples.push_back({{"what", "ipc_event_rtt_us_mps"}, {"summary", ev_mps["rtt_us"]}});
-      const double cross_mps = two_process_fps(mps.env(), frames);
-      const double local_mps = one_process_fps(mps.env(), frames);
-      r.metrics["stream_fps_two_process_mps"] = cross_mps;
-      r.metrics["stream_fps_one_process_mps"] = local_mps;
-      r.metrics["stream_throughput_ratio_mps"] = cross_mps / local_mps;
+      stream_ratio(mps.env(), "_mps");
     }
   }
 
@@ -466,7 +478,8 @@ Result run(const Options& o, const DeviceMeta& meta) {
     if (b > 0) r.notes.push_back(fmt::format("1 MiB handoff p50 {:.1f} us vs {} {:.1f} us: {:.1f}x faster", h1, impl, b, b / h1));
   }
   r.notes.push_back(fmt::format("handoff p50 target <= 20 us: {}", h1 <= 20 ? "met" : "MISSED"));
-  r.notes.push_back(fmt::format("two-process streaming reaches {:.2f} of one process without MPS{}",
+  r.notes.push_back(fmt::format("two-process streaming ({} slots of 8 MiB) reaches {:.2f} of one process without MPS{}",
+                                kStreamSlots,
                                 num("stream_throughput_ratio"),
                                 num("stream_throughput_ratio_mps") > 0
                                     ? fmt::format(", {:.2f} with MPS (target >= 0.9: {})", num("stream_throughput_ratio_mps"),

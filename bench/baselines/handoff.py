@@ -80,6 +80,8 @@ def cudacore_consumer(mr, q_in, q_ack, n):
 
 def run_cudacore(nbytes, iters):
     import multiprocessing as mp
+    # cuda.core checks the *global* start method before it pickles a memory resource or buffer for IPC.
+    mp.set_start_method("spawn", force=True)
     cc = _cuda_core()
     ctx = mp.get_context("spawn")
     dev = cc.Device(0)

@@ -357,12 +357,14 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
   Status status = Status::Ok;
   if (!im.try_acquire(seq, status)) {
     if (timeout.count() == 0) return Status::WouldBlock;
-    const Status w = core::wait_on(im.h->released_seq, timeout, [&] { return im.try_acquire(seq, status); });
+    const Status w = core::wait_on(
+        im.h->released_seq, timeout, [&] { return im.try_acquire(seq, status); }, &im.h->released_sleepers);
     if (w != Status::Ok) return w;
   }
   if (status != Status::Ok) return status;
-  if (im.gpu() && seq >= im.n) {
+  if (im.gpu() && seq >= im.n && atomic(im.slot(seq).freed).load(std::memory_order_acquire) < seq - im.n + 1) {
     // The slot's previous message: the consumer released it on the host; its stream may still be reading.
+    // (When the host already sees `freed`, that stream is past it and no wait is needed.)
     if (cuda::stream_wait_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, freed)),
                                   seq - im.n + 1) != CUDA_SUCCESS) {
       // Give the slot up rather than keep a claim nobody will publish.
@@ -402,7 +404,7 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   }
   atomic(s.state).store(proto::pack_state(seq, Phase::Published, im.member), std::memory_order_release);
   im.pop_held();
-  core::bump_and_wake(im.h->published_seq);
+  core::bump_and_wake(im.h->published_seq, &im.h->published_sleepers);
   return Status::Ok;
 }
 
@@ -413,12 +415,14 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   Status status = Status::Ok;
   if (!im.try_receive(seq, status)) {
     if (timeout.count() == 0) return Status::WouldBlock;
-    const Status w = core::wait_on(im.h->published_seq, timeout, [&] { return im.try_receive(seq, status); });
+    const Status w = core::wait_on(
+        im.h->published_seq, timeout, [&] { return im.try_receive(seq, status); }, &im.h->published_sleepers);
     if (w != Status::Ok) return w;
   }
   if (status != Status::Ok) return status;
   auto& s = im.slot(seq);
-  if (im.gpu()) {
+  // The producer's stream may not have written the slot yet; when the host already sees `filled`, it has.
+  if (im.gpu() && (atomic(s.filled).load(std::memory_order_acquire) & proto::kMaxValue) < seq + 1) {
     if (cuda::stream_wait_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, filled)),
                                   seq + 1) != CUDA_SUCCESS) {
       atomic(s.state).store(proto::pack_state(seq, Phase::Published, proto::kNoMember));
@@ -454,7 +458,7 @@ Status Channel::release(StreamHandle stream) noexcept {
   atomic(s.releaser).store(im.member);
   atomic(s.state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember), std::memory_order_release);
   im.pop_held();
-  core::bump_and_wake(im.h->released_seq);
+  core::bump_and_wake(im.h->released_seq, &im.h->released_sleepers);
   return Status::Ok;
 }
 

@@ -215,6 +215,18 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
   }
 }
 
+bool BrokerClient::request_on(std::uint64_t generation, const proto::Body& body) noexcept {
+  std::lock_guard lock(m_mutex);
+  if (!m_sock || m_generation.load() != generation) return false;
+  try {
+    exchange_locked(body, {}, std::chrono::milliseconds(0));
+    return true;
+  } catch (const std::exception& e) {
+    GPUIPC_LOG_DEBUG("request on generation {}: {}", generation, e.what());
+    return false;
+  }
+}
+
 Reply BrokerClient::request(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout) {
   std::lock_guard lock(m_mutex);
   for (int attempt = 0;; ++attempt) {

@@ -33,6 +33,11 @@ class BrokerClient {
   Reply request(const proto::Body& body, std::span<const int> fds = {},
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
+  /// Sends `body` on the current connection only if it is still generation `generation`: never reconnects and
+  /// never starts a broker (a reference taken through a broker that is gone is not another broker's to drop).
+  /// For destructors: returns false instead of throwing when it could not be delivered.
+  bool request_on(std::uint64_t generation, const proto::Body& body) noexcept;
+
   /// Changes whenever the connection is replaced (fork, broker restart): references taken under an older
   /// generation are not this connection's to drop.
   std::uint64_t generation() const noexcept { return m_generation.load(std::memory_order_acquire); }

@@ -32,12 +32,11 @@ struct Mapping {
   ~Mapping() {
     gpu.reset();
     host = os::Mapping();
-    auto& client = core::BrokerClient::instance();
-    if (client_generation != client.generation()) return;  // that broker (or parent process) holds it, not us
-    try {
-      client.request(proto::Close{id});
-    } catch (const std::exception& e) {
-      GPUIPC_LOG_DEBUG("close of segment '{}' (id {}): {}", name, id, e.what());
+    if (client_generation == 0) return;  // never registered
+    // Only on the connection that took the reference: a broker that went away took it along, and a forked child
+    // or a new broker must not get a Close for an id it never gave out.
+    if (!core::BrokerClient::instance().request_on(client_generation, proto::Close{id})) {
+      GPUIPC_LOG_DEBUG("segment '{}' (id {}): its broker connection is gone; nothing to close", name, id);
     }
   }
 };

@@ -33,8 +33,9 @@ void release_member(proto::Member (&members)[proto::kMaxMembers], std::uint32_t 
   proto::atomic(members[index].pid).compare_exchange_strong(expected, 0U, std::memory_order_acq_rel);
 }
 
-void bump_and_wake(std::uint32_t& word) noexcept {
-  proto::atomic(word).fetch_add(1, std::memory_order_release);
+void bump_and_wake(std::uint32_t& word, std::uint32_t* sleepers) noexcept {
+  proto::atomic(word).fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers != nullptr && proto::atomic(*sleepers).load(std::memory_order_seq_cst) == 0) return;
   try {
     os::futex_wake(as_atomic(word));
   } catch (...) {  // NOLINT(bugprone-empty-catch): sleepers also wake by timeout

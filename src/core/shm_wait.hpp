@@ -16,8 +16,9 @@ std::uint32_t claim_member(proto::Member (&members)[proto::kMaxMembers], proto::
 /// Frees member entry `index` if this process holds it.
 void release_member(proto::Member (&members)[proto::kMaxMembers], std::uint32_t index) noexcept;
 
-/// Bumps a futex word and wakes everyone sleeping on it.
-void bump_and_wake(std::uint32_t& word) noexcept;
+/// Bumps a futex word and wakes everyone sleeping on it. With `sleepers` (a count the waiters keep), the wake
+/// system call is made only when someone sleeps: the common case of a busy peer costs no syscall.
+void bump_and_wake(std::uint32_t& word, std::uint32_t* sleepers = nullptr) noexcept;
 
 /// Sleeps on `futex_word` while it still reads `seen`, at most `slice`.
 void futex_sleep(const std::uint32_t& futex_word, std::uint32_t seen, std::chrono::nanoseconds slice) noexcept;
@@ -34,7 +35,8 @@ inline void cpu_relax() noexcept {
 /// stream's write) are still seen. A negative timeout waits forever. Returns Ok when ready() said so, Timeout
 /// when `timeout` passed first. Does not allocate.
 template <typename Ready>
-Status wait_on(const std::uint32_t& futex_word, std::chrono::nanoseconds timeout, Ready&& ready) noexcept {
+Status wait_on(const std::uint32_t& futex_word, std::chrono::nanoseconds timeout, Ready&& ready,
+               std::uint32_t* sleepers = nullptr) noexcept {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const auto deadline = timeout.count() < 0 ? clock::time_point::max() : start + timeout;
@@ -50,11 +52,18 @@ Status wait_on(const std::uint32_t& futex_word, std::chrono::nanoseconds timeout
   std::chrono::nanoseconds backoff = std::chrono::microseconds(50);
   constexpr std::chrono::nanoseconds kMaxBackoff = std::chrono::milliseconds(1);
   for (;;) {
-    const std::uint32_t seen = proto::atomic(const_cast<std::uint32_t&>(futex_word)).load(std::memory_order_acquire);
-    if (ready()) return Status::Ok;
+    // Announce the sleep before the last look (sequentially consistent on both sides, with bump_and_wake):
+    // either the waker sees us counted and wakes us, or we see its change here.
+    if (sleepers != nullptr) proto::atomic(*sleepers).fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t seen = proto::atomic(const_cast<std::uint32_t&>(futex_word)).load(std::memory_order_seq_cst);
+    const bool done = ready();
     const auto now = clock::now();
+    if (!done && now < deadline) {
+      futex_sleep(futex_word, seen, std::min<std::chrono::nanoseconds>(backoff, deadline - now));
+    }
+    if (sleepers != nullptr) proto::atomic(*sleepers).fetch_sub(1, std::memory_order_seq_cst);
+    if (done) return Status::Ok;
     if (now >= deadline) return Status::Timeout;
-    futex_sleep(futex_word, seen, std::min<std::chrono::nanoseconds>(backoff, deadline - now));
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
 }

@@ -106,7 +106,9 @@ struct alignas(64) ChannelHeader {
   alignas(64) std::uint64_t head;  ///< next sequence producers claim
   alignas(64) std::uint64_t tail;  ///< next sequence consumers claim
   alignas(64) std::uint32_t published_seq;  ///< futex: bumped on every publish (consumers sleep on it)
+  std::uint32_t published_sleepers;         ///< consumers asleep on published_seq: a publish wakes only if > 0
   alignas(64) std::uint32_t released_seq;   ///< futex: bumped on every release (producers sleep on it)
+  std::uint32_t released_sleepers;          ///< producers asleep on released_seq
   alignas(64) std::uint32_t producers;      ///< live producers
   std::uint32_t consumers;                  ///< live consumers
   std::uint32_t producers_seen;             ///< 1 once any producer registered
