@@ -176,7 +176,7 @@ json ipc_event_rtt(const Env& env, int iterations) {
 // One slot: the producer's next acquire returns when the consumer has released the previous message, so
 // acquire(k+1) - publish(k) is one handoff round trip: publish -> the consumer holds the buffer (a device pointer
 // its stream may use) -> the producer sees the release.
-json handoff_rtt(std::size_t bytes, int iterations) {
+json handoff_rtt(std::size_t bytes, int iterations, SegmentKind kind = SegmentKind::Device) {
   SharedPage page;
   auto* sync = new (page.as<Sync>()) Sync{};
   const std::string name = unique("handoff");
@@ -184,7 +184,7 @@ json handoff_rtt(std::size_t bytes, int iterations) {
       {[&]() -> json {
          Gpu g;
          auto ch = Channel::create(name, {.slots = 1, .slot_bytes = bytes, .header_bytes = 64,
-                                          .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+                                          .kind = kind, .device = 0, .mode = 0600},
                                    ChannelRole::Producer);
          sync->a_ready = 1;
          await([&] { return sync->b_ready.load() == 1; }, "the consumer");
@@ -215,6 +215,30 @@ json handoff_rtt(std::size_t bytes, int iterations) {
          return json::object();
        }});
   Channel::unlink(name);
+  return results[0];
+}
+
+// --- the cost of one stream memory operation on the host --------------------------------------------------------
+json memop_enqueue_cost(int iterations) {
+  const std::string name = unique("memop");
+  const auto results = run_workers({[&]() -> json {
+    Gpu g;
+    auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    std::vector<double> write_us, wait_us;
+    for (int i = 1; i <= iterations; ++i) {
+      auto t0 = now_ns();
+      check_status(sem.signal(g.stream.get(), static_cast<std::uint64_t>(i)), "signal");
+      const auto t1 = now_ns();
+      check_status(sem.wait(g.stream.get(), static_cast<std::uint64_t>(i)), "wait");
+      const auto t2 = now_ns();
+      write_us.push_back(static_cast<double>(t1 - t0) / 1e3);
+      wait_us.push_back(static_cast<double>(t2 - t1) / 1e3);
+      if (i % 64 == 0) g.stream.synchronize();
+    }
+    g.stream.synchronize();
+    return json{{"write_us", to_json(summarize(write_us))}, {"wait_us", to_json(summarize(wait_us))}};
+  }});
+  Semaphore::unlink(name);
   return results[0];
 }
 
@@ -416,6 +440,19 @@ Result run(const Options& o, const DeviceMeta& meta) {
     r.metrics[fmt::format("handoff_rtt_p50_us_{}MiB", mib)] = h["rtt_us"]["median"];
     r.metrics[fmt::format("handoff_rtt_p99_us_{}MiB", mib)] = h["rtt_us"]["p99"];
     r.samples.push_back({{"what", fmt::format("handoff_rtt_us_{}MiB", mib)}, {"summary", h["rtt_us"]}});
+  }
+  {
+    // Where the handoff's time goes: the same round trip through a host channel (no driver call at all), and
+    // the host-side cost of enqueuing one stream memory operation (a device handoff makes up to four).
+    progress(o, "channels: handoff through a host channel, memop enqueue cost");
+    const auto host = handoff_rtt(1 << 20, handoff_iters, SegmentKind::Host);
+    r.metrics["host_handoff_rtt_p50_us_1MiB"] = host["rtt_us"]["median"];
+    r.samples.push_back({{"what", "host_handoff_rtt_us_1MiB"}, {"summary", host["rtt_us"]}});
+    const auto memop = memop_enqueue_cost(o.quick ? 500 : 2000);
+    r.metrics["memop_write_enqueue_us"] = memop["write_us"]["median"];
+    r.metrics["memop_wait_enqueue_us"] = memop["wait_us"]["median"];
+    r.samples.push_back({{"what", "memop_write_enqueue_us"}, {"summary", memop["write_us"]}});
+    r.samples.push_back({{"what", "memop_wait_enqueue_us"}, {"summary", memop["wait_us"]}});
   }
   for (const char* impl : {"torch", "cudacore"}) {
     progress(o, fmt::format("channels: {} handoff baseline", impl));

@@ -90,8 +90,9 @@ def run_cudacore(nbytes, iters):
     q_in, q_ack = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=cudacore_consumer, args=(mr, q_in, q_ack, iters + WARMUP))
     p.start()
-    buf = mr.allocate(nbytes)
-    dev.sync()
+    stream = dev.create_stream()
+    buf = mr.allocate(nbytes, stream=stream)
+    stream.sync()
     samples = []
     for i in range(iters + WARMUP):
         t0 = time.perf_counter()

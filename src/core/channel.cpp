@@ -394,17 +394,21 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   s.size = bytes;
   atomic(s.flags).store(0);
   atomic(s.publisher).store(im.member);
-  if (im.gpu()) {
-    if (cuda::stream_write_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, filled)),
-                                   seq + 1) != CUDA_SUCCESS) {
-      return Status::DriverError;
-    }
-  } else {
-    atomic(s.filled).store(seq + 1, std::memory_order_release);
-  }
+  if (!im.gpu()) atomic(s.filled).store(seq + 1, std::memory_order_release);
+  // The host-visible publish goes first: a consumer can claim the message (and enqueue its stream wait) while
+  // this thread is still in the driver call below, which keeps that call off the handoff's critical path. The
+  // consumer's stream cannot run ahead: it waits for `filled`, which only our stream writes.
   atomic(s.state).store(proto::pack_state(seq, Phase::Published, im.member), std::memory_order_release);
   im.pop_held();
   core::bump_and_wake(im.h->published_seq, &im.h->published_sleepers);
+  if (im.gpu() && cuda::stream_write_value64(static_cast<CUstream>(stream),
+                                             im.word_device(seq, offsetof(proto::Slot, filled)),
+                                             seq + 1) != CUDA_SUCCESS) {
+    // The stream will never write it: release the consumer's stream from the host and flag the message.
+    atomic(s.flags).fetch_or(proto::kSlotIncomplete);
+    atomic(s.filled).store(proto::kPoisonBit | (seq + 1), std::memory_order_release);
+    return Status::DriverError;
+  }
   return Status::Ok;
 }
 
@@ -447,18 +451,20 @@ Status Channel::release(StreamHandle stream) noexcept {
   auto& im = *m_impl;
   const std::uint64_t seq = im.front_held();
   auto& s = im.slot(seq);
-  if (im.gpu()) {
-    if (cuda::stream_write_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, freed)),
-                                   seq + 1) != CUDA_SUCCESS) {
-      return Status::DriverError;
-    }
-  } else {
-    atomic(s.freed).store(seq + 1, std::memory_order_release);
-  }
+  if (!im.gpu()) atomic(s.freed).store(seq + 1, std::memory_order_release);
   atomic(s.releaser).store(im.member);
+  // As in publish: the host-visible release first, the stream write after. A producer that reclaims the slot at
+  // once makes its own stream wait for `freed`, which only our stream writes, after its reads.
   atomic(s.state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember), std::memory_order_release);
   im.pop_held();
   core::bump_and_wake(im.h->released_seq, &im.h->released_sleepers);
+  // No memory barrier: `freed` orders reads before the producer's next writes; stream order already finishes them.
+  if (im.gpu() && cuda::stream_write_value64(static_cast<CUstream>(stream),
+                                             im.word_device(seq, offsetof(proto::Slot, freed)), seq + 1,
+                                             CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) != CUDA_SUCCESS) {
+    atomic(s.freed).store(seq + 1, std::memory_order_release);  // never leave the producer's stream waiting
+    return Status::DriverError;
+  }
   return Status::Ok;
 }
 

@@ -44,9 +44,10 @@ bool stream_done_within(const cuda::Stream& s, std::chrono::milliseconds timeout
 constexpr std::size_t kSlotBytes = 4 << 20;
 constexpr std::size_t kSlotWords = kSlotBytes / 4;
 
-int produce(const std::string& name, std::uint32_t id, std::uint32_t count) {
+int produce(const std::string& name, std::uint32_t id, std::uint32_t count, std::atomic<std::uint32_t>* joined) {
   Gpu g;
   auto ch = Channel::open(name, ChannelRole::Producer);
+  joined->fetch_add(1);  // counted only once it is a member: the holder may leave after that
   for (std::uint32_t i = 0; i < count; ++i) {
     SlotView slot;
     GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 30s, slot) == Status::Ok);
@@ -108,13 +109,9 @@ void run_device_mpmc(std::uint32_t producers, std::uint32_t consumers, std::uint
     kids.push_back(start_child([&] { return consume(name, producers * per_producer, received); }));
   }
   for (std::uint32_t p = 0; p < producers; ++p) {
-    kids.push_back(start_child([&, p] {
-      joined->fetch_add(1);
-      return produce(name, p, per_producer);
-    }));
+    kids.push_back(start_child([&, p] { return produce(name, p, per_producer, joined); }));
   }
   ASSERT_TRUE(wait_until([&] { return joined->load() == producers; }, 60s));
-  std::this_thread::sleep_for(200ms);  // they open the channel right after counting themselves
   release_holder.notify();
   EXPECT_EQ(wait_child(holder), 0);
   for (auto pid : kids) EXPECT_EQ(wait_child(pid, 120s), 0);
