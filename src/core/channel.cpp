@@ -458,10 +458,10 @@ Status Channel::release(StreamHandle stream) noexcept {
   atomic(s.state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember), std::memory_order_release);
   im.pop_held();
   core::bump_and_wake(im.h->released_seq, &im.h->released_sleepers);
-  // No memory barrier: `freed` orders reads before the producer's next writes; stream order already finishes them.
+  // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do for `freed`, but releases failed with it on the H200.)
   if (im.gpu() && cuda::stream_write_value64(static_cast<CUstream>(stream),
-                                             im.word_device(seq, offsetof(proto::Slot, freed)), seq + 1,
-                                             CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) != CUDA_SUCCESS) {
+                                             im.word_device(seq, offsetof(proto::Slot, freed)),
+                                             seq + 1) != CUDA_SUCCESS) {
     atomic(s.freed).store(seq + 1, std::memory_order_release);  // never leave the producer's stream waiting
     return Status::DriverError;
   }
