@@ -188,34 +188,52 @@ json handoff_rtt(std::size_t bytes, int iterations, SegmentKind kind = SegmentKi
                                    ChannelRole::Producer);
          sync->a_ready = 1;
          await([&] { return sync->b_ready.load() == 1; }, "the consumer");
-         std::vector<double> us;
+         std::vector<double> us, publish_us, acquire_us;
          std::int64_t published = 0;
          for (int k = 0; k <= iterations + 50; ++k) {
            SlotView s;
+           const auto a0 = now_ns();
            check_status(ch.acquire(g.stream.get(), std::chrono::seconds(30), s), "acquire");
-           if (k > 50) us.push_back(static_cast<double>(now_ns() - published) / 1e3);
+           const auto a1 = now_ns();
+           if (k > 50) {
+             us.push_back(static_cast<double>(a1 - published) / 1e3);
+             acquire_us.push_back(static_cast<double>(a1 - a0) / 1e3);
+           }
            if (k == iterations + 50) break;
            published = now_ns();
            check_status(ch.publish(g.stream.get(), {}, bytes), "publish");
+           if (k > 50) publish_us.push_back(static_cast<double>(now_ns() - published) / 1e3);
          }
          g.stream.synchronize();
-         return json{{"rtt_us", to_json(summarize(us))}};
+         return json{{"rtt_us", to_json(summarize(us))}, {"publish_call_us", to_json(summarize(publish_us))},
+                     {"acquire_call_us", to_json(summarize(acquire_us))}};
        },
        [&]() -> json {
          Gpu g;
          await([&] { return sync->a_ready.load() == 1; }, "the channel");
          auto ch = Channel::open(name, ChannelRole::Consumer);
          sync->b_ready = 1;
+         std::vector<double> receive_us, release_us;
          for (int k = 0; k < iterations + 50; ++k) {
            MessageView m;
+           const auto r0 = now_ns();
            check_status(ch.receive(g.stream.get(), std::chrono::seconds(30), m), "receive");
+           const auto r1 = now_ns();
            check_status(ch.release(g.stream.get()), "release");
+           if (k >= 50) {
+             receive_us.push_back(static_cast<double>(r1 - r0) / 1e3);
+             release_us.push_back(static_cast<double>(now_ns() - r1) / 1e3);
+           }
          }
          g.stream.synchronize();
-         return json::object();
+         return json{{"receive_call_us", to_json(summarize(receive_us))},
+                     {"release_call_us", to_json(summarize(release_us))}};
        }});
   Channel::unlink(name);
-  return results[0];
+  json out = results[0];
+  out["receive_call_us"] = results[1]["receive_call_us"];
+  out["release_call_us"] = results[1]["release_call_us"];
+  return out;
 }
 
 // --- the cost of one stream memory operation on the host --------------------------------------------------------
@@ -439,7 +457,9 @@ Result run(const Options& o, const DeviceMeta& meta) {
     const auto h = handoff_rtt(mib << 20, handoff_iters);
     r.metrics[fmt::format("handoff_rtt_p50_us_{}MiB", mib)] = h["rtt_us"]["median"];
     r.metrics[fmt::format("handoff_rtt_p99_us_{}MiB", mib)] = h["rtt_us"]["p99"];
-    r.samples.push_back({{"what", fmt::format("handoff_rtt_us_{}MiB", mib)}, {"summary", h["rtt_us"]}});
+    r.samples.push_back({{"what", fmt::format("handoff_rtt_us_{}MiB", mib)}, {"summary", h["rtt_us"]},
+                         {"publish_call_us", h["publish_call_us"]}, {"acquire_call_us", h["acquire_call_us"]},
+                         {"receive_call_us", h["receive_call_us"]}, {"release_call_us", h["release_call_us"]}});
   }
   {
     // Where the handoff's time goes: the same round trip through a host channel (no driver call at all), and
