@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -260,6 +261,55 @@ json memop_enqueue_cost(int iterations) {
   return results[0];
 }
 
+/// What enqueuing costs the host when the stream is blocked in a wait that is not yet satisfied (the usual state
+/// of a consumer's stream waiting for its producer): a 64-bit write (default flags, and without the memory
+/// barrier), another wait, and a kernel launch, against the same on an idle stream.
+json enqueue_behind_pending_wait(int iterations) {
+  const auto results = run_workers({[&]() -> json {
+    Gpu g;
+    kernels::Kernels k;
+    void* page = std::aligned_alloc(4096, 4096);
+    std::memset(page, 0, 4096);
+    auto reg = cuda::HostRegistration::register_memory(page, 4096);
+    const CUdeviceptr base = reg.device_pointer();
+    auto* gate = static_cast<std::uint64_t*>(page);  // the pending wait's word, released from the host
+    const CUdeviceptr word = base + 64;
+    json out;
+    std::uint64_t v = 0;
+    auto measure = [&](const char* what, bool pending, const std::function<CUresult()>& op) {
+      std::vector<double> us;
+      CUresult last = CUDA_SUCCESS;
+      for (int i = 0; i < iterations; ++i) {
+        ++v;
+        if (pending) check_status(cuda::stream_wait_value64(g.stream.get(), base, v) == CUDA_SUCCESS ? Status::Ok : Status::DriverError, "wait");
+        const auto t0 = now_ns();
+        last = op();
+        us.push_back(static_cast<double>(now_ns() - t0) / 1e3);
+        std::atomic_ref<std::uint64_t>(*gate).store(v, std::memory_order_release);
+        g.stream.synchronize();
+      }
+      out[what] = to_json(summarize(us));
+      out[std::string(what) + "_result"] = static_cast<int>(last);
+    };
+    for (const bool pending : {false, true}) {
+      const std::string p = pending ? "_behind_pending_wait" : "_idle";
+      measure(("write64" + p).c_str(), pending, [&] { return cuda::stream_write_value64(g.stream.get(), word, v); });
+      measure(("write64_nobarrier" + p).c_str(), pending, [&] {
+        return cuda::stream_write_value64(g.stream.get(), word, v, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+      });
+      measure(("wait64" + p).c_str(), pending, [&] { return cuda::stream_wait_value64(g.stream.get(), word, 0); });
+      measure(("kernel" + p).c_str(), pending, [&] {
+        k.write_flag(g.stream.get(), word, v);
+        return CUDA_SUCCESS;
+      });
+    }
+    reg = cuda::HostRegistration();
+    std::free(page);
+    return out;
+  }});
+  return results[0];
+}
+
 // --- streaming throughput -------------------------------------------------------------------------------------
 constexpr std::size_t kFrameBytes = 8 << 20;
 
@@ -473,6 +523,9 @@ Result run(const Options& o, const DeviceMeta& meta) {
     r.metrics["memop_wait_enqueue_us"] = memop["wait_us"]["median"];
     r.samples.push_back({{"what", "memop_write_enqueue_us"}, {"summary", memop["write_us"]}});
     r.samples.push_back({{"what", "memop_wait_enqueue_us"}, {"summary", memop["wait_us"]}});
+    const auto pending = enqueue_behind_pending_wait(o.quick ? 50 : 200);
+    r.samples.push_back({{"what", "enqueue_cost_us"}, {"result", pending}});
+    r.metrics["memop_write_enqueue_behind_wait_us"] = pending["write64_behind_pending_wait"]["median"];
   }
   for (const char* impl : {"torch", "cudacore"}) {
     progress(o, fmt::format("channels: {} handoff baseline", impl));

@@ -9,6 +9,7 @@
 #include "core/segment_internal.hpp"
 #include "proto/messages.hpp"
 #include "core/shm_wait.hpp"
+#include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
 
 namespace gpuipc {
@@ -29,6 +30,7 @@ struct Channel::Impl {
   std::uint64_t control_device = 0;  // GPU address of the control block (device channels)
   std::uint64_t n = 0;
   std::uint32_t record_bytes = 0;
+  cuda::PrimaryContext ctx;  // device channels: made current for stream operations on threads that have none
   ChannelRole role = ChannelRole::Producer;
   SegmentKind kind = SegmentKind::Host;
   std::uint32_t member = proto::kNoMember;
@@ -262,7 +264,10 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
   impl->record_bytes = h->record_bytes;
   impl->kind = data.kind();
   impl->role = role;
-  if (impl->gpu()) impl->control_device = control.device_pointer();
+  if (impl->gpu()) {
+    impl->control_device = control.device_pointer();
+    impl->ctx = cuda::PrimaryContext(data.device());
+  }
   impl->held.assign(impl->n, 0);
   impl->control = std::move(control);
   impl->data = std::move(data);
@@ -353,6 +358,7 @@ void Channel::unlink(std::string_view name) {
 Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, SlotView& out) noexcept {
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == m_impl->n) return Status::InvalidState;
   auto& im = *m_impl;
+  if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   std::uint64_t seq = 0;
   Status status = Status::Ok;
   if (!im.try_acquire(seq, status)) {
@@ -386,6 +392,7 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
 Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, std::size_t bytes) noexcept {
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == 0) return Status::InvalidState;
   auto& im = *m_impl;
+  if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   if (header.size() > im.h->header_bytes || bytes > im.h->slot_bytes) return Status::InvalidState;
   const std::uint64_t seq = im.front_held();
   auto& s = im.slot(seq);
@@ -415,6 +422,7 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
 Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, MessageView& out) noexcept {
   if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == m_impl->n) return Status::InvalidState;
   auto& im = *m_impl;
+  if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   std::uint64_t seq = 0;
   Status status = Status::Ok;
   if (!im.try_receive(seq, status)) {
@@ -449,6 +457,7 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
 Status Channel::release(StreamHandle stream) noexcept {
   if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == 0) return Status::InvalidState;
   auto& im = *m_impl;
+  if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   const std::uint64_t seq = im.front_held();
   auto& s = im.slot(seq);
   if (!im.gpu()) atomic(s.freed).store(seq + 1, std::memory_order_release);

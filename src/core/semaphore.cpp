@@ -21,6 +21,7 @@ struct Semaphore::Impl {
   Segment segment;
   proto::SemaphoreBlock* block = nullptr;
   std::uint64_t device_value = 0;  // GPU address of block->value (host_pinned); 0 for host kind
+  cuda::PrimaryContext ctx;        // host_pinned: made current for stream operations on threads that have none
   SemaphoreRole role = SemaphoreRole::Waiter;
   std::uint32_t member = proto::kNoMember;
   std::uint64_t stream_signalled = 0;  // highest value handed to a stream: leave() waits for it to land
@@ -89,6 +90,7 @@ std::unique_ptr<Semaphore::Impl> attach(Segment seg, SemaphoreRole role) {
   }
   if (seg.kind() == SegmentKind::HostPinned) {
     impl->device_value = seg.device_pointer() + offsetof(proto::SemaphoreBlock, value);
+    impl->ctx = cuda::PrimaryContext(seg.device());
   }
   impl->role = role;
   impl->segment = std::move(seg);
@@ -148,6 +150,7 @@ Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_hos
     return st;
   }
   auto s = static_cast<CUstream>(stream);
+  if (!cuda::ensure_current(m_impl->ctx.get())) return Status::DriverError;
   if (cuda::stream_write_value64(s, m_impl->device_value, value) != CUDA_SUCCESS) return Status::DriverError;
   m_impl->stream_signalled = std::max(m_impl->stream_signalled, value);
   if (wake_host && cuda::launch_host_func(s, wake_host_waiters, m_impl->block) != CUDA_SUCCESS) {
@@ -161,6 +164,7 @@ Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
   if (auto st = m_impl->poison_status(atomic(m_impl->block->value).load(std::memory_order_acquire)); st != Status::Ok) {
     return st;
   }
+  if (!cuda::ensure_current(m_impl->ctx.get())) return Status::DriverError;
   if (cuda::stream_wait_value64(static_cast<CUstream>(stream), m_impl->device_value, value) != CUDA_SUCCESS) {
     return Status::DriverError;
   }

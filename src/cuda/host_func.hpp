@@ -10,4 +10,8 @@ namespace gpuipc::cuda {
 /// it and must not call CUDA.
 CUresult launch_host_func(CUstream stream, void (*fn)(void*), void* data) noexcept;
 
+/// Makes `ctx` current on the calling thread if no context is (as the CUDA runtime does implicitly on a thread's
+/// first call). Hot path: no exception; returns false when it could not.
+bool ensure_current(CUcontext ctx) noexcept;
+
 }  // namespace gpuipc::cuda
