@@ -4,7 +4,7 @@ FUZZ_SECONDS ?= 60
 SHORT_FUZZ_SECONDS ?= 20
 GPUIPC := build/bin/gpuipc
 
-.PHONY: all deps build demo test gpu-test bench asan tsan fuzz fuzz-build fuzz-short format tidy clean
+.PHONY: all deps build demo test gpu-test bench study asan tsan fuzz fuzz-build fuzz-short format tidy clean
 
 all: build
 
@@ -37,6 +37,12 @@ gpu-test: build
 ## Benchmarks; JSON lands in bench/results/ (see docs/benchmarks.md).
 bench: build
 	scripts/run_bench.sh
+
+## The CUDA IPC study (docs/study.md) from the result files in bench/results/: plots (docs/img), then the page.
+## Needs python3 with matplotlib; run the benchmarks first (gpuipc bench all) on a GPU machine.
+study:
+	python3 bench/plot.py bench/results --out docs/img
+	python3 bench/study.py bench/results --img docs/img --out docs/study.md
 
 ## ASan + UBSan build of the CPU test suite.
 asan: deps

@@ -18,8 +18,10 @@
 #include "gpuipc/channel.hpp"
 #include "gpuipc/semaphore.hpp"
 #include "kernels/kernels.hpp"
+#include "mps.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
+#include "python_runner.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {
@@ -409,94 +411,16 @@ double one_process_fps(const Env& env, int frames, std::uint32_t kSlots) {
 }
 
 // --- baselines in Python ----------------------------------------------------------------------------------------
-std::string baseline_script() {
-  namespace fs = std::filesystem;
-  std::vector<fs::path> candidates{fs::current_path() / "bench/baselines/handoff.py"};
-  const auto exe = os::self_exe_path();
-  if (!exe.empty()) candidates.push_back(fs::path(exe).parent_path() / "../../bench/baselines/handoff.py");
-  for (const auto& c : candidates) {
-    if (fs::exists(c)) return fs::weakly_canonical(c).string();
-  }
-  return {};
-}
-
-/// Runs bench/baselines/handoff.py for `impl` (torch, cudacore); its last line is a JSON object.
 /// Buffers in flight for the streaming metric (both sides: channel slots, and buffers of the one-process version).
 constexpr std::uint32_t kStreamSlots = 8;
 
+/// Runs bench/baselines/handoff.py for `impl` (torch, cudacore); its last line is a JSON object.
 json python_baseline(const std::string& impl, std::size_t bytes, int iterations) {
-  const std::string script = baseline_script();
-  if (script.empty()) return {{"error", "bench/baselines/handoff.py not found"}};
-  const std::string cmd = fmt::format("python3 '{}' --impl {} --bytes {} --iters {} 2>&1", script, impl, bytes, iterations);
-  FILE* f = ::popen(cmd.c_str(), "r");
-  if (f == nullptr) return {{"error", "popen failed"}};
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
-  const int rc = ::pclose(f);
-  // The script's result is the one line that starts with {"impl"; anything else is its (or its child's) log.
-  const auto pos = out.find("{\"impl\"");
-  if (pos != std::string::npos) {
-    try {
-      auto j = json::parse(out.substr(pos, out.find('\n', pos) - pos));
-      if (rc != 0 && !j.contains("error")) j["error"] = fmt::format("exit status {}", rc);
-      if (j.contains("error")) j["log"] = out.substr(0, 4000);
-      return j;
-    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): reported below
-    }
-  }
-  return {{"error", fmt::format("no result (exit status {})", rc)}, {"log", out.substr(0, 4000)}};
+  return run_python_json("bench/baselines/handoff.py",
+                         fmt::format("--impl {} --bytes {} --iters {}", impl, bytes, iterations));
 }
 
 // --- MPS --------------------------------------------------------------------------------------------------------
-/// A private MPS control daemon (own pipe and log directories under /tmp), stopped on destruction.
-class MpsDaemon {
- public:
-  MpsDaemon() {
-    char tmpl[] = "/tmp/gpuipc-mps-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) return;
-    m_dir = tmpl;
-    std::filesystem::create_directories(m_dir + "/pipe");
-    std::filesystem::create_directories(m_dir + "/log");
-    const std::string cmd = fmt::format("{} nvidia-cuda-mps-control -d >/dev/null 2>&1", prefix());
-    m_started = std::system(cmd.c_str()) == 0;  // NOLINT(cert-env33-c): a fixed command line of our own
-    if (m_started) std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  }
-  ~MpsDaemon() {
-    if (m_started) {
-      const std::string cmd = fmt::format("echo quit | {} nvidia-cuda-mps-control >/dev/null 2>&1", prefix());
-      [[maybe_unused]] int rc = std::system(cmd.c_str());  // NOLINT(cert-env33-c)
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
-    if (!m_dir.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(m_dir, ec);
-    }
-  }
-  MpsDaemon(const MpsDaemon&) = delete;
-  MpsDaemon& operator=(const MpsDaemon&) = delete;
-  bool started() const noexcept { return m_started; }
-  Env env() const { return {{"CUDA_MPS_PIPE_DIRECTORY", m_dir + "/pipe"}, {"CUDA_MPS_LOG_DIRECTORY", m_dir + "/log"}}; }
-
- private:
-  std::string prefix() const {
-    return fmt::format("CUDA_MPS_PIPE_DIRECTORY={0}/pipe CUDA_MPS_LOG_DIRECTORY={0}/log", m_dir);
-  }
-  std::string m_dir;
-  bool m_started = false;
-};
-
-/// Whether workers started with `env` really run under MPS (the device attribute, where the driver has it).
-bool mps_active(const Env& env) {
-  const auto r = run_workers({[]() -> json {
-                               Gpu g;
-                               const int v = cuda::device_attribute(static_cast<CUdevice_attribute>(133), 0);
-                               return json{{"mps", v != 0}};
-                             }},
-                             env);
-  return r[0].value("mps", false);
-}
-
 Result run(const Options& o, const DeviceMeta& meta) {
   Result r;
   r.mps = meta.mps;

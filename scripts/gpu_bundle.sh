@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d build/bin ] || { echo "build/ is not built: run make build first" >&2; exit 1; }
+# Results name the commit they measured: the build must be of a clean, committed tree, built after the commit.
+head=$(git rev-parse HEAD)
+if ! git diff --quiet HEAD -- src include tools bench python; then
+  echo "uncommitted changes in src include tools bench python: commit, rebuild, then bundle" >&2; exit 1
+fi
+built=$(sed -n 's/.*GPUIPC_BENCH_GIT_COMMIT "\(.*\)"/\1/p' build/bench/bench_commit.hpp 2>/dev/null)
+if [ -n "$built" ] && [ "$built" != "$head" ]; then
+  echo "build/ embeds commit $built but HEAD is $head: rebuild (cmake --build --preset default) first" >&2; exit 1
+fi
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build/bin" "$stage/build/tests" .gpu

@@ -1,3 +1,4 @@
+#include "base/format.hpp"
 #include "broker/registry.hpp"
 
 #include <fcntl.h>
@@ -17,16 +18,6 @@
 namespace gpuipc::broker {
 namespace {
 
-std::string human_bytes(std::uint64_t n) {
-  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{} B", n) : fmt::format("{:.1f} {}", v, kUnits[u]);
-}
 
 std::string_view kind_name(proto::Kind k) {
   switch (k) {

@@ -24,6 +24,11 @@ Kernels::Kernels()
       m_write_one(m_module.function("gpuipc_write_one")),
       m_spin_until(m_module.function("gpuipc_spin_until")),
       m_write_flag(m_module.function("gpuipc_write_flag")),
+      m_coherence_writer(m_module.function("gpuipc_coherence_writer")),
+      m_coherence_reader(m_module.function("gpuipc_coherence_reader")),
+      m_stamp_time(m_module.function("gpuipc_stamp_time")),
+      m_check_value(m_module.function("gpuipc_check_value")),
+      m_classify_patterns(m_module.function("gpuipc_classify_patterns")),
       m_sm_count(
           std::max(1, cuda::device_attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, cuda::current_ordinal()))) {}
 
@@ -92,6 +97,51 @@ void Kernels::write_flag(CUstream stream, CUdeviceptr flag, std::uint64_t value)
   unsigned long long v = value;
   void* args[] = {&flag, &v};
   cuda::launch(m_write_flag, 1, 32, 0, stream, args, "gpuipc_write_flag");
+}
+
+void Kernels::coherence_writer(CUstream stream, unsigned blocks, CUdeviceptr data, CUdeviceptr flags,
+                               CUdeviceptr acks, unsigned words_per_block, unsigned trials, FlagProtocol protocol,
+                               std::uint64_t timeout_ns, CUdeviceptr t_write, CUdeviceptr result) const {
+  unsigned wpb = words_per_block;
+  unsigned n = trials;
+  unsigned mode = static_cast<unsigned>(protocol);
+  unsigned long long t = timeout_ns;
+  void* args[] = {&data, &flags, &acks, &wpb, &n, &mode, &t, &t_write, &result};
+  cuda::launch(m_coherence_writer, blocks, kBlock, 0, stream, args, "gpuipc_coherence_writer");
+}
+
+void Kernels::coherence_reader(CUstream stream, unsigned blocks, CUdeviceptr data, CUdeviceptr flags,
+                               CUdeviceptr acks, unsigned words_per_block, unsigned trials, FlagProtocol protocol,
+                               std::uint64_t timeout_ns, CUdeviceptr t_seen, CUdeviceptr result) const {
+  unsigned wpb = words_per_block;
+  unsigned n = trials;
+  unsigned mode = static_cast<unsigned>(protocol);
+  unsigned long long t = timeout_ns;
+  void* args[] = {&data, &flags, &acks, &wpb, &n, &mode, &t, &t_seen, &result};
+  cuda::launch(m_coherence_reader, blocks, kBlock, 0, stream, args, "gpuipc_coherence_reader");
+}
+
+void Kernels::stamp_time(CUstream stream, CUdeviceptr out) const {
+  void* args[] = {&out};
+  cuda::launch(m_stamp_time, 1, 32, 0, stream, args, "gpuipc_stamp_time");
+}
+
+void Kernels::check_value(CUstream stream, CUdeviceptr words, std::size_t n_words, std::uint32_t value,
+                          CUdeviceptr mismatches, CUdeviceptr stamp) const {
+  unsigned long long n = n_words;
+  unsigned v = value;
+  void* args[] = {&words, &n, &v, &mismatches, &stamp};
+  cuda::launch(m_check_value, grid_for(n_words), kBlock, 0, stream, args, "gpuipc_check_value");
+}
+
+void Kernels::classify_patterns(CUstream stream, CUdeviceptr words, std::size_t n_words, std::uint64_t seed0,
+                                std::uint64_t seed1, std::uint64_t seed2, CUdeviceptr counts) const {
+  unsigned long long n = n_words;
+  unsigned long long s0 = seed0;
+  unsigned long long s1 = seed1;
+  unsigned long long s2 = seed2;
+  void* args[] = {&words, &n, &s0, &s1, &s2, &counts};
+  cuda::launch(m_classify_patterns, grid_for(n_words), kBlock, 0, stream, args, "gpuipc_classify_patterns");
 }
 
 }  // namespace gpuipc::kernels

@@ -1,6 +1,8 @@
 // Kernels for GPU tests, benchmarks and the demo. Device code only: compiled to an embedded fatbinary
 // (cmake/kernels.cmake) and launched by name through the run-time-loaded driver (kernels.cpp). No runtime API.
 // Every kernel is extern "C" so its name in the module is the plain name below; keep kernels.cpp in sync.
+#include <cuda/atomic>
+
 #include "pattern.hpp"
 
 namespace {
@@ -103,4 +105,191 @@ extern "C" __global__ void gpuipc_write_flag(volatile unsigned long long* flag, 
   __threadfence_system();
   *flag = value;
   __threadfence_system();
+}
+
+// ---- the coherence study (bench/suite_coherence.cpp) ----------------------------------------------------------
+// A writer kernel in one process and a reader kernel in another hand data over through a flag in shared (IPC)
+// memory, trial after trial: block b of the writer writes its chunk of data[] = i and then flags[b] = i; block b of
+// the reader waits for flags[b] >= i, reads the chunk, counts the words older than the flag (stale data after the
+// flag) and acknowledges with acks[b] = i + 1, which the writer waits for before trial i + 1. The flag protocol
+// is the thing measured: mode 0 (plain volatile stores and loads), 1 (__threadfence_system() between data and
+// flag on the writer, after the flag on the reader), 2 (cuda::atomic_ref at system scope: store(release) /
+// load(acquire)). The acknowledgement always uses release/acquire at system scope. Every wait gives up after
+// timeout_ns of %globaltimer and the kernel then stops (its result counts the block as timed out).
+namespace {
+
+// mode 0: plain volatile accesses (no constant: it is the default branch)
+constexpr unsigned kCoherenceFence = 1;
+constexpr unsigned kCoherenceReleaseAcquire = 2;
+/// u64 words between two blocks' flags (and acknowledgements): one 256-byte line each.
+constexpr unsigned long long kCoherenceFlagStride = 32;
+
+using SystemAtomicU64 = cuda::atomic_ref<unsigned long long, cuda::thread_scope_system>;
+
+__device__ __forceinline__ unsigned long long load_flag(unsigned long long* p, unsigned mode) {
+  if (mode == kCoherenceReleaseAcquire) return SystemAtomicU64(*p).load(cuda::memory_order_acquire);
+  return *const_cast<volatile unsigned long long*>(p);
+}
+
+__device__ __forceinline__ void store_flag(unsigned long long* p, unsigned long long v, unsigned mode) {
+  if (mode == kCoherenceReleaseAcquire) {
+    SystemAtomicU64(*p).store(v, cuda::memory_order_release);
+  } else {
+    *const_cast<volatile unsigned long long*>(p) = v;
+  }
+}
+
+/// Spins until load_flag(p, mode) >= v (true; *seen = the value) or timeout_ns passed (false).
+__device__ bool wait_flag_geq(unsigned long long* p, unsigned long long v, unsigned mode,
+                              unsigned long long timeout_ns, unsigned long long* seen) {
+  const unsigned long long start = global_timer_ns();
+  for (unsigned n = 0;; ++n) {
+    const unsigned long long x = load_flag(p, mode);
+    if (x >= v) {
+      *seen = x;
+      return true;
+    }
+    if ((n & 15U) == 15U && global_timer_ns() - start > timeout_ns) return false;
+  }
+}
+
+}  // namespace
+
+/// The writing side. t_write[i - 1] = %globaltimer just before block 0 stores flag i. result[0] += trials
+/// completed (summed over blocks), result[1] += blocks that timed out waiting for an acknowledgement.
+extern "C" __global__ void gpuipc_coherence_writer(unsigned* data, unsigned long long* flags, unsigned long long* acks,
+                                                   unsigned words_per_block, unsigned trials, unsigned mode,
+                                                   unsigned long long timeout_ns, unsigned long long* t_write,
+                                                   unsigned long long* result) {
+  __shared__ int s_abort;
+  const unsigned b = blockIdx.x;
+  unsigned long long* flag = flags + b * kCoherenceFlagStride;
+  unsigned long long* ack = acks + b * kCoherenceFlagStride;
+  volatile unsigned* mine = data + static_cast<unsigned long long>(b) * words_per_block;
+  unsigned done = 0;
+  int aborted = 0;
+  for (unsigned i = 1; i <= trials; ++i) {
+    if (threadIdx.x == 0) {
+      unsigned long long seen = 0;
+      s_abort = wait_flag_geq(ack, i, kCoherenceReleaseAcquire, timeout_ns, &seen) ? 0 : 1;
+    }
+    __syncthreads();
+    if (s_abort != 0) {
+      aborted = 1;
+      break;
+    }
+    for (unsigned k = threadIdx.x; k < words_per_block; k += blockDim.x) mine[k] = i;
+    if (mode == kCoherenceFence) __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const unsigned long long t = global_timer_ns();
+      store_flag(flag, i, mode);
+      if (b == 0) t_write[i - 1] = t;
+    }
+    done = i;
+  }
+  if (threadIdx.x == 0) {
+    atomicAdd(&result[0], static_cast<unsigned long long>(done));
+    if (aborted != 0) atomicAdd(&result[1], 1ULL);
+  }
+}
+
+/// The reading side. t_seen[i - 1] = %globaltimer when block 0 saw flag i. result[0] += trials completed (summed
+/// over blocks), result[1] += blocks that timed out, result[2] += observations (block, trial) with stale data
+/// after the flag, result[3] += stale words, result[4] += observations where the flag was already past i.
+extern "C" __global__ void gpuipc_coherence_reader(const unsigned* data, unsigned long long* flags,
+                                                   unsigned long long* acks, unsigned words_per_block,
+                                                   unsigned trials, unsigned mode, unsigned long long timeout_ns,
+                                                   unsigned long long* t_seen, unsigned long long* result) {
+  __shared__ int s_abort;
+  __shared__ unsigned long long s_seen;
+  __shared__ unsigned s_bad;
+  const unsigned b = blockIdx.x;
+  unsigned long long* flag = flags + b * kCoherenceFlagStride;
+  unsigned long long* ack = acks + b * kCoherenceFlagStride;
+  const volatile unsigned* mine = data + static_cast<unsigned long long>(b) * words_per_block;
+  unsigned long long done = 0, events = 0, words = 0, overshoot = 0;
+  int aborted = 0;
+  if (threadIdx.x == 0) {
+    s_bad = 0;
+    store_flag(ack, 1, kCoherenceReleaseAcquire);  // ready for trial 1
+  }
+  __syncthreads();
+  for (unsigned i = 1; i <= trials; ++i) {
+    if (threadIdx.x == 0) {
+      unsigned long long seen = 0;
+      const bool ok = wait_flag_geq(flag, i, mode, timeout_ns, &seen);
+      const unsigned long long t = global_timer_ns();
+      if (mode == kCoherenceFence) __threadfence_system();
+      s_abort = ok ? 0 : 1;
+      s_seen = seen;
+      if (ok && b == 0) t_seen[i - 1] = t;
+    }
+    __syncthreads();
+    if (s_abort != 0) {
+      aborted = 1;
+      break;
+    }
+    const unsigned want = static_cast<unsigned>(s_seen);
+    unsigned bad = 0;
+    for (unsigned k = threadIdx.x; k < words_per_block; k += blockDim.x) bad += mine[k] < want ? 1U : 0U;
+    if (bad != 0) atomicAdd(&s_bad, bad);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (s_bad != 0) {
+        ++events;
+        words += s_bad;
+        s_bad = 0;
+      }
+      if (s_seen != i) ++overshoot;
+      store_flag(ack, static_cast<unsigned long long>(i) + 1, kCoherenceReleaseAcquire);
+    }
+    done = i;
+  }
+  if (threadIdx.x == 0) {
+    atomicAdd(&result[0], done);
+    if (aborted != 0) atomicAdd(&result[1], 1ULL);
+    if (events != 0) atomicAdd(&result[2], events);
+    if (words != 0) atomicAdd(&result[3], words);
+    if (overshoot != 0) atomicAdd(&result[4], overshoot);
+  }
+}
+
+/// One thread stores %globaltimer to *out (stream-ordered timestamps, same clock in every process on this GPU).
+extern "C" __global__ void gpuipc_stamp_time(unsigned long long* out) {
+  if (global_index() == 0) *out = global_timer_ns();
+}
+
+/// *stamp = %globaltimer when the kernel starts (block 0, thread 0); *mismatches (zeroed by the caller) += the
+/// number of i < n_words with p[i] != value.
+extern "C" __global__ void gpuipc_check_value(const unsigned* p, unsigned long long n_words, unsigned value,
+                                              unsigned long long* mismatches, unsigned long long* stamp) {
+  if (global_index() == 0) *stamp = global_timer_ns();
+  unsigned long long bad = 0;
+  for (unsigned long long i = global_index(); i < n_words; i += grid_stride()) bad += p[i] != value ? 1 : 0;
+  if (bad != 0) atomicAdd(mismatches, bad);
+}
+
+/// counts[s] (s < 3; zeroed by the caller) += words that equal pattern_word(seed_s, i); counts[3] += words that
+/// equal none of the three (torn or foreign data). A word that several patterns share counts for the first.
+extern "C" __global__ void gpuipc_classify_patterns(const unsigned* p, unsigned long long n_words,
+                                                    unsigned long long seed0, unsigned long long seed1,
+                                                    unsigned long long seed2, unsigned long long* counts) {
+  unsigned long long c0 = 0, c1 = 0, c2 = 0, none = 0;
+  for (unsigned long long i = global_index(); i < n_words; i += grid_stride()) {
+    const unsigned v = p[i];
+    if (v == gpuipc::kernels::pattern_word(seed0, i)) {
+      ++c0;
+    } else if (v == gpuipc::kernels::pattern_word(seed1, i)) {
+      ++c1;
+    } else if (v == gpuipc::kernels::pattern_word(seed2, i)) {
+      ++c2;
+    } else {
+      ++none;
+    }
+  }
+  if (c0 != 0) atomicAdd(&counts[0], c0);
+  if (c1 != 0) atomicAdd(&counts[1], c1);
+  if (c2 != 0) atomicAdd(&counts[2], c2);
+  if (none != 0) atomicAdd(&counts[3], none);
 }

@@ -46,6 +46,35 @@ class Kernels {
   /// processes after the stream's earlier work).
   void write_flag(CUstream stream, CUdeviceptr flag, std::uint64_t value) const;
 
+  // ---- the coherence study (bench/suite_coherence.cpp; see kernels.cu) ----
+  /// Flag protocols of coherence_writer / coherence_reader.
+  enum class FlagProtocol : unsigned { Plain = 0, Fence = 1, ReleaseAcquire = 2 };
+  /// u64 words between two blocks' flags (and acknowledgements) in the flag and acknowledgement arrays.
+  static constexpr std::size_t kCoherenceFlagStride = 32;
+  /// `blocks` blocks of kBlock threads: block b writes words_per_block u32 words of `data` (from b *
+  /// words_per_block) = i, then flags[b * kCoherenceFlagStride] = i, for trials i = 1..trials, each after
+  /// acks[b * stride] >= i. t_write[i - 1] (device u64[trials]) = %globaltimer before block 0's flag store.
+  /// result (device u64[2], zeroed): [0] trials completed summed over blocks, [1] blocks that timed out (a wait
+  /// longer than timeout_ns).
+  void coherence_writer(CUstream stream, unsigned blocks, CUdeviceptr data, CUdeviceptr flags, CUdeviceptr acks,
+                        unsigned words_per_block, unsigned trials, FlagProtocol protocol, std::uint64_t timeout_ns,
+                        CUdeviceptr t_write, CUdeviceptr result) const;
+  /// The reading side: acks[b] = 1, then per trial waits flags[b] >= i, reads its chunk, acks[b] = i + 1.
+  /// t_seen[i - 1] = %globaltimer when block 0 saw flag i. result (device u64[5], zeroed): [0] trials completed
+  /// summed over blocks, [1] blocks that timed out, [2] observations with stale data after the flag, [3] stale
+  /// words, [4] observations where the flag was already past i.
+  void coherence_reader(CUstream stream, unsigned blocks, CUdeviceptr data, CUdeviceptr flags, CUdeviceptr acks,
+                        unsigned words_per_block, unsigned trials, FlagProtocol protocol, std::uint64_t timeout_ns,
+                        CUdeviceptr t_seen, CUdeviceptr result) const;
+  /// One thread stores %globaltimer (ns) to the device u64 *out.
+  void stamp_time(CUstream stream, CUdeviceptr out) const;
+  /// *stamp = %globaltimer at the kernel's start; *mismatches (device u64, zeroed) += u32 words != value.
+  void check_value(CUstream stream, CUdeviceptr words, std::size_t n_words, std::uint32_t value,
+                   CUdeviceptr mismatches, CUdeviceptr stamp) const;
+  /// counts (device u64[4], zeroed): words matching pattern seed0, seed1, seed2, and none of them.
+  void classify_patterns(CUstream stream, CUdeviceptr words, std::size_t n_words, std::uint64_t seed0,
+                         std::uint64_t seed1, std::uint64_t seed2, CUdeviceptr counts) const;
+
   /// Streaming multiprocessors of the device the kernels were loaded for.
   int sm_count() const noexcept { return m_sm_count; }
 
@@ -63,6 +92,11 @@ class Kernels {
   CUfunction m_write_one = nullptr;
   CUfunction m_spin_until = nullptr;
   CUfunction m_write_flag = nullptr;
+  CUfunction m_coherence_writer = nullptr;
+  CUfunction m_coherence_reader = nullptr;
+  CUfunction m_stamp_time = nullptr;
+  CUfunction m_check_value = nullptr;
+  CUfunction m_classify_patterns = nullptr;
   int m_sm_count = 1;
 };
 

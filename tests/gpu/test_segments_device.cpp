@@ -173,7 +173,7 @@ TEST(SegmentsDevice, HostPinnedIsVisibleToTheGpuAndHostOfAnotherProcess) {
 TEST(SegmentsDevice, HundredCyclesLeakNoGpuMemoryOrBrokerFds) {
   GPUIPC_REQUIRE_GPU();
   const std::size_t baseline = gpu_free_memory();
-  const int broker_fds = BrokerEnvironment::broker_fd_count();
+  const int broker_fds = BrokerEnvironment::broker_fd_baseline();
   EXPECT_EQ(run_child([&] {
               Gpu g;
               const auto name = unique_name();
@@ -184,7 +184,7 @@ TEST(SegmentsDevice, HundredCyclesLeakNoGpuMemoryOrBrokerFds) {
               return 0;
             }),
             0);
-  EXPECT_EQ(BrokerEnvironment::broker_fd_count(), broker_fds);
+  EXPECT_LE(BrokerEnvironment::broker_fd_count(), broker_fds);  // no more than before
   EXPECT_EQ(BrokerEnvironment::broker_references(), 0U);
   std::size_t after = 0;
   EXPECT_TRUE(wait_until(

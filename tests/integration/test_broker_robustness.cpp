@@ -100,7 +100,7 @@ TEST(BrokerRobustness, OversizedMessageIsRefused) {
 }
 
 TEST(BrokerRobustness, FdFloodLeaksNothingInTheBroker) {
-  const int fds0 = BrokerEnvironment::broker_fd_count();
+  const int fds0 = BrokerEnvironment::broker_fd_baseline();
   auto sock = raw_connect();
   send_bytes(sock.get(), proto::encode(proto::Message{1, proto::Hello{1, "flood"}}));
   proto::Message msg;
@@ -115,7 +115,7 @@ TEST(BrokerRobustness, FdFloodLeaksNothingInTheBroker) {
   send_bytes(sock.get(), proto::encode(proto::Message{2, proto::List{0}}, 0), fds);
   expect_error_then_closed(sock.get(), ErrorCode::Protocol);
   sock.reset();
-  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() == fds0; }, 2s))
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() <= fds0; }, 2s))
       << BrokerEnvironment::broker_fd_count() << " vs " << fds0;
   expect_still_serving();
 }

@@ -113,7 +113,7 @@ TEST(SegmentsHost, ReadOnlyOpenerCannotWriteAndOnlyItFaults) {
 TEST(SegmentsHost, SigkillOfCreatorKeepsDataAndReturnsReferences) {
   const auto name = unique_name();
   const auto refs0 = BrokerEnvironment::broker_references();
-  const int fds0 = BrokerEnvironment::broker_fd_count();
+  const int fds0 = BrokerEnvironment::broker_fd_baseline();
   SyncPipe ready;
   const pid_t child = start_child([&] {
     auto s = Segment::create(name, 65536);
@@ -131,7 +131,7 @@ TEST(SegmentsHost, SigkillOfCreatorKeepsDataAndReturnsReferences) {
   for (int i = 0; i < 65536; ++i) ASSERT_EQ(static_cast<const unsigned char*>(s.data())[i], 0x5a);
   s.close();
   Segment::unlink(name);
-  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() == fds0; }, 2s))
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() <= fds0; }, 2s))
       << BrokerEnvironment::broker_fd_count() << " vs " << fds0;
   EXPECT_EQ(BrokerEnvironment::broker_references(), refs0);
 }
@@ -157,7 +157,7 @@ TEST(SegmentsHost, SigkillOfOpenerReturnsItsReference) {
 }
 
 TEST(SegmentsHost, SigkillInTheMiddleOfRequestsLeavesNothingBehind) {
-  const int fds0 = BrokerEnvironment::broker_fd_count();
+  const int fds0 = BrokerEnvironment::broker_fd_baseline();
   const auto refs0 = BrokerEnvironment::broker_references();
   for (int round = 0; round < 5; ++round) {
     const auto name = unique_name("churn" + std::to_string(round));
@@ -183,7 +183,7 @@ TEST(SegmentsHost, SigkillInTheMiddleOfRequestsLeavesNothingBehind) {
       EXPECT_EQ(e.code(), ErrorCode::NotFound);
     }
   }
-  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() == fds0; }, 2s))
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() <= fds0; }, 2s))
       << BrokerEnvironment::broker_fd_count() << " vs " << fds0;
   // Still serving.
   auto s = Segment::create(unique_name("after"), 4096);
@@ -261,7 +261,7 @@ TEST(SegmentsHost, ThousandCyclesKeepFdCountsFlat) {
   Segment::create(unique_name("warm"), 4096);
   Segment::unlink(unique_name("warm"));
   const int mine0 = os::count_open_fds();
-  const int broker0 = BrokerEnvironment::broker_fd_count();
+  const int broker0 = BrokerEnvironment::broker_fd_baseline();
   const auto name = unique_name();
   for (int i = 0; i < 1000; ++i) {
     auto s = Segment::create(name, 4096);
@@ -273,7 +273,8 @@ TEST(SegmentsHost, ThousandCyclesKeepFdCountsFlat) {
     Segment::unlink(name);
   }
   EXPECT_EQ(os::count_open_fds(), mine0) << describe_open_fds();
-  EXPECT_EQ(BrokerEnvironment::broker_fd_count(), broker0);
+  // Not more than before (fewer is fine: the baseline may have caught a reply's fd in flight).
+  EXPECT_LE(BrokerEnvironment::broker_fd_count(), broker0);
   EXPECT_EQ(BrokerEnvironment::broker_references(), 0U);
 }
 

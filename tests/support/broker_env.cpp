@@ -5,7 +5,9 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
+#include <thread>
 
 #include "core/client.hpp"
 #include "gpuipc/segment.hpp"
@@ -44,6 +46,15 @@ int BrokerEnvironment::broker_fd_count() {
   int n = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
   return n;
+}
+
+int BrokerEnvironment::broker_fd_baseline() {
+  int least = broker_fd_count();
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(4));
+    least = std::min(least, broker_fd_count());
+  }
+  return least;
 }
 
 std::uint64_t BrokerEnvironment::broker_references() {

@@ -27,6 +27,9 @@ class BrokerEnvironment : public ::testing::Environment {
   static pid_t broker_pid();
   /// Open fds of the broker process (/proc/<pid>/fd).
   static int broker_fd_count();
+  /// The broker's settled fd count: the least of several reads over ~20 ms, so a reply's fd caught in flight
+  /// (dup'ed for sendmsg, closed right after) does not inflate a baseline.
+  static int broker_fd_baseline();
   /// Sum of the broker's references over all segments.
   static std::uint64_t broker_references();
   /// References the broker counts for segment `name` (0 when it does not exist).

@@ -253,7 +253,9 @@ void register_demo(CLI::App& app, int& exit_code) {
     const auto bad = c["mismatched_words"].get<std::uint64_t>();
     std::cout << fmt::format("{} frames in {:.2f} s: {:.0f} frames/s, {:.2f} GB/s\n", c["frames"].get<std::uint64_t>(),
                              c["seconds"].get<double>(), c["frames_per_s"].get<double>(), c["gb_per_s"].get<double>());
-    std::cout << fmt::format("handoff latency (producer publish -> consumer receive): p50 {:.1f} us, p99 {:.1f} us\n",
+    std::cout << fmt::format("publish -> receive latency (frames queue in the {} slots while the consumer works): "
+                             "p50 {:.1f} us, p99 {:.1f} us\n",
+                             o.slots,
                              c["handoff_p50_us"].get<double>(), c["handoff_p99_us"].get<double>());
     std::cout << (bad == 0 ? fmt::format("all {} frames verified{}\n", c["frames"].get<std::uint64_t>(),
                                          o.host ? "" : " on the GPU")

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/format.hpp"
 #include "base/config.hpp"
 #include "commands.hpp"
 #include "cuda/device.hpp"
@@ -60,16 +61,6 @@ struct Report {
   std::vector<std::string> advice;    ///< one line per missing capability, needed or not
 };
 
-std::string human_bytes(std::uint64_t n) {
-  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{} B", n) : fmt::format("{:.1f} {}", v, kUnits[u]);
-}
 
 const char* yes_no(bool b) { return b ? "yes" : "no"; }
 

@@ -6,22 +6,13 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "base/format.hpp"
 #include "commands.hpp"
 #include "gpuipc/segment.hpp"
 
 namespace gpuipc::cli {
 namespace {
 
-std::string human_bytes(std::uint64_t n) {
-  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{} B", n) : fmt::format("{:.1f} {}", v, kUnits[u]);
-}
 
 std::string created_string(std::uint64_t unix_ns) {
   const auto tp = std::chrono::system_clock::time_point(
