@@ -612,8 +612,18 @@ MemoryInfo memory_info(int ordinal) {
 
 // ---- copies and stream memory operations ----
 
+namespace {
+// cuMemcpyHtoD (from pageable memory), cuMemcpyDtoD and cuMemsetD8 on device memory may return before the work
+// is done (CUDA's "API synchronization behavior"): wait for the legacy stream they ran on, so that "synchronous"
+// means done — before a mapping is torn down, or a kernel on a non-blocking stream reads the result.
+void finish_legacy_stream(const char* after) {
+  check(driver().cuStreamSynchronize(nullptr), "cuStreamSynchronize", after);
+}
+}  // namespace
+
 void copy_to_device(CUdeviceptr dst, const void* src, std::size_t size) {
   check(driver().cuMemcpyHtoD(dst, src, size), "cuMemcpyHtoD", fmt::format("copying {} bytes to {:#x}", size, dst));
+  finish_legacy_stream("after cuMemcpyHtoD");
 }
 
 void copy_to_host(void* dst, CUdeviceptr src, std::size_t size) {
@@ -623,10 +633,12 @@ void copy_to_host(void* dst, CUdeviceptr src, std::size_t size) {
 void copy_device_to_device(CUdeviceptr dst, CUdeviceptr src, std::size_t size) {
   check(driver().cuMemcpyDtoD(dst, src, size), "cuMemcpyDtoD",
         fmt::format("copying {} bytes from {:#x} to {:#x}", size, src, dst));
+  finish_legacy_stream("after cuMemcpyDtoD");
 }
 
 void memset_d8(CUdeviceptr dst, std::uint8_t value, std::size_t size) {
   check(driver().cuMemsetD8(dst, value, size), "cuMemsetD8", fmt::format("setting {} bytes at {:#x}", size, dst));
+  finish_legacy_stream("after cuMemsetD8");
 }
 
 void memset_d8_async(CUdeviceptr dst, std::uint8_t value, std::size_t size, CUstream stream) {

@@ -364,7 +364,8 @@ MemoryInfo memory_info(int ordinal);
 
 // ---- copies and stream memory operations ----
 
-/// Synchronous copies and memset in the current context (cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyDtoD, cuMemsetD8).
+/// Synchronous copies and memset in the current context (cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyDtoD, cuMemsetD8): they
+/// return once the work is done (the legacy stream is synchronised after those the driver returns from early).
 /// Throw Error naming the size.
 void copy_to_device(CUdeviceptr dst, const void* src, std::size_t size);
 void copy_to_host(void* dst, CUdeviceptr src, std::size_t size);
