@@ -34,6 +34,7 @@
 #include "kernels/kernels.hpp"
 #include "os/fd.hpp"
 #include "os/socket.hpp"
+#include "pair.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {
@@ -48,144 +49,18 @@ constexpr int kDevice = 0;
 constexpr const char* kSuite = "vmm";
 
 // ---------------------------------------------------------------------------------------------------------------
-// Two workers and the socket between them (the same few helpers are in suite_vmm.cpp and suite_transfer.cpp).
+// Two workers and the socket between them: bench/pair.hpp.
 
-constexpr std::size_t kMaxMessage = 60 * 1024;
+using Link = pair::Link;
+using pair::Gpu;
+using pair::size_label;
+using pair::to_hex;
 
-/// One end of the A <-> B socket: JSON messages with fds attached; every receive is bounded.
-class Link {
- public:
-  Link(int fd, std::string peer) : m_fd(fd), m_peer(std::move(peer)) {}
-
-  void send(const json& body, std::span<const int> fds = {}) const {
-    const std::string text = body.dump();
-    if (text.size() > kMaxMessage) {
-      throw Error(ErrorCode::InvalidArgument, fmt::format("bench {}: a {}-byte message is too long", kSuite, text.size()),
-                  "send_message");
-    }
-    const auto bytes = std::as_bytes(std::span<const char>(text.data(), text.size()));
-    if (os::send_message(m_fd, bytes, fds, kMaxMessage) != os::IoStatus::Ok) {
-      throw Error(ErrorCode::PeerDied, fmt::format("bench {}: the {} went away (send)", kSuite, m_peer), "send_message");
-    }
-  }
-
-  /// The next message; throws Timeout after `timeout_ms`, PeerDied when the peer has gone, and the peer's error
-  /// when it sent {"error": ...}.
-  json receive(int timeout_ms, std::vector<os::UniqueFd>* fds_out = nullptr) const {
-    if (!os::wait_readable(m_fd, timeout_ms)) {
-      throw Error(ErrorCode::Timeout,
-                  fmt::format("bench {}: no message from the {} within {} s", kSuite, m_peer, timeout_ms / 1000),
-                  "receive_message");
-    }
-    std::vector<std::byte> buffer(kMaxMessage + 1);
-    std::size_t size = 0;
-    std::vector<os::UniqueFd> fds;
-    const auto status = os::receive_message(m_fd, buffer, size, fds);
-    if (status == os::IoStatus::Closed) {
-      throw Error(ErrorCode::PeerDied, fmt::format("bench {}: the {} went away", kSuite, m_peer), "receive_message");
-    }
-    if (status != os::IoStatus::Ok) {
-      throw Error(ErrorCode::Protocol, fmt::format("bench {}: a truncated message from the {}", kSuite, m_peer),
-                  "receive_message");
-    }
-    const char* text = reinterpret_cast<const char*>(buffer.data());  // NOLINT: bytes of JSON text
-    json body = json::parse(text, text + size, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) {
-      throw Error(ErrorCode::Protocol, fmt::format("bench {}: a message from the {} is not a JSON object", kSuite, m_peer),
-                  "receive_message");
-    }
-    if (body.contains("error")) {
-      throw Error(ErrorCode::PeerDied, fmt::format("bench {}: the {} failed: {}", kSuite, m_peer,
-                                                   body["error"].is_string() ? body["error"].get<std::string>()
-                                                                             : body["error"].dump()),
-                  "receive_message");
-    }
-    if (fds_out != nullptr) *fds_out = std::move(fds);
-    return body;
-  }
-
- private:
-  int m_fd;
-  std::string m_peer;
-};
-
-/// Runs `a` (the exporter, A) and `b` (the importer, B) in two forked workers joined by a socketpair. The one that
-/// drives the exchange is awaited first (at most `timeout`), then the other (at most 60 s more: it only waits for
-/// its peer). Returns {a's report, b's report}; throws Error naming both workers' errors when either failed.
-std::pair<json, json> run_pair(const std::function<json(const Link&)>& a, const std::function<json(const Link&)>& b,
-                               std::chrono::seconds timeout, bool b_drives) {
-  auto [end_a, end_b] = os::seqpacket_pair();
-  const int fa = end_a.get(), fb = end_b.get();
-  const pid_t parent = ::getpid();
-  auto body = [parent](int mine, int theirs, const char* peer, const std::function<json(const Link&)>& f) {
-    return [=, &f]() -> json {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(3);
-      ::close(theirs);
-      const Link link(mine, peer);
-      json out = f(link);
-      ::close(mine);
-      return out;
-    };
-  };
-  Worker wa = spawn_worker(body(fa, fb, "importer process (B)", a));
-  std::optional<Worker> wb;
-  try {
-    wb.emplace(spawn_worker(body(fb, fa, "exporter process (A)", b)));
-  } catch (...) {
-    end_a.reset();
-    end_b.reset();
-    join_worker(wa, std::chrono::seconds(30));
-    throw;
-  }
-  end_a.reset();  // the workers hold the only ends now: either one's exit closes the other's socket
-  end_b.reset();
-  json ra, rb;
-  if (b_drives) {
-    rb = join_worker(*wb, timeout);
-    ra = join_worker(wa, std::chrono::seconds(60));
-  } else {
-    ra = join_worker(wa, timeout);
-    rb = join_worker(*wb, std::chrono::seconds(60));
-  }
-  if (ra.contains("error") || rb.contains("error")) {
-    throw Error(ErrorCode::System,
-                fmt::format("gpuipc bench {}: exporter process (A): {}; importer process (B): {}", kSuite,
-                            ra.contains("error") ? ra["error"].dump() : "ok",
-                            rb.contains("error") ? rb["error"].dump() : "ok"),
-                "bench " + std::string(kSuite));
-  }
-  return {std::move(ra), std::move(rb)};
+std::pair<json, json> run_pair(const pair::Body& a, const pair::Body& b, std::chrono::seconds timeout, bool b_drives) {
+  return pair::run_pair(kSuite, a, b, timeout, b_drives);
 }
 
-[[maybe_unused]] std::string to_hex(const void* data, std::size_t n) {
-  std::string s;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) s += fmt::format("{:02x}", p[i]);
-  return s;
-}
-
-[[maybe_unused]] void from_hex(const std::string& s, void* data, std::size_t n) {
-  if (s.size() != 2 * n) throw Error(ErrorCode::Protocol, fmt::format("bench {}: malformed IPC handle", kSuite), "from_hex");
-  auto* p = static_cast<unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(std::stoul(s.substr(2 * i, 2), nullptr, 16));
-}
-
-/// GPU 0's primary context, current on this thread, a stream and the kernels. Declare it first in a worker so it
-/// is destroyed after everything allocated in its context.
-struct Gpu {
-  cuda::PrimaryContext ctx{kDevice};
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
-};
-
-[[maybe_unused]] std::string size_label(std::size_t bytes) {
-  if (bytes >= kGiB && bytes % kGiB == 0) return fmt::format("{}GiB", bytes / kGiB);
-  if (bytes >= kMiB && bytes % kMiB == 0) return fmt::format("{}MiB", bytes / kMiB);
-  if (bytes >= kKiB && bytes % kKiB == 0) return fmt::format("{}KiB", bytes / kKiB);
-  return fmt::format("{}B", bytes);
-}
+[[maybe_unused]] void from_hex(const std::string& s, void* data, std::size_t n) { pair::from_hex(kSuite, s, data, n); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // The measurement.

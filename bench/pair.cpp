@@ -1,0 +1,138 @@
+#include "pair.hpp"
+
+#include <fmt/format.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <optional>
+
+#include "gpuipc/error.hpp"
+#include "os/socket.hpp"
+#include "workers.hpp"
+
+namespace gpuipc::bench::pair {
+
+using json = nlohmann::json;
+
+namespace {
+constexpr std::size_t kMaxMessage = 60 * 1024;
+constexpr std::size_t kKiB = 1ULL << 10;
+constexpr std::size_t kMiB = 1ULL << 20;
+constexpr std::size_t kGiB = 1ULL << 30;
+}  // namespace
+
+void Link::send(const json& body, std::span<const int> fds) const {
+  const std::string text = body.dump();
+  if (text.size() > kMaxMessage) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("bench {}: a {}-byte message is too long", m_suite, text.size()),
+                "send_message");
+  }
+  const auto bytes = std::as_bytes(std::span<const char>(text.data(), text.size()));
+  if (os::send_message(m_fd, bytes, fds, kMaxMessage) != os::IoStatus::Ok) {
+    throw Error(ErrorCode::PeerDied, fmt::format("bench {}: the {} went away (send)", m_suite, m_peer), "send_message");
+  }
+}
+
+
+json Link::receive(int timeout_ms, std::vector<os::UniqueFd>* fds_out) const {
+  if (!os::wait_readable(m_fd, timeout_ms)) {
+    throw Error(ErrorCode::Timeout,
+                fmt::format("bench {}: no message from the {} within {} s", m_suite, m_peer, timeout_ms / 1000),
+                "receive_message");
+  }
+  std::vector<std::byte> buffer(kMaxMessage + 1);
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  const auto status = os::receive_message(m_fd, buffer, size, fds);
+  if (status == os::IoStatus::Closed) {
+    throw Error(ErrorCode::PeerDied, fmt::format("bench {}: the {} went away", m_suite, m_peer), "receive_message");
+  }
+  if (status != os::IoStatus::Ok) {
+    throw Error(ErrorCode::Protocol, fmt::format("bench {}: a truncated message from the {}", m_suite, m_peer),
+                "receive_message");
+  }
+  const char* text = reinterpret_cast<const char*>(buffer.data());  // NOLINT: bytes of JSON text
+  json body = json::parse(text, text + size, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    throw Error(ErrorCode::Protocol, fmt::format("bench {}: a message from the {} is not a JSON object", m_suite, m_peer),
+                "receive_message");
+  }
+  if (body.contains("error")) {
+    throw Error(ErrorCode::PeerDied, fmt::format("bench {}: the {} failed: {}", m_suite, m_peer,
+                                                 body["error"].is_string() ? body["error"].get<std::string>()
+                                                                           : body["error"].dump()),
+                "receive_message");
+  }
+  if (fds_out != nullptr) *fds_out = std::move(fds);
+  return body;
+}
+
+
+std::pair<json, json> run_pair(const std::string& suite, const Body& a, const Body& b, std::chrono::seconds timeout,
+                               bool b_drives) {
+  auto [end_a, end_b] = os::seqpacket_pair();
+  const int fa = end_a.get(), fb = end_b.get();
+  const pid_t parent = ::getpid();
+  auto body = [parent, &suite](int mine, int theirs, const char* peer, const Body& f) {
+    return [=, &f]() -> json {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(3);
+      ::close(theirs);
+      const Link link(mine, peer, suite);
+      json out = f(link);
+      ::close(mine);
+      return out;
+    };
+  };
+  Worker wa = spawn_worker(body(fa, fb, "importer process (B)", a));
+  std::optional<Worker> wb;
+  try {
+    wb.emplace(spawn_worker(body(fb, fa, "exporter process (A)", b)));
+  } catch (...) {
+    end_a.reset();
+    end_b.reset();
+    join_worker(wa, std::chrono::seconds(30));
+    throw;
+  }
+  end_a.reset();  // the workers hold the only ends now: either one's exit closes the other's socket
+  end_b.reset();
+  json ra, rb;
+  if (b_drives) {
+    rb = join_worker(*wb, timeout);
+    ra = join_worker(wa, std::chrono::seconds(60));
+  } else {
+    ra = join_worker(wa, timeout);
+    rb = join_worker(*wb, std::chrono::seconds(60));
+  }
+  if (ra.contains("error") || rb.contains("error")) {
+    throw Error(ErrorCode::System,
+                fmt::format("gpuipc bench {}: exporter process (A): {}; importer process (B): {}", suite,
+                            ra.contains("error") ? ra["error"].dump() : "ok",
+                            rb.contains("error") ? rb["error"].dump() : "ok"),
+                "bench " + suite);
+  }
+  return {std::move(ra), std::move(rb)};
+}
+
+std::string to_hex(const void* data, std::size_t n) {
+  std::string s;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) s += fmt::format("{:02x}", p[i]);
+  return s;
+}
+
+void from_hex(const std::string& suite, const std::string& s, void* data, std::size_t n) {
+  if (s.size() != 2 * n) throw Error(ErrorCode::Protocol, fmt::format("bench {}: malformed IPC handle", suite), "from_hex");
+  auto* p = static_cast<unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(std::stoul(s.substr(2 * i, 2), nullptr, 16));
+}
+
+std::string size_label(std::size_t bytes) {
+  if (bytes >= kGiB && bytes % kGiB == 0) return fmt::format("{}GiB", bytes / kGiB);
+  if (bytes >= kMiB && bytes % kMiB == 0) return fmt::format("{}MiB", bytes / kMiB);
+  if (bytes >= kKiB && bytes % kKiB == 0) return fmt::format("{}KiB", bytes / kKiB);
+  return fmt::format("{}B", bytes);
+}
+
+}  // namespace gpuipc::bench::pair
