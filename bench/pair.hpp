@@ -48,8 +48,11 @@ std::string size_label(std::size_t bytes);
 /// GPU `ordinal`'s primary context, current on this thread, a stream and the kernels. Declare it first in a worker
 /// so it is destroyed after everything allocated in its context.
 struct Gpu {
-  explicit Gpu(int ordinal = 0) : ctx(ordinal) { ctx.make_current(); }
+  explicit Gpu(int ordinal = 0) : ctx(ordinal) {}
   cuda::PrimaryContext ctx;
+  // Members initialise in declaration order, before the constructor's body: the context must be current before
+  // the stream and the kernels are made in it.
+  int made_current = (ctx.make_current(), 0);
   cuda::Stream stream = cuda::Stream::create();
   kernels::Kernels k;
 };
