@@ -196,5 +196,58 @@ TEST(SegmentsDevice, HundredCyclesLeakNoGpuMemoryOrBrokerFds) {
       << "free before " << baseline << ", after " << after;
 }
 
+TEST(SegmentsDevice, OtherUidIsRefusedAndAKilledOpenersReferenceReturns) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  SyncPipe created, done;
+  const pid_t creator = start_child([&] {
+    Gpu g;
+    auto seg = Segment::create(name, 8 << 20, {.kind = SegmentKind::Device, .device = 0, .mode = 0600});
+    g.k.fill_pattern(g.stream.get(), seg.device_pointer(), (8 << 20) / 4, 11);
+    g.stream.synchronize();
+    created.notify();
+    GPUIPC_CHILD_CHECK(done.wait(120s));
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), (8 << 20) / 4, 11) == 0);
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  if (::getuid() == 0) {
+    // Refused by the broker before any import: the message names the owner and the mode.
+    EXPECT_EQ(run_child([&] {
+                if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 90;
+                try {
+                  Segment::open(name, {.access = Access::ReadOnly});
+                  return 2;
+                } catch (const Error& e) {
+                  const std::string msg = e.what();
+                  GPUIPC_CHILD_CHECK(e.code() == ErrorCode::PermissionDenied);
+                  GPUIPC_CHILD_CHECK(msg.find("mode 0600") != std::string::npos);
+                  GPUIPC_CHILD_CHECK(msg.find("owned by uid 0") != std::string::npos);
+                }
+                return 0;
+              }),
+              0);
+  }
+  // An opener that imported and mapped the memory is SIGKILLed: its reference goes, the creator's data stays.
+  EXPECT_EQ(BrokerEnvironment::references_of(name), 1U);
+  SyncPipe mapped;
+  const pid_t opener = start_child([&] {
+    Gpu g;
+    auto seg = Segment::open(name);
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), (8 << 20) / 4, 11) == 0);
+    mapped.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(mapped.wait(60s));
+  EXPECT_EQ(BrokerEnvironment::references_of(name), 2U);
+  ::kill(opener, SIGKILL);
+  EXPECT_EQ(wait_child(opener), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::references_of(name) == 1; }, 5s));
+  done.notify();
+  EXPECT_EQ(wait_child(creator), 0);
+  Segment::unlink(name);
+}
+
 }  // namespace
 }  // namespace gpuipc::test
