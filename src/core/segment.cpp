@@ -100,29 +100,24 @@ class MappingCache {
     return *cache;
   }
 
-  std::shared_ptr<detail::Mapping> find(const std::string& key, std::uint64_t names_gen, std::uint64_t client_gen) {
+  /// The cached mapping for `key` (nullptr when none or made through an older connection) and whether it is
+  /// fresh: bound at the current names generation. A stale one must be checked with the broker before reuse.
+  std::pair<std::shared_ptr<detail::Mapping>, bool> find(const std::string& key, std::uint64_t names_gen,
+                                                         std::uint64_t client_gen) {
     std::lock_guard lock(m_mutex);
     auto it = m_entries.find(key);
-    if (it == m_entries.end()) return nullptr;
+    if (it == m_entries.end()) return {nullptr, false};
     auto map = it->second.mapping.lock();
     if (!map || map->client_generation != client_gen) {
       m_entries.erase(it);
-      return nullptr;
+      return {nullptr, false};
     }
-    if (names_gen != 0 && it->second.names_generation == names_gen) return map;
-    it->second.stale = true;
-    return map;  // caller revalidates (see is_stale)
-  }
-
-  bool is_stale(const std::string& key) {
-    std::lock_guard lock(m_mutex);
-    auto it = m_entries.find(key);
-    return it == m_entries.end() || it->second.stale;
+    return {std::move(map), names_gen != 0 && it->second.names_generation == names_gen};
   }
 
   void put(const std::string& key, const std::shared_ptr<detail::Mapping>& map, std::uint64_t names_gen) {
     std::lock_guard lock(m_mutex);
-    m_entries[key] = Entry{map, names_gen, false};
+    m_entries[key] = Entry{map, names_gen};
   }
 
   void erase(const std::string& key) {
@@ -134,7 +129,6 @@ class MappingCache {
   struct Entry {
     std::weak_ptr<detail::Mapping> mapping;
     std::uint64_t names_generation = 0;
-    bool stale = false;
   };
   std::mutex m_mutex;
   std::unordered_map<std::string, Entry> m_entries;
@@ -243,8 +237,8 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
   auto& client = core::BrokerClient::instance();
   auto& cache = MappingCache::instance();
   const std::string key = cache_key(n, options.access, options.device);
-  if (auto hit = cache.find(key, client.names_generation(), client.generation())) {
-    if (!cache.is_stale(key)) return Segment(std::move(hit));
+  if (auto [hit, fresh] = cache.find(key, client.names_generation(), client.generation()); hit) {
+    if (fresh) return Segment(std::move(hit));
     // An unlink happened somewhere since this binding was made: is the name still this segment?
     try {
       auto st = client.request(proto::Stat{n});
@@ -266,9 +260,7 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
   const std::uint64_t names_gen = client.names_generation();
   auto reply = client.request(req, {}, options.wait + std::chrono::milliseconds(1000));
   const auto* r = std::get_if<proto::OpenReply>(&reply.msg.body);
-  if (r == nullptr || reply.fds.size() != 1) {
-    throw Error(ErrorCode::Protocol, "the broker answered Open without the segment's fd", "open");
-  }
+  if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Open with something else", "open");
   auto m = std::make_shared<detail::Mapping>();
   m->name = n;
   m->id = r->info.id;
@@ -276,8 +268,11 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
   m->access = options.access;
   m->size = r->info.size;
   // From here on the broker counts a reference for us: the Mapping's destructor returns it, also when a step
-  // below throws.
+  // below throws (a reply without the fd included).
   m->client_generation = client.generation();
+  if (reply.fds.size() != 1) {
+    throw Error(ErrorCode::Protocol, "the broker answered Open without the segment's fd", "open");
+  }
   const bool read_only = options.access == Access::ReadOnly;
   if (m->kind == SegmentKind::Device) {
     m->gpu = core::import_device_memory(reply.fds[0].get(), m->size, r->info.device, options.device, read_only);
