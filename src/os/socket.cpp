@@ -146,6 +146,15 @@ std::pair<UniqueFd, UniqueFd> seqpacket_pair() {
   return {UniqueFd(sv[0]), UniqueFd(sv[1])};
 }
 
+namespace {
+/// What a failed sendmsg/recvmsg (other than EINTR) means for the caller: WouldBlock, Closed, or an Error.
+IoStatus io_failure(const char* call, int sock, int err) {
+  if (err == EAGAIN || err == EWOULDBLOCK) return IoStatus::WouldBlock;
+  if (err == EPIPE || err == ECONNRESET) return IoStatus::Closed;
+  throw_system(call, fd_what(sock), err);
+}
+}  // namespace
+
 IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<const int> fds, std::size_t max_bytes) {
   if (payload.size() > max_bytes) {
     throw Error(
@@ -194,20 +203,8 @@ IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<co
       return IoStatus::Ok;
     }
     const int err = errno;
-    switch (err) {
-      case EINTR:
-        continue;
-      case EAGAIN:
-#if EWOULDBLOCK != EAGAIN
-      case EWOULDBLOCK:
-#endif
-        return IoStatus::WouldBlock;
-      case EPIPE:
-      case ECONNRESET:
-        return IoStatus::Closed;
-      default:
-        throw_system("sendmsg", fd_what(sock), err);
-    }
+    if (err == EINTR) continue;
+    return io_failure("sendmsg", sock, err);
   }
 }
 
@@ -228,19 +225,8 @@ IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& siz
     n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
     if (n >= 0) break;
     const int err = errno;
-    switch (err) {
-      case EINTR:
-        continue;
-      case EAGAIN:
-#if EWOULDBLOCK != EAGAIN
-      case EWOULDBLOCK:
-#endif
-        return IoStatus::WouldBlock;
-      case ECONNRESET:
-        return IoStatus::Closed;
-      default:
-        throw_system("recvmsg", fd_what(sock), err);
-    }
+    if (err == EINTR) continue;
+    return io_failure("recvmsg", sock, err);
   }
 
   // Take ownership of every descriptor that arrived, from every SCM_RIGHTS cmsg, before deciding anything: they
