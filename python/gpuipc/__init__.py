@@ -16,6 +16,7 @@ import os as _os
 
 from . import _gpuipc
 from .channel import Channel, ChannelStats, Message, Slot
+from . import errors as _errors
 from .errors import (
     AlreadyExists,
     Closed,
@@ -54,24 +55,7 @@ __all__ = [
     "Slot",
     "ArrayView",
     "daemon_path",
-    "Error",
-    "InvalidArgument",
-    "NotFound",
-    "AlreadyExists",
-    "PermissionDenied",
-    "QuotaExceeded",
-    "PeerDied",
-    "Closed",
-    "Timeout",
-    "WouldBlock",
-    "Interrupted",
-    "InvalidState",
-    "NoDriver",
-    "NoDevice",
-    "Unsupported",
-    "CudaError",
-    "SystemCallError",
-    "ProtocolError",
+    *_errors.__all__,
 ]
 
 
