@@ -101,6 +101,14 @@ class Channel {
   /// Publishes the oldest acquired slot with `bytes` of payload and `header` (at most header_bytes), in stream
   /// order: consumers' streams see the data once `stream` has reached this point.
   Status publish(StreamHandle stream, std::span<const std::byte> header, std::size_t bytes) noexcept;
+  /// acquire + a copy of `bytes` from `source` into the slot + publish, in one call and in `stream` order.
+  /// Device channels: cuMemcpyAsync on `stream` (source in device or host memory: unified addresses; a pageable
+  /// host source may be reused when this returns); nothing waits for the GPU. Host channels: memcpy from host
+  /// memory. `sequence` receives the message's position. Returns what acquire returns, InvalidState when `bytes`
+  /// or `header` is too big or slots taken with acquire are unpublished, DriverError when the driver refuses the
+  /// copy (the slot is given back; nothing is published).
+  Status send(StreamHandle stream, const void* source, std::size_t bytes, std::span<const std::byte> header,
+              std::chrono::nanoseconds timeout, std::uint64_t& sequence) noexcept;
 
   // Consumer. -----------------------------------------------------------------------------------------------
   /// Takes the next message, waiting on the host up to `timeout` for one to be published. For device channels,

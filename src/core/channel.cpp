@@ -139,6 +139,22 @@ struct Channel::Impl {
     core::bump_and_wake(h->released_seq);
   }
 
+  /// Gives back the newest acquired slot unpublished (its sequence is skipped, like an abandoned one). The slot's
+  /// next round waits for `freed` of this round, which no consumer will write: this member's stream writes it,
+  /// after its own wait for the previous round, so the word never goes backwards.
+  void give_back_front(CUstream stream) noexcept {
+    const std::uint64_t seq = held[(held_first + held_count - 1) % held.size()];
+    --held_count;
+    auto& s = slot(seq);
+    if (!gpu() || cuda::stream_write_value64(stream, word_device(seq, offsetof(proto::Slot, freed)), seq + 1) !=
+                      CUDA_SUCCESS) {
+      atomic(s.freed).store(std::max(atomic(s.freed).load(), seq + 1), std::memory_order_release);
+    }
+    atomic(s.state).store(proto::pack_state(seq + n, Phase::Free, proto::kNoMember), std::memory_order_release);
+    atomic(h->abandoned).fetch_add(1);
+    core::bump_and_wake(h->released_seq, &h->released_sleepers);
+  }
+
   /// Moves a ring index from `from` to `from + 1` unless someone already did. (Not compare_exchange on `from`
   /// itself: a failed exchange overwrites its expected value, and callers still need `from`.)
   static void advance(std::atomic_ref<std::uint64_t> index, std::uint64_t from) noexcept {
@@ -417,6 +433,27 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
     return Status::DriverError;
   }
   return Status::Ok;
+}
+
+Status Channel::send(StreamHandle stream, const void* source, std::size_t bytes, std::span<const std::byte> header,
+                     std::chrono::nanoseconds timeout, std::uint64_t& sequence) noexcept {
+  // The slot sent is the one acquired here: with older acquired slots still held, publish would take those.
+  if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count != 0) return Status::InvalidState;
+  auto& im = *m_impl;
+  if (header.size() > im.h->header_bytes || bytes > im.h->slot_bytes) return Status::InvalidState;
+  SlotView slot;
+  if (const Status st = acquire(stream, timeout, slot); st != Status::Ok) return st;
+  if (bytes > 0) {
+    if (!im.gpu()) {
+      std::memcpy(slot.data, source, bytes);
+    } else if (cuda::copy_async(slot.device_pointer, reinterpret_cast<CUdeviceptr>(source), bytes,
+                                static_cast<CUstream>(stream)) != CUDA_SUCCESS) {
+      im.give_back_front(static_cast<CUstream>(stream));
+      return Status::DriverError;
+    }
+  }
+  sequence = slot.sequence;
+  return publish(stream, header, bytes);
 }
 
 Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, MessageView& out) noexcept {

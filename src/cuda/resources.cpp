@@ -662,4 +662,10 @@ CUresult stream_wait_value64(CUstream stream, CUdeviceptr addr, std::uint64_t va
   return api->cuStreamWaitValue64(stream, addr, value, flags);
 }
 
+CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept {
+  const DriverApi* api = loaded_driver();
+  if (api == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return api->cuMemcpyAsync(dst, src, size, stream);
+}
+
 }  // namespace gpuipc::cuda

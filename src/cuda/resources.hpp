@@ -384,5 +384,8 @@ CUresult stream_write_value64(CUstream stream, CUdeviceptr addr, std::uint64_t v
                               unsigned flags = CU_STREAM_WRITE_VALUE_DEFAULT) noexcept;
 CUresult stream_wait_value64(CUstream stream, CUdeviceptr addr, std::uint64_t value,
                              unsigned flags = CU_STREAM_WAIT_VALUE_GEQ) noexcept;
+/// cuMemcpyAsync in `stream` order (unified addresses: host or device on either side). Hot path: returns the
+/// CUresult, no exception.
+CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept;
 
 }  // namespace gpuipc::cuda

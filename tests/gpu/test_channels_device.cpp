@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <cstring>
+#include <vector>
 
 #include "cuda/driver.hpp"
 #include "cuda/resources.hpp"
@@ -128,6 +129,65 @@ TEST(ChannelsDevice, OneToOneEveryMessageCheckedOnTheGpu) {
 TEST(ChannelsDevice, FourToFourEveryMessageCheckedOnTheGpu) {
   GPUIPC_REQUIRE_GPU();
   run_device_mpmc(4, 4, 100);
+}
+
+/// Channel::send: the source buffer is refilled right after each send on the same stream (the copy is stream-
+/// ordered before the refill), then a pageable host buffer is sent and overwritten as soon as send returns.
+TEST(ChannelsDevice, SendCopiesDeviceAndHostSourcesInStreamOrder) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("send");
+  constexpr std::uint32_t kDeviceSends = 64;
+  SyncPipe created;
+  const pid_t prod = start_child([&] {
+    Gpu g;
+    auto ch = Channel::create(name, {.slots = 2, .slot_bytes = kSlotBytes, .header_bytes = sizeof(Header),
+                                     .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+                              ChannelRole::Producer);
+    created.notify();
+    auto src = cuda::DeviceBuffer::allocate(kSlotBytes);
+    std::uint64_t seq = 0;
+    for (std::uint32_t i = 0; i < kDeviceSends; ++i) {
+      const Header h{0, i, 0x5EED0000ULL + i};
+      g.k.fill_pattern(g.stream.get(), src.get(), kSlotWords, h.seed);
+      GPUIPC_CHILD_CHECK(ch.send(g.stream.get(), reinterpret_cast<const void*>(src.get()), kSlotBytes,
+                                 std::as_bytes(std::span(&h, 1)), 30s, seq) == Status::Ok);
+      GPUIPC_CHILD_CHECK(seq == i);
+    }
+    const Header last{0, kDeviceSends, 0xF00DULL};
+    g.k.fill_pattern(g.stream.get(), src.get(), kSlotWords, last.seed);
+    g.stream.synchronize();
+    std::vector<std::byte> host(kSlotBytes);
+    cuda::copy_to_host(host.data(), src.get(), kSlotBytes);
+    GPUIPC_CHILD_CHECK(ch.send(g.stream.get(), host.data(), kSlotBytes, std::as_bytes(std::span(&last, 1)), 30s,
+                               seq) == Status::Ok);
+    std::fill(host.begin(), host.end(), std::byte{0});  // pageable: staged by the time send returned
+    g.stream.synchronize();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t cons = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    auto mismatches = cuda::DeviceBuffer::allocate(8);
+    cuda::memset_d8(mismatches.get(), 0, 8);
+    for (std::uint32_t i = 0; i <= kDeviceSends; ++i) {
+      MessageView m;
+      GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+      Header h{};
+      std::memcpy(&h, m.header.data(), sizeof h);
+      GPUIPC_CHILD_CHECK(h.index == i && m.size == kSlotBytes);
+      g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, h.seed, mismatches.get());
+      GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    }
+    g.stream.synchronize();
+    std::uint64_t bad = 1;
+    cuda::copy_to_host(&bad, mismatches.get(), 8);
+    GPUIPC_CHILD_CHECK(bad == 0);
+    return 0;
+  });
+  EXPECT_EQ(wait_child(prod, 120s), 0);
+  EXPECT_EQ(wait_child(cons, 120s), 0);
+  Channel::unlink(name);
 }
 
 TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
