@@ -6,6 +6,7 @@ a torch dtype (``torch.float16``) or a name such as ``"bfloat16"``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -59,10 +60,27 @@ def _from_numpy(dt: np.dtype) -> DType:
     return DType(dt.name, code, dt.itemsize * 8, 1, dt.str, dt)
 
 
+_CACHE: dict = {}  # spelling -> DType (send and as_array look types up on every call)
+
+
 def dtype_of(spec: Any) -> DType:
     """The DType for a dtype spelling (see the module docstring). TypeError for what is not one."""
     if isinstance(spec, DType):
         return spec
+    try:
+        return _CACHE[spec]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
+    dt = _dtype_of(spec)
+    try:
+        if len(_CACHE) < 1024:
+            _CACHE[spec] = dt
+    except TypeError:
+        pass
+    return dt
+
+
+def _dtype_of(spec: Any) -> DType:
     if isinstance(spec, str) and spec == "bfloat16":
         return _bfloat16()
     mod = type(spec).__module__
@@ -77,6 +95,7 @@ def dtype_of(spec: Any) -> DType:
         raise TypeError(f"not an element type gpuipc understands: {spec!r} ({e})") from None
 
 
+@functools.lru_cache(maxsize=256)
 def from_dlpack(code: int, bits: int, lanes: int) -> DType:
     """The DType of a DLPack (code, bits, lanes)."""
     if code == DL_BFLOAT and bits == 16 and lanes == 1:

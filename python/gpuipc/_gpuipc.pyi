@@ -198,6 +198,11 @@ class Channel:
     def publish(self, header: bytes, nbytes: int, stream: int) -> None:
         """Publishes the oldest acquired slot."""
 
+    def send_copy(self, source: int, nbytes: int, header: bytes, stream: int, timeout: float | None = None) -> int:
+        """
+        Copies ``nbytes`` at address ``source`` (device channels: GPU or host memory, copied in ``stream`` order; host channels: host memory) into the next free slot and publishes it with ``header``.
+        """
+
     def receive(self, stream: int, timeout: float | None = None) -> tuple[ArrayView, bytes, int]:
         """
         Takes the next message: (read-only bytes view of its payload, header bytes, sequence).

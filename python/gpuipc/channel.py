@@ -34,11 +34,12 @@ With the default ``header_bytes=256`` an array may have up to 29 dimensions (few
 
 from __future__ import annotations
 
+import functools
 import struct
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Iterator, Optional, Tuple
+from typing import Any, Callable, Deque, Iterator, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -60,8 +61,13 @@ _MAX_NDIM = 64
 def _pack_header(dt: DType, shape: Tuple[int, ...], nbytes: int, meta: bytes) -> bytes:
     if len(shape) > _MAX_NDIM:
         raise InvalidArgument(f"arrays of more than {_MAX_NDIM} dimensions cannot be sent")
+    return _packed(dt.code, dt.bits, dt.lanes, shape, nbytes, meta)
+
+
+@functools.lru_cache(maxsize=1024)  # a stream of arrays mostly repeats one dtype and shape
+def _packed(code: int, bits: int, lanes: int, shape: Tuple[int, ...], nbytes: int, meta: bytes) -> bytes:
     return (
-        _HEADER.pack(ARRAY_HEADER_MAGIC, _VERSION, len(shape), 0, dt.code, dt.bits, dt.lanes, len(meta), nbytes)
+        _HEADER.pack(ARRAY_HEADER_MAGIC, _VERSION, len(shape), 0, code, bits, lanes, len(meta), nbytes)
         + struct.pack(f"<{len(shape)}q", *shape)
         + meta
     )
@@ -79,6 +85,7 @@ class _ArrayInfo:
     aborted: bool
 
 
+@functools.lru_cache(maxsize=1024)
 def _unpack_header(header: bytes) -> Optional[_ArrayInfo]:
     if len(header) < _HEADER.size or header[:4] != ARRAY_HEADER_MAGIC:
         return None
@@ -206,17 +213,26 @@ class Channel:
     def send(self, array: Any, *, stream: Any = None, timeout: Optional[float] = None, meta: bytes = b"") -> int:
         """Copies ``array`` into the next free slot and publishes it with its dtype and shape; returns its sequence.
 
-        array: NumPy or anything NumPy takes (host channels and device channels), a PyTorch or CuPy array (copied
-        on ``stream`` by the framework itself: nothing waits for the GPU), or any DLPack /
-        ``__cuda_array_interface__`` producer (JAX, Numba, ...: a synchronous copy after ``stream`` has
-        finished). stream: the stream the array was written on (None: the legacy default stream). timeout: for
-        a free slot (see :meth:`acquire`). meta: bytes carried along (``Message.meta``). Raises InvalidArgument
-        (too big for a slot or the header, strided foreign arrays), TypeError (not an array), and what
-        :meth:`acquire` raises.
+        array: NumPy or anything NumPy takes (host channels and device channels), a PyTorch or CuPy array, a
+        ``__cuda_array_interface__`` producer (Numba, ...; device channels), or any DLPack producer (JAX, ...: a
+        synchronous copy after ``stream`` has finished). Contiguous arrays are copied by one call into the
+        library: on ``stream`` with cuMemcpyAsync for device channels (nothing waits for the GPU; a pageable host
+        array may change once send returns, one in pinned memory only once ``stream`` has passed the copy), with
+        memcpy for host channels; others by their framework on ``stream``. stream: the stream the array was
+        written on (None: the legacy default stream). timeout: for a free slot (see :meth:`acquire`). meta: bytes
+        carried along (``Message.meta``). Raises InvalidArgument (too big for a slot or the header, strided
+        foreign arrays, a GPU array without DLPack to a host channel), InvalidState (slots taken with
+        :meth:`acquire` are unpublished), TypeError (not an array), and what :meth:`acquire` raises.
         """
+        if self._acquired:
+            raise InvalidState(f"send on channel '{self.name}': publish the slots taken with acquire() first")
         handle = stream_handle(stream)
         meta = bytes(meta)
-        plan = _plan_copy(array, self.kind == "device", self.device, handle)
+        plan = _plan_copy(array, self._ch.kind == "device", self._ch.device, handle)
+        if isinstance(plan, _Source):  # contiguous bytes at a known address: one call copies and publishes
+            self._check_fits(plan.dtype, plan.shape, plan.nbytes, meta)
+            header = _pack_header(plan.dtype, plan.shape, plan.nbytes, meta)
+            return self._ch.send_copy(plan.address, plan.nbytes, header, handle, timeout)
         if plan is not None:
             dt, shape, nbytes, _ = plan
             self._check_fits(dt, shape, nbytes, meta)
@@ -516,12 +532,24 @@ class Message:
 _Plan = Tuple[DType, Tuple[int, ...], int, Callable[[_gpuipc.ArrayView], None]]
 
 
+class _Source(NamedTuple):
+    """Contiguous bytes at a known address (host memory, or GPU memory for device channels): the C++ send copies
+    them itself, in stream order (cuMemcpyAsync) or with memcpy (host channels)."""
+
+    dtype: DType
+    shape: Tuple[int, ...]
+    nbytes: int
+    address: int
+    owner: Any  #: keeps the memory alive until the copy is enqueued
+
+
 def _framework(array: Any) -> str:
     return type(array).__module__.split(".", 1)[0]
 
 
-def _plan_copy(array: Any, to_gpu: bool, device: int, stream: int) -> Optional[_Plan]:
-    """How to copy ``array`` into a slot: (dtype, shape, nbytes, copy(view)), or None for the DLPack path."""
+def _plan_copy(array: Any, to_gpu: bool, device: int, stream: int) -> Union[_Source, _Plan, None]:
+    """How to copy ``array`` into a slot: a _Source (the C++ send copies), (dtype, shape, nbytes, copy(view)), or
+    None for the DLPack path."""
     fw = _framework(array)
     if fw == "torch":
         return _plan_torch(array, to_gpu, stream)
@@ -534,31 +562,36 @@ def _plan_copy(array: Any, to_gpu: bool, device: int, stream: int) -> Optional[_
         return None
     cai = getattr(array, "__cuda_array_interface__", None)
     if cai is not None:
-        return _plan_cai(cai, device, stream)
+        if not to_gpu:
+            raise InvalidArgument(
+                f"cannot send a GPU {type(array).__name__} through host channel: copy it to host memory first"
+            )
+        return _plan_cai(cai, array)
     raise TypeError(f"cannot send a {type(array).__name__}: not an array (no DLPack, no array interface)")
 
 
-def _plan_host(arr: np.ndarray, to_gpu: bool, device: int, stream: int) -> _Plan:
+def _plan_host(arr: np.ndarray, to_gpu: bool, device: int, stream: int) -> _Source:
     dt = dtype_of(arr.dtype)
     if not arr.flags.c_contiguous:
         arr = arr.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
-    nbytes = arr.nbytes
-
-    def copy(view: _gpuipc.ArrayView) -> None:
-        if to_gpu:
-            _gpuipc._copy_raw(view, arr.ctypes.data, nbytes, False, device, stream)
-        else:
-            np.frombuffer(view, dtype=np.uint8, count=nbytes)[...] = arr.reshape(-1).view(np.uint8)
-
-    return dt, tuple(arr.shape), nbytes, copy
+    # To a device channel: cuMemcpyAsync from pageable memory returns once the bytes are staged, so the array may
+    # change right after send (from pinned memory the copy reads it when the stream gets there).
+    return _Source(dt, tuple(arr.shape), arr.nbytes, arr.ctypes.data, arr)
 
 
-def _plan_torch(t: Any, to_gpu: bool, stream: int) -> _Plan:
-    import torch  # type: ignore[import-not-found]
-
+def _plan_torch(t: Any, to_gpu: bool, stream: int) -> Union[_Source, _Plan]:
     dt = dtype_of(t.dtype)
-    shape = tuple(int(s) for s in t.shape)
+    shape = tuple(t.shape)
     nbytes = t.numel() * t.element_size()
+    where = t.device.type
+    if (
+        (where == "cuda" and to_gpu or where == "cpu")
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()  # lazy conjugation/negation: the bytes in memory are not the values
+    ):
+        return _Source(dt, shape, nbytes, t.data_ptr() if nbytes else 0, t)
+    import torch  # type: ignore[import-not-found]
 
     def copy(view: _gpuipc.ArrayView) -> None:
         dst = torch.from_dlpack(make_array(view, dt, shape))
@@ -572,11 +605,12 @@ def _plan_torch(t: Any, to_gpu: bool, stream: int) -> _Plan:
     return dt, shape, nbytes, copy
 
 
-def _plan_cupy(a: Any, stream: int) -> _Plan:
-    import cupy  # type: ignore[import-not-found]
-
+def _plan_cupy(a: Any, stream: int) -> Union[_Source, _Plan]:
     dt = dtype_of(a.dtype)
     shape = tuple(int(s) for s in a.shape)
+    if a.flags.c_contiguous:
+        return _Source(dt, shape, int(a.nbytes), int(a.data.ptr), a)
+    import cupy  # type: ignore[import-not-found]
 
     def copy(view: _gpuipc.ArrayView) -> None:
         s = cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null
@@ -586,7 +620,7 @@ def _plan_cupy(a: Any, stream: int) -> _Plan:
     return dt, shape, int(a.nbytes), copy
 
 
-def _plan_cai(cai: dict, device: int, stream: int) -> _Plan:
+def _plan_cai(cai: dict, owner: Any) -> _Source:
     dt = dtype_of(np.dtype(cai["typestr"]))
     shape = tuple(int(s) for s in cai["shape"])
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -597,12 +631,7 @@ def _plan_cai(cai: dict, device: int, stream: int) -> _Plan:
             if dim > 1 and stride != expect:
                 raise InvalidArgument("cannot send a strided __cuda_array_interface__ array: make it contiguous")
             expect *= dim
-    ptr = int(cai["data"][0])
-
-    def copy(view: _gpuipc.ArrayView) -> None:
-        _gpuipc._copy_raw(view, ptr, nbytes, True, device, stream)
-
-    return dt, shape, nbytes, copy
+    return _Source(dt, shape, nbytes, int(cai["data"][0]), owner)
 
 
 def _copy_dlpack(array: Any, view: _gpuipc.ArrayView, stream: int) -> Tuple[DType, Tuple[int, ...], int]:

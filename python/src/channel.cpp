@@ -147,6 +147,23 @@ void bind_channel(nb::module_& m) {
           },
           "header"_a, "nbytes"_a, "stream"_a, "Publishes the oldest acquired slot.")
       .def(
+          "send_copy",
+          [](PyChannel& c, std::uintptr_t source, std::size_t nbytes, nb::bytes header, std::uintptr_t stream,
+             std::optional<double> timeout) {
+            const Locked g = lock(c);
+            const std::span<const std::byte> h(static_cast<const std::byte*>(header.data()), header.size());
+            const void* src = reinterpret_cast<const void*>(source);  // NOLINT(performance-no-int-to-ptr)
+            std::uint64_t sequence = 0;
+            const Status s = wait_in_slices(to_timeout(timeout, "timeout"), [&](std::chrono::nanoseconds slice) {
+              return g.ch().send(to_stream(stream), src, nbytes, h, slice, sequence);
+            });
+            check_status(s, "send on channel '" + g.ch().name() + "'");
+            return sequence;
+          },
+          "source"_a, "nbytes"_a, "header"_a, "stream"_a, "timeout"_a = nb::none(),
+          "Copies ``nbytes`` at address ``source`` (device channels: GPU or host memory, copied in ``stream`` "
+          "order; host channels: host memory) into the next free slot and publishes it with ``header``.")
+      .def(
           "receive",
           [](PyChannel& c, std::uintptr_t stream, std::optional<double> timeout) {
             const Locked g = lock(c);

@@ -161,6 +161,29 @@ def test_publish_order_rules(name):
             tx.publish(1)
 
 
+def test_send_copies_at_once_and_refuses_while_a_slot_is_acquired(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        a = np.arange(16, dtype=np.int32)
+        assert tx.send(a) == 0
+        a[:] = -1  # send made its copy: changing the array now changes nothing sent
+        b = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2]  # strided: copied contiguous first
+        assert tx.send(b, meta=b"m") == 1
+        with rx.recv(timeout=1) as m0:
+            assert m0.array.tolist() == list(range(16)) and m0.sequence == 0
+        with rx.recv(timeout=1) as m1:
+            np.testing.assert_array_equal(m1.array, np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2])
+            assert (m1.dtype, m1.shape, m1.meta) == (np.dtype(np.float64), (3, 2), b"m")
+        slot = tx.acquire(timeout=1)
+        with pytest.raises(gpuipc.InvalidState, match="acquire"):
+            tx.send(a)
+        slot.publish(0)
+        assert tx.send(np.zeros((), dtype=np.uint8)) == 3  # a 0-d array
+        with rx.recv(timeout=1) as m2:
+            assert m2.size == 0
+        with rx.recv(timeout=1) as m3:
+            assert m3.shape == () and m3.array.tolist() == 0
+
+
 def test_roles_are_enforced(name):
     with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
         with pytest.raises(gpuipc.InvalidState):
