@@ -16,6 +16,7 @@
 #include "cuda/events.hpp"
 #include "cuda/resources.hpp"
 #include "gpuipc/channel.hpp"
+#include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
 #include "kernels/kernels.hpp"
 #include "mps.hpp"
@@ -410,6 +411,115 @@ double one_process_fps(const Env& env, int frames, std::uint32_t kSlots) {
   return frames / results[0]["seconds"].get<double>();
 }
 
+// --- where the stream ordering words live ----------------------------------------------------------------------
+/// Where the producer's and consumer's streams find each other's progress, for the mechanism study below.
+enum class Words {
+  Host,           ///< a pinned host page (what channels use): waits poll it across PCIe; writes fence to system scope
+  Device,         ///< a device segment mapped by both processes
+  DeviceAndHost,  ///< waits on device words; each write goes to the device word and then to a host mirror
+};
+
+const char* to_string(Words w) {
+  switch (w) {
+    case Words::Host: return "host";
+    case Words::Device: return "device";
+    case Words::DeviceAndHost: return "device+host_mirror";
+  }
+  return "?";
+}
+
+/// The streaming measurement without the channel: the same two kernels and slots, ordered by raw stream memory
+/// operations on words placed per `words` (filled[b] at b*128, freed[b] at b*128+64). Separates what the word's
+/// placement costs from what the channel adds.
+double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, Words words) {
+  SharedPage page;
+  auto* sync = new (page.as<Sync>()) Sync{};
+  const std::string name = unique("raw");
+  struct Mapped {
+    Segment data, dev, host;
+    CUdeviceptr filled(std::uint32_t b, bool device) const {
+      return (device ? dev.device_pointer() : host.device_pointer()) + b * 128;
+    }
+    CUdeviceptr freed(std::uint32_t b, bool device) const { return filled(b, device) + 64; }
+  };
+  auto open_all = [&](bool create) {
+    Mapped m;
+    const CreateOptions host_opts{.kind = SegmentKind::HostPinned, .device = 0, .mode = 0600};
+    const CreateOptions dev_opts{.kind = SegmentKind::Device, .device = 0, .mode = 0600};
+    if (create) {
+      m.data = Segment::create(name + ".data", kSlots * kFrameBytes, dev_opts);
+      m.dev = Segment::create(name + ".dev", 2 << 20, dev_opts);
+      m.host = Segment::create(name + ".host", 4096 * 4, host_opts);
+      cuda::memset_d8(m.dev.device_pointer(), 0, 2 << 20);
+      std::memset(m.host.data(), 0, 4096 * 4);
+    } else {
+      m.data = Segment::open(name + ".data", {});
+      m.dev = Segment::open(name + ".dev", {});
+      m.host = Segment::open(name + ".host", {});
+    }
+    return m;
+  };
+  // Waits go to the device words unless they live on the host; writes go where waits look, plus the mirror.
+  const bool wait_device = words != Words::Host;
+  auto write = [&](const Mapped& m, CUstream s, CUdeviceptr (Mapped::*which)(std::uint32_t, bool) const,
+                   std::uint32_t b, std::uint64_t v) {
+    check_status(cuda::stream_write_value64(s, (m.*which)(b, wait_device), v) == CUDA_SUCCESS ? Status::Ok
+                                                                                             : Status::DriverError,
+                 "write");
+    if (words == Words::DeviceAndHost) {
+      check_status(cuda::stream_write_value64(s, (m.*which)(b, false), v) == CUDA_SUCCESS ? Status::Ok
+                                                                                          : Status::DriverError,
+                   "mirror write");
+    }
+  };
+  auto wait = [&](CUstream s, CUdeviceptr addr, std::uint64_t v) {
+    check_status(cuda::stream_wait_value64(s, addr, v) == CUDA_SUCCESS ? Status::Ok : Status::DriverError, "wait");
+  };
+  const auto results = run_workers(
+      {[&]() -> json {
+         Gpu g;
+         kernels::Kernels k;
+         const Mapped m = open_all(true);
+         sync->a_ready = 1;
+         await([&] { return sync->b_ready.load() == 1; }, "the consumer");
+         sync->t0 = now_ns();
+         for (int f = 0; f < frames; ++f) {
+           const auto b = static_cast<std::uint32_t>(f) % kSlots;
+           const auto round = static_cast<std::uint64_t>(f) / kSlots;
+           if (round > 0) wait(g.stream.get(), m.freed(b, wait_device), round);
+           k.write_fill(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, kFrameBytes / 16,
+                        static_cast<std::uint32_t>(f));
+           write(m, g.stream.get(), &Mapped::filled, b, round + 1);
+         }
+         g.stream.synchronize();
+         await([&] { return sync->progress_b.load() == 1; }, "the consumer to finish");
+         return json::object();
+       },
+       [&]() -> json {
+         Gpu g;
+         kernels::Kernels k;
+         auto out = cuda::DeviceBuffer::allocate(8);
+         cuda::memset_d8(out.get(), 0, 8);
+         await([&] { return sync->a_ready.load() == 1; }, "the segments");
+         const Mapped m = open_all(false);
+         sync->b_ready = 1;
+         for (int f = 0; f < frames; ++f) {
+           const auto b = static_cast<std::uint32_t>(f) % kSlots;
+           const auto round = static_cast<std::uint64_t>(f) / kSlots;
+           wait(g.stream.get(), m.filled(b, wait_device), round + 1);
+           k.read_sum(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, kFrameBytes / 16, out.get());
+           write(m, g.stream.get(), &Mapped::freed, b, round + 1);
+         }
+         g.stream.synchronize();
+         const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;
+         sync->progress_b = 1;
+         return json{{"seconds", seconds}};
+       }},
+      env);
+  for (const char* suffix : {".data", ".dev", ".host"}) Segment::unlink(name + suffix);
+  return frames / results[1]["seconds"].get<double>();
+}
+
 // --- baselines in Python ----------------------------------------------------------------------------------------
 /// Buffers in flight for the streaming metric (both sides: channel slots, and buffers of the one-process version).
 constexpr std::uint32_t kStreamSlots = 8;
@@ -497,6 +607,14 @@ Result run(const Options& o, const DeviceMeta& meta) {
       r.samples.push_back({{"what", fmt::format("stream{}", suffix)}, {"slots", slots}, {"frame_bytes", kFrameBytes},
                            {"fps_two_process", cross}, {"fps_one_process", local}, {"ratio", cross / local}});
       if (slots == kStreamSlots) {
+        // The mechanism study: where the ordering words live, without the channel around them.
+        json raw = json::object();
+        for (const Words w : {Words::Host, Words::Device, Words::DeviceAndHost}) {
+          const double fps = raw_two_process_fps(env, frames, slots, w);
+          raw[to_string(w)] = {{"fps_two_process", fps}, {"ratio", fps / local}};
+        }
+        r.samples.push_back({{"what", fmt::format("stream_words{}", suffix)}, {"slots", slots},
+                             {"frame_bytes", kFrameBytes}, {"fps_one_process", local}, {"raw_memops", raw}});
         r.metrics[fmt::format("stream_fps_two_process{}", suffix)] = cross;
         r.metrics[fmt::format("stream_fps_one_process{}", suffix)] = local;
         r.metrics[fmt::format("stream_throughput_ratio{}", suffix)] = cross / local;
