@@ -377,8 +377,9 @@ double two_process_fps(const Env& env, int frames, std::uint32_t kSlots) {
   return frames / results[1]["seconds"].get<double>();
 }
 
-/// The same two kernels in one process: two streams, four buffers, events between them.
-double one_process_fps(const Env& env, int frames, std::uint32_t kSlots) {
+/// The same two kernels in one process: two streams, `kSlots` buffers, events between them (or, `ordered` false,
+/// none: the two streams run independently).
+double one_process_fps(const Env& env, int frames, std::uint32_t kSlots, bool ordered = true) {
   const auto results = run_workers(
       {[&]() -> json {
         Gpu g;
@@ -396,12 +397,14 @@ double one_process_fps(const Env& env, int frames, std::uint32_t kSlots) {
         const auto t0 = now_ns();
         for (int f = 0; f < frames; ++f) {
           const auto b = static_cast<std::size_t>(f) % kSlots;
-          if (f >= static_cast<int>(kSlots)) cuda::stream_wait_event(g.stream.get(), freed[b].get());
+          if (ordered && f >= static_cast<int>(kSlots)) cuda::stream_wait_event(g.stream.get(), freed[b].get());
           k.write_fill(g.stream.get(), buf[b].get(), kFrameBytes / 16, static_cast<std::uint32_t>(f));
-          filled[b].record(g.stream.get());
-          cuda::stream_wait_event(consumer.get(), filled[b].get());
+          if (ordered) {
+            filled[b].record(g.stream.get());
+            cuda::stream_wait_event(consumer.get(), filled[b].get());
+          }
           k.read_sum(consumer.get(), buf[b].get(), kFrameBytes / 16, out.get());
-          freed[b].record(consumer.get());
+          if (ordered) freed[b].record(consumer.get());
         }
         g.stream.synchronize();
         consumer.synchronize();
@@ -411,89 +414,138 @@ double one_process_fps(const Env& env, int frames, std::uint32_t kSlots) {
   return frames / results[0]["seconds"].get<double>();
 }
 
-// --- where the stream ordering words live ----------------------------------------------------------------------
-/// Where the producer's and consumer's streams find each other's progress, for the mechanism study below.
-enum class Words {
-  Host,           ///< a pinned host page (what channels use): waits poll it across PCIe; writes fence to system scope
-  Device,         ///< a device segment mapped by both processes
-  DeviceAndHost,  ///< waits on device words; each write goes to the device word and then to a host mirror
+// --- how the two streams are ordered, without the channel -------------------------------------------------------
+/// How the producer's and consumer's streams find each other's progress, for the mechanism study below.
+enum class Ordering {
+  HostWords,    ///< stream memops on a pinned host page (what channels use): waits poll it across PCIe
+  DeviceWords,  ///< stream memops on a device segment mapped by both processes
+  DeviceWordsHostMirror,  ///< waits on device words; each write goes to the device word, then to a host copy
+  IpcEvents,    ///< IPC events recorded and waited on per slot, the host relaying each record (no crash safety)
+  DeviceWordsNoDependency,  ///< the memops of DeviceWords, but every wait is for 0: their cost without the wait
+  None,         ///< no ordering at all: the same kernels in two processes, independently (the upper bound)
 };
 
-const char* to_string(Words w) {
-  switch (w) {
-    case Words::Host: return "host";
-    case Words::Device: return "device";
-    case Words::DeviceAndHost: return "device+host_mirror";
+const char* to_string(Ordering o) {
+  switch (o) {
+    case Ordering::HostWords: return "host_words";
+    case Ordering::DeviceWords: return "device_words";
+    case Ordering::DeviceWordsHostMirror: return "device_words_host_mirror";
+    case Ordering::IpcEvents: return "ipc_events";
+    case Ordering::DeviceWordsNoDependency: return "device_words_no_dependency";
+    case Ordering::None: return "none";
   }
   return "?";
 }
 
-/// The streaming measurement without the channel: the same two kernels and slots, ordered by raw stream memory
-/// operations on words placed per `words` (filled[b] at b*128, freed[b] at b*128+64). Separates what the word's
-/// placement costs from what the channel adds.
-double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, Words words) {
-  SharedPage page;
+/// Per-slot IPC events and the host relay of their records (lives in a SharedPage).
+struct EventRelay {
+  CUipcEventHandle filled[16], freed[16];
+  std::atomic<std::uint64_t> filled_recorded, freed_recorded;  // frames whose record was enqueued
+};
+
+/// The streaming measurement without the channel: the same two kernels and slots (filled[b] at b*128, freed[b]
+/// at b*128+64 for the word variants). Separates what the ordering mechanism costs from what the channel adds.
+/// Returns the consumer's frames per second (both processes start together, the consumer finishes last).
+double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, Ordering ordering) {
+  if (kSlots > 16) throw Error(ErrorCode::InvalidArgument, "raw streaming: at most 16 slots", "bench");
+  SharedPage page, relay_page;
   auto* sync = new (page.as<Sync>()) Sync{};
+  auto* relay = new (relay_page.as<EventRelay>()) EventRelay{};
   const std::string name = unique("raw");
-  struct Mapped {
+  const bool words = ordering != Ordering::IpcEvents && ordering != Ordering::None;
+  const bool wait_device = ordering == Ordering::DeviceWords || ordering == Ordering::DeviceWordsHostMirror ||
+                           ordering == Ordering::DeviceWordsNoDependency;
+  struct Side {
     Segment data, dev, host;
-    CUdeviceptr filled(std::uint32_t b, bool device) const {
-      return (device ? dev.device_pointer() : host.device_pointer()) + b * 128;
+    std::vector<cuda::Event> own;                // IPC events this side records
+    std::vector<cuda::ImportedEvent> peer;       // the other side's
+    CUdeviceptr word(std::uint32_t b, bool device, bool freed) const {
+      return (device ? dev.device_pointer() : host.device_pointer()) + b * 128 + (freed ? 64 : 0);
     }
-    CUdeviceptr freed(std::uint32_t b, bool device) const { return filled(b, device) + 64; }
   };
-  auto open_all = [&](bool create) {
-    Mapped m;
+  auto open_all = [&](bool producer) {
+    Side m;
     const CreateOptions host_opts{.kind = SegmentKind::HostPinned, .device = 0, .mode = 0600};
     const CreateOptions dev_opts{.kind = SegmentKind::Device, .device = 0, .mode = 0600};
-    if (create) {
+    if (producer) {
       m.data = Segment::create(name + ".data", kSlots * kFrameBytes, dev_opts);
       m.dev = Segment::create(name + ".dev", 2 << 20, dev_opts);
-      m.host = Segment::create(name + ".host", 4096 * 4, host_opts);
+      m.host = Segment::create(name + ".host", 4096, host_opts);
       cuda::memset_d8(m.dev.device_pointer(), 0, 2 << 20);
-      std::memset(m.host.data(), 0, 4096 * 4);
+      std::memset(m.host.data(), 0, 4096);
     } else {
       m.data = Segment::open(name + ".data", {});
       m.dev = Segment::open(name + ".dev", {});
       m.host = Segment::open(name + ".host", {});
     }
+    if (ordering == Ordering::IpcEvents) {
+      for (std::uint32_t b = 0; b < kSlots; ++b) {
+        m.own.push_back(cuda::Event::create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+        (producer ? relay->filled : relay->freed)[b] = cuda::ipc_get_event_handle(m.own.back());
+      }
+    }
     return m;
   };
-  // Waits go to the device words unless they live on the host; writes go where waits look, plus the mirror.
-  const bool wait_device = words != Words::Host;
-  auto write = [&](const Mapped& m, CUstream s, CUdeviceptr (Mapped::*which)(std::uint32_t, bool) const,
-                   std::uint32_t b, std::uint64_t v) {
-    check_status(cuda::stream_write_value64(s, (m.*which)(b, wait_device), v) == CUDA_SUCCESS ? Status::Ok
-                                                                                             : Status::DriverError,
-                 "write");
-    if (words == Words::DeviceAndHost) {
-      check_status(cuda::stream_write_value64(s, (m.*which)(b, false), v) == CUDA_SUCCESS ? Status::Ok
-                                                                                          : Status::DriverError,
-                   "mirror write");
+  auto import_peer = [&](Side& m, bool producer) {
+    if (ordering != Ordering::IpcEvents) return;
+    for (std::uint32_t b = 0; b < kSlots; ++b) {
+      m.peer.push_back(cuda::ImportedEvent::open((producer ? relay->freed : relay->filled)[b]));
     }
   };
-  auto wait = [&](CUstream s, CUdeviceptr addr, std::uint64_t v) {
-    check_status(cuda::stream_wait_value64(s, addr, v) == CUDA_SUCCESS ? Status::Ok : Status::DriverError, "wait");
+  auto memop = [](CUresult r, const char* what) {
+    check_status(r == CUDA_SUCCESS ? Status::Ok : Status::DriverError, what);
+  };
+  // Frame f uses slot f % kSlots; its producer first waits for the consumer's release of frame f - kSlots.
+  auto wait_for_peer = [&](const Side& m, CUstream s, bool producer, int f) {
+    const auto b = static_cast<std::uint32_t>(f) % kSlots;
+    const std::uint64_t round = static_cast<std::uint64_t>(f) / kSlots;
+    if (producer && round == 0) return;
+    if (ordering == Ordering::DeviceWordsNoDependency) {
+      memop(cuda::stream_wait_value64(s, m.word(b, true, producer), 0), "wait");
+    } else if (words) {
+      memop(cuda::stream_wait_value64(s, m.word(b, wait_device, producer), producer ? round : round + 1), "wait");
+    } else if (ordering == Ordering::IpcEvents) {
+      // A wait covers the event's latest record when it is enqueued: the host relays that the record happened.
+      const std::uint64_t need = producer ? static_cast<std::uint64_t>(f) - kSlots + 1 : static_cast<std::uint64_t>(f) + 1;
+      await([&] { return (producer ? relay->freed_recorded : relay->filled_recorded).load() >= need; }, "a record");
+      cuda::stream_wait_event(s, m.peer[b].get());
+    }
+  };
+  auto tell_peer = [&](const Side& m, CUstream s, bool producer, int f) {
+    const auto b = static_cast<std::uint32_t>(f) % kSlots;
+    const std::uint64_t value = static_cast<std::uint64_t>(f) / kSlots + 1;
+    if (words) {
+      memop(cuda::stream_write_value64(s, m.word(b, wait_device, !producer), value), "write");
+      if (ordering == Ordering::DeviceWordsHostMirror) {
+        memop(cuda::stream_write_value64(s, m.word(b, false, !producer), value), "mirror write");
+      }
+    } else if (ordering == Ordering::IpcEvents) {
+      m.own[b].record(s);
+      (producer ? relay->filled_recorded : relay->freed_recorded).store(static_cast<std::uint64_t>(f) + 1);
+    }
   };
   const auto results = run_workers(
       {[&]() -> json {
          Gpu g;
          kernels::Kernels k;
-         const Mapped m = open_all(true);
+         Side m = open_all(true);
          sync->a_ready = 1;
          await([&] { return sync->b_ready.load() == 1; }, "the consumer");
+         import_peer(m, true);
+         sync->progress_a = 1;
+         await([&] { return sync->progress_b.load() == 1; }, "the consumer's events");
          sync->t0 = now_ns();
          for (int f = 0; f < frames; ++f) {
            const auto b = static_cast<std::uint32_t>(f) % kSlots;
-           const auto round = static_cast<std::uint64_t>(f) / kSlots;
-           if (round > 0) wait(g.stream.get(), m.freed(b, wait_device), round);
+           wait_for_peer(m, g.stream.get(), true, f);
            k.write_fill(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, kFrameBytes / 16,
                         static_cast<std::uint32_t>(f));
-           write(m, g.stream.get(), &Mapped::filled, b, round + 1);
+           tell_peer(m, g.stream.get(), true, f);
          }
          g.stream.synchronize();
-         await([&] { return sync->progress_b.load() == 1; }, "the consumer to finish");
-         return json::object();
+         const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;
+         await([&] { return sync->progress_b.load() == 2; }, "the consumer to finish");
+         return json{{"seconds", seconds}};
        },
        [&]() -> json {
          Gpu g;
@@ -501,23 +553,25 @@ double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, Wor
          auto out = cuda::DeviceBuffer::allocate(8);
          cuda::memset_d8(out.get(), 0, 8);
          await([&] { return sync->a_ready.load() == 1; }, "the segments");
-         const Mapped m = open_all(false);
+         Side m = open_all(false);
          sync->b_ready = 1;
+         await([&] { return sync->progress_a.load() == 1; }, "the producer's events");
+         import_peer(m, false);
+         sync->progress_b = 1;
          for (int f = 0; f < frames; ++f) {
            const auto b = static_cast<std::uint32_t>(f) % kSlots;
-           const auto round = static_cast<std::uint64_t>(f) / kSlots;
-           wait(g.stream.get(), m.filled(b, wait_device), round + 1);
+           wait_for_peer(m, g.stream.get(), false, f);
            k.read_sum(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, kFrameBytes / 16, out.get());
-           write(m, g.stream.get(), &Mapped::freed, b, round + 1);
+           tell_peer(m, g.stream.get(), false, f);
          }
          g.stream.synchronize();
          const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;
-         sync->progress_b = 1;
+         sync->progress_b = 2;
          return json{{"seconds", seconds}};
        }},
-      env);
+      env, std::chrono::seconds(45));
   for (const char* suffix : {".data", ".dev", ".host"}) Segment::unlink(name + suffix);
-  return frames / results[1]["seconds"].get<double>();
+  return frames / std::max(results[0]["seconds"].get<double>(), results[1]["seconds"].get<double>());
 }
 
 // --- baselines in Python ----------------------------------------------------------------------------------------
@@ -609,12 +663,19 @@ Result run(const Options& o, const DeviceMeta& meta) {
       if (slots == kStreamSlots) {
         // The mechanism study: where the ordering words live, without the channel around them.
         json raw = json::object();
-        for (const Words w : {Words::Host, Words::Device, Words::DeviceAndHost}) {
-          const double fps = raw_two_process_fps(env, frames, slots, w);
-          raw[to_string(w)] = {{"fps_two_process", fps}, {"ratio", fps / local}};
+        for (const Ordering w : {Ordering::HostWords, Ordering::DeviceWords, Ordering::DeviceWordsHostMirror,
+                                 Ordering::IpcEvents, Ordering::DeviceWordsNoDependency, Ordering::None}) {
+          try {
+            const double fps = raw_two_process_fps(env, frames, slots, w);
+            raw[to_string(w)] = {{"fps_two_process", fps}, {"ratio", fps / local}};
+          } catch (const std::exception& e) {  // a study variant failing must not cost the suite its metrics
+            raw[to_string(w)] = {{"error", e.what()}};
+          }
         }
-        r.samples.push_back({{"what", fmt::format("stream_words{}", suffix)}, {"slots", slots},
-                             {"frame_bytes", kFrameBytes}, {"fps_one_process", local}, {"raw_memops", raw}});
+        r.samples.push_back({{"what", fmt::format("stream_ordering{}", suffix)}, {"slots", slots},
+                             {"frame_bytes", kFrameBytes}, {"fps_one_process", local},
+                             {"fps_one_process_unordered", one_process_fps(env, frames, slots, false)},
+                             {"two_process", raw}});
         r.metrics[fmt::format("stream_fps_two_process{}", suffix)] = cross;
         r.metrics[fmt::format("stream_fps_one_process{}", suffix)] = local;
         r.metrics[fmt::format("stream_throughput_ratio{}", suffix)] = cross / local;
