@@ -416,25 +416,42 @@ double one_process_fps(const Env& env, int frames, std::uint32_t kSlots, bool or
 
 // --- how the two streams are ordered, without the channel -------------------------------------------------------
 /// How the producer's and consumer's streams find each other's progress, for the mechanism study below.
-enum class Ordering {
-  HostWords,    ///< stream memops on a pinned host page (what channels use): waits poll it across PCIe
-  DeviceWords,  ///< stream memops on a device segment mapped by both processes
-  DeviceWordsHostMirror,  ///< waits on device words; each write goes to the device word, then to a host copy
-  IpcEvents,    ///< IPC events recorded and waited on per slot, the host relaying each record (no crash safety)
-  DeviceWordsNoDependency,  ///< the memops of DeviceWords, but every wait is for 0: their cost without the wait
-  None,         ///< no ordering at all: the same kernels in two processes, independently (the upper bound)
+struct Ordering {
+  enum class Sync : std::uint8_t { Words, Events, None };
+  enum class Write : std::uint8_t {
+    Default,           ///< cuStreamWriteValue64 (a system-scope barrier, then the write)
+    GpuFence,          ///< cuStreamBatchMemOp: a GPU-scope barrier, then the write
+    GpuFenceNoBarrier, ///< the same with CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER on the write
+    Kernel,            ///< a one-thread kernel that fences and stores
+    Skip,              ///< no write (with waits for 0: what the waits alone cost)
+  };
+  const char* name;
+  Sync sync = Sync::Words;
+  bool device_words = true;  ///< words in a device segment, else on a pinned host page
+  Write write = Write::Default;
+  bool mirror = false;       ///< each write is followed by the same write to the host word
+  bool wait_zero = false;    ///< waits are for 0 (always met): the memops' cost without the dependency
+  bool no_waits = false;
 };
 
-const char* to_string(Ordering o) {
-  switch (o) {
-    case Ordering::HostWords: return "host_words";
-    case Ordering::DeviceWords: return "device_words";
-    case Ordering::DeviceWordsHostMirror: return "device_words_host_mirror";
-    case Ordering::IpcEvents: return "ipc_events";
-    case Ordering::DeviceWordsNoDependency: return "device_words_no_dependency";
-    case Ordering::None: return "none";
-  }
-  return "?";
+const std::vector<Ordering>& orderings() {
+  using S = Ordering::Sync;
+  using W = Ordering::Write;
+  static const std::vector<Ordering> all = {
+      {.name = "host_words", .device_words = false},
+      {.name = "host_words_gpu_fence", .device_words = false, .write = W::GpuFence},
+      {.name = "device_words"},
+      {.name = "device_words_gpu_fence", .write = W::GpuFence},
+      {.name = "device_words_gpu_fence_no_barrier", .write = W::GpuFenceNoBarrier},
+      {.name = "device_words_kernel_write", .write = W::Kernel},
+      {.name = "device_words_host_mirror", .mirror = true},
+      {.name = "device_words_no_dependency", .wait_zero = true},
+      {.name = "device_writes_only", .no_waits = true},
+      {.name = "device_waits_only", .write = W::Skip, .wait_zero = true},
+      {.name = "ipc_events", .sync = S::Events},
+      {.name = "none", .sync = S::None},
+  };
+  return all;
 }
 
 /// Per-slot IPC events and the host relay of their records (lives in a SharedPage).
@@ -446,15 +463,14 @@ struct EventRelay {
 /// The streaming measurement without the channel: the same two kernels and slots (filled[b] at b*128, freed[b]
 /// at b*128+64 for the word variants). Separates what the ordering mechanism costs from what the channel adds.
 /// Returns the consumer's frames per second (both processes start together, the consumer finishes last).
-double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, Ordering ordering) {
+double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, const Ordering& ordering) {
   if (kSlots > 16) throw Error(ErrorCode::InvalidArgument, "raw streaming: at most 16 slots", "bench");
   SharedPage page, relay_page;
   auto* sync = new (page.as<Sync>()) Sync{};
   auto* relay = new (relay_page.as<EventRelay>()) EventRelay{};
   const std::string name = unique("raw");
-  const bool words = ordering != Ordering::IpcEvents && ordering != Ordering::None;
-  const bool wait_device = ordering == Ordering::DeviceWords || ordering == Ordering::DeviceWordsHostMirror ||
-                           ordering == Ordering::DeviceWordsNoDependency;
+  const bool words = ordering.sync == Ordering::Sync::Words;
+  const bool events = ordering.sync == Ordering::Sync::Events;
   struct Side {
     Segment data, dev, host;
     std::vector<cuda::Event> own;                // IPC events this side records
@@ -478,7 +494,7 @@ double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, Ord
       m.dev = Segment::open(name + ".dev", {});
       m.host = Segment::open(name + ".host", {});
     }
-    if (ordering == Ordering::IpcEvents) {
+    if (events) {
       for (std::uint32_t b = 0; b < kSlots; ++b) {
         m.own.push_back(cuda::Event::create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
         (producer ? relay->filled : relay->freed)[b] = cuda::ipc_get_event_handle(m.own.back());
@@ -487,39 +503,54 @@ double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, Ord
     return m;
   };
   auto import_peer = [&](Side& m, bool producer) {
-    if (ordering != Ordering::IpcEvents) return;
+    if (!events) return;
     for (std::uint32_t b = 0; b < kSlots; ++b) {
       m.peer.push_back(cuda::ImportedEvent::open((producer ? relay->freed : relay->filled)[b]));
     }
   };
   auto memop = [](CUresult r, const char* what) {
-    check_status(r == CUDA_SUCCESS ? Status::Ok : Status::DriverError, what);
+    if (r != CUDA_SUCCESS) {
+      throw Error(ErrorCode::Cuda, fmt::format("{}: CUresult {}", what, static_cast<int>(r)), "bench");
+    }
   };
   // Frame f uses slot f % kSlots; its producer first waits for the consumer's release of frame f - kSlots.
   auto wait_for_peer = [&](const Side& m, CUstream s, bool producer, int f) {
     const auto b = static_cast<std::uint32_t>(f) % kSlots;
     const std::uint64_t round = static_cast<std::uint64_t>(f) / kSlots;
-    if (producer && round == 0) return;
-    if (ordering == Ordering::DeviceWordsNoDependency) {
-      memop(cuda::stream_wait_value64(s, m.word(b, true, producer), 0), "wait");
-    } else if (words) {
-      memop(cuda::stream_wait_value64(s, m.word(b, wait_device, producer), producer ? round : round + 1), "wait");
-    } else if (ordering == Ordering::IpcEvents) {
+    if (words && !ordering.no_waits) {
+      if (ordering.wait_zero) {
+        memop(cuda::stream_wait_value64(s, m.word(b, ordering.device_words, producer), 0), "wait");
+      } else if (!producer || round > 0) {
+        memop(cuda::stream_wait_value64(s, m.word(b, ordering.device_words, producer), producer ? round : round + 1),
+              "wait");
+      }
+    } else if (events && (!producer || round > 0)) {
       // A wait covers the event's latest record when it is enqueued: the host relays that the record happened.
       const std::uint64_t need = producer ? static_cast<std::uint64_t>(f) - kSlots + 1 : static_cast<std::uint64_t>(f) + 1;
       await([&] { return (producer ? relay->freed_recorded : relay->filled_recorded).load() >= need; }, "a record");
       cuda::stream_wait_event(s, m.peer[b].get());
     }
   };
-  auto tell_peer = [&](const Side& m, CUstream s, bool producer, int f) {
+  auto tell_peer = [&](const Side& m, const kernels::Kernels& k, CUstream s, bool producer, int f) {
     const auto b = static_cast<std::uint32_t>(f) % kSlots;
     const std::uint64_t value = static_cast<std::uint64_t>(f) / kSlots + 1;
     if (words) {
-      memop(cuda::stream_write_value64(s, m.word(b, wait_device, !producer), value), "write");
-      if (ordering == Ordering::DeviceWordsHostMirror) {
-        memop(cuda::stream_write_value64(s, m.word(b, false, !producer), value), "mirror write");
+      const CUdeviceptr w = m.word(b, ordering.device_words, !producer);
+      switch (ordering.write) {
+        case Ordering::Write::Default: memop(cuda::stream_write_value64(s, w, value), "write"); break;
+        case Ordering::Write::GpuFence:
+          memop(cuda::stream_write_value64_fenced(s, w, value, cuda::FenceScope::Gpu), "fenced write");
+          break;
+        case Ordering::Write::GpuFenceNoBarrier:
+          memop(cuda::stream_write_value64_fenced(s, w, value, cuda::FenceScope::Gpu,
+                                                  CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
+                "fenced write without barrier");
+          break;
+        case Ordering::Write::Kernel: k.write_flag(s, w, value); break;
+        case Ordering::Write::Skip: break;
       }
-    } else if (ordering == Ordering::IpcEvents) {
+      if (ordering.mirror) memop(cuda::stream_write_value64(s, m.word(b, false, !producer), value), "mirror write");
+    } else if (events) {
       m.own[b].record(s);
       (producer ? relay->filled_recorded : relay->freed_recorded).store(static_cast<std::uint64_t>(f) + 1);
     }
@@ -540,7 +571,7 @@ double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, Ord
            wait_for_peer(m, g.stream.get(), true, f);
            k.write_fill(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, kFrameBytes / 16,
                         static_cast<std::uint32_t>(f));
-           tell_peer(m, g.stream.get(), true, f);
+           tell_peer(m, k, g.stream.get(), true, f);
          }
          g.stream.synchronize();
          const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;
@@ -562,7 +593,7 @@ double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, Ord
            const auto b = static_cast<std::uint32_t>(f) % kSlots;
            wait_for_peer(m, g.stream.get(), false, f);
            k.read_sum(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, kFrameBytes / 16, out.get());
-           tell_peer(m, g.stream.get(), false, f);
+           tell_peer(m, k, g.stream.get(), false, f);
          }
          g.stream.synchronize();
          const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;
@@ -592,7 +623,8 @@ Result run(const Options& o, const DeviceMeta& meta) {
   const int per_batch = 100;
   const int event_iters = o.quick ? 200 : 1000;
   const int handoff_iters = o.quick ? 500 : 5000;
-  const int frames = o.quick ? 1000 : 5000;
+  const int stream_frames = o.quick ? 2000 : 20000;
+  const int stream_repetitions = o.quick ? 1 : 3;
 
   progress(o, "channels: semaphore ping-pong");
   const auto sem = sem_rtt({}, batches, per_batch);
@@ -656,26 +688,35 @@ Result run(const Options& o, const DeviceMeta& meta) {
     for (const std::uint32_t slots : {2U, 4U, 8U, 16U}) {
       if (o.quick && slots != kStreamSlots) continue;
       progress(o, fmt::format("channels: streaming{}, {} slots, two processes vs one", suffix, slots));
-      const double cross = two_process_fps(env, frames, slots);
-      const double local = one_process_fps(env, frames, slots);
+      // Alternating repetitions, medians: one run is short and the GPU's pace drifts between runs.
+      std::vector<double> cross_runs, local_runs;
+      for (int rep = 0; rep < stream_repetitions; ++rep) {
+        cross_runs.push_back(two_process_fps(env, stream_frames, slots));
+        local_runs.push_back(one_process_fps(env, stream_frames, slots));
+      }
+      const double cross = summarize(cross_runs).median;
+      const double local = summarize(local_runs).median;
       r.samples.push_back({{"what", fmt::format("stream{}", suffix)}, {"slots", slots}, {"frame_bytes", kFrameBytes},
-                           {"fps_two_process", cross}, {"fps_one_process", local}, {"ratio", cross / local}});
-      if (slots == kStreamSlots) {
-        // The mechanism study: where the ordering words live, without the channel around them.
+                           {"frames", stream_frames}, {"fps_two_process", cross}, {"fps_one_process", local},
+                           {"ratio", cross / local}, {"fps_two_process_runs", cross_runs},
+                           {"fps_one_process_runs", local_runs}});
+      if (slots == kStreamSlots && !o.quick) {
+        // The mechanism study: the same streaming ordered by other means, without the channel around them.
         json raw = json::object();
-        for (const Ordering w : {Ordering::HostWords, Ordering::DeviceWords, Ordering::DeviceWordsHostMirror,
-                                 Ordering::IpcEvents, Ordering::DeviceWordsNoDependency, Ordering::None}) {
+        for (const Ordering& w : orderings()) {
           try {
-            const double fps = raw_two_process_fps(env, frames, slots, w);
-            raw[to_string(w)] = {{"fps_two_process", fps}, {"ratio", fps / local}};
+            const double fps = raw_two_process_fps(env, stream_frames, slots, w);
+            raw[w.name] = {{"fps_two_process", fps}, {"ratio", fps / local}};
           } catch (const std::exception& e) {  // a study variant failing must not cost the suite its metrics
-            raw[to_string(w)] = {{"error", e.what()}};
+            raw[w.name] = {{"error", e.what()}};
           }
         }
         r.samples.push_back({{"what", fmt::format("stream_ordering{}", suffix)}, {"slots", slots},
                              {"frame_bytes", kFrameBytes}, {"fps_one_process", local},
-                             {"fps_one_process_unordered", one_process_fps(env, frames, slots, false)},
+                             {"fps_one_process_unordered", one_process_fps(env, stream_frames, slots, false)},
                              {"two_process", raw}});
+      }
+      if (slots == kStreamSlots) {
         r.metrics[fmt::format("stream_fps_two_process{}", suffix)] = cross;
         r.metrics[fmt::format("stream_fps_one_process{}", suffix)] = local;
         r.metrics[fmt::format("stream_throughput_ratio{}", suffix)] = cross / local;

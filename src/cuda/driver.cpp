@@ -78,6 +78,7 @@ static_assert(std::is_same_v<decltype(&::cuStreamWaitValue32), PFN_cuStreamWaitV
 static_assert(std::is_same_v<decltype(&::cuStreamWaitValue64), PFN_cuStreamWaitValue64_v11070>);
 static_assert(std::is_same_v<decltype(&::cuStreamWriteValue32), PFN_cuStreamWriteValue32_v11070>);
 static_assert(std::is_same_v<decltype(&::cuStreamWriteValue64), PFN_cuStreamWriteValue64_v11070>);
+static_assert(std::is_same_v<decltype(&::cuStreamBatchMemOp), PFN_cuStreamBatchMemOp_v11070>);
 static_assert(std::is_same_v<decltype(&::cuStreamWaitEvent), PFN_cuStreamWaitEvent_v3020>);
 static_assert(std::is_same_v<decltype(&::cuEventCreate), PFN_cuEventCreate_v2000>);
 static_assert(std::is_same_v<decltype(&::cuEventRecord), PFN_cuEventRecord_v2000>);

@@ -78,6 +78,7 @@ namespace gpuipc::cuda {
   X(cuStreamWaitValue64, 11070)              \
   X(cuStreamWriteValue32, 11070)             \
   X(cuStreamWriteValue64, 11070)             \
+  X(cuStreamBatchMemOp, 11070)               \
   X(cuStreamWaitEvent, 3020)                 \
   X(cuEventCreate, 2000)                     \
   X(cuEventRecord, 2000)                     \
