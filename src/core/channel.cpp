@@ -9,7 +9,9 @@
 #include "core/segment_internal.hpp"
 #include "proto/messages.hpp"
 #include "core/shm_wait.hpp"
+#include "base/config.hpp"
 #include "cuda/host_func.hpp"
+#include "cuda/relay.hpp"
 #include "cuda/resources.hpp"
 
 namespace gpuipc {
@@ -31,6 +33,7 @@ struct Channel::Impl {
   std::uint64_t n = 0;
   std::uint32_t record_bytes = 0;
   cuda::PrimaryContext ctx;  // device channels: made current for stream operations on threads that have none
+  cuda::StreamRelay relay;   // device channels: the stream memops, off the caller's stream (unless disabled)
   ChannelRole role = ChannelRole::Producer;
   SegmentKind kind = SegmentKind::Host;
   std::uint32_t member = proto::kNoMember;
@@ -55,6 +58,19 @@ struct Channel::Impl {
   }
   std::uint64_t data_offset(std::uint64_t seq) const noexcept { return (seq % n) * atomic(h->slot_bytes).load(); }
   bool gpu() const noexcept { return kind == SegmentKind::Device; }
+
+  /// The word at `offset` of slot `seq`'s record reaches `value` once `stream`'s work so far is done.
+  CUresult write_after(StreamHandle stream, std::uint64_t seq, std::size_t offset, std::uint64_t value) noexcept {
+    const CUdeviceptr word = word_device(seq, offset);
+    return relay ? relay.write_after(static_cast<CUstream>(stream), word, value)
+                 : cuda::stream_write_value64(static_cast<CUstream>(stream), word, value);
+  }
+  /// `stream`'s work after this waits until the word at `offset` of slot `seq`'s record reaches `value`.
+  CUresult wait_before(StreamHandle stream, std::uint64_t seq, std::size_t offset, std::uint64_t value) noexcept {
+    const CUdeviceptr word = word_device(seq, offset);
+    return relay ? relay.wait_before(static_cast<CUstream>(stream), word, value)
+                 : cuda::stream_wait_value64(static_cast<CUstream>(stream), word, value);
+  }
 
   void push_held(std::uint64_t seq) noexcept {
     held[(held_first + held_count) % held.size()] = seq;
@@ -283,6 +299,10 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
   if (impl->gpu()) {
     impl->control_device = control.device_pointer();
     impl->ctx = cuda::PrimaryContext(data.device());
+    if (config::env_bool("GPUIPC_CHANNEL_RELAY", true)) {
+      cuda::ScopedContext current(impl->ctx.get());
+      impl->relay = cuda::StreamRelay::create();
+    }
   }
   impl->held.assign(impl->n, 0);
   impl->control = std::move(control);
@@ -387,8 +407,7 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
   if (im.gpu() && seq >= im.n && atomic(im.slot(seq).freed).load(std::memory_order_acquire) < seq - im.n + 1) {
     // The slot's previous message: the consumer released it on the host; its stream may still be reading.
     // (When the host already sees `freed`, that stream is past it and no wait is needed.)
-    if (cuda::stream_wait_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, freed)),
-                                  seq - im.n + 1) != CUDA_SUCCESS) {
+    if (im.wait_before(stream, seq, offsetof(proto::Slot, freed), seq - im.n + 1) != CUDA_SUCCESS) {
       // Give the slot up rather than keep a claim nobody will publish.
       atomic(im.slot(seq).state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember));
       atomic(im.h->abandoned).fetch_add(1);
@@ -424,9 +443,7 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   atomic(s.state).store(proto::pack_state(seq, Phase::Published, im.member), std::memory_order_release);
   im.pop_held();
   core::bump_and_wake(im.h->published_seq, &im.h->published_sleepers);
-  if (im.gpu() && cuda::stream_write_value64(static_cast<CUstream>(stream),
-                                             im.word_device(seq, offsetof(proto::Slot, filled)),
-                                             seq + 1) != CUDA_SUCCESS) {
+  if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
     // The stream will never write it: release the consumer's stream from the host and flag the message.
     atomic(s.flags).fetch_or(proto::kSlotIncomplete);
     atomic(s.filled).store(proto::kPoisonBit | (seq + 1), std::memory_order_release);
@@ -472,8 +489,7 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   auto& s = im.slot(seq);
   // The producer's stream may not have written the slot yet; when the host already sees `filled`, it has.
   if (im.gpu() && (atomic(s.filled).load(std::memory_order_acquire) & proto::kMaxValue) < seq + 1) {
-    if (cuda::stream_wait_value64(static_cast<CUstream>(stream), im.word_device(seq, offsetof(proto::Slot, filled)),
-                                  seq + 1) != CUDA_SUCCESS) {
+    if (im.wait_before(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
       atomic(s.state).store(proto::pack_state(seq, Phase::Published, proto::kNoMember));
       atomic(im.h->orphans).fetch_add(1);
       core::bump_and_wake(im.h->published_seq);
@@ -505,9 +521,7 @@ Status Channel::release(StreamHandle stream) noexcept {
   im.pop_held();
   core::bump_and_wake(im.h->released_seq, &im.h->released_sleepers);
   // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do for `freed`, but releases failed with it on the H200.)
-  if (im.gpu() && cuda::stream_write_value64(static_cast<CUstream>(stream),
-                                             im.word_device(seq, offsetof(proto::Slot, freed)),
-                                             seq + 1) != CUDA_SUCCESS) {
+  if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, freed), seq + 1) != CUDA_SUCCESS) {
     atomic(s.freed).store(seq + 1, std::memory_order_release);  // never leave the producer's stream waiting
     return Status::DriverError;
   }

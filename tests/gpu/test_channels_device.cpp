@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -124,6 +125,13 @@ void run_device_mpmc(std::uint32_t producers, std::uint32_t consumers, std::uint
 TEST(ChannelsDevice, OneToOneEveryMessageCheckedOnTheGpu) {
   GPUIPC_REQUIRE_GPU();
   run_device_mpmc(1, 1, 500);
+}
+
+TEST(ChannelsDevice, OneToOneWithoutTheRelayEveryMessageCheckedOnTheGpu) {
+  GPUIPC_REQUIRE_GPU();
+  ::setenv("GPUIPC_CHANNEL_RELAY", "0", 1);  // the memops on the callers' streams (this test's process only)
+  run_device_mpmc(1, 1, 500);
+  ::unsetenv("GPUIPC_CHANNEL_RELAY");
 }
 
 TEST(ChannelsDevice, FourToFourEveryMessageCheckedOnTheGpu) {
