@@ -689,17 +689,23 @@ Result run(const Options& o, const DeviceMeta& meta) {
       if (o.quick && slots != kStreamSlots) continue;
       progress(o, fmt::format("channels: streaming{}, {} slots, two processes vs one", suffix, slots));
       // Alternating repetitions, medians: one run is short and the GPU's pace drifts between runs.
-      std::vector<double> cross_runs, local_runs;
+      // The channel as it comes (memops relayed through side streams), and with GPUIPC_CHANNEL_RELAY=0.
+      Env direct_env = env;
+      direct_env.emplace_back("GPUIPC_CHANNEL_RELAY", "0");
+      std::vector<double> cross_runs, direct_runs, local_runs;
       for (int rep = 0; rep < stream_repetitions; ++rep) {
         cross_runs.push_back(two_process_fps(env, stream_frames, slots));
+        direct_runs.push_back(two_process_fps(direct_env, stream_frames, slots));
         local_runs.push_back(one_process_fps(env, stream_frames, slots));
       }
       const double cross = summarize(cross_runs).median;
+      const double direct = summarize(direct_runs).median;
       const double local = summarize(local_runs).median;
       r.samples.push_back({{"what", fmt::format("stream{}", suffix)}, {"slots", slots}, {"frame_bytes", kFrameBytes},
                            {"frames", stream_frames}, {"fps_two_process", cross}, {"fps_one_process", local},
                            {"ratio", cross / local}, {"fps_two_process_runs", cross_runs},
-                           {"fps_one_process_runs", local_runs}});
+                           {"fps_one_process_runs", local_runs}, {"fps_two_process_no_relay", direct},
+                           {"ratio_no_relay", direct / local}, {"fps_two_process_no_relay_runs", direct_runs}});
       if (slots == kStreamSlots && !o.quick) {
         // The mechanism study: the same streaming ordered by other means, without the channel around them.
         json raw = json::object();
@@ -720,6 +726,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
         r.metrics[fmt::format("stream_fps_two_process{}", suffix)] = cross;
         r.metrics[fmt::format("stream_fps_one_process{}", suffix)] = local;
         r.metrics[fmt::format("stream_throughput_ratio{}", suffix)] = cross / local;
+        r.metrics[fmt::format("stream_throughput_ratio_no_relay{}", suffix)] = direct / local;
       }
     }
   };
