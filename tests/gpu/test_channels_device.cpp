@@ -127,10 +127,21 @@ TEST(ChannelsDevice, OneToOneEveryMessageCheckedOnTheGpu) {
   run_device_mpmc(1, 1, 500);
 }
 
-TEST(ChannelsDevice, OneToOneWithoutTheRelayEveryMessageCheckedOnTheGpu) {
+/// A producer publishes on the host but its stream never writes `filled`, then it is SIGKILLed: the consumer's
+/// stream, blocked on that word, is released once the broker poisons it.
+void consumer_released_when_producer_dies();
+
+TEST(ChannelsDevice, OneToOneThroughTheRelayEveryMessageCheckedOnTheGpu) {
   GPUIPC_REQUIRE_GPU();
-  ::setenv("GPUIPC_CHANNEL_RELAY", "0", 1);  // the memops on the callers' streams (this test's process only)
+  ::setenv("GPUIPC_CHANNEL_RELAY", "1", 1);  // side streams even without MPS (this test's process only)
   run_device_mpmc(1, 1, 500);
+  ::unsetenv("GPUIPC_CHANNEL_RELAY");
+}
+
+TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleasedThroughTheRelay) {
+  GPUIPC_REQUIRE_GPU();
+  ::setenv("GPUIPC_CHANNEL_RELAY", "1", 1);
+  consumer_released_when_producer_dies();
   ::unsetenv("GPUIPC_CHANNEL_RELAY");
 }
 
@@ -198,8 +209,7 @@ TEST(ChannelsDevice, SendCopiesDeviceAndHostSourcesInStreamOrder) {
   Channel::unlink(name);
 }
 
-TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
-  GPUIPC_REQUIRE_GPU();
+void consumer_released_when_producer_dies() {
   const auto name = unique_name("dead");
   SyncPipe published, created;
   // The producer publishes on the host, but its stream is stuck behind a kernel that spins on a flag nobody sets:
@@ -246,6 +256,11 @@ TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
   EXPECT_EQ(wait_child(prod), 128 + SIGKILL);
   EXPECT_EQ(wait_child(cons, 60s), 0);
   Channel::unlink(name);
+}
+
+TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
+  GPUIPC_REQUIRE_GPU();
+  consumer_released_when_producer_dies();
 }
 
 TEST(ChannelsDevice, ProducerStreamWaitingOnADeadConsumersReleaseIsReleased) {
