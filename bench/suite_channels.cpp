@@ -684,7 +684,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
   }
 
   // Streaming: the metric uses kStreamSlots buffers on both sides; other depths go to samples.
-  auto stream_ratio = [&](const Env& env, const char* suffix, bool mps) {
+  auto stream_ratio = [&](const Env& env, const char* suffix) {
     for (const std::uint32_t slots : {2U, 4U, 8U, 16U}) {
       if (o.quick && slots != kStreamSlots) continue;
       progress(o, fmt::format("channels: streaming{}, {} slots, two processes vs one", suffix, slots));
@@ -699,21 +699,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
       json sample = {{"what", fmt::format("stream{}", suffix)}, {"slots", slots}, {"frame_bytes", kFrameBytes},
                      {"frames", stream_frames}, {"fps_two_process", cross}, {"fps_one_process", local},
                      {"ratio", cross / local}, {"fps_two_process_runs", cross_runs},
-                     {"fps_one_process_runs", local_runs}, {"relay", mps ? "auto (on: MPS)" : "auto (off)"}};
-      if (slots == kStreamSlots) {
-        // The other way of GPUIPC_CHANNEL_RELAY. Without MPS the relay is slow: one short run.
-        Env other = env;
-        other.emplace_back("GPUIPC_CHANNEL_RELAY", mps ? "0" : "1");
-        std::vector<double> other_runs;
-        for (int rep = 0; rep < (mps ? stream_repetitions : 1); ++rep) {
-          other_runs.push_back(two_process_fps(other, mps ? stream_frames : 2000, slots));
-        }
-        const double alt = summarize(other_runs).median;
-        sample[mps ? "fps_two_process_relay_off" : "fps_two_process_relay_on"] = alt;
-        sample[mps ? "fps_two_process_relay_off_runs" : "fps_two_process_relay_on_runs"] = other_runs;
-        r.metrics[fmt::format("stream_throughput_ratio_relay_{}{}", mps ? "off" : "on", suffix)] = alt / local;
-        r.metrics[fmt::format("stream_throughput_ratio_relay_{}{}", mps ? "on" : "off", suffix)] = cross / local;
-      }
+                     {"fps_one_process_runs", local_runs}};
       r.samples.push_back(sample);
       if (slots == kStreamSlots && !o.quick) {
         // The mechanism study: the same streaming ordered by other means, without the channel around them.
@@ -738,7 +724,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
       }
     }
   };
-  stream_ratio({}, "", false);
+  stream_ratio({}, "");
 
   progress(o, "channels: the same under MPS");
   {
@@ -754,7 +740,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
       r.metrics["ipc_event_rtt_us_mps"] = ev_mps["rtt_us"]["median"];
       r.samples.push_back({{"what", "sem_rtt_us_mps"}, {"summary", sem_mps["rtt_us"]}});
       r.samples.push_back({{"what", "ipc_event_rtt_us_mps"}, {"summary", ev_mps["rtt_us"]}});
-      stream_ratio(mps.env(), "_mps", true);
+      stream_ratio(mps.env(), "_mps");
     }
   }
 
@@ -782,11 +768,6 @@ Result run(const Options& o, const DeviceMeta& meta) {
                                     ? fmt::format(", {:.2f} with MPS (target >= 0.9: {})", num("stream_throughput_ratio_mps"),
                                                   num("stream_throughput_ratio_mps") >= 0.9 ? "met" : "MISSED")
                                     : ""));
-  r.notes.push_back(fmt::format(
-      "GPUIPC_CHANNEL_RELAY (stream memops on side streams; auto = on under MPS only): without MPS {:.2f} on, {:.2f} "
-      "off; with MPS {:.2f} on, {:.2f} off",
-      num("stream_throughput_ratio_relay_on"), num("stream_throughput_ratio_relay_off"),
-      num("stream_throughput_ratio_relay_on_mps"), num("stream_throughput_ratio_relay_off_mps")));
   return r;
 }
 

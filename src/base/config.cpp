@@ -26,9 +26,6 @@ constexpr std::array kRegistry{
     EnvVar{"GPUIPC_QUOTA_SEGMENTS", "4096", "Most segments (and semaphores, channels) one uid may have at once."},
     EnvVar{"GPUIPC_CONNECT_TIMEOUT_MS", "5000", "How long a client waits for the broker to start and answer."},
     EnvVar{"GPUIPC_CUDA_LIBRARY", "libcuda.so.1", "The CUDA driver library to load at run time."},
-    EnvVar{"GPUIPC_CHANNEL_RELAY", "auto",
-           "Whether device channels put their stream waits and writes on side streams tied to the caller's stream "
-           "by events (1), on the caller's stream (0), or the first under MPS only (auto)."},
 };
 
 std::string trim_lower(std::string_view s) {

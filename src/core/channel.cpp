@@ -9,9 +9,7 @@
 #include "core/segment_internal.hpp"
 #include "proto/messages.hpp"
 #include "core/shm_wait.hpp"
-#include "base/config.hpp"
 #include "cuda/host_func.hpp"
-#include "cuda/relay.hpp"
 #include "cuda/resources.hpp"
 
 namespace gpuipc {
@@ -33,7 +31,6 @@ struct Channel::Impl {
   std::uint64_t n = 0;
   std::uint32_t record_bytes = 0;
   cuda::PrimaryContext ctx;  // device channels: made current for stream operations on threads that have none
-  cuda::StreamRelay relay;   // device channels under MPS: the stream memops, off the caller's stream
   ChannelRole role = ChannelRole::Producer;
   SegmentKind kind = SegmentKind::Host;
   std::uint32_t member = proto::kNoMember;
@@ -61,15 +58,11 @@ struct Channel::Impl {
 
   /// The word at `offset` of slot `seq`'s record reaches `value` once `stream`'s work so far is done.
   CUresult write_after(StreamHandle stream, std::uint64_t seq, std::size_t offset, std::uint64_t value) noexcept {
-    const CUdeviceptr word = word_device(seq, offset);
-    return relay ? relay.write_after(static_cast<CUstream>(stream), word, value)
-                 : cuda::stream_write_value64(static_cast<CUstream>(stream), word, value);
+    return cuda::stream_write_value64(static_cast<CUstream>(stream), word_device(seq, offset), value);
   }
   /// `stream`'s work after this waits until the word at `offset` of slot `seq`'s record reaches `value`.
   CUresult wait_before(StreamHandle stream, std::uint64_t seq, std::size_t offset, std::uint64_t value) noexcept {
-    const CUdeviceptr word = word_device(seq, offset);
-    return relay ? relay.wait_before(static_cast<CUstream>(stream), word, value)
-                 : cuda::stream_wait_value64(static_cast<CUstream>(stream), word, value);
+    return cuda::stream_wait_value64(static_cast<CUstream>(stream), word_device(seq, offset), value);
   }
 
   void push_held(std::uint64_t seq) noexcept {
@@ -277,24 +270,6 @@ void check_channel_name(std::string_view name) {
   }
 }
 
-/// GPUIPC_CHANNEL_RELAY: 1, 0, or auto (the default): the relay under MPS only. Without MPS the two processes'
-/// contexts time-slice, and side streams with waits pending made streaming 12x slower on an H200 (897 against
-/// 11220 frames/s in `gpuipc demo`).
-bool use_relay(int device) {
-  const auto v = config::env_raw("GPUIPC_CHANNEL_RELAY").value_or("auto");
-  if (v == "1") return true;
-  if (v == "0") return false;
-  if (v != "auto") {
-    throw Error(ErrorCode::InvalidArgument, fmt::format("GPUIPC_CHANNEL_RELAY is '{}': use 1, 0 or auto", v),
-                "open");
-  }
-  try {
-    return cuda::device_attribute(CU_DEVICE_ATTRIBUTE_MPS_ENABLED, device) != 0;
-  } catch (const Error&) {
-    return false;  // a driver that does not know the attribute predates it: treat as no MPS
-  }
-}
-
 std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole role) {
   auto impl = std::make_unique<Channel::Impl>();
   auto* h = static_cast<proto::ChannelHeader*>(control.data());
@@ -317,10 +292,6 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
   if (impl->gpu()) {
     impl->control_device = control.device_pointer();
     impl->ctx = cuda::PrimaryContext(data.device());
-    if (use_relay(data.device())) {
-      cuda::ScopedContext current(impl->ctx.get());
-      impl->relay = cuda::StreamRelay::create();
-    }
   }
   impl->held.assign(impl->n, 0);
   impl->control = std::move(control);

@@ -74,7 +74,6 @@ namespace gpuipc::cuda {
   X(cuStreamDestroy, 4000)                   \
   X(cuStreamSynchronize, 2000)               \
   X(cuStreamQuery, 2000)                     \
-  X(cuStreamIsCapturing, 10000)              \
   X(cuStreamWaitValue32, 11070)              \
   X(cuStreamWaitValue64, 11070)              \
   X(cuStreamWriteValue32, 11070)             \
