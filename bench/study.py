@@ -279,6 +279,22 @@ def q1_channels(d: Doc, dev: str) -> bool:
                f"without MPS{f' and {x(srm)} under MPS' if srm is not None else ''}: without MPS the GPU time-slices "
                "between the two processes' contexts, which is a latency cost of running two processes, not of the "
                "shared memory.")
+        study = next((s for s in doc.get("samples", []) if s.get("what") == "stream_ordering_mps"), None)
+        if study is not None:
+            runs = study.get("two_process", {})
+
+            def r(name):
+                v = runs.get(name, {})
+                return v.get("ratio") if isinstance(v, dict) else None
+
+            d.para("Under MPS the two processes' kernels run side by side, and what remains is the ordering itself. "
+                   "The same kernels in two processes with no ordering at all reach "
+                   f"{x(r('none'))} of one process; ordered by raw stream memory operations on device words "
+                   f"{x(r('device_words'))}, on a pinned host page (what channels use) {x(r('host_words'))}; the "
+                   f"waits alone (always met) {x(r('device_waits_only'))}, the writes alone "
+                   f"{x(r('device_writes_only'))}; IPC events {x(r('ipc_events'))}. Each stream memory operation "
+                   "costs its stream GPU time between kernels, and a channel needs a wait and a write per message on "
+                   "each side; with kernels of a few microseconds that is most of the gap (`stream_ordering` samples).")
     d.image(plot.image_name("channels", dev), "cross-process round trips")
     return True
 
