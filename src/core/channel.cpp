@@ -509,7 +509,8 @@ Status Channel::release(StreamHandle stream) noexcept {
   atomic(s.state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember), std::memory_order_release);
   im.pop_held();
   core::bump_and_wake(im.h->released_seq, &im.h->released_sleepers);
-  // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do for `freed`, but releases failed with it on the H200.)
+  // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do for `freed`, but the v2 memop API we call rejects it with
+  // CUDA_ERROR_INVALID_VALUE, as its documentation says.)
   if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, freed), seq + 1) != CUDA_SUCCESS) {
     atomic(s.freed).store(seq + 1, std::memory_order_release);  // never leave the producer's stream waiting
     return Status::DriverError;
