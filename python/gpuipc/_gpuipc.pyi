@@ -76,11 +76,6 @@ def _copy_from_dlpack(dst: ArrayView, capsule: object, stream: int) -> object:
     (code, bits, lanes, shape, nbytes), or None when the tensor is strided.
     """
 
-def _copy_raw(dst: ArrayView, src: int, nbytes: int, src_is_cuda: bool, src_device: int, stream: int) -> None:
-    """
-    Copies ``nbytes`` from address ``src`` into ``dst`` (synchronous; after synchronizing ``stream``).
-    """
-
 class Segment:
     """A mapped gpuipc segment (low level; see gpuipc.Segment)."""
 

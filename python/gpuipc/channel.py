@@ -228,7 +228,7 @@ class Channel:
             raise InvalidState(f"send on channel '{self.name}': publish the slots taken with acquire() first")
         handle = stream_handle(stream)
         meta = bytes(meta)
-        plan = _plan_copy(array, self._ch.kind == "device", self._ch.device, handle)
+        plan = _plan_copy(array, self._ch.kind == "device", handle)
         if isinstance(plan, _Source):  # contiguous bytes at a known address: one call copies and publishes
             self._check_fits(plan.dtype, plan.shape, plan.nbytes, meta)
             header = _pack_header(plan.dtype, plan.shape, plan.nbytes, meta)
@@ -547,7 +547,7 @@ def _framework(array: Any) -> str:
     return type(array).__module__.split(".", 1)[0]
 
 
-def _plan_copy(array: Any, to_gpu: bool, device: int, stream: int) -> Union[_Source, _Plan, None]:
+def _plan_copy(array: Any, to_gpu: bool, stream: int) -> Union[_Source, _Plan, None]:
     """How to copy ``array`` into a slot: a _Source (the C++ send copies), (dtype, shape, nbytes, copy(view)), or
     None for the DLPack path."""
     fw = _framework(array)
@@ -557,20 +557,20 @@ def _plan_copy(array: Any, to_gpu: bool, device: int, stream: int) -> Union[_Sou
         return _plan_cupy(array, stream)
     host = as_host_array(array)
     if host is not None:
-        return _plan_host(host, to_gpu, device, stream)
+        return _plan_host(host)
     if hasattr(array, "__dlpack__"):
         return None
     cai = getattr(array, "__cuda_array_interface__", None)
     if cai is not None:
         if not to_gpu:
             raise InvalidArgument(
-                f"cannot send a GPU {type(array).__name__} through host channel: copy it to host memory first"
+                f"cannot send a GPU {type(array).__name__} through a host channel: copy it to host memory first"
             )
         return _plan_cai(cai, array)
     raise TypeError(f"cannot send a {type(array).__name__}: not an array (no DLPack, no array interface)")
 
 
-def _plan_host(arr: np.ndarray, to_gpu: bool, device: int, stream: int) -> _Source:
+def _plan_host(arr: np.ndarray) -> _Source:
     dt = dtype_of(arr.dtype)
     if not arr.flags.c_contiguous:
         arr = arr.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)

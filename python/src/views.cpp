@@ -287,13 +287,6 @@ void bind_views(nb::module_& m) {
   m.def("_copy_from_dlpack", &copy_from_dlpack, "dst"_a, "capsule"_a, "stream"_a,
         "Copies a C-contiguous DLPack tensor into ``dst`` (after synchronizing ``stream``). Returns\n"
         "(code, bits, lanes, shape, nbytes), or None when the tensor is strided.");
-  m.def("_copy_raw",
-        [](const ArrayView& dst, std::uintptr_t src, std::size_t nbytes, bool src_is_cuda, int src_device,
-           std::uintptr_t stream) {
-          copy_bytes(dst, src, src_is_cuda ? kDLCUDA : kDLCPU, src_device, nbytes, stream);
-        },
-        "dst"_a, "src"_a, "nbytes"_a, "src_is_cuda"_a, "src_device"_a, "stream"_a,
-        "Copies ``nbytes`` from address ``src`` into ``dst`` (synchronous; after synchronizing ``stream``).");
 }
 
 }  // namespace gpuipc::py
