@@ -64,7 +64,7 @@ std::uint32_t BrokerClient::broker_pid() {
 
 bool BrokerClient::broker_listening() {
   try {
-    os::connect_seqpacket(config::socket_path());
+    os::connect_seqpacket(config::socket_path(), connect_timeout());
     return true;
   } catch (const Error&) {
     return false;
@@ -102,7 +102,9 @@ void BrokerClient::connect_locked() {
   auto delay = std::chrono::microseconds(200);
   for (;;) {
     try {
-      m_sock = os::connect_seqpacket(path);
+      m_sock = os::connect_seqpacket(
+          path, std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{})));
       break;
     } catch (const Error& e) {
       if (e.code() != ErrorCode::NotFound) throw;

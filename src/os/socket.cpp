@@ -118,26 +118,41 @@ UniqueFd accept_seqpacket(int listen_fd) {
   }
 }
 
-UniqueFd connect_seqpacket(const std::string& path) {
+UniqueFd connect_seqpacket(const std::string& path, std::chrono::milliseconds timeout) {
+  using clock = std::chrono::steady_clock;
   const sockaddr_un addr = socket_address(path, "connect");
   const std::string what = socket_what(path);
-  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  // Non-blocking while connecting: a blocking Unix connect to a listener whose backlog is full waits for room
+  // with no bound (a stopped broker would hang every client). Non-blocking, it fails with EAGAIN instead.
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!sock) throw_system("socket", what);
+  const auto deadline = clock::now() + timeout;
+  auto pause = std::chrono::microseconds(100);
   for (;;) {
-    if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return sock;
+    if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
     const int err = errno;
-    // A Unix connect interrupted while waiting for backlog room leaves the socket unconnected: retry. If the
-    // first attempt did complete, the retry reports EISCONN.
     if (err == EINTR) continue;
-    if (err == EISCONN) return sock;
+    if (err == EISCONN) break;  // an interrupted attempt that completed after all
     if (err == ENOENT || err == ECONNREFUSED) {
       throw Error(ErrorCode::NotFound,
                   fmt::format("{}: connect failed: {} (errno {}): nothing listens there", what,
                               std::system_category().message(err), err),
                   "connect", err);
     }
-    throw_system("connect", what, err);
+    if (err != EAGAIN) throw_system("connect", what, err);
+    if (clock::now() >= deadline) {
+      throw Error(ErrorCode::Timeout,
+                  fmt::format("{}: the listener's backlog stayed full for {} ms: it accepts no connections (is the "
+                              "broker stopped or swamped? its pid is in broker.pid beside the socket)",
+                              what, timeout.count()),
+                  "connect", err);
+    }
+    ::usleep(static_cast<useconds_t>(pause.count()));
+    pause = std::min(pause * 2, std::chrono::microseconds(10000));
   }
+  const int flags = ::fcntl(sock.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(sock.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) throw_system("fcntl(F_SETFL)", what);
+  return sock;
 }
 
 std::pair<UniqueFd, UniqueFd> seqpacket_pair() {

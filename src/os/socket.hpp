@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -41,9 +42,11 @@ UniqueFd listen_seqpacket(const std::string& path, unsigned mode = 0666, int bac
 /// pending one vanished (ECONNABORTED); throws on other errors (EMFILE: Error(System) naming the limit).
 UniqueFd accept_seqpacket(int listen_fd);
 
-/// Connects (blocking, CLOEXEC) to `path`. Throws Error(NotFound) when nothing listens there (ENOENT,
-/// ECONNREFUSED), other codes as errno maps.
-UniqueFd connect_seqpacket(const std::string& path);
+/// Connects to `path` and returns a blocking CLOEXEC socket. A listener whose backlog is full (it accepts nothing:
+/// stopped, or swamped) is retried until `timeout`, then Error(Timeout). Throws Error(NotFound) when nothing
+/// listens there (ENOENT, ECONNREFUSED), other codes as errno maps.
+UniqueFd connect_seqpacket(const std::string& path,
+                           std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
 
 /// A connected pair (socketpair AF_UNIX SOCK_SEQPACKET, CLOEXEC).
 std::pair<UniqueFd, UniqueFd> seqpacket_pair();

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -375,6 +376,39 @@ TEST(OsSocket, ConnectToAMissingPathIsNotFound) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
   }
+}
+
+/// A listener that accepts nothing (a stopped broker) fills its backlog; connect then gives up at its timeout
+/// with Timeout instead of blocking forever, and succeeds again once the listener takes a connection.
+TEST(OsSocket, ConnectToAListenerWithAFullBacklogTimesOut) {
+  const test::TempDir dir;
+  const std::string path = dir.file("full.sock");
+  const os::UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(listener.valid());
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener.get(), 0), 0);  // room for one pending connection
+  std::vector<os::UniqueFd> pending;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; i < 64; ++i) pending.push_back(os::connect_seqpacket(path, std::chrono::milliseconds(200)));
+    FAIL() << "64 connections to a listener that accepts none all went through";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Timeout) << e.what();
+    EXPECT_EQ(e.call(), "connect");
+    EXPECT_NE(std::string(e.what()).find("backlog"), std::string::npos) << e.what();
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_FALSE(pending.empty());
+  EXPECT_GE(waited, std::chrono::milliseconds(190));
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  // Room again: the next connect goes through, and the socket it returns blocks as usual.
+  const os::UniqueFd taken(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(taken.valid());
+  const os::UniqueFd again = os::connect_seqpacket(path, std::chrono::milliseconds(2000));
+  EXPECT_EQ(::fcntl(again.get(), F_GETFL) & O_NONBLOCK, 0);
 }
 
 TEST(OsSocket, ListenReplacesAStaleSocketButNoOtherFile) {
