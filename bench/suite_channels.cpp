@@ -23,45 +23,13 @@
 #include "os/module.hpp"
 #include "os/process.hpp"
 #include "python_runner.hpp"
+#include "streaming.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {
 namespace {
 
 using json = nlohmann::json;
-using Env = std::vector<std::pair<std::string, std::string>>;
-
-/// What every worker sets up first.
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-};
-
-/// Flags shared by the two workers of one measurement (lives in a SharedPage made before the fork).
-struct Sync {
-  std::atomic<std::uint64_t> a_ready, b_ready, progress_a, progress_b;
-  std::atomic<std::int64_t> t0;
-  CUipcEventHandle event_a, event_b;
-};
-
-/// Spins (with a short sleep) until `pred` or `timeout`; throws on timeout so a worker never hangs.
-template <typename P>
-void await(P&& pred, const char* what, std::chrono::seconds timeout = std::chrono::seconds(60)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw Error(ErrorCode::Timeout, fmt::format("bench worker: timed out waiting for {}", what), "bench");
-    }
-    std::this_thread::yield();
-  }
-}
-
-void check_status(Status st, const char* what) {
-  if (st != Status::Ok) throw Error(ErrorCode::System, fmt::format("{}: {}", what, to_string(st)), "bench");
-}
-
-std::string unique(const char* what) { return fmt::format("bench-{}-{}-{}", what, os::current_pid(), now_ns() % 100000); }
 
 // --- semaphore ping-pong --------------------------------------------------------------------------------------
 // A's stream signals odd values and waits for even ones; B's stream the reverse. Batches of `per_batch` round trips
@@ -328,287 +296,7 @@ json enqueue_behind_pending_wait(int iterations) {
   return results[0];
 }
 
-// --- streaming throughput -------------------------------------------------------------------------------------
-constexpr std::size_t kFrameBytes = 8 << 20;
-
-/// A producer kernel writes and a consumer kernel reads 8 MiB frames, in two processes through a channel.
-double two_process_fps(const Env& env, int frames, std::uint32_t kSlots) {
-  SharedPage page;
-  auto* sync = new (page.as<Sync>()) Sync{};
-  const std::string name = unique("stream");
-  const auto results = run_workers(
-      {[&]() -> json {
-         Gpu g;
-         kernels::Kernels k;
-         auto ch = Channel::create(name, {.slots = kSlots, .slot_bytes = kFrameBytes, .header_bytes = 0,
-                                          .kind = SegmentKind::Device, .device = 0, .mode = 0600},
-                                   ChannelRole::Producer);
-         sync->a_ready = 1;
-         await([&] { return sync->b_ready.load() == 1; }, "the consumer");
-         sync->t0 = now_ns();
-         for (int f = 0; f < frames; ++f) {
-           SlotView s;
-           check_status(ch.acquire(g.stream.get(), std::chrono::seconds(30), s), "acquire");
-           k.write_fill(g.stream.get(), s.device_pointer, kFrameBytes / 16, static_cast<std::uint32_t>(f));
-           check_status(ch.publish(g.stream.get(), {}, kFrameBytes), "publish");
-         }
-         g.stream.synchronize();
-         return json::object();
-       },
-       [&]() -> json {
-         Gpu g;
-         kernels::Kernels k;
-         auto out = cuda::DeviceBuffer::allocate(8);
-         cuda::memset_d8(out.get(), 0, 8);
-         await([&] { return sync->a_ready.load() == 1; }, "the channel");
-         auto ch = Channel::open(name, ChannelRole::Consumer);
-         sync->b_ready = 1;
-         for (int f = 0; f < frames; ++f) {
-           MessageView m;
-           check_status(ch.receive(g.stream.get(), std::chrono::seconds(30), m), "receive");
-           k.read_sum(g.stream.get(), m.device_pointer, kFrameBytes / 16, out.get());
-           check_status(ch.release(g.stream.get()), "release");
-         }
-         g.stream.synchronize();
-         return json{{"seconds", static_cast<double>(now_ns() - sync->t0.load()) / 1e9}};
-       }},
-      env);
-  Channel::unlink(name);
-  return frames / results[1]["seconds"].get<double>();
-}
-
-/// The same two kernels in one process: two streams, `kSlots` buffers, events between them (or, `ordered` false,
-/// none: the two streams run independently).
-double one_process_fps(const Env& env, int frames, std::uint32_t kSlots, bool ordered = true) {
-  const auto results = run_workers(
-      {[&]() -> json {
-        Gpu g;
-        kernels::Kernels k;
-        auto consumer = cuda::Stream::create();
-        auto out = cuda::DeviceBuffer::allocate(8);
-        cuda::memset_d8(out.get(), 0, 8);
-        std::vector<cuda::DeviceBuffer> buf;
-        std::vector<cuda::Event> filled, freed;
-        for (std::uint32_t i = 0; i < kSlots; ++i) {
-          buf.push_back(cuda::DeviceBuffer::allocate(kFrameBytes));
-          filled.push_back(cuda::Event::create(CU_EVENT_DISABLE_TIMING));
-          freed.push_back(cuda::Event::create(CU_EVENT_DISABLE_TIMING));
-        }
-        const auto t0 = now_ns();
-        for (int f = 0; f < frames; ++f) {
-          const auto b = static_cast<std::size_t>(f) % kSlots;
-          if (ordered && f >= static_cast<int>(kSlots)) cuda::stream_wait_event(g.stream.get(), freed[b].get());
-          k.write_fill(g.stream.get(), buf[b].get(), kFrameBytes / 16, static_cast<std::uint32_t>(f));
-          if (ordered) {
-            filled[b].record(g.stream.get());
-            cuda::stream_wait_event(consumer.get(), filled[b].get());
-          }
-          k.read_sum(consumer.get(), buf[b].get(), kFrameBytes / 16, out.get());
-          if (ordered) freed[b].record(consumer.get());
-        }
-        g.stream.synchronize();
-        consumer.synchronize();
-        return json{{"seconds", static_cast<double>(now_ns() - t0) / 1e9}};
-      }},
-      env);
-  return frames / results[0]["seconds"].get<double>();
-}
-
-// --- how the two streams are ordered, without the channel -------------------------------------------------------
-/// How the producer's and consumer's streams find each other's progress, for the mechanism study below.
-struct Ordering {
-  enum class Sync : std::uint8_t { Words, Events, None };
-  enum class Write : std::uint8_t {
-    Default,           ///< cuStreamWriteValue64 (a system-scope barrier, then the write)
-    GpuFence,          ///< cuStreamBatchMemOp: a GPU-scope barrier, then the write
-    GpuFenceNoBarrier, ///< the same with CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER on the write
-    Kernel,            ///< a one-thread kernel that fences and stores
-    Skip,              ///< no write (with waits for 0: what the waits alone cost)
-  };
-  const char* name;
-  Sync sync = Sync::Words;
-  bool device_words = true;  ///< words in a device segment, else on a pinned host page
-  Write write = Write::Default;
-  bool mirror = false;       ///< each write is followed by the same write to the host word
-  bool wait_zero = false;    ///< waits are for 0 (always met): the memops' cost without the dependency
-  bool no_waits = false;
-};
-
-const std::vector<Ordering>& orderings() {
-  using S = Ordering::Sync;
-  using W = Ordering::Write;
-  static const std::vector<Ordering> all = {
-      {.name = "host_words", .device_words = false},
-      {.name = "host_words_gpu_fence", .device_words = false, .write = W::GpuFence},
-      {.name = "device_words"},
-      {.name = "device_words_gpu_fence", .write = W::GpuFence},
-      {.name = "device_words_gpu_fence_no_barrier", .write = W::GpuFenceNoBarrier},
-      {.name = "device_words_kernel_write", .write = W::Kernel},
-      {.name = "device_words_host_mirror", .mirror = true},
-      {.name = "device_words_no_dependency", .wait_zero = true},
-      {.name = "device_writes_only", .no_waits = true},
-      {.name = "device_waits_only", .write = W::Skip, .wait_zero = true},
-      {.name = "ipc_events", .sync = S::Events},
-      {.name = "none", .sync = S::None},
-  };
-  return all;
-}
-
-/// Per-slot IPC events and the host relay of their records (lives in a SharedPage).
-struct EventRelay {
-  CUipcEventHandle filled[16], freed[16];
-  std::atomic<std::uint64_t> filled_recorded, freed_recorded;  // frames whose record was enqueued
-};
-
-/// The streaming measurement without the channel: the same two kernels and slots (filled[b] at b*128, freed[b]
-/// at b*128+64 for the word variants). Separates what the ordering mechanism costs from what the channel adds.
-/// Returns the consumer's frames per second (both processes start together, the consumer finishes last).
-double raw_two_process_fps(const Env& env, int frames, std::uint32_t kSlots, const Ordering& ordering) {
-  if (kSlots > 16) throw Error(ErrorCode::InvalidArgument, "raw streaming: at most 16 slots", "bench");
-  SharedPage page, relay_page;
-  auto* sync = new (page.as<Sync>()) Sync{};
-  auto* relay = new (relay_page.as<EventRelay>()) EventRelay{};
-  const std::string name = unique("raw");
-  const bool words = ordering.sync == Ordering::Sync::Words;
-  const bool events = ordering.sync == Ordering::Sync::Events;
-  struct Side {
-    Segment data, dev, host;
-    std::vector<cuda::Event> own;                // IPC events this side records
-    std::vector<cuda::ImportedEvent> peer;       // the other side's
-    CUdeviceptr word(std::uint32_t b, bool device, bool freed) const {
-      return (device ? dev.device_pointer() : host.device_pointer()) + b * 128 + (freed ? 64 : 0);
-    }
-  };
-  auto open_all = [&](bool producer) {
-    Side m;
-    const CreateOptions host_opts{.kind = SegmentKind::HostPinned, .device = 0, .mode = 0600};
-    const CreateOptions dev_opts{.kind = SegmentKind::Device, .device = 0, .mode = 0600};
-    if (producer) {
-      m.data = Segment::create(name + ".data", kSlots * kFrameBytes, dev_opts);
-      m.dev = Segment::create(name + ".dev", 2 << 20, dev_opts);
-      m.host = Segment::create(name + ".host", 4096, host_opts);
-      cuda::memset_d8(m.dev.device_pointer(), 0, 2 << 20);
-      std::memset(m.host.data(), 0, 4096);
-    } else {
-      m.data = Segment::open(name + ".data", {});
-      m.dev = Segment::open(name + ".dev", {});
-      m.host = Segment::open(name + ".host", {});
-    }
-    if (events) {
-      for (std::uint32_t b = 0; b < kSlots; ++b) {
-        m.own.push_back(cuda::Event::create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
-        (producer ? relay->filled : relay->freed)[b] = cuda::ipc_get_event_handle(m.own.back());
-      }
-    }
-    return m;
-  };
-  auto import_peer = [&](Side& m, bool producer) {
-    if (!events) return;
-    for (std::uint32_t b = 0; b < kSlots; ++b) {
-      m.peer.push_back(cuda::ImportedEvent::open((producer ? relay->freed : relay->filled)[b]));
-    }
-  };
-  auto memop = [](CUresult r, const char* what) {
-    if (r != CUDA_SUCCESS) {
-      throw Error(ErrorCode::Cuda, fmt::format("{}: CUresult {}", what, static_cast<int>(r)), "bench");
-    }
-  };
-  // Frame f uses slot f % kSlots; its producer first waits for the consumer's release of frame f - kSlots.
-  auto wait_for_peer = [&](const Side& m, CUstream s, bool producer, int f) {
-    const auto b = static_cast<std::uint32_t>(f) % kSlots;
-    const std::uint64_t round = static_cast<std::uint64_t>(f) / kSlots;
-    if (words && !ordering.no_waits) {
-      if (ordering.wait_zero) {
-        memop(cuda::stream_wait_value64(s, m.word(b, ordering.device_words, producer), 0), "wait");
-      } else if (!producer || round > 0) {
-        memop(cuda::stream_wait_value64(s, m.word(b, ordering.device_words, producer), producer ? round : round + 1),
-              "wait");
-      }
-    } else if (events && (!producer || round > 0)) {
-      // A wait covers the event's latest record when it is enqueued: the host relays that the record happened.
-      const std::uint64_t need = producer ? static_cast<std::uint64_t>(f) - kSlots + 1 : static_cast<std::uint64_t>(f) + 1;
-      await([&] { return (producer ? relay->freed_recorded : relay->filled_recorded).load() >= need; }, "a record");
-      cuda::stream_wait_event(s, m.peer[b].get());
-    }
-  };
-  auto tell_peer = [&](const Side& m, const kernels::Kernels& k, CUstream s, bool producer, int f) {
-    const auto b = static_cast<std::uint32_t>(f) % kSlots;
-    const std::uint64_t value = static_cast<std::uint64_t>(f) / kSlots + 1;
-    if (words) {
-      const CUdeviceptr w = m.word(b, ordering.device_words, !producer);
-      switch (ordering.write) {
-        case Ordering::Write::Default: memop(cuda::stream_write_value64(s, w, value), "write"); break;
-        case Ordering::Write::GpuFence:
-          memop(cuda::stream_write_value64_fenced(s, w, value, cuda::FenceScope::Gpu), "fenced write");
-          break;
-        case Ordering::Write::GpuFenceNoBarrier:
-          memop(cuda::stream_write_value64_fenced(s, w, value, cuda::FenceScope::Gpu,
-                                                  CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
-                "fenced write without barrier");
-          break;
-        case Ordering::Write::Kernel: k.write_flag(s, w, value); break;
-        case Ordering::Write::Skip: break;
-      }
-      if (ordering.mirror) memop(cuda::stream_write_value64(s, m.word(b, false, !producer), value), "mirror write");
-    } else if (events) {
-      m.own[b].record(s);
-      (producer ? relay->filled_recorded : relay->freed_recorded).store(static_cast<std::uint64_t>(f) + 1);
-    }
-  };
-  const auto results = run_workers(
-      {[&]() -> json {
-         Gpu g;
-         kernels::Kernels k;
-         Side m = open_all(true);
-         sync->a_ready = 1;
-         await([&] { return sync->b_ready.load() == 1; }, "the consumer");
-         import_peer(m, true);
-         sync->progress_a = 1;
-         await([&] { return sync->progress_b.load() == 1; }, "the consumer's events");
-         sync->t0 = now_ns();
-         for (int f = 0; f < frames; ++f) {
-           const auto b = static_cast<std::uint32_t>(f) % kSlots;
-           wait_for_peer(m, g.stream.get(), true, f);
-           k.write_fill(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, kFrameBytes / 16,
-                        static_cast<std::uint32_t>(f));
-           tell_peer(m, k, g.stream.get(), true, f);
-         }
-         g.stream.synchronize();
-         const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;
-         await([&] { return sync->progress_b.load() == 2; }, "the consumer to finish");
-         return json{{"seconds", seconds}};
-       },
-       [&]() -> json {
-         Gpu g;
-         kernels::Kernels k;
-         auto out = cuda::DeviceBuffer::allocate(8);
-         cuda::memset_d8(out.get(), 0, 8);
-         await([&] { return sync->a_ready.load() == 1; }, "the segments");
-         Side m = open_all(false);
-         sync->b_ready = 1;
-         await([&] { return sync->progress_a.load() == 1; }, "the producer's events");
-         import_peer(m, false);
-         sync->progress_b = 1;
-         for (int f = 0; f < frames; ++f) {
-           const auto b = static_cast<std::uint32_t>(f) % kSlots;
-           wait_for_peer(m, g.stream.get(), false, f);
-           k.read_sum(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, kFrameBytes / 16, out.get());
-           tell_peer(m, k, g.stream.get(), false, f);
-         }
-         g.stream.synchronize();
-         const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;
-         sync->progress_b = 2;
-         return json{{"seconds", seconds}};
-       }},
-      env, std::chrono::seconds(45));
-  for (const char* suffix : {".data", ".dev", ".host"}) Segment::unlink(name + suffix);
-  return frames / std::max(results[0]["seconds"].get<double>(), results[1]["seconds"].get<double>());
-}
-
 // --- baselines in Python ----------------------------------------------------------------------------------------
-/// Buffers in flight for the streaming metric (both sides: channel slots, and buffers of the one-process version).
-constexpr std::uint32_t kStreamSlots = 8;
-
 /// Runs bench/baselines/handoff.py for `impl` (torch, cudacore); its last line is a JSON object.
 json python_baseline(const std::string& impl, std::size_t bytes, int iterations) {
   return run_python_json("bench/baselines/handoff.py",
@@ -691,32 +379,15 @@ Result run(const Options& o, const DeviceMeta& meta) {
       // Alternating repetitions, medians: one run is short and the GPU's pace drifts between runs.
       std::vector<double> cross_runs, local_runs;
       for (int rep = 0; rep < stream_repetitions; ++rep) {
-        cross_runs.push_back(two_process_fps(env, stream_frames, slots));
-        local_runs.push_back(one_process_fps(env, stream_frames, slots));
+        cross_runs.push_back(channel_stream(env, stream_frames, slots)["fps"].get<double>());
+        local_runs.push_back(local_stream(env, stream_frames, slots)["fps"].get<double>());
       }
       const double cross = summarize(cross_runs).median;
       const double local = summarize(local_runs).median;
-      json sample = {{"what", fmt::format("stream{}", suffix)}, {"slots", slots}, {"frame_bytes", kFrameBytes},
-                     {"frames", stream_frames}, {"fps_two_process", cross}, {"fps_one_process", local},
-                     {"ratio", cross / local}, {"fps_two_process_runs", cross_runs},
-                     {"fps_one_process_runs", local_runs}};
-      r.samples.push_back(sample);
-      if (slots == kStreamSlots && !o.quick) {
-        // The mechanism study: the same streaming ordered by other means, without the channel around them.
-        json raw = json::object();
-        for (const Ordering& w : orderings()) {
-          try {
-            const double fps = raw_two_process_fps(env, stream_frames, slots, w);
-            raw[w.name] = {{"fps_two_process", fps}, {"ratio", fps / local}};
-          } catch (const std::exception& e) {  // a study variant failing must not cost the suite its metrics
-            raw[w.name] = {{"error", e.what()}};
-          }
-        }
-        r.samples.push_back({{"what", fmt::format("stream_ordering{}", suffix)}, {"slots", slots},
-                             {"frame_bytes", kFrameBytes}, {"fps_one_process", local},
-                             {"fps_one_process_unordered", one_process_fps(env, stream_frames, slots, false)},
-                             {"two_process", raw}});
-      }
+      r.samples.push_back({{"what", fmt::format("stream{}", suffix)}, {"slots", slots}, {"frame_bytes", kFrameBytes},
+                           {"frames", stream_frames}, {"fps_two_process", cross}, {"fps_one_process", local},
+                           {"ratio", cross / local}, {"fps_two_process_runs", cross_runs},
+                           {"fps_one_process_runs", local_runs}});
       if (slots == kStreamSlots) {
         r.metrics[fmt::format("stream_fps_two_process{}", suffix)] = cross;
         r.metrics[fmt::format("stream_fps_one_process{}", suffix)] = local;

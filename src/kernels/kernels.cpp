@@ -21,6 +21,8 @@ Kernels::Kernels()
       m_verify_pattern(m_module.function("gpuipc_verify_pattern")),
       m_read_sum(m_module.function("gpuipc_read_sum")),
       m_write_fill(m_module.function("gpuipc_write_fill")),
+      m_read_sum_timed(m_module.function("gpuipc_read_sum_timed")),
+      m_write_fill_timed(m_module.function("gpuipc_write_fill_timed")),
       m_write_one(m_module.function("gpuipc_write_one")),
       m_spin_until(m_module.function("gpuipc_spin_until")),
       m_write_flag(m_module.function("gpuipc_write_flag")),
@@ -77,6 +79,21 @@ void Kernels::write_fill(CUstream stream, CUdeviceptr data, std::size_t n_vec16,
   unsigned v = value;
   void* args[] = {&data, &n, &v};
   cuda::launch(m_write_fill, grid_for(n_vec16), kBlock, 0, stream, args, "gpuipc_write_fill");
+}
+
+void Kernels::read_sum_timed(CUstream stream, CUdeviceptr data, std::size_t n_vec16, CUdeviceptr out,
+                             CUdeviceptr stamp) const {
+  unsigned long long n = n_vec16;
+  void* args[] = {&data, &n, &out, &stamp};
+  cuda::launch(m_read_sum_timed, grid_for(n_vec16), kBlock, 0, stream, args, "gpuipc_read_sum_timed");
+}
+
+void Kernels::write_fill_timed(CUstream stream, CUdeviceptr data, std::size_t n_vec16, std::uint32_t value,
+                               CUdeviceptr stamp) const {
+  unsigned long long n = n_vec16;
+  unsigned v = value;
+  void* args[] = {&data, &n, &v, &stamp};
+  cuda::launch(m_write_fill_timed, grid_for(n_vec16), kBlock, 0, stream, args, "gpuipc_write_fill_timed");
 }
 
 void Kernels::write_one(CUstream stream, CUdeviceptr word, std::uint32_t value) const {

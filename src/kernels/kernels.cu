@@ -74,6 +74,34 @@ extern "C" __global__ void gpuipc_write_fill(uint4* p, unsigned long long n, uns
   for (unsigned long long i = global_index(); i < n; i += grid_stride()) p[i] = v;
 }
 
+/// read_sum that also records when it ran: stamp[0] = the earliest block start, stamp[1] = ~(the latest block end)
+/// (%globaltimer ns, the same clock in every process; the caller fills both with ~0 first, one memset).
+/// For GPU timelines of streaming (bench/suite_ordering.cpp).
+extern "C" __global__ void gpuipc_read_sum_timed(const uint4* p, unsigned long long n, unsigned long long* out,
+                                                 unsigned long long* stamp) {
+  if (threadIdx.x == 0) atomicMin(&stamp[0], global_timer_ns());
+  unsigned long long sum = 0;
+  for (unsigned long long i = global_index(); i < n; i += grid_stride()) {
+    const uint4 v = p[i];
+    sum += static_cast<unsigned long long>(v.x) + v.y + v.z + v.w;
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) {
+    atomicAdd(out, sum);
+    atomicMin(&stamp[1], ~global_timer_ns());
+  }
+}
+
+/// write_fill that records when it ran, as read_sum_timed.
+extern "C" __global__ void gpuipc_write_fill_timed(uint4* p, unsigned long long n, unsigned value,
+                                                   unsigned long long* stamp) {
+  if (threadIdx.x == 0) atomicMin(&stamp[0], global_timer_ns());
+  const uint4 v = make_uint4(value, value, value, value);
+  for (unsigned long long i = global_index(); i < n; i += grid_stride()) p[i] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMin(&stamp[1], ~global_timer_ns());
+}
+
 /// One thread writes *p = value (through a read-only mapping this faults the context: the test of PROT_READ).
 extern "C" __global__ void gpuipc_write_one(unsigned* p, unsigned value) {
   if (global_index() == 0) *p = value;

@@ -34,6 +34,12 @@ class Kernels {
   void read_sum(CUstream stream, CUdeviceptr data, std::size_t n_vec16, CUdeviceptr out) const;
   /// Writes `value` to every u32 of n_vec16 16-byte vectors: a write-bandwidth kernel. 16-byte aligned.
   void write_fill(CUstream stream, CUdeviceptr data, std::size_t n_vec16, std::uint32_t value) const;
+  /// read_sum and write_fill that also record when they ran on the GPU: stamp (device u64[2], filled with ~0 by
+  /// the caller) gets the earliest block start and the bitwise NOT of the latest block end, in %globaltimer ns, a
+  /// clock every process on the GPU shares: timelines of streaming across processes.
+  void read_sum_timed(CUstream stream, CUdeviceptr data, std::size_t n_vec16, CUdeviceptr out, CUdeviceptr stamp) const;
+  void write_fill_timed(CUstream stream, CUdeviceptr data, std::size_t n_vec16, std::uint32_t value,
+                        CUdeviceptr stamp) const;
   /// One thread writes *word = value: through a read-only mapping this faults the context (CUDA_ERROR_ILLEGAL_ADDRESS
   /// or similar at the next synchronisation; the context is unusable afterwards: run it in a child process).
   void write_one(CUstream stream, CUdeviceptr word, std::uint32_t value) const;
@@ -89,6 +95,8 @@ class Kernels {
   CUfunction m_verify_pattern = nullptr;
   CUfunction m_read_sum = nullptr;
   CUfunction m_write_fill = nullptr;
+  CUfunction m_read_sum_timed = nullptr;
+  CUfunction m_write_fill_timed = nullptr;
   CUfunction m_write_one = nullptr;
   CUfunction m_spin_until = nullptr;
   CUfunction m_write_flag = nullptr;
