@@ -63,7 +63,8 @@ json FrameKernels::stamps() const {
   return raw;
 }
 
-json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed) {
+json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed,
+                    std::optional<std::chrono::nanoseconds> pacing) {
   SharedPage page;
   auto* sync = new (page.as<Sync>()) Sync{};
   const std::string name = unique("stream");
@@ -74,6 +75,7 @@ json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed)
          auto ch = Channel::create(name, {.slots = slots, .slot_bytes = kFrameBytes, .header_bytes = 0,
                                           .kind = SegmentKind::Device, .device = 0, .mode = 0600},
                                    ChannelRole::Producer);
+         if (pacing) ch.set_pacing(*pacing);
          sync->a_ready = 1;
          await([&] { return sync->b_ready.load() == 1; }, "the consumer");
          sync->t0 = now_ns();
@@ -91,6 +93,7 @@ json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed)
          FrameKernels k(timed ? frames : 0);
          await([&] { return sync->a_ready.load() == 1; }, "the channel");
          auto ch = Channel::open(name, ChannelRole::Consumer);
+         if (pacing) ch.set_pacing(*pacing);
          sync->b_ready = 1;
          for (int f = 0; f < frames; ++f) {
            MessageView m;

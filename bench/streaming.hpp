@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -82,8 +83,9 @@ class FrameKernels {
 
 /// A producer kernel writes and a consumer kernel reads `frames` 8 MiB frames in two processes through a device
 /// channel of `slots` slots. {"fps": the consumer's frames per second from the common start}; timed, also
-/// {"timeline": timeline_stats(...)}.
-nlohmann::json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed = false);
+/// {"timeline": timeline_stats(...)}. `pacing`: Channel::set_pacing on both sides, else the default.
+nlohmann::json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed = false,
+                              std::optional<std::chrono::nanoseconds> pacing = std::nullopt);
 
 /// How the one-process version orders its two streams.
 enum class LocalOrder : std::uint8_t {

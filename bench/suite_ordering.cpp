@@ -146,6 +146,8 @@ struct Ordering {
   bool wait_zero = false;    ///< waits are for 0 (always met): the memops' cost without the dependency
   bool no_waits = false;
   bool host_paced = false;   ///< the waiting side polls the word (host words) or IPC event on the CPU: no GPU wait
+  int lag = 0;               ///< host-paced words: the producer of frame f waits for the release of f - lag (0: of
+                             ///< f - slots, what reusing the slot needs), to keep the consumer close behind
 };
 
 const std::vector<Ordering>& orderings() {
@@ -154,14 +156,13 @@ const std::vector<Ordering>& orderings() {
   static const std::vector<Ordering> all = {
       {.name = "host_words", .device_words = false},
       {.name = "device_words"},
-      {.name = "device_words_gpu_fence", .write = W::GpuFence},
-      {.name = "device_words_kernel_write", .write = W::Kernel},
       {.name = "device_words_no_dependency", .wait_zero = true},
       {.name = "device_writes_only", .no_waits = true},
       {.name = "device_waits_only", .write = W::Skip, .wait_zero = true},
       {.name = "host_paced_words", .device_words = false, .host_paced = true},
+      {.name = "host_paced_words_lag2", .device_words = false, .host_paced = true, .lag = 2},
+      {.name = "host_paced_words_lag4", .device_words = false, .host_paced = true, .lag = 4},
       {.name = "ipc_events", .sync = S::Events},
-      {.name = "host_paced_events", .sync = S::Events, .host_paced = true},
       {.name = "none", .sync = S::None},
   };
   return all;
@@ -232,7 +233,13 @@ json raw_stream(const Env& env, int frames, std::uint32_t slots, const Ordering&
     const std::uint64_t value = producer ? round : round + 1;  // what the peer's word must reach
     if (words && !ordering.no_waits) {
       if (ordering.host_paced) {
-        if (needed) {
+        if (producer && ordering.lag > 0) {
+          if (f >= ordering.lag) {
+            const auto g = static_cast<std::uint32_t>(f - ordering.lag);
+            const auto& w = m.host_word(g % slots, true);
+            await([&] { return w.load(std::memory_order_acquire) >= g / slots + 1; }, "the peer's word");
+          }
+        } else if (needed) {
           const auto& w = m.host_word(b, producer);
           await([&] { return w.load(std::memory_order_acquire) >= value; }, "the peer's word");
         }
@@ -372,6 +379,16 @@ void study(const Options& o, const Env& env, const char* suffix, Result& r) {
     const double fps = summarize(runs).median;
     two["channel"] = {{"fps", fps}, {"ratio", fps / reference}, {"runs", runs}};
   }
+  for (const int us : {0, 20, 1000}) {  // the channel's pacing (the "channel" row has the default)
+    two[fmt::format("channel_pacing_{}us", us)] = guarded([&] {
+      std::vector<double> runs;
+      for (int rep = 0; rep < repetitions; ++rep) {
+        runs.push_back(channel_stream(env, frames, slots, false, std::chrono::microseconds(us))["fps"].get<double>());
+      }
+      const double fps = summarize(runs).median;
+      return json{{"fps", fps}, {"ratio", fps / reference}, {"runs", runs}};
+    });
+  }
   for (const Ordering& w : orderings()) {
     two[w.name] = guarded([&] {
       std::vector<double> runs;
@@ -382,7 +399,7 @@ void study(const Options& o, const Env& env, const char* suffix, Result& r) {
   }
   r.samples.push_back({{"what", fmt::format("two_process{}", suffix)}, {"slots", slots}, {"frames", frames},
                        {"fps_one_process", reference}, {"result", two}});
-  for (const char* name : {"channel", "host_words", "host_paced_events", "host_paced_words", "none"}) {
+  for (const char* name : {"channel", "channel_pacing_0us", "host_words", "host_paced_words", "none"}) {
     if (two[name].contains("ratio")) r.metrics[fmt::format("{}_ratio{}", name, suffix)] = two[name]["ratio"];
   }
 
@@ -390,7 +407,8 @@ void study(const Options& o, const Env& env, const char* suffix, Result& r) {
   json timelines;
   timelines["one_process_events"] = guarded([&] { return local_stream(env, frames, slots, LocalOrder::Events, true); });
   timelines["channel"] = guarded([&] { return channel_stream(env, frames, slots, true); });
-  for (const char* name : {"host_words", "ipc_events", "host_paced_events", "none"}) {
+  timelines["channel_pacing_0us"] = guarded([&] { return channel_stream(env, frames, slots, true, std::chrono::nanoseconds(0)); });
+  for (const char* name : {"host_words", "host_paced_words", "host_paced_words_lag2", "none"}) {
     timelines[name] = guarded([&] { return raw_stream(env, frames, slots, ordering_named(name), true); });
   }
   r.samples.push_back({{"what", fmt::format("timeline{}", suffix)}, {"slots", slots}, {"frames", frames}, {"result", timelines}});

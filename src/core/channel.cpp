@@ -6,9 +6,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/config.hpp"
 #include "core/segment_internal.hpp"
-#include "proto/messages.hpp"
 #include "core/shm_wait.hpp"
+#include "proto/messages.hpp"
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
 
@@ -16,6 +17,9 @@ namespace gpuipc {
 
 using proto::atomic;
 using proto::Phase;
+
+/// GPUIPC_CHANNEL_PACING_US when unset (docs/env/GPUIPC_CHANNEL_PACING_US.md says why this value).
+constexpr std::uint64_t kDefaultPacingUs = 200;
 
 bool MessageView::incomplete() const noexcept {
   return flags != nullptr && (atomic(const_cast<std::uint32_t&>(*flags)).load() & proto::kSlotIncomplete) != 0;
@@ -38,6 +42,8 @@ struct Channel::Impl {
   std::vector<std::uint64_t> held;
   std::size_t held_first = 0;
   std::size_t held_count = 0;
+  // Device channels: how long acquire and receive watch a word on the host before they enqueue a stream wait.
+  std::chrono::nanoseconds pacing{0};
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -55,6 +61,20 @@ struct Channel::Impl {
   }
   std::uint64_t data_offset(std::uint64_t seq) const noexcept { return (seq % n) * atomic(h->slot_bytes).load(); }
   bool gpu() const noexcept { return kind == SegmentKind::Device; }
+
+  /// Whether the word (bit 62, a poison mark, ignored) reaches `value` within `pacing`, watched on the host: then
+  /// the peer's stream is past the point a stream wait would wait for, and none is needed.
+  bool reached(const std::uint64_t& word, std::uint64_t value) const noexcept {
+    auto w = atomic(const_cast<std::uint64_t&>(word));
+    if ((w.load(std::memory_order_acquire) & proto::kMaxValue) >= value) return true;
+    if (pacing.count() <= 0) return false;
+    const auto deadline = std::chrono::steady_clock::now() + pacing;
+    for (unsigned i = 1;; ++i) {
+      core::cpu_relax();
+      if ((w.load(std::memory_order_acquire) & proto::kMaxValue) >= value) return true;
+      if (i % 32 == 0 && std::chrono::steady_clock::now() >= deadline) return false;
+    }
+  }
 
   /// The word at `offset` of slot `seq`'s record reaches `value` once `stream`'s work so far is done.
   CUresult write_after(StreamHandle stream, std::uint64_t seq, std::size_t offset, std::uint64_t value) noexcept {
@@ -294,6 +314,7 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
     impl->ctx = cuda::PrimaryContext(data.device());
   }
   impl->held.assign(impl->n, 0);
+  impl->pacing = std::chrono::microseconds(config::env_u64("GPUIPC_CHANNEL_PACING_US", kDefaultPacingUs));
   impl->control = std::move(control);
   impl->data = std::move(data);
   impl->join();
@@ -393,9 +414,9 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
     if (w != Status::Ok) return w;
   }
   if (status != Status::Ok) return status;
-  if (im.gpu() && seq >= im.n && atomic(im.slot(seq).freed).load(std::memory_order_acquire) < seq - im.n + 1) {
+  if (im.gpu() && seq >= im.n && !im.reached(im.slot(seq).freed, seq - im.n + 1)) {
     // The slot's previous message: the consumer released it on the host; its stream may still be reading.
-    // (When the host already sees `freed`, that stream is past it and no wait is needed.)
+    // (When the host sees `freed` within the pacing time, that stream is past it and no wait is needed.)
     if (im.wait_before(stream, seq, offsetof(proto::Slot, freed), seq - im.n + 1) != CUDA_SUCCESS) {
       // Give the slot up rather than keep a claim nobody will publish.
       atomic(im.slot(seq).state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember));
@@ -476,8 +497,9 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   }
   if (status != Status::Ok) return status;
   auto& s = im.slot(seq);
-  // The producer's stream may not have written the slot yet; when the host already sees `filled`, it has.
-  if (im.gpu() && (atomic(s.filled).load(std::memory_order_acquire) & proto::kMaxValue) < seq + 1) {
+  // The producer's stream may not have written the slot yet; when the host sees `filled` within the pacing
+  // time, it has.
+  if (im.gpu() && !im.reached(s.filled, seq + 1)) {
     if (im.wait_before(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
       atomic(s.state).store(proto::pack_state(seq, Phase::Published, proto::kNoMember));
       atomic(im.h->orphans).fetch_add(1);
@@ -527,6 +549,12 @@ SegmentKind Channel::kind() const noexcept { return m_impl ? m_impl->kind : Segm
 std::uint32_t Channel::slots() const noexcept { return m_impl ? static_cast<std::uint32_t>(m_impl->n) : 0; }
 std::size_t Channel::slot_bytes() const noexcept { return m_impl ? m_impl->h->slot_bytes : 0; }
 std::uint32_t Channel::header_bytes() const noexcept { return m_impl ? m_impl->h->header_bytes : 0; }
+void Channel::set_pacing(std::chrono::nanoseconds pacing) noexcept {
+  if (m_impl) m_impl->pacing = std::max(pacing, std::chrono::nanoseconds(0));
+}
+
+std::chrono::nanoseconds Channel::pacing() const noexcept { return m_impl ? m_impl->pacing : std::chrono::nanoseconds(0); }
+
 int Channel::device() const noexcept { return m_impl && m_impl->gpu() ? m_impl->data.device() : -1; }
 
 ChannelStats Channel::stats() const noexcept {
