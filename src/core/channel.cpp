@@ -20,6 +20,10 @@ using proto::Phase;
 
 /// GPUIPC_CHANNEL_PACING_US when unset (docs/env/GPUIPC_CHANNEL_PACING_US.md says why this value).
 constexpr std::uint64_t kDefaultPacingUs = 200;
+/// The fewest messages pacing lets the producer run ahead of the consumers' streams: fewer puts the host's own
+/// round trip (see the word, launch, the kernel runs) on every message's path (host_paced_words_lag2 in the
+/// ordering suite ran slower than no limit at all).
+constexpr std::uint64_t kPacedWindowMin = 4;
 
 bool MessageView::incomplete() const noexcept {
   return flags != nullptr && (atomic(const_cast<std::uint32_t&>(*flags)).load() & proto::kSlotIncomplete) != 0;
@@ -414,6 +418,18 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
     if (w != Status::Ok) return w;
   }
   if (status != Status::Ok) return status;
+  if (im.gpu() && seq >= im.n && im.pacing.count() > 0 && im.n >= 2 * kPacedWindowMin) {
+    // Pacing also keeps this producer within half the ring of the consumers' streams: it watches (within the
+    // pacing time) for the release of the message half a ring back to reach the GPU, when a consumer has already
+    // released it on the host (one still holding it is not waited for). Running further ahead gains no
+    // throughput when the consumer is the slower side, but makes each message wait longer in the ring and the
+    // consumer read it after the producer wrote up to a ring's worth since: with 8 slots of 8 MiB that is more than
+    // an H100's L2, and reads come from memory (the ordering suite's host_paced_words_lag* rows).
+    const std::uint64_t near = seq - im.n / 2;
+    if (proto::state_seq(atomic(im.slot(near).state).load(std::memory_order_acquire)) > near) {
+      (void)im.reached(im.slot(near).freed, near + 1);
+    }
+  }
   if (im.gpu() && seq >= im.n && !im.reached(im.slot(seq).freed, seq - im.n + 1)) {
     // The slot's previous message: the consumer released it on the host; its stream may still be reading.
     // (When the host sees `freed` within the pacing time, that stream is past it and no wait is needed.)
