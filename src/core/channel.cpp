@@ -66,18 +66,34 @@ struct Channel::Impl {
   std::uint64_t data_offset(std::uint64_t seq) const noexcept { return (seq % n) * atomic(h->slot_bytes).load(); }
   bool gpu() const noexcept { return kind == SegmentKind::Device; }
 
-  /// Whether the word (bit 62, a poison mark, ignored) reaches `value` within `pacing`, watched on the host: then
-  /// the peer's stream is past the point a stream wait would wait for, and none is needed.
-  bool reached(const std::uint64_t& word, std::uint64_t value) const noexcept {
+  /// Whether the word (bit 62, a poison mark, ignored) has reached `value`, or reaches it within `pacing` watched
+  /// on the host when `pace()` says to: then the peer's stream is past the point a stream wait would wait for, and none is
+  /// needed.
+  template <typename Pace>
+  bool reached(const std::uint64_t& word, std::uint64_t value, Pace&& pace) const noexcept {
     auto w = atomic(const_cast<std::uint64_t&>(word));
     if ((w.load(std::memory_order_acquire) & proto::kMaxValue) >= value) return true;
-    if (pacing.count() <= 0) return false;
+    if (!pace()) return false;
     const auto deadline = std::chrono::steady_clock::now() + pacing;
     for (unsigned i = 1;; ++i) {
       core::cpu_relax();
       if ((w.load(std::memory_order_acquire) & proto::kMaxValue) >= value) return true;
       if (i % 32 == 0 && std::chrono::steady_clock::now() >= deadline) return false;
     }
+  }
+
+  /// Whether to watch a word on the host before enqueueing a stream wait on `stream`: only while `stream` still
+  /// has work queued. Then the stream is busy anyway and the wait on the host costs it nothing, while a stream
+  /// wait would cost it GPU time between its kernels. On an idle stream a stream wait costs nothing and the call
+  /// returns at once (a handoff between idle GPUs stays a host round trip).
+  bool pace(CUstream stream) const noexcept { return pacing.count() > 0 && cuda::stream_busy(stream); }
+
+  /// pace(stream), asked at most once (a driver call) and only when first needed.
+  auto pace_once(StreamHandle stream) const noexcept {
+    return [this, stream, known = -1]() mutable {
+      if (known < 0) known = pace(static_cast<CUstream>(stream)) ? 1 : 0;
+      return known == 1;
+    };
   }
 
   /// The word at `offset` of slot `seq`'s record reaches `value` once `stream`'s work so far is done.
@@ -418,7 +434,8 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
     if (w != Status::Ok) return w;
   }
   if (status != Status::Ok) return status;
-  if (im.gpu() && seq >= im.n && im.pacing.count() > 0 && im.n >= 2 * kPacedWindowMin) {
+  auto pace = im.pace_once(stream);
+  if (im.gpu() && seq >= im.n && im.n >= 2 * kPacedWindowMin && im.pacing.count() > 0) {
     // Pacing also keeps this producer within half the ring of the consumers' streams: it watches (within the
     // pacing time) for the release of the message half a ring back to reach the GPU, when a consumer has already
     // released it on the host (one still holding it is not waited for). Running further ahead gains no
@@ -427,10 +444,10 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
     // an H100's L2, and reads come from memory (the ordering suite's host_paced_words_lag* rows).
     const std::uint64_t near = seq - im.n / 2;
     if (proto::state_seq(atomic(im.slot(near).state).load(std::memory_order_acquire)) > near) {
-      (void)im.reached(im.slot(near).freed, near + 1);
+      (void)im.reached(im.slot(near).freed, near + 1, pace);
     }
   }
-  if (im.gpu() && seq >= im.n && !im.reached(im.slot(seq).freed, seq - im.n + 1)) {
+  if (im.gpu() && seq >= im.n && !im.reached(im.slot(seq).freed, seq - im.n + 1, pace)) {
     // The slot's previous message: the consumer released it on the host; its stream may still be reading.
     // (When the host sees `freed` within the pacing time, that stream is past it and no wait is needed.)
     if (im.wait_before(stream, seq, offsetof(proto::Slot, freed), seq - im.n + 1) != CUDA_SUCCESS) {
@@ -515,7 +532,7 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   auto& s = im.slot(seq);
   // The producer's stream may not have written the slot yet; when the host sees `filled` within the pacing
   // time, it has.
-  if (im.gpu() && !im.reached(s.filled, seq + 1)) {
+  if (im.gpu() && !im.reached(s.filled, seq + 1, im.pace_once(stream))) {
     if (im.wait_before(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
       atomic(s.state).store(proto::pack_state(seq, Phase::Published, proto::kNoMember));
       atomic(im.h->orphans).fetch_add(1);

@@ -662,6 +662,11 @@ CUresult stream_wait_value64(CUstream stream, CUdeviceptr addr, std::uint64_t va
   return api->cuStreamWaitValue64(stream, addr, value, flags);
 }
 
+bool stream_busy(CUstream stream) noexcept {
+  const DriverApi* api = loaded_driver();
+  return api != nullptr && api->cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
+}
+
 CUresult stream_write_value64_fenced(CUstream stream, CUdeviceptr addr, std::uint64_t value, FenceScope scope,
                                      unsigned write_flags) noexcept {
   const DriverApi* api = loaded_driver();

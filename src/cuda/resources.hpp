@@ -384,6 +384,9 @@ CUresult stream_write_value64(CUstream stream, CUdeviceptr addr, std::uint64_t v
                               unsigned flags = CU_STREAM_WRITE_VALUE_DEFAULT) noexcept;
 CUresult stream_wait_value64(CUstream stream, CUdeviceptr addr, std::uint64_t value,
                              unsigned flags = CU_STREAM_WAIT_VALUE_GEQ) noexcept;
+/// Whether `stream` still has work to do (cuStreamQuery says CUDA_ERROR_NOT_READY). Hot path: false on any other
+/// answer, including errors.
+bool stream_busy(CUstream stream) noexcept;
 /// How far the writes before a stream_write_value64_fenced must be visible when the value lands.
 enum class FenceScope : std::uint8_t {
   Gpu,     ///< to everything on this GPU (other processes' streams and kernels on it)
