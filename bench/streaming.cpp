@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -63,6 +64,36 @@ json FrameKernels::stamps() const {
   return raw;
 }
 
+namespace {
+
+/// Host time of the three calls a side makes per frame: medians and means (us), and the mean host time per frame.
+class CallTimes {
+ public:
+  void start() noexcept { m_last = now_ns(); }
+  void lap(int call) {
+    const std::int64_t t = now_ns();
+    m_us[call].push_back(static_cast<double>(t - m_last) / 1e3);
+    m_last = t;
+  }
+  json summary(const std::array<const char*, 3>& names) const {
+    json out;
+    double per_frame = 0;
+    for (int i = 0; i < 3; ++i) {
+      const Summary s = summarize(m_us[i]);
+      out[names[i]] = {{"median", s.median}, {"mean", s.mean}};
+      per_frame += s.mean;
+    }
+    out["frame_us_mean"] = per_frame;
+    return out;
+  }
+
+ private:
+  std::int64_t m_last = 0;
+  std::vector<double> m_us[3];
+};
+
+}  // namespace
+
 json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed,
                     std::optional<std::chrono::nanoseconds> pacing) {
   SharedPage page;
@@ -79,14 +110,19 @@ json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed,
          sync->a_ready = 1;
          await([&] { return sync->b_ready.load() == 1; }, "the consumer");
          sync->t0 = now_ns();
+         CallTimes t;
          for (int f = 0; f < frames; ++f) {
            SlotView s;
+           t.start();
            check_status(ch.acquire(g.stream.get(), std::chrono::seconds(30), s), "acquire");
+           t.lap(0);
            k.write(g.stream.get(), s.device_pointer, f);
+           t.lap(1);
            check_status(ch.publish(g.stream.get(), {}, kFrameBytes), "publish");
+           t.lap(2);
          }
          g.stream.synchronize();
-         return json{{"stamps", k.stamps()}};
+         return json{{"stamps", k.stamps()}, {"host", t.summary({"acquire_us", "launch_us", "publish_us"})}};
        },
        [&]() -> json {
          Gpu g;
@@ -95,19 +131,26 @@ json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed,
          auto ch = Channel::open(name, ChannelRole::Consumer);
          if (pacing) ch.set_pacing(*pacing);
          sync->b_ready = 1;
+         CallTimes t;
          for (int f = 0; f < frames; ++f) {
            MessageView m;
+           t.start();
            check_status(ch.receive(g.stream.get(), std::chrono::seconds(30), m), "receive");
+           t.lap(0);
            k.read(g.stream.get(), m.device_pointer, f);
+           t.lap(1);
            check_status(ch.release(g.stream.get()), "release");
+           t.lap(2);
          }
          g.stream.synchronize();
          const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;
-         return json{{"seconds", seconds}, {"stamps", k.stamps()}};
+         return json{{"seconds", seconds}, {"stamps", k.stamps()},
+                     {"host", t.summary({"receive_us", "launch_us", "release_us"})}};
        }},
       env);
   Channel::unlink(name);
-  json out = {{"fps", frames / results[1]["seconds"].get<double>()}};
+  json out = {{"fps", frames / results[1]["seconds"].get<double>()}, {"producer_host", results[0]["host"]},
+              {"consumer_host", results[1]["host"]}};
   if (timed) out["timeline"] = timeline_stats(results[0]["stamps"], results[1]["stamps"]);
   return out;
 }

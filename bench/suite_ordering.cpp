@@ -375,18 +375,26 @@ void study(const Options& o, const Env& env, const char* suffix, Result& r) {
   json two;
   {
     std::vector<double> runs;
-    for (int rep = 0; rep < repetitions; ++rep) runs.push_back(channel_stream(env, frames, slots)["fps"].get<double>());
+    json last;
+    for (int rep = 0; rep < repetitions; ++rep) {
+      last = channel_stream(env, frames, slots);
+      runs.push_back(last["fps"].get<double>());
+    }
     const double fps = summarize(runs).median;
-    two["channel"] = {{"fps", fps}, {"ratio", fps / reference}, {"runs", runs}};
+    two["channel"] = {{"fps", fps}, {"ratio", fps / reference}, {"runs", runs},
+                      {"producer_host", last["producer_host"]}, {"consumer_host", last["consumer_host"]}};
   }
   for (const int us : {0, 20, 1000}) {  // the channel's pacing (the "channel" row has the default)
     two[fmt::format("channel_pacing_{}us", us)] = guarded([&] {
       std::vector<double> runs;
+      json last;
       for (int rep = 0; rep < repetitions; ++rep) {
-        runs.push_back(channel_stream(env, frames, slots, false, std::chrono::microseconds(us))["fps"].get<double>());
+        last = channel_stream(env, frames, slots, false, std::chrono::microseconds(us));
+        runs.push_back(last["fps"].get<double>());
       }
       const double fps = summarize(runs).median;
-      return json{{"fps", fps}, {"ratio", fps / reference}, {"runs", runs}};
+      return json{{"fps", fps}, {"ratio", fps / reference}, {"runs", runs},
+                  {"producer_host", last["producer_host"]}, {"consumer_host", last["consumer_host"]}};
     });
   }
   for (const Ordering& w : orderings()) {
