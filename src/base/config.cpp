@@ -29,6 +29,9 @@ constexpr std::array kRegistry{
     EnvVar{"GPUIPC_CHANNEL_PACING_US", "200",
            "How long a device channel's acquire or receive watches the peer's progress on the host before it "
            "enqueues a stream wait."},
+    EnvVar{"GPUIPC_CHANNEL_PACING_AHEAD", "",
+           "How many messages a pacing producer may run ahead of the consumers' streams (default: half of a ring of "
+           "8 or more slots, else the whole ring)."},
 };
 
 std::string trim_lower(std::string_view s) {

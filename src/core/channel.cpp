@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -20,10 +21,9 @@ using proto::Phase;
 
 /// GPUIPC_CHANNEL_PACING_US when unset (docs/env/GPUIPC_CHANNEL_PACING_US.md says why this value).
 constexpr std::uint64_t kDefaultPacingUs = 200;
-/// The fewest messages pacing lets the producer run ahead of the consumers' streams: fewer puts the host's own
-/// round trip (see the word, launch, the kernel runs) on every message's path (host_paced_words_lag2 in the
-/// ordering suite ran slower than no limit at all).
-constexpr std::uint64_t kPacedWindowMin = 4;
+/// How many messages pacing lets a producer run ahead of the consumers' streams by default, for a ring of n
+/// (GPUIPC_CHANNEL_PACING_AHEAD overrides it).
+std::uint64_t default_ahead(std::uint64_t n) noexcept { return n >= 8 ? n / 2 : n; }
 
 bool MessageView::incomplete() const noexcept {
   return flags != nullptr && (atomic(const_cast<std::uint32_t&>(*flags)).load() & proto::kSlotIncomplete) != 0;
@@ -48,6 +48,8 @@ struct Channel::Impl {
   std::size_t held_count = 0;
   // Device channels: how long acquire and receive watch a word on the host before they enqueue a stream wait.
   std::chrono::nanoseconds pacing{0};
+  // How many messages a pacing producer may run ahead of the consumers' streams (n: the whole ring).
+  std::uint64_t ahead = 0;
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -335,6 +337,8 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
   }
   impl->held.assign(impl->n, 0);
   impl->pacing = std::chrono::microseconds(config::env_u64("GPUIPC_CHANNEL_PACING_US", kDefaultPacingUs));
+  impl->ahead = std::clamp<std::uint64_t>(config::env_u64("GPUIPC_CHANNEL_PACING_AHEAD", default_ahead(impl->n)), 1,
+                                          impl->n);
   impl->control = std::move(control);
   impl->data = std::move(data);
   impl->join();
@@ -435,14 +439,14 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
   }
   if (status != Status::Ok) return status;
   auto pace = im.pace_once(stream);
-  if (im.gpu() && seq >= im.n && im.n >= 2 * kPacedWindowMin && im.pacing.count() > 0) {
+  if (im.gpu() && seq >= im.n && im.ahead < im.n && im.pacing.count() > 0) {
     // Pacing also keeps this producer within half the ring of the consumers' streams: it watches (within the
     // pacing time) for the release of the message half a ring back to reach the GPU, when a consumer has already
     // released it on the host (one still holding it is not waited for). Running further ahead gains no
     // throughput when the consumer is the slower side, but makes each message wait longer in the ring and the
     // consumer read it after the producer wrote up to a ring's worth since: with 8 slots of 8 MiB that is more than
     // an H100's L2, and reads come from memory (the ordering suite's host_paced_words_lag* rows).
-    const std::uint64_t near = seq - im.n / 2;
+    const std::uint64_t near = seq - im.ahead;
     if (proto::state_seq(atomic(im.slot(near).state).load(std::memory_order_acquire)) > near) {
       (void)im.reached(im.slot(near).freed, near + 1, pace);
     }
