@@ -134,10 +134,8 @@ json op_costs(const Env& env, int iterations) {
 struct Ordering {
   enum class Sync : std::uint8_t { Words, Events, None };
   enum class Write : std::uint8_t {
-    Default,   ///< cuStreamWriteValue64 (a system-scope barrier, then the write)
-    GpuFence,  ///< cuStreamBatchMemOp: a GPU-scope barrier, then the write
-    Kernel,    ///< a one-thread kernel that fences and stores
-    Skip,      ///< no write (with waits for 0: what the waits alone cost)
+    Default,  ///< cuStreamWriteValue64 (a system-scope barrier, then the write)
+    Skip,     ///< no write (with waits for 0: what the waits alone cost)
   };
   const char* name;
   Sync sync = Sync::Words;
@@ -152,13 +150,12 @@ struct Ordering {
 
 const std::vector<Ordering>& orderings() {
   using S = Ordering::Sync;
-  using W = Ordering::Write;
   static const std::vector<Ordering> all = {
       {.name = "host_words", .device_words = false},
       {.name = "device_words"},
       {.name = "device_words_no_dependency", .wait_zero = true},
       {.name = "device_writes_only", .no_waits = true},
-      {.name = "device_waits_only", .write = W::Skip, .wait_zero = true},
+      {.name = "device_waits_only", .write = Ordering::Write::Skip, .wait_zero = true},
       {.name = "host_paced_words", .device_words = false, .host_paced = true},
       {.name = "host_paced_words_lag2", .device_words = false, .host_paced = true, .lag = 2},
       {.name = "host_paced_words_lag4", .device_words = false, .host_paced = true, .lag = 4},
@@ -262,19 +259,12 @@ json raw_stream(const Env& env, int frames, std::uint32_t slots, const Ordering&
       }
     }
   };
-  auto tell_peer = [&](const Side& m, const kernels::Kernels& k, CUstream s, bool producer, int f) {
+  auto tell_peer = [&](const Side& m, CUstream s, bool producer, int f) {
     const auto b = static_cast<std::uint32_t>(f) % slots;
     const std::uint64_t value = static_cast<std::uint64_t>(f) / slots + 1;
     if (words) {
       const CUdeviceptr w = m.word(b, ordering.device_words, !producer);
-      switch (ordering.write) {
-        case Ordering::Write::Default: memop(cuda::stream_write_value64(s, w, value), "write"); break;
-        case Ordering::Write::GpuFence:
-          memop(cuda::stream_write_value64_fenced(s, w, value, cuda::FenceScope::Gpu), "fenced write");
-          break;
-        case Ordering::Write::Kernel: k.write_flag(s, w, value); break;
-        case Ordering::Write::Skip: break;
-      }
+      if (ordering.write == Ordering::Write::Default) memop(cuda::stream_write_value64(s, w, value), "write");
     } else if (events) {
       m.own[b].record(s);
       (producer ? relay->filled_recorded : relay->freed_recorded).store(static_cast<std::uint64_t>(f) + 1);
@@ -295,7 +285,7 @@ json raw_stream(const Env& env, int frames, std::uint32_t slots, const Ordering&
            const auto b = static_cast<std::uint32_t>(f) % slots;
            wait_for_peer(m, g.stream.get(), true, f);
            k.write(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, f);
-           tell_peer(m, k.kernels(), g.stream.get(), true, f);
+           tell_peer(m, g.stream.get(), true, f);
          }
          g.stream.synchronize();
          const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;
@@ -315,7 +305,7 @@ json raw_stream(const Env& env, int frames, std::uint32_t slots, const Ordering&
            const auto b = static_cast<std::uint32_t>(f) % slots;
            wait_for_peer(m, g.stream.get(), false, f);
            k.read(g.stream.get(), m.data.device_pointer() + b * kFrameBytes, f);
-           tell_peer(m, k.kernels(), g.stream.get(), false, f);
+           tell_peer(m, g.stream.get(), false, f);
          }
          g.stream.synchronize();
          const double seconds = static_cast<double>(now_ns() - sync->t0.load()) / 1e9;

@@ -667,21 +667,6 @@ bool stream_busy(CUstream stream) noexcept {
   return api != nullptr && api->cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
 }
 
-CUresult stream_write_value64_fenced(CUstream stream, CUdeviceptr addr, std::uint64_t value, FenceScope scope,
-                                     unsigned write_flags) noexcept {
-  const DriverApi* api = loaded_driver();
-  if (api == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  CUstreamBatchMemOpParams ops[2] = {};
-  ops[0].memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
-  ops[0].memoryBarrier.flags =
-      scope == FenceScope::Gpu ? CU_STREAM_MEMORY_BARRIER_TYPE_GPU : CU_STREAM_MEMORY_BARRIER_TYPE_SYS;
-  ops[1].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
-  ops[1].writeValue.address = addr;
-  ops[1].writeValue.value64 = value;
-  ops[1].writeValue.flags = write_flags;
-  return api->cuStreamBatchMemOp(stream, 2, ops, 0);
-}
-
 CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept {
   const DriverApi* api = loaded_driver();
   if (api == nullptr) return CUDA_ERROR_NOT_INITIALIZED;

@@ -387,15 +387,6 @@ CUresult stream_wait_value64(CUstream stream, CUdeviceptr addr, std::uint64_t va
 /// Whether `stream` still has work to do (cuStreamQuery says CUDA_ERROR_NOT_READY). Hot path: false on any other
 /// answer, including errors.
 bool stream_busy(CUstream stream) noexcept;
-/// How far the writes before a stream_write_value64_fenced must be visible when the value lands.
-enum class FenceScope : std::uint8_t {
-  Gpu,     ///< to everything on this GPU (other processes' streams and kernels on it)
-  System,  ///< to the host and peer GPUs too: what cuStreamWriteValue64 with default flags does
-};
-/// The write of stream_write_value64 after a memory barrier of `scope` (cuStreamBatchMemOp: a barrier op, then a
-/// write op). Hot path: returns the CUresult.
-CUresult stream_write_value64_fenced(CUstream stream, CUdeviceptr addr, std::uint64_t value, FenceScope scope,
-                                     unsigned write_flags = CU_STREAM_WRITE_VALUE_DEFAULT) noexcept;
 /// cuMemcpyAsync in `stream` order (unified addresses: host or device on either side). Hot path: returns the
 /// CUresult, no exception.
 CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept;

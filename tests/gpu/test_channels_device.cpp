@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <optional>
 #include <cstring>
 #include <vector>
 
@@ -45,9 +46,14 @@ bool stream_done_within(const cuda::Stream& s, std::chrono::milliseconds timeout
 constexpr std::size_t kSlotBytes = 4 << 20;
 constexpr std::size_t kSlotWords = kSlotBytes / 4;
 
-int produce(const std::string& name, std::uint32_t id, std::uint32_t count, std::atomic<std::uint32_t>* joined) {
+/// Channel::set_pacing for the members of a test (nullopt: the default, GPUIPC_CHANNEL_PACING_US).
+using Pacing = std::optional<std::chrono::nanoseconds>;
+
+int produce(const std::string& name, std::uint32_t id, std::uint32_t count, std::atomic<std::uint32_t>* joined,
+            Pacing pacing) {
   Gpu g;
   auto ch = Channel::open(name, ChannelRole::Producer);
+  if (pacing) ch.set_pacing(*pacing);
   joined->fetch_add(1);  // counted only once it is a member: the holder may leave after that
   for (std::uint32_t i = 0; i < count; ++i) {
     SlotView slot;
@@ -61,9 +67,10 @@ int produce(const std::string& name, std::uint32_t id, std::uint32_t count, std:
 }
 
 /// Verifies every message on the GPU (one mismatch counter for all, never a host sync per message).
-int consume(const std::string& name, std::uint32_t expected_total, std::atomic<std::uint32_t>* received) {
+int consume(const std::string& name, std::atomic<std::uint32_t>* received, Pacing pacing) {
   Gpu g;
   auto ch = Channel::open(name, ChannelRole::Consumer);
+  if (pacing) ch.set_pacing(*pacing);
   auto mismatches = cuda::DeviceBuffer::allocate(8);
   cuda::memset_d8(mismatches.get(), 0, 8);
   for (;;) {
@@ -82,11 +89,12 @@ int consume(const std::string& name, std::uint32_t expected_total, std::atomic<s
   std::uint64_t bad = 1;
   cuda::copy_to_host(&bad, mismatches.get(), 8);
   GPUIPC_CHILD_CHECK(bad == 0);
-  (void)expected_total;
   return 0;
 }
 
-void run_device_mpmc(std::uint32_t producers, std::uint32_t consumers, std::uint32_t per_producer) {
+/// `slots` of 8 or more make a pacing producer also keep within half the ring of the consumers' streams.
+void run_device_mpmc(std::uint32_t producers, std::uint32_t consumers, std::uint32_t per_producer,
+                     std::uint32_t slots = 4, Pacing pacing = std::nullopt) {
   const auto name = unique_name("dch");
   std::atomic<std::uint32_t>* received = nullptr;
   void* shared = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -97,7 +105,7 @@ void run_device_mpmc(std::uint32_t producers, std::uint32_t consumers, std::uint
   // The creator (a producer that publishes nothing) stays until the real producers joined.
   const pid_t holder = start_child([&] {
     Gpu g;
-    auto ch = Channel::create(name, {.slots = 4, .slot_bytes = kSlotBytes, .header_bytes = sizeof(Header),
+    auto ch = Channel::create(name, {.slots = slots, .slot_bytes = kSlotBytes, .header_bytes = sizeof(Header),
                                      .kind = SegmentKind::Device, .device = 0, .mode = 0600},
                               ChannelRole::Producer);
     created.notify();
@@ -107,10 +115,10 @@ void run_device_mpmc(std::uint32_t producers, std::uint32_t consumers, std::uint
   ASSERT_TRUE(created.wait(60s));
   std::vector<pid_t> kids;
   for (std::uint32_t c = 0; c < consumers; ++c) {
-    kids.push_back(start_child([&] { return consume(name, producers * per_producer, received); }));
+    kids.push_back(start_child([&] { return consume(name, received, pacing); }));
   }
   for (std::uint32_t p = 0; p < producers; ++p) {
-    kids.push_back(start_child([&, p] { return produce(name, p, per_producer, joined); }));
+    kids.push_back(start_child([&, p] { return produce(name, p, per_producer, joined, pacing); }));
   }
   ASSERT_TRUE(wait_until([&] { return joined->load() == producers; }, 60s));
   release_holder.notify();
@@ -129,6 +137,15 @@ TEST(ChannelsDevice, OneToOneEveryMessageCheckedOnTheGpu) {
 TEST(ChannelsDevice, FourToFourEveryMessageCheckedOnTheGpu) {
   GPUIPC_REQUIRE_GPU();
   run_device_mpmc(4, 4, 100);
+}
+
+// Pacing (Channel::set_pacing) lets acquire and receive skip their stream wait when the host sees the peer's
+// stream get there: the GPU check of every message fails if a wait is skipped too early.
+TEST(ChannelsDevice, EightSlotsWithAndWithoutPacingEveryMessageChecked) {
+  GPUIPC_REQUIRE_GPU();
+  run_device_mpmc(1, 1, 500, 8, std::nullopt);
+  run_device_mpmc(1, 1, 500, 8, std::chrono::nanoseconds(0));
+  run_device_mpmc(4, 4, 100, 8, std::chrono::milliseconds(2));
 }
 
 /// Channel::send: the source buffer is refilled right after each send on the same stream (the copy is stream-
