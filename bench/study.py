@@ -260,6 +260,37 @@ def q1_transfer(d: Doc, dev: str) -> bool:
     return True
 
 
+def ordering_paragraph(d: Doc, dev: str) -> None:
+    """Where two-process streaming time goes under MPS, from the ordering suite of the same device."""
+    doc = d.get("ordering", dev)
+    if not doc:
+        return
+    samples = {s.get("what"): s.get("result", {}) for s in doc.get("samples", [])}
+    two, tl = samples.get("two_process_mps", {}), samples.get("timeline_mps", {})
+    cost = samples.get("op_cost_mps", {}).get("kernel_8192KiB", {})
+    if not two:
+        return
+
+    def r(name):
+        v = two.get(name, {})
+        return v.get("ratio") if isinstance(v, dict) else None
+
+    def t(name, key):
+        return tl.get(name, {}).get("timeline", {}).get(key)
+
+    d.para(f"Where that time goes under MPS ({provenance(doc)}): each stream memory operation costs its stream "
+           f"{f(cost.get('write64_host_extra'), 'us')} (a write) or {f(cost.get('wait64_met_host_extra'), 'us')} (a "
+           f"wait already met) between kernels, an event record {f(max(0.0, cost.get('event_record_extra') or 0.0), 'us')}"
+           ". Against "
+           f"the one-process reference of the same run, the channel without pacing reaches "
+           f"{x(r('channel_pacing_0us'))}, with its default pacing {x(r('channel'))}, and the same kernels in two "
+           f"processes with no ordering at all {x(r('none'))}. Without pacing, the consumer reads each frame "
+           f"{f(t('channel_pacing_0us', 'write_end_to_read_start_us'), 'us')} after it was written and its kernel "
+           f"takes {f(t('channel_pacing_0us', 'consumer_kernel_us'), 'us')}; with pacing "
+           f"{f(t('channel', 'write_end_to_read_start_us'), 'us')} and {f(t('channel', 'consumer_kernel_us'), 'us')} "
+           f"(`timeline_mps` samples).")
+
+
 def q1_channels(d: Doc, dev: str) -> bool:
     doc = d.get("channels", dev)
     if not doc:
@@ -279,22 +310,7 @@ def q1_channels(d: Doc, dev: str) -> bool:
                f"without MPS{f' and {x(srm)} under MPS' if srm is not None else ''}: without MPS the GPU time-slices "
                "between the two processes' contexts, which is a latency cost of running two processes, not of the "
                "shared memory.")
-        study = next((s for s in doc.get("samples", []) if s.get("what") == "stream_ordering_mps"), None)
-        if study is not None:
-            runs = study.get("two_process", {})
-
-            def r(name):
-                v = runs.get(name, {})
-                return v.get("ratio") if isinstance(v, dict) else None
-
-            d.para("Under MPS the two processes' kernels run side by side, and what remains is the ordering itself. "
-                   "The same kernels in two processes with no ordering at all reach "
-                   f"{x(r('none'))} of one process; ordered by raw stream memory operations on device words "
-                   f"{x(r('device_words'))}, on a pinned host page (what channels use) {x(r('host_words'))}; the "
-                   f"waits alone (always met) {x(r('device_waits_only'))}, the writes alone "
-                   f"{x(r('device_writes_only'))}; IPC events {x(r('ipc_events'))}. Each stream memory operation "
-                   "costs its stream GPU time between kernels, and a channel needs a wait and a write per message on "
-                   "each side; with kernels of a few microseconds that is most of the gap (`stream_ordering` samples).")
+        ordering_paragraph(d, dev)
     d.image(plot.image_name("channels", dev), "cross-process round trips")
     return True
 

@@ -1,8 +1,9 @@
 // gpuipc::Channel: a named producer/consumer ring of fixed-size buffers — GPU memory (device) or host memory
 // (host) — with an inline user header per message (shape, dtype, ...). Zero-copy and stream-ordered: a producer
 // writes a slot with its own kernels and publishes it; a consumer's stream waits for the producer's stream, its
-// kernels read the slot, and its release lets the producer's stream reuse the slot. Nothing on this path makes
-// the host wait for the GPU. Any number of producers and consumers; each message goes to exactly one consumer.
+// kernels read the slot, and its release lets the producer's stream reuse the slot. No call waits for its own
+// stream; a call watches a peer's GPU progress on the host at most its pacing time (set_pacing). Any number of
+// producers and consumers; each message goes to exactly one consumer.
 //
 // Peer death: when the last producer is gone, consumers drain what was published, then get PeerDied (Closed when
 // producers closed cleanly). When a consumer dies holding a message, the message goes back to the queue and
