@@ -19,11 +19,15 @@ namespace gpuipc {
 using proto::atomic;
 using proto::Phase;
 
+namespace {
+
 /// GPUIPC_CHANNEL_PACING_US when unset (docs/env/GPUIPC_CHANNEL_PACING_US.md says why this value).
 constexpr std::uint64_t kDefaultPacingUs = 200;
 /// How many messages pacing lets a producer run ahead of the consumers' streams by default, for a ring of n
 /// (GPUIPC_CHANNEL_PACING_AHEAD overrides it).
-std::uint64_t default_ahead(std::uint64_t n) noexcept { return n >= 8 ? n / 2 : n; }
+constexpr std::uint64_t default_ahead(std::uint64_t n) noexcept { return n >= 8 ? n / 2 : n; }
+
+}  // namespace
 
 bool MessageView::incomplete() const noexcept {
   return flags != nullptr && (atomic(const_cast<std::uint32_t&>(*flags)).load() & proto::kSlotIncomplete) != 0;
@@ -69,8 +73,8 @@ struct Channel::Impl {
   bool gpu() const noexcept { return kind == SegmentKind::Device; }
 
   /// Whether the word (bit 62, a poison mark, ignored) has reached `value`, or reaches it within `pacing` watched
-  /// on the host when `pace()` says to: then the peer's stream is past the point a stream wait would wait for, and none is
-  /// needed.
+  /// on the host when `pace()` says to: then the peer's stream is past the point a stream wait would wait for, and
+  /// none is needed.
   template <typename Pace>
   bool reached(const std::uint64_t& word, std::uint64_t value, Pace&& pace) const noexcept {
     auto w = atomic(const_cast<std::uint64_t&>(word));
@@ -440,9 +444,9 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
   if (status != Status::Ok) return status;
   auto pace = im.pace_once(stream);
   if (im.gpu() && seq >= im.n && im.ahead < im.n && im.pacing.count() > 0) {
-    // Pacing also keeps this producer within half the ring of the consumers' streams: it watches (within the
-    // pacing time) for the release of the message half a ring back to reach the GPU, when a consumer has already
-    // released it on the host (one still holding it is not waited for). Running further ahead gains no
+    // Pacing also keeps this producer within `ahead` messages (half the ring by default) of the consumers'
+    // streams: it watches (within the pacing time) for the release of the message `ahead` back to reach the GPU,
+    // when a consumer has already released it on the host (one still holding it is not waited for). Running further ahead gains no
     // throughput when the consumer is the slower side, but makes each message wait longer in the ring and the
     // consumer read it after the producer wrote up to a ring's worth since: with 8 slots of 8 MiB that is more than
     // an H100's L2, and reads come from memory (the ordering suite's host_paced_words_lag* rows).
