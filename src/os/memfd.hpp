@@ -8,8 +8,24 @@
 
 namespace gpuipc::os {
 
-/// memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING) and ftruncate to `size`. Throws Error naming `name`.
+/// memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING) and ftruncate to `size`. The inode gets mode 0600 (memfds
+/// are born 0777): a process of another uid that is handed a read-only fd cannot reopen it writable through
+/// /proc/self/fd/N. Throws Error naming `name`.
 UniqueFd memfd_create(const std::string& name, std::size_t size);
+
+/// Owner uid and permission bits of the inode behind fd (fstat).
+struct FileOwner {
+  uid_t uid = 0;
+  unsigned mode = 0;  ///< st_mode & 07777
+};
+FileOwner file_owner(int fd);
+
+/// Makes the inode behind fd mode `mode` (fchmod). Throws Error(PermissionDenied) when the caller may not.
+void file_chmod(int fd, unsigned mode);
+
+/// Whether fd is an NVIDIA driver object exported as a POSIX fd (cuMemExportToShareableHandle): a file of the
+/// driver's control device (character device major 195, /dev/nvidiactl), not a socket, pipe, memfd or file.
+bool is_nvidia_export(int fd);
 
 /// Adds seals (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL, ...) with F_ADD_SEALS. Throws Error.
 void memfd_seal(int fd, unsigned seals);

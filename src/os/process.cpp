@@ -1,5 +1,9 @@
 #include "os/process.hpp"
 
+#include <algorithm>
+
+#include <dirent.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -336,6 +340,45 @@ void spawn_detached(const std::vector<std::string>& argv, const std::string& log
   const std::string what =
       failure.stage == kStageExec ? fmt::format("program {}", program) : fmt::format("starting {} (detached)", program);
   throw_system(stage_call(failure.stage), what, failure.err);
+}
+
+std::uint64_t raise_fd_limit() noexcept {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
+  constexpr rlim_t kCap = rlim_t{1} << 20;
+  const rlim_t want = lim.rlim_max == RLIM_INFINITY ? kCap : std::min(lim.rlim_max, kCap);
+  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur < want) {
+    rlimit raised = lim;
+    raised.rlim_cur = want;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  return lim.rlim_cur == RLIM_INFINITY ? static_cast<std::uint64_t>(kCap) : static_cast<std::uint64_t>(lim.rlim_cur);
+}
+
+std::size_t open_fd_count() noexcept {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  std::size_t n = 0;
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  ::closedir(dir);
+  return n > 0 ? n - 1 : 0;  // not the directory's own fd
+}
+
+void write_file(const std::string& path, std::string_view text) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd) throw_system("open", fmt::format("file {}", path));
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw_system("write", fmt::format("file {}", path), n == 0 ? ENOSPC : errno);
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0 && errno != EINVAL) throw_system("fsync", fmt::format("file {}", path));
+  const int fdv = fd.release();
+  if (::close(fdv) != 0) throw_system("close", fmt::format("file {}", path));
 }
 
 }  // namespace gpuipc::os

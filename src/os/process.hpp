@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "os/fd.hpp"
@@ -41,6 +42,17 @@ UniqueFd try_lock_file(const std::string& path);
 /// caller or root and not writable by group or others unless sticky; throws Error(PermissionDenied) with what is
 /// wrong and what to do otherwise.
 void ensure_private_dir(const std::string& path, unsigned mode = 0755);
+
+/// Raises this process's soft RLIMIT_NOFILE to its hard limit (capped at 1 << 20) and returns the soft limit in
+/// force afterwards.
+std::uint64_t raise_fd_limit() noexcept;
+
+/// How many fds this process has open (/proc/self/fd), or 0 when unknown.
+std::size_t open_fd_count() noexcept;
+
+/// Writes `text` to `path` (created 0644, truncated) and checks every step (a full filesystem is an error, not an
+/// empty file). Throws Error(System) naming the path and the call.
+void write_file(const std::string& path, std::string_view text);
 
 /// CLOCK_MONOTONIC in nanoseconds.
 std::int64_t monotonic_ns() noexcept;

@@ -275,7 +275,24 @@ Credentials peer_credentials(int sock) {
   if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
     throw_system("getsockopt(SO_PEERCRED)", fd_what(sock));
   }
-  return Credentials{cred.pid, cred.uid, cred.gid};
+  Credentials c{cred.pid, cred.uid, cred.gid, {}};
+  // SO_PEERGROUPS answers ERANGE with the size it needs when the buffer is too small.
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) == 0) {
+      groups.resize(glen / sizeof(gid_t));
+      c.groups = std::move(groups);
+      break;
+    }
+    if (errno != ERANGE) break;  // an old kernel without SO_PEERGROUPS: the primary group only
+    groups.resize(glen / sizeof(gid_t) + 1);
+  }
+  return c;
+}
+
+bool Credentials::in_group(gid_t g) const noexcept {
+  return gid == g || std::find(groups.begin(), groups.end(), g) != groups.end();
 }
 
 void set_nonblocking(int fd, bool on) {

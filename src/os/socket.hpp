@@ -23,6 +23,10 @@ struct Credentials {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  std::vector<gid_t> groups;  ///< supplementary groups (SO_PEERGROUPS), as of connect(2)
+
+  /// Whether the peer is in group `g` (primary or supplementary).
+  bool in_group(gid_t g) const noexcept;
 };
 
 /// Outcome of a send or receive that did not throw.
@@ -64,7 +68,7 @@ IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<co
 IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& size, std::vector<UniqueFd>& fds,
                          std::size_t max_fds = kMaxFds);
 
-/// SO_PEERCRED of a connected socket. Throws Error(System).
+/// SO_PEERCRED and SO_PEERGROUPS of a connected socket. Throws Error(System).
 Credentials peer_credentials(int sock);
 
 /// Sets or clears O_NONBLOCK.
