@@ -1,6 +1,7 @@
 #include "base/config.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +15,7 @@ namespace gpuipc::config {
 namespace {
 
 constexpr std::array kRegistry{
-    EnvVar{"GPUIPC_RUNTIME_DIR", "$XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID",
+    EnvVar{"GPUIPC_RUNTIME_DIR", "$XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID (else ~/.gpuipc if another user owns it)",
            "Directory of the broker's socket and lock file; processes that share it share segments."},
     EnvVar{"GPUIPC_LOG", "warn", "Log level: off, error, warn, info, debug or trace."},
     EnvVar{"GPUIPC_DAEMON", "gpuipcd next to the program or library, then $PATH",
@@ -107,7 +108,19 @@ std::string runtime_dir() {
   if (auto dir = env_raw("GPUIPC_RUNTIME_DIR")) return *dir;
   const char* xdg = std::getenv("XDG_RUNTIME_DIR");  // NOLINT(concurrency-mt-unsafe): see env_raw
   if (xdg != nullptr && *xdg == '/') return std::string(xdg) + "/gpuipc";
-  return fmt::format("/tmp/gpuipc-{}", ::getuid());
+  // /tmp is everyone's: another user can make /tmp/gpuipc-$UID first (the broker then refuses it as unsafe, and
+  // this user would have no broker at all). Fall back to a directory in this user's home, which nobody else can
+  // create; every process of the user makes the same choice, so they still meet.
+  const uid_t uid = ::getuid();
+  std::string tmp = fmt::format("/tmp/gpuipc-{}", uid);
+  struct stat st {};
+  if (::lstat(tmp.c_str(), &st) != 0 || (S_ISDIR(st.st_mode) && st.st_uid == uid)) return tmp;
+  const char* home = std::getenv("HOME");  // NOLINT(concurrency-mt-unsafe): see env_raw
+  std::string fallback = home != nullptr && *home == '/' ? std::string(home) + "/.gpuipc" : std::string();
+  // Without a usable home nothing else is shared by every process of this user: keep /tmp's path, whose
+  // refusal says what is wrong and to set GPUIPC_RUNTIME_DIR.
+  if (fallback.empty() || fallback.size() + sizeof("/broker.sock") > 108) return tmp;
+  return fallback;
 }
 
 std::string socket_path() { return runtime_dir() + "/broker.sock"; }

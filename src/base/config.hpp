@@ -36,7 +36,8 @@ std::chrono::milliseconds env_ms(std::string_view name, std::chrono::millisecond
 /// The variable as a boolean (1/0, true/false, yes/no, on/off), else `fallback`.
 bool env_bool(std::string_view name, bool fallback);
 
-/// The broker's runtime directory: $GPUIPC_RUNTIME_DIR, else $XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID.
+/// The broker's runtime directory: $GPUIPC_RUNTIME_DIR, else $XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID
+/// unless another user made that first, then $HOME/.gpuipc.
 std::string runtime_dir();
 
 /// The broker's socket path inside runtime_dir().

@@ -15,7 +15,8 @@ Level level() noexcept;
 void set_level(Level level) noexcept;
 /// Parses "debug" etc.; returns false for an unknown name.
 bool parse_level(std::string_view text, Level& out) noexcept;
-/// Writes one line "gpuipc[<pid>] <level>: <message>" to stderr with a single write(2).
+/// Writes one line "gpuipc[<pid>] <level>: <message>" to stderr with a single write(2). At most 100 lines a
+/// second are written; the lines dropped beyond that are counted in the next line written.
 void write(Level level, std::string_view message) noexcept;
 
 template <typename... Args>
