@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -67,8 +68,10 @@ class Segment;
 struct CreateOptions;
 namespace detail {
 struct Mapping;
-/// Segment::create with broker flags (semaphores and channels); see src/core/segment_internal.hpp.
-Segment create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options, std::uint32_t flags);
+/// Segment::create with broker flags (semaphores and channels); see src/core/segment_internal.hpp. `init`
+/// (host kinds) fills the memory in before the broker registers the name, so nobody sees it half made.
+Segment create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options, std::uint32_t flags,
+                       const std::function<void(void*)>& init = {});
 }  // namespace detail
 
 /// A handle to a mapped segment. Copies share the mapping (opening the same name again in this process is a
@@ -115,7 +118,8 @@ class Segment {
   void close() noexcept;
 
  private:
-  friend Segment detail::create_segment(std::string_view, std::size_t, const CreateOptions&, std::uint32_t);
+  friend Segment detail::create_segment(std::string_view, std::size_t, const CreateOptions&, std::uint32_t,
+                                        const std::function<void(void*)>&);
   explicit Segment(std::shared_ptr<detail::Mapping> map) noexcept;
   std::shared_ptr<detail::Mapping> m_map;
 };

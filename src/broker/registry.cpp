@@ -13,7 +13,6 @@
 #include "os/module.hpp"
 #include "proto/shm.hpp"
 #include "proto/status_page.hpp"
-#include "broker/repair.hpp"
 
 namespace gpuipc::broker {
 namespace {
@@ -53,7 +52,7 @@ std::uint32_t SegmentRecord::total_refs() const noexcept {
 unsigned permission_bits(const os::Credentials& creds, std::uint16_t mode, uid_t owner_uid, gid_t owner_gid) noexcept {
   if (creds.uid == 0) return 7;
   if (creds.uid == owner_uid) return (mode >> 6) & 7;
-  if (creds.gid == owner_gid) return (mode >> 3) & 7;
+  if (creds.in_group(owner_gid)) return (mode >> 3) & 7;
   return mode & 7;
 }
 
@@ -70,7 +69,16 @@ Registry::Registry(Quotas quotas)
     : m_quotas(quotas),
       m_status_fd(os::memfd_create("gpuipc-broker-status", os::page_size())),
       m_status_map(os::Mapping::map(m_status_fd.get(), os::page_size(), true)) {
-  os::memfd_seal(m_status_fd.get(), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  // Read-only for everyone but the broker, whose mapping is already made: the inode allows no writable reopen,
+  // and F_SEAL_FUTURE_WRITE refuses every writable mapping and write from now on (Linux 5.1; older kernels
+  // still have the inode mode).
+  os::file_chmod(m_status_fd.get(), 0444);
+  try {
+    os::memfd_seal(m_status_fd.get(), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE);
+  } catch (const Error& e) {
+    GPUIPC_LOG_WARN("status page: cannot seal future writes ({}); its inode is read-only", e.what());
+  }
+  os::memfd_seal(m_status_fd.get(), F_SEAL_SEAL);
   auto* page = static_cast<proto::StatusPage*>(m_status_map.data());
   page->magic = proto::kStatusMagic;
   page->version = proto::kStatusVersion;
@@ -83,30 +91,37 @@ void Registry::bump_names_generation() noexcept {
   std::atomic_ref<std::uint64_t>(page->names_generation).fetch_add(1, std::memory_order_release);
 }
 
-void Registry::add_connection(ConnId conn, const os::Credentials& creds, std::uint32_t hello_pid) {
-  m_connections[conn] = ConnectionInfo{creds, hello_pid};
-}
+void Registry::add_connection(ConnId conn, const os::Credentials& creds) { m_connections[conn] = ConnectionInfo{creds, {}}; }
 
 void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
-  if (!seg.control) return;
-  auto c = m_connections.find(conn);
-  if (c == m_connections.end()) return;
-  const auto pid = static_cast<pid_t>(c->second.hello_pid);
-  if ((seg.flags & proto::kFlagSemaphore) != 0) repair_semaphore(seg.control.data(), seg.control.size(), pid);
-  if ((seg.flags & proto::kFlagChannel) != 0) repair_channel(seg.control.data(), seg.control.size(), pid);
+  seg.writers.erase(conn);
+  auto [first, last] = seg.joined.equal_range(conn);
+  for (auto it = first; it != last; ++it) {
+    if (seg.control) remove_member(seg.block, it->second);
+  }
+  seg.joined.erase(first, last);
 }
 
 void Registry::drop_connection(ConnId conn, bool repair) {
   std::vector<std::uint64_t> touched;
   for (auto& [id, seg] : m_segments) {
     if (seg.refs.erase(conn) > 0) {
-      if (repair) repair_for(seg, conn);
+      if (repair) {
+        repair_for(seg, conn);
+      } else {
+        seg.writers.erase(conn);
+        seg.joined.erase(conn);
+      }
       touched.push_back(id);
     }
   }
   for (auto id : touched) maybe_destroy(id);
-  std::erase_if(m_pending, [&](const Pending& p) { return p.conn == conn; });
-  m_connections.erase(conn);
+  if (auto c = m_connections.find(conn); c != m_connections.end()) {
+    const std::set<std::uint64_t> pending = std::move(c->second.pending);
+    c->second.pending.clear();
+    for (auto id : pending) unpark(id);
+    m_connections.erase(conn);
+  }
 }
 
 std::size_t Registry::total_references() const noexcept {
@@ -133,6 +148,8 @@ void Registry::handle(const Caller& caller, const proto::Message& request, std::
           stat(caller, rid, body, out);
         } else if constexpr (std::is_same_v<T, proto::List>) {
           list(caller, rid, body, out);
+        } else if constexpr (std::is_same_v<T, proto::Join>) {
+          join(caller, rid, body, out);
         } else {
           out.push_back(reply(caller.conn, rid,
                               error_reply(rid, ErrorCode::Protocol,
@@ -144,9 +161,47 @@ void Registry::handle(const Caller& caller, const proto::Message& request, std::
       request.body);
 }
 
+std::string Registry::check_memory(const proto::Create& req, int fd) {
+  if (req.kind == proto::Kind::Device) {
+    // The broker cannot call CUDA, but it can tell a driver export from anything else: a socket (the client's
+    // own connection, which would keep it alive for ever), a pipe, a memfd or a file.
+    if (!os::is_nvidia_export(fd)) {
+      return "a device segment's fd must come from cuMemExportToShareableHandle (a file of /dev/nvidiactl); "
+             "this one is not";
+    }
+    return {};
+  }
+  // Host memory is a memfd the broker can check: exactly the declared size, then sealed so that nobody can
+  // shrink it under another process's mapping (which would SIGBUS that process).
+  try {
+    const std::size_t actual = os::fd_size(fd);
+    if (actual != req.size) return fmt::format("the memfd is {} bytes but Create declares {}", actual, req.size);
+    // A read-only opener gets a read-only file description; the inode must not let it reopen the file writable
+    // through /proc/self/fd/N, so no access for group or other (gpuipc's library creates memfds 0600).
+    auto owner = os::file_owner(fd);
+    if ((owner.mode & 077) != 0) {
+      try {
+        os::file_chmod(fd, owner.mode & 0700);
+      } catch (const Error&) {
+        return fmt::format("the memfd's inode is mode {:04o} (uid {}): another user could reopen it writable "
+                           "through /proc; create it with mode 0600 (fchmod)",
+                           owner.mode, owner.uid);
+      }
+    }
+    os::memfd_seal(fd, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  } catch (const Error& e) {
+    return fmt::format("host segments must be memfds created with MFD_ALLOW_SEALING and not yet sealed against "
+                       "sealing: {}",
+                       e.what());
+  }
+  return {};
+}
+
 void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Create& req,
                       std::vector<os::UniqueFd>& fds, std::vector<Outgoing>& out) {
-  auto fail = [&](ErrorCode code, std::string msg) { out.push_back(reply(caller.conn, rid, error_reply(rid, code, std::move(msg)).body)); };
+  auto fail = [&](ErrorCode code, std::string msg) {
+    out.push_back(reply(caller.conn, rid, error_reply(rid, code, std::move(msg)).body));
+  };
   if (fds.size() != 1 || !fds[0]) {
     fail(ErrorCode::Protocol, "Create must carry exactly one fd (the segment's memory)");
     return;
@@ -158,20 +213,24 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                      req.name, kind_name(other.kind), human_bytes(other.size), other.owner_uid, req.name));
     return;
   }
-  // Quotas: what this uid already has registered (linked or still referenced).
-  std::uint64_t bytes = 0;
-  std::uint64_t count = 0;
-  for (const auto& [id, seg] : m_segments) {
-    if (seg.owner_uid == caller.creds.uid) {
-      bytes += seg.size;
-      ++count;
-    }
-  }
-  if (count + 1 > m_quotas.segments) {
+  // Quotas: what this uid already has registered (linked or still referenced), and the broker's fd budget.
+  const std::uint64_t bytes = m_bytes_per_uid[caller.creds.uid];
+  const std::uint64_t count = m_segments_per_uid[caller.creds.uid];
+  const std::uint64_t per_uid_fds = std::max<std::uint64_t>(m_quotas.fds / 2, 1);
+  if (count + 1 > m_quotas.segments || count + 1 > per_uid_fds) {
+    const bool fds_bound = per_uid_fds < m_quotas.segments;
     fail(ErrorCode::QuotaExceeded,
-         fmt::format("quota exceeded: uid {} already has {} segments registered and the broker allows {} "
-                     "(GPUIPC_QUOTA_SEGMENTS); unlink segments you no longer need (gpuipc ls, gpuipc rm)",
-                     caller.creds.uid, count, m_quotas.segments));
+         fmt::format("quota exceeded: uid {} already has {} segments registered and the broker allows {} ({}); "
+                     "unlink segments you no longer need (gpuipc ls, gpuipc rm)",
+                     caller.creds.uid, count, fds_bound ? per_uid_fds : m_quotas.segments,
+                     fds_bound ? "half of its file descriptor budget" : "GPUIPC_QUOTA_SEGMENTS"));
+    return;
+  }
+  if (m_segments.size() + 1 > m_quotas.fds) {
+    fail(ErrorCode::QuotaExceeded,
+         fmt::format("the broker holds {} segments, all its file descriptor budget allows; unlink segments you no "
+                     "longer need (gpuipc ls, gpuipc rm), or raise gpuipcd's RLIMIT_NOFILE",
+                     m_segments.size()));
     return;
   }
   if (req.size > m_quotas.bytes || bytes > m_quotas.bytes - req.size) {
@@ -181,7 +240,7 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                      caller.creds.uid, human_bytes(bytes), req.name, human_bytes(req.size), human_bytes(m_quotas.bytes)));
     return;
   }
-  if ((req.flags & ~proto::kKnownCreateFlags) != 0 || req.flags == proto::kKnownCreateFlags) {
+  if ((req.flags & ~proto::kKnownCreateFlags) != 0 || __builtin_popcount(req.flags) > 1) {
     fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': unknown Create flags {:#x}", req.name, req.flags));
     return;
   }
@@ -193,24 +252,9 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                      req.name, min_control));
     return;
   }
-  if (req.kind != proto::Kind::Device) {
-    // Host memory is a memfd the broker can check: exactly the declared size, then sealed so that nobody can
-    // shrink it under another process's mapping (which would SIGBUS that process).
-    try {
-      const std::size_t actual = os::fd_size(fds[0].get());
-      if (actual != req.size) {
-        fail(ErrorCode::InvalidArgument,
-             fmt::format("segment '{}': the memfd is {} bytes but Create declares {}", req.name, actual, req.size));
-        return;
-      }
-      os::memfd_seal(fds[0].get(), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
-    } catch (const Error& e) {
-      fail(ErrorCode::InvalidArgument,
-           fmt::format("segment '{}': host segments must be memfds created with MFD_ALLOW_SEALING and not yet sealed "
-                       "against sealing: {}",
-                       req.name, e.what()));
-      return;
-    }
+  if (auto why = check_memory(req, fds[0].get()); !why.empty()) {
+    fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': {}", req.name, why));
+    return;
   }
   SegmentRecord seg;
   seg.id = m_next_id++;
@@ -230,24 +274,62 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
       fail(e.code(), fmt::format("segment '{}': cannot map its control block: {}", req.name, e.what()));
       return;
     }
+    seg.block = ControlBlock{seg.control.data(), seg.control.size(), req.flags, {}};
+    // The creator fills the block in before Create: a name is never visible over a half-made object.
+    if (auto why = check_control(seg.block); !why.empty()) {
+      fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': {}", req.name, why));
+      return;
+    }
   }
   seg.memory = std::move(fds[0]);
   seg.refs[caller.conn] = 1;
+  seg.writers.insert(caller.conn);
   const std::uint64_t id = seg.id;
   auto& stored = m_segments.emplace(id, std::move(seg)).first->second;
   m_names[req.name] = id;
+  ++m_segments_per_uid[caller.creds.uid];
+  m_bytes_per_uid[caller.creds.uid] += req.size;
   GPUIPC_LOG_INFO("created segment '{}' id {} ({} {}) for uid {} pid {}", req.name, id, kind_name(req.kind),
                   human_bytes(req.size), caller.creds.uid, caller.creds.pid);
   out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(stored)}));
 
   // Openers that were waiting for this name.
-  std::vector<Pending> waiting;
-  std::erase_if(m_pending, [&](Pending& p) {
-    if (p.request.name != req.name) return false;
-    waiting.push_back(std::move(p));
-    return true;
-  });
-  for (auto& p : waiting) open_existing(stored, p.conn, p.creds, p.request_id, p.request.access, out);
+  std::vector<std::uint64_t> waiting;
+  for (auto [it, end] = m_pending_by_name.equal_range(req.name); it != end; ++it) waiting.push_back(it->second);
+  for (auto pid : waiting) {
+    Pending p = unpark(pid);
+    open_existing(stored, p.conn, p.creds, p.request_id, p.request.access, out);
+  }
+}
+
+void Registry::park(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
+                    std::vector<Outgoing>& out) {
+  auto& info = m_connections[caller.conn];
+  if (info.pending.size() >= m_quotas.pending_opens_per_connection) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::QuotaExceeded,
+                                    fmt::format("no segment named '{}', and this connection already waits for {} "
+                                                "names, the most it may; wait for fewer at once",
+                                                req.name, info.pending.size()))
+                            .body));
+    return;
+  }
+  const std::uint64_t id = m_next_pending++;
+  const std::int64_t deadline = now_ns + static_cast<std::int64_t>(req.wait_ms) * 1'000'000;
+  Pending p{caller.conn, rid, req, caller.creds, m_pending_by_deadline.emplace(deadline, id),
+            m_pending_by_name.emplace(req.name, id)};
+  m_pending.emplace(id, std::move(p));
+  info.pending.insert(id);
+}
+
+Registry::Pending Registry::unpark(std::uint64_t id) {
+  auto it = m_pending.find(id);
+  Pending p = std::move(it->second);
+  m_pending.erase(it);
+  m_pending_by_deadline.erase(p.by_deadline);
+  m_pending_by_name.erase(p.by_name);
+  if (auto c = m_connections.find(p.conn); c != m_connections.end()) c->second.pending.erase(id);
+  return p;
 }
 
 void Registry::open(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
@@ -255,8 +337,7 @@ void Registry::open(const Caller& caller, std::uint32_t rid, const proto::Open& 
   auto it = m_names.find(req.name);
   if (it == m_names.end()) {
     if (req.wait_ms > 0) {
-      m_pending.push_back(Pending{caller.conn, rid, req, caller.creds,
-                                  now_ns + static_cast<std::int64_t>(req.wait_ms) * 1'000'000});
+      park(caller, rid, req, now_ns, out);
       return;
     }
     out.push_back(reply(caller.conn, rid,
@@ -296,6 +377,7 @@ void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credenti
     return;
   }
   ++seg.refs[conn];
+  if (access == proto::Access::ReadWrite) seg.writers.insert(conn);
   out.push_back(reply(conn, rid, proto::OpenReply{info_of(seg)}, std::move(fd)));
 }
 
@@ -343,9 +425,15 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
   maybe_destroy(id);
 }
 
+bool Registry::visible_to(const os::Credentials& creds, const SegmentRecord& seg) noexcept {
+  return creds.uid == 0 || creds.uid == seg.owner_uid ||
+         (permission_bits(creds, seg.mode, seg.owner_uid, seg.owner_gid) & 4U) != 0;
+}
+
 void Registry::stat(const Caller& caller, std::uint32_t rid, const proto::Stat& req, std::vector<Outgoing>& out) {
   auto it = m_names.find(req.name);
-  if (it == m_names.end()) {
+  // A name the caller may not open is not there for it, as with a directory entry it cannot read.
+  if (it == m_names.end() || !visible_to(caller.creds, m_segments.at(it->second))) {
     out.push_back(reply(caller.conn, rid,
                         error_reply(rid, ErrorCode::NotFound, fmt::format("no segment named '{}'", req.name)).body));
     return;
@@ -356,6 +444,7 @@ void Registry::stat(const Caller& caller, std::uint32_t rid, const proto::Stat& 
 void Registry::list(const Caller& caller, std::uint32_t rid, const proto::List& req, std::vector<Outgoing>& out) {
   proto::ListReply r;
   for (auto it = m_segments.upper_bound(req.after_id); it != m_segments.end(); ++it) {
+    if (!visible_to(caller.creds, it->second)) continue;
     if (r.entries.size() == proto::kMaxListEntries) {
       r.more = true;
       break;
@@ -394,25 +483,62 @@ void Registry::maybe_destroy(std::uint64_t id) {
   auto it = m_segments.find(id);
   if (it == m_segments.end() || !it->second.name.empty() || !it->second.refs.empty()) return;
   GPUIPC_LOG_INFO("freed segment id {} ({})", id, human_bytes(it->second.size));
+  const uid_t owner = it->second.owner_uid;
+  if (auto c = m_segments_per_uid.find(owner); c != m_segments_per_uid.end() && --c->second == 0) {
+    m_segments_per_uid.erase(c);
+  }
+  if (auto b = m_bytes_per_uid.find(owner); b != m_bytes_per_uid.end()) {
+    b->second -= std::min(b->second, it->second.size);
+    if (b->second == 0) m_bytes_per_uid.erase(b);
+  }
   m_segments.erase(it);
 }
 
 void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
-  std::erase_if(m_pending, [&](const Pending& p) {
-    if (p.deadline_ns > now_ns) return false;
+  while (!m_pending_by_deadline.empty() && m_pending_by_deadline.begin()->first <= now_ns) {
+    Pending p = unpark(m_pending_by_deadline.begin()->second);
     out.push_back(reply(p.conn, p.request_id,
                         error_reply(p.request_id, ErrorCode::Timeout,
                                     fmt::format("no segment named '{}' appeared within {} ms", p.request.name,
                                                 p.request.wait_ms))
                             .body));
-    return true;
-  });
+  }
 }
 
 std::optional<std::int64_t> Registry::next_deadline() const {
-  std::optional<std::int64_t> d;
-  for (const auto& p : m_pending) d = d ? std::min(*d, p.deadline_ns) : p.deadline_ns;
-  return d;
+  if (m_pending_by_deadline.empty()) return std::nullopt;
+  return m_pending_by_deadline.begin()->first;
+}
+
+void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& req, std::vector<Outgoing>& out) {
+  auto fail = [&](ErrorCode code, std::string msg) {
+    out.push_back(reply(caller.conn, rid, error_reply(rid, code, std::move(msg)).body));
+  };
+  auto it = m_segments.find(req.id);
+  if (it == m_segments.end() || it->second.writers.count(caller.conn) == 0) {
+    fail(ErrorCode::PermissionDenied,
+         fmt::format("Join of segment id {}: this connection holds no read-write reference to it; open it "
+                     "read-write first",
+                     req.id));
+    return;
+  }
+  auto& seg = it->second;
+  if (!seg.control) {
+    fail(ErrorCode::InvalidArgument, fmt::format("segment '{}' is not a semaphore or a channel", seg.name));
+    return;
+  }
+  const std::uint32_t token = m_next_token++;
+  if (m_next_token == 0) m_next_token = 1;  // 0 marks a free entry
+  std::string why;
+  ErrorCode code = ErrorCode::InvalidArgument;
+  const auto role = static_cast<proto::Role>(req.role);
+  const std::uint32_t member = join_member(seg.block, role, token, code, why);
+  if (member == proto::kNoMember) {
+    fail(code, fmt::format("cannot join '{}': {}", seg.name, why));
+    return;
+  }
+  seg.joined.emplace(caller.conn, Joined{member, token, role});
+  out.push_back(reply(caller.conn, rid, proto::JoinReply{member, token}));
 }
 
 }  // namespace gpuipc::broker

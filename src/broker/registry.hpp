@@ -12,6 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include <set>
+
+#include "broker/repair.hpp"
 #include "gpuipc/error.hpp"
 #include "os/fd.hpp"
 #include "os/memfd.hpp"
@@ -26,6 +29,10 @@ using ConnId = std::uint64_t;
 struct Quotas {
   std::uint64_t bytes = UINT64_MAX;  ///< bytes of registered segments one uid may own
   std::uint64_t segments = 4096;     ///< registered segments one uid may own
+  /// Segments (each an fd the broker holds) all uids together may have registered: the broker's fd budget, set
+  /// from its RLIMIT_NOFILE. One uid may take at most half of it, so one user cannot lock the others out.
+  std::uint64_t fds = 1U << 20;
+  std::size_t pending_opens_per_connection = 64;  ///< opens parked waiting for a name, per connection
 };
 
 /// Who is asking: a connection and its SO_PEERCRED credentials.
@@ -55,7 +62,10 @@ struct SegmentRecord {
   std::uint32_t flags = 0;                  ///< proto::kFlagSemaphore / kFlagChannel
   os::UniqueFd memory;                      ///< keeps the memory alive while registered
   os::Mapping control;                      ///< semaphores and channels: the broker's view, for repairs
+  ControlBlock block;                       ///< over `control`, with the geometry read once at Create
   std::map<ConnId, std::uint32_t> refs;     ///< references per connection
+  std::set<ConnId> writers;                 ///< connections holding a read-write reference
+  std::multimap<ConnId, Joined> joined;     ///< member entries each connection joined (Join)
   std::uint32_t total_refs() const noexcept;
 };
 
@@ -67,9 +77,8 @@ class Registry {
   /// The status page's memfd; the server hands a read-only reopen of it to each client with HelloReply.
   int status_fd() const noexcept { return m_status_fd.get(); }
 
-  /// A connection said Hello: remember its credentials (its pid for `gpuipc ls`) and the pid it gave in Hello,
-  /// which is the pid it writes into member tables (its own pid namespace's, unlike SO_PEERCRED's).
-  void add_connection(ConnId conn, const os::Credentials& creds, std::uint32_t hello_pid);
+  /// A connection said Hello: remember its credentials (SO_PEERCRED and SO_PEERGROUPS; nothing the client states).
+  void add_connection(ConnId conn, const os::Credentials& creds);
   /// A connection ended (clean close or crash): drop its references (freeing unlinked segments with no
   /// references left) and cancel its pending opens. With `repair`, semaphores and channels it was a member of are
   /// repaired (a broker shutting down does not repair: its clients live on).
@@ -84,6 +93,9 @@ class Registry {
   void expire(std::int64_t now_ns, std::vector<Outgoing>& out);
   /// The earliest pending-open deadline, if any.
   std::optional<std::int64_t> next_deadline() const;
+  /// Sets the quotas (the server lowers `fds` to what its RLIMIT_NOFILE allows).
+  void set_quotas(const Quotas& quotas) noexcept { m_quotas = quotas; }
+  const Quotas& quotas() const noexcept { return m_quotas; }
 
   /// Whether nothing is registered (the broker may idle-exit).
   bool empty() const noexcept { return m_segments.empty(); }
@@ -93,12 +105,15 @@ class Registry {
   std::size_t pending_count() const noexcept { return m_pending.size(); }
 
  private:
+  // An open parked until its name appears, indexed by deadline and by name (iterators into both, which stay
+  // valid), so that neither a Create nor a timer scans every parked open.
   struct Pending {
     ConnId conn;
     std::uint32_t request_id;
     proto::Open request;
     os::Credentials creds;
-    std::int64_t deadline_ns;
+    std::multimap<std::int64_t, std::uint64_t>::iterator by_deadline;
+    std::multimap<std::string, std::uint64_t>::iterator by_name;
   };
 
   void create(const Caller& caller, std::uint32_t rid, const proto::Create& req, std::vector<os::UniqueFd>& fds,
@@ -112,11 +127,19 @@ class Registry {
   void unlink(const Caller& caller, std::uint32_t rid, const proto::Unlink& req, std::vector<Outgoing>& out);
   void stat(const Caller& caller, std::uint32_t rid, const proto::Stat& req, std::vector<Outgoing>& out);
   void list(const Caller& caller, std::uint32_t rid, const proto::List& req, std::vector<Outgoing>& out);
-
+  void join(const Caller& caller, std::uint32_t rid, const proto::Join& req, std::vector<Outgoing>& out);
+  /// Checks the memory fd of a Create for its kind; empty, or what is wrong.
+  std::string check_memory(const proto::Create& req, int fd);
+  void park(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
+            std::vector<Outgoing>& out);
+  /// Removes parked open `id` from every index; returns it.
+  Pending unpark(std::uint64_t id);
+  /// Whether `creds` may see `seg` in stat and list: root, the owner, or read permission (like a directory entry).
+  static bool visible_to(const os::Credentials& creds, const SegmentRecord& seg) noexcept;
   proto::SegmentInfo info_of(const SegmentRecord& seg) const;
   /// Removes the segment if it is unlinked and nobody references it.
   void maybe_destroy(std::uint64_t id);
-  /// Connection `conn` holds no more references to `seg`: repair its control block for that process's members.
+  /// Connection `conn` holds no more references to `seg`: remove the members it joined (if they did not leave).
   void repair_for(SegmentRecord& seg, ConnId conn);
 
   void bump_names_generation() noexcept;
@@ -129,13 +152,20 @@ class Registry {
   std::unordered_map<std::string, std::uint64_t> m_names;  // linked names -> id
   struct ConnectionInfo {
     os::Credentials creds;
-    std::uint32_t hello_pid = 0;
+    std::set<std::uint64_t> pending;  // parked opens
   };
   std::unordered_map<ConnId, ConnectionInfo> m_connections;
-  std::vector<Pending> m_pending;
+  std::map<std::uint64_t, Pending> m_pending;
+  std::multimap<std::int64_t, std::uint64_t> m_pending_by_deadline;
+  std::multimap<std::string, std::uint64_t> m_pending_by_name;
+  std::uint64_t m_next_pending = 1;
+  std::uint32_t m_next_token = 1;
+  std::unordered_map<uid_t, std::uint64_t> m_segments_per_uid;
+  std::unordered_map<uid_t, std::uint64_t> m_bytes_per_uid;
 };
 
-/// The permission bits (r=4, w=2) `creds` has on an object of `mode` owned by uid/gid, like a file.
+/// The permission bits (r=4, w=2) `creds` has on an object of `mode` owned by uid/gid, like a file (the group
+/// class applies to the peer's primary and supplementary groups).
 unsigned permission_bits(const os::Credentials& creds, std::uint16_t mode, uid_t owner_uid, gid_t owner_gid) noexcept;
 
 /// Builds an ErrorReply message.

@@ -1,137 +1,69 @@
 #include "broker/repair.hpp"
 
+#include <fmt/format.h>
+
 #include "base/log.hpp"
-#include "os/futex.hpp"
-#include "proto/shm.hpp"
+#include "shm/semaphore_block.hpp"
 
 namespace gpuipc::broker {
-namespace {
 
-using proto::atomic;
-
-void bump_and_wake(std::uint32_t& word) noexcept {
-  atomic(word).fetch_add(1, std::memory_order_release);
-  try {
-    os::futex_wake(reinterpret_cast<const std::atomic<std::uint32_t>*>(&word));  // NOLINT: same-size atomic view
-  } catch (...) {  // NOLINT(bugprone-empty-catch): waiters also poll with a bounded sleep
+std::string check_control(ControlBlock& block) {
+  if ((block.flags & proto::kFlagSemaphore) != 0) {
+    if (shm::semaphore_block(block.data, block.size) == nullptr) {
+      return fmt::format("not a semaphore block of version {} ({} bytes): fill it in before Create",
+                         proto::kSemaphoreVersion, block.size);
+    }
+    return {};
   }
+  if ((block.flags & proto::kFlagChannel) != 0) {
+    auto g = shm::ring_geometry(block.data, block.size);
+    if (!g) {
+      return fmt::format("not a channel control block of version {} that fits its {} bytes: fill it in before Create",
+                         proto::kChannelVersion, block.size);
+    }
+    block.ring = *g;
+    return {};
+  }
+  return {};
 }
 
-/// Stores max(word, value): GPU-visible words only ever grow.
-void raise_to(std::uint64_t& word, std::uint64_t value) noexcept {
-  auto a = atomic(word);
-  std::uint64_t cur = a.load(std::memory_order_acquire);
-  while ((cur & ~proto::kPoisonBit) < value && !a.compare_exchange_weak(cur, value, std::memory_order_acq_rel)) {
+std::uint32_t join_member(const ControlBlock& block, proto::Role role, std::uint32_t token, ErrorCode& code,
+                          std::string& why) {
+  code = ErrorCode::InvalidArgument;
+  std::uint32_t index = proto::kNoMember;
+  if ((block.flags & proto::kFlagSemaphore) != 0) {
+    if (role != proto::Role::Signaller) {
+      why = "a semaphore's members are signallers";
+      return index;
+    }
+    index = shm::semaphore_join(*static_cast<proto::SemaphoreBlock*>(block.data), token);
+  } else if ((block.flags & proto::kFlagChannel) != 0) {
+    if (role != proto::Role::Producer && role != proto::Role::Consumer) {
+      why = "a channel's members are producers or consumers";
+      return index;
+    }
+    index = shm::channel_join(*static_cast<proto::ChannelHeader*>(block.data), token, role);
+  } else {
+    why = "this segment is not a semaphore or a channel: it has no members";
+    return index;
   }
+  if (index == proto::kNoMember) {
+    code = ErrorCode::QuotaExceeded;
+    why = fmt::format("it already has {} members, the most it can", proto::kMaxMembers);
+  }
+  return index;
 }
 
-}  // namespace
-
-int repair_semaphore(void* block, std::size_t size, pid_t pid) noexcept {
-  if (size < sizeof(proto::SemaphoreBlock)) return 0;
-  auto& b = *static_cast<proto::SemaphoreBlock*>(block);
-  if (b.magic != proto::kSemaphoreMagic || b.version != proto::kSemaphoreVersion) return 0;
-  int removed = 0;
-  for (auto& m : b.members) {
-    std::uint32_t expected = static_cast<std::uint32_t>(pid);
-    if (atomic(m.pid).load(std::memory_order_acquire) != expected) continue;
-    if (!atomic(m.pid).compare_exchange_strong(expected, 0U, std::memory_order_acq_rel)) continue;
-    ++removed;
-    if (m.role == static_cast<std::uint32_t>(proto::Role::Signaller)) atomic(b.signallers).fetch_sub(1);
+bool remove_member(const ControlBlock& block, const Joined& m) noexcept {
+  bool removed = false;
+  if ((block.flags & proto::kFlagSemaphore) != 0) {
+    removed = shm::semaphore_remove_member(*static_cast<proto::SemaphoreBlock*>(block.data), m.member, m.token,
+                                           proto::PoisonReason::PeerDied);
+  } else if ((block.flags & proto::kFlagChannel) != 0) {
+    removed = shm::channel_remove_member(block.data, block.ring, m.member, m.token, m.role,
+                                         proto::PoisonReason::PeerDied);
   }
-  if (removed > 0 && atomic(b.signallers).load() == 0 && atomic(b.signallers_seen).load() != 0) {
-    atomic(b.poison_reason).store(static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
-    atomic(b.value).fetch_or(proto::kPoisonBit, std::memory_order_acq_rel);
-    bump_and_wake(b.wake_seq);
-    GPUIPC_LOG_INFO("semaphore poisoned: its last signaller (pid {}) is gone", pid);
-  }
-  return removed;
-}
-
-int repair_channel(void* control, std::size_t size, pid_t pid) noexcept {
-  if (size < sizeof(proto::ChannelHeader)) return 0;
-  auto& h = *static_cast<proto::ChannelHeader*>(control);
-  if (h.magic != proto::kChannelMagic || h.version != proto::kChannelVersion || h.slots == 0 ||
-      h.slots > proto::kMaxSlots || h.header_bytes > proto::kMaxHeaderBytes ||
-      h.record_bytes != proto::record_bytes(h.header_bytes) ||
-      proto::channel_control_bytes(h.slots, h.header_bytes) > size) {
-    return 0;
-  }
-  const std::uint64_t n = h.slots;
-  auto* records = static_cast<std::byte*>(control) + sizeof(proto::ChannelHeader);
-  int removed = 0;
-  for (std::uint32_t idx = 0; idx < proto::kMaxMembers; ++idx) {
-    auto& m = h.members[idx];
-    std::uint32_t expected = static_cast<std::uint32_t>(pid);
-    if (atomic(m.pid).load(std::memory_order_acquire) != expected) continue;
-    const auto role = static_cast<proto::Role>(atomic(m.role).load());
-    bool published = false;
-    bool released = false;
-    for (std::uint64_t i = 0; i < n; ++i) {
-      auto& slot = *reinterpret_cast<proto::Slot*>(records + i * h.record_bytes);  // NOLINT: layout of shm.hpp
-      auto st = atomic(slot.state);
-      for (;;) {
-        std::uint64_t s = st.load(std::memory_order_acquire);
-        const std::uint64_t seq = proto::state_seq(s);
-        if (proto::state_member(s) != idx) break;
-        const auto phase = proto::state_phase(s);
-        if (phase == proto::Phase::Writing) {
-          // Claimed, never published: nobody will consume it. Free the slot for the next round.
-          raise_to(slot.freed, seq + 1);
-          if (st.compare_exchange_strong(s, proto::pack_state(seq + n, proto::Phase::Free, proto::kNoMember))) {
-            atomic(h.abandoned).fetch_add(1);
-            published = released = true;
-            break;
-          }
-        } else if (phase == proto::Phase::Published) {
-          if (st.compare_exchange_strong(s, proto::pack_state(seq, proto::Phase::Published, proto::kNoMember))) break;
-        } else if (phase == proto::Phase::Reading) {
-          // A consumer died holding it: hand it back, for another consumer (exactly one survivor gets it).
-          if (st.compare_exchange_strong(s, proto::pack_state(seq, proto::Phase::Published, proto::kNoMember))) {
-            atomic(h.orphans).fetch_add(1);
-            atomic(h.redelivered).fetch_add(1);
-            published = true;
-            break;
-          }
-        } else {
-          break;
-        }
-      }
-      // A message it published (waiting in the queue, or already held by a consumer) whose stream never got to
-      // the publish: the data is incomplete and a consumer stream waiting for `filled` would wait forever.
-      // Poison `filled` (the cyclic GEQ releases the wait) and flag the message.
-      if (atomic(slot.publisher).load() == idx) {
-        const std::uint64_t s = st.load(std::memory_order_acquire);
-        const auto phase = proto::state_phase(s);
-        const std::uint64_t seq = proto::state_seq(s);
-        if ((phase == proto::Phase::Published || phase == proto::Phase::Reading) &&
-            (atomic(slot.filled).load() & ~proto::kPoisonBit) < seq + 1) {
-          atomic(slot.flags).fetch_or(proto::kSlotIncomplete);
-          atomic(slot.filled).store(proto::kPoisonBit | (seq + 1), std::memory_order_release);
-        }
-        atomic(slot.publisher).store(proto::kNoMember);
-      }
-      // The last release of this slot was the dead member's: its stream may never have written `freed`.
-      if (atomic(slot.releaser).load() == idx) {
-        const std::uint64_t seq = proto::state_seq(st.load());
-        if (seq >= n) raise_to(slot.freed, seq - n + 1);
-        atomic(slot.releaser).store(proto::kNoMember);
-      }
-    }
-    if (!atomic(m.pid).compare_exchange_strong(expected, 0U, std::memory_order_acq_rel)) continue;
-    ++removed;
-    if (role == proto::Role::Producer && atomic(h.producers).fetch_sub(1) == 1) {
-      atomic(h.producers_gone).store(static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
-      published = true;
-    }
-    if (role == proto::Role::Consumer && atomic(h.consumers).fetch_sub(1) == 1) {
-      atomic(h.consumers_gone).store(static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
-      released = true;
-    }
-    GPUIPC_LOG_INFO("channel member {} (pid {}, role {}) is gone: repaired", idx, pid, static_cast<int>(role));
-    if (published) bump_and_wake(h.published_seq);
-    if (released) bump_and_wake(h.released_seq);
-  }
+  if (removed) GPUIPC_LOG_INFO("member {} (role {}) is gone: repaired", m.member, static_cast<int>(m.role));
   return removed;
 }
 

@@ -1,23 +1,47 @@
-// What the broker does to a semaphore or channel control block when a process that was a member of it is gone
-// (its connection closed: exit or SIGKILL). The broker is CUDA-free, but a CPU write to these pinned pages
-// releases GPU streams waiting on them, so no survivor's stream waits forever on the dead.
+// What the broker does with the control blocks of semaphores and channels: it checks them when they are
+// registered, claims member entries for the connections that Join, and removes exactly those entries when their
+// connection goes (exit or SIGKILL). The transitions themselves live in src/shm, shared with the clients' clean
+// leave; this file only dispatches by object kind. The broker is CUDA-free, but a CPU write to these pinned
+// pages releases GPU streams waiting on them, so no survivor's stream waits forever on the dead.
 #pragma once
 
-#include <sys/types.h>
-
 #include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "gpuipc/error.hpp"
+#include "proto/shm.hpp"
+#include "shm/channel_ring.hpp"
 
 namespace gpuipc::broker {
 
-/// Unregisters every member with `pid`; if that leaves no signaller, poisons the value (PeerDied) and wakes
-/// host waiters. Returns the number of members removed. Ignores blocks that do not validate.
-int repair_semaphore(void* block, std::size_t size, pid_t pid) noexcept;
+/// The broker's view of one control block: its own mapping, the Create flags, and the geometry it read once when
+/// the block was registered (never read again from shared memory).
+struct ControlBlock {
+  void* data = nullptr;
+  std::size_t size = 0;
+  std::uint32_t flags = 0;   ///< proto::kFlagSemaphore or kFlagChannel
+  shm::RingGeometry ring{};  ///< channels
+};
 
-/// Unregisters every member with `pid` and repairs the slots it held: a message it was writing is abandoned
-/// (its slot freed), a message it published whose GPU work never finished is marked incomplete and its `filled`
-/// word poisoned, a message it was reading goes back to the queue for another consumer, and `freed` words its
-/// stream never wrote are written. When the last producer (or consumer) goes, the channel records PeerDied and
-/// every sleeper is woken. Returns the number of members removed. Ignores blocks that do not validate.
-int repair_channel(void* control, std::size_t size, pid_t pid) noexcept;
+/// One member entry a connection joined.
+struct Joined {
+  std::uint32_t member = proto::kNoMember;
+  std::uint32_t token = 0;
+  proto::Role role = proto::Role::None;
+};
+
+/// Checks a control block being registered (the creator fills it in before Create, so it is complete before
+/// its name is visible) and takes its geometry. Returns an empty string, or what is wrong.
+std::string check_control(ControlBlock& block);
+
+/// Claims a member entry of `block` for `token` with `role`. Returns its index, or proto::kNoMember with `code`
+/// and `why` saying what is wrong (InvalidArgument: a role the object has not; QuotaExceeded: a full table).
+std::uint32_t join_member(const ControlBlock& block, proto::Role role, std::uint32_t token, ErrorCode& code,
+                          std::string& why);
+
+/// Removes a member whose connection is gone (PeerDied), if its entry still holds its token. Returns whether it
+/// did (false: it had left cleanly).
+bool remove_member(const ControlBlock& block, const Joined& member) noexcept;
 
 }  // namespace gpuipc::broker

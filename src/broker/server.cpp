@@ -4,10 +4,12 @@
 
 #include <array>
 #include <csignal>
+#include <algorithm>
 #include <fstream>
 
 #include "base/log.hpp"
 #include "os/memfd.hpp"
+#include "os/module.hpp"
 #include "os/process.hpp"
 #include "proto/messages.hpp"
 
@@ -19,6 +21,8 @@ constexpr std::uint64_t kSignalKey = 2;
 constexpr std::uint64_t kWakeupKey = 3;
 // Messages served per connection per loop turn, so one busy client cannot starve the others.
 constexpr int kMessagesPerTurn = 32;
+// How long the broker stops accepting after accept failed for want of fds.
+constexpr std::int64_t kAcceptPauseMs = 100;
 
 std::vector<std::byte> encode_or_error(const proto::Message& msg, std::size_t fds) {
   try {
@@ -45,7 +49,17 @@ Server::Server(ServerOptions options)
                             m_options.runtime_dir, lock_path),
                 "flock");
   }
-  std::ofstream(m_options.runtime_dir + "/broker.pid", std::ios::trunc) << ::getpid() << "\n";
+  os::write_file(m_options.runtime_dir + "/broker.pid", fmt::format("{}\n", os::current_pid()));
+  // fds are what a broker holds for everyone (one per segment, one per connection): take all the kernel allows,
+  // then share it out (connections first, the rest for segments, at most half of that for one uid).
+  const std::uint64_t limit = os::raise_fd_limit();
+  m_fd_limit = limit;
+  constexpr std::uint64_t kReserve = 64;  // listener, signalfd, eventfd, logs, fds in flight
+  m_options.max_connections =
+      static_cast<std::size_t>(std::min<std::uint64_t>(m_options.max_connections, std::max<std::uint64_t>(limit / 4, 8)));
+  Quotas q = m_registry.quotas();
+  q.fds = limit > kReserve + m_options.max_connections ? limit - kReserve - m_options.max_connections : 16;
+  m_registry.set_quotas(q);
   m_socket_path = m_options.runtime_dir + "/broker.sock";
   m_listen = os::listen_seqpacket(m_socket_path, 0666);
   m_signals = os::signal_fd({SIGTERM, SIGINT});
@@ -54,7 +68,8 @@ Server::Server(ServerOptions options)
   m_epoll.add(m_signals.get(), EPOLLIN, kSignalKey);
   m_epoll.add(m_wakeup.get(), EPOLLIN, kWakeupKey);
   std::signal(SIGPIPE, SIG_IGN);  // NOLINT(cert-err33-c): sends use MSG_NOSIGNAL; this is belt and braces
-  GPUIPC_LOG_INFO("gpuipcd pid {} serving {}", ::getpid(), m_socket_path);
+  GPUIPC_LOG_INFO("gpuipcd pid {} serving {} (fd limit {}: {} connections, {} segments)", os::current_pid(),
+                  m_socket_path, limit, m_options.max_connections, q.fds);
 }
 
 Server::~Server() = default;
@@ -69,6 +84,15 @@ void Server::run() {
     const std::int64_t now = os::monotonic_ns();
     std::int64_t timeout_ns = -1;
     if (auto d = m_registry.next_deadline()) timeout_ns = std::max<std::int64_t>(0, *d - now);
+    if (m_accept_paused_until_ns != 0) {
+      if (now >= m_accept_paused_until_ns) {
+        m_accept_paused_until_ns = 0;
+        m_epoll.modify(m_listen.get(), EPOLLIN, kListenKey);
+      } else {
+        const std::int64_t left = m_accept_paused_until_ns - now;
+        timeout_ns = timeout_ns < 0 ? left : std::min(timeout_ns, left);
+      }
+    }
     const bool idle = m_connections.empty() && m_registry.empty();
     if (idle && m_options.idle_timeout.count() > 0) {
       // Saturating: "unlimited" (UINT64_MAX ms) must not overflow into "already expired".
@@ -120,7 +144,11 @@ void Server::accept_all() {
     try {
       sock = os::accept_seqpacket(m_listen.get());
     } catch (const Error& e) {
-      GPUIPC_LOG_WARN("accept: {}", e.what());  // EMFILE and friends: try again on the next turn
+      // EMFILE and friends: the pending connection stays queued and the listener stays readable, so looking again
+      // at once would spin. Stop watching it for a while; the clients' connect waits meanwhile.
+      GPUIPC_LOG_WARN("accept: {}; not accepting for {} ms", e.what(), kAcceptPauseMs);
+      m_epoll.modify(m_listen.get(), 0, kListenKey);
+      m_accept_paused_until_ns = os::monotonic_ns() + kAcceptPauseMs * 1'000'000;
       return;
     }
     if (!sock) return;
@@ -175,10 +203,20 @@ void Server::serve(ConnId id, std::uint32_t events) {
       break;
     }
     if (st == os::IoStatus::Truncated) {
+      // The same flag says "too large" and "the fds did not fit": the second also happens when the broker has no
+      // fd left to receive them into, which is not the client's fault. Say which.
+      const std::size_t open = os::open_fd_count();
+      const bool out_of_fds = size <= proto::kMaxMessageSize && open + 8 >= m_fd_limit;
       queue(id, c,
-            proto::encode(error_reply(0, ErrorCode::Protocol,
-                                      fmt::format("message larger than {} bytes or with more than {} fds: closing",
-                                                  proto::kMaxMessageSize, os::kMaxFds)),
+            proto::encode(out_of_fds
+                              ? error_reply(0, ErrorCode::QuotaExceeded,
+                                            fmt::format("the broker is out of file descriptors ({} open, limit {}); "
+                                                        "unlink segments you no longer need and try again",
+                                                        open, m_fd_limit))
+                              : error_reply(0, ErrorCode::Protocol,
+                                            fmt::format("message larger than {} bytes or with more than {} fds: "
+                                                        "closing",
+                                                        proto::kMaxMessageSize, os::kMaxFds)),
                           0),
             {});
       c.closing = true;
@@ -219,7 +257,8 @@ bool Server::handle_message(ConnId id, Connection& c, std::span<const std::byte>
       return false;
     }
     c.greeted = true;
-    m_registry.add_connection(id, c.creds, hello->pid);
+    // Hello's pid is only shown; membership and identity come from SO_PEERCRED and broker-chosen tokens.
+    m_registry.add_connection(id, c.creds);
     proto::HelloReply r;
     r.broker_pid = static_cast<std::uint32_t>(::getpid());
     r.uid = c.creds.uid;

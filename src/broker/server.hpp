@@ -78,6 +78,8 @@ class Server {
   std::unordered_map<uid_t, std::size_t> m_per_uid;
   ConnId m_next_conn = 16;  // keys below are the listener, the signalfd and the wakeup eventfd
   std::int64_t m_idle_since_ns = 0;
+  std::int64_t m_accept_paused_until_ns = 0;  // accept failed for want of fds: listener unwatched until then
+  std::uint64_t m_fd_limit = 1024;
   std::vector<std::byte> m_buffer;
 };
 

@@ -1,5 +1,7 @@
 #include "gpuipc/channel.hpp"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -8,8 +10,10 @@
 #include <vector>
 
 #include "base/config.hpp"
+#include "core/membership.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
+#include "shm/channel_ring.hpp"
 #include "proto/messages.hpp"
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
@@ -42,10 +46,13 @@ struct Channel::Impl {
   std::uint64_t control_device = 0;  // GPU address of the control block (device channels)
   std::uint64_t n = 0;
   std::uint32_t record_bytes = 0;
+  std::uint64_t slot_bytes = 0;
+  shm::RingGeometry geometry;  // read once at attach: other members can rewrite the header's words
   cuda::PrimaryContext ctx;  // device channels: made current for stream operations on threads that have none
   ChannelRole role = ChannelRole::Producer;
   SegmentKind kind = SegmentKind::Host;
   std::uint32_t member = proto::kNoMember;
+  std::uint32_t token = 0;  // the broker's token in our member entry
   // Sequences this member holds (acquired, or received), oldest first: a ring of capacity n.
   std::vector<std::uint64_t> held;
   std::size_t held_first = 0;
@@ -69,7 +76,7 @@ struct Channel::Impl {
   CUdeviceptr word_device(std::uint64_t seq, std::size_t offset) const noexcept {
     return control_device + sizeof(proto::ChannelHeader) + (seq % n) * record_bytes + offset;
   }
-  std::uint64_t data_offset(std::uint64_t seq) const noexcept { return (seq % n) * atomic(h->slot_bytes).load(); }
+  std::uint64_t data_offset(std::uint64_t seq) const noexcept { return (seq % n) * slot_bytes; }
   bool gpu() const noexcept { return kind == SegmentKind::Device; }
 
   /// Whether the word (bit 62, a poison mark, ignored) has reached `value`, or reaches it within `pacing` watched
@@ -122,21 +129,10 @@ struct Channel::Impl {
   }
 
   void join() {
-    const proto::Role r = role == ChannelRole::Producer ? proto::Role::Producer : proto::Role::Consumer;
-    member = core::claim_member(h->members, r);
-    if (member == proto::kNoMember) {
-      throw Error(ErrorCode::QuotaExceeded,
-                  fmt::format("channel '{}' already has {} members", control.name(), proto::kMaxMembers), "open");
-    }
-    if (role == ChannelRole::Producer) {
-      atomic(h->producers).fetch_add(1);
-      atomic(h->producers_gone).store(0);
-      atomic(h->producers_seen).store(1);
-    } else {
-      atomic(h->consumers).fetch_add(1);
-      atomic(h->consumers_gone).store(0);
-      atomic(h->consumers_seen).store(1);
-    }
+    const auto m = core::join_member(control, role == ChannelRole::Producer ? proto::Role::Producer
+                                                                           : proto::Role::Consumer);
+    member = m.index;
+    token = m.token;
   }
 
   /// Whether this member's stream has written every `filled` (its publications) and `freed` (its releases) word
@@ -159,6 +155,7 @@ struct Channel::Impl {
   }
 
   /// Clean leave: give up acquired slots, hand back received messages, tell the other side if we were the last.
+  /// The same transition as the broker's repair of a dead member (src/shm/channel_ring.cpp), with reason Closed.
   void leave() noexcept {
     if (member == proto::kNoMember || h == nullptr) return;
     if (gpu()) {
@@ -167,31 +164,11 @@ struct Channel::Impl {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }
-    while (held_count > 0) {
-      const std::uint64_t seq = front_held();
-      auto& s = slot(seq);
-      if (role == ChannelRole::Producer) {
-        atomic(s.freed).store(std::max(atomic(s.freed).load(), seq + 1));
-        atomic(s.state).store(proto::pack_state(seq + n, Phase::Free, proto::kNoMember), std::memory_order_release);
-        atomic(h->abandoned).fetch_add(1);
-      } else {
-        atomic(s.state).store(proto::pack_state(seq, Phase::Published, proto::kNoMember), std::memory_order_release);
-        atomic(h->orphans).fetch_add(1);
-        atomic(h->redelivered).fetch_add(1);
-      }
-      pop_held();
-    }
-    core::release_member(h->members, member);
+    const proto::Role r = role == ChannelRole::Producer ? proto::Role::Producer : proto::Role::Consumer;
+    shm::channel_remove_member(h, geometry, member, token, r, proto::PoisonReason::Closed);
+    held_count = 0;
     member = proto::kNoMember;
-    if (role == ChannelRole::Producer) {
-      if (atomic(h->producers).fetch_sub(1) == 1) {
-        atomic(h->producers_gone).store(static_cast<std::uint32_t>(proto::PoisonReason::Closed));
-      }
-    } else if (atomic(h->consumers).fetch_sub(1) == 1) {
-      atomic(h->consumers_gone).store(static_cast<std::uint32_t>(proto::PoisonReason::Closed));
-    }
-    core::bump_and_wake(h->published_seq);
-    core::bump_and_wake(h->released_seq);
+    token = 0;
   }
 
   /// Gives back the newest acquired slot unpublished (its sequence is skipped, like an abandoned one). The slot's
@@ -308,6 +285,22 @@ namespace {
 
 std::string slots_name(std::string_view name) { return std::string(name) + ".slots"; }
 
+/// Unlinks `name`.slots when it is a leftover of a killed create: no channel `name`, the caller owns it, and
+/// nobody holds it. Returns whether it did.
+bool reclaim_orphan_buffers(std::string_view name) {
+  try {
+    (void)Segment::stat(name);
+    return false;  // the channel exists: the buffers are its
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::NotFound) return false;
+  }
+  const SegmentInfo info = Segment::stat(slots_name(name));
+  if (info.references != 0 || info.owner_uid != ::getuid()) return false;
+  Segment::unlink(slots_name(name));
+  return true;
+}
+
+
 void check_channel_name(std::string_view name) {
   if (name.size() + 6 > proto::kMaxNameLength) {
     throw Error(ErrorCode::InvalidArgument,
@@ -319,11 +312,9 @@ void check_channel_name(std::string_view name) {
 std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole role) {
   auto impl = std::make_unique<Channel::Impl>();
   auto* h = static_cast<proto::ChannelHeader*>(control.data());
-  if (control.size() < sizeof(proto::ChannelHeader) || h->magic != proto::kChannelMagic ||
-      h->version != proto::kChannelVersion || h->slots == 0 || h->slots > proto::kMaxSlots ||
-      h->record_bytes != proto::record_bytes(h->header_bytes) ||
-      proto::channel_control_bytes(h->slots, h->header_bytes) > control.size() ||
-      static_cast<std::uint64_t>(h->slots) * h->slot_bytes > data.size()) {
+  const auto g = shm::ring_geometry(control.data(), control.size());
+  const std::uint64_t slot_bytes = g ? atomic(h->slot_bytes).load() : 0;
+  if (!g || slot_bytes == 0 || slot_bytes > data.size() / g->slots) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("'{}' is not a gpuipc channel (version {}) or its buffers do not match it", control.name(),
                             proto::kChannelVersion),
@@ -331,8 +322,10 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
   }
   impl->h = h;
   impl->records = static_cast<std::byte*>(control.data()) + sizeof(proto::ChannelHeader);
-  impl->n = h->slots;
-  impl->record_bytes = h->record_bytes;
+  impl->geometry = *g;
+  impl->n = g->slots;
+  impl->record_bytes = g->record_bytes;
+  impl->slot_bytes = slot_bytes;
   impl->kind = data.kind();
   impl->role = role;
   if (impl->gpu()) {
@@ -370,15 +363,42 @@ Channel Channel::create(std::string_view name, const ChannelOptions& options, Ch
   const bool gpu = options.kind == SegmentKind::Device;
   // Buffers first, so that a control block anyone can open always has its buffers. Slots are aligned to 256 bytes.
   const std::size_t slot_bytes = (options.slot_bytes + 255) / 256 * 256;
-  Segment data = Segment::create(slots_name(name), slot_bytes * options.slots,
-                                 {.kind = options.kind, .device = options.device, .mode = options.mode});
+  const CreateOptions data_options{.kind = options.kind, .device = options.device, .mode = options.mode};
+  Segment data;
+  try {
+    data = Segment::create(slots_name(name), slot_bytes * options.slots, data_options);
+  } catch (const Error& e) {
+    // A creator killed between its two creates leaves the buffers' name with no channel and nobody holding it.
+    // Such a leftover is ours to reclaim: same owner, no control block, no reference. Anything else is real.
+    if (e.code() != ErrorCode::AlreadyExists || !reclaim_orphan_buffers(name)) throw;
+    data = Segment::create(slots_name(name), slot_bytes * options.slots, data_options);
+  }
   const std::size_t control_bytes = proto::channel_control_bytes(options.slots, options.header_bytes);
+  // The control block is filled in before the broker registers its name: an opener never sees it half made, and
+  // a creator killed at any point leaves no name that neither opens nor can be created again.
+  auto init = [&](void* block) {
+    auto* h = static_cast<proto::ChannelHeader*>(block);
+    h->slots = options.slots;
+    h->header_bytes = options.header_bytes;
+    h->slot_bytes = slot_bytes;
+    h->data_kind = static_cast<std::uint32_t>(options.kind);
+    h->record_bytes = proto::record_bytes(options.header_bytes);
+    auto* records = static_cast<std::byte*>(block) + sizeof(proto::ChannelHeader);
+    for (std::uint32_t i = 0; i < options.slots; ++i) {
+      auto& s = *reinterpret_cast<proto::Slot*>(records + static_cast<std::size_t>(i) * h->record_bytes);  // NOLINT
+      s.state = proto::pack_state(i, Phase::Free, proto::kNoMember);
+      s.releaser = proto::kNoMember;
+      s.publisher = proto::kNoMember;
+    }
+    h->version = proto::kChannelVersion;
+    atomic(h->magic).store(proto::kChannelMagic, std::memory_order_release);
+  };
   Segment control;
   try {
     control = detail::create_segment(
         name, control_bytes,
         {.kind = gpu ? SegmentKind::HostPinned : SegmentKind::Host, .device = options.device, .mode = options.mode},
-        proto::kFlagChannel);
+        proto::kFlagChannel, init);
   } catch (...) {
     try {
       Segment::unlink(slots_name(name));
@@ -386,21 +406,6 @@ Channel Channel::create(std::string_view name, const ChannelOptions& options, Ch
     }
     throw;
   }
-  auto* h = static_cast<proto::ChannelHeader*>(control.data());
-  h->slots = options.slots;
-  h->header_bytes = options.header_bytes;
-  h->slot_bytes = slot_bytes;
-  h->data_kind = static_cast<std::uint32_t>(options.kind);
-  h->record_bytes = proto::record_bytes(options.header_bytes);
-  auto* records = static_cast<std::byte*>(control.data()) + sizeof(proto::ChannelHeader);
-  for (std::uint32_t i = 0; i < options.slots; ++i) {
-    auto& s = *reinterpret_cast<proto::Slot*>(records + static_cast<std::size_t>(i) * h->record_bytes);  // NOLINT
-    s.state = proto::pack_state(i, Phase::Free, proto::kNoMember);
-    s.releaser = proto::kNoMember;
-    s.publisher = proto::kNoMember;
-  }
-  h->version = proto::kChannelVersion;
-  atomic(h->magic).store(proto::kChannelMagic, std::memory_order_release);
   return Channel(attach(std::move(control), std::move(data), role));
 }
 
@@ -408,9 +413,6 @@ Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpen
   check_channel_name(name);
   OpenOptions co{.access = Access::ReadWrite, .wait = options.wait, .device = options.device};
   Segment control = Segment::open(name, co);
-  for (int i = 0; i < 1000 && atomic(static_cast<proto::ChannelHeader*>(control.data())->magic).load() == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::microseconds(100));  // the creator is filling it in
-  }
   // Consumers only read the buffers: they map them read-only, so a stray write faults in the consumer.
   OpenOptions dopt{.access = role == ChannelRole::Consumer ? Access::ReadOnly : Access::ReadWrite,
                    .wait = std::chrono::milliseconds(0),

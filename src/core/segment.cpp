@@ -179,7 +179,7 @@ Segment Segment::create(std::string_view name, std::size_t bytes, const CreateOp
 }
 
 Segment detail::create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options,
-                               std::uint32_t flags) {
+                               std::uint32_t flags, const std::function<void(void*)>& init) {
   std::string n = check_name_or_throw(name);
   if (bytes == 0 || bytes > proto::kMaxSegmentSize) {
     throw Error(ErrorCode::InvalidArgument,
@@ -214,6 +214,7 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
     if (options.kind == SegmentKind::HostPinned) {
       m->gpu = core::register_host_memory(m->host.data(), m->size, options.device, false);
     }
+    if (init) init(m->host.data());
   }
   req.size = m->size;
   const int raw = fd.get();

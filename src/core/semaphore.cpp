@@ -7,8 +7,10 @@
 #include <cstring>
 #include <thread>
 
+#include "core/membership.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
+#include "shm/semaphore_block.hpp"
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
 #include "os/module.hpp"
@@ -24,6 +26,7 @@ struct Semaphore::Impl {
   cuda::PrimaryContext ctx;        // host_pinned: made current for stream operations on threads that have none
   SemaphoreRole role = SemaphoreRole::Waiter;
   std::uint32_t member = proto::kNoMember;
+  std::uint32_t token = 0;             // the broker's token in our member entry
   std::uint64_t stream_signalled = 0;  // highest value handed to a stream: leave() waits for it to land
 
   Impl() = default;
@@ -33,14 +36,9 @@ struct Semaphore::Impl {
 
   void join() {
     if (role != SemaphoreRole::Signaller) return;
-    member = core::claim_member(block->members, proto::Role::Signaller);
-    if (member == proto::kNoMember) {
-      throw Error(ErrorCode::QuotaExceeded,
-                  fmt::format("semaphore '{}' already has {} signalling processes", segment.name(), proto::kMaxMembers),
-                  "open");
-    }
-    atomic(block->signallers).fetch_add(1, std::memory_order_acq_rel);
-    atomic(block->signallers_seen).store(1, std::memory_order_release);
+    const auto m = core::join_member(segment, proto::Role::Signaller);
+    member = m.index;
+    token = m.token;
   }
 
   /// A signaller leaving cleanly. The last one poisons the semaphore (Closed): no stream waits forever for a
@@ -53,13 +51,9 @@ struct Semaphore::Impl {
            (atomic(block->value).load() & proto::kPoisonBit) == 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    core::release_member(block->members, member);
+    shm::semaphore_remove_member(*block, member, token, proto::PoisonReason::Closed);
     member = proto::kNoMember;
-    if (atomic(block->signallers).fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      atomic(block->poison_reason).store(static_cast<std::uint32_t>(proto::PoisonReason::Closed));
-      atomic(block->value).fetch_or(proto::kPoisonBit, std::memory_order_acq_rel);
-      core::bump_and_wake(block->wake_seq);
-    }
+    token = 0;
   }
 
   Status poison_status(std::uint64_t v) const noexcept {
@@ -81,9 +75,8 @@ void wake_host_waiters(void* data) {
 
 std::unique_ptr<Semaphore::Impl> attach(Segment seg, SemaphoreRole role) {
   auto impl = std::make_unique<Semaphore::Impl>();
-  impl->block = static_cast<proto::SemaphoreBlock*>(seg.data());
-  if (seg.size() < sizeof(proto::SemaphoreBlock) || impl->block->magic != proto::kSemaphoreMagic ||
-      impl->block->version != proto::kSemaphoreVersion) {
+  impl->block = shm::semaphore_block(seg.data(), seg.size());
+  if (impl->block == nullptr) {
     throw Error(ErrorCode::InvalidArgument, fmt::format("'{}' is not a gpuipc semaphore (version {})", seg.name(),
                                                         proto::kSemaphoreVersion),
                 "open");
@@ -119,11 +112,13 @@ Semaphore Semaphore::create(std::string_view name, const SemaphoreOptions& optio
   // The block is initialised before the broker publishes the name, through the creator's own mapping: a
   // host_pinned segment is a memfd mapped here first, so write it, then register.
   CreateOptions co{.kind = options.kind, .device = options.device, .mode = options.mode};
-  Segment seg = detail::create_segment(name, sizeof(proto::SemaphoreBlock), co, proto::kFlagSemaphore);
-  auto* b = static_cast<proto::SemaphoreBlock*>(seg.data());
-  atomic(b->value).store(options.initial, std::memory_order_relaxed);
-  b->version = proto::kSemaphoreVersion;
-  atomic(b->magic).store(proto::kSemaphoreMagic, std::memory_order_release);
+  Segment seg = detail::create_segment(name, sizeof(proto::SemaphoreBlock), co, proto::kFlagSemaphore,
+                                       [&](void* block) {
+                                         auto* b = static_cast<proto::SemaphoreBlock*>(block);
+                                         atomic(b->value).store(options.initial, std::memory_order_relaxed);
+                                         b->version = proto::kSemaphoreVersion;
+                                         atomic(b->magic).store(proto::kSemaphoreMagic, std::memory_order_release);
+                                       });
   return Semaphore(attach(std::move(seg), SemaphoreRole::Signaller));
 }
 
@@ -133,10 +128,6 @@ Semaphore Semaphore::open(std::string_view name, const SemaphoreOpenOptions& opt
   oo.wait = options.wait;
   oo.device = options.device;
   Segment seg = Segment::open(name, oo);
-  // A creator fills the block right after the broker registers it: give it a moment.
-  for (int i = 0; i < 1000 && atomic(static_cast<proto::SemaphoreBlock*>(seg.data())->magic).load() == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
   return Semaphore(attach(std::move(seg), options.role));
 }
 

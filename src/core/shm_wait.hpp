@@ -1,4 +1,4 @@
-// Host-side waiting on shared control blocks, and membership in them (semaphores and channels).
+// Host-side waiting on shared control blocks (semaphores and channels).
 #pragma once
 
 #include <chrono>
@@ -6,19 +6,11 @@
 
 #include "gpuipc/error.hpp"
 #include "proto/shm.hpp"
+#include "shm/sync.hpp"
 
 namespace gpuipc::core {
 
-/// Claims a free member entry for this process with `role`; returns its index or proto::kNoMember when the table
-/// is full.
-std::uint32_t claim_member(proto::Member (&members)[proto::kMaxMembers], proto::Role role) noexcept;
-
-/// Frees member entry `index` if this process holds it.
-void release_member(proto::Member (&members)[proto::kMaxMembers], std::uint32_t index) noexcept;
-
-/// Bumps a futex word and wakes everyone sleeping on it. With `sleepers` (a count the waiters keep), the wake
-/// system call is made only when someone sleeps: the common case of a busy peer costs no syscall.
-void bump_and_wake(std::uint32_t& word, std::uint32_t* sleepers = nullptr) noexcept;
+using shm::bump_and_wake;
 
 /// Sleeps on `futex_word` while it still reads `seen`, at most `slice`.
 void futex_sleep(const std::uint32_t& futex_word, std::uint32_t seen, std::chrono::nanoseconds slice) noexcept;

@@ -29,12 +29,13 @@ static_assert(kAt<MessageType::Hello, Hello> && kAt<MessageType::HelloReply, Hel
               kAt<MessageType::Unlink, Unlink> && kAt<MessageType::Stat, Stat> &&
               kAt<MessageType::StatReply, StatReply> && kAt<MessageType::List, List> &&
               kAt<MessageType::ListReply, ListReply> && kAt<MessageType::Ok, OkReply> &&
-              kAt<MessageType::Error, ErrorReply> && std::variant_size_v<Body> == 13);
+              kAt<MessageType::Error, ErrorReply> && kAt<MessageType::Join, Join> &&
+              kAt<MessageType::JoinReply, JoinReply> && std::variant_size_v<Body> == 15);
 
 // u32 magic + u16 version + u16 type + u32 request_id, then the u16 body_length.
 constexpr std::size_t kBodyLengthOffset = 12;
 constexpr std::uint16_t kFirstType = 1;
-constexpr std::uint16_t kLastType = 13;
+constexpr std::uint16_t kLastType = 15;
 constexpr std::size_t kMaxClientNameLength = 64;
 constexpr std::size_t kMaxBrokerVersionLength = 64;
 constexpr std::uint16_t kModeMask = 0777;
@@ -70,6 +71,10 @@ constexpr std::string_view message_name(MessageType type) noexcept {
       return "OkReply";
     case MessageType::Error:
       return "ErrorReply";
+    case MessageType::Join:
+      return "Join";
+    case MessageType::JoinReply:
+      return "JoinReply";
   }
   return "?";
 }
@@ -239,6 +244,21 @@ std::string validate(const ListReply& m, const Path& p) {
 
 std::string validate(const OkReply& /*m*/, const Path& /*p*/) { return {}; }
 
+std::string validate(const Join& m, const Path& p) {
+  if (auto e = check_id(m.id); !e.empty()) return fail(p, "id", e);
+  if (m.role < static_cast<std::uint8_t>(Role::Signaller) || m.role > static_cast<std::uint8_t>(Role::kLast)) {
+    return fail(p, "role", fmt::format("invalid Role {} (valid: 1 Signaller to {})", m.role,
+                                       static_cast<std::uint8_t>(Role::kLast)));
+  }
+  return {};
+}
+
+std::string validate(const JoinReply& m, const Path& p) {
+  if (m.member >= kMaxMembers) return fail(p, "member", fmt::format("{} is not below {}", m.member, kMaxMembers));
+  if (m.token == 0) return fail(p, "token", "0 marks a free entry; a member's token is never 0");
+  return {};
+}
+
 std::string validate(const ErrorReply& m, const Path& p) {
   if (m.code < kFirstErrorCode || m.code > kLastErrorCode) {
     return fail(p, "code",
@@ -310,6 +330,14 @@ void put(wire::Writer& w, const ListReply& m) {
   w.u8(m.more ? 1 : 0);
 }
 void put(wire::Writer& /*w*/, const OkReply& /*m*/) {}
+void put(wire::Writer& w, const Join& m) {
+  w.u64(m.id);
+  w.u8(m.role);
+}
+void put(wire::Writer& w, const JoinReply& m) {
+  w.u32(m.member);
+  w.u32(m.token);
+}
 void put(wire::Writer& w, const ErrorReply& m) {
   w.u8(m.code);
   w.i32(m.sys_errno);
@@ -412,6 +440,8 @@ class BodyReader {
     return boolean(p, "more", m.more);
   }
   bool body(const Path& /*p*/, OkReply& /*m*/) { return true; }
+  bool body(const Path& p, Join& m) { return u64(p, "id", m.id) && u8(p, "role", m.role); }
+  bool body(const Path& p, JoinReply& m) { return u32(p, "member", m.member) && u32(p, "token", m.token); }
   bool body(const Path& p, ErrorReply& m) {
     return u8(p, "code", m.code) && i32(p, "sys_errno", m.sys_errno) && string(p, "message", m.message);
   }
@@ -624,6 +654,12 @@ bool decode(std::span<const std::byte> bytes, std::size_t fds_received, Message&
       break;
     case MessageType::Error:
       ok = decode_body<ErrorReply>(body, type, msg.body, error);
+      break;
+    case MessageType::Join:
+      ok = decode_body<Join>(body, type, msg.body, error);
+      break;
+    case MessageType::JoinReply:
+      ok = decode_body<JoinReply>(body, type, msg.body, error);
       break;
   }
   if (!ok) return false;

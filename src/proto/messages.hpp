@@ -1,4 +1,4 @@
-// The broker wire format, version 1: one message per SOCK_SEQPACKET datagram, fixed layout, little-endian,
+// The broker wire format, version 2: one message per SOCK_SEQPACKET datagram, fixed layout, little-endian,
 // file descriptors alongside by SCM_RIGHTS. Pure data: no I/O here. See docs/protocol.md.
 //
 // Every message starts with a 16-byte header:
@@ -21,7 +21,7 @@
 namespace gpuipc::proto {
 
 inline constexpr std::uint32_t kMagic = 0x43504947;  // "GIPC" little-endian
-inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::uint16_t kVersion = 2;  // 2: Join and JoinReply; members are broker-assigned tokens
 inline constexpr std::size_t kHeaderSize = 16;
 /// Largest message either side sends or accepts (header included).
 inline constexpr std::size_t kMaxMessageSize = 60 * 1024;
@@ -50,6 +50,8 @@ enum class MessageType : std::uint16_t {
   ListReply = 11,
   Ok = 12,
   Error = 13,
+  Join = 14,
+  JoinReply = 15,
 };
 
 /// Segment kinds (include/gpuipc/segment.hpp mirrors these values).
@@ -63,7 +65,7 @@ using Uuid = std::array<std::uint8_t, 16>;
 
 /// Client -> broker, first message on a connection. The broker refuses other versions with an Error reply.
 struct Hello {
-  std::uint32_t pid = 0;     ///< the client's pid as it sees it (informational; the broker trusts SO_PEERCRED)
+  std::uint32_t pid = 0;     ///< the client's pid as it sees it: shown, never trusted (identity is SO_PEERCRED)
   std::string client_name;   ///< program name, for `gpuipc ls`; at most 64 bytes, printable ASCII
 
   bool operator==(const Hello&) const = default;
@@ -180,8 +182,27 @@ struct ErrorReply {
   bool operator==(const ErrorReply&) const = default;
 };
 
+/// Makes this connection a member of the semaphore, channel or pool whose control block is segment `id`: the
+/// broker claims a free entry of its member table for it, with a token of the broker's choosing, and counts it.
+/// The connection must hold a read-write reference to `id`. When the connection drops its last reference (or
+/// dies), the broker removes exactly the entries it joined, and only while they still hold their token.
+struct Join {
+  std::uint64_t id = 0;
+  std::uint8_t role = 0;  ///< proto::Role (shm.hpp): Signaller for semaphores, Producer or Consumer for channels
+
+  bool operator==(const Join&) const = default;
+};
+
+/// The member entry a Join claimed and the token written into it (never 0).
+struct JoinReply {
+  std::uint32_t member = 0;
+  std::uint32_t token = 0;
+
+  bool operator==(const JoinReply&) const = default;
+};
+
 using Body = std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unlink, Stat, StatReply, List, ListReply,
-                          OkReply, ErrorReply>;
+                          OkReply, ErrorReply, Join, JoinReply>;
 
 struct Message {
   std::uint32_t request_id = 0;

@@ -29,17 +29,20 @@ enum class PoisonReason : std::uint32_t { None = 0, PeerDied = 1, Closed = 2 };
 inline constexpr std::uint32_t kMaxMembers = 64;
 
 /// Member roles.
-enum class Role : std::uint32_t { None = 0, Signaller = 1, Producer = 2, Consumer = 3 };
+enum class Role : std::uint32_t { None = 0, Signaller = 1, Producer = 2, Consumer = 3, Holder = 4, kLast = Holder };
 
+/// One entry of a member table. Only the broker claims entries (a Join request): it writes a token of its own
+/// choosing, so no process can claim to be another, and it removes exactly the entries a connection joined
+/// when that connection goes. A member leaving cleanly clears its own token.
 struct alignas(8) Member {
-  std::uint32_t pid;   ///< 0: free entry (claimed with a CAS 0 -> pid)
-  std::uint32_t role;  ///< Role
+  std::uint32_t token;  ///< 0: free entry; else the broker's token for the connection that joined
+  std::uint32_t role;   ///< Role
 };
 
 // ---------------------------------------------------------------------------------------------------------------
 // Semaphore: one page.
 inline constexpr std::uint32_t kSemaphoreMagic = 0x4D534947;  // "GISM"
-inline constexpr std::uint32_t kSemaphoreVersion = 1;
+inline constexpr std::uint32_t kSemaphoreVersion = 2;  // 2: broker-assigned member tokens
 
 struct alignas(64) SemaphoreBlock {
   std::uint32_t magic;
@@ -60,7 +63,7 @@ static_assert(offsetof(SemaphoreBlock, value) % 64 == 0);
 // Channel: a control segment (this header, then `slots` Slot records each followed by header_bytes of inline
 // user header, each record 64-byte aligned) and a data segment of slots * slot_bytes.
 inline constexpr std::uint32_t kChannelMagic = 0x48434947;  // "GICH"
-inline constexpr std::uint32_t kChannelVersion = 1;
+inline constexpr std::uint32_t kChannelVersion = 2;  // 2: broker-assigned member tokens
 inline constexpr std::uint32_t kMaxSlots = 4096;
 inline constexpr std::uint32_t kMaxHeaderBytes = 4096;
 

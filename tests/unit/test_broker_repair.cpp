@@ -1,5 +1,6 @@
 // The broker's repairs of semaphore and channel control blocks, on blocks built in memory: every slot phase a
-// dead member can leave behind, and the counts and poison that follow.
+// dead member can leave behind, and the counts and poison that follow. Members are named by the broker's tokens:
+// a repair touches an entry only while it still holds the token its connection joined with.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,9 +9,31 @@
 #include "broker/registry.hpp"
 #include "broker/repair.hpp"
 #include "proto/shm.hpp"
+#include "shm/channel_ring.hpp"
+#include "shm/semaphore_block.hpp"
 
 namespace gpuipc::broker {
 namespace {
+
+// Removes every member holding `token`, the way the broker does for a connection that joined with it.
+int repair(void* block, std::size_t bytes, std::uint32_t flags, std::uint32_t token) {
+  ControlBlock b{block, bytes, flags, {}};
+  if (!check_control(b).empty()) return 0;
+  proto::Member* members = (flags & proto::kFlagChannel) != 0 ? static_cast<proto::ChannelHeader*>(block)->members
+                                                             : static_cast<proto::SemaphoreBlock*>(block)->members;
+  int removed = 0;
+  for (std::uint32_t i = 0; i < proto::kMaxMembers; ++i) {
+    if (members[i].token != token) continue;
+    removed += remove_member(b, Joined{i, token, static_cast<proto::Role>(members[i].role)}) ? 1 : 0;
+  }
+  return removed;
+}
+int repair_channel(void* block, std::size_t bytes, std::uint32_t token) {
+  return repair(block, bytes, proto::kFlagChannel, token);
+}
+int repair_semaphore(void* block, std::size_t bytes, std::uint32_t token) {
+  return repair(block, bytes, proto::kFlagSemaphore, token);
+}
 
 using proto::Phase;
 
@@ -34,8 +57,8 @@ struct ChannelBlock {
     auto* base = reinterpret_cast<std::byte*>(mem.data()) + sizeof(proto::ChannelHeader);
     return *reinterpret_cast<proto::Slot*>(base + static_cast<std::size_t>(i) * h().record_bytes);
   }
-  void member(std::uint32_t idx, std::uint32_t pid, proto::Role role) {
-    h().members[idx].pid = pid;
+  void member(std::uint32_t idx, std::uint32_t token, proto::Role role) {
+    h().members[idx].token = token;
     h().members[idx].role = static_cast<std::uint32_t>(role);
     if (role == proto::Role::Producer) ++h().producers, h().producers_seen = 1;
     if (role == proto::Role::Consumer) ++h().consumers, h().consumers_seen = 1;
@@ -56,7 +79,7 @@ TEST(RepairChannel, ProducerDeadWhileWritingAbandonsTheSlot) {
   EXPECT_EQ(b.h().abandoned, 1U);
   EXPECT_EQ(b.h().producers, 1U);
   EXPECT_EQ(b.h().producers_gone, 0U);  // another producer lives
-  EXPECT_EQ(b.h().members[0].pid, 0U);
+  EXPECT_EQ(b.h().members[0].token, 0U);
 }
 
 TEST(RepairChannel, LastProducerDeadPoisonsUnfinishedMessagesAndSaysPeerDied) {
@@ -110,7 +133,7 @@ TEST(RepairChannel, LastConsumerDeadTellsProducersAndOthersAreUntouched) {
   b.member(0, 100, proto::Role::Producer);
   b.member(5, 300, proto::Role::Consumer);
   b.slot(0).state = proto::pack_state(0, Phase::Writing, 0);  // the live producer's
-  EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 999), 0);   // nobody with that pid
+  EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 999), 0);   // nobody with that token
   EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 300), 1);
   EXPECT_EQ(b.h().consumers_gone, static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
   EXPECT_EQ(b.slot(0).state, proto::pack_state(0, Phase::Writing, 0));
@@ -148,14 +171,58 @@ TEST(RepairSemaphore, PoisonsOnlyWhenTheLastSignallerGoes) {
   }
 }
 
+TEST(RepairChannel, OnlyTheJoinedTokenCountsAndCountsNeverWrap) {
+  ChannelBlock b(4);
+  b.member(3, 42, proto::Role::Producer);
+  ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
+  ASSERT_EQ(check_control(cb), "");
+  // A free entry (token 0) and a wrong token are nobody's to remove: a Hello with pid 0 or a forged pid once
+  // drove `producers` to 4294967294 this way.
+  EXPECT_FALSE(remove_member(cb, Joined{0, 0, proto::Role::Producer}));
+  EXPECT_FALSE(remove_member(cb, Joined{3, 41, proto::Role::Producer}));
+  EXPECT_EQ(b.h().producers, 1U);
+  b.h().producers = 0;  // another member scribbled over the count
+  EXPECT_TRUE(remove_member(cb, Joined{3, 42, proto::Role::Producer}));
+  EXPECT_EQ(b.h().producers, 0U);
+  EXPECT_FALSE(remove_member(cb, Joined{3, 42, proto::Role::Producer}));  // once only
+}
+
+TEST(RepairChannel, UsesTheGeometryReadAtCreateNotWhatMembersWriteLater) {
+  ChannelBlock b(4);
+  b.member(0, 7, proto::Role::Consumer);
+  proto::Slot& held = b.slot(2);
+  held.state = proto::pack_state(2, Phase::Reading, 0);
+  ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
+  ASSERT_EQ(check_control(cb), "");
+  // A member rewrites the geometry between the broker's reads: once it crashed gpuipcd. The broker's copy holds.
+  b.h().slots = proto::kMaxSlots;
+  b.h().record_bytes = 1U << 30;
+  b.h().header_bytes = 0xFFFFFFFF;
+  EXPECT_TRUE(remove_member(cb, Joined{0, 7, proto::Role::Consumer}));
+  EXPECT_EQ(proto::state_phase(held.state), Phase::Published);  // handed back, found through the broker's copy
+}
+
+TEST(RepairChannel, CreateRefusesABlockNotFilledIn) {
+  std::vector<std::uint64_t> mem(proto::channel_control_bytes(4, 16) / 8 + 1, 0);
+  ControlBlock cb{mem.data(), mem.size() * 8, proto::kFlagChannel, {}};
+  EXPECT_NE(check_control(cb).find("fill it in before Create"), std::string::npos);
+}
+
+TEST(Permissions, SupplementaryGroupsCount) {
+  os::Credentials c{1, 1001, 1001, {5, 1000}};
+  EXPECT_EQ(permission_bits(c, 0640, 1000, 1000), 4U);
+  c.groups = {5};
+  EXPECT_EQ(permission_bits(c, 0640, 1000, 1000), 0U);
+}
+
 TEST(Permissions, LikeFilesOwnerGroupOtherAndRoot) {
   const std::uint16_t mode = 0640;
-  EXPECT_EQ(permission_bits({1, 1000, 1000}, mode, 1000, 1000), 6U);
-  EXPECT_EQ(permission_bits({1, 1001, 1000}, mode, 1000, 1000), 4U);
-  EXPECT_EQ(permission_bits({1, 1001, 1001}, mode, 1000, 1000), 0U);
-  EXPECT_EQ(permission_bits({1, 0, 0}, 0, 1000, 1000), 7U);
+  EXPECT_EQ(permission_bits({1, 1000, 1000, {}}, mode, 1000, 1000), 6U);
+  EXPECT_EQ(permission_bits({1, 1001, 1000, {}}, mode, 1000, 1000), 4U);
+  EXPECT_EQ(permission_bits({1, 1001, 1001, {}}, mode, 1000, 1000), 0U);
+  EXPECT_EQ(permission_bits({1, 0, 0, {}}, 0, 1000, 1000), 7U);
   // The owner's bits apply even when the group's are wider (as for files).
-  EXPECT_EQ(permission_bits({1, 1000, 1000}, 0060, 1000, 1000), 0U);
+  EXPECT_EQ(permission_bits({1, 1000, 1000, {}}, 0060, 1000, 1000), 0U);
 }
 
 }  // namespace

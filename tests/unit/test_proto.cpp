@@ -15,6 +15,7 @@
 
 #include "gpuipc/error.hpp"
 #include "proto/messages.hpp"
+#include "proto/shm.hpp"
 
 namespace gpuipc::proto {
 namespace {
@@ -88,6 +89,10 @@ Bytes raw_body(const Body& body) {
         } else if constexpr (std::is_same_v<T, OkReply>) {
         } else if constexpr (std::is_same_v<T, ErrorReply>) {
           r.u8(m.code).u32(static_cast<std::uint32_t>(m.sys_errno)).str(m.message);
+        } else if constexpr (std::is_same_v<T, Join>) {
+          r.u64(m.id).u8(m.role);
+        } else if constexpr (std::is_same_v<T, JoinReply>) {
+          r.u32(m.member).u32(m.token);
         }
       },
       body);
@@ -219,6 +224,9 @@ std::vector<Example> examples() {
   add("error_empty", ErrorReply{static_cast<std::uint8_t>(ErrorCode::InvalidArgument), 0, ""});
   add("error_max",
       ErrorReply{static_cast<std::uint8_t>(ErrorCode::Protocol), 0x7FFFFFFF, std::string(kMaxTextLength, 'x')});
+  add("join", Join{7, static_cast<std::uint8_t>(Role::Producer)});
+  add("join_holder", Join{~0ULL, static_cast<std::uint8_t>(Role::Holder)});
+  add("join_reply", JoinReply{3, 0xDEADBEEF});
   return v;
 }
 
@@ -390,16 +398,16 @@ TEST(Proto, RefusesBadMagic) {
 }
 
 TEST(Proto, RefusesOtherVersions) {
-  for (std::uint16_t v : {0, 2, 0x100, 0xFFFF}) {
+  for (std::uint16_t v : {0, 1, 3, 0x100, 0xFFFF}) {
     const Bytes b = raw_header(static_cast<int>(MessageType::Ok), 0, 0, 1, kMagic, v);
     const std::string e = decode_error(b, 0);
     EXPECT_TRUE(starts_with(e, "header.version:")) << e;
-    EXPECT_NE(e.find("speaks version 1"), std::string::npos) << e;
+    EXPECT_NE(e.find("speaks version 2"), std::string::npos) << e;
   }
 }
 
 TEST(Proto, RefusesUnknownTypes) {
-  for (std::uint16_t t : {0, 14, 999, 0xFFFF}) {
+  for (std::uint16_t t : {0, 16, 999, 0xFFFF}) {
     const std::string e = decode_error(raw_header(t, 0, 0), 0);
     EXPECT_TRUE(starts_with(e, "header.type: unknown message type " + std::to_string(t))) << e;
   }
@@ -576,6 +584,10 @@ std::vector<Bad> bad_messages() {
       },
       "Create.device: must be all zero");
 
+  v.push_back(Bad{"join_role_0", Join{7, 0}, "Join.role: invalid Role 0"});
+  v.push_back(Bad{"join_role_9", Join{7, 9}, "Join.role: invalid Role 9"});
+  v.push_back(Bad{"join_reply_token_0", JoinReply{3, 0}, "JoinReply.token: 0 marks a free entry"});
+  v.push_back(Bad{"join_reply_member", JoinReply{64, 1}, "JoinReply.member: 64 is not below 64"});
   v.push_back(Bad{"hello_long", Hello{1, std::string(65, 'a')}, "Hello.client_name: 65 bytes"});
   v.push_back(Bad{"hello_newline", Hello{1, "a\nb"}, "Hello.client_name: non-printable byte 0x0a at 1"});
   v.push_back(Bad{"hello_del", Hello{1, "\x7f"}, "Hello.client_name: non-printable byte 0x7f at 0"});

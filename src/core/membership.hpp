@@ -1,0 +1,25 @@
+// Joining a semaphore, channel or pool as a member: the broker claims the member entry (a Join request) and
+// writes a token of its choosing, so no process can pose as another and a process's departure touches only what
+// its own connection joined (src/shm/members.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "gpuipc/segment.hpp"
+#include "proto/shm.hpp"
+
+namespace gpuipc::core {
+
+/// A member entry this process holds: its index in the table and the broker's token in it.
+struct Membership {
+  std::uint32_t index = proto::kNoMember;
+  std::uint32_t token = 0;
+  explicit operator bool() const noexcept { return index != proto::kNoMember; }
+};
+
+/// Joins the object whose control block is `control` (opened read-write by this process) with `role`. One
+/// broker round trip. Throws Error: PermissionDenied (not opened read-write), QuotaExceeded (the member table is
+/// full), InvalidArgument (a role the object has not), and the broker connection's errors.
+Membership join_member(const Segment& control, proto::Role role);
+
+}  // namespace gpuipc::core

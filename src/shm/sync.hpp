@@ -1,0 +1,31 @@
+// src/shm: the shared-memory protocol of semaphores, channels and pools. Every transition of a control block
+// that more than one process makes (join, leave, the repair of a dead member) lives here once, CUDA-free, so that
+// a client leaving cleanly and the broker repairing a crashed one run the same code with a different reason
+// (iceoryx2's dynamic config is the model). Callers: src/core (clients) and src/broker (repairs). This layer calls
+// only src/os and src/proto. Every function here tolerates any content of the shared words: a member with write
+// access can scribble on them, and the broker must not crash or loop on what it reads.
+//
+// sync.hpp: the word-level helpers every block uses.
+#pragma once
+
+#include <cstdint>
+
+#include "proto/shm.hpp"
+
+namespace gpuipc::shm {
+
+/// Bumps a futex word and wakes everyone sleeping on it. With `sleepers` (a count the waiters keep), the wake
+/// system call is made only when someone sleeps: the common case of a busy peer costs no syscall.
+void bump_and_wake(std::uint32_t& word, std::uint32_t* sleepers = nullptr) noexcept;
+
+/// Stores max(word, value), ignoring the poison bit of the current value: GPU-visible words only ever grow.
+void raise_to(std::uint64_t& word, std::uint64_t value) noexcept;
+
+/// Decrements `word` unless it is already 0 (a count never wraps, whatever another process wrote into it).
+/// Returns the value before the decrement.
+std::uint32_t saturating_decrement(std::uint32_t& word) noexcept;
+
+/// Increments `word` unless it is at its maximum. Returns the value before.
+std::uint32_t saturating_increment(std::uint32_t& word) noexcept;
+
+}  // namespace gpuipc::shm
