@@ -1,0 +1,69 @@
+#include "support/raw_client.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "base/config.hpp"
+#include "gpuipc/segment.hpp"
+#include "support/broker_env.hpp"
+
+namespace gpuipc::test {
+
+os::UniqueFd raw_connect() {
+  BrokerEnvironment::broker_pid();  // make sure it runs
+  return os::connect_seqpacket(config::socket_path());
+}
+
+os::IoStatus receive(int sock, proto::Message& msg, int timeout_ms, std::vector<os::UniqueFd>* fds_out) {
+  if (!os::wait_readable(sock, timeout_ms)) return os::IoStatus::WouldBlock;
+  std::vector<std::byte> buf(proto::kMaxMessageSize);
+  std::size_t n = 0;
+  std::vector<os::UniqueFd> fds;
+  auto st = os::receive_message(sock, buf, n, fds);
+  if (st != os::IoStatus::Ok) return st;
+  std::string why;
+  if (!proto::decode(std::span<const std::byte>(buf.data(), n), fds.size(), msg, why)) {
+    ADD_FAILURE() << "broker sent an undecodable message: " << why;
+  }
+  if (fds_out != nullptr) *fds_out = std::move(fds);
+  return st;
+}
+
+void send_bytes(int sock, const std::vector<std::byte>& bytes, std::span<const int> fds) {
+  ASSERT_EQ(os::send_message(sock, bytes, fds, proto::kMaxMessageSize + 4096), os::IoStatus::Ok);
+}
+
+os::UniqueFd raw_hello(std::uint32_t pid, const char* name) {
+  auto sock = raw_connect();
+  send_bytes(sock.get(), proto::encode(proto::Message{1, proto::Hello{pid, name}}));
+  proto::Message msg;
+  EXPECT_EQ(receive(sock.get(), msg), os::IoStatus::Ok);
+  EXPECT_TRUE(std::holds_alternative<proto::HelloReply>(msg.body));
+  return sock;
+}
+
+proto::Message raw_request(int sock, std::uint32_t rid, const proto::Body& body, std::span<const int> fds,
+                           std::vector<os::UniqueFd>* reply_fds) {
+  send_bytes(sock, proto::encode(proto::Message{rid, body}, fds.size()), fds);
+  proto::Message msg;
+  EXPECT_EQ(receive(sock, msg, 3000, reply_fds), os::IoStatus::Ok);
+  return msg;
+}
+
+void expect_error_then_closed(int sock, ErrorCode code) {
+  proto::Message msg;
+  ASSERT_EQ(receive(sock, msg), os::IoStatus::Ok);
+  const auto* e = std::get_if<proto::ErrorReply>(&msg.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->code, static_cast<std::uint8_t>(code)) << e->message;
+  EXPECT_EQ(receive(sock, msg), os::IoStatus::Closed);
+}
+
+void expect_still_serving() {
+  const auto name = unique_name("alive");
+  auto s = Segment::create(name, 4096);
+  Segment::unlink(name);
+}
+
+}  // namespace gpuipc::test
