@@ -95,7 +95,9 @@ namespace gpuipc::cuda {
   X(cuLaunchKernel, 4000)                    \
   X(cuFuncSetAttribute, 9000)                \
   X(cuPointerGetAttribute, 4000)             \
-  X(cuMemGetAddressRange, 3020)
+  X(cuPointerGetAttributes, 7000)            \
+  X(cuMemGetAddressRange, 3020)              \
+  X(cuMemGetAllocationPropertiesFromHandle, 10020)
 
 // Entry points gpuipc can do without (nullptr when the driver lacks them): features built on them report
 // Error(Unsupported) instead.
