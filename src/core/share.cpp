@@ -24,7 +24,8 @@ struct Adoptable {
   std::uint64_t offset = 0;  // of ptr inside it
 };
 
-Adoptable check_pointer(const std::string& name, CUdeviceptr ptr, std::size_t bytes, const ShareOptions& options) {
+/// Refuses what is not device memory of the right device (no context needed).
+Adoptable check_pointer(const std::string& name, CUdeviceptr ptr, const ShareOptions& options) {
   Adoptable a;
   a.info = cuda::pointer_info(ptr);
   const auto& info = a.info;
@@ -61,6 +62,12 @@ Adoptable check_pointer(const std::string& name, CUdeviceptr ptr, std::size_t by
                        "or export the pool itself",
                        name, ptr));
   }
+  return a;
+}
+
+/// Finds the allocation around ptr (in its context) and refuses a range that does not lie inside it.
+void check_range(const std::string& name, CUdeviceptr ptr, std::size_t bytes, Adoptable& a) {
+  const auto& info = a.info;
   const auto range = cuda::address_range(ptr);
   if (!range) {
     refuse(ErrorCode::InvalidArgument,
@@ -79,7 +86,6 @@ Adoptable check_pointer(const std::string& name, CUdeviceptr ptr, std::size_t by
                                        : "; a VMM range mapped from several allocations (e.g. PyTorch's expandable "
                                          "segments) is shared one allocation at a time"));
   }
-  return a;
 }
 
 std::shared_ptr<detail::Mapping> exporter_mapping(const std::string& name, SegmentKind kind, CUdeviceptr ptr,
@@ -106,10 +112,10 @@ Segment share(std::string_view name, const void* ptr, std::size_t bytes, const S
   const auto dptr = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(ptr));
   // The context: the one the memory was allocated in (cuMemAlloc), else the device's primary context (VMM memory
   // belongs to no context). Looking the pointer up needs none.
-  const cuda::PointerInfo first = cuda::pointer_info(dptr);
-  cuda::PrimaryContext primary(first.device >= 0 ? first.device : std::max(options.device, 0));
-  cuda::ScopedContext scope(first.context != nullptr ? first.context : primary.get());
-  const Adoptable a = check_pointer(n, dptr, bytes, options);
+  Adoptable a = check_pointer(n, dptr, options);
+  cuda::PrimaryContext primary(a.info.device);
+  cuda::ScopedContext scope(a.info.context != nullptr ? a.info.context : primary.get());
+  check_range(n, dptr, bytes, a);
 
   proto::Create req;
   req.name = n;

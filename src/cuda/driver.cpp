@@ -113,6 +113,7 @@ static_assert(std::is_same_v<decltype(&::cuMemPoolImportPointer), PFN_cuMemPoolI
 static_assert(std::is_same_v<decltype(&::cuMemPoolSetAccess), PFN_cuMemPoolSetAccess_v11020>);
 static_assert(std::is_same_v<decltype(&::cuMemAllocFromPoolAsync), PFN_cuMemAllocFromPoolAsync_v11020>);
 static_assert(std::is_same_v<decltype(&::cuMemFreeAsync), PFN_cuMemFreeAsync_v11020>);
+static_assert(std::is_same_v<decltype(&::cuMemAllocManaged), PFN_cuMemAllocManaged_v6000>);
 // Below its ABI version the driver returns an older ABI of cuEventElapsedTime, of the same type.
 static_assert(std::is_same_v<decltype(&::cuEventElapsedTime), PFN_cuEventElapsedTime_v2000>);
 
