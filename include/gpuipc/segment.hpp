@@ -20,15 +20,20 @@ enum class SegmentKind : std::uint8_t {
   Device = 1,      ///< GPU memory (cuMemCreate, exported once as a POSIX fd); data() is a device pointer
   Host = 2,        ///< pageable host memory (memfd); works without any GPU
   HostPinned = 3,  ///< host memory (memfd) registered with the GPU in every process that maps it
+  /// cudaMalloc / cuMemAlloc memory adopted with gpuipc::share (legacy IPC handle); data() is a device pointer.
+  /// It lives only as long as its exporter keeps the share (include/gpuipc/share.hpp).
+  DeviceIpc = 4,
 };
 
 /// How a process opens a segment.
 enum class Access : std::uint8_t {
-  ReadOnly = 1,   ///< mapped read-only: a write faults (host: SIGSEGV; device: the writer's context faults)
+  /// mapped read-only: a write faults (host: SIGSEGV; device: the writer's context faults). device_ipc: legacy IPC
+  /// has no read-only mapping; the broker checks the read permission but the mapping is writable (not enforced).
+  ReadOnly = 1,
   ReadWrite = 2,
 };
 
-/// The name of a kind: "device", "host", "host_pinned".
+/// The name of a kind: "device", "host", "host_pinned", "device_ipc".
 std::string_view to_string(SegmentKind kind) noexcept;
 
 /// Options of Segment::create.
@@ -53,7 +58,7 @@ struct SegmentInfo {
   std::uint64_t id = 0;          ///< unique for the broker's lifetime
   std::string name;              ///< empty once unlinked
   SegmentKind kind = SegmentKind::Host;
-  std::size_t size = 0;          ///< bytes as mapped (device kinds: rounded up to the allocation granularity)
+  std::size_t size = 0;          ///< usable bytes (device: rounded up to the allocation granularity; shared memory: as shared)
   std::string device_uuid;       ///< "GPU-…" for device kinds, empty for host kinds
   std::uint32_t owner_uid = 0;
   std::uint32_t owner_gid = 0;
@@ -68,6 +73,8 @@ class Segment;
 struct CreateOptions;
 namespace detail {
 struct Mapping;
+/// Builds Segment handles from mappings (src/core: share()).
+struct SegmentAccess;
 /// Segment::create with broker flags (semaphores and channels); see src/core/segment_internal.hpp. `init`
 /// (host kinds) fills the memory in before the broker registers the name, so nobody sees it half made.
 Segment create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options, std::uint32_t flags,
@@ -83,7 +90,8 @@ class Segment {
   /// QuotaExceeded, InvalidArgument (name, size), NoDriver/NoDevice/Unsupported (device kinds), Cuda, System.
   static Segment create(std::string_view name, std::size_t bytes, const CreateOptions& options = {});
   /// Opens segment `name`. Throws Error: NotFound (or Timeout when options.wait > 0), PermissionDenied (names the
-  /// owner and mode), Unsupported (no peer access), NoDriver, Cuda, System.
+  /// owner and mode), Unsupported (no peer access), PeerDied (a device_ipc segment whose exporter is gone),
+  /// NoDriver, Cuda, System.
   static Segment open(std::string_view name, const OpenOptions& options = {});
   /// Removes the name. Processes that have it mapped keep their mapping; the memory is freed when the last one
   /// goes. Only the owner or root may unlink. Throws Error: NotFound, PermissionDenied.
@@ -116,10 +124,16 @@ class Segment {
   explicit operator bool() const noexcept { return m_map != nullptr; }
   /// Drops this handle now (the mapping goes when the process's last handle does).
   void close() noexcept;
+  /// False once the memory is gone: a device_ipc segment whose exporter exited or dropped its share (data() must
+  /// not be used then). Always true for the other kinds, whose memory lives while mapped. One atomic load.
+  bool alive() const noexcept;
+  /// Throws Error(PeerDied) naming the segment when !alive().
+  void check_alive() const;
 
  private:
   friend Segment detail::create_segment(std::string_view, std::size_t, const CreateOptions&, std::uint32_t,
                                         const std::function<void(void*)>&);
+  friend struct detail::SegmentAccess;
   explicit Segment(std::shared_ptr<detail::Mapping> map) noexcept;
   std::shared_ptr<detail::Mapping> m_map;
 };

@@ -110,7 +110,7 @@ void bind_segment(nb::module_& m) {
           "view",
           [](const PySegment& s) {
             const Segment& g = s.get();
-            const bool gpu = g.kind() == SegmentKind::Device;
+            const bool gpu = g.kind() == SegmentKind::Device || g.kind() == SegmentKind::DeviceIpc;
             return ArrayView::bytes(std::make_shared<const Segment>(g), reinterpret_cast<std::uintptr_t>(g.data()),
                                     g.size(), g.access() == Access::ReadOnly, gpu ? kDLCUDA : kDLCPU,
                                     gpu ? g.device() : 0);

@@ -23,6 +23,7 @@ std::string_view kind_name(proto::Kind k) {
     case proto::Kind::Device: return "device";
     case proto::Kind::Host: return "host";
     case proto::Kind::HostPinned: return "host_pinned";
+    case proto::Kind::DeviceIpc: return "device_ipc";
   }
   return "?";
 }
@@ -112,6 +113,7 @@ void Registry::drop_connection(ConnId conn, bool repair) {
         seg.writers.erase(conn);
         seg.joined.erase(conn);
       }
+      if (seg.creator == conn) exporter_left(seg, proto::PoisonReason::PeerDied);
       touched.push_back(id);
     }
   }
@@ -252,7 +254,13 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                      req.name, min_control));
     return;
   }
-  if (auto why = check_memory(req, fds[0].get()); !why.empty()) {
+  os::Mapping record;
+  if (req.kind == proto::Kind::DeviceIpc) {
+    if (auto why = adopt_device_ipc_record(req, fds[0].get(), record); !why.empty()) {
+      fail(ErrorCode::InvalidArgument, fmt::format("segment '{}' (device_ipc): {}", req.name, why));
+      return;
+    }
+  } else if (auto why = check_memory(req, fds[0].get()); !why.empty()) {
     fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': {}", req.name, why));
     return;
   }
@@ -267,6 +275,10 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
   seg.owner_gid = caller.creds.gid;
   seg.created_unix_ns = unix_now_ns();
   seg.flags = req.flags;
+  seg.creator = caller.conn;
+  seg.view_offset = req.view_offset;
+  seg.view_size = req.view_size;
+  if (record) seg.control = std::move(record);
   if (req.flags != 0) {
     try {
       seg.control = os::Mapping::map(fds[0].get(), req.size, true);
@@ -370,8 +382,10 @@ void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credenti
   os::UniqueFd fd;
   try {
     // A read-only opener of host memory gets a read-only file description: it cannot map it writable at all.
-    fd = (access == proto::Access::ReadOnly && seg.kind != proto::Kind::Device) ? os::reopen_readonly(seg.memory.get())
-                                                                                : os::dup_fd(seg.memory.get(), "segment");
+    // A device_ipc record is the exporter's to write: every opener gets it read-only.
+    const bool read_only = (access == proto::Access::ReadOnly && seg.kind != proto::Kind::Device) ||
+                           seg.kind == proto::Kind::DeviceIpc;
+    fd = read_only ? os::reopen_readonly(seg.memory.get()) : os::dup_fd(seg.memory.get(), "segment");
   } catch (const Error& e) {
     out.push_back(reply(conn, rid, error_reply(rid, e.code(), fmt::format("segment '{}': {}", seg.name, e.what()), e.sys_errno()).body));
     return;
@@ -394,6 +408,7 @@ void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close
   if (--refs[caller.conn] == 0) {
     refs.erase(caller.conn);
     repair_for(it->second, caller.conn);
+    if (it->second.creator == caller.conn) exporter_left(it->second, proto::PoisonReason::Closed);
   }
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));
   maybe_destroy(req.id);
@@ -462,6 +477,8 @@ proto::SegmentInfo Registry::info_of(const SegmentRecord& seg) const {
   info.mode = seg.mode;
   info.size = seg.size;
   info.device = seg.device;
+  info.view_offset = seg.view_offset;
+  info.view_size = seg.view_size;
   info.owner_uid = seg.owner_uid;
   info.owner_gid = seg.owner_gid;
   info.created_unix_ns = seg.created_unix_ns;

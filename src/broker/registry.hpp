@@ -20,6 +20,7 @@
 #include "os/memfd.hpp"
 #include "os/socket.hpp"
 #include "proto/messages.hpp"
+#include "proto/shm.hpp"
 
 namespace gpuipc::broker {
 
@@ -66,8 +67,16 @@ struct SegmentRecord {
   std::map<ConnId, std::uint32_t> refs;     ///< references per connection
   std::set<ConnId> writers;                 ///< connections holding a read-write reference
   std::multimap<ConnId, Joined> joined;     ///< member entries each connection joined (Join)
+  ConnId creator = 0;                       ///< the connection that created it
+  std::uint64_t view_offset = 0;            ///< adopted VMM memory: Create.view_offset / view_size
+  std::uint64_t view_size = 0;
   std::uint32_t total_refs() const noexcept;
 };
+
+/// Checks the record memfd of a DeviceIpc Create (exact size, then sealed; proto::check_device_ipc_record against
+/// `req`; exporter_gone clear) and maps it read-write into `out` for exporter_left. Returns an empty string when
+/// valid, else why not. Defined in broker/adopted.cpp.
+std::string adopt_device_ipc_record(const proto::Create& req, int fd, os::Mapping& out);
 
 class Registry {
  public:
@@ -143,6 +152,9 @@ class Registry {
   void repair_for(SegmentRecord& seg, ConnId conn);
 
   void bump_names_generation() noexcept;
+  /// The creator of a DeviceIpc segment dropped its last reference or its connection: the memory dies with it.
+  /// Unlinks the name and writes exporter_gone = `why` into the record (broker/adopted.cpp).
+  void exporter_left(SegmentRecord& seg, proto::PoisonReason why);
 
   Quotas m_quotas;
   os::UniqueFd m_status_fd;

@@ -137,6 +137,17 @@ class PinnedMemory final : public GpuMemory {
   std::uint64_t m_device_ptr = 0;
 };
 
+class BorrowedMemory final : public GpuMemory {
+ public:
+  BorrowedMemory(std::uint64_t ptr, int ordinal) noexcept : m_ptr(ptr), m_ordinal(ordinal) {}
+  std::uint64_t device_pointer() const noexcept override { return m_ptr; }
+  int device() const noexcept override { return m_ordinal; }
+
+ private:
+  std::uint64_t m_ptr;
+  int m_ordinal;
+};
+
 std::unique_ptr<GpuMemory> make_device_memory(int ordinal, cuda::AllocationHandle handle, std::size_t size,
                                               std::span<const int> access, bool read_only) {
   const std::size_t alignment = cuda::allocation_granularity(ordinal, false);
@@ -166,8 +177,7 @@ CreatedDevice create_device_memory(int ordinal, std::size_t bytes) {
   return out;
 }
 
-std::unique_ptr<GpuMemory> import_device_memory(int fd, std::size_t size, const proto::Uuid& owner, int requested,
-                                                bool read_only) {
+int mapping_ordinal(const proto::Uuid& owner, int requested) {
   const auto owner_ordinal = cuda::find_device(owner);
   int ordinal = requested;
   if (ordinal < 0) {
@@ -190,11 +200,21 @@ std::unique_ptr<GpuMemory> import_device_memory(int fd, std::size_t size, const 
                   "open");
     }
   }
+  return ordinal;
+}
+
+std::unique_ptr<GpuMemory> import_device_memory(int fd, std::size_t size, const proto::Uuid& owner, int requested,
+                                                bool read_only) {
+  const int ordinal = mapping_ordinal(owner, requested);
   cuda::PrimaryContext ctx(ordinal);
   cuda::ScopedContext scope(ctx.get());
   auto handle = cuda::import_fd(fd);
   const int access[] = {ordinal};
   return make_device_memory(ordinal, std::move(handle), size, access, read_only);
+}
+
+std::unique_ptr<GpuMemory> borrow_device_memory(std::uint64_t ptr, int ordinal) {
+  return std::make_unique<BorrowedMemory>(ptr, ordinal);
 }
 
 std::unique_ptr<GpuMemory> register_host_memory(void* ptr, std::size_t size, int ordinal, bool read_only) {

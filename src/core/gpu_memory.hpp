@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "os/fd.hpp"
 #include "proto/messages.hpp"
@@ -37,6 +38,24 @@ CreatedDevice create_device_memory(int ordinal, std::size_t bytes);
 /// Throws Error(Unsupported) when the mapping device cannot reach the owner's memory (no peer access).
 std::unique_ptr<GpuMemory> import_device_memory(int fd, std::size_t size, const proto::Uuid& owner, int requested,
                                                 bool read_only);
+
+/// The device whose context maps memory living on the GPU with `owner`'s UUID: `requested` when >= 0, else the
+/// current context's device, else the owner's. Throws Error(NoDevice) when none applies, Error(Unsupported) when
+/// that device has no peer access to the owner's.
+int mapping_ordinal(const proto::Uuid& owner, int requested);
+
+/// Memory this process already has (gpuipc::share's exporter side): owns nothing, reports `ptr` and `ordinal`.
+std::unique_ptr<GpuMemory> borrow_device_memory(std::uint64_t ptr, int ordinal);
+
+/// Another process's cuMemAlloc allocation, opened with cuIpcOpenMemHandle from the 64-byte `handle` on device
+/// `requested` (as mapping_ordinal) — once per allocation and device in this process: every open of the same
+/// handle shares one mapping, closed (cuIpcCloseMemHandle) when the last result goes. device_pointer() is the
+/// allocation's base. Throws Error(Cuda) (e.g. the exporter freed it), NoDevice, Unsupported, NoDriver.
+std::unique_ptr<GpuMemory> open_legacy_memory(std::span<const std::uint8_t> handle, const proto::Uuid& owner,
+                                              int requested);
+
+/// How many distinct legacy IPC allocations this process has open now (tests, benchmarks).
+std::size_t legacy_open_count();
 
 /// Registers host memory [ptr, ptr+size) with the GPU (portable, device-mapped; read-only when asked and the
 /// device supports it) using device `ordinal`'s primary context.

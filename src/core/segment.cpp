@@ -14,38 +14,16 @@
 namespace gpuipc {
 namespace detail {
 
-/// One mapping of one segment in this process, shared by every Segment handle and cache entry of it.
-/// Members are declared in acquisition order; the destructor drops the broker reference last.
-struct Mapping {
-  std::string name;
-  std::uint64_t id = 0;
-  SegmentKind kind = SegmentKind::Host;
-  Access access = Access::ReadWrite;
-  std::size_t size = 0;
-  std::uint64_t client_generation = 0;  // the broker connection that holds our reference
-  os::Mapping host;                     // host kinds
-  std::unique_ptr<core::GpuMemory> gpu; // device kinds, and the registration of host_pinned
-
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    gpu.reset();
-    host = os::Mapping();
-    if (client_generation == 0) return;  // never registered
-    // Only on the connection that took the reference: a broker that went away took it along, and a forked child
-    // or a new broker must not get a Close for an id it never gave out.
-    if (!core::BrokerClient::instance().request_on(client_generation, proto::Close{id})) {
-      GPUIPC_LOG_DEBUG("segment '{}' (id {}): its broker connection is gone; nothing to close", name, id);
-    }
+Mapping::~Mapping() {
+  gpu.reset();
+  host = os::Mapping();
+  if (client_generation == 0) return;  // never registered
+  // Only on the connection that took the reference: a broker that went away took it along, and a forked child
+  // or a new broker must not get a Close for an id it never gave out.
+  if (!core::BrokerClient::instance().request_on(client_generation, proto::Close{id})) {
+    GPUIPC_LOG_DEBUG("segment '{}' (id {}): its broker connection is gone; nothing to close", name, id);
   }
-};
-
-}  // namespace detail
-
-namespace {
-
-constexpr std::string_view kKindNames[] = {"?", "device", "host", "host_pinned"};
+}
 
 std::string check_name_or_throw(std::string_view name) {
   auto why = proto::check_name(name);
@@ -58,6 +36,13 @@ std::string check_name_or_throw(std::string_view name) {
   }
   return std::string(name);
 }
+
+}  // namespace detail
+
+namespace {
+
+constexpr std::string_view kKindNames[] = {"?", "device", "host", "host_pinned", "device_ipc"};
+using detail::check_name_or_throw;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -78,7 +63,7 @@ SegmentInfo to_info(const proto::SegmentInfo& p) {
   i.id = p.id;
   i.name = p.name;
   i.kind = static_cast<SegmentKind>(p.kind);
-  i.size = p.size;
+  i.size = p.view_size != 0 ? p.view_size : p.size;  // adopted VMM memory: the bytes shared, not the allocation
   i.device_uuid = uuid_string(p.device);
   i.owner_uid = p.owner_uid;
   i.owner_gid = p.owner_gid;
@@ -159,10 +144,14 @@ Segment::~Segment() = default;
 
 void* Segment::data() const noexcept {
   if (!m_map) return nullptr;
-  if (m_map->kind == SegmentKind::Device) return reinterpret_cast<void*>(m_map->gpu->device_pointer());  // NOLINT
+  if (m_map->kind == SegmentKind::Device || m_map->kind == SegmentKind::DeviceIpc) {
+    return reinterpret_cast<void*>(device_pointer());  // NOLINT(performance-no-int-to-ptr): a device address
+  }
   return m_map->host.data();
 }
-std::uint64_t Segment::device_pointer() const noexcept { return m_map && m_map->gpu ? m_map->gpu->device_pointer() : 0; }
+std::uint64_t Segment::device_pointer() const noexcept {
+  return m_map && m_map->gpu ? m_map->gpu->device_pointer() + m_map->view_offset : 0;
+}
 std::size_t Segment::size() const noexcept { return m_map ? m_map->size : 0; }
 SegmentKind Segment::kind() const noexcept { return m_map ? m_map->kind : SegmentKind::Host; }
 Access Segment::access() const noexcept { return m_map ? m_map->access : Access::ReadOnly; }
@@ -173,6 +162,10 @@ const std::string& Segment::name() const noexcept {
 }
 std::uint64_t Segment::id() const noexcept { return m_map ? m_map->id : 0; }
 void Segment::close() noexcept { m_map.reset(); }
+bool Segment::alive() const noexcept { return !m_map || m_map->alive(); }
+void Segment::check_alive() const {
+  if (!alive()) throw detail::exporter_gone_error(m_map->name);
+}
 
 Segment Segment::create(std::string_view name, std::size_t bytes, const CreateOptions& options) {
   return detail::create_segment(name, bytes, options, 0);
@@ -189,7 +182,13 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("segment '{}': mode {:o} has bits outside 0777", name, options.mode), "create");
   }
-  auto& client = core::BrokerClient::instance();
+  if (options.kind == SegmentKind::DeviceIpc) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("segment '{}': device_ipc segments adopt memory you already have: use gpuipc::share "
+                            "(gpuipc/share.hpp), or create a device segment",
+                            name),
+                "create");
+  }
   auto m = std::make_shared<detail::Mapping>();
   m->name = n;
   m->kind = options.kind;
@@ -217,6 +216,12 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
     if (init) init(m->host.data());
   }
   req.size = m->size;
+  return detail::SegmentAccess::register_created(std::move(m), req, std::move(fd), options.device, false);
+}
+
+Segment detail::SegmentAccess::register_created(std::shared_ptr<Mapping> m, const proto::Create& req, os::UniqueFd fd,
+                                                int device, bool read_only_too) {
+  auto& client = core::BrokerClient::instance();
   const int raw = fd.get();
   auto reply = client.request(req, std::span<const int>(&raw, 1));
   const auto* r = std::get_if<proto::OpenReply>(&reply.msg.body);
@@ -226,9 +231,10 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
   // Cached under the device it was made with and under "any device" (-1, OpenOptions' default), so that the
   // creator opening its own segment is a cache hit either way.
   const std::uint64_t names_gen = client.names_generation();
-  MappingCache::instance().put(cache_key(n, Access::ReadWrite, -1), m, names_gen);
-  if (options.kind != SegmentKind::Host) {
-    MappingCache::instance().put(cache_key(n, Access::ReadWrite, options.device), m, names_gen);
+  for (const Access access : {Access::ReadWrite, Access::ReadOnly}) {
+    if (access == Access::ReadOnly && !read_only_too) break;
+    MappingCache::instance().put(cache_key(req.name, access, -1), m, names_gen);
+    if (m->kind != SegmentKind::Host) MappingCache::instance().put(cache_key(req.name, access, device), m, names_gen);
   }
   return Segment(std::move(m));
 }
@@ -239,6 +245,10 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
   auto& cache = MappingCache::instance();
   const std::string key = cache_key(n, options.access, options.device);
   if (auto [hit, fresh] = cache.find(key, client.names_generation(), client.generation()); hit) {
+    if (!hit->alive()) {
+      cache.erase(key);
+      throw detail::exporter_gone_error(n);
+    }
     if (fresh) return Segment(std::move(hit));
     // An unlink happened somewhere since this binding was made: is the name still this segment?
     try {
@@ -267,7 +277,8 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
   m->id = r->info.id;
   m->kind = static_cast<SegmentKind>(r->info.kind);
   m->access = options.access;
-  m->size = r->info.size;
+  m->size = r->info.view_size != 0 ? r->info.view_size : r->info.size;
+  m->view_offset = r->info.view_offset;
   // From here on the broker counts a reference for us: the Mapping's destructor returns it, also when a step
   // below throws (a reply without the fd included).
   m->client_generation = client.generation();
@@ -276,7 +287,10 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
   }
   const bool read_only = options.access == Access::ReadOnly;
   if (m->kind == SegmentKind::Device) {
-    m->gpu = core::import_device_memory(reply.fds[0].get(), m->size, r->info.device, options.device, read_only);
+    // Adopted VMM memory (a view) maps its whole allocation: cuMemMap maps allocations from their start.
+    m->gpu = core::import_device_memory(reply.fds[0].get(), r->info.size, r->info.device, options.device, read_only);
+  } else if (m->kind == SegmentKind::DeviceIpc) {
+    detail::open_device_ipc(*m, reply.fds[0].get(), r->info, options.device);
   } else {
     map_host(*m, reply.fds[0].get(), !read_only);
     if (m->kind == SegmentKind::HostPinned) {

@@ -1,5 +1,66 @@
-// Segment creation with broker flags, for the objects built on segments (Semaphore, Channel).
+// Segment internals shared by the files of src/core that build segments: creation with broker flags (Semaphore,
+// Channel), the per-process Mapping every handle shares, and adopted memory (share.cpp).
 #pragma once
 
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "core/gpu_memory.hpp"
 #include "gpuipc/segment.hpp"
+#include "os/fd.hpp"
+#include "os/memfd.hpp"
+#include "proto/messages.hpp"
 #include "proto/shm.hpp"
+
+namespace gpuipc::detail {
+
+/// One mapping of one segment in this process, shared by every Segment handle and cache entry of it.
+/// Members are declared in acquisition order; the destructor drops the broker reference last.
+struct Mapping {
+  std::string name;
+  std::uint64_t id = 0;
+  SegmentKind kind = SegmentKind::Host;
+  Access access = Access::ReadWrite;
+  std::size_t size = 0;                 // usable bytes
+  std::uint64_t view_offset = 0;        // device kinds: data() is gpu->device_pointer() + view_offset
+  std::uint64_t client_generation = 0;  // the broker connection that holds our reference
+  os::Mapping host;                     // host kinds; device_ipc: its record (proto::DeviceIpcRecord)
+  std::unique_ptr<core::GpuMemory> gpu; // device kinds, and the registration of host_pinned
+
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping();
+
+  /// device_ipc: the shared record; nullptr for other kinds.
+  proto::DeviceIpcRecord* record() const noexcept {
+    return kind == SegmentKind::DeviceIpc ? static_cast<proto::DeviceIpcRecord*>(host.data()) : nullptr;
+  }
+  /// False once a device_ipc segment's exporter is gone (the broker wrote exporter_gone).
+  bool alive() const noexcept {
+    auto* r = record();
+    return r == nullptr || std::atomic_ref<std::uint32_t>(r->exporter_gone).load(std::memory_order_acquire) == 0;
+  }
+};
+
+/// Builds Segment handles (Segment's constructor is private).
+struct SegmentAccess {
+  static Segment make(std::shared_ptr<Mapping> map) noexcept { return Segment(std::move(map)); }
+  /// Sends `req` with `fd` (the memory) to the broker, records the id in `map` and caches it for this process's
+  /// own opens: under access ReadWrite for devices -1 and `device`, and also ReadOnly when `read_only_too`.
+  static Segment register_created(std::shared_ptr<Mapping> map, const proto::Create& req, os::UniqueFd fd,
+                                  int device, bool read_only_too);
+};
+
+/// The checked name, or throws Error(InvalidArgument) saying which names are allowed.
+std::string check_name_or_throw(std::string_view name);
+
+/// Opens the device_ipc segment whose record memfd is `fd` (share.cpp): fills m.host, m.gpu and m.view_offset.
+/// Throws Error(PeerDied) when its exporter is gone, Error(Protocol) for a malformed record, Cuda, NoDriver.
+void open_device_ipc(Mapping& m, int fd, const proto::SegmentInfo& info, int requested_device);
+
+/// The PeerDied error for segment `name` whose exporter is gone.
+Error exporter_gone_error(const std::string& name);
+
+}  // namespace gpuipc::detail

@@ -96,6 +96,9 @@ static_assert(std::is_same_v<decltype(&::cuLaunchKernel), PFN_cuLaunchKernel_v40
 static_assert(std::is_same_v<decltype(&::cuFuncSetAttribute), PFN_cuFuncSetAttribute_v9000>);
 static_assert(std::is_same_v<decltype(&::cuPointerGetAttribute), PFN_cuPointerGetAttribute_v4000>);
 static_assert(std::is_same_v<decltype(&::cuMemGetAddressRange), PFN_cuMemGetAddressRange_v3020>);
+static_assert(std::is_same_v<decltype(&::cuPointerGetAttributes), PFN_cuPointerGetAttributes_v7000>);
+static_assert(std::is_same_v<decltype(&::cuMemGetAllocationPropertiesFromHandle),
+                             PFN_cuMemGetAllocationPropertiesFromHandle_v10020>);
 static_assert(std::is_same_v<decltype(&::cuLaunchHostFunc), PFN_cuLaunchHostFunc_v10000>);
 static_assert(std::is_same_v<decltype(&::cuIpcGetEventHandle), PFN_cuIpcGetEventHandle_v4010>);
 static_assert(std::is_same_v<decltype(&::cuIpcOpenEventHandle), PFN_cuIpcOpenEventHandle_v4010>);
@@ -110,6 +113,7 @@ static_assert(std::is_same_v<decltype(&::cuMemPoolImportPointer), PFN_cuMemPoolI
 static_assert(std::is_same_v<decltype(&::cuMemPoolSetAccess), PFN_cuMemPoolSetAccess_v11020>);
 static_assert(std::is_same_v<decltype(&::cuMemAllocFromPoolAsync), PFN_cuMemAllocFromPoolAsync_v11020>);
 static_assert(std::is_same_v<decltype(&::cuMemFreeAsync), PFN_cuMemFreeAsync_v11020>);
+static_assert(std::is_same_v<decltype(&::cuMemAllocManaged), PFN_cuMemAllocManaged_v6000>);
 // Below its ABI version the driver returns an older ABI of cuEventElapsedTime, of the same type.
 static_assert(std::is_same_v<decltype(&::cuEventElapsedTime), PFN_cuEventElapsedTime_v2000>);
 

@@ -95,7 +95,9 @@ namespace gpuipc::cuda {
   X(cuLaunchKernel, 4000)                    \
   X(cuFuncSetAttribute, 9000)                \
   X(cuPointerGetAttribute, 4000)             \
-  X(cuMemGetAddressRange, 3020)
+  X(cuPointerGetAttributes, 7000)            \
+  X(cuMemGetAddressRange, 3020)              \
+  X(cuMemGetAllocationPropertiesFromHandle, 10020)
 
 // Entry points gpuipc can do without (nullptr when the driver lacks them): features built on them report
 // Error(Unsupported) instead.
@@ -111,7 +113,8 @@ namespace gpuipc::cuda {
   X(cuMemPoolImportPointer, 11020)             \
   X(cuMemPoolSetAccess, 11020)                 \
   X(cuMemAllocFromPoolAsync, 11020)            \
-  X(cuMemFreeAsync, 11020)
+  X(cuMemFreeAsync, 11020)                     \
+  X(cuMemAllocManaged, 6000)
 
 /// The driver's entry points, fetched once. Call them as `driver().cuMemCreate(...)`: the member names go through
 /// the same cuda.h macros as the declarations (cuMemGetInfo -> cuMemGetInfo_v2), so they match.

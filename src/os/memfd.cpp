@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <utility>
 
 #include "base/errors.hpp"
@@ -112,6 +114,26 @@ std::size_t page_size() noexcept {
     return value > 0 ? static_cast<std::size_t>(value) : std::size_t{4096};
   }();
   return size;
+}
+
+bool host_readable(const void* ptr) noexcept {
+  std::FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return false;
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  bool readable = false;
+  char line[512];
+  while (std::fgets(line, sizeof line, maps) != nullptr) {
+    std::uintmax_t start = 0;
+    std::uintmax_t end = 0;
+    char perms[5] = {};
+    if (std::sscanf(line, "%" SCNxMAX "-%" SCNxMAX " %4s", &start, &end, perms) != 3) continue;
+    if (addr >= start && addr < end) {
+      readable = perms[0] == 'r';
+      break;
+    }
+  }
+  std::fclose(maps);
+  return readable;
 }
 
 }  // namespace gpuipc::os

@@ -67,4 +67,8 @@ class Mapping {
 /// The system page size.
 std::size_t page_size() noexcept;
 
+/// Whether `ptr` lies in a readable mapping of this process (/proc/self/maps): ordinary host memory. Address space
+/// a GPU driver only reserves (PROT_NONE) and unmapped addresses are not. For error messages; never throws.
+bool host_readable(const void* ptr) noexcept;
+
 }  // namespace gpuipc::os

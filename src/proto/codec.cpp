@@ -123,7 +123,9 @@ std::string check_printable(std::string_view s, std::size_t max) {
 
 std::string check_kind(Kind kind) {
   const auto v = static_cast<std::uint8_t>(kind);
-  if (v < 1 || v > 3) return fmt::format("invalid Kind {} (valid: 1 Device, 2 Host, 3 HostPinned)", v);
+  if (v < 1 || v > 4) {
+    return fmt::format("invalid Kind {} (valid: 1 Device, 2 Host, 3 HostPinned, 4 DeviceIpc)", v);
+  }
   return {};
 }
 
@@ -139,9 +141,25 @@ std::string check_size(std::uint64_t size) {
 }
 
 std::string check_device(const Uuid& device, Kind kind) {
-  if (kind == Kind::Device) return {};
+  if (is_device_kind(kind)) return {};
   if (std::all_of(device.begin(), device.end(), [](std::uint8_t b) { return b == 0; })) return {};
   return "must be all zero for host kinds";
+}
+
+// Empty when the view (Create.view_offset/view_size, SegmentInfo's) is valid, else why not; `field` gets the name.
+std::string check_view(std::uint64_t offset, std::uint64_t size, std::uint64_t whole, Kind kind,
+                       std::string_view& field) {
+  field = "view_size";
+  if (size == 0) {
+    if (offset == 0) return {};
+    field = "view_offset";
+    return fmt::format("{} with view_size 0; a whole segment starts at 0", offset);
+  }
+  if (kind != Kind::Device) return fmt::format("{}; only Device segments (adopted VMM memory) have a view", size);
+  if (size > whole || offset > whole - size) {
+    return fmt::format("[{}, {} + {}) does not lie inside the {} bytes of the segment", offset, offset, size, whole);
+  }
+  return {};
 }
 
 std::string check_id(std::uint64_t id) {
@@ -158,6 +176,10 @@ std::string validate_info(const SegmentInfo& m, const Path& p) {
   if (!(e = check_mode(m.mode)).empty()) return fail(p, "mode", e);
   if (!(e = check_size(m.size)).empty()) return fail(p, "size", e);
   if (!(e = check_device(m.device, m.kind)).empty()) return fail(p, "device", e);
+  std::string_view view_field;
+  if (!(e = check_view(m.view_offset, m.view_size, m.size, m.kind, view_field)).empty()) {
+    return fail(p, view_field, e);
+  }
   if (m.mapper_count > m.references) {
     return fail(p, "mapper_count",
                 fmt::format("{} connections cannot hold only {} references", m.mapper_count, m.references));
@@ -194,6 +216,14 @@ std::string validate(const Create& m, const Path& p) {
   if (m.flags != 0 && m.flags != kFlagSemaphore && m.flags != kFlagChannel) {
     return fail(p, "flags", fmt::format("{:#x}; must be 0, {:#x} (semaphore) or {:#x} (channel)", m.flags,
                                         kFlagSemaphore, kFlagChannel));
+  }
+  if (m.flags != 0 && is_device_kind(m.kind)) {
+    return fail(p, "flags", fmt::format("{:#x}; semaphores and channels are host memory, not kind {}", m.flags,
+                                        static_cast<int>(m.kind)));
+  }
+  std::string_view view_field;
+  if (!(e = check_view(m.view_offset, m.view_size, m.size, m.kind, view_field)).empty()) {
+    return fail(p, view_field, e);
   }
   return {};
 }
@@ -293,6 +323,8 @@ void put_info(wire::Writer& w, const SegmentInfo& m) {
   w.u32(m.mapper_count);
   w.u16(static_cast<std::uint16_t>(m.mapper_pids.size()));
   for (const std::uint32_t pid : m.mapper_pids) w.u32(pid);
+  w.u64(m.view_offset);
+  w.u64(m.view_size);
 }
 
 void put(wire::Writer& w, const Hello& m) {
@@ -312,6 +344,8 @@ void put(wire::Writer& w, const Create& m) {
   w.u64(m.size);
   w.raw(m.device.data(), m.device.size());
   w.u32(m.flags);
+  w.u64(m.view_offset);
+  w.u64(m.view_size);
 }
 void put(wire::Writer& w, const Open& m) {
   put_string(w, m.name);
@@ -409,7 +443,7 @@ class BodyReader {
     for (std::uint32_t& pid : m.mapper_pids) {
       if (!u32(p, "mapper_pids", pid)) return false;
     }
-    return true;
+    return u64(p, "view_offset", m.view_offset) && u64(p, "view_size", m.view_size);
   }
 
   bool body(const Path& p, Hello& m) { return u32(p, "pid", m.pid) && string(p, "client_name", m.client_name); }
@@ -419,7 +453,8 @@ class BodyReader {
   }
   bool body(const Path& p, Create& m) {
     return string(p, "name", m.name) && enum8(p, "kind", m.kind) && u16(p, "mode", m.mode) && u64(p, "size", m.size) &&
-           uuid(p, "device", m.device) && u32(p, "flags", m.flags);
+           uuid(p, "device", m.device) && u32(p, "flags", m.flags) && u64(p, "view_offset", m.view_offset) &&
+           u64(p, "view_size", m.view_size);
   }
   bool body(const Path& p, Open& m) {
     return string(p, "name", m.name) && enum8(p, "access", m.access) && u32(p, "wait_ms", m.wait_ms);

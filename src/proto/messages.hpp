@@ -54,8 +54,13 @@ enum class MessageType : std::uint16_t {
   JoinReply = 15,
 };
 
-/// Segment kinds (include/gpuipc/segment.hpp mirrors these values).
-enum class Kind : std::uint8_t { Device = 1, Host = 2, HostPinned = 3 };
+/// Segment kinds (include/gpuipc/segment.hpp mirrors these values). DeviceIpc: cudaMalloc memory adopted with a
+/// legacy IPC handle; its fd is a host memfd holding a DeviceIpcRecord (proto/shm.hpp), and it dies with its
+/// exporter.
+enum class Kind : std::uint8_t { Device = 1, Host = 2, HostPinned = 3, DeviceIpc = 4 };
+
+/// Whether memory of this kind lives on a GPU (its SegmentInfo/Create carry the device's UUID).
+constexpr bool is_device_kind(Kind kind) noexcept { return kind == Kind::Device || kind == Kind::DeviceIpc; }
 
 /// How the opener wants to access a segment.
 enum class Access : std::uint8_t { ReadOnly = 1, ReadWrite = 2 };
@@ -90,6 +95,10 @@ struct Create {
   std::uint64_t size = 0;     ///< bytes; 1..kMaxSegmentSize
   Uuid device{};              ///< device kinds: the GPU the memory lives on
   std::uint32_t flags = 0;    ///< 0, kFlagSemaphore or kFlagChannel (proto/shm.hpp)
+  /// Device kind only, for adopted VMM memory: the segment is bytes [view_offset, view_offset + view_size) of the
+  /// exported allocation of `size` bytes. view_size 0 (with view_offset 0): the whole allocation.
+  std::uint64_t view_offset = 0;
+  std::uint64_t view_size = 0;
 
   bool operator==(const Create&) const = default;
 };
@@ -117,6 +126,8 @@ struct SegmentInfo {
   std::uint32_t references = 0;   ///< open references over all connections
   std::uint32_t mapper_count = 0; ///< distinct connections holding references
   std::vector<std::uint32_t> mapper_pids;  ///< at most kMaxMapperPids
+  std::uint64_t view_offset = 0;  ///< as in Create
+  std::uint64_t view_size = 0;
 
   bool operator==(const SegmentInfo&) const = default;
 };

@@ -8,6 +8,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "proto/messages.hpp"
 
 namespace gpuipc::proto {
 
@@ -132,6 +135,38 @@ inline constexpr std::uint32_t record_bytes(std::uint32_t header_bytes) noexcept
 inline constexpr std::size_t channel_control_bytes(std::uint32_t slots, std::uint32_t header_bytes) noexcept {
   return sizeof(ChannelHeader) + static_cast<std::size_t>(slots) * record_bytes(header_bytes);
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// DeviceIpc segment (Kind::DeviceIpc): cudaMalloc / cuMemAlloc memory adopted with a legacy IPC handle. Its fd is a
+// host memfd of exactly kDeviceIpcRecordBytes holding this record, written once by the exporter before Create.
+// The broker validates it at Create and writes exporter_gone when the exporter's connection closes or drops its
+// last reference to the segment; openers read exporter_gone (std::atomic_ref) and report PeerDied once it is set.
+inline constexpr std::uint32_t kDeviceIpcMagic = 0x44494947;  // "GIID"
+inline constexpr std::uint32_t kDeviceIpcVersion = 1;
+inline constexpr std::size_t kDeviceIpcRecordBytes = 4096;
+/// CU_IPC_HANDLE_SIZE (src/cuda static_asserts it).
+inline constexpr std::size_t kIpcHandleBytes = 64;
+
+struct alignas(64) DeviceIpcRecord {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::uint32_t exporter_gone;  ///< PoisonReason: None while the exporter holds the segment
+  std::uint32_t exporter_pid;   ///< the exporter's pid as it sees it (for messages only)
+  std::uint64_t offset;         ///< where the shared bytes start inside the allocation
+  std::uint64_t size;           ///< bytes shared: Create.size
+  std::uint64_t alloc_size;     ///< bytes of the allocation the handle opens (cuMemGetAddressRange)
+  std::uint8_t device[16];      ///< UUID of the GPU the allocation lives on: Create.device
+  std::uint8_t handle[kIpcHandleBytes];  ///< CUipcMemHandle of the allocation's base
+};
+static_assert(sizeof(DeviceIpcRecord) == 128);
+static_assert(offsetof(DeviceIpcRecord, exporter_gone) == 8 && offsetof(DeviceIpcRecord, offset) == 16 &&
+              offsetof(DeviceIpcRecord, device) == 40 && offsetof(DeviceIpcRecord, handle) == 56);
+static_assert(sizeof(DeviceIpcRecord) <= kDeviceIpcRecordBytes);
+
+/// Checks a record against what Create declares (`size` bytes on the GPU with UUID `device`): magic, version, a
+/// non-empty range inside the allocation, the size and device. Returns an empty string when valid, else why not.
+/// exporter_gone is not checked (callers that care read it). Defined in proto/device_ipc.cpp.
+std::string check_device_ipc_record(const DeviceIpcRecord& record, std::uint64_t size, const Uuid& device);
 
 template <typename T>
 std::atomic_ref<T> atomic(T& word) noexcept {

@@ -49,6 +49,7 @@ class Raw {
     u32(m.owner_uid).u32(m.owner_gid).u64(m.created_unix_ns).u32(m.references).u32(m.mapper_count);
     u16(m.mapper_pids.size());
     for (auto pid : m.mapper_pids) u32(pid);
+    u64(m.view_offset).u64(m.view_size);
     return *this;
   }
   Bytes take() { return std::move(m_b); }
@@ -72,6 +73,7 @@ Bytes raw_body(const Body& body) {
           r.u32(m.broker_pid).u32(m.uid).u32(m.gid).str(m.broker_version);
         } else if constexpr (std::is_same_v<T, Create>) {
           r.str(m.name).u8(static_cast<std::uint8_t>(m.kind)).u16(m.mode).u64(m.size).uuid(m.device).u32(m.flags);
+          r.u64(m.view_offset).u64(m.view_size);
         } else if constexpr (std::is_same_v<T, Open>) {
           r.str(m.name).u8(static_cast<std::uint8_t>(m.access)).u32(m.wait_ms);
         } else if constexpr (std::is_same_v<T, OpenReply> || std::is_same_v<T, StatReply>) {
@@ -163,6 +165,8 @@ SegmentInfo max_info(std::uint64_t id) {
   i.created_unix_ns = ~0ULL;
   i.references = 0xFFFFFFFF;
   i.mapper_count = 0xFFFFFFFF;
+  i.view_offset = kMaxSegmentSize - 1;
+  i.view_size = 1;
   for (std::size_t k = 0; k < kMaxMapperPids; ++k) i.mapper_pids.push_back(0xFFFFFF00U + static_cast<std::uint32_t>(k));
   return i;
 }
@@ -195,6 +199,11 @@ std::vector<Example> examples() {
   add("create", Create{"frames", Kind::Device, 0600, 1 << 20, some_uuid(), 0}, 1);
   add("create_host", Create{"a", Kind::Host, 0, 1, Uuid{}, 0}, 1);
   add("create_pinned_max", Create{max_name(), Kind::HostPinned, 0777, kMaxSegmentSize, Uuid{}, 0}, 1);
+  add("create_device_ipc", Create{"tensor", Kind::DeviceIpc, 0640, 1000, some_uuid(), 0}, 1);
+  // Adopted VMM memory: bytes [4096, 4096 + 100) of a 2 MiB allocation; and a view reaching its very end.
+  add("create_view", Create{"w", Kind::Device, 0600, 2 << 20, some_uuid(), 0, 4096, 100}, 1);
+  add("create_view_to_end", Create{"w", Kind::Device, 0600, kMaxSegmentSize, some_uuid(), 0, kMaxSegmentSize - 1, 1},
+      1);
   add("open", Open{"frames", Access::ReadOnly, 0});
   add("open_wait", Open{max_name(), Access::ReadWrite, 0xFFFFFFFF});
   add("open_reply", OpenReply{small_info()}, 1);
@@ -213,6 +222,17 @@ std::vector<Example> examples() {
   add("stat", Stat{"a.b_c-9"});
   add("stat_reply", StatReply{small_info(3)});
   add("stat_reply_max", StatReply{max_info(77)});
+  SegmentInfo ipc = small_info(11);
+  ipc.kind = Kind::DeviceIpc;
+  ipc.device = some_uuid();
+  add("stat_reply_device_ipc", StatReply{ipc});
+  SegmentInfo view = small_info(12);
+  view.kind = Kind::Device;
+  view.device = some_uuid();
+  view.size = 20 << 20;
+  view.view_offset = (20 << 20) - 8;
+  view.view_size = 8;
+  add("open_reply_view", OpenReply{view}, 1);
   add("list", List{0});
   add("list_after", List{~0ULL});
   add("list_reply_empty", ListReply{{}, false});
@@ -338,14 +358,14 @@ TEST(Proto, RoundTripEveryExample) {
 TEST(Proto, GoldenBytes) {
   // Hello{pid 0x01020304, "ab"}, request 0x0A0B0C0D: pins the header and the little-endian order.
   const Bytes hello = encode(Message{0x0A0B0C0D, Hello{0x01020304, "ab"}});
-  const std::vector<int> want = {'G', 'I', 'P', 'C', 1,    0,    1,    0,    0x0D, 0x0C, 0x0B, 0x0A,
+  const std::vector<int> want = {'G', 'I', 'P', 'C', 2,    0,    1,    0,    0x0D, 0x0C, 0x0B, 0x0A,
                                  8,   0,   0,   0,   0x04, 0x03, 0x02, 0x01, 2,    0,    'a',  'b'};
   ASSERT_EQ(hello.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(static_cast<int>(hello[i]), want[i]) << "byte " << i;
 
-  // Create body: 2+len name, 1 kind, 2 mode, 8 size, 16 device, 4 flags.
+  // Create body: 2+len name, 1 kind, 2 mode, 8 size, 16 device, 4 flags, 8 view_offset, 8 view_size.
   const Bytes create = encode(Message{1, Create{"x", Kind::Host, 0644, 0x1122334455, Uuid{}, 0}}, 1);
-  ASSERT_EQ(create.size(), kHeaderSize + 2 + 1 + 1 + 2 + 8 + 16 + 4);
+  ASSERT_EQ(create.size(), kHeaderSize + 2 + 1 + 1 + 2 + 8 + 16 + 4 + 8 + 8);
   EXPECT_EQ(static_cast<int>(create[kFdCount]), 1);
   EXPECT_EQ(static_cast<int>(create[16 + 3]), 2);  // kind Host
   EXPECT_EQ(static_cast<int>(create[16 + 4]), 0644 & 0xff);
@@ -364,9 +384,10 @@ TEST(Proto, LargestListReplyFitsTheMessageLimit) {
   const Message m{1, max_list_reply()};
   const Bytes bytes = encode(m);
   // The widest SegmentInfo: 8 id + 2+128 name + 1 kind + 2 mode + 8 size + 16 device + 4 uid + 4 gid
-  // + 8 created + 4 references + 4 mapper_count + 2+16*4 pids = 255 bytes.
-  constexpr std::size_t kMaxInfo = 8 + 2 + kMaxNameLength + 1 + 2 + 8 + 16 + 4 + 4 + 8 + 4 + 4 + 2 + 4 * kMaxMapperPids;
-  static_assert(kMaxInfo == 255);
+  // + 8 created + 4 references + 4 mapper_count + 2+16*4 pids + 8 view_offset + 8 view_size = 271 bytes.
+  constexpr std::size_t kMaxInfo =
+      8 + 2 + kMaxNameLength + 1 + 2 + 8 + 16 + 4 + 4 + 8 + 4 + 4 + 2 + 4 * kMaxMapperPids + 8 + 8;
+  static_assert(kMaxInfo == 271);
   constexpr std::size_t kMaxListReply = kHeaderSize + 2 + kMaxListEntries * kMaxInfo + 1;
   static_assert(kMaxListReply <= kMaxMessageSize, "the broker's biggest reply must fit");
   EXPECT_EQ(bytes.size(), kMaxListReply);
@@ -557,7 +578,7 @@ std::vector<Bad> bad_messages() {
   bad_create(
       "kind_0", [](Create& c) { c.kind = static_cast<Kind>(0); }, "Create.kind: invalid Kind 0");
   bad_create(
-      "kind_4", [](Create& c) { c.kind = static_cast<Kind>(4); }, "Create.kind: invalid Kind 4");
+      "kind_5", [](Create& c) { c.kind = static_cast<Kind>(5); }, "Create.kind: invalid Kind 5");
   bad_create(
       "kind_255", [](Create& c) { c.kind = static_cast<Kind>(255); }, "Create.kind: invalid Kind 255");
   bad_create(
@@ -583,6 +604,35 @@ std::vector<Bad> bad_messages() {
         c.device[0] = 1;
       },
       "Create.device: must be all zero");
+  bad_create(
+      "device_ipc_flags",
+      [](Create& c) {
+        c.kind = Kind::DeviceIpc;
+        c.flags = kFlagSemaphore;
+      },
+      "Create.flags: 0x1; semaphores and channels are host memory");
+  bad_create(
+      "device_ipc_view",
+      [](Create& c) {
+        c.kind = Kind::DeviceIpc;
+        c.view_size = 1;
+      },
+      "Create.view_size: 1; only Device segments");
+  bad_create(
+      "view_overflow",
+      [](Create& c) {
+        c.kind = Kind::Device;
+        c.view_offset = ~0ULL;
+        c.view_size = 2;
+      },
+      "Create.view_size: [18446744073709551615");
+  bad_create(
+      "view_bigger_than_segment",
+      [](Create& c) {
+        c.kind = Kind::Device;
+        c.view_size = c.size + 1;
+      },
+      "Create.view_size: [0, 0 + 4097) does not lie inside");
 
   v.push_back(Bad{"join_role_0", Join{7, 0}, "Join.role: invalid Role 0"});
   v.push_back(Bad{"join_role_9", Join{7, 9}, "Join.role: invalid Role 9"});
@@ -617,7 +667,19 @@ std::vector<Bad> bad_messages() {
   bad_info(
       "kind_0", [](SegmentInfo& i) { i.kind = static_cast<Kind>(0); }, "kind: invalid Kind 0");
   bad_info(
-      "kind_4", [](SegmentInfo& i) { i.kind = static_cast<Kind>(4); }, "kind: invalid Kind 4");
+      "kind_5", [](SegmentInfo& i) { i.kind = static_cast<Kind>(5); }, "kind: invalid Kind 5");
+  bad_info(
+      "view_on_host", [](SegmentInfo& i) { i.view_size = 1; }, "view_size: 1; only Device segments");
+  bad_info(
+      "view_offset_alone", [](SegmentInfo& i) { i.view_offset = 8; }, "view_offset: 8 with view_size 0");
+  bad_info(
+      "view_past_end",
+      [](SegmentInfo& i) {
+        i.kind = Kind::Device;
+        i.view_offset = i.size - 1;
+        i.view_size = 2;
+      },
+      "view_size: [4095, 4095 + 2) does not lie inside the 4096 bytes");
   bad_info(
       "mode", [](SegmentInfo& i) { i.mode = 01000; }, "mode: mode 01000");
   bad_info(
@@ -683,8 +745,8 @@ TEST(Proto, RefusesBadBoolAndOversizedCounts) {
 
   SegmentInfo i = small_info();
   Bytes body = Raw().info(i).take();
-  // The pid count sits 2 + 4*2 bytes before the end; claim 0xFFFF pids.
-  put_u16(body, body.size() - 2 - 4 * i.mapper_pids.size(), 0xFFFF);
+  // The pid count sits 2 + 4*2 pids + 16 view bytes before the end; claim 0xFFFF pids.
+  put_u16(body, body.size() - 16 - 2 - 4 * i.mapper_pids.size(), 0xFFFF);
   Bytes s = raw_header(static_cast<int>(MessageType::StatReply), body.size(), 0);
   s.insert(s.end(), body.begin(), body.end());
   EXPECT_TRUE(starts_with(decode_error(s, 0), "StatReply.info.mapper_pids: 65535 elements, at most 16"));
@@ -790,7 +852,7 @@ TEST(Proto, WriteFuzzCorpus) {
   write("bad_create_no_fd", 0, raw_message(Create{"x", Kind::Host, 0600, 1, Uuid{}, 0}, 0));
   written += 7;
   for (const Bad& bad : bad_messages()) {
-    for (const char* label : {"name_slash", "kind_4", "mode_01000", "size_over", "list_65", "error_code_255",
+    for (const char* label : {"name_slash", "kind_5", "mode_01000", "size_over", "list_65", "error_code_255",
                               "pids_17_stat_reply", "list_more_empty"}) {
       if (bad.label == label) {
         write("bad_" + bad.label, bad.fds, raw_message(bad.body, bad.fds));

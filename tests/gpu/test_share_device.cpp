@@ -1,0 +1,256 @@
+// gpuipc::share on a real GPU, across real processes: cudaMalloc-style (cuMemAlloc) and VMM (cuMemCreate) memory
+// adopted by one process and opened by another with its content checked, the lifetime of each kind, and every
+// refused pointer. All CUDA work happens in forked children (the test process never initialises CUDA).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/gpu_memory.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/resources.hpp"
+#include "gpuipc/share.hpp"
+#include "kernels/kernels.hpp"
+#include "support/broker_env.hpp"
+#include "support/gpu.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+constexpr std::size_t kBytes = 8ULL << 20;
+constexpr std::size_t kWords = kBytes / 4;
+constexpr std::size_t kOffset = 1ULL << 20;  // shared ranges start inside their allocation
+
+struct Gpu {
+  cuda::PrimaryContext ctx{0};
+  int made_current = (ctx.make_current(), 0);
+  cuda::Stream stream = cuda::Stream::create();
+  kernels::Kernels k;
+};
+
+/// VMM memory mapped in this process, exportable as a POSIX fd unless `handle_types` says otherwise.
+struct VmmBuffer {
+  VmmBuffer(std::size_t size, CUmemAllocationHandleType handle_types) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = handle_types;
+    CUmemGenericAllocationHandle h = 0;
+    cuda::check(cuda::driver().cuMemCreate(&h, size, &prop, 0), "cuMemCreate", "test VMM buffer");
+    handle = cuda::AllocationHandle(h);
+    range = cuda::reserve_va(size, 0);
+    mapping = cuda::map(range.base(), size, handle);
+    const int devices[] = {0};
+    cuda::set_access(mapping.ptr(), size, devices, false);
+  }
+  CUdeviceptr ptr() const { return mapping.ptr(); }
+  cuda::AllocationHandle handle;
+  cuda::VaRange range;
+  cuda::MemMapping mapping;
+};
+
+/// Shares [base + kOffset, + kBytes) of memory filled with pattern 1 as `name`, lets another child open it (which
+/// checks pattern 1 and writes pattern 2), then checks pattern 2. `vmm`: cuMemCreate memory, else cuMemAlloc.
+void exporter_and_opener(bool vmm) {
+  const auto name = unique_name();
+  SyncPipe shared, opened;
+  const pid_t a = start_child([&] {
+    Gpu g;
+    const std::size_t size = 4 * kOffset + kBytes;
+    const std::size_t gran = cuda::allocation_granularity(0, false);
+    std::optional<VmmBuffer> v;
+    cuda::DeviceBuffer plain;
+    if (vmm) {
+      v.emplace(cuda::round_up(size, gran), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    } else {
+      plain = cuda::DeviceBuffer::allocate(size);
+    }
+    const CUdeviceptr base = vmm ? v->ptr() : plain.get();
+    g.k.fill_pattern(g.stream.get(), base + kOffset, kWords, 1);
+    g.stream.synchronize();
+    auto seg = share(name, reinterpret_cast<void*>(base + kOffset), kBytes, {.device = 0});  // NOLINT
+    GPUIPC_CHILD_CHECK(seg.kind() == (vmm ? SegmentKind::Device : SegmentKind::DeviceIpc));
+    GPUIPC_CHILD_CHECK(seg.device_pointer() == base + kOffset && seg.size() == kBytes && seg.alive());
+    // A second name in the same allocation: openers map the allocation once (legacy) or import it again (VMM).
+    auto head = share(name + "-head", reinterpret_cast<void*>(base), 4096);  // NOLINT
+    GPUIPC_CHILD_CHECK(Segment::open(name).device_pointer() == seg.device_pointer());  // own share: cache hit
+    shared.notify();
+    GPUIPC_CHILD_CHECK(opened.wait(60s));
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), base + kOffset, kWords, 2) == 0);
+    return 0;
+  });
+  ASSERT_TRUE(shared.wait(60s));
+  const auto info = Segment::stat(name);
+  EXPECT_EQ(info.kind, vmm ? SegmentKind::Device : SegmentKind::DeviceIpc);
+  EXPECT_EQ(info.size, kBytes);
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto seg = Segment::open(name);
+              GPUIPC_CHILD_CHECK(seg.kind() == (vmm ? SegmentKind::Device : SegmentKind::DeviceIpc));
+              GPUIPC_CHILD_CHECK(seg.size() == kBytes && seg.alive());
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 1) == 0);
+              auto head = Segment::open(name + "-head", {.access = Access::ReadOnly});
+              if (!vmm) {
+                GPUIPC_CHILD_CHECK(core::legacy_open_count() == 1);  // two names, one cuIpcOpenMemHandle
+                GPUIPC_CHILD_CHECK(head.device_pointer() + kOffset == seg.device_pointer());
+              }
+              g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords, 2);
+              g.stream.synchronize();
+              return 0;
+            }),
+            0);
+  opened.notify();
+  EXPECT_EQ(wait_child(a), 0);
+  if (vmm) {  // the broker keeps VMM memory: the names outlive the exporter until unlinked
+    Segment::unlink(name);
+    Segment::unlink(name + "-head");
+  }
+}
+
+TEST(ShareDevice, CuMemAllocMemoryIsOpenedByAnotherProcessOncePerAllocation) {
+  GPUIPC_REQUIRE_GPU();
+  exporter_and_opener(false);
+}
+
+TEST(ShareDevice, VmmMemoryIsOpenedByAnotherProcess) {
+  GPUIPC_REQUIRE_GPU();
+  exporter_and_opener(true);
+}
+
+TEST(ShareDevice, VmmShareOutlivesItsExporter) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              VmmBuffer v(cuda::allocation_granularity(0, false) * 2, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+              g.k.fill_pattern(g.stream.get(), v.ptr() + 4096, 1024, 9);
+              g.stream.synchronize();
+              share(name, reinterpret_cast<void*>(v.ptr() + 4096), 4096);  // NOLINT: handle dropped at once
+              return 0;  // frees its own mapping and handle; the broker holds the exported fd
+            }),
+            0);
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto seg = Segment::open(name, {.access = Access::ReadOnly});
+              GPUIPC_CHILD_CHECK(seg.size() == 4096);
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), 1024, 9) == 0);
+              return 0;
+            }),
+            0);
+  Segment::unlink(name);
+}
+
+TEST(ShareDevice, LegacyShareDiesWithItsExporterAndOpenersGetPeerDied) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  SyncPipe shared, opened, exporter_gone;
+  const pid_t a = start_child([&] {
+    Gpu g;
+    auto buf = cuda::DeviceBuffer::allocate(kBytes);
+    auto seg = share(name, reinterpret_cast<void*>(buf.get()), kBytes);  // NOLINT
+    shared.notify();
+    GPUIPC_CHILD_CHECK(opened.wait(60s));
+    return 0;
+  });
+  ASSERT_TRUE(shared.wait(60s));
+  const pid_t b = start_child([&] {
+    Gpu g;
+    auto seg = Segment::open(name);
+    GPUIPC_CHILD_CHECK(seg.alive());
+    opened.notify();
+    GPUIPC_CHILD_CHECK(exporter_gone.wait(60s));
+    GPUIPC_CHILD_CHECK(wait_until([&] { return !seg.alive(); }, 5s));
+    try {
+      seg.check_alive();
+      return 2;
+    } catch (const Error& e) {
+      GPUIPC_CHILD_CHECK(e.code() == ErrorCode::PeerDied);
+    }
+    try {
+      Segment::open(name);  // a cache hit on a dead share
+      return 3;
+    } catch (const Error& e) {
+      GPUIPC_CHILD_CHECK(e.code() == ErrorCode::PeerDied);
+    }
+    return 0;
+  });
+  EXPECT_EQ(wait_child(a), 0);
+  exporter_gone.notify();
+  EXPECT_EQ(wait_child(b), 0);
+  // The name went with the exporter.
+  try {
+    Segment::stat(name);
+    ADD_FAILURE() << "the name outlived its exporter";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound);
+  }
+}
+
+/// share() of `ptr` fails with `code` and a message containing `says`.
+bool refused(const void* ptr, std::size_t bytes, const ShareOptions& o, ErrorCode code, const char* says) {
+  try {
+    share(unique_name("refused"), ptr, bytes, o);
+  } catch (const Error& e) {
+    if (e.code() == code && std::strstr(e.what(), says) != nullptr) return true;
+    std::fprintf(stderr, "share refused with %s: %s (wanted '%s')\n", std::string(to_string(e.code())).c_str(),
+                 e.what(), says);
+    return false;
+  }
+  std::fprintf(stderr, "share accepted what it should refuse ('%s')\n", says);
+  return false;
+}
+
+TEST(ShareDevice, EveryRefusedPointerSaysWhatToDo) {
+  GPUIPC_REQUIRE_GPU();
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              const auto& api = cuda::driver();
+              const auto ptr = [](CUdeviceptr p) { return reinterpret_cast<const void*>(p); };  // NOLINT
+              // Host memory: pageable, and pinned.
+              std::vector<char> host(1 << 20);
+              GPUIPC_CHILD_CHECK(refused(host.data(), 4096, {}, ErrorCode::InvalidArgument, "is host memory"));
+              void* pinned = nullptr;
+              GPUIPC_CHILD_CHECK(api.cuMemHostAlloc(&pinned, 1 << 20, 0) == CUDA_SUCCESS);
+              GPUIPC_CHILD_CHECK(refused(pinned, 4096, {}, ErrorCode::InvalidArgument, "use a host segment"));
+              api.cuMemFreeHost(pinned);
+              // Managed memory.
+              GPUIPC_CHILD_CHECK(api.cuMemAllocManaged != nullptr);
+              CUdeviceptr managed = 0;
+              GPUIPC_CHILD_CHECK(api.cuMemAllocManaged(&managed, 1 << 20, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+              GPUIPC_CHILD_CHECK(refused(ptr(managed), 4096, {}, ErrorCode::InvalidArgument, "managed memory"));
+              api.cuMemFree(managed);
+              // A freed pointer.
+              auto gone = cuda::DeviceBuffer::allocate(1 << 20);
+              const CUdeviceptr freed = gone.get();
+              gone = cuda::DeviceBuffer();
+              GPUIPC_CHILD_CHECK(
+                  refused(ptr(freed), 4096, {}, ErrorCode::InvalidArgument, "is not allocated GPU memory"));
+              // Another device than the one named (GPU 0's memory, said to be on GPU 1).
+              auto buf = cuda::DeviceBuffer::allocate(1 << 20);
+              GPUIPC_CHILD_CHECK(
+                  refused(ptr(buf.get()), 4096, {.device = 1}, ErrorCode::InvalidArgument, "lives on GPU 0, not on GPU 1"));
+              // Past the end of the allocation: both sizes named.
+              GPUIPC_CHILD_CHECK(refused(ptr(buf.get() + (1 << 20) - 100), 200, {}, ErrorCode::InvalidArgument,
+                                         "run 100 bytes past the end of its allocation (1048576 bytes"));
+              // A VMM allocation without the POSIX-fd handle type.
+              const std::size_t gran = cuda::allocation_granularity(0, false);
+              VmmBuffer closed(gran, CU_MEM_HANDLE_TYPE_NONE);
+              GPUIPC_CHILD_CHECK(refused(ptr(closed.ptr()), 4096, {}, ErrorCode::Unsupported,
+                                         "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"));
+              // A VMM range past the end of its (one) allocation.
+              VmmBuffer open(gran, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+              GPUIPC_CHILD_CHECK(
+                  refused(ptr(open.ptr()), gran + 1, {}, ErrorCode::InvalidArgument, "one allocation at a time"));
+              // Nothing above left a name behind.
+              for (const auto& s : Segment::list()) GPUIPC_CHILD_CHECK(s.name.find("refused") == std::string::npos);
+              return 0;
+            }),
+            0);
+}
+
+}  // namespace
+}  // namespace gpuipc::test

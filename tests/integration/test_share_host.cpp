@@ -1,0 +1,135 @@
+// Adopted memory against a real gpuipcd, without a GPU: a device_ipc share whose exporter is SIGKILLed loses its
+// name and its record says PeerDied; the public API refuses what it must with or without a driver.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <vector>
+
+#include "base/config.hpp"
+#include "cuda/driver.hpp"
+#include "gpuipc/share.hpp"
+#include "os/memfd.hpp"
+#include "os/socket.hpp"
+#include "proto/messages.hpp"
+#include "proto/shm.hpp"
+#include "support/broker_env.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+/// One request on a raw connection (after Hello); returns the reply and its fds.
+proto::Message ask(int sock, const proto::Message& m, std::span<const int> fds, std::vector<os::UniqueFd>& got) {
+  const auto bytes = proto::encode(m, fds.size());
+  if (os::send_message(sock, bytes, fds) != os::IoStatus::Ok) return {};
+  if (!os::wait_readable(sock, 5000)) return {};
+  std::vector<std::byte> buf(proto::kMaxMessageSize);
+  std::size_t n = 0;
+  got.clear();
+  if (os::receive_message(sock, buf, n, got) != os::IoStatus::Ok) return {};
+  proto::Message out;
+  std::string why;
+  if (!proto::decode(std::span<const std::byte>(buf.data(), n), got.size(), out, why)) return {};
+  return out;
+}
+
+os::UniqueFd hello(const char* who) {
+  BrokerEnvironment::broker_pid();
+  auto sock = os::connect_seqpacket(config::socket_path());
+  std::vector<os::UniqueFd> fds;
+  ask(sock.get(), proto::Message{1, proto::Hello{static_cast<std::uint32_t>(::getpid()), who}}, {}, fds);
+  return sock;
+}
+
+TEST(ShareHost, ExporterKilledTakesTheNameAndTheRecordSaysPeerDied) {
+  const auto name = unique_name();
+  SyncPipe created;
+  const pid_t exporter = start_child([&] {
+    auto sock = hello("exporter");
+    auto fd = os::memfd_create("record", proto::kDeviceIpcRecordBytes);
+    auto map = os::Mapping::map(fd.get(), proto::kDeviceIpcRecordBytes, true);
+    auto* r = static_cast<proto::DeviceIpcRecord*>(map.data());
+    r->magic = proto::kDeviceIpcMagic;
+    r->version = proto::kDeviceIpcVersion;
+    r->size = 1000;
+    r->alloc_size = 4096;
+    r->device[0] = 1;
+    proto::Create c{name, proto::Kind::DeviceIpc, 0644, 1000, proto::Uuid{1}, 0};
+    const int raw = fd.get();
+    std::vector<os::UniqueFd> got;
+    const auto reply = ask(sock.get(), proto::Message{2, c}, std::span<const int>(&raw, 1), got);
+    GPUIPC_CHILD_CHECK(std::holds_alternative<proto::OpenReply>(reply.body));
+    created.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(10s));
+  const auto info = Segment::stat(name);
+  EXPECT_EQ(info.kind, SegmentKind::DeviceIpc);
+  EXPECT_EQ(to_string(info.kind), "device_ipc");
+  EXPECT_EQ(info.size, 1000U);
+
+  // An opener's view of the record, through the broker.
+  auto sock = hello("opener");
+  std::vector<os::UniqueFd> fds;
+  const auto opened = ask(sock.get(), proto::Message{3, proto::Open{name, proto::Access::ReadOnly, 0}}, {}, fds);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(opened.body));
+  ASSERT_EQ(fds.size(), 1U);
+  auto view = os::Mapping::map(fds[0].get(), proto::kDeviceIpcRecordBytes, false);
+  auto* record = static_cast<proto::DeviceIpcRecord*>(view.data());
+  EXPECT_EQ(std::atomic_ref<std::uint32_t>(record->exporter_gone).load(), 0U);
+
+  ::kill(exporter, SIGKILL);
+  EXPECT_EQ(wait_child(exporter), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return std::atomic_ref<std::uint32_t>(record->exporter_gone).load() != 0; }, 5s));
+  EXPECT_EQ(record->exporter_gone, static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  try {
+    Segment::open(name);
+    ADD_FAILURE() << "the name outlived its exporter";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
+  }
+  // Our raw reference keeps the unlinked record until this connection goes.
+  EXPECT_GE(BrokerEnvironment::broker_references(), 1U);
+}
+
+TEST(ShareHost, CreateRefusesDeviceIpcAndShareRefusesHostMemory) {
+  EXPECT_EQ(run_child([] {
+              try {
+                Segment::create(unique_name(), 4096, {.kind = SegmentKind::DeviceIpc});
+                return 2;
+              } catch (const Error& e) {
+                GPUIPC_CHILD_CHECK(e.code() == ErrorCode::InvalidArgument);
+                GPUIPC_CHILD_CHECK(std::strstr(e.what(), "gpuipc::share") != nullptr);
+              }
+              std::vector<char> host(4096);
+              try {
+                share(unique_name(), host.data(), host.size());
+                return 3;
+              } catch (const Error& e) {
+                // Without a driver nothing can be asked about the pointer; with one, it is host memory.
+                const bool ok = cuda::driver_available() ? e.code() == ErrorCode::InvalidArgument &&
+                                                               std::strstr(e.what(), "is host memory") != nullptr
+                                                         : e.code() == ErrorCode::NoDriver || e.code() == ErrorCode::NoDevice;
+                if (!ok) std::fprintf(stderr, "%s\n", e.what());
+                GPUIPC_CHILD_CHECK(ok);
+              }
+              try {
+                share("bad/name", host.data(), host.size());
+                return 4;
+              } catch (const Error& e) {
+                GPUIPC_CHILD_CHECK(e.code() == ErrorCode::InvalidArgument);
+              }
+              return 0;
+            }),
+            0);
+}
+
+}  // namespace
+}  // namespace gpuipc::test

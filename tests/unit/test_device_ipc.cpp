@@ -1,0 +1,216 @@
+// Adopted legacy memory (Kind::DeviceIpc) without a GPU: the record's checks, and the broker's registry with a host
+// memfd holding a fabricated record — validated at Create, handed read-only to openers, and on the exporter's
+// leave (last Close or connection drop) the name goes and exporter_gone is written.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "broker/registry.hpp"
+#include "os/memfd.hpp"
+#include "proto/shm.hpp"
+
+namespace gpuipc::broker {
+namespace {
+
+constexpr std::uint64_t kSize = 3000;
+
+proto::Uuid gpu_uuid() {
+  proto::Uuid u{};
+  for (std::size_t i = 0; i < u.size(); ++i) u[i] = static_cast<std::uint8_t>(0x10 + i);
+  return u;
+}
+
+proto::DeviceIpcRecord good_record() {
+  proto::DeviceIpcRecord r{};
+  r.magic = proto::kDeviceIpcMagic;
+  r.version = proto::kDeviceIpcVersion;
+  r.exporter_pid = 77;
+  r.offset = 512;
+  r.size = kSize;
+  r.alloc_size = 4096;
+  const auto u = gpu_uuid();
+  std::memcpy(r.device, u.data(), u.size());
+  for (std::size_t i = 0; i < sizeof r.handle; ++i) r.handle[i] = static_cast<std::uint8_t>(i);
+  return r;
+}
+
+TEST(DeviceIpcRecord, AGoodRecordPasses) {
+  EXPECT_EQ(proto::check_device_ipc_record(good_record(), kSize, gpu_uuid()), "");
+}
+
+TEST(DeviceIpcRecord, EveryBrokenFieldIsNamed) {
+  struct Case {
+    const char* what;
+    void (*mutate)(proto::DeviceIpcRecord&);
+    const char* says;
+  };
+  const Case cases[] = {
+      {"magic", [](proto::DeviceIpcRecord& r) { r.magic = 0; }, "magic"},
+      {"version", [](proto::DeviceIpcRecord& r) { r.version = 2; }, "version 2"},
+      {"size", [](proto::DeviceIpcRecord& r) { r.size = kSize + 1; }, "shares 3001 bytes but the segment has 3000"},
+      {"past the end", [](proto::DeviceIpcRecord& r) { r.offset = 1097; }, "do not lie inside the allocation of 4096"},
+      {"offset overflow", [](proto::DeviceIpcRecord& r) { r.offset = ~0ULL; }, "do not lie inside"},
+      {"huge allocation", [](proto::DeviceIpcRecord& r) { r.alloc_size = proto::kMaxSegmentSize + 1; }, "inside"},
+      {"device", [](proto::DeviceIpcRecord& r) { r.device[3] ^= 1; }, "another GPU"},
+  };
+  for (const auto& c : cases) {
+    auto r = good_record();
+    c.mutate(r);
+    const std::string why = proto::check_device_ipc_record(r, kSize, gpu_uuid());
+    EXPECT_NE(why.find(c.says), std::string::npos) << c.what << ": " << why;
+  }
+  auto zero = good_record();
+  zero.size = 0;
+  EXPECT_NE(proto::check_device_ipc_record(zero, 0, gpu_uuid()), "");
+}
+
+/// A registry with an exporter (connection 1) and an opener (connection 2) of the same uid.
+struct Broker {
+  Registry registry{Quotas{}};
+  os::Credentials exporter{100, 1000, 1000, {}};
+  os::Credentials opener{200, 1000, 1000, {}};
+  std::vector<Outgoing> out;
+  std::uint32_t rid = 1;
+
+  Broker() {
+    registry.add_connection(1, exporter);
+    registry.add_connection(2, opener);
+  }
+
+  proto::Message ask(ConnId conn, proto::Body body, std::vector<os::UniqueFd> fds = {}) {
+    out.clear();
+    registry.handle(Caller{conn, conn == 1 ? exporter : opener}, proto::Message{rid++, std::move(body)}, fds, 0, out);
+    EXPECT_EQ(out.size(), 1U);
+    return out.empty() ? proto::Message{} : std::move(out.back().msg);
+  }
+
+  /// Creates "t" from connection 1 with `record` in a memfd of `bytes`; returns the reply and keeps the memfd.
+  proto::Message create(const proto::DeviceIpcRecord& record, std::size_t bytes = proto::kDeviceIpcRecordBytes) {
+    auto fd = os::memfd_create("test-record", bytes);
+    auto map = os::Mapping::map(fd.get(), bytes, true);
+    std::memcpy(map.data(), &record, std::min(bytes, sizeof record));
+    record_map = std::move(map);
+    proto::Create req{"t", proto::Kind::DeviceIpc, 0640, kSize, gpu_uuid(), 0};
+    std::vector<os::UniqueFd> fds;
+    fds.push_back(std::move(fd));
+    return ask(1, req, std::move(fds));
+  }
+
+  std::uint32_t exporter_gone() {
+    auto* r = static_cast<proto::DeviceIpcRecord*>(record_map.data());
+    return std::atomic_ref<std::uint32_t>(r->exporter_gone).load();
+  }
+
+  bool named() { return std::holds_alternative<proto::StatReply>(ask(2, proto::Stat{"t"}).body); }
+
+  os::Mapping record_map;  // the exporter's view of the record
+};
+
+std::string error_of(const proto::Message& m) {
+  const auto* e = std::get_if<proto::ErrorReply>(&m.body);
+  return e == nullptr ? "" : e->message;
+}
+
+TEST(RegistryDeviceIpc, CreateChecksTheRecordAndOpenersGetItReadOnly) {
+  Broker b;
+  const auto created = b.create(good_record());
+  const auto* r = std::get_if<proto::OpenReply>(&created.body);
+  ASSERT_NE(r, nullptr) << error_of(created);
+  EXPECT_EQ(r->info.kind, proto::Kind::DeviceIpc);
+  EXPECT_EQ(r->info.size, kSize);
+  EXPECT_EQ(r->info.device, gpu_uuid());
+
+  // Even a read-write opener gets a read-only file description: the record is the exporter's to write.
+  b.out.clear();
+  std::vector<os::UniqueFd> none;
+  b.registry.handle(Caller{2, b.opener}, proto::Message{9, proto::Open{"t", proto::Access::ReadWrite, 0}}, none, 0,
+                    b.out);
+  ASSERT_EQ(b.out.size(), 1U);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.out[0].msg.body)) << error_of(b.out[0].msg);
+  ASSERT_TRUE(b.out[0].fd);
+  EXPECT_THROW(os::Mapping::map(b.out[0].fd.get(), proto::kDeviceIpcRecordBytes, true), Error);
+  auto ro = os::Mapping::map(b.out[0].fd.get(), proto::kDeviceIpcRecordBytes, false);
+  EXPECT_EQ(static_cast<const proto::DeviceIpcRecord*>(ro.data())->offset, 512U);
+}
+
+TEST(RegistryDeviceIpc, BadRecordsAreRefusedWithTheReason) {
+  {
+    Broker b;
+    auto r = good_record();
+    r.magic = 1;
+    EXPECT_NE(error_of(b.create(r)).find("device_ipc): magic"), std::string::npos);
+  }
+  {
+    Broker b;
+    EXPECT_NE(error_of(b.create(good_record(), 8192)).find("record memfd is 8192 bytes, not 4096"), std::string::npos);
+  }
+  {
+    Broker b;
+    auto r = good_record();
+    r.exporter_gone = 1;
+    EXPECT_NE(error_of(b.create(r)).find("already gone"), std::string::npos);
+  }
+  {
+    Broker b;
+    auto r = good_record();
+    r.size = kSize - 1;
+    EXPECT_NE(error_of(b.create(r)).find("shares 2999 bytes"), std::string::npos);
+  }
+}
+
+TEST(RegistryDeviceIpc, ExporterConnectionDropUnlinksAndSaysPeerDied) {
+  Broker b;
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+  std::vector<os::UniqueFd> none;
+  b.out.clear();
+  b.registry.handle(Caller{2, b.opener}, proto::Message{5, proto::Open{"t", proto::Access::ReadOnly, 0}}, none, 0,
+                    b.out);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.out.at(0).msg.body));
+  EXPECT_EQ(b.exporter_gone(), 0U);
+
+  b.registry.drop_connection(1);
+  EXPECT_EQ(b.exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  EXPECT_FALSE(b.named());
+  // The opener's reference keeps the (unlinked) record until it closes.
+  EXPECT_EQ(b.registry.segment_count(), 1U);
+  b.registry.drop_connection(2);
+  EXPECT_EQ(b.registry.segment_count(), 0U);
+}
+
+TEST(RegistryDeviceIpc, ExportersLastCloseEndsTheShareButAnOpenersCloseDoesNot) {
+  Broker b;
+  const auto created = b.create(good_record());
+  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  std::vector<os::UniqueFd> none;
+  b.out.clear();
+  b.registry.handle(Caller{2, b.opener}, proto::Message{5, proto::Open{"t", proto::Access::ReadOnly, 0}}, none, 0,
+                    b.out);
+  b.out.clear();
+  b.registry.handle(Caller{1, b.exporter}, proto::Message{6, proto::Open{"t", proto::Access::ReadWrite, 0}}, none,
+                    0, b.out);  // the exporter holds 2 references now
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(2, proto::Close{id}).body));
+  EXPECT_TRUE(b.named());
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(1, proto::Close{id}).body));
+  EXPECT_TRUE(b.named());
+  EXPECT_EQ(b.exporter_gone(), 0U);
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(1, proto::Close{id}).body));
+  EXPECT_EQ(b.exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::Closed));
+  EXPECT_FALSE(b.named());
+  EXPECT_EQ(b.registry.segment_count(), 0U);
+}
+
+TEST(RegistryDeviceIpc, OtherKindsAreUntouchedByTheirCreatorsLeaving) {
+  Broker b;
+  auto fd = os::memfd_create("host", 4096);
+  std::vector<os::UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+      b.ask(1, proto::Create{"t", proto::Kind::Host, 0600, 4096, proto::Uuid{}, 0}, std::move(fds)).body));
+  b.registry.drop_connection(1);
+  EXPECT_TRUE(b.named());
+}
+
+}  // namespace
+}  // namespace gpuipc::broker
