@@ -67,8 +67,10 @@ class Segment;
 struct CreateOptions;
 namespace detail {
 struct Mapping;
-/// Segment::create with broker flags (semaphores and channels); see src/core/segment_internal.hpp.
+/// Segment::create with broker flags (semaphores, channels, pools); see src/core/segment_internal.hpp.
 Segment create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options, std::uint32_t flags);
+/// Segment::open, optionally without registering a host_pinned segment with the GPU (a CUDA-free reader).
+Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned);
 }  // namespace detail
 
 /// A handle to a mapped segment. Copies share the mapping (opening the same name again in this process is a
@@ -116,6 +118,7 @@ class Segment {
 
  private:
   friend Segment detail::create_segment(std::string_view, std::size_t, const CreateOptions&, std::uint32_t);
+  friend Segment detail::open_segment(std::string_view, const OpenOptions&, bool);
   explicit Segment(std::shared_ptr<detail::Mapping> map) noexcept;
   std::shared_ptr<detail::Mapping> m_map;
 };

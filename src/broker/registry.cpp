@@ -94,6 +94,7 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   const auto pid = static_cast<pid_t>(c->second.hello_pid);
   if ((seg.flags & proto::kFlagSemaphore) != 0) repair_semaphore(seg.control.data(), seg.control.size(), pid);
   if ((seg.flags & proto::kFlagChannel) != 0) repair_channel(seg.control.data(), seg.control.size(), pid);
+  if ((seg.flags & proto::kFlagPool) != 0) repair_pool(seg.control.data(), seg.control.size(), pid);
 }
 
 void Registry::drop_connection(ConnId conn, bool repair) {
@@ -181,15 +182,15 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                      caller.creds.uid, human_bytes(bytes), req.name, human_bytes(req.size), human_bytes(m_quotas.bytes)));
     return;
   }
-  if ((req.flags & ~proto::kKnownCreateFlags) != 0 || req.flags == proto::kKnownCreateFlags) {
+  // At most one of the flags: a segment is one kind of control block.
+  if ((req.flags & ~proto::kKnownCreateFlags) != 0 || (req.flags & (req.flags - 1)) != 0) {
     fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': unknown Create flags {:#x}", req.name, req.flags));
     return;
   }
-  const std::size_t min_control = (req.flags & proto::kFlagSemaphore) != 0 ? sizeof(proto::SemaphoreBlock)
-                                                                           : sizeof(proto::ChannelHeader);
+  const std::size_t min_control = min_control_bytes(req.flags);
   if (req.flags != 0 && (req.kind == proto::Kind::Device || req.size < min_control || req.size > (64ULL << 20))) {
     fail(ErrorCode::InvalidArgument,
-         fmt::format("segment '{}': a semaphore or channel control block is host memory of {} bytes to 64 MiB",
+         fmt::format("segment '{}': a semaphore, channel or pool control block is host memory of {} bytes to 64 MiB",
                      req.name, min_control));
     return;
   }

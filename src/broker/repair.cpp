@@ -3,6 +3,7 @@
 #include "base/log.hpp"
 #include "os/futex.hpp"
 #include "proto/shm.hpp"
+#include "shm/pool_block.hpp"
 
 namespace gpuipc::broker {
 namespace {
@@ -133,6 +134,33 @@ int repair_channel(void* control, std::size_t size, pid_t pid) noexcept {
     if (released) bump_and_wake(h.released_seq);
   }
   return removed;
+}
+
+int repair_pool(void* control, std::size_t size, pid_t pid) noexcept {
+  if (size < sizeof(shm::PoolHeader)) return 0;
+  auto& h = *static_cast<shm::PoolHeader*>(control);
+  int removed = 0;
+  for (std::uint32_t idx = 0; idx < proto::kMaxMembers; ++idx) {
+    std::uint32_t expected = static_cast<std::uint32_t>(pid);
+    if (atomic(h.members[idx].pid).load(std::memory_order_acquire) != expected) continue;
+    const int holds = shm::pool_remove_member(control, size, idx);
+    if (holds < 0) {
+      GPUIPC_LOG_WARN("pool member {} (pid {}): the control block does not validate or its lock stays taken; "
+                      "its holds are not released",
+                      idx, pid);
+      return removed;
+    }
+    if (!atomic(h.members[idx].pid).compare_exchange_strong(expected, 0U, std::memory_order_acq_rel)) continue;
+    ++removed;
+    GPUIPC_LOG_INFO("pool member {} (pid {}) is gone: {} holds released", idx, pid, holds);
+  }
+  return removed;
+}
+
+std::size_t min_control_bytes(std::uint32_t flags) noexcept {
+  if ((flags & proto::kFlagSemaphore) != 0) return sizeof(proto::SemaphoreBlock);
+  if ((flags & proto::kFlagPool) != 0) return shm::pool_control_bytes(1);
+  return sizeof(proto::ChannelHeader);
 }
 
 }  // namespace gpuipc::broker

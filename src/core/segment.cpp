@@ -233,10 +233,15 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
 }
 
 Segment Segment::open(std::string_view name, const OpenOptions& options) {
+  return detail::open_segment(name, options, true);
+}
+
+Segment detail::open_segment(std::string_view name, const OpenOptions& options, bool register_pinned) {
   std::string n = check_name_or_throw(name);
   auto& client = core::BrokerClient::instance();
   auto& cache = MappingCache::instance();
-  const std::string key = cache_key(n, options.access, options.device);
+  // An unregistered host_pinned mapping is cached apart (device -3 is no device anyone asks for).
+  const std::string key = cache_key(n, options.access, register_pinned ? options.device : -3);
   if (auto [hit, fresh] = cache.find(key, client.names_generation(), client.generation()); hit) {
     if (fresh) return Segment(std::move(hit));
     // An unlink happened somewhere since this binding was made: is the name still this segment?
@@ -278,7 +283,7 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
     m->gpu = core::import_device_memory(reply.fds[0].get(), m->size, r->info.device, options.device, read_only);
   } else {
     map_host(*m, reply.fds[0].get(), !read_only);
-    if (m->kind == SegmentKind::HostPinned) {
+    if (m->kind == SegmentKind::HostPinned && register_pinned) {
       m->gpu = core::register_host_memory(m->host.data(), m->size, options.device < 0 ? 0 : options.device, read_only);
     }
   }
