@@ -87,7 +87,8 @@ struct Pool::Impl {
   std::mutex holds_mutex;
   struct Local {
     std::uint64_t generation = 0;
-    std::uint32_t count = 0;
+    std::uint32_t holds = 0;  // hold() calls not yet released
+    bool owned = false;       // a Block of this process
   };
   std::unordered_map<std::uint32_t, Local> holds;  // by record: this process's references (Blocks and holds)
   std::mutex alloc_mutex;
@@ -184,29 +185,35 @@ struct Pool::Impl {
     }
   }
 
-  /// Counts a reference of this process to the block at `loc`; the first one takes the shared hold (`take` runs
+  /// Counts a hold of this process on the block at `loc`; the first reference takes the shared hold (`take` runs
   /// the shared-memory part). Returns the shared-memory status.
   template <typename Take>
-  shm::PoolStatus add_local(const shm::BlockLocation& loc, Take&& take) {
+  shm::PoolStatus add_hold(const shm::BlockLocation& loc, Take&& take) {
     std::lock_guard lock(holds_mutex);
     auto it = holds.find(loc.record);
-    if (it != holds.end() && it->second.generation == loc.generation && it->second.count > 0) {
-      ++it->second.count;
+    if (it != holds.end() && it->second.generation == loc.generation) {
+      ++it->second.holds;
       return shm::PoolStatus::Ok;
     }
     const shm::PoolStatus st = take();
-    if (st == shm::PoolStatus::Ok) holds[loc.record] = Local{loc.generation, 1};
+    if (st == shm::PoolStatus::Ok) holds[loc.record] = Local{loc.generation, 1, false};
     return st;
   }
 
-  /// Drops one reference of this process; the last one releases the shared hold. NotHeld when it has none.
-  shm::PoolStatus drop_local(const shm::BlockLocation& loc, bool pending_stream) noexcept {
+  /// Drops a hold (`owned`: the Block's reference instead); the last reference of this process releases the
+  /// shared hold. NotHeld when there is no such reference.
+  shm::PoolStatus drop_local(const shm::BlockLocation& loc, bool owned, bool pending_stream) noexcept {
     std::lock_guard lock(holds_mutex);
     auto it = holds.find(loc.record);
-    if (it == holds.end() || it->second.generation != loc.generation || it->second.count == 0) {
+    if (it == holds.end() || it->second.generation != loc.generation || (owned ? !it->second.owned : it->second.holds == 0)) {
       return shm::PoolStatus::NotHeld;
     }
-    if (--it->second.count > 0) return shm::PoolStatus::Ok;
+    if (owned) {
+      it->second.owned = false;
+    } else {
+      --it->second.holds;
+    }
+    if (it->second.owned || it->second.holds > 0) return shm::PoolStatus::Ok;
     holds.erase(it);
     return block.release(member, loc, pending_stream, kLockTimeout);
   }
@@ -277,12 +284,12 @@ struct Pool::Impl {
     b.m_ref = BlockRef{geo().pool_id, loc.generation, loc.offset, loc.size, loc.chunk, loc.record};
     {
       std::lock_guard lock(holds_mutex);
-      holds[loc.record] = Local{loc.generation, 1};
+      holds[loc.record] = Local{loc.generation, 0, true};
     }
     try {
       b.m_data = chunk_base(loc.chunk) + loc.offset;
     } catch (...) {
-      drop_local(loc, false);
+      drop_local(loc, true, false);
       throw;
     }
     b.m_pool = self;
@@ -528,7 +535,7 @@ void Pool::free(Block&& block, StreamHandle stream) {
                                             : CUDA_ERROR_INVALID_CONTEXT;
     pending = rc == CUDA_SUCCESS;
   }
-  const shm::PoolStatus st = im.drop_local(loc, pending);
+  const shm::PoolStatus st = im.drop_local(loc, true, pending);
   if (rc != CUDA_SUCCESS) {
     throw Error(ErrorCode::Cuda,
                 fmt::format("pool '{}': cuStreamWriteValue64 for the stream-ordered free failed; the block was freed "
@@ -557,7 +564,7 @@ void Pool::hold(const BlockRef& ref) {
   auto& im = *m_impl;
   if (std::string why = im.check_ref(ref); !why.empty()) im.throw_bad_ref(ref, "hold", why);
   const auto loc = location_of(ref);
-  const shm::PoolStatus st = im.add_local(loc, [&] { return im.block.hold(im.member, loc, kLockTimeout); });
+  const shm::PoolStatus st = im.add_hold(loc, [&] { return im.block.hold(im.member, loc, kLockTimeout); });
   if (st == shm::PoolStatus::LockTimeout) {
     throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "hold");
   }
@@ -568,7 +575,7 @@ void Pool::release(const BlockRef& ref) {
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "release on an empty Pool handle", "release");
   auto& im = *m_impl;
   if (ref.pool != im.geo().pool_id) im.throw_bad_ref(ref, "release", im.check_ref(ref));
-  const shm::PoolStatus st = im.drop_local(location_of(ref), false);
+  const shm::PoolStatus st = im.drop_local(location_of(ref), false, false);
   if (st == shm::PoolStatus::NotHeld) {
     im.throw_bad_ref(ref, "release", "this process holds no reference to it (a release without hold, or twice)");
   }
@@ -604,7 +611,7 @@ Block& Block::operator=(Block&& other) noexcept {
   return *this;
 }
 Block::~Block() {
-  if (m_pool) m_pool->drop_local(location_of(m_ref), false);
+  if (m_pool) m_pool->drop_local(location_of(m_ref), true, false);
 }
 
 }  // namespace gpuipc
