@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 
 #include "gpuipc/pool.hpp"
@@ -306,6 +307,34 @@ TEST(PoolsHost, ClosingEverythingLeavesNoBrokerReference) {
     Pool::unlink(name);
   }
   EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_references() == before; }, 5s));
+}
+
+/// The CLI of this build's stdout for `args` (the test's broker is in the environment).
+std::string gpuipc_cli(const std::string& args) {
+  std::string out;
+  FILE* pipe = ::popen((GPUIPC_BUILD_BIN_DIR "/gpuipc " + args).c_str(), "r");  // NOLINT(cert-env33-c): a test
+  if (pipe == nullptr) return out;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+  ::pclose(pipe);
+  return out;
+}
+
+TEST(PoolsHost, StatAndLsShowPoolStatistics) {
+  const auto name = unique_name("pool");
+  auto pool = one_chunk_pool(name);
+  Block b = pool.allocate(4096);
+  const std::string stat = gpuipc_cli("stat " + name);
+  EXPECT_NE(stat.find("pool:       used 4.0 KiB, free 60.0 KiB, 1 of 1 chunks, largest free block 60.0 KiB, 1 blocks "
+                      "live, 1 members"),
+            std::string::npos)
+      << stat;
+  EXPECT_NE(gpuipc_cli("stat --json " + name).find("\"largest_free_block\": 61440"), std::string::npos);
+  EXPECT_EQ(gpuipc_cli("stat " + name + ".chunk.0").find("pool:"), std::string::npos);
+  const std::string ls = gpuipc_cli("ls");
+  EXPECT_NE(ls.find("  pool: used 4.0 KiB"), std::string::npos) << ls;
+  EXPECT_NE(gpuipc_cli("ls --json").find("\"live_blocks\": 1"), std::string::npos);
+  Pool::unlink(name);
 }
 
 }  // namespace
