@@ -228,11 +228,11 @@ struct Pool::Impl {
         try {
           create_chunk(out.chunk);
         } catch (const Error& e) {
-          block.chunk_failed(member, out.chunk);
+          block.chunk_created(member, out.chunk, false);
           error = e.what();
           return st;
         }
-        block.chunk_ready(member, out.chunk);
+        block.chunk_created(member, out.chunk, true);
         continue;
       }
       if (st != shm::PoolStatus::ChunkBusy) return st;

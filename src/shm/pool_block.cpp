@@ -286,22 +286,13 @@ PoolStatus PoolBlock::allocate(std::uint32_t member, std::uint64_t bytes, std::u
   return st;
 }
 
-void PoolBlock::chunk_ready(std::uint32_t member, std::uint32_t chunk) noexcept {
+void PoolBlock::chunk_created(std::uint32_t member, std::uint32_t chunk, bool ok) noexcept {
   if (!valid() || chunk >= m_geo.max_chunks) return;
   PoolChunk& c = m_header->chunks[chunk];
   std::uint32_t expected = static_cast<std::uint32_t>(ChunkState::Creating);
   if (load(c.creator) == member) {
-    atomic(c.state).compare_exchange_strong(expected, static_cast<std::uint32_t>(ChunkState::Ready));
-  }
-  wake(m_header->wake_seq);
-}
-
-void PoolBlock::chunk_failed(std::uint32_t member, std::uint32_t chunk) noexcept {
-  if (!valid() || chunk >= m_geo.max_chunks) return;
-  PoolChunk& c = m_header->chunks[chunk];
-  std::uint32_t expected = static_cast<std::uint32_t>(ChunkState::Creating);
-  if (load(c.creator) == member) {
-    atomic(c.state).compare_exchange_strong(expected, static_cast<std::uint32_t>(ChunkState::Absent));
+    atomic(c.state).compare_exchange_strong(expected,
+                                            static_cast<std::uint32_t>(ok ? ChunkState::Ready : ChunkState::Absent));
   }
   wake(m_header->wake_seq);
 }

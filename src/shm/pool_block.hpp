@@ -119,7 +119,7 @@ void init_pool(void* control, const PoolGeometry& g) noexcept;
 enum class PoolStatus : std::uint8_t {
   Ok = 0,
   NoSpace,      ///< no free range large enough in the ready chunks, and no chunk left to add
-  NeedChunk,    ///< no free range, but chunk `chunk` was reserved for this caller: create it, then chunk_ready
+  NeedChunk,    ///< no free range, but chunk `chunk` was reserved for this caller: create it, then chunk_created
   ChunkBusy,    ///< another member is creating a chunk: retry shortly
   NoRecord,     ///< every block record is in use
   Stale,        ///< the block is not live, or has another generation (freed, reused, forged)
@@ -174,13 +174,12 @@ class PoolBlock {
   BlockRecord& record(std::uint32_t i) const noexcept { return m_records[i]; }
 
   /// Allocates `bytes` aligned to `alignment` (a power of two) for `member`, which becomes its first holder.
-  /// NeedChunk: chunk `out.chunk` is reserved for the caller, who creates its memory and calls chunk_ready (or
-  /// chunk_failed). `scratch` is reused between calls (variable mode sorts occupied ranges in it).
+  /// NeedChunk: chunk `out.chunk` is reserved for the caller, who creates its memory and calls chunk_created.
+  /// `scratch` is reused between calls (variable mode sorts occupied ranges in it).
   PoolStatus allocate(std::uint32_t member, std::uint64_t bytes, std::uint64_t alignment, BlockLocation& out,
                       std::vector<OccupiedRange>& scratch, std::chrono::nanoseconds lock_timeout) noexcept;
-  /// A reserved chunk's memory exists (Creating -> Ready), or could not be made (-> Absent).
-  void chunk_ready(std::uint32_t member, std::uint32_t chunk) noexcept;
-  void chunk_failed(std::uint32_t member, std::uint32_t chunk) noexcept;
+  /// The memory of a chunk reserved for `member` exists (`ok`: Creating -> Ready), or could not be made (-> Absent).
+  void chunk_created(std::uint32_t member, std::uint32_t chunk, bool ok) noexcept;
 
   /// Adds `member` to the holders of the live block `loc` names (Stale when it is not live or not that block).
   PoolStatus hold(std::uint32_t member, const BlockLocation& loc, std::chrono::nanoseconds lock_timeout) noexcept;

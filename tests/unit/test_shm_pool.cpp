@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "broker/repair.hpp"
+#include "gpuipc/pool.hpp"
 #include "shm/pool_block.hpp"
 
 namespace gpuipc::shm {
@@ -128,9 +130,9 @@ TEST(ShmPool, GrowsByChunksReservedForOneCaller) {
   ASSERT_EQ(p.alloc(0, 10, n), PoolStatus::NeedChunk);
   EXPECT_EQ(n.chunk, 1U);
   EXPECT_EQ(p.alloc(1, 10, b), PoolStatus::ChunkBusy);  // member 1 waits for member 0's chunk
-  p.block.chunk_failed(1, 1);                           // not its chunk: no effect
+  p.block.chunk_created(1, 1, false);                           // not its chunk: no effect
   EXPECT_EQ(p.alloc(1, 10, b), PoolStatus::ChunkBusy);
-  p.block.chunk_ready(0, 1);
+  p.block.chunk_created(0, 1, true);
   ASSERT_EQ(p.alloc(1, 10, b), PoolStatus::Ok);
   EXPECT_EQ(b.chunk, 1U);
   ASSERT_EQ(p.alloc(1, 3800, b), PoolStatus::Ok);
@@ -297,7 +299,7 @@ TEST(ShmPool, ThreadsRacingRemovalNeverOverlap) {
       BlockLocation l;
       const auto st = p.block.allocate(m, 64 + rng() % 4000, 64, l, scratch, kTimeout);
       if (st == PoolStatus::NeedChunk) {
-        p.block.chunk_ready(m, l.chunk);
+        p.block.chunk_created(m, l.chunk, true);
       } else if (st == PoolStatus::Ok) {
         for (std::uint64_t i = 0; i < l.size; ++i) memory[(l.chunk << 16) + l.offset + i].store(m + 1);
         mine.push_back(l);
@@ -323,7 +325,7 @@ TEST(ShmPool, ThreadsRacingRemovalNeverOverlap) {
     BlockLocation l;
     for (int i = 0; i < 3; ++i) {
       const auto st = p.alloc(3, 64 + rng() % 2000, l, 64);
-      if (st == PoolStatus::NeedChunk && rng() % 2 == 0) p.block.chunk_ready(3, l.chunk);
+      if (st == PoolStatus::NeedChunk && rng() % 2 == 0) p.block.chunk_created(3, l.chunk, true);
       if (st == PoolStatus::NeedChunk) break;  // sometimes it dies creating the chunk
       // Member 3 holds another member's block: a guess at its record, checked by hold like a forged reference.
       auto& r = p.block.record(static_cast<std::uint32_t>(last[rng() % 3].load()));
@@ -369,6 +371,53 @@ TEST(ShmPool, GarbageNeverCrashesOrHangs) {
     p.block.counts();
     for (std::uint32_t m = 0; m < 4; ++m) p.remove(m);
   }
+}
+
+/// The broker's repair: every member entry of the dead pid goes, with its holds; other pids are untouched.
+TEST(RepairPool, RemovesEveryMemberOfTheDeadPidWithItsHolds) {
+  TestPool p(PoolMode::Variable, 16, 4096, 1);
+  p.header().members[0] = {100, static_cast<std::uint32_t>(proto::Role::Holder)};
+  p.header().members[1] = {200, static_cast<std::uint32_t>(proto::Role::Holder)};
+  p.header().members[2] = {100, static_cast<std::uint32_t>(proto::Role::Holder)};  // a second handle of pid 100
+  BlockLocation a, b, c;
+  ASSERT_EQ(p.alloc(0, 1000, a), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(2, 1000, b), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(1, 1000, c), PoolStatus::Ok);
+  ASSERT_EQ(p.block.hold(2, c, kTimeout), PoolStatus::Ok);
+  EXPECT_EQ(broker::repair_pool(p.mem.get(), p.size, 100), 2);
+  EXPECT_EQ(p.header().members[0].pid, 0U);
+  EXPECT_EQ(p.header().members[2].pid, 0U);
+  EXPECT_EQ(p.header().members[1].pid, 200U);
+  EXPECT_EQ(p.block.check_live(a), PoolStatus::Stale);
+  EXPECT_EQ(p.block.check_live(b), PoolStatus::Stale);
+  EXPECT_EQ(p.block.check_live(c), PoolStatus::Ok);
+  EXPECT_EQ(p.block.record(c.record).holders, 1ULL << 1);
+  EXPECT_EQ(broker::repair_pool(p.mem.get(), p.size, 300), 0);
+  EXPECT_EQ(broker::repair_pool(p.mem.get(), 64, 200), 0);  // too small to be a pool
+  EXPECT_GE(broker::min_control_bytes(proto::kFlagPool), sizeof(PoolHeader));
+}
+
+TEST(BlockRefCodec, RoundTripsAndRefusesEveryOutOfRangeField) {
+  const BlockRef r{0x1122334455667788ULL, 42, 4096, 1000, 3, 17};
+  const auto bytes = encode_block_ref(r);
+  EXPECT_EQ(std::to_integer<int>(bytes[0]), 0x88);  // little-endian
+  EXPECT_EQ(decode_block_ref(bytes), r);
+  auto refused = [](BlockRef bad, const std::string& needle) {
+    const auto b = encode_block_ref(bad);
+    try {
+      decode_block_ref(b);
+    } catch (const Error& e) {
+      return e.code() == ErrorCode::InvalidArgument && std::string(e.what()).find(needle) != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused({0, 1, 0, 1, 0, 0}, "pool id 0"));
+  EXPECT_TRUE(refused({1, 0, 0, 1, 0, 0}, "generation 0"));
+  EXPECT_TRUE(refused({1, 1, 0, 0, 0, 0}, "size 0"));
+  EXPECT_TRUE(refused({1, 1, 0, 1, kMaxChunks, 0}, "chunk 1024"));
+  EXPECT_TRUE(refused({1, 1, 0, 1, 0, kMaxRecords}, "block index"));
+  EXPECT_TRUE(refused({1, 1, UINT64_MAX, 2, 0, 0}, "past the largest chunk"));
+  EXPECT_THROW(decode_block_ref(std::span(bytes).first(39)), Error);
 }
 
 }  // namespace
