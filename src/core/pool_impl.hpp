@@ -53,6 +53,7 @@ struct Pool::Impl {
     std::uint64_t generation = 0;
     std::uint32_t holds = 0;  // hold() calls not yet released
     bool owned = false;       // a Block of this process
+    bool pending = false;     // its Block was freed on a stream: the last release must wait for that stream
   };
   std::unordered_map<std::uint32_t, Local> holds;  // by record: this process's references (Blocks and holds)
   std::mutex alloc_mutex;
@@ -160,7 +161,7 @@ struct Pool::Impl {
       return shm::PoolStatus::Ok;
     }
     const shm::PoolStatus st = take();
-    if (st == shm::PoolStatus::Ok) holds[loc.record] = Local{loc.generation, 1, false};
+    if (st == shm::PoolStatus::Ok) holds[loc.record] = Local{loc.generation, 1, false, false};
     return st;
   }
 
@@ -174,12 +175,14 @@ struct Pool::Impl {
     }
     if (owned) {
       it->second.owned = false;
+      it->second.pending = pending_stream;
     } else {
       --it->second.holds;
     }
     if (it->second.owned || it->second.holds > 0) return shm::PoolStatus::Ok;
+    const bool pending = it->second.pending;
     holds.erase(it);
-    return block.release(member, loc, pending_stream, pool_detail::kLockTimeout);
+    return block.release(member, loc, pending, pool_detail::kLockTimeout);
   }
 
   /// What is wrong with `ref` for this pool, or empty.
@@ -248,7 +251,7 @@ struct Pool::Impl {
     b.m_ref = BlockRef{geo().pool_id, loc.generation, loc.offset, loc.size, loc.chunk, loc.record};
     {
       std::lock_guard lock(holds_mutex);
-      holds[loc.record] = Local{loc.generation, 0, true};
+      holds[loc.record] = Local{loc.generation, 0, true, false};
     }
     try {
       b.m_data = chunk_base(loc.chunk) + loc.offset;
