@@ -58,9 +58,9 @@ tsan: deps
 
 fuzz-build: deps
 	cmake --preset fuzz >/dev/null
-	cmake --build --preset fuzz -j $(JOBS) --target fuzz_proto_decode
+	cmake --build --preset fuzz -j $(JOBS) --target fuzz_proto_decode fuzz_block_ref
 
-## The wire-protocol decoder under libFuzzer + ASan for FUZZ_SECONDS (default 60).
+## The wire-protocol decoder and BlockRef decoding under libFuzzer + ASan, FUZZ_SECONDS (default 60) each.
 fuzz: fuzz-build
 	scripts/fuzz.sh $(FUZZ_SECONDS)
 

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Runs the wire-protocol decoder fuzz target for $1 seconds over the committed seed corpus.
+# Runs each fuzz target for $1 seconds over its committed seed corpus: the wire-protocol decoder
+# (fuzz_proto_decode, fuzz/corpus/proto) and BlockRef decoding (fuzz_block_ref, fuzz/corpus/block_ref).
 # New interesting inputs go to a scratch corpus (not the committed one); crashes to fuzz/artifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
 mkdir -p fuzz/artifacts
-echo "fuzz: fuzz_proto_decode for ${seconds}s"
-ASAN_OPTIONS=detect_leaks=1 ./build-fuzz/fuzz/fuzz_proto_decode -max_total_time="$seconds" -print_final_stats=1 \
-  -artifact_prefix=fuzz/artifacts/ -max_len=65536 "$scratch" fuzz/corpus/proto 2>&1 | tail -n 15
+for pair in fuzz_proto_decode:proto fuzz_block_ref:block_ref; do
+  target=${pair%%:*}
+  corpus=fuzz/corpus/${pair##*:}
+  scratch=$(mktemp -d)
+  echo "fuzz: $target for ${seconds}s"
+  ASAN_OPTIONS=detect_leaks=1 "./build-fuzz/fuzz/$target" -max_total_time="$seconds" -print_final_stats=1 \
+    -artifact_prefix=fuzz/artifacts/ -max_len=65536 "$scratch" "$corpus" 2>&1 | tail -n 15
+  rm -rf "$scratch"
+done

@@ -79,6 +79,8 @@ struct SegmentAccess;
 /// (host kinds) fills the memory in before the broker registers the name, so nobody sees it half made.
 Segment create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options, std::uint32_t flags,
                        const std::function<void(void*)>& init = {});
+/// Segment::open, optionally without registering a host_pinned segment with the GPU (a CUDA-free reader).
+Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned);
 }  // namespace detail
 
 /// A handle to a mapped segment. Copies share the mapping (opening the same name again in this process is a
@@ -134,6 +136,7 @@ class Segment {
   friend Segment detail::create_segment(std::string_view, std::size_t, const CreateOptions&, std::uint32_t,
                                         const std::function<void(void*)>&);
   friend struct detail::SegmentAccess;
+  friend Segment detail::open_segment(std::string_view, const OpenOptions&, bool);
   explicit Segment(std::shared_ptr<detail::Mapping> map) noexcept;
   std::shared_ptr<detail::Mapping> m_map;
 };

@@ -246,11 +246,10 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
     fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': unknown Create flags {:#x}", req.name, req.flags));
     return;
   }
-  const std::size_t min_control = (req.flags & proto::kFlagSemaphore) != 0 ? sizeof(proto::SemaphoreBlock)
-                                                                           : sizeof(proto::ChannelHeader);
+  const std::size_t min_control = min_control_bytes(req.flags);
   if (req.flags != 0 && (req.kind == proto::Kind::Device || req.size < min_control || req.size > (64ULL << 20))) {
     fail(ErrorCode::InvalidArgument,
-         fmt::format("segment '{}': a semaphore or channel control block is host memory of {} bytes to 64 MiB",
+         fmt::format("segment '{}': a semaphore, channel or pool control block is host memory of {} bytes to 64 MiB",
                      req.name, min_control));
     return;
   }

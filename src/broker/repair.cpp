@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "base/log.hpp"
+#include "shm/members.hpp"
+#include "shm/pool_block.hpp"
 #include "shm/semaphore_block.hpp"
 
 namespace gpuipc::broker {
@@ -24,7 +26,20 @@ std::string check_control(ControlBlock& block) {
     block.ring = *g;
     return {};
   }
+  if ((block.flags & proto::kFlagPool) != 0) {
+    shm::PoolGeometry g;
+    if (!shm::read_geometry(block.data, block.size, g)) {
+      return fmt::format("not a pool control block that fits its {} bytes: fill it in before Create", block.size);
+    }
+    return {};
+  }
   return {};
+}
+
+std::size_t min_control_bytes(std::uint32_t flags) noexcept {
+  if ((flags & proto::kFlagSemaphore) != 0) return sizeof(proto::SemaphoreBlock);
+  if ((flags & proto::kFlagPool) != 0) return shm::pool_control_bytes(1);
+  return sizeof(proto::ChannelHeader);
 }
 
 std::uint32_t join_member(const ControlBlock& block, proto::Role role, std::uint32_t token, ErrorCode& code,
@@ -43,8 +58,14 @@ std::uint32_t join_member(const ControlBlock& block, proto::Role role, std::uint
       return index;
     }
     index = shm::channel_join(*static_cast<proto::ChannelHeader*>(block.data), token, role);
+  } else if ((block.flags & proto::kFlagPool) != 0) {
+    if (role != proto::Role::Holder) {
+      why = "a pool's members are holders";
+      return index;
+    }
+    index = shm::claim_member(static_cast<shm::PoolHeader*>(block.data)->members, token, role);
   } else {
-    why = "this segment is not a semaphore or a channel: it has no members";
+    why = "this segment is not a semaphore, a channel or a pool: it has no members";
     return index;
   }
   if (index == proto::kNoMember) {
@@ -62,6 +83,18 @@ bool remove_member(const ControlBlock& block, const Joined& m) noexcept {
   } else if ((block.flags & proto::kFlagChannel) != 0) {
     removed = shm::channel_remove_member(block.data, block.ring, m.member, m.token, m.role,
                                          proto::PoisonReason::PeerDied);
+  } else if ((block.flags & proto::kFlagPool) != 0) {
+    auto& members = static_cast<shm::PoolHeader*>(block.data)->members;
+    if (shm::holds_token(members, m.member, m.token)) {
+      // Its holds first (blocks it held last are freed, its stream frees complete, a lock it died in is broken),
+      // then the entry: until then nobody else can be member `m.member`.
+      if (shm::pool_remove_member(block.data, block.size, m.member) < 0) {
+        GPUIPC_LOG_WARN("pool member {}: the control block does not validate or its lock stays taken; its holds "
+                        "are not released",
+                        m.member);
+      }
+      removed = shm::clear_member(members, m.member, m.token);
+    }
   }
   if (removed) GPUIPC_LOG_INFO("member {} (role {}) is gone: repaired", m.member, static_cast<int>(m.role));
   return removed;

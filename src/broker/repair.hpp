@@ -20,9 +20,12 @@ namespace gpuipc::broker {
 struct ControlBlock {
   void* data = nullptr;
   std::size_t size = 0;
-  std::uint32_t flags = 0;   ///< proto::kFlagSemaphore or kFlagChannel
+  std::uint32_t flags = 0;   ///< proto::kFlagSemaphore, kFlagChannel or kFlagPool
   shm::RingGeometry ring{};  ///< channels
 };
+
+/// The smallest control block a Create with these flags (one of proto::kFlag*) may declare.
+std::size_t min_control_bytes(std::uint32_t flags) noexcept;
 
 /// One member entry a connection joined.
 struct Joined {

@@ -240,10 +240,15 @@ Segment detail::SegmentAccess::register_created(std::shared_ptr<Mapping> m, cons
 }
 
 Segment Segment::open(std::string_view name, const OpenOptions& options) {
+  return detail::open_segment(name, options, true);
+}
+
+Segment detail::open_segment(std::string_view name, const OpenOptions& options, bool register_pinned) {
   std::string n = check_name_or_throw(name);
   auto& client = core::BrokerClient::instance();
   auto& cache = MappingCache::instance();
-  const std::string key = cache_key(n, options.access, options.device);
+  // An unregistered host_pinned mapping is cached apart (device -3 is no device anyone asks for).
+  const std::string key = cache_key(n, options.access, register_pinned ? options.device : -3);
   if (auto [hit, fresh] = cache.find(key, client.names_generation(), client.generation()); hit) {
     if (!hit->alive()) {
       cache.erase(key);
@@ -293,7 +298,7 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
     detail::open_device_ipc(*m, reply.fds[0].get(), r->info, options.device);
   } else {
     map_host(*m, reply.fds[0].get(), !read_only);
-    if (m->kind == SegmentKind::HostPinned) {
+    if (m->kind == SegmentKind::HostPinned && register_pinned) {
       m->gpu = core::register_host_memory(m->host.data(), m->size, options.device < 0 ? 0 : options.device, read_only);
     }
   }

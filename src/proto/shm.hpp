@@ -14,10 +14,12 @@
 
 namespace gpuipc::proto {
 
-/// Create.flags: what a segment is. The broker repairs semaphores and channels when a member dies.
+/// Create.flags: what a segment is (at most one flag). The broker repairs semaphores, channels and pools when a
+/// member dies.
 inline constexpr std::uint32_t kFlagSemaphore = 1U << 0;
 inline constexpr std::uint32_t kFlagChannel = 1U << 1;
-inline constexpr std::uint32_t kKnownCreateFlags = kFlagSemaphore | kFlagChannel;
+inline constexpr std::uint32_t kFlagPool = 1U << 2;  ///< the control block of a pool (src/shm/pool_block.hpp)
+inline constexpr std::uint32_t kKnownCreateFlags = kFlagSemaphore | kFlagChannel | kFlagPool;
 
 /// Values are below 2^62. Bit 62 marks a poisoned value: CUDA's 64-bit stream waits compare cyclically
 /// ((int64_t)(*addr - v) >= 0), so poison must stay within 2^63 of every value waited for — a set top bit would
@@ -28,7 +30,7 @@ inline constexpr std::uint64_t kMaxValue = kPoisonBit - 1;
 /// Why a block was poisoned.
 enum class PoisonReason : std::uint32_t { None = 0, PeerDied = 1, Closed = 2 };
 
-/// Most members (processes) registered at once in one semaphore or channel.
+/// Most members (processes) registered at once in one semaphore, channel or pool.
 inline constexpr std::uint32_t kMaxMembers = 64;
 
 /// Member roles.

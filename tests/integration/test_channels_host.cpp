@@ -24,26 +24,6 @@ struct Header {
   std::uint32_t index;
 };
 
-/// Memory shared with forked children (MAP_SHARED | MAP_ANONYMOUS, made before fork).
-template <typename T>
-class Shared {
- public:
-  explicit Shared(std::size_t count = 1) : m_bytes(sizeof(T) * count) {
-    m_ptr = ::mmap(nullptr, m_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (m_ptr == MAP_FAILED) throw std::runtime_error("mmap");
-    std::memset(m_ptr, 0, m_bytes);
-  }
-  ~Shared() { ::munmap(m_ptr, m_bytes); }
-  Shared(const Shared&) = delete;
-  Shared& operator=(const Shared&) = delete;
-  T* get() const { return static_cast<T*>(m_ptr); }
-  T& operator[](std::size_t i) const { return get()[i]; }
-
- private:
-  std::size_t m_bytes;
-  void* m_ptr;
-};
-
 std::uint8_t pattern(std::uint32_t producer, std::uint32_t index, std::size_t i) {
   return static_cast<std::uint8_t>(producer * 131 + index * 7 + i);
 }

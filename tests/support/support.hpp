@@ -3,15 +3,18 @@
 #pragma once
 
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -151,5 +154,25 @@ std::optional<std::string> read_file(const std::string& path);
 
 /// Creates or replaces a file with `content`; throws std::runtime_error on failure.
 void write_file(const std::string& path, std::string_view content);
+
+/// Memory shared with forked children (MAP_SHARED | MAP_ANONYMOUS, made before fork).
+template <typename T>
+class Shared {
+ public:
+  explicit Shared(std::size_t count = 1) : m_bytes(sizeof(T) * count) {
+    m_ptr = ::mmap(nullptr, m_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m_ptr == MAP_FAILED) throw std::runtime_error("mmap");
+    std::memset(m_ptr, 0, m_bytes);
+  }
+  ~Shared() { ::munmap(m_ptr, m_bytes); }
+  Shared(const Shared&) = delete;
+  Shared& operator=(const Shared&) = delete;
+  T* get() const { return static_cast<T*>(m_ptr); }
+  T& operator[](std::size_t i) const { return get()[i]; }
+
+ private:
+  std::size_t m_bytes;
+  void* m_ptr;
+};
 
 }  // namespace gpuipc::test

@@ -5,9 +5,12 @@
 #include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 
 #include "base/format.hpp"
 #include "commands.hpp"
+#include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 
 namespace gpuipc::cli {
@@ -36,6 +39,30 @@ nlohmann::json to_json(const SegmentInfo& i) {
                         {"mapper_pids", i.mapper_pids}};
 }
 
+/// The statistics of pool `name`, read from its control block, or nothing when it is not a pool (or unreadable).
+std::optional<PoolStats> pool_stats(const SegmentInfo& i) {
+  if (i.name.empty() || i.kind == SegmentKind::Device) return std::nullopt;
+  try {
+    return Pool::stat(i.name);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+nlohmann::json to_json(const PoolStats& s) {
+  return nlohmann::json{{"used_bytes", s.used_bytes},         {"free_bytes", s.free_bytes},
+                        {"capacity_bytes", s.capacity_bytes}, {"max_bytes", s.max_bytes},
+                        {"largest_free_block", s.largest_free_block}, {"chunks", s.chunks},
+                        {"max_chunks", s.max_chunks},         {"live_blocks", s.live_blocks},
+                        {"draining_blocks", s.draining_blocks}, {"members", s.members}};
+}
+
+std::string pool_line(const PoolStats& s) {
+  return fmt::format("used {}, free {}, {} of {} chunks, largest free block {}, {} blocks live, {} members",
+                     human_bytes(s.used_bytes), human_bytes(s.free_bytes), s.chunks, s.max_chunks,
+                     human_bytes(s.largest_free_block), s.live_blocks, s.members);
+}
+
 std::string pids_string(const SegmentInfo& i) {
   std::string s = fmt::format("{}", fmt::join(i.mapper_pids, ","));
   if (i.mapper_count > i.mapper_pids.size()) s += fmt::format(",+{}", i.mapper_count - i.mapper_pids.size());
@@ -50,9 +77,18 @@ void register_segments(CLI::App& app, int& exit_code) {
   ls->add_flag("--json", ls_json, "print a JSON array (keys: docs/cli/ls.md)");
   ls->callback([&exit_code] {
     const auto all = Segment::list();
+    // Pools: control segments whose first chunk is listed too (nothing else is opened).
+    std::set<std::string> names;
+    for (const auto& i : all) names.insert(i.name);
+    auto pool_of = [&](const SegmentInfo& i) {
+      return names.count(i.name + ".chunk.0") != 0 ? pool_stats(i) : std::nullopt;
+    };
     if (ls_json) {
       nlohmann::json arr = nlohmann::json::array();
-      for (const auto& i : all) arr.push_back(to_json(i));
+      for (const auto& i : all) {
+        arr.push_back(to_json(i));
+        if (auto p = pool_of(i)) arr.back()["pool"] = to_json(*p);
+      }
       std::cout << arr.dump(2) << "\n";
     } else {
       std::cout << fmt::format("{:<32} {:<12} {:>10} {:<40} {:>6} {:>5} {:>4} {}\n", "NAME", "KIND", "SIZE", "DEVICE",
@@ -62,20 +98,24 @@ void register_segments(CLI::App& app, int& exit_code) {
                                  i.name.empty() ? fmt::format("(unlinked #{})", i.id) : i.name, to_string(i.kind),
                                  human_bytes(i.size), i.device_uuid.empty() ? "-" : i.device_uuid, i.owner_uid, i.mode,
                                  i.references, pids_string(i));
+        if (auto p = pool_of(i)) std::cout << "  pool: " << pool_line(*p) << "\n";
       }
     }
     exit_code = kExitOk;
   });
 
-  auto* st = app.add_subcommand("stat", "show one segment");
+  auto* st = app.add_subcommand("stat", "show one segment (and a pool's statistics)");
   static std::string stat_name;
   static bool stat_json = false;
   st->add_option("NAME", stat_name, "segment name")->required();
   st->add_flag("--json", stat_json, "print JSON (keys: docs/cli/stat.md)");
   st->callback([&exit_code] {
     const auto i = Segment::stat(stat_name);
+    const auto pool = pool_stats(i);
     if (stat_json) {
-      std::cout << to_json(i).dump(2) << "\n";
+      auto j = to_json(i);
+      if (pool) j["pool"] = to_json(*pool);
+      std::cout << j.dump(2) << "\n";
     } else {
       std::cout << fmt::format(
           "name:       {}\nid:         {}\nkind:       {}\nsize:       {} ({} bytes)\ndevice:     {}\nowner:      "
@@ -83,6 +123,7 @@ void register_segments(CLI::App& app, int& exit_code) {
           i.name, i.id, to_string(i.kind), human_bytes(i.size), i.size, i.device_uuid.empty() ? "-" : i.device_uuid,
           i.owner_uid, i.owner_gid, i.mode, created_string(i.created_unix_ns), i.references, i.mapper_count,
           pids_string(i));
+      if (pool) std::cout << "pool:       " << pool_line(*pool) << "\n";
     }
     exit_code = kExitOk;
   });

@@ -1,0 +1,384 @@
+#include "gpuipc/pool.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/format.hpp"
+#include "core/segment_internal.hpp"
+#include "proto/messages.hpp"
+#include "core/shm_wait.hpp"
+#include "cuda/host_func.hpp"
+#include "cuda/resources.hpp"
+#include "core/pool_impl.hpp"
+#include "shm/pool_block.hpp"
+
+namespace gpuipc {
+
+using proto::atomic;
+using pool_detail::chunk_name;
+using pool_detail::kLockTimeout;
+using pool_detail::location_of;
+
+namespace {
+
+/// ".chunk.1023"
+constexpr std::size_t kChunkSuffix = 11;
+
+void check_pool_name(std::string_view name) {
+  if (name.size() + kChunkSuffix > proto::kMaxNameLength) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("pool name '{}' is longer than {} characters", name, proto::kMaxNameLength - kChunkSuffix),
+                "pool");
+  }
+}
+
+PoolStats to_stats(const shm::PoolCounts& c) noexcept {
+  PoolStats s;
+  s.used_bytes = c.used_bytes;
+  s.free_bytes = c.free_bytes;
+  s.capacity_bytes = c.capacity_bytes;
+  s.max_bytes = c.max_bytes;
+  s.largest_free_block = c.largest_free;
+  s.chunks = c.chunks;
+  s.max_chunks = c.max_chunks;
+  s.live_blocks = c.live_blocks;
+  s.draining_blocks = c.draining_blocks;
+  s.members = c.members;
+  s.allocations = c.allocations;
+  s.frees = c.frees;
+  return s;
+}
+
+/// The control block's segment kind for chunks of `kind`: host_pinned wherever a stream writes `released`.
+SegmentKind control_kind(SegmentKind kind) noexcept {
+  return kind == SegmentKind::Host ? SegmentKind::Host : SegmentKind::HostPinned;
+}
+
+}  // namespace
+
+namespace {
+
+std::shared_ptr<Pool::Impl> attach(Segment control, const std::string& name, Access access, int device) {
+  auto impl = std::make_shared<Pool::Impl>();
+  impl->block = shm::PoolBlock(control.data(), control.size());
+  if (!impl->block.valid()) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("'{}' is not a gpuipc pool (version {}) or its control block is damaged", name,
+                            shm::kPoolVersion),
+                "open");
+  }
+  impl->name = name;
+  impl->kind = static_cast<SegmentKind>(impl->block.geometry().kind);
+  if (impl->kind != SegmentKind::Host && impl->kind != SegmentKind::HostPinned && impl->kind != SegmentKind::Device) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': unknown chunk kind", name), "open");
+  }
+  impl->access = access;
+  impl->open_device = device;
+  impl->bases = std::make_unique<std::atomic<std::byte*>[]>(impl->block.geometry().max_chunks);
+  if (impl->stream_ordered()) {
+    impl->control_device = control.device_pointer();
+    impl->ctx = cuda::PrimaryContext(control.device());
+  }
+  impl->scratch.reserve(impl->block.geometry().max_records);
+  impl->control = std::move(control);
+  impl->join();
+  return impl;
+}
+
+shm::PoolGeometry geometry_for(std::string_view name, const PoolOptions& o) {
+  shm::PoolGeometry g;
+  g.kind = static_cast<std::uint32_t>(o.kind);
+  g.device = o.device;
+  auto bad = [&](const std::string& why) {
+    return Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': {}", name, why), "create");
+  };
+  if (o.pool_mode == PoolMode::Fixed) {
+    if (o.block_bytes == 0 || o.block_count == 0 || o.block_count > shm::kMaxRecords ||
+        o.block_bytes > (std::uint64_t{1} << 40) / o.block_count) {
+      throw bad(fmt::format("a fixed pool needs block_bytes > 0 and block_count 1..{}, at most 1 TiB in all",
+                            shm::kMaxRecords));
+    }
+    g.mode = shm::PoolMode::Fixed;
+    g.block_bytes = (o.block_bytes + 255) / 256 * 256;
+    g.max_records = o.block_count;
+    g.max_chunks = 1;
+    g.chunk_bytes = g.block_bytes * o.block_count;
+  } else if (o.pool_mode == PoolMode::Variable) {
+    if (o.chunk_bytes == 0 || o.chunk_bytes > (std::uint64_t{1} << 40) || o.max_bytes < o.chunk_bytes ||
+        o.max_blocks == 0 || o.max_blocks > shm::kMaxRecords) {
+      throw bad(fmt::format("a variable pool needs 0 < chunk_bytes <= 1 TiB, max_bytes >= chunk_bytes and "
+                            "max_blocks 1..{}",
+                            shm::kMaxRecords));
+    }
+    g.mode = shm::PoolMode::Variable;
+    g.chunk_bytes = (o.chunk_bytes + 4095) / 4096 * 4096;
+    g.max_chunks = static_cast<std::uint32_t>(std::min<std::uint64_t>(o.max_bytes / o.chunk_bytes, shm::kMaxChunks));
+    g.max_records = o.max_blocks;
+  } else {
+    throw bad("unknown pool_mode");
+  }
+  std::random_device rd;
+  while (g.pool_id == 0) g.pool_id = (std::uint64_t{rd()} << 32) ^ rd();
+  return g;
+}
+
+}  // namespace
+
+Pool::Pool() noexcept = default;
+Pool::Pool(std::shared_ptr<Impl> impl) noexcept : m_impl(std::move(impl)) {}
+Pool::~Pool() = default;
+Pool::Pool(const Pool&) noexcept = default;
+Pool& Pool::operator=(const Pool&) noexcept = default;
+Pool::Pool(Pool&&) noexcept = default;
+Pool& Pool::operator=(Pool&&) noexcept = default;
+
+Pool Pool::create(std::string_view name, const PoolOptions& options) {
+  check_pool_name(name);
+  const shm::PoolGeometry g = geometry_for(name, options);
+  // The first chunk first, then the control block, filled in before the broker registers its name: a pool
+  // anyone can open always has one chunk (and `gpuipc ls` finds pools by it), and nobody sees it half made.
+  Segment first = Segment::create(chunk_name(name, 0), g.chunk_bytes,
+                                  {.kind = options.kind, .device = options.device, .mode = options.mode});
+  Segment control;
+  try {
+    control = detail::create_segment(
+        name, shm::pool_control_bytes(g.max_records),
+        {.kind = control_kind(options.kind), .device = options.device, .mode = options.mode}, proto::kFlagPool,
+        [&](void* block) {
+          auto* h = static_cast<shm::PoolHeader*>(block);
+          h->chunks[0].bytes = g.chunk_bytes;
+          atomic(h->chunks[0].state).store(static_cast<std::uint32_t>(shm::ChunkState::Ready));
+          shm::init_pool(block, g);
+        });
+  } catch (...) {
+    try {
+      Segment::unlink(chunk_name(name, 0));
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
+    }
+    throw;
+  }
+  auto impl = attach(std::move(control), std::string(name), Access::ReadWrite, options.device);
+  {
+    std::lock_guard lock(impl->chunks_mutex);
+    impl->install(0, std::move(first));
+  }
+  return Pool(std::move(impl));
+}
+
+Pool Pool::open(std::string_view name, const OpenOptions& options) {
+  check_pool_name(name);
+  // Members update the control block (holds), whatever access they map the chunks with.
+  Segment control = Segment::open(name, {.access = Access::ReadWrite, .wait = options.wait, .device = options.device});
+  for (int i = 0; i < 1000 && atomic(static_cast<shm::PoolHeader*>(control.data())->magic).load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));  // the creator is filling it in
+  }
+  return Pool(attach(std::move(control), std::string(name), options.access, options.device));
+}
+
+void Pool::unlink(std::string_view name) {
+  check_pool_name(name);
+  Segment::unlink(name);
+  // Every chunk, including one a dead creator made but never marked ready.
+  const std::string prefix = std::string(name) + ".chunk.";
+  for (const auto& info : Segment::list()) {
+    if (info.name.rfind(prefix, 0) != 0 || info.name.size() == prefix.size()) continue;
+    if (info.name.find_first_not_of("0123456789", prefix.size()) != std::string::npos) continue;
+    try {
+      Segment::unlink(info.name);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::NotFound) throw;
+    }
+  }
+}
+
+PoolStats Pool::stat(std::string_view name) {
+  check_pool_name(name);
+  Segment control = detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
+  shm::PoolBlock b(control.data(), control.size());
+  if (!b.valid()) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("'{}' is not a gpuipc pool", name), "stat");
+  }
+  return to_stats(b.counts());
+}
+
+Status Pool::try_allocate(std::size_t bytes, std::size_t alignment, Block& out) noexcept {
+  if (!m_impl || alignment > 4096) return Status::InvalidState;
+  try {
+    shm::BlockLocation loc;
+    std::string error;
+    switch (m_impl->allocate(bytes, alignment, loc, error)) {
+      case shm::PoolStatus::Ok: out = m_impl->make_block(m_impl, loc); return Status::Ok;
+      case shm::PoolStatus::NoSpace:
+      case shm::PoolStatus::NoRecord: return Status::WouldBlock;
+      case shm::PoolStatus::LockTimeout: return Status::Timeout;
+      case shm::PoolStatus::NeedChunk: return Status::DriverError;
+      default: return Status::InvalidState;
+    }
+  } catch (...) {
+    return Status::DriverError;
+  }
+}
+
+Block Pool::allocate(std::size_t bytes, std::size_t alignment) {
+  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "allocate on an empty Pool handle", "allocate");
+  auto& im = *m_impl;
+  const auto& g = im.geo();
+  if (alignment == 0 || alignment > 4096 || (alignment & (alignment - 1)) != 0) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("pool '{}': alignment {} is not a power of two up to 4096", im.name, alignment), "allocate");
+  }
+  const std::uint64_t limit = g.mode == shm::PoolMode::Fixed ? g.block_bytes : g.chunk_bytes;
+  if (bytes == 0 || bytes > limit) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("pool '{}': cannot allocate {} bytes: blocks are 1 to {} bytes ({}); create a pool with "
+                            "larger {}",
+                            im.name, bytes, limit, g.mode == shm::PoolMode::Fixed ? "the block size" : "the chunk size",
+                            g.mode == shm::PoolMode::Fixed ? "block_bytes" : "chunk_bytes"),
+                "allocate");
+  }
+  shm::BlockLocation loc;
+  std::string error;
+  switch (im.allocate(bytes, alignment, loc, error)) {
+    case shm::PoolStatus::Ok: return im.make_block(m_impl, loc);
+    case shm::PoolStatus::NoSpace:
+    case shm::PoolStatus::NoRecord: {
+      const auto c = im.block.counts();
+      throw Error(ErrorCode::QuotaExceeded,
+                  fmt::format("pool '{}' is exhausted: cannot allocate {}; used {} of max {} ({} of {} chunks, {} of "
+                              "{} blocks live, largest free block {}); free blocks, or create the pool with a larger "
+                              "max_bytes or max_blocks",
+                              im.name, human_bytes(bytes), human_bytes(c.used_bytes), human_bytes(c.max_bytes),
+                              c.chunks, c.max_chunks, c.live_blocks + c.draining_blocks, g.max_records,
+                              human_bytes(c.largest_free)),
+                  "allocate");
+    }
+    case shm::PoolStatus::LockTimeout:
+      throw Error(ErrorCode::Timeout,
+                  fmt::format("pool '{}': the pool lock or a chunk being created by another process stayed busy",
+                              im.name),
+                  "allocate");
+    case shm::PoolStatus::NeedChunk:
+      throw Error(ErrorCode::System, fmt::format("pool '{}': cannot add a chunk: {}", im.name, error), "allocate");
+    default:
+      throw Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': cannot allocate {} bytes aligned to {}", im.name,
+                                                          bytes, alignment),
+                  "allocate");
+  }
+}
+
+void Pool::free(Block&& block, StreamHandle stream) {
+  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "free on an empty Pool handle", "free");
+  auto& im = *m_impl;
+  if (!block) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("pool '{}': free of an empty Block (already freed, or moved from): a double free?", im.name),
+                "free");
+  }
+  if (block.m_pool != m_impl) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("pool '{}': free of a block of pool '{}' (id {:#x}); free it through its own pool",
+                            im.name, block.m_pool->name, block.m_ref.pool),
+                "free");
+  }
+  const BlockRef ref = block.m_ref;
+  block.m_pool.reset();
+  block.m_data = nullptr;
+  const auto loc = location_of(ref);
+  bool pending = false;
+  CUresult rc = CUDA_SUCCESS;
+  if (im.stream_ordered()) {
+    // The memory is reused once the stream has written the block's generation to its `released` word.
+    const std::uint64_t word = im.control_device + shm::pool_control_bytes(0) +
+                               static_cast<std::uint64_t>(ref.index) * sizeof(shm::BlockRecord) +
+                               offsetof(shm::BlockRecord, released);
+    rc = cuda::ensure_current(im.ctx.get()) ? cuda::stream_write_value64(static_cast<CUstream>(stream), word,
+                                                                          ref.generation)
+                                            : CUDA_ERROR_INVALID_CONTEXT;
+    pending = rc == CUDA_SUCCESS;
+  }
+  const shm::PoolStatus st = im.drop_local(loc, true, pending);
+  if (rc != CUDA_SUCCESS) {
+    throw Error(ErrorCode::Cuda,
+                fmt::format("pool '{}': cuStreamWriteValue64 for the stream-ordered free failed; the block was freed "
+                            "at once",
+                            im.name),
+                "free", 0, static_cast<int>(rc));
+  }
+  if (st != shm::PoolStatus::Ok) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("pool '{}': free of block {} (generation {}) failed: {}", im.name, ref.index,
+                            ref.generation, st == shm::PoolStatus::LockTimeout ? "the pool lock stayed busy"
+                                                                               : "it is no longer live"),
+                "free");
+  }
+}
+
+void* Pool::resolve(const BlockRef& ref) const {
+  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "resolve on an empty Pool handle", "resolve");
+  auto& im = *m_impl;
+  if (std::string why = im.check_ref(ref); !why.empty()) im.throw_bad_ref(ref, "resolve", why);
+  return im.chunk_base(ref.chunk) + ref.offset;
+}
+
+void Pool::hold(const BlockRef& ref) {
+  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "hold on an empty Pool handle", "hold");
+  auto& im = *m_impl;
+  if (std::string why = im.check_ref(ref); !why.empty()) im.throw_bad_ref(ref, "hold", why);
+  const auto loc = location_of(ref);
+  const shm::PoolStatus st = im.add_hold(loc, [&] { return im.block.hold(im.member, loc, kLockTimeout); });
+  if (st == shm::PoolStatus::LockTimeout) {
+    throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "hold");
+  }
+  if (st != shm::PoolStatus::Ok) im.throw_bad_ref(ref, "hold", im.check_ref(ref) + " (freed meanwhile)");
+}
+
+void Pool::release(const BlockRef& ref) {
+  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "release on an empty Pool handle", "release");
+  auto& im = *m_impl;
+  if (ref.pool != im.geo().pool_id) im.throw_bad_ref(ref, "release", im.check_ref(ref));
+  const shm::PoolStatus st = im.drop_local(location_of(ref), false, false);
+  if (st == shm::PoolStatus::NotHeld) {
+    im.throw_bad_ref(ref, "release", "this process holds no reference to it (a release without hold, or twice)");
+  }
+  if (st == shm::PoolStatus::LockTimeout) {
+    throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "release");
+  }
+  if (st != shm::PoolStatus::Ok) im.throw_bad_ref(ref, "release", im.check_ref(ref));
+}
+
+PoolStats Pool::stats() const noexcept { return m_impl ? to_stats(m_impl->block.counts()) : PoolStats{}; }
+const std::string& Pool::name() const noexcept {
+  static const std::string kEmpty;
+  return m_impl ? m_impl->name : kEmpty;
+}
+SegmentKind Pool::kind() const noexcept { return m_impl ? m_impl->kind : SegmentKind::Host; }
+std::uint64_t Pool::id() const noexcept { return m_impl ? m_impl->geo().pool_id : 0; }
+PoolMode Pool::pool_mode() const noexcept {
+  return m_impl && m_impl->geo().mode == shm::PoolMode::Fixed ? PoolMode::Fixed : PoolMode::Variable;
+}
+std::size_t Pool::chunk_bytes() const noexcept { return m_impl ? m_impl->geo().chunk_bytes : 0; }
+std::size_t Pool::block_bytes() const noexcept { return m_impl ? m_impl->geo().block_bytes : 0; }
+
+Block::Block() noexcept = default;
+Block::Block(Block&& other) noexcept
+    : m_pool(std::move(other.m_pool)), m_ref(other.m_ref), m_data(std::exchange(other.m_data, nullptr)) {}
+Block& Block::operator=(Block&& other) noexcept {
+  if (this != &other) {
+    Block old(std::move(*this));
+    m_pool = std::move(other.m_pool);
+    m_ref = other.m_ref;
+    m_data = std::exchange(other.m_data, nullptr);
+  }
+  return *this;
+}
+Block::~Block() {
+  if (m_pool) m_pool->drop_local(location_of(m_ref), true, false);
+}
+
+}  // namespace gpuipc

@@ -1,0 +1,268 @@
+// Pool::Impl: one process's membership of a pool — the control block, the chunks it mapped, and the references
+// (Blocks and holds) it has — shared by src/core/pool.cpp.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/membership.hpp"
+#include "core/shm_wait.hpp"
+#include "shm/members.hpp"
+#include "cuda/resources.hpp"
+#include "gpuipc/pool.hpp"
+#include "shm/pool_block.hpp"
+
+namespace gpuipc {
+namespace pool_detail {
+
+/// How long a call waits for the pool lock (held for microseconds by a live member; a dead member's lock is broken
+/// by the broker's repair within milliseconds).
+inline constexpr auto kLockTimeout = std::chrono::seconds(5);
+/// How long allocate waits for another member to finish creating a chunk.
+inline constexpr auto kChunkWait = std::chrono::seconds(30);
+inline std::string chunk_name(std::string_view pool, std::uint32_t chunk) { return fmt::format("{}.chunk.{}", pool, chunk); }
+
+inline shm::BlockLocation location_of(const BlockRef& r) noexcept {
+  return shm::BlockLocation{r.chunk, r.index, r.offset, r.size, r.generation};
+}
+
+}  // namespace pool_detail
+
+struct Pool::Impl {
+  // Declared in acquisition order: the control segment outlives the chunks' cache and the membership.
+  Segment control;
+  shm::PoolBlock block;
+  std::string name;
+  SegmentKind kind = SegmentKind::Host;
+  Access access = Access::ReadWrite;
+  int open_device = -1;              // OpenOptions::device for chunks
+  std::uint64_t control_device = 0;  // GPU address of the control block (device, host_pinned)
+  cuda::PrimaryContext ctx;          // stream writes of `released` on threads without a current context
+  std::uint32_t member = proto::kNoMember;
+  std::uint32_t token = 0;  // the broker's token in our member entry
+
+  std::mutex chunks_mutex;
+  std::vector<Segment> chunks;                               // by index: mapped chunks
+  std::unique_ptr<std::atomic<std::byte*>[]> bases;          // lock-free view of chunks[i].data()
+  std::mutex holds_mutex;
+  struct Local {
+    std::uint64_t generation = 0;
+    std::uint32_t holds = 0;  // hold() calls not yet released
+    bool owned = false;       // a Block of this process
+    bool pending = false;     // its Block was freed on a stream: the last release must wait for that stream
+  };
+  std::unordered_map<std::uint32_t, Local> holds;  // by record: this process's references (Blocks and holds)
+  std::mutex alloc_mutex;
+  std::vector<shm::OccupiedRange> scratch;  // the allocator's, under alloc_mutex
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() { leave(); }
+
+  const shm::PoolGeometry& geo() const noexcept { return block.geometry(); }
+  bool stream_ordered() const noexcept { return kind != SegmentKind::Host; }
+
+  // Membership: the broker claims the entry (src/core/membership.hpp) and removes it when this process goes.
+  void join() {
+    const auto m = core::join_member(control, proto::Role::Holder);
+    member = m.index;
+    token = m.token;
+  }
+
+  /// Clean leave: wait (bounded) for this member's stream-ordered frees to land, then release every hold it has
+  /// (the same function the broker runs when the process dies) and the member entry.
+  void leave() noexcept {
+    if (member == proto::kNoMember || !block.valid()) return;
+    if (stream_ordered()) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (pending_stream_frees() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+    if (shm::holds_token(block.header().members, member, token)) {
+      shm::pool_remove_member(control.data(), control.size(), member);
+      shm::clear_member(block.header().members, member, token);
+    }
+    member = proto::kNoMember;
+    token = 0;
+  }
+
+  bool pending_stream_frees() const noexcept {
+    for (std::uint32_t i = 0; i < geo().max_records; ++i) {
+      auto& r = block.record(i);
+      if (proto::atomic(r.releaser).load() == member && proto::atomic(r.released).load() < proto::atomic(r.generation).load()) return true;
+    }
+    return false;
+  }
+
+  /// The base address of chunk `c`, mapping it on first use. Throws Error.
+  std::byte* chunk_base(std::uint32_t c) {
+    if (std::byte* b = bases[c].load(std::memory_order_acquire); b != nullptr) return b;
+    std::lock_guard lock(chunks_mutex);
+    if (std::byte* b = bases[c].load(std::memory_order_acquire); b != nullptr) return b;
+    Segment seg = Segment::open(pool_detail::chunk_name(name, c), {.access = access, .wait = {}, .device = open_device});
+    if (seg.size() < geo().chunk_bytes || seg.kind() != kind) {
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("pool '{}': segment '{}' is not a chunk of it ({} of {} bytes)", name, seg.name(),
+                              to_string(seg.kind()), seg.size()),
+                  "resolve");
+    }
+    return install(c, std::move(seg));
+  }
+
+  std::byte* install(std::uint32_t c, Segment seg) {
+    auto* base = static_cast<std::byte*>(seg.data());
+    if (chunks.size() <= c) chunks.resize(c + 1);
+    chunks[c] = std::move(seg);
+    bases[c].store(base, std::memory_order_release);
+    return base;
+  }
+
+  /// Creates (exports) chunk `c`, reserved for this member by the allocator. A chunk segment left behind by a
+  /// creator that died after creating it is adopted.
+  void create_chunk(std::uint32_t c) {
+    const std::string n = pool_detail::chunk_name(name, c);
+    Segment seg;
+    try {
+      seg = Segment::create(n, geo().chunk_bytes,
+                            {.kind = kind, .device = geo().device, .mode = control_mode()});
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::AlreadyExists) throw;
+      seg = Segment::open(n, {.access = Access::ReadWrite, .wait = {}, .device = open_device});
+      if (seg.size() < geo().chunk_bytes || seg.kind() != kind) throw;
+    }
+    std::lock_guard lock(chunks_mutex);
+    install(c, std::move(seg));
+  }
+
+  unsigned control_mode() const {
+    try {
+      return Segment::stat(name).mode;
+    } catch (const Error&) {
+      return 0600;
+    }
+  }
+
+  /// Counts a hold of this process on the block at `loc`; the first reference takes the shared hold (`take` runs
+  /// the shared-memory part). Returns the shared-memory status.
+  template <typename Take>
+  shm::PoolStatus add_hold(const shm::BlockLocation& loc, Take&& take) {
+    std::lock_guard lock(holds_mutex);
+    auto it = holds.find(loc.record);
+    if (it != holds.end() && it->second.generation == loc.generation) {
+      ++it->second.holds;
+      return shm::PoolStatus::Ok;
+    }
+    const shm::PoolStatus st = take();
+    if (st == shm::PoolStatus::Ok) holds[loc.record] = Local{loc.generation, 1, false, false};
+    return st;
+  }
+
+  /// Drops a hold (`owned`: the Block's reference instead); the last reference of this process releases the
+  /// shared hold. NotHeld when there is no such reference.
+  shm::PoolStatus drop_local(const shm::BlockLocation& loc, bool owned, bool pending_stream) noexcept {
+    std::lock_guard lock(holds_mutex);
+    auto it = holds.find(loc.record);
+    if (it == holds.end() || it->second.generation != loc.generation || (owned ? !it->second.owned : it->second.holds == 0)) {
+      return shm::PoolStatus::NotHeld;
+    }
+    if (owned) {
+      it->second.owned = false;
+      it->second.pending = pending_stream;
+    } else {
+      --it->second.holds;
+    }
+    if (it->second.owned || it->second.holds > 0) return shm::PoolStatus::Ok;
+    const bool pending = it->second.pending;
+    holds.erase(it);
+    return block.release(member, loc, pending, pool_detail::kLockTimeout);
+  }
+
+  /// What is wrong with `ref` for this pool, or empty.
+  std::string check_ref(const BlockRef& ref) const {
+    const auto& g = geo();
+    if (ref.pool != g.pool_id) {
+      return fmt::format("it belongs to pool id {:#x}, not to pool '{}' (id {:#x})", ref.pool, name, g.pool_id);
+    }
+    if (ref.chunk >= g.max_chunks) return fmt::format("chunk {} is out of range (the pool has {} at most)", ref.chunk, g.max_chunks);
+    if (ref.index >= g.max_records) {
+      return fmt::format("block index {} is out of range (the pool has {} blocks at most)", ref.index, g.max_records);
+    }
+    if (ref.size == 0 || ref.offset > g.chunk_bytes || ref.size > g.chunk_bytes - ref.offset) {
+      return fmt::format("offset {} and size {} are out of range (chunks are {} bytes)", ref.offset, ref.size,
+                         g.chunk_bytes);
+    }
+    switch (block.check_live(pool_detail::location_of(ref))) {
+      case shm::PoolStatus::Ok: return {};
+      case shm::PoolStatus::Stale: {
+        const auto& r = block.record(ref.index);
+        return fmt::format("generation {} of block {} is not live (freed, reused or forged; the block now has "
+                           "generation {}, state {})",
+                           ref.generation, ref.index, proto::atomic(r.generation).load(), proto::atomic(r.state).load());
+      }
+      default: return fmt::format("chunk {} does not exist or the reference is malformed", ref.chunk);
+    }
+  }
+
+  [[noreturn]] void throw_bad_ref(const BlockRef& ref, std::string_view call, const std::string& why) const {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("pool '{}': {} of BlockRef (chunk {}, offset {}, size {}, generation {}): {}", name, call,
+                            ref.chunk, ref.offset, ref.size, ref.generation, why),
+                std::string(call));
+  }
+
+  /// One allocation attempt loop: Ok with `out` filled, or the status that ended it (`error` says why).
+  shm::PoolStatus allocate(std::uint64_t bytes, std::uint64_t alignment, shm::BlockLocation& out, std::string& error) {
+    const auto deadline = std::chrono::steady_clock::now() + pool_detail::kChunkWait;
+    for (;;) {
+      shm::PoolStatus st;
+      {
+        std::lock_guard lock(alloc_mutex);
+        st = block.allocate(member, bytes, alignment, out, scratch, pool_detail::kLockTimeout);
+      }
+      if (st == shm::PoolStatus::NeedChunk) {
+        try {
+          create_chunk(out.chunk);
+        } catch (const Error& e) {
+          block.chunk_created(member, out.chunk, false);
+          error = e.what();
+          return st;
+        }
+        block.chunk_created(member, out.chunk, true);
+        continue;
+      }
+      if (st != shm::PoolStatus::ChunkBusy) return st;
+      if (std::chrono::steady_clock::now() >= deadline) return shm::PoolStatus::LockTimeout;
+      const std::uint32_t seen = proto::atomic(block.header().wake_seq).load();
+      core::futex_sleep(block.header().wake_seq, seen, std::chrono::milliseconds(1));
+    }
+  }
+
+  /// Wraps an allocated location in a Block; on failure to map the chunk, frees it again.
+  Block make_block(const std::shared_ptr<Impl>& self, const shm::BlockLocation& loc) {
+    Block b;
+    b.m_ref = BlockRef{geo().pool_id, loc.generation, loc.offset, loc.size, loc.chunk, loc.record};
+    {
+      std::lock_guard lock(holds_mutex);
+      holds[loc.record] = Local{loc.generation, 0, true, false};
+    }
+    try {
+      b.m_data = chunk_base(loc.chunk) + loc.offset;
+    } catch (...) {
+      drop_local(loc, true, false);
+      throw;
+    }
+    b.m_pool = self;
+    return b;
+  }
+};
+
+}  // namespace gpuipc

@@ -1,0 +1,230 @@
+// The shared state of a pool (gpuipc::Pool) and every transition on it: the layout of its control block (a host
+// segment), block allocation and freeing, holds, and the removal of a member (a clean leave in core, or the broker's
+// repair when the member's process died). CUDA-free: the broker calls it too.
+//
+// Robustness rule: every function here takes a control block that any read-write member may have scribbled on. It
+// reads the geometry once into locals, checks every index against them, touches shared words only through
+// std::atomic_ref, and never loops without a bound: whatever the memory holds, it returns.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "proto/shm.hpp"
+
+namespace gpuipc::shm {
+
+inline constexpr std::uint32_t kPoolMagic = 0x4C504947;  // "GIPL"
+inline constexpr std::uint32_t kPoolVersion = 1;
+/// Most chunks of one pool.
+inline constexpr std::uint32_t kMaxChunks = 1024;
+/// Most block records of one pool (the control block stays below the broker's 64 MiB limit).
+inline constexpr std::uint32_t kMaxRecords = 1U << 19;
+/// The pool-wide lock's owner when the repair (not a member) holds it.
+inline constexpr std::uint32_t kRepairOwner = proto::kMaxMembers + 1;
+
+/// How blocks are carved.
+enum class PoolMode : std::uint32_t { Variable = 1, Fixed = 2 };
+
+/// BlockRecord::state.
+enum class RecordState : std::uint32_t {
+  Unused = 0,    ///< free record; its memory range is free
+  Claimed = 1,   ///< being filled by the lock holder (only ever seen by a repair that broke a dead owner's lock)
+  Live = 2,      ///< allocated; `holders` has a bit per member holding it
+  Draining = 3,  ///< no holder left, but the freeing stream has not reached `released` yet: not reusable
+};
+
+/// PoolChunk::state.
+enum class ChunkState : std::uint32_t { Absent = 0, Creating = 1, Ready = 2 };
+
+/// One block. Its memory is [offset, offset + size) of chunk `chunk`.
+struct alignas(64) BlockRecord {
+  std::uint32_t state;       ///< RecordState
+  std::uint32_t chunk;
+  std::uint64_t offset;
+  std::uint64_t size;
+  std::uint64_t generation;  ///< unique per allocation in the pool (never 0 for a live block)
+  std::uint64_t holders;     ///< bit i: member i holds the block (its allocator included, until it frees it)
+  std::uint32_t releaser;    ///< member whose stream-ordered free is pending (proto::kNoMember: none)
+  std::uint32_t pad0;
+  std::uint64_t pad1;
+  std::uint64_t released;    ///< GPU-visible: the freeing stream writes `generation` here once past the free
+};
+static_assert(sizeof(BlockRecord) == 64);
+static_assert(offsetof(BlockRecord, released) % 8 == 0);
+
+struct PoolChunk {
+  std::uint32_t state;    ///< ChunkState
+  std::uint32_t creator;  ///< member creating it (state Creating)
+  std::uint64_t bytes;
+  std::uint64_t top;      ///< no occupied byte at or above this offset (an upper bound, for bump allocation)
+  std::uint64_t pad;
+};
+static_assert(sizeof(PoolChunk) == 32);
+
+/// The control block: this header, then `max_records` BlockRecords. Geometry is written once, before the magic.
+struct alignas(64) PoolHeader {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::uint64_t pool_id;      ///< random, written at creation; every BlockRef carries it
+  std::uint32_t mode;         ///< PoolMode
+  std::uint32_t kind;         ///< proto::Kind of the chunks
+  std::int32_t device;        ///< device kinds: the creator's device ordinal
+  std::uint32_t max_chunks;   ///< 1..kMaxChunks
+  std::uint64_t chunk_bytes;  ///< bytes of every chunk
+  std::uint64_t block_bytes;  ///< fixed mode: bytes of every block (record i is at offset i * block_bytes)
+  std::uint32_t max_records;  ///< 1..kMaxRecords
+  std::uint32_t pad0;
+  std::uint64_t pad1[2];
+  alignas(64) std::uint32_t lock;   ///< 0, or the holder's member index + 1 (kRepairOwner + 1: the repair)
+  std::uint32_t wake_seq;           ///< futex word: bumped when memory or a chunk becomes available
+  std::uint32_t record_hint;        ///< where the search for an unused record starts
+  std::uint32_t draining;           ///< a hint: > 0 when some record may be Draining (allocate sweeps them)
+  std::uint64_t next_generation;
+  std::uint64_t allocations;        ///< counters, for stats
+  std::uint64_t frees;
+  alignas(64) proto::Member members[proto::kMaxMembers];
+  alignas(64) PoolChunk chunks[kMaxChunks];
+};
+static_assert(sizeof(PoolHeader) % 64 == 0);
+
+/// Bytes of a control block with `max_records` records.
+constexpr std::size_t pool_control_bytes(std::uint32_t max_records) noexcept {
+  return sizeof(PoolHeader) + static_cast<std::size_t>(max_records) * sizeof(BlockRecord);
+}
+
+/// Geometry, read once from a validated header.
+struct PoolGeometry {
+  std::uint64_t pool_id = 0;
+  PoolMode mode = PoolMode::Variable;
+  std::uint32_t kind = 0;
+  std::int32_t device = 0;
+  std::uint32_t max_chunks = 0;
+  std::uint64_t chunk_bytes = 0;
+  std::uint64_t block_bytes = 0;
+  std::uint32_t max_records = 0;
+};
+
+/// Reads and checks the geometry of the control block at `control` of `size` bytes (magic, version, bounds,
+/// the records fitting in `size`). Returns false when it does not validate.
+bool read_geometry(const void* control, std::size_t size, PoolGeometry& out) noexcept;
+
+/// Writes the header of a new control block (zeroed memory of pool_control_bytes(g.max_records) bytes), magic
+/// last. Chunks start Absent.
+void init_pool(void* control, const PoolGeometry& g) noexcept;
+
+/// Outcome of a pool operation.
+enum class PoolStatus : std::uint8_t {
+  Ok = 0,
+  NoSpace,      ///< no free range large enough in the ready chunks, and no chunk left to add
+  NeedChunk,    ///< no free range, but chunk `chunk` was reserved for this caller: create it, then chunk_created
+  ChunkBusy,    ///< another member is creating a chunk: retry shortly
+  NoRecord,     ///< every block record is in use
+  Stale,        ///< the block is not live, or has another generation (freed, reused, forged)
+  NotHeld,      ///< this member holds no reference to the block
+  LockTimeout,  ///< the pool lock stayed taken (a member scribbled on it, or died and is not repaired yet)
+  Invalid,      ///< an argument is out of range
+};
+
+/// An occupied range of a chunk (the allocator's scratch).
+struct OccupiedRange {
+  std::uint64_t begin;
+  std::uint64_t end;
+  std::uint32_t chunk;
+};
+
+/// Which block a reference names, as seen in shared memory.
+struct BlockLocation {
+  std::uint32_t chunk = 0;
+  std::uint32_t record = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+  std::uint64_t generation = 0;
+};
+
+/// Pool statistics (stats(), `gpuipc stat`).
+struct PoolCounts {
+  std::uint64_t used_bytes = 0;      ///< bytes of live and draining blocks
+  std::uint64_t free_bytes = 0;      ///< bytes of ready chunks not used
+  std::uint64_t capacity_bytes = 0;  ///< bytes of ready chunks
+  std::uint64_t max_bytes = 0;       ///< max_chunks * chunk_bytes
+  std::uint64_t largest_free = 0;    ///< largest free range in one chunk
+  std::uint32_t chunks = 0;          ///< ready chunks
+  std::uint32_t max_chunks = 0;
+  std::uint32_t live_blocks = 0;
+  std::uint32_t draining_blocks = 0;
+  std::uint32_t members = 0;
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+};
+
+/// A process's view of one validated control block: the address and the geometry in locals. Every operation is
+/// noexcept and bounded. `member` arguments are member indexes (0..63) of the calling process.
+class PoolBlock {
+ public:
+  PoolBlock() noexcept = default;
+  /// Validates (read_geometry); check valid() after.
+  PoolBlock(void* control, std::size_t size) noexcept;
+
+  bool valid() const noexcept { return m_header != nullptr; }
+  const PoolGeometry& geometry() const noexcept { return m_geo; }
+  PoolHeader& header() const noexcept { return *m_header; }
+  BlockRecord& record(std::uint32_t i) const noexcept { return m_records[i]; }
+
+  /// Allocates `bytes` aligned to `alignment` (a power of two) for `member`, which becomes its first holder.
+  /// NeedChunk: chunk `out.chunk` is reserved for the caller, who creates its memory and calls chunk_created.
+  /// `scratch` is reused between calls (variable mode sorts occupied ranges in it).
+  PoolStatus allocate(std::uint32_t member, std::uint64_t bytes, std::uint64_t alignment, BlockLocation& out,
+                      std::vector<OccupiedRange>& scratch, std::chrono::nanoseconds lock_timeout) noexcept;
+  /// The memory of a chunk reserved for `member` exists (`ok`: Creating -> Ready), or could not be made (-> Absent).
+  void chunk_created(std::uint32_t member, std::uint32_t chunk, bool ok) noexcept;
+
+  /// Adds `member` to the holders of the live block `loc` names (Stale when it is not live or not that block).
+  PoolStatus hold(std::uint32_t member, const BlockLocation& loc, std::chrono::nanoseconds lock_timeout) noexcept;
+  /// Removes `member` from its holders. With `pending_stream`, the member's stream writes `released` later: the
+  /// block's memory is not reused before that. The last holder gone, the block's range is free again.
+  PoolStatus release(std::uint32_t member, const BlockLocation& loc, bool pending_stream,
+                     std::chrono::nanoseconds lock_timeout) noexcept;
+
+  /// Lock-free: whether `loc` names a live block whose chunk is ready (the check resolve makes).
+  PoolStatus check_live(const BlockLocation& loc) const noexcept;
+
+  /// Statistics (read without the lock: a snapshot that may be slightly inconsistent under concurrent changes).
+  PoolCounts counts() const noexcept;
+  /// Largest free range of any ready chunk, from the occupied ranges collected in `scratch` (sorted in place).
+  std::uint64_t largest_free(std::vector<OccupiedRange>& scratch) const noexcept;
+
+ private:
+  friend int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index) noexcept;
+  bool lock(std::uint32_t owner, std::chrono::nanoseconds timeout, std::uint32_t breakable = proto::kNoMember) noexcept;
+  void unlock() noexcept;
+  /// Frees or drains a record that just lost its last holder (under the lock).
+  void retire(BlockRecord& r) noexcept;
+  /// Draining records whose stream has reached `released` become Unused (under the lock).
+  void sweep_drained() noexcept;
+  bool find_record(std::uint32_t& index) noexcept;
+  PoolStatus allocate_fixed(std::uint32_t member, std::uint64_t bytes, BlockLocation& out) noexcept;
+  PoolStatus allocate_variable(std::uint32_t member, std::uint64_t bytes, std::uint64_t alignment, BlockLocation& out,
+                               std::vector<OccupiedRange>& scratch) noexcept;
+  /// Collects the occupied ranges of every record into `scratch`, sorted by chunk and offset; false when
+  /// `scratch` has too little capacity (reserve max_records).
+  bool collect(std::vector<OccupiedRange>& scratch) const noexcept;
+  void commit(std::uint32_t member, std::uint32_t index, std::uint32_t chunk, std::uint64_t offset,
+              std::uint64_t bytes, BlockLocation& out) noexcept;
+
+  PoolHeader* m_header = nullptr;
+  BlockRecord* m_records = nullptr;
+  PoolGeometry m_geo;
+};
+
+/// Releases every hold of member `member_index` (a block it was the last holder of is freed, or drained when its
+/// stream-ordered free is still pending: a dead process's stream will never write it, so the block is freed), resets
+/// a chunk it was creating and, when it died holding the pool lock, breaks the lock and undoes its half-made
+/// allocation. The member entry itself is left to the caller (core's release, or the broker's repair). Safe on any
+/// memory contents; returns the number of holds released, or -1 when the block does not validate or the lock could
+/// not be taken.
+int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index) noexcept;
+
+}  // namespace gpuipc::shm

@@ -1,0 +1,341 @@
+// Host-kind pools across real processes: a block allocated in one process, resolved and held in another, reused
+// only after every holder released it; a SIGKILLed holder's holds released by the broker; four processes
+// allocating and freeing for 10 s with every block's content checked; chunks added on demand and mapped lazily;
+// every misuse answered with InvalidArgument or QuotaExceeded naming what is wrong.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+#include "gpuipc/pool.hpp"
+#include "support/broker_env.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+constexpr std::size_t kChunk = 64 * 1024;
+
+/// A one-chunk variable pool of kChunk bytes.
+Pool one_chunk_pool(const std::string& name) {
+  return Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = kChunk, .max_blocks = 64});
+}
+
+std::uint8_t pattern(std::uint64_t seed, std::size_t i) { return static_cast<std::uint8_t>(seed * 131 + i * 7 + 1); }
+
+void fill(void* p, std::size_t n, std::uint64_t seed) {
+  auto* b = static_cast<std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; ++i) b[i] = pattern(seed, i);
+}
+
+bool check(const void* p, std::size_t n, std::uint64_t seed) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (b[i] != pattern(seed, i)) return false;
+  }
+  return true;
+}
+
+/// Whether `code` runs into Error with `expected` and a message containing `needle`.
+template <typename F>
+::testing::AssertionResult throws(F&& code, ErrorCode expected, const std::string& needle) {
+  try {
+    code();
+  } catch (const Error& e) {
+    if (e.code() != expected) return ::testing::AssertionFailure() << "code " << to_string(e.code()) << ": " << e.what();
+    if (std::string(e.what()).find(needle) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message without '" << needle << "': " << e.what();
+    }
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "no exception";
+}
+
+TEST(PoolsHost, AllocateInAResolveInBReuseOnlyAfterBReleased) {
+  const auto name = unique_name("pool");
+  auto pool = one_chunk_pool(name);
+  Block block = pool.allocate(kChunk);
+  fill(block.data(), block.size(), 42);
+  Shared<BlockRef> ref;
+  ref[0] = block.ref();
+  SyncPipe holding, freed, released;
+  const pid_t b = start_child([&] {
+    auto p = Pool::open(name);
+    p.hold(ref[0]);
+    GPUIPC_CHILD_CHECK(check(p.resolve(ref[0]), ref[0].size, 42));
+    holding.notify();
+    GPUIPC_CHILD_CHECK(freed.wait(10s));
+    GPUIPC_CHILD_CHECK(check(p.resolve(ref[0]), ref[0].size, 42));  // still ours after A freed it
+    p.release(ref[0]);
+    released.notify();
+    return 0;
+  });
+  ASSERT_TRUE(holding.wait(10s));
+  pool.free(std::move(block));
+  EXPECT_EQ(pool.stats().live_blocks, 1U);
+  Block again;
+  EXPECT_EQ(pool.try_allocate(1, 256, again), Status::WouldBlock) << "reused while B holds it";
+  freed.notify();
+  ASSERT_TRUE(released.wait(10s));
+  EXPECT_EQ(wait_child(b), 0);
+  ASSERT_EQ(pool.try_allocate(kChunk, 256, again), Status::Ok);
+  EXPECT_EQ(again.ref().offset, 0U);
+  EXPECT_NE(again.ref().generation, ref[0].generation);
+  EXPECT_TRUE(throws([&] { pool.resolve(ref[0]); }, ErrorCode::InvalidArgument, "generation"));
+  Pool::unlink(name);
+}
+
+TEST(PoolsHost, ASigkilledHoldersHoldsAreReleasedByTheBroker) {
+  const auto name = unique_name("pool");
+  auto pool = one_chunk_pool(name);
+  Shared<BlockRef> ref;
+  {
+    Block block = pool.allocate(4096);
+    ref[0] = block.ref();
+    SyncPipe holding;
+    const pid_t victim = start_child([&] {
+      auto p = Pool::open(name);
+      p.hold(ref[0]);
+      p.hold(ref[0]);                 // counted: one shared hold
+      Block own = p.allocate(8192);  // and a block of its own, never freed
+      holding.notify();
+      ::pause();
+      return 0;
+    });
+    ASSERT_TRUE(holding.wait(10s));
+    EXPECT_EQ(pool.stats().members, 2U);
+    EXPECT_EQ(pool.stats().live_blocks, 2U);
+    pool.free(std::move(block));
+    EXPECT_EQ(pool.stats().live_blocks, 2U);
+    ::kill(victim, SIGKILL);
+    EXPECT_EQ(wait_child(victim), 128 + SIGKILL);
+  }
+  EXPECT_TRUE(wait_until([&] { return pool.stats().live_blocks == 0; }, 5s)) << "the dead holder's holds remain";
+  EXPECT_EQ(pool.stats().members, 1U);
+  Block whole = pool.allocate(kChunk);  // every byte free again
+  EXPECT_TRUE(throws([&] { pool.hold(ref[0]); }, ErrorCode::InvalidArgument, "not live"));
+  Pool::unlink(name);
+}
+
+/// Four processes allocate blocks of random sizes, fill each with a pattern of their own, publish the newest one
+/// for the others to hold and check, and check their own before freeing; for 10 s.
+TEST(PoolsHost, FourProcessesTenSecondsNoOverlapCheckedByContent) {
+  const auto name = unique_name("pool");
+  auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = 256 * 1024, .max_bytes = 1 << 20,
+                                  .max_blocks = 256});
+  constexpr int kProcs = 4;
+  struct Posted {
+    std::atomic<std::uint64_t> seq;  // odd while being written
+    BlockRef ref;
+    std::uint64_t seed;
+  };
+  Shared<Posted> posted(kProcs);
+  Shared<std::atomic<std::uint64_t>> stats(kProcs * 3);  // allocations, foreign checks, failures
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  std::vector<pid_t> kids;
+  for (int id = 0; id < kProcs; ++id) {
+    kids.push_back(start_child([&, id] {
+      auto p = Pool::open(name);
+      std::uint64_t seq = 0;
+      std::vector<std::pair<Block, std::uint64_t>> mine;
+      std::uint64_t rng = 0x9E3779B97F4A7C15ULL * (id + 1);
+      auto next = [&] { return rng = rng * 6364136223846793005ULL + 1442695040888963407ULL, rng >> 33; };
+      while (std::chrono::steady_clock::now() < until) {
+        Block b;
+        const std::uint64_t seed = (static_cast<std::uint64_t>(id) << 40) | ++seq;
+        if (p.try_allocate(1 + next() % 20000, 64, b) == Status::Ok) {
+          fill(b.data(), b.size(), seed);
+          auto& post = posted[id];
+          post.seq.fetch_add(1);
+          post.ref = b.ref();
+          post.seed = seed;
+          post.seq.fetch_add(1);
+          mine.emplace_back(std::move(b), seed);
+          stats[id * 3].fetch_add(1);
+        }
+        // Hold another process's newest block and check it (it may be freed before the hold: a stale reference).
+        auto& other = posted[(id + 1 + next() % (kProcs - 1)) % kProcs];
+        const std::uint64_t s0 = other.seq.load();
+        const BlockRef r = other.ref;
+        const std::uint64_t theirs = other.seed;
+        if (s0 % 2 == 0 && other.seq.load() == s0 && r.generation != 0) {
+          try {
+            p.hold(r);
+            if (!check(p.resolve(r), r.size, theirs)) stats[id * 3 + 2].fetch_add(1);
+            p.release(r);
+            stats[id * 3 + 1].fetch_add(1);
+          } catch (const Error& e) {
+            if (e.code() != ErrorCode::InvalidArgument) throw;
+          }
+        }
+        if (mine.size() > 8 || (b.size() == 0 && !mine.empty())) {
+          const std::size_t k = next() % mine.size();
+          if (!check(mine[k].first.data(), mine[k].first.size(), mine[k].second)) stats[id * 3 + 2].fetch_add(1);
+          p.free(std::move(mine[k].first));
+          mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(k));
+        }
+      }
+      for (auto& [b, seed] : mine) GPUIPC_CHILD_CHECK(check(b.data(), b.size(), seed));
+      return 0;
+    }));
+  }
+  for (auto pid : kids) EXPECT_EQ(wait_child(pid, 60s), 0);
+  std::uint64_t allocations = 0;
+  std::uint64_t foreign = 0;
+  for (int id = 0; id < kProcs; ++id) {
+    allocations += stats[id * 3].load();
+    foreign += stats[id * 3 + 1].load();
+    EXPECT_EQ(stats[id * 3 + 2].load(), 0U) << "process " << id << " found a block overwritten";
+  }
+  EXPECT_GT(allocations, 1000U);
+  EXPECT_GT(foreign, 100U);
+  const auto st = pool.stats();
+  EXPECT_EQ(st.live_blocks, 0U);
+  EXPECT_EQ(st.members, 1U);
+  EXPECT_GE(st.chunks, 2U) << "the pool should have grown";
+  Pool::unlink(name);
+}
+
+TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
+  const auto name = unique_name("pool");
+  auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 3 * kChunk});
+  std::vector<Block> blocks;
+  for (int i = 0; i < 3; ++i) {
+    blocks.push_back(pool.allocate(kChunk));
+    fill(blocks.back().data(), kChunk, i);
+  }
+  EXPECT_EQ(pool.stats().chunks, 3U);
+  EXPECT_EQ(blocks[2].ref().chunk, 2U);
+  EXPECT_TRUE(throws([&] { pool.allocate(1); }, ErrorCode::QuotaExceeded, "used 192.0 KiB of max 192.0 KiB"));
+  Shared<BlockRef> refs(3);
+  for (int i = 0; i < 3; ++i) refs[i] = blocks[i].ref();
+  EXPECT_EQ(run_child([&] {
+              auto p = Pool::open(name, {.access = Access::ReadOnly});
+              for (int i = 2; i >= 0; --i) GPUIPC_CHILD_CHECK(check(p.resolve(refs[i]), kChunk, i));
+              const auto t0 = std::chrono::steady_clock::now();
+              for (int k = 0; k < 10000; ++k) GPUIPC_CHILD_CHECK(p.resolve(refs[k % 3]) != nullptr);
+              const auto per = (std::chrono::steady_clock::now() - t0) / 10000;
+              GPUIPC_CHILD_CHECK(per < 5us);  // cache hits (< 1 us on an idle machine; sanitizers are slower)
+              return 0;
+            }),
+            0);
+  blocks.clear();
+  EXPECT_EQ(pool.stats().used_bytes, 0U);
+  Pool::unlink(name);
+  EXPECT_TRUE(throws([&] { Segment::stat(name + ".chunk.2"); }, ErrorCode::NotFound, "chunk.2"));
+}
+
+TEST(PoolsHost, MisuseGetsInvalidArgumentNamingWhatIsWrong) {
+  const auto name = unique_name("pool");
+  auto pool = one_chunk_pool(name);
+  auto other = one_chunk_pool(name + "-b");
+  Block b = pool.allocate(1000);
+  const BlockRef good = b.ref();
+  auto forged = [&](auto change) {
+    BlockRef r = good;
+    change(r);
+    return r;
+  };
+  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.offset += 256; })); }, ErrorCode::InvalidArgument,
+                     "not live"));
+  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.offset = kChunk; })); }, ErrorCode::InvalidArgument,
+                     "out of range"));
+  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.generation += 1; })); }, ErrorCode::InvalidArgument,
+                     "generation"));
+  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.chunk = 5; })); }, ErrorCode::InvalidArgument,
+                     "chunk 5"));
+  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.index = 1000; })); }, ErrorCode::InvalidArgument,
+                     "block index 1000"));
+  EXPECT_TRUE(throws([&] { other.resolve(good); }, ErrorCode::InvalidArgument, "belongs to pool id"));
+  EXPECT_TRUE(throws([&] { pool.release(good); }, ErrorCode::InvalidArgument, "holds no reference"));
+  pool.hold(good);
+  pool.release(good);
+  EXPECT_TRUE(throws([&] { pool.release(good); }, ErrorCode::InvalidArgument, "holds no reference"));
+  Block c = pool.allocate(1000);
+  EXPECT_TRUE(throws([&] { other.free(std::move(c)); }, ErrorCode::InvalidArgument, "free it through its own pool"));
+  pool.free(std::move(c));
+  EXPECT_TRUE(throws([&] { pool.free(std::move(c)); }, ErrorCode::InvalidArgument, "double free"));
+  EXPECT_TRUE(throws([&] { pool.allocate(kChunk + 1); }, ErrorCode::InvalidArgument, "chunk size"));
+  EXPECT_TRUE(throws([&] { pool.allocate(8, 3); }, ErrorCode::InvalidArgument, "power of two"));
+  EXPECT_TRUE(throws([&] { Pool::create(name + "-c", {.chunk_bytes = 0}); }, ErrorCode::InvalidArgument,
+                     "chunk_bytes"));
+  EXPECT_TRUE(throws([&] { Pool::open(name + ".chunk.0"); }, ErrorCode::InvalidArgument, "not a gpuipc pool"));
+  EXPECT_TRUE(throws([&] { Pool::open(name + "-missing"); }, ErrorCode::NotFound, "missing"));
+  Block none;
+  EXPECT_EQ(pool.try_allocate(0, 256, none), Status::InvalidState);
+  b = Block();
+  Pool::unlink(name + "-b");
+  Pool::unlink(name);
+}
+
+TEST(PoolsHost, FixedBlocksAndStatFromANonMember) {
+  const auto name = unique_name("fixed");
+  auto pool = Pool::create(name, {.kind = SegmentKind::Host, .pool_mode = PoolMode::Fixed, .block_bytes = 1000,
+                                  .block_count = 4});
+  EXPECT_EQ(pool.block_bytes(), 1024U);
+  std::vector<Block> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(1024));
+  EXPECT_TRUE(throws([&] { pool.allocate(1); }, ErrorCode::QuotaExceeded, "exhausted"));
+  EXPECT_TRUE(throws([&] { pool.allocate(1025); }, ErrorCode::InvalidArgument, "block_bytes"));
+  blocks.pop_back();
+  const auto st = Pool::stat(name);
+  EXPECT_EQ(st.live_blocks, 3U);
+  EXPECT_EQ(st.used_bytes, 3072U);
+  EXPECT_EQ(st.largest_free_block, 1024U);
+  EXPECT_EQ(st.members, 1U);
+  EXPECT_TRUE(throws([&] { Pool::stat(name + ".chunk.0"); }, ErrorCode::InvalidArgument, "not a gpuipc pool"));
+  Pool::unlink(name);
+}
+
+TEST(PoolsHost, ClosingEverythingLeavesNoBrokerReference) {
+  const std::uint64_t before = BrokerEnvironment::broker_references();
+  const auto name = unique_name("pool");
+  {
+    auto pool = one_chunk_pool(name);
+    Block b = pool.allocate(100);
+    EXPECT_EQ(run_child([&] {
+                auto p = Pool::open(name);
+                p.resolve(b.ref());
+                return 0;
+              }),
+              0);
+    Pool::unlink(name);
+  }
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_references() == before; }, 5s));
+}
+
+/// The CLI of this build's stdout for `args` (the test's broker is in the environment).
+std::string gpuipc_cli(const std::string& args) {
+  std::string out;
+  FILE* pipe = ::popen((GPUIPC_BUILD_BIN_DIR "/gpuipc " + args).c_str(), "r");  // NOLINT(cert-env33-c): a test
+  if (pipe == nullptr) return out;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+  ::pclose(pipe);
+  return out;
+}
+
+TEST(PoolsHost, StatAndLsShowPoolStatistics) {
+  const auto name = unique_name("pool");
+  auto pool = one_chunk_pool(name);
+  Block b = pool.allocate(4096);
+  const std::string stat = gpuipc_cli("stat " + name);
+  EXPECT_NE(stat.find("pool:       used 4.0 KiB, free 60.0 KiB, 1 of 1 chunks, largest free block 60.0 KiB, 1 blocks "
+                      "live, 1 members"),
+            std::string::npos)
+      << stat;
+  EXPECT_NE(gpuipc_cli("stat --json " + name).find("\"largest_free_block\": 61440"), std::string::npos);
+  EXPECT_EQ(gpuipc_cli("stat " + name + ".chunk.0").find("pool:"), std::string::npos);
+  const std::string ls = gpuipc_cli("ls");
+  EXPECT_NE(ls.find("  pool: used 4.0 KiB"), std::string::npos) << ls;
+  EXPECT_NE(gpuipc_cli("ls --json").find("\"live_blocks\": 1"), std::string::npos);
+  Pool::unlink(name);
+}
+
+}  // namespace
+}  // namespace gpuipc::test
