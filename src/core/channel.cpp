@@ -149,7 +149,10 @@ struct Channel::Impl {
         const std::uint64_t published = current ? seq : seq - n;  // a later round holds the slot now
         if ((current || seq >= n) && (atomic(sl.filled).load() & proto::kMaxValue) < published + 1) return false;
       }
-      if (atomic(sl.releaser).load() == member && seq >= n && atomic(sl.freed).load() < seq - n + 1) return false;
+      if (atomic(sl.releaser).load() == member &&
+          (atomic(sl.freed).load() & proto::kMaxValue) < atomic(sl.release_mark).load()) {
+        return false;
+      }
     }
     return true;
   }
@@ -171,20 +174,25 @@ struct Channel::Impl {
     token = 0;
   }
 
-  /// Gives back the newest acquired slot unpublished (its sequence is skipped, like an abandoned one). The slot's
-  /// next round waits for `freed` of this round, which no consumer will write: this member's stream writes it,
-  /// after its own wait for the previous round, so the word never goes backwards.
-  void give_back_front(CUstream stream) noexcept {
+  /// Gives back the newest acquired slot unpublished (its sequence is skipped, like an abandoned one). Nothing
+  /// is written to `freed`: the slot's next producer waits for the last consumer's release (release_mark),
+  /// which an abandoned round does not move.
+  void give_back_front() noexcept {
     const std::uint64_t seq = held[(held_first + held_count - 1) % held.size()];
     --held_count;
-    auto& s = slot(seq);
-    if (!gpu() || cuda::stream_write_value64(stream, word_device(seq, offsetof(proto::Slot, freed)), seq + 1) !=
-                      CUDA_SUCCESS) {
-      atomic(s.freed).store(std::max(atomic(s.freed).load(), seq + 1), std::memory_order_release);
-    }
-    atomic(s.state).store(proto::pack_state(seq + n, Phase::Free, proto::kNoMember), std::memory_order_release);
+    abandon(seq);
+  }
+
+  /// Frees claimed slot `seq` for the next round without a message.
+  void abandon(std::uint64_t seq) noexcept {
+    atomic(slot(seq).state).store(proto::pack_state(seq + n, Phase::Free, proto::kNoMember), std::memory_order_release);
     atomic(h->abandoned).fetch_add(1);
     core::bump_and_wake(h->released_seq, &h->released_sleepers);
+  }
+
+  /// The `freed` value the producer of `seq` waits for: the last consumer release of its slot (0: none).
+  std::uint64_t free_mark(std::uint64_t seq) const noexcept {
+    return atomic(slot(seq).release_mark).load(std::memory_order_acquire) & proto::kMaxValue;
   }
 
   /// Moves a ring index from `from` to `from + 1` unless someone already did. (Not compare_exchange on `from`
@@ -454,23 +462,23 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
     // an H100's L2, and reads come from memory (the ordering suite's host_paced_words_lag* rows).
     const std::uint64_t near = seq - im.ahead;
     if (proto::state_seq(atomic(im.slot(near).state).load(std::memory_order_acquire)) > near) {
-      (void)im.reached(im.slot(near).freed, near + 1, pace);
+      // (An abandoned message `near` was never released: then wait for no more than the slot's last release.)
+      (void)im.reached(im.slot(near).freed, std::min(near + 1, im.free_mark(near)), pace);
     }
   }
-  if (im.gpu() && seq >= im.n && !im.reached(im.slot(seq).freed, seq - im.n + 1, pace)) {
-    // The slot's previous message: the consumer released it on the host; its stream may still be reading.
+  const std::uint64_t mark = im.gpu() && seq >= im.n ? im.free_mark(seq) : 0;
+  if (mark != 0 && !im.reached(im.slot(seq).freed, mark, pace)) {
+    // The slot's last message: the consumer released it on the host; its stream may still be reading.
     // (When the host sees `freed` within the pacing time, that stream is past it and no wait is needed.)
-    if (im.wait_before(stream, seq, offsetof(proto::Slot, freed), seq - im.n + 1) != CUDA_SUCCESS) {
-      // Give the slot up rather than keep a claim nobody will publish.
-      atomic(im.slot(seq).state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember));
-      atomic(im.h->abandoned).fetch_add(1);
-      core::bump_and_wake(im.h->released_seq);
+    if (im.wait_before(stream, seq, offsetof(proto::Slot, freed), mark) != CUDA_SUCCESS) {
+      // Give the slot up rather than keep a claim nobody will publish (no `freed` write is owed for it).
+      im.abandon(seq);
       return Status::DriverError;
     }
   }
   im.push_held(seq);
   const std::uint64_t offset = im.data_offset(seq);
-  out.capacity = atomic(im.h->slot_bytes).load();
+  out.capacity = im.slot_bytes;
   out.sequence = seq;
   out.device_pointer = im.gpu() ? im.data.device_pointer() + offset : 0;
   out.data = static_cast<std::byte*>(im.data.data()) + offset;
@@ -481,7 +489,7 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == 0) return Status::InvalidState;
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
-  if (header.size() > im.h->header_bytes || bytes > im.h->slot_bytes) return Status::InvalidState;
+  if (header.size() > im.geometry.header_bytes || bytes > im.slot_bytes) return Status::InvalidState;
   const std::uint64_t seq = im.front_held();
   auto& s = im.slot(seq);
   if (!header.empty()) std::memcpy(im.header_of(seq), header.data(), header.size());
@@ -510,7 +518,7 @@ Status Channel::send(StreamHandle stream, const void* source, std::size_t bytes,
   // The slot sent is the one acquired here: with older acquired slots still held, publish would take those.
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count != 0) return Status::InvalidState;
   auto& im = *m_impl;
-  if (header.size() > im.h->header_bytes || bytes > im.h->slot_bytes) return Status::InvalidState;
+  if (header.size() > im.geometry.header_bytes || bytes > im.slot_bytes) return Status::InvalidState;
   SlotView slot;
   if (const Status st = acquire(stream, timeout, slot); st != Status::Ok) return st;
   if (bytes > 0) {
@@ -518,7 +526,7 @@ Status Channel::send(StreamHandle stream, const void* source, std::size_t bytes,
       std::memcpy(slot.data, source, bytes);
     } else if (cuda::copy_async(slot.device_pointer, reinterpret_cast<CUdeviceptr>(source), bytes,
                                 static_cast<CUstream>(stream)) != CUDA_SUCCESS) {
-      im.give_back_front(static_cast<CUstream>(stream));
+      im.give_back_front();
       return Status::DriverError;
     }
   }
@@ -552,9 +560,11 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   }
   im.push_held(seq);
   const std::uint64_t offset = im.data_offset(seq);
-  out.size = s.size;
+  // Sizes as the producer wrote them, bounded by this process's copy of the geometry (a member may write anything).
+  out.size = std::min<std::uint64_t>(atomic(s.size).load(), im.slot_bytes);
   out.sequence = seq;
-  out.header = std::span<const std::byte>(im.header_of(seq), std::min<std::size_t>(s.header_size, im.h->header_bytes));
+  out.header = std::span<const std::byte>(im.header_of(seq),
+                                          std::min<std::size_t>(atomic(s.header_size).load(), im.geometry.header_bytes));
   out.device_pointer = im.gpu() ? im.data.device_pointer() + offset : 0;
   out.data = static_cast<const std::byte*>(im.data.data()) + offset;
   out.flags = &s.flags;
@@ -567,8 +577,9 @@ Status Channel::release(StreamHandle stream) noexcept {
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   const std::uint64_t seq = im.front_held();
   auto& s = im.slot(seq);
-  if (!im.gpu()) atomic(s.freed).store(seq + 1, std::memory_order_release);
+  if (!im.gpu()) shm::raise_to(s.freed, seq + 1);
   atomic(s.releaser).store(im.member);
+  atomic(s.release_mark).store(seq + 1, std::memory_order_release);  // before the slot is Free for the next round
   // As in publish: the host-visible release first, the stream write after. A producer that reclaims the slot at
   // once makes its own stream wait for `freed`, which only our stream writes, after its reads.
   atomic(s.state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember), std::memory_order_release);
@@ -577,7 +588,7 @@ Status Channel::release(StreamHandle stream) noexcept {
   // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do for `freed`, but the v2 memop API we call rejects it with
   // CUDA_ERROR_INVALID_VALUE, as its documentation says.)
   if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, freed), seq + 1) != CUDA_SUCCESS) {
-    atomic(s.freed).store(seq + 1, std::memory_order_release);  // never leave the producer's stream waiting
+    shm::raise_to(s.freed, seq + 1);  // never leave the producer's stream waiting
     return Status::DriverError;
   }
   return Status::Ok;
@@ -590,8 +601,8 @@ const std::string& Channel::name() const noexcept {
 ChannelRole Channel::role() const noexcept { return m_impl ? m_impl->role : ChannelRole::Producer; }
 SegmentKind Channel::kind() const noexcept { return m_impl ? m_impl->kind : SegmentKind::Host; }
 std::uint32_t Channel::slots() const noexcept { return m_impl ? static_cast<std::uint32_t>(m_impl->n) : 0; }
-std::size_t Channel::slot_bytes() const noexcept { return m_impl ? m_impl->h->slot_bytes : 0; }
-std::uint32_t Channel::header_bytes() const noexcept { return m_impl ? m_impl->h->header_bytes : 0; }
+std::size_t Channel::slot_bytes() const noexcept { return m_impl ? m_impl->slot_bytes : 0; }
+std::uint32_t Channel::header_bytes() const noexcept { return m_impl ? m_impl->geometry.header_bytes : 0; }
 void Channel::set_pacing(std::chrono::nanoseconds pacing) noexcept {
   if (m_impl) m_impl->pacing = std::max(pacing, std::chrono::nanoseconds(0));
 }

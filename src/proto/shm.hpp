@@ -68,7 +68,7 @@ static_assert(offsetof(SemaphoreBlock, value) % 64 == 0);
 // Channel: a control segment (this header, then `slots` Slot records each followed by header_bytes of inline
 // user header, each record 64-byte aligned) and a data segment of slots * slot_bytes.
 inline constexpr std::uint32_t kChannelMagic = 0x48434947;  // "GICH"
-inline constexpr std::uint32_t kChannelVersion = 2;  // 2: broker-assigned member tokens
+inline constexpr std::uint32_t kChannelVersion = 3;  // 2: broker-assigned member tokens; 3: Slot::release_mark
 inline constexpr std::uint32_t kMaxSlots = 4096;
 inline constexpr std::uint32_t kMaxHeaderBytes = 4096;
 
@@ -96,6 +96,11 @@ struct alignas(64) Slot {
   std::uint32_t releaser;   ///< member that last released this slot (kNoMember: none), for crash repair
   std::uint32_t flags;      ///< kSlotIncomplete: its producer died before its GPU work finished
   std::uint32_t publisher;  ///< member that published the message in the slot (kNoMember: none), for crash repair
+  /// Host-only: the `freed` value the slot's next producer must see before it writes, i.e. seq + 1 of the last
+  /// message a consumer released from this slot (0: none yet). Only a consumer's release sets it. A round that
+  /// is abandoned (a producer that leaves, dies or gives its claim back) leaves it, and `freed`, alone: so
+  /// `freed` is written only by consumers' streams, each after the previous round's write, and never goes back.
+  std::uint64_t release_mark;
   alignas(64) std::uint64_t filled;  ///< GPU-visible: seq + 1 once the producer's stream reached publish
   alignas(64) std::uint64_t freed;   ///< GPU-visible: seq + 1 once the consumer's stream reached release
 };

@@ -50,8 +50,8 @@ unsigned repair_slot(proto::ChannelHeader& h, proto::Slot& slot, std::uint64_t n
     if (proto::state_member(s) != idx) break;
     const auto phase = proto::state_phase(s);
     if (phase == Phase::Writing) {
-      // Claimed, never published: nobody will consume it. Free the slot for the next round.
-      raise_to(slot.freed, seq + 1);
+      // Claimed, never published: nobody will consume it. Free the slot for the next round, whose producer
+      // waits for the last consumer's release (release_mark), which this round does not change.
       if (st.compare_exchange_strong(s, proto::pack_state(seq + n, Phase::Free, proto::kNoMember))) {
         atomic(h.abandoned).fetch_add(1);
         wake |= 3U;
@@ -85,10 +85,10 @@ unsigned repair_slot(proto::ChannelHeader& h, proto::Slot& slot, std::uint64_t n
     }
     atomic(slot.publisher).store(proto::kNoMember);
   }
-  // The last release of this slot was this member's: its stream may never have written `freed`.
+  // The last release of this slot was this member's: its stream may never have written `freed`. Write the
+  // value its release announced (raise_to: never lower than what is there).
   if (atomic(slot.releaser).load() == idx) {
-    const std::uint64_t seq = proto::state_seq(st.load());
-    if (seq >= n) raise_to(slot.freed, seq - n + 1);
+    raise_to(slot.freed, atomic(slot.release_mark).load(std::memory_order_acquire) & proto::kMaxValue);
     atomic(slot.releaser).store(proto::kNoMember);
   }
   return wake;

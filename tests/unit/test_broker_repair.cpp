@@ -75,7 +75,8 @@ TEST(RepairChannel, ProducerDeadWhileWritingAbandonsTheSlot) {
   b.slot(1).state = proto::pack_state(1, Phase::Writing, 0);
   EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 100), 1);
   EXPECT_EQ(b.slot(1).state, proto::pack_state(5, Phase::Free, proto::kNoMember));
-  EXPECT_EQ(b.slot(1).freed, 2U);  // the next producer's stream may reuse it
+  EXPECT_EQ(b.slot(1).freed, 0U);  // an abandoned round writes no `freed`: the next producer waits for release_mark
+  EXPECT_EQ(b.slot(1).release_mark, 0U);
   EXPECT_EQ(b.h().abandoned, 1U);
   EXPECT_EQ(b.h().producers, 1U);
   EXPECT_EQ(b.h().producers_gone, 0U);  // another producer lives
@@ -117,6 +118,7 @@ TEST(RepairChannel, ConsumerDeadHoldingAMessageRedeliversItAndWritesItsFreedWord
   b.slot(0).state = proto::pack_state(4, Phase::Reading, 1);  // holds message 4
   b.slot(1).state = proto::pack_state(5, Phase::Free, proto::kNoMember);  // released message 3 ...
   b.slot(1).releaser = 1;                                                 // ... on the host, stream pending
+  b.slot(1).release_mark = 4;                                             // (what its release announced)
   b.slot(1).freed = 2;  // its stream wrote freed for message 1 only
   EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 300), 1);
   EXPECT_EQ(b.slot(0).state, proto::pack_state(4, Phase::Published, proto::kNoMember));
