@@ -137,7 +137,7 @@ int repair_channel(void* control, std::size_t size, pid_t pid) noexcept {
 }
 
 int repair_pool(void* control, std::size_t size, pid_t pid) noexcept {
-  if (size < sizeof(shm::PoolHeader)) return 0;
+  if (!shm::PoolBlock(control, size).valid()) return 0;
   auto& h = *static_cast<shm::PoolHeader*>(control);
   int removed = 0;
   for (std::uint32_t idx = 0; idx < proto::kMaxMembers; ++idx) {
@@ -145,10 +145,12 @@ int repair_pool(void* control, std::size_t size, pid_t pid) noexcept {
     if (atomic(h.members[idx].pid).load(std::memory_order_acquire) != expected) continue;
     const int holds = shm::pool_remove_member(control, size, idx);
     if (holds < 0) {
-      GPUIPC_LOG_WARN("pool member {} (pid {}): the control block does not validate or its lock stays taken; "
-                      "its holds are not released",
+      // The next holder of the pool lock finishes it (and frees the entry): a member that died holding the lock
+      // is repaired next, or a live one lets go.
+      GPUIPC_LOG_INFO("pool member {} (pid {}) is gone; its lock was taken, the next lock holder releases its holds",
                       idx, pid);
-      return removed;
+      ++removed;
+      continue;
     }
     if (!atomic(h.members[idx].pid).compare_exchange_strong(expected, 0U, std::memory_order_acq_rel)) continue;
     ++removed;

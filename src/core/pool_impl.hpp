@@ -89,8 +89,10 @@ struct Pool::Impl {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }
-    shm::pool_remove_member(control.data(), control.size(), member);
-    core::release_member(block.header().members, member);
+    // -1: the lock stayed taken and the removal was deferred to its next holder, which frees the entry too.
+    if (shm::pool_remove_member(control.data(), control.size(), member) >= 0) {
+      core::release_member(block.header().members, member);
+    }
     member = proto::kNoMember;
   }
 

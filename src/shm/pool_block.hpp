@@ -85,6 +85,8 @@ struct alignas(64) PoolHeader {
   std::uint64_t next_generation;
   std::uint64_t allocations;        ///< counters, for stats
   std::uint64_t frees;
+  std::uint64_t deferred;           ///< members whose removal found the lock taken: the next lock holder removes
+                                    ///< them and frees their entries
   alignas(64) proto::Member members[proto::kMaxMembers];
   alignas(64) PoolChunk chunks[kMaxChunks];
 };
@@ -205,6 +207,10 @@ class PoolBlock {
   /// Draining records whose stream has reached `released` become Unused (under the lock).
   void sweep_drained() noexcept;
   bool find_record(std::uint32_t& index) noexcept;
+  /// Releases every hold of `member`, its pending stream frees and a chunk it was creating (under the lock).
+  int remove_locked(std::uint32_t member) noexcept;
+  /// Finishes the removals recorded in `deferred` (under the lock).
+  void remove_deferred() noexcept;
   PoolStatus allocate_fixed(std::uint32_t member, std::uint64_t bytes, BlockLocation& out) noexcept;
   PoolStatus allocate_variable(std::uint32_t member, std::uint64_t bytes, std::uint64_t alignment, BlockLocation& out,
                                std::vector<OccupiedRange>& scratch) noexcept;
@@ -224,7 +230,8 @@ class PoolBlock {
 /// a chunk it was creating and, when it died holding the pool lock, breaks the lock and undoes its half-made
 /// allocation. The member entry itself is left to the caller (core's release, or the broker's repair). Safe on any
 /// memory contents; returns the number of holds released, or -1 when the block does not validate or the lock could
-/// not be taken.
+/// not be taken within 5 ms: then the removal is recorded in the header and whoever takes the lock next finishes
+/// it and frees the member's entry (the caller must leave the entry alone).
 int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index) noexcept;
 
 }  // namespace gpuipc::shm
