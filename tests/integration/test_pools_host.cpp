@@ -266,11 +266,15 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   EXPECT_EQ(run_child([&] {
               auto p = Pool::open(name, {.access = Access::ReadOnly});
               for (int i = 2; i >= 0; --i) GPUIPC_CHILD_CHECK(check(p.resolve(refs[i]), kChunk, i));
-              const auto t0 = std::chrono::steady_clock::now();
-              for (int k = 0; k < 10000; ++k) GPUIPC_CHILD_CHECK(p.resolve(refs[k % 3]) != nullptr);
-              const auto per = (std::chrono::steady_clock::now() - t0) / 10000;
-              std::fprintf(stderr, "resolve, chunk mapped: %lld ns\n", static_cast<long long>(per.count()));
-              GPUIPC_CHILD_CHECK(per < 5us);  // cache hits (< 1 us on an idle machine; sanitizers are slower)
+              // The best of 100 batches of 100 (robust to a loaded machine): cache hits, no broker round trip.
+              auto best = std::chrono::steady_clock::duration::max();
+              for (int batch = 0; batch < 100; ++batch) {
+                const auto t0 = std::chrono::steady_clock::now();
+                for (int k = 0; k < 100; ++k) GPUIPC_CHILD_CHECK(p.resolve(refs[k % 3]) != nullptr);
+                best = std::min(best, (std::chrono::steady_clock::now() - t0) / 100);
+              }
+              std::fprintf(stderr, "resolve, chunk mapped: %lld ns\n", static_cast<long long>(best.count()));
+              GPUIPC_CHILD_CHECK(best < 5us);  // < 1 us on an idle machine; sanitizers are slower
               return 0;
             }),
             0);
