@@ -391,7 +391,7 @@ PoolCounts PoolBlock::counts() const noexcept {
   try {
     std::vector<OccupiedRange> scratch;
     scratch.reserve(m_geo.max_records);
-    c.largest_free = largest_free(scratch);
+    c.largest_free_block = largest_free(scratch);
   } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: the statistic stays 0
   }
   return c;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "gpuipc/pool.hpp"
 #include "proto/shm.hpp"
 
 namespace gpuipc::shm {
@@ -146,21 +147,8 @@ struct BlockLocation {
   std::uint64_t generation = 0;
 };
 
-/// Pool statistics (stats(), `gpuipc stat`).
-struct PoolCounts {
-  std::uint64_t used_bytes = 0;      ///< bytes of live and draining blocks
-  std::uint64_t free_bytes = 0;      ///< bytes of ready chunks not used
-  std::uint64_t capacity_bytes = 0;  ///< bytes of ready chunks
-  std::uint64_t max_bytes = 0;       ///< max_chunks * chunk_bytes
-  std::uint64_t largest_free = 0;    ///< largest free range in one chunk
-  std::uint32_t chunks = 0;          ///< ready chunks
-  std::uint32_t max_chunks = 0;
-  std::uint32_t live_blocks = 0;
-  std::uint32_t draining_blocks = 0;
-  std::uint32_t members = 0;
-  std::uint64_t allocations = 0;
-  std::uint64_t frees = 0;
-};
+/// Pool statistics: the public type (include/gpuipc/pool.hpp), filled here from the control block.
+using PoolCounts = gpuipc::PoolStats;
 
 /// A process's view of one validated control block: the address and the geometry in locals. Every operation is
 /// noexcept and bounded. `member` arguments are member indexes (0..63) of the calling process.

@@ -297,7 +297,7 @@ TEST(ShmPool, DeathAtEveryStepOfAScriptLeavesOnlyTheSurvivorsBlocks) {
     EXPECT_TRUE(p.disjoint());
     ASSERT_GE(p.remove(1), 0);
     EXPECT_EQ(p.block.counts().live_blocks, 0U);
-    EXPECT_EQ(p.block.counts().largest_free, 8192U);  // everything coalesced back
+    EXPECT_EQ(p.block.counts().largest_free_block, 8192U);  // everything coalesced back
   }
 }
 
