@@ -89,11 +89,14 @@ bool remove_member(const ControlBlock& block, const Joined& m) noexcept {
       // Its holds first (blocks it held last are freed, its stream frees complete, a lock it died in is broken),
       // then the entry: until then nobody else can be member `m.member`.
       if (shm::pool_remove_member(block.data, block.size, m.member) < 0) {
-        GPUIPC_LOG_WARN("pool member {}: the control block does not validate or its lock stays taken; its holds "
-                        "are not released",
+        // The lock stayed taken: the removal is recorded in the block and the lock's next holder finishes it,
+        // freeing the entry too (a member that died holding the lock is repaired next, or a live one lets go).
+        GPUIPC_LOG_INFO("pool member {} is gone; its lock was taken, the next lock holder releases its holds",
                         m.member);
+        removed = true;
+      } else {
+        removed = shm::clear_member(members, m.member, m.token);
       }
-      removed = shm::clear_member(members, m.member, m.token);
     }
   }
   if (removed) GPUIPC_LOG_INFO("member {} (role {}) is gone: repaired", m.member, static_cast<int>(m.role));

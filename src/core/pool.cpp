@@ -38,22 +38,6 @@ void check_pool_name(std::string_view name) {
   }
 }
 
-PoolStats to_stats(const shm::PoolCounts& c) noexcept {
-  PoolStats s;
-  s.used_bytes = c.used_bytes;
-  s.free_bytes = c.free_bytes;
-  s.capacity_bytes = c.capacity_bytes;
-  s.max_bytes = c.max_bytes;
-  s.largest_free_block = c.largest_free;
-  s.chunks = c.chunks;
-  s.max_chunks = c.max_chunks;
-  s.live_blocks = c.live_blocks;
-  s.draining_blocks = c.draining_blocks;
-  s.members = c.members;
-  s.allocations = c.allocations;
-  s.frees = c.frees;
-  return s;
-}
 
 /// The control block's segment kind for chunks of `kind`: host_pinned wherever a stream writes `released`.
 SegmentKind control_kind(SegmentKind kind) noexcept {
@@ -204,7 +188,7 @@ PoolStats Pool::stat(std::string_view name) {
   if (!b.valid()) {
     throw Error(ErrorCode::InvalidArgument, fmt::format("'{}' is not a gpuipc pool", name), "stat");
   }
-  return to_stats(b.counts());
+  return b.counts();
 }
 
 Status Pool::try_allocate(std::size_t bytes, std::size_t alignment, Block& out) noexcept {
@@ -255,7 +239,7 @@ Block Pool::allocate(std::size_t bytes, std::size_t alignment) {
                               "max_bytes or max_blocks",
                               im.name, human_bytes(bytes), human_bytes(c.used_bytes), human_bytes(c.max_bytes),
                               c.chunks, c.max_chunks, c.live_blocks + c.draining_blocks, g.max_records,
-                              human_bytes(c.largest_free)),
+                              human_bytes(c.largest_free_block)),
                   "allocate");
     }
     case shm::PoolStatus::LockTimeout:
@@ -352,7 +336,7 @@ void Pool::release(const BlockRef& ref) {
   if (st != shm::PoolStatus::Ok) im.throw_bad_ref(ref, "release", im.check_ref(ref));
 }
 
-PoolStats Pool::stats() const noexcept { return m_impl ? to_stats(m_impl->block.counts()) : PoolStats{}; }
+PoolStats Pool::stats() const noexcept { return m_impl ? m_impl->block.counts() : PoolStats{}; }
 const std::string& Pool::name() const noexcept {
   static const std::string kEmpty;
   return m_impl ? m_impl->name : kEmpty;

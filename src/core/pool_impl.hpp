@@ -87,8 +87,9 @@ struct Pool::Impl {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }
-    if (shm::holds_token(block.header().members, member, token)) {
-      shm::pool_remove_member(control.data(), control.size(), member);
+    // -1: the lock stayed taken and the removal was deferred to its next holder, which frees the entry too.
+    if (shm::holds_token(block.header().members, member, token) &&
+        shm::pool_remove_member(control.data(), control.size(), member) >= 0) {
       shm::clear_member(block.header().members, member, token);
     }
     member = proto::kNoMember;

@@ -11,8 +11,9 @@ using proto::atomic;
 
 namespace {
 
-/// How long the repair waits for a live member to let go of the pool lock (it is held for microseconds).
-constexpr auto kRepairLockTimeout = std::chrono::milliseconds(250);
+/// How long a removal waits for the pool lock before it leaves its work to the lock's next holder: a live member
+/// holds it for microseconds, and the broker (single-threaded) must not stall on a lock whose owner is dead.
+constexpr auto kRepairLockTimeout = std::chrono::milliseconds(5);
 
 template <typename T>
 T load(T& word) noexcept {
@@ -101,9 +102,12 @@ bool PoolBlock::lock(std::uint32_t owner, std::chrono::nanoseconds timeout, std:
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (std::uint32_t i = 0;; ++i) {
     std::uint32_t cur = 0;
-    if (w.compare_exchange_weak(cur, me, std::memory_order_acq_rel)) return true;
     // The member being removed died holding the lock: the repair takes it over (it holds the same value).
-    if (breakable != proto::kNoMember && cur == breakable + 1 && owner == breakable) return true;
+    if (w.compare_exchange_weak(cur, me, std::memory_order_acq_rel) ||
+        (breakable != proto::kNoMember && cur == breakable + 1 && owner == breakable)) {
+      if (load(m_header->deferred) != 0) remove_deferred();
+      return true;
+    }
     if (i % 64 == 63 && std::chrono::steady_clock::now() >= deadline) return false;
     if (i < 2048) {
       pause();
@@ -387,44 +391,63 @@ PoolCounts PoolBlock::counts() const noexcept {
   try {
     std::vector<OccupiedRange> scratch;
     scratch.reserve(m_geo.max_records);
-    c.largest_free = largest_free(scratch);
+    c.largest_free_block = largest_free(scratch);
   } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: the statistic stays 0
   }
   return c;
+}
+
+int PoolBlock::remove_locked(std::uint32_t member) noexcept {
+  int released = 0;
+  const std::uint64_t mine = bit(member);
+  for (std::uint32_t i = 0; i < m_geo.max_records; ++i) {
+    BlockRecord& r = m_records[i];
+    const RecordState s = state_of(r);
+    // Its stream will never write `released` (the process is gone, or waited for its stream before leaving).
+    if (load(r.releaser) == member) {
+      store(r.releaser, proto::kNoMember);
+      if (s == RecordState::Draining) set_state(r, RecordState::Unused);
+    }
+    if (s != RecordState::Live || (load(r.holders) & mine) == 0) continue;
+    ++released;
+    if ((atomic(r.holders).fetch_and(~mine, std::memory_order_acq_rel) & ~mine) == 0) retire(r);
+  }
+  for (std::uint32_t c = 0; c < m_geo.max_chunks; ++c) {
+    PoolChunk& ch = m_header->chunks[c];
+    if (state_of(ch) == ChunkState::Creating && load(ch.creator) == member) set_state(ch, ChunkState::Absent);
+  }
+  return released;
+}
+
+void PoolBlock::remove_deferred() noexcept {
+  const std::uint64_t dead = load(m_header->deferred);
+  for (std::uint32_t m = 0; m < proto::kMaxMembers; ++m) {
+    if ((dead & bit(m)) == 0) continue;
+    remove_locked(m);
+    store(m_header->members[m].token, 0U);  // its entry, kept until now so that nobody could claim it
+    atomic(m_header->deferred).fetch_and(~bit(m), std::memory_order_acq_rel);
+  }
 }
 
 int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index) noexcept {
   PoolBlock b(control, size);
   if (!b.valid() || member_index >= proto::kMaxMembers) return -1;
   const bool dead_owner = load(b.m_header->lock) == member_index + 1;
-  if (!b.lock(member_index, kRepairLockTimeout, member_index)) return -1;
-  const PoolGeometry& g = b.m_geo;
+  if (!b.lock(member_index, kRepairLockTimeout, member_index)) {
+    // The lock stays taken (most likely by another dead member whose repair comes next): whoever takes the lock
+    // next finishes this removal, and frees the member's entry then.
+    atomic(b.m_header->deferred).fetch_or(bit(member_index), std::memory_order_acq_rel);
+    return -1;
+  }
   if (dead_owner) {
     // It died inside a critical section: undo a half-made allocation, finish a half-made release.
-    for (std::uint32_t i = 0; i < g.max_records; ++i) {
+    for (std::uint32_t i = 0; i < b.m_geo.max_records; ++i) {
       BlockRecord& r = b.m_records[i];
       if (state_of(r) == RecordState::Claimed) set_state(r, RecordState::Unused);
       if (state_of(r) == RecordState::Live && load(r.holders) == 0) b.retire(r);
     }
   }
-  int released = 0;
-  const std::uint64_t mine = bit(member_index);
-  for (std::uint32_t i = 0; i < g.max_records; ++i) {
-    BlockRecord& r = b.m_records[i];
-    const RecordState s = state_of(r);
-    // Its stream will never write `released` (the process is gone, or waited for its stream before leaving).
-    if (load(r.releaser) == member_index) {
-      store(r.releaser, proto::kNoMember);
-      if (s == RecordState::Draining) set_state(r, RecordState::Unused);
-    }
-    if (s != RecordState::Live || (load(r.holders) & mine) == 0) continue;
-    ++released;
-    if ((atomic(r.holders).fetch_and(~mine, std::memory_order_acq_rel) & ~mine) == 0) b.retire(r);
-  }
-  for (std::uint32_t c = 0; c < g.max_chunks; ++c) {
-    PoolChunk& ch = b.m_header->chunks[c];
-    if (state_of(ch) == ChunkState::Creating && load(ch.creator) == member_index) set_state(ch, ChunkState::Absent);
-  }
+  const int released = b.remove_locked(member_index);
   b.unlock();
   wake(b.m_header->wake_seq);
   return released;

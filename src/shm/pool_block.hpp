@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "gpuipc/pool.hpp"
 #include "proto/shm.hpp"
 
 namespace gpuipc::shm {
@@ -85,6 +86,8 @@ struct alignas(64) PoolHeader {
   std::uint64_t next_generation;
   std::uint64_t allocations;        ///< counters, for stats
   std::uint64_t frees;
+  std::uint64_t deferred;           ///< members whose removal found the lock taken: the next lock holder removes
+                                    ///< them and frees their entries
   alignas(64) proto::Member members[proto::kMaxMembers];
   alignas(64) PoolChunk chunks[kMaxChunks];
 };
@@ -144,21 +147,8 @@ struct BlockLocation {
   std::uint64_t generation = 0;
 };
 
-/// Pool statistics (stats(), `gpuipc stat`).
-struct PoolCounts {
-  std::uint64_t used_bytes = 0;      ///< bytes of live and draining blocks
-  std::uint64_t free_bytes = 0;      ///< bytes of ready chunks not used
-  std::uint64_t capacity_bytes = 0;  ///< bytes of ready chunks
-  std::uint64_t max_bytes = 0;       ///< max_chunks * chunk_bytes
-  std::uint64_t largest_free = 0;    ///< largest free range in one chunk
-  std::uint32_t chunks = 0;          ///< ready chunks
-  std::uint32_t max_chunks = 0;
-  std::uint32_t live_blocks = 0;
-  std::uint32_t draining_blocks = 0;
-  std::uint32_t members = 0;
-  std::uint64_t allocations = 0;
-  std::uint64_t frees = 0;
-};
+/// Pool statistics: the public type (include/gpuipc/pool.hpp), filled here from the control block.
+using PoolCounts = gpuipc::PoolStats;
 
 /// A process's view of one validated control block: the address and the geometry in locals. Every operation is
 /// noexcept and bounded. `member` arguments are member indexes (0..63) of the calling process.
@@ -205,6 +195,10 @@ class PoolBlock {
   /// Draining records whose stream has reached `released` become Unused (under the lock).
   void sweep_drained() noexcept;
   bool find_record(std::uint32_t& index) noexcept;
+  /// Releases every hold of `member`, its pending stream frees and a chunk it was creating (under the lock).
+  int remove_locked(std::uint32_t member) noexcept;
+  /// Finishes the removals recorded in `deferred` (under the lock).
+  void remove_deferred() noexcept;
   PoolStatus allocate_fixed(std::uint32_t member, std::uint64_t bytes, BlockLocation& out) noexcept;
   PoolStatus allocate_variable(std::uint32_t member, std::uint64_t bytes, std::uint64_t alignment, BlockLocation& out,
                                std::vector<OccupiedRange>& scratch) noexcept;
@@ -224,7 +218,8 @@ class PoolBlock {
 /// a chunk it was creating and, when it died holding the pool lock, breaks the lock and undoes its half-made
 /// allocation. The member entry itself is left to the caller (core's release, or the broker's repair). Safe on any
 /// memory contents; returns the number of holds released, or -1 when the block does not validate or the lock could
-/// not be taken.
+/// not be taken within 5 ms: then the removal is recorded in the header and whoever takes the lock next finishes
+/// it and frees the member's entry (the caller must leave the entry alone).
 int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index) noexcept;
 
 }  // namespace gpuipc::shm

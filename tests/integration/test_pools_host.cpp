@@ -9,6 +9,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "gpuipc/pool.hpp"
 #include "support/broker_env.hpp"
@@ -201,6 +203,53 @@ TEST(PoolsHost, FourProcessesTenSecondsNoOverlapCheckedByContent) {
   Pool::unlink(name);
 }
 
+/// Processes allocating and freeing in a tight loop are SIGKILLed at random moments (inside the pool lock too,
+/// now and then): the survivors never stall, and once all are gone every byte is free again.
+TEST(PoolsHost, RandomKillsDuringAllocationNeverDeadlockThePool) {
+  const auto name = unique_name("pool");
+  auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = 128 * 1024, .max_bytes = 256 * 1024,
+                                  .max_blocks = 128});
+  Shared<std::atomic<std::uint64_t>> progress(8);
+  auto churn = [&](int slot) {
+    return start_child([&, slot] {
+      auto p = Pool::open(name);
+      std::vector<Block> mine;
+      for (std::uint64_t i = 1;; ++i) {
+        Block b;
+        if (p.try_allocate(64 + (i * 7919) % 8000, 64, b) == Status::Ok) mine.push_back(std::move(b));
+        if (mine.size() > 4) mine.erase(mine.begin());
+        progress[slot].fetch_add(1);
+      }
+      return 0;
+    });
+  };
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 4; ++k) kids.push_back(churn(k));
+  std::uint64_t rng = 12345;
+  for (int round = 0; round < 40; ++round) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    std::this_thread::sleep_for(std::chrono::microseconds(2000 + (rng >> 40) % 20000));
+    const int k = static_cast<int>((rng >> 33) % 4);
+    ::kill(kids[k], SIGKILL);
+    EXPECT_EQ(wait_child(kids[k]), 128 + SIGKILL);
+    kids[k] = churn(k);
+    // Every other process keeps going: none waits on the dead one's lock for long.
+    for (int j = 0; j < 4; ++j) {
+      if (j == k) continue;
+      const std::uint64_t before = progress[j].load();
+      EXPECT_TRUE(wait_until([&] { return progress[j].load() > before + 10; }, 5s)) << "process " << j << " stalled";
+    }
+  }
+  for (auto pid : kids) {
+    ::kill(pid, SIGKILL);
+    EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
+  }
+  EXPECT_TRUE(wait_until([&] { return pool.stats().live_blocks == 0 && pool.stats().members == 1; }, 5s))
+      << pool.stats().live_blocks << " blocks live, " << pool.stats().members << " members";
+  Block whole = pool.allocate(128 * 1024);  // the chunks hold nothing any more
+  Pool::unlink(name);
+}
+
 TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   const auto name = unique_name("pool");
   auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 3 * kChunk});
@@ -217,10 +266,15 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   EXPECT_EQ(run_child([&] {
               auto p = Pool::open(name, {.access = Access::ReadOnly});
               for (int i = 2; i >= 0; --i) GPUIPC_CHILD_CHECK(check(p.resolve(refs[i]), kChunk, i));
-              const auto t0 = std::chrono::steady_clock::now();
-              for (int k = 0; k < 10000; ++k) GPUIPC_CHILD_CHECK(p.resolve(refs[k % 3]) != nullptr);
-              const auto per = (std::chrono::steady_clock::now() - t0) / 10000;
-              GPUIPC_CHILD_CHECK(per < 5us);  // cache hits (< 1 us on an idle machine; sanitizers are slower)
+              // The best of 100 batches of 100 (robust to a loaded machine): cache hits, no broker round trip.
+              auto best = std::chrono::steady_clock::duration::max();
+              for (int batch = 0; batch < 100; ++batch) {
+                const auto t0 = std::chrono::steady_clock::now();
+                for (int k = 0; k < 100; ++k) GPUIPC_CHILD_CHECK(p.resolve(refs[k % 3]) != nullptr);
+                best = std::min(best, (std::chrono::steady_clock::now() - t0) / 100);
+              }
+              std::fprintf(stderr, "resolve, chunk mapped: %lld ns\n", static_cast<long long>(best.count()));
+              GPUIPC_CHILD_CHECK(best < 5us);  // < 1 us on an idle machine; sanitizers are slower
               return 0;
             }),
             0);
