@@ -240,6 +240,26 @@ class Channel:
 
     def close(self) -> None: ...
 
+def _torch_pool_attach(name: str, device: int, create: bool, chunk_bytes: int, max_bytes: int, max_blocks: int, mode: int) -> None:
+    """
+    Makes pool `name` (created, or opened) the one torch allocations on `device` come from.
+    """
+
+def _torch_pool_detach(device: int) -> int:
+    """
+    Drops the device's active pool when torch holds nothing in it; returns the live blocks.
+    """
+
+def _torch_block_of(address: int) -> tuple[bytes, int, str] | None:
+    """
+    (encoded BlockRef, block address, pool name) of the torch block containing `address`, or None.
+    """
+
+def _torch_pool_stats(device: int) -> tuple[int, int, int] | None:
+    """
+    (blocks torch holds, used bytes of the pool, refused allocations) of the device's pool.
+    """
+
 def _live_objects() -> dict:
     """Live C++ objects by kind (for leak tests)."""
 

@@ -143,5 +143,6 @@ void bind_views(nb::module_& m);
 void bind_segment(nb::module_& m);
 void bind_semaphore(nb::module_& m);
 void bind_channel(nb::module_& m);
+void bind_torch_allocator(nb::module_& m);
 
 }  // namespace gpuipc::py

@@ -26,6 +26,7 @@ NB_MODULE(_gpuipc, m) {
   py::bind_segment(m);
   py::bind_semaphore(m);
   py::bind_channel(m);
+  py::bind_torch_allocator(m);
   m.def(
       "_live_objects",
       []() {

@@ -155,3 +155,34 @@ def receive_sums(name: str, count: int) -> List[float]:
             with ch.recv(timeout=60) as msg:
                 out.append(float(torch.from_dlpack(msg.array).double().sum().item()))
     return out
+
+
+def torch_model_in_gpuipc_pool(name: str) -> dict:
+    """Builds a small model under gpuipc.torch.MemPool(name) and reports where its tensors live."""
+    import gpuipc.torch as gt
+
+    torch = torch_cuda()
+    pool = gt.MemPool(name, device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64)).cuda()
+    params = list(model.parameters())
+    blocks = [gt.block_of(p) for p in params]
+    x = torch.randn(8, 256, device="cuda")
+    y = model(x)  # outside the pool: activations come from torch's own allocator
+    torch.cuda.synchronize()
+    held, used, refused = gt.pool_stats(0)
+    out = {
+        "params": len(params),
+        "in_pool": sum(1 for b in blocks if b is not None and b[2] == name),
+        "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        "activation_in_pool": gt.block_of(y) is not None,
+        "held": held,
+        "used": used,
+        "refused": refused,
+    }
+    del model, params, blocks, y
+    del pool
+    torch.cuda.synchronize()
+    out["held_after"] = gt.pool_stats(0)[0]
+    out["detached"] = gt.detach(0)
+    return out

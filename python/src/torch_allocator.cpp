@@ -1,0 +1,162 @@
+// A PyTorch pluggable allocator over a gpuipc Pool (gpuipc.torch.MemPool): torch loads this extension's shared
+// object again by path (torch.cuda.memory.CUDAPluggableAllocator), which gives back the same loaded module, and
+// calls the two C functions below for every allocation made under `torch.cuda.use_mem_pool(pool)`. So every
+// parameter and buffer built there lives in a named, shareable pool, born shareable: another process resolves
+// its BlockRef with no copy.
+//
+// The C functions get no context but the device, so there is one active pool per device and process.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "gpuipc/pool.hpp"
+
+#include "common.hpp"
+
+namespace gpuipc::py {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+/// One device's pool and the blocks torch holds in it, by address (ordered: a tensor's storage is found by the
+/// block that contains its address).
+struct DevicePool {
+  Pool pool;
+  std::map<std::uintptr_t, Block> blocks;
+  std::size_t failures = 0;  // allocations refused (torch then reports out of memory)
+};
+
+std::mutex& pools_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<int, DevicePool>& pools() {
+  static std::map<int, DevicePool> p;
+  return p;
+}
+
+void check_device(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    throw Error(ErrorCode::InvalidArgument, "gpuipc.torch: device " + std::to_string(device) + " is out of range",
+                "torch");
+  }
+}
+
+}  // namespace
+
+void bind_torch_allocator(nb::module_& m) {
+  m.def(
+      "_torch_pool_attach",
+      [](const std::string& name, int device, bool create, std::size_t chunk_bytes, std::size_t max_bytes,
+         std::uint32_t max_blocks, unsigned mode) {
+        check_device(device);
+        std::lock_guard lock(pools_mutex());
+        auto& all = pools();
+        if (auto it = all.find(device); it != all.end() && !it->second.blocks.empty()) {
+          throw Error(ErrorCode::AlreadyExists,
+                      "gpuipc.torch: device " + std::to_string(device) + " already has an active pool '" +
+                          it->second.pool.name() + "' holding tensors; free them (or detach it) first",
+                      "torch");
+        }
+        PoolOptions o;
+        o.kind = SegmentKind::Device;
+        o.device = device;
+        o.mode = mode;
+        o.chunk_bytes = chunk_bytes;
+        o.max_bytes = max_bytes;
+        o.max_blocks = max_blocks;
+        DevicePool dp;
+        dp.pool = create ? Pool::create(name, o) : Pool::open(name, {.access = Access::ReadWrite, .device = device});
+        all[device] = std::move(dp);
+      },
+      nb::arg("name"), nb::arg("device"), nb::arg("create"), nb::arg("chunk_bytes"), nb::arg("max_bytes"),
+      nb::arg("max_blocks"), nb::arg("mode"),
+      "Makes pool `name` (created, or opened) the one torch allocations on `device` come from.");
+  m.def(
+      "_torch_pool_detach",
+      [](int device) {
+        check_device(device);
+        std::lock_guard lock(pools_mutex());
+        auto it = pools().find(device);
+        if (it == pools().end()) return std::size_t{0};
+        const std::size_t live = it->second.blocks.size();
+        if (live == 0) pools().erase(it);
+        return live;
+      },
+      nb::arg("device"), "Drops the device's active pool when torch holds nothing in it; returns the live blocks.");
+  m.def(
+      "_torch_block_of",
+      [](std::uintptr_t address) -> std::optional<std::tuple<nb::bytes, std::uintptr_t, std::string>> {
+        std::lock_guard lock(pools_mutex());
+        for (auto& [device, dp] : pools()) {
+          auto it = dp.blocks.upper_bound(address);
+          if (it == dp.blocks.begin()) continue;
+          --it;
+          if (address >= it->first + it->second.size()) continue;
+          const auto bytes = encode_block_ref(it->second.ref());
+          return std::make_tuple(nb::bytes(bytes.data(), bytes.size()), it->first, dp.pool.name());
+        }
+        return std::nullopt;
+      },
+      nb::arg("address"),
+      "(encoded BlockRef, block address, pool name) of the torch block containing `address`, or None.");
+  m.def(
+      "_torch_pool_stats",
+      [](int device) -> std::optional<std::tuple<std::size_t, std::size_t, std::size_t>> {
+        std::lock_guard lock(pools_mutex());
+        auto it = pools().find(device);
+        if (it == pools().end()) return std::nullopt;
+        return std::make_tuple(it->second.blocks.size(), it->second.pool.stats().used_bytes, it->second.failures);
+      },
+      nb::arg("device"), "(blocks torch holds, used bytes of the pool, refused allocations) of the device's pool.");
+}
+
+}  // namespace gpuipc::py
+
+// torch.cuda.memory.CUDAPluggableAllocator's entry points (c10: void* (size_t, int, cudaStream_t) and
+// void (void*, size_t, int, cudaStream_t)). Exported from the extension, which is built with hidden visibility.
+extern "C" {
+
+__attribute__((visibility("default"))) void* gpuipc_torch_alloc(std::size_t size, int device, void* stream) {
+  (void)stream;  // a fresh block is not in use by any stream
+  using namespace gpuipc::py;
+  std::lock_guard lock(pools_mutex());
+  auto it = pools().find(device);
+  if (it == pools().end() || size == 0) return nullptr;
+  gpuipc::Block block;
+  if (it->second.pool.try_allocate(size, 512, block) != gpuipc::Status::Ok) {
+    ++it->second.failures;
+    return nullptr;  // torch raises OutOfMemoryError
+  }
+  void* p = block.data();
+  it->second.blocks.emplace(reinterpret_cast<std::uintptr_t>(p), std::move(block));
+  return p;
+}
+
+__attribute__((visibility("default"))) void gpuipc_torch_free(void* ptr, std::size_t size, int device, void* stream) {
+  (void)size;
+  using namespace gpuipc::py;
+  std::lock_guard lock(pools_mutex());
+  auto it = pools().find(device);
+  if (it == pools().end()) return;
+  auto b = it->second.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == it->second.blocks.end()) return;
+  gpuipc::Block block = std::move(b->second);
+  it->second.blocks.erase(b);
+  try {
+    // Stream-ordered, like cudaFreeAsync: the memory is reused once `stream` has passed this point (and no other
+    // process holds it).
+    it->second.pool.free(std::move(block), static_cast<gpuipc::StreamHandle>(stream));
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a block the pool refuses to free stays allocated, never reused
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,39 @@
+"""gpuipc.torch.MemPool: PyTorch allocations made under it live in a gpuipc device pool (issue: PyTorch models
+born shareable). The package never imports torch; without torch the module says what is missing."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+import gpu_helpers
+from test_gpu import _NO_GPU
+
+
+def test_neither_gpuipc_nor_gpuipc_torch_imports_torch():
+    code = "import sys, gpuipc, gpuipc.torch; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed here")
+def test_without_torch_mempool_says_what_is_missing(name):
+    import gpuipc.torch
+
+    with pytest.raises(ImportError, match="needs PyTorch"):
+        gpuipc.torch.MemPool(name)
+
+
+@pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
+def test_a_model_built_under_the_mempool_lives_in_the_gpuipc_pool(name, spawn):
+    pytest.importorskip("torch")
+    r = spawn(gpu_helpers.torch_model_in_gpuipc_pool, name)
+    assert r["params"] == 4
+    assert r["in_pool"] == r["params"], r
+    assert not r["activation_in_pool"], "allocations outside use_mem_pool must not come from the gpuipc pool"
+    assert r["used"] >= r["param_bytes"], r
+    assert r["refused"] == 0, r
+    assert r["held_after"] == 0, "deleting the MemPool must give every block back"
+    assert r["detached"] == 0
