@@ -149,3 +149,14 @@ def wait_for_name(name: str, timeout: float = 30) -> None:
     with gpuipc.Segment.open(name, wait=timeout):
         pass
 
+
+
+# Pools and tensors ---------------------------------------------------------------------------------------------------
+def pool_resolve_and_sum(name: str, raw_ref: bytes) -> int:
+    """Opens pool `name`, holds and resolves the block `raw_ref` names, returns the sum of its int64s."""
+    ref = gpuipc.BlockRef.from_bytes(raw_ref)
+    with gpuipc.Pool.open(name, readonly=True) as pool, pool.held(ref) as view:
+        a = view.numpy("int64")
+        assert not a.flags.writeable
+        return int(a.sum())
+
