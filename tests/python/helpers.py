@@ -160,3 +160,15 @@ def pool_resolve_and_sum(name: str, raw_ref: bytes) -> int:
         assert not a.flags.writeable
         return int(a.sum())
 
+
+def open_tensors_summary(name: str) -> dict:
+    """open_tensors(name): {tensor: (dtype, shape, strides in bytes, sum, writeable)}."""
+    t = gpuipc.open_tensors(name, wait=10)
+    return {k: (str(v.dtype), v.shape, v.strides, float(np.abs(v).sum()), bool(v.flags.writeable)) for k, v in t.items()}
+
+
+def share_later(name: str, delay: float) -> None:
+    """Shares w = 1.0 (1024 float64) as `name` after `delay` seconds, keeps it for 2 s, then closes."""
+    time.sleep(delay)
+    with gpuipc.share_tensors(name, {"w": np.full(1024, 1.0)}):
+        time.sleep(2.0)
