@@ -6,7 +6,8 @@
 * :class:`Channel` — a producer/consumer ring of GPU (or host) buffers: ``send(array)`` / ``recv().array``.
 * :class:`Pool` — a named pool of shareable memory that hands out blocks between processes (:class:`BlockRef`);
   :func:`share` names GPU memory this process already has.
-* :func:`share_tensors` / :func:`open_tensors` — a state dict under one name.
+* :func:`share_tensors` / :func:`open_tensors` — a state dict under one name; :func:`publish_tensors` and
+  :class:`Reader` add versions for weight sync.
 
 A broker daemon (``gpuipcd``, shipped inside this package) holds names and permissions; the library starts it on
 first use. ``GPUIPC_RUNTIME_DIR`` chooses its socket directory (default ``$XDG_RUNTIME_DIR/gpuipc``, else
@@ -44,6 +45,7 @@ from .pool import Block, BlockRef, BlockView, Pool
 from .segment import Segment, SegmentInfo, share
 from .semaphore import MAX_VALUE, Semaphore
 from .tensors import SharedTensors, open_tensors, share_tensors, unlink_tensors
+from .versions import Pinned, Publisher, Reader, publish_tensors
 
 ArrayView = _gpuipc.ArrayView
 
@@ -68,6 +70,10 @@ __all__ = [
     "open_tensors",
     "unlink_tensors",
     "SharedTensors",
+    "publish_tensors",
+    "Publisher",
+    "Reader",
+    "Pinned",
     "daemon_path",
     *_errors.__all__,
 ]

@@ -167,6 +167,39 @@ def open_tensors_summary(name: str) -> dict:
     return {k: (str(v.dtype), v.shape, v.strides, float(np.abs(v).sum()), bool(v.flags.writeable)) for k, v in t.items()}
 
 
+def reader_follow(name: str, until: int) -> list:
+    """A Reader of `name` waits for each version up to `until`; returns [(version, value of w[0])]."""
+    seen = []
+    with gpuipc.open_tensors(name, versioned=True, wait=10) as r:
+        v = 1
+        while v <= until:
+            r.wait_version(v, timeout=30)
+            with r.pin() as p:
+                w = p.tensors["w"]
+                assert (w == w[0]).all(), "a torn version"
+                seen.append((p.version, float(w[0])))
+                v = p.version + 1
+    return seen
+
+
+def reader_pin_then_sleep(name: str, ready: str) -> None:
+    """Pins the current version of `name`, creates `ready`, then sleeps until killed."""
+    r = gpuipc.open_tensors(name, versioned=True, wait=10)
+    with r.pin() as p:
+        keep = gpuipc.Segment.create(ready, 4096)
+        time.sleep(600)
+        del keep, p
+
+
+def publisher_forever(name: str, ready: str, versions: int) -> None:
+    """Publishes w = 1.0 (1024 float64) as `name`, updates to 2.0, creates `ready`, then sleeps until killed."""
+    pub = gpuipc.publish_tensors(name, {"w": np.full(1024, 1.0)}, versions=versions)
+    pub.update_from({"w": np.full(1024, 2.0)})
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del pub, keep
+
+
 def share_later(name: str, delay: float) -> None:
     """Shares w = 1.0 (1024 float64) as `name` after `delay` seconds, keeps it for 2 s, then closes."""
     time.sleep(delay)
