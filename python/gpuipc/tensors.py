@@ -9,6 +9,7 @@ one copy per storage. The index is the host segment NAME (format: gpuipc/_index.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -329,6 +330,11 @@ def build(tensors: List[Dict[str, Any]], views: List[Any], readonly: bool) -> Di
 def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment, np.ndarray]:
     seg = Segment.open(name, readonly=True, wait=wait)
     mem = seg.as_array("uint8")
+    # The name appears when the segment is created, a moment before its owner writes the index: a zero magic
+    # means "being written" (segments start zeroed).
+    deadline = time.monotonic() + 5.0
+    while not mem[:8].any() and time.monotonic() < deadline:
+        time.sleep(0.001)
     return _index.decode(name, mem), seg, mem
 
 

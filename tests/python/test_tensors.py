@@ -129,3 +129,22 @@ def test_unlink_tensors_after_the_owner_went(name):
     gpuipc.unlink_tensors(name)
     with pytest.raises(gpuipc.NotFound):
         gpuipc.unlink_tensors(name)
+
+
+def test_nothing_left_after_views_go(name):
+    import gc
+
+    from gpuipc import _gpuipc
+
+    gc.collect()
+    base = _gpuipc._live_objects()
+    _, state = _state()
+    with gpuipc.share_tensors(name, state) as shared:
+        got = gpuipc.open_tensors(name)
+        del got
+        gc.collect()
+        with pytest.raises(gpuipc.InvalidArgument):  # no holds left to release
+            shared.pool.release(next(b for b in shared._blocks).ref)
+    del shared
+    gc.collect()
+    assert _gpuipc._live_objects() == base
