@@ -155,3 +155,28 @@ def receive_sums(name: str, count: int) -> List[float]:
             with ch.recv(timeout=60) as msg:
                 out.append(float(torch.from_dlpack(msg.array).double().sum().item()))
     return out
+
+
+def torch_sum_segment(name: str, n: int) -> float:
+    torch = torch_cuda()
+    with gpuipc.Segment.open(name, readonly=True) as seg:
+        return float(torch.from_dlpack(seg.as_array("float32", n)).sum())
+
+
+def torch_open_tensors_and_write(name: str) -> dict:
+    """open_tensors(name) writable in torch: (shape, stride, storage_offset) per tensor, and whether a write
+    through "t" shows in "a"."""
+    torch = torch_cuda()
+    got = gpuipc.open_tensors(name, readonly=False, wait=10)
+    out = {k: (tuple(v.shape), tuple(v.stride()), v.storage_offset()) for k, v in got.items()}
+    got["t"][0, 1] = -7  # a[2]
+    torch.cuda.synchronize()
+    out["shared"] = float(got["a"][2]) == -7.0
+    return out
+
+
+def torch_read_version(name: str):
+    torch_cuda()
+    with gpuipc.open_tensors(name, versioned=True, wait=10) as r:
+        with r.pin() as p:
+            return p.version, float(p.tensors["w"][0])
