@@ -4,6 +4,10 @@
   PyTorch, CuPy and JAX (``seg.as_array(dtype, shape)``; DLPack and ``__cuda_array_interface__``).
 * :class:`Semaphore` — a cross-process timeline that GPU streams and host threads signal and wait on.
 * :class:`Channel` — a producer/consumer ring of GPU (or host) buffers: ``send(array)`` / ``recv().array``.
+* :class:`Pool` — a named pool of shareable memory that hands out blocks between processes (:class:`BlockRef`);
+  :func:`share` names GPU memory this process already has.
+* :func:`share_tensors` / :func:`open_tensors` — a state dict under one name; :func:`publish_tensors` and
+  :class:`Reader` add versions for weight sync.
 
 A broker daemon (``gpuipcd``, shipped inside this package) holds names and permissions; the library starts it on
 first use. ``GPUIPC_RUNTIME_DIR`` chooses its socket directory (default ``$XDG_RUNTIME_DIR/gpuipc``, else
@@ -37,8 +41,11 @@ from .errors import (
     Unsupported,
     WouldBlock,
 )
-from .segment import Segment, SegmentInfo
+from .pool import Block, BlockRef, BlockView, Pool
+from .segment import Segment, SegmentInfo, share
 from .semaphore import MAX_VALUE, Semaphore
+from .tensors import SharedTensors, open_tensors, share_tensors, unlink_tensors
+from .versions import Pinned, Publisher, Reader, publish_tensors
 
 ArrayView = _gpuipc.ArrayView
 
@@ -54,6 +61,19 @@ __all__ = [
     "Message",
     "Slot",
     "ArrayView",
+    "Pool",
+    "Block",
+    "BlockRef",
+    "BlockView",
+    "share",
+    "share_tensors",
+    "open_tensors",
+    "unlink_tensors",
+    "SharedTensors",
+    "publish_tensors",
+    "Publisher",
+    "Reader",
+    "Pinned",
     "daemon_path",
     *_errors.__all__,
 ]

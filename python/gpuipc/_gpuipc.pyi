@@ -50,6 +50,16 @@ class ArrayView:
         does not fit or ``offset`` is not a multiple of the element size.
         """
 
+    def as_strided(self, dtype: tuple[int, int, int], typestr: str, shape: Sequence[int], strides: Sequence[int], offset: int) -> ArrayView:
+        """
+        A view of ``shape`` elements of ``dtype`` with ``strides`` (in elements, >= 0) starting ``offset`` bytes
+        in. Raises InvalidArgument when an element falls outside this view.
+        """
+
+    @property
+    def strides(self) -> object:
+        """Strides in elements, or None when C-contiguous."""
+
     def __dlpack__(self, *, stream: object | None = None, max_version: tuple[int, int] | None = None, dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> object:
         """
         Exports the view as a DLPack capsule (versioned, with the read-only flag, when the consumer passes
@@ -69,6 +79,18 @@ class ArrayView:
         """
 
     def __repr__(self) -> str: ...
+
+def _dlpack_info(capsule: object) -> tuple:
+    """
+    What a DLPack capsule describes, without consuming it: (address, device type, device id, (code, bits,
+    lanes), shape, strides in elements or None, read-only).
+    """
+
+def _copy_to_view(dst: ArrayView, offset: int, src: int, src_device_type: int, src_device_id: int, nbytes: int, stream: int) -> None:
+    """
+    Copies ``nbytes`` at ``src`` (DLPack device type and id) to byte ``offset`` of ``dst``, after
+    synchronizing ``stream`` (GPU copies are synchronous).
+    """
 
 def _copy_from_dlpack(dst: ArrayView, capsule: object, stream: int) -> object:
     """
@@ -137,6 +159,11 @@ class Segment:
 
     def close(self) -> None:
         """Drops this handle; views keep the mapping until they go."""
+
+def share(name: str, ptr: int, nbytes: int, *, mode: int = 384, device: int = -1) -> Segment:
+    """
+    Shares ``nbytes`` of device memory at ``ptr`` as segment ``name``; returns the exporter's handle.
+    """
 
 class Semaphore:
     """A cross-process timeline semaphore (low level; see gpuipc.Semaphore)."""
@@ -258,6 +285,110 @@ def _torch_block_of(address: int) -> tuple[bytes, int, str] | None:
 def _torch_pool_stats(device: int) -> tuple[int, int, int] | None:
     """
     (blocks torch holds, used bytes of the pool, refused allocations) of the device's pool.
+    """
+
+class Block:
+    """An allocated block of a pool (low level; see gpuipc.Block)."""
+
+    @property
+    def ref(self) -> tuple[int, int, int, int, int, int]:
+        """(pool, generation, offset, size, chunk, index)."""
+
+    @property
+    def address(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def freed(self) -> bool: ...
+
+    def view(self) -> ArrayView:
+        """
+        The block as bytes; keeps the pool mapped (not the block: a freed block's memory may be reused).
+        """
+
+class Pool:
+    """A joined gpuipc pool (low level; see gpuipc.Pool)."""
+
+    @staticmethod
+    def create(name: str, *, kind: str = 'host', device: int = 0, mode: int = 384, chunk_bytes: int = 67108864, max_bytes: int = 1073741824, max_blocks: int = 16384, block_bytes: int = 0, block_count: int = 0) -> Pool:
+        """
+        Creates and joins pool ``name``; block_bytes/block_count make a fixed-block pool.
+        """
+
+    @staticmethod
+    def open(name: str, *, readonly: bool = False, wait: float | None = None, device: int | None = None) -> Pool:
+        """
+        Opens and joins pool ``name``; chunks are mapped read-only when ``readonly``.
+        """
+
+    @staticmethod
+    def unlink(name: str) -> None:
+        """Removes the names of the pool's control segment and chunks."""
+
+    @staticmethod
+    def stat(name: str) -> dict:
+        """Statistics of pool ``name`` without joining it, as a dict."""
+
+    def allocate(self, nbytes: int, alignment: int = 256) -> Block:
+        """Allocates a block of ``nbytes``."""
+
+    def free(self, block: Block, stream: int = 0) -> None:
+        """Frees ``block`` (stream-ordered for device and host_pinned pools)."""
+
+    def resolve(self, ref: tuple[int, int, int, int, int, int]) -> int:
+        """
+        The address of the block ``ref`` names (maps its chunk the first time).
+        """
+
+    def view(self, ref: tuple[int, int, int, int, int, int], readonly: bool, hold: bool = False) -> ArrayView:
+        """
+        The block ``ref`` names as bytes (resolving it). ``hold``: take a hold that the view (and every array
+        or DLPack export made from it) keeps, given back when the last of them goes.
+        """
+
+    def hold(self, ref: tuple[int, int, int, int, int, int]) -> None:
+        """Takes a hold on the block: its memory is not reused until released."""
+
+    def release(self, ref: tuple[int, int, int, int, int, int]) -> None:
+        """Gives back one hold."""
+
+    def stats(self) -> dict:
+        """Current statistics as a dict."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def fixed(self) -> bool: ...
+
+    @property
+    def chunk_bytes(self) -> int: ...
+
+    @property
+    def block_bytes(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self) -> None:
+        """
+        Drops this handle; blocks and views keep the pool joined until they go.
+        """
+
+def _encode_block_ref(ref: tuple[int, int, int, int, int, int]) -> bytes:
+    """The 40-byte little-endian encoding of a BlockRef tuple."""
+
+def _decode_block_ref(data: bytes) -> tuple[int, int, int, int, int, int]:
+    """
+    Decodes 40 bytes into a BlockRef tuple; InvalidArgument naming what is wrong.
     """
 
 def _live_objects() -> dict:

@@ -7,8 +7,9 @@ from typing import Any, List, Optional, Tuple
 
 from . import _gpuipc
 from ._arrays import Array, Shape, make_array
+from .errors import InvalidArgument
 
-__all__ = ["Segment", "SegmentInfo"]
+__all__ = ["Segment", "SegmentInfo", "share"]
 
 
 @dataclass(frozen=True)
@@ -168,3 +169,37 @@ class Segment:
             f"<gpuipc.Segment {self.name!r} kind={self.kind} size={self.size} access={self.access}"
             f"{f' device={self.device}' if self.device >= 0 else ''}>"
         )
+
+
+def share(name: str, array_or_ptr: Any, nbytes: Optional[int] = None, *, mode: int = 0o600, device: int = -1) -> Segment:
+    """Shares GPU memory this process already has under ``name``, with no copy; other processes open it with
+    :meth:`Segment.open`. Returns the exporter's segment.
+
+    array_or_ptr: an object with ``__cuda_array_interface__`` or ``__dlpack__`` (a torch tensor, a CuPy array; its
+    bytes from the first element to the last are shared unless ``nbytes`` says otherwise) or an int device pointer
+    (then ``nbytes`` is required). device: the GPU the memory must be on (-1: any). cudaMalloc memory (PyTorch's
+    default allocator, CuPy) lives only as long as the exporter keeps it and the returned segment; VMM memory
+    (expandable segments) lives like any device segment (docs/segments.md). Raises InvalidArgument (host, managed or
+    freed memory, another device, a range past the allocation), Unsupported, AlreadyExists, NoDriver, CudaError.
+    """
+    from ._tensorinfo import describe
+
+    if isinstance(array_or_ptr, bool):
+        raise TypeError("share takes an array or an int pointer, not a bool")
+    if isinstance(array_or_ptr, int):
+        if nbytes is None:
+            raise InvalidArgument("share(name, ptr): pass nbytes with a raw pointer")
+        ptr = array_or_ptr
+    else:
+        info = describe(array_or_ptr, f"the array shared as {name!r}")
+        if not info.is_cuda:
+            raise InvalidArgument(
+                f"share({name!r}) takes GPU memory; this array is in host memory: copy it into a host segment "
+                "(gpuipc.Segment.create) or use gpuipc.share_tensors"
+            )
+        ptr = info.address
+        if nbytes is None:
+            nbytes = info.extent
+    if nbytes is None or nbytes <= 0:
+        raise InvalidArgument(f"share({name!r}): nothing to share (0 bytes)")
+    return Segment(_gpuipc.share(name, ptr, nbytes, mode=mode, device=device))

@@ -27,6 +27,7 @@ NB_MODULE(_gpuipc, m) {
   py::bind_semaphore(m);
   py::bind_channel(m);
   py::bind_torch_allocator(m);
+  py::bind_pool(m);
   m.def(
       "_live_objects",
       []() {
@@ -36,6 +37,8 @@ NB_MODULE(_gpuipc, m) {
         d["Channel"] = py::live_counter(py::Live::Channel).load();
         d["ArrayView"] = py::live_counter(py::Live::ArrayView).load();
         d["DLPackExport"] = py::live_counter(py::Live::DLPackExport).load();
+        d["Pool"] = py::live_counter(py::Live::Pool).load();
+        d["Block"] = py::live_counter(py::Live::Block).load();
         return d;
       },
       "Live C++ objects by kind (for leak tests).");

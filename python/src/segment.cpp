@@ -3,6 +3,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 
+#include "gpuipc/share.hpp"
+
 #include "common.hpp"
 #include "views.hpp"
 
@@ -124,6 +126,16 @@ void bind_segment(nb::module_& m) {
             gone.close();
           },
           "Drops this handle; views keep the mapping until they go.");
+
+  m.def(
+      "share",
+      [](std::string_view name, std::uintptr_t ptr, std::size_t nbytes, unsigned mode, int device) {
+        const ShareOptions o{.device = device, .mode = mode};
+        nb::gil_scoped_release unlocked;
+        return PySegment(share(name, reinterpret_cast<const void*>(ptr), nbytes, o));  // NOLINT(performance-no-int-to-ptr)
+      },
+      "name"_a, "ptr"_a, "nbytes"_a, nb::kw_only(), "mode"_a = 0600, "device"_a = -1,
+      "Shares ``nbytes`` of device memory at ``ptr`` as segment ``name``; returns the exporter's handle.");
 }
 
 }  // namespace gpuipc::py

@@ -22,6 +22,7 @@ struct Exported {
   dlpack::ManagedTensorVersioned versioned{};
   dlpack::ManagedTensor legacy{};
   std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
   std::shared_ptr<const void> owner;
   LiveCount<Live::DLPackExport> counted;
 };
@@ -58,6 +59,7 @@ nb::object dlpack_export(const ArrayView& v, nb::handle /*stream*/, std::optiona
   }
   auto e = std::make_unique<Exported>();
   e->shape = v.shape;
+  e->strides = v.strides;
   e->owner = v.owner;
   dlpack::Tensor t{};
   t.data = reinterpret_cast<void*>(v.address);  // NOLINT(performance-no-int-to-ptr)
@@ -65,7 +67,7 @@ nb::object dlpack_export(const ArrayView& v, nb::handle /*stream*/, std::optiona
   t.ndim = static_cast<std::int32_t>(e->shape.size());
   t.dtype = {v.dtype.code, v.dtype.bits, v.dtype.lanes};
   t.shape = e->shape.data();
-  t.strides = nullptr;
+  t.strides = e->strides.empty() ? nullptr : e->strides.data();
   t.byte_offset = 0;
   const bool versioned = max_version && std::get<0>(*max_version) >= 1;
   PyObject* capsule = nullptr;
@@ -99,7 +101,13 @@ nb::dict cuda_array_interface(const ArrayView& v) {
   d["typestr"] = v.typestr;
   d["data"] = nb::make_tuple(v.address, v.readonly);
   d["version"] = 3;
-  d["strides"] = nb::none();
+  if (v.strides.empty()) {
+    d["strides"] = nb::none();
+  } else {
+    nb::list strides;
+    for (auto s : v.strides) strides.append(s * static_cast<std::int64_t>(v.dtype.itemsize()));
+    d["strides"] = nb::tuple(strides);
+  }
   d["stream"] = nb::none();  // ordered by the stream passed to receive/acquire: nothing to synchronise here
   return d;
 }
@@ -110,6 +118,11 @@ int get_buffer(PyObject* self, Py_buffer* view, int flags) {
     PyErr_SetString(PyExc_BufferError,
                     "GPU memory has no buffer interface: use DLPack (torch.from_dlpack, cupy.from_dlpack) or "
                     "__cuda_array_interface__");
+    view->obj = nullptr;
+    return -1;
+  }
+  if (!v->strides.empty()) {
+    PyErr_SetString(PyExc_BufferError, "a strided view has no buffer interface: use numpy.from_dlpack(view)");
     view->obj = nullptr;
     return -1;
   }
@@ -228,6 +241,80 @@ nb::object copy_from_dlpack(const ArrayView& dst, nb::handle capsule, std::uintp
   return nb::make_tuple(t->dtype.code, t->dtype.bits, t->dtype.lanes, nb::tuple(shape), n);
 }
 
+
+/// A view of `shape` elements of `dtype` with `strides` (elements, >= 0) whose first element is `offset` bytes in;
+/// every element must lie inside `v`.
+ArrayView strided(const ArrayView& v, std::tuple<int, int, int> element, const std::string& typestr,
+                  const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides, std::size_t offset) {
+  if (shape.size() != strides.size()) {
+    throw Error(ErrorCode::InvalidArgument, "shape and strides differ in length", "as_strided");
+  }
+  ArrayView out = typed(v, element, typestr, {0}, 0);  // checks the element type
+  const std::size_t item = out.dtype.itemsize();
+  if (offset % item != 0) {
+    throw Error(ErrorCode::InvalidArgument, "offset is not a multiple of the element size", "as_strided");
+  }
+  // The last element's offset, in elements from the first; an empty array touches nothing.
+  std::uint64_t last = 0;
+  bool empty = false;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0 || strides[i] < 0) {
+      throw Error(ErrorCode::InvalidArgument, "negative dimension or stride", "as_strided");
+    }
+    if (shape[i] == 0) empty = true;
+    if (shape[i] > 0 && strides[i] > 0) {
+      const auto extra = static_cast<std::uint64_t>(shape[i] - 1);
+      if (extra > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(strides[i])) {
+        throw Error(ErrorCode::InvalidArgument, "shape and strides too large", "as_strided");
+      }
+      last += extra * static_cast<std::uint64_t>(strides[i]);
+    }
+  }
+  const std::size_t span = empty ? 0 : static_cast<std::size_t>(last + 1) * item;
+  if (offset > v.nbytes || span > v.nbytes - offset) {
+    throw Error(ErrorCode::InvalidArgument,
+                "a strided view of " + std::to_string(span) + " bytes at offset " + std::to_string(offset) +
+                    " does not fit in " + std::to_string(v.nbytes) + " bytes",
+                "as_strided");
+  }
+  out.address = v.address + offset;
+  out.nbytes = span;
+  out.shape = shape;
+  out.strides = strides;
+  return out;
+}
+
+/// What a DLPack capsule describes, without consuming it: (address of the first element, device type, device id,
+/// (code, bits, lanes), shape, strides in elements or None, read-only flag).
+nb::tuple dlpack_info(nb::handle capsule) {
+  const dlpack::Tensor* t = nullptr;
+  bool readonly = false;
+  if (PyCapsule_IsValid(capsule.ptr(), dlpack::kCapsuleVersioned) != 0) {
+    const auto* m = static_cast<const dlpack::ManagedTensorVersioned*>(
+        PyCapsule_GetPointer(capsule.ptr(), dlpack::kCapsuleVersioned));
+    if (m->version.major != dlpack::kMajorVersion) {
+      throw Error(ErrorCode::Unsupported, "DLPack major version " + std::to_string(m->version.major), "dlpack");
+    }
+    t = &m->dl_tensor;
+    readonly = (m->flags & dlpack::kFlagReadOnly) != 0;
+  } else if (PyCapsule_IsValid(capsule.ptr(), dlpack::kCapsule) != 0) {
+    t = &static_cast<const dlpack::ManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), dlpack::kCapsule))->dl_tensor;
+  } else {
+    throw Error(ErrorCode::InvalidArgument, "not an unused DLPack capsule", "dlpack");
+  }
+  if (t->ndim < 0 || t->ndim > 64) throw Error(ErrorCode::InvalidArgument, "DLPack tensor of bad rank", "dlpack");
+  nb::list shape;
+  nb::list strides;
+  for (int i = 0; i < t->ndim; ++i) {
+    shape.append(t->shape[i]);
+    if (t->strides != nullptr) strides.append(t->strides[i]);
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(t->data) + t->byte_offset;
+  return nb::make_tuple(address, t->device.device_type, t->device.device_id,
+                        nb::make_tuple(t->dtype.code, t->dtype.bits, t->dtype.lanes), nb::tuple(shape),
+                        t->strides != nullptr ? nb::object(nb::tuple(strides)) : nb::none(), readonly);
+}
+
 }  // namespace
 
 ArrayView ArrayView::bytes(std::shared_ptr<const void> owner, std::uintptr_t address, std::size_t nbytes,
@@ -268,6 +355,15 @@ void bind_views(nb::module_& m) {
       .def("typed", &typed, "dtype"_a, "typestr"_a, "shape"_a, "offset"_a,
            "A view of ``shape`` elements of ``dtype`` starting ``offset`` bytes in. Raises InvalidArgument when it\n"
            "does not fit or ``offset`` is not a multiple of the element size.")
+      .def("as_strided", &strided, "dtype"_a, "typestr"_a, "shape"_a, "strides"_a, "offset"_a,
+           "A view of ``shape`` elements of ``dtype`` with ``strides`` (in elements, >= 0) starting ``offset`` bytes\n"
+           "in. Raises InvalidArgument when an element falls outside this view.")
+      .def_prop_ro("strides", [](const ArrayView& v) -> nb::object {
+        if (v.strides.empty()) return nb::none();
+        nb::list l;
+        for (auto s : v.strides) l.append(s);
+        return nb::tuple(l);
+      }, "Strides in elements, or None when C-contiguous.")
       .def("__dlpack__", &dlpack_export, nb::kw_only(), "stream"_a = nb::none(), "max_version"_a = nb::none(),
            "dl_device"_a = nb::none(), "copy"_a = nb::none(),
            "Exports the view as a DLPack capsule (versioned, with the read-only flag, when the consumer passes\n"
@@ -284,6 +380,22 @@ void bind_views(nb::module_& m) {
         return "ArrayView(" + device_name(v.device_type, v.device_id) + ", address=" + std::to_string(v.address) +
                ", shape=(" + dims + "), typestr='" + v.typestr + "'" + (v.readonly ? ", readonly)" : ")");
       });
+  m.def("_dlpack_info", &dlpack_info, "capsule"_a,
+        "What a DLPack capsule describes, without consuming it: (address, device type, device id, (code, bits,\n"
+        "lanes), shape, strides in elements or None, read-only).");
+  m.def(
+      "_copy_to_view",
+      [](const ArrayView& dst, std::size_t offset, std::uintptr_t src, int src_type, int src_id, std::size_t nbytes,
+         std::uintptr_t stream) {
+        if (offset > dst.nbytes) throw Error(ErrorCode::InvalidArgument, "offset past the end of the view", "copy");
+        ArrayView part = dst;
+        part.address += offset;
+        part.nbytes -= offset;
+        copy_bytes(part, src, src_type, src_id, nbytes, stream);
+      },
+      "dst"_a, "offset"_a, "src"_a, "src_device_type"_a, "src_device_id"_a, "nbytes"_a, "stream"_a,
+      "Copies ``nbytes`` at ``src`` (DLPack device type and id) to byte ``offset`` of ``dst``, after\n"
+      "synchronizing ``stream`` (GPU copies are synchronous).");
   m.def("_copy_from_dlpack", &copy_from_dlpack, "dst"_a, "capsule"_a, "stream"_a,
         "Copies a C-contiguous DLPack tensor into ``dst`` (after synchronizing ``stream``). Returns\n"
         "(code, bits, lanes, shape, nbytes), or None when the tensor is strided.");

@@ -37,7 +37,8 @@ struct ArrayView {
   int device_type = kDLCPU;
   int device_id = 0;
   ElementType dtype;                ///< bytes (uint8) unless typed
-  std::vector<std::int64_t> shape;  ///< C-contiguous; {nbytes} unless typed
+  std::vector<std::int64_t> shape;  ///< {nbytes} unless typed
+  std::vector<std::int64_t> strides;  ///< in elements; empty: C-contiguous
   std::string typestr = "|u1";      ///< __cuda_array_interface__ typestr
   LiveCount<Live::ArrayView> counted;
 

@@ -186,3 +186,80 @@ def torch_model_in_gpuipc_pool(name: str) -> dict:
     out["held_after"] = gt.pool_stats(0)[0]
     out["detached"] = gt.detach(0)
     return out
+
+
+def torch_sum_segment(name: str, n: int) -> float:
+    torch = torch_cuda()
+    with gpuipc.Segment.open(name, readonly=True) as seg:
+        return float(torch.from_dlpack(seg.as_array("float32", n)).sum())
+
+
+def torch_open_tensors_and_write(name: str) -> dict:
+    """open_tensors(name) writable in torch: (shape, stride, storage_offset) per tensor, and whether a write
+    through "t" shows in "a"."""
+    torch = torch_cuda()
+    got = gpuipc.open_tensors(name, readonly=False, wait=10)
+    out = {k: (tuple(v.shape), tuple(v.stride()), v.storage_offset()) for k, v in got.items()}
+    got["t"][0, 1] = -7  # a[2]
+    torch.cuda.synchronize()
+    out["shared"] = float(got["a"][2]) == -7.0
+    return out
+
+
+def torch_read_version(name: str):
+    torch_cuda()
+    with gpuipc.open_tensors(name, versioned=True, wait=10) as r:
+        with r.pin() as p:
+            return p.version, float(p.tensors["w"][0])
+
+
+def _mempool_model(torch):
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(
+        device="cuda", dtype=torch.bfloat16
+    )
+
+
+def _forward_digest(torch, model) -> str:
+    import hashlib
+
+    x = torch.arange(8 * 256, device="cuda", dtype=torch.float32).reshape(8, 256).sin().to(torch.bfloat16)
+    with torch.no_grad():
+        y = model(x)
+    torch.cuda.synchronize()
+    return hashlib.sha256(y.float().cpu().numpy().tobytes()).hexdigest()
+
+
+def torch_mempool_publisher(name: str, ready: str, done: str) -> None:
+    """Builds a model under gpuipc.torch.MemPool, shares its state dict with no copy, writes its forward digest
+    to `ready`, and lives until `done` exists."""
+    import os
+    import time
+
+    import gpuipc
+    import gpuipc.torch as gt
+
+    torch = torch_cuda()
+    pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        model = _mempool_model(torch)
+    shared = gpuipc.share_tensors(name, model.state_dict())
+    copied = shared.pool is not None  # a pool of copies exists only when something had to be packed
+    digest = _forward_digest(torch, model)
+    with open(ready + ".tmp", "w") as f:
+        f.write(f"{digest} {int(copied)}")
+    os.rename(ready + ".tmp", ready)
+    while not os.path.exists(done):
+        time.sleep(0.05)
+    shared.close()
+
+
+def torch_mempool_reader(name: str) -> str:
+    """Opens the shared state dict and returns the forward digest of a model built on it."""
+    import gpuipc
+
+    torch = torch_cuda()
+    tensors = gpuipc.open_tensors(name, device=0)
+    model = _mempool_model(torch)
+    model.load_state_dict(tensors, assign=True)  # assign: the parameters become the shared views, no copy
+    return _forward_digest(torch, model)

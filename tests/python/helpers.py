@@ -149,3 +149,59 @@ def wait_for_name(name: str, timeout: float = 30) -> None:
     with gpuipc.Segment.open(name, wait=timeout):
         pass
 
+
+
+# Pools and tensors ---------------------------------------------------------------------------------------------------
+def pool_resolve_and_sum(name: str, raw_ref: bytes) -> int:
+    """Opens pool `name`, holds and resolves the block `raw_ref` names, returns the sum of its int64s."""
+    ref = gpuipc.BlockRef.from_bytes(raw_ref)
+    with gpuipc.Pool.open(name, readonly=True) as pool, pool.held(ref) as view:
+        a = view.numpy("int64")
+        assert not a.flags.writeable
+        return int(a.sum())
+
+
+def open_tensors_summary(name: str) -> dict:
+    """open_tensors(name): {tensor: (dtype, shape, strides in bytes, sum, writeable)}."""
+    t = gpuipc.open_tensors(name, wait=10)
+    return {k: (str(v.dtype), v.shape, v.strides, float(np.abs(v).sum()), bool(v.flags.writeable)) for k, v in t.items()}
+
+
+def reader_follow(name: str, until: int) -> list:
+    """A Reader of `name` waits for each version up to `until`; returns [(version, value of w[0])]."""
+    seen = []
+    with gpuipc.open_tensors(name, versioned=True, wait=10) as r:
+        v = 1
+        while v <= until:
+            r.wait_version(v, timeout=30)
+            with r.pin() as p:
+                w = p.tensors["w"]
+                assert (w == w[0]).all(), "a torn version"
+                seen.append((p.version, float(w[0])))
+                v = p.version + 1
+    return seen
+
+
+def reader_pin_then_sleep(name: str, ready: str) -> None:
+    """Pins the current version of `name`, creates `ready`, then sleeps until killed."""
+    r = gpuipc.open_tensors(name, versioned=True, wait=10)
+    with r.pin() as p:
+        keep = gpuipc.Segment.create(ready, 4096)
+        time.sleep(600)
+        del keep, p
+
+
+def publisher_forever(name: str, ready: str, versions: int) -> None:
+    """Publishes w = 1.0 (1024 float64) as `name`, updates to 2.0, creates `ready`, then sleeps until killed."""
+    pub = gpuipc.publish_tensors(name, {"w": np.full(1024, 1.0)}, versions=versions)
+    pub.update_from({"w": np.full(1024, 2.0)})
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del pub, keep
+
+
+def share_later(name: str, delay: float) -> None:
+    """Shares w = 1.0 (1024 float64) as `name` after `delay` seconds, keeps it for 2 s, then closes."""
+    time.sleep(delay)
+    with gpuipc.share_tensors(name, {"w": np.full(1024, 1.0)}):
+        time.sleep(2.0)

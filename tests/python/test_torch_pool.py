@@ -37,3 +37,32 @@ def test_a_model_built_under_the_mempool_lives_in_the_gpuipc_pool(name, spawn):
     assert r["refused"] == 0, r
     assert r["held_after"] == 0, "deleting the MemPool must give every block back"
     assert r["detached"] == 0
+
+
+@pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
+def test_a_model_born_in_the_mempool_is_opened_by_two_processes_with_bitwise_equal_forwards(name, spawn, tmp_path):
+    pytest.importorskip("torch")
+    import multiprocessing
+    import time
+
+    ready, done = str(tmp_path / "ready"), str(tmp_path / "done")
+    ctx = multiprocessing.get_context("spawn")
+    publisher = ctx.Process(target=gpu_helpers.torch_mempool_publisher, args=(name, ready, done))
+    publisher.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ready").exists():
+            assert publisher.is_alive(), "the publisher died"
+            assert time.monotonic() < deadline, "the publisher did not get ready"
+            time.sleep(0.05)
+        digest, copied = (tmp_path / "ready").read_text().split()
+        assert copied == "0", "parameters born in the MemPool must be shared by reference, with no copy"
+        for _ in range(2):
+            got = spawn(gpu_helpers.torch_mempool_reader, name, timeout=120)
+            assert got.split()[0] == digest
+    finally:
+        (tmp_path / "done").write_text("")
+        publisher.join(60)
+        if publisher.is_alive():
+            publisher.kill()
+    assert publisher.exitcode == 0

@@ -1,0 +1,406 @@
+"""Pools: named pools of shareable memory that hand out blocks between processes (docs/pools.md).
+
+A :class:`Block` is allocated by one process; its :class:`BlockRef` (pool id, chunk, offset, size, generation, index)
+travels in any message (``bytes(ref)`` is 40 bytes); another process opens the pool by name and resolves the ref to
+the same memory with :meth:`Pool.resolve`, holding it with :meth:`Pool.hold` while it reads.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from . import _gpuipc
+from ._arrays import Array, Shape, make_array
+from ._streams import stream_handle
+from .errors import InvalidArgument
+
+__all__ = ["Pool", "Block", "BlockRef", "BlockView"]
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """A reference to a block of a pool, valid in any process. ``bytes(ref)`` and :meth:`from_bytes` round trip
+    through the 40-byte little-endian form of the C++ ``gpuipc::encode_block_ref``."""
+
+    pool: int  #: the pool's id (random, fixed at creation)
+    chunk: int
+    offset: int  #: bytes into the chunk
+    size: int  #: bytes asked for
+    generation: int  #: unique per allocation in the pool: a stale ref is detected
+    index: int = 0  #: the block's record in the pool's control block
+
+    def _tuple(self) -> Tuple[int, int, int, int, int, int]:
+        return (self.pool, self.generation, self.offset, self.size, self.chunk, self.index)
+
+    @classmethod
+    def _from_tuple(cls, t: Tuple[int, int, int, int, int, int]) -> "BlockRef":
+        pool, generation, offset, size, chunk, index = t
+        return cls(pool=pool, chunk=chunk, offset=offset, size=size, generation=generation, index=index)
+
+    def __bytes__(self) -> bytes:
+        return _gpuipc._encode_block_ref(self._tuple())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "BlockRef":
+        """Decodes 40 bytes. Raises InvalidArgument naming what is wrong (length, a zero id, a field out of range)."""
+        return cls._from_tuple(_gpuipc._decode_block_ref(bytes(data)))
+
+
+class _Memory:
+    """Array views of a block's bytes, shared by :class:`Block` and :class:`BlockView`."""
+
+    __slots__ = ()
+
+    def view(self) -> _gpuipc.ArrayView:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.view().is_cuda
+
+    def as_array(self, dtype: Any = "uint8", shape: Shape = None, offset: int = 0) -> Array:
+        """``shape`` elements of ``dtype`` at byte ``offset``, without a copy: a NumPy array for host kinds, an
+        ArrayView (DLPack, ``__cuda_array_interface__``) for device kinds. Raises InvalidArgument when it does not
+        fit."""
+        return make_array(self.view(), dtype, shape, offset)
+
+    def numpy(self, dtype: Any = "uint8", shape: Shape = None, offset: int = 0) -> Any:
+        """A NumPy array over the block (host kinds only; read-only when the memory is). Raises InvalidArgument for
+        GPU memory (use DLPack: ``torch.from_dlpack(block)``)."""
+        v = self.view()
+        if v.is_cuda:
+            raise InvalidArgument("a device block has no NumPy view: use torch.from_dlpack(block) or cupy.asarray(block)")
+        return make_array(v, dtype, shape, offset)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.view().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return self.view().__dlpack_device__()
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        return self.view().__cuda_array_interface__
+
+
+# Live blocks of this process by address, so that share_tensors finds tensors that already live in pool memory.
+_BLOCKS: Dict[int, "weakref.ReferenceType[Block]"] = {}
+_STARTS: List[int] = []
+_STARTS_DIRTY = False
+
+
+def _forget(address: int) -> None:
+    global _STARTS_DIRTY
+    if _BLOCKS.pop(address, None) is not None:
+        _STARTS_DIRTY = True
+
+
+def find_block(address: int, nbytes: int) -> Optional["Block"]:
+    """The live Block of this process that holds [address, address + nbytes), or None."""
+    global _STARTS, _STARTS_DIRTY
+    if _STARTS_DIRTY:
+        _STARTS = sorted(_BLOCKS)
+        _STARTS_DIRTY = False
+    i = bisect.bisect_right(_STARTS, address) - 1
+    ref = _BLOCKS.get(_STARTS[i]) if i >= 0 else None
+    block = ref() if ref is not None else None
+    if block is None or block.freed or address + nbytes > block.address + block.size:
+        return _torch_block(address, nbytes)
+    return block
+
+
+class _TorchBlock:
+    """A block of a gpuipc.torch.MemPool (held by PyTorch through the pluggable allocator, not by a Python
+    Block): enough of Block's face for share_tensors to share it by reference."""
+
+    freed = False
+    is_cuda = True
+
+    def __init__(self, ref: "BlockRef", address: int, pool: "Pool") -> None:
+        self.ref = ref
+        self.address = address
+        self.size = ref.size
+        self.pool = pool
+
+    def view(self) -> "BlockView":
+        return self.pool.resolve(self.ref)
+
+    def free(self) -> None:  # PyTorch frees it, not share_tensors
+        pass
+
+
+_TORCH_POOLS: Dict[str, "Pool"] = {}
+
+
+def _torch_block(address: int, nbytes: int) -> Optional[_TorchBlock]:
+    """The gpuipc.torch.MemPool block holding [address, address + nbytes), when gpuipc.torch is in use."""
+    import sys  # noqa: PLC0415
+
+    if "gpuipc.torch" not in sys.modules:
+        return None
+    found = _gpuipc._torch_block_of(address)
+    if found is None:
+        return None
+    ref_bytes, base, pool_name = found
+    ref = BlockRef.from_bytes(ref_bytes)
+    if address + nbytes > base + ref.size:
+        return None
+    pool = _TORCH_POOLS.get(pool_name)
+    if pool is None:
+        pool = _TORCH_POOLS[pool_name] = Pool.open(pool_name)
+    return _TorchBlock(ref, base, pool)
+
+
+class Block(_Memory):
+    """A block allocated from a pool, owned by this process. A context manager: leaving ``with`` frees it. It is
+    also freed when garbage collected. Views made from it keep the pool mapped, not the block: do not use them
+    after the block is freed (its memory may be reused, as after ``cudaFree``)."""
+
+    __slots__ = ("_blk", "_pool", "_address", "__weakref__")
+
+    def __init__(self, _handle: _gpuipc.Block, pool: "Pool") -> None:
+        """Internal: use :meth:`Pool.allocate`."""
+        global _STARTS_DIRTY
+        self._blk = _handle
+        self._pool = pool
+        self._address = _handle.address
+        _BLOCKS[self._address] = weakref.ref(self)
+        _STARTS_DIRTY = True
+        weakref.finalize(self, _forget, self._address)
+
+    @property
+    def ref(self) -> BlockRef:
+        """What to send to another process."""
+        return BlockRef._from_tuple(self._blk.ref)
+
+    @property
+    def pool(self) -> "Pool":
+        return self._pool
+
+    @property
+    def address(self) -> int:
+        """Host address (host kinds) or device address (device) of the first byte."""
+        return self._address
+
+    @property
+    def size(self) -> int:
+        return self._blk.size
+
+    @property
+    def freed(self) -> bool:
+        return self._blk.freed
+
+    def view(self) -> _gpuipc.ArrayView:
+        """The block as bytes (an ArrayView)."""
+        return self._blk.view()
+
+    def free(self, stream: Any = None) -> None:
+        """Frees the block (see :meth:`Pool.free`); idempotent."""
+        if not self._blk.freed:
+            self._pool.free(self, stream)
+
+    def __enter__(self) -> "Block":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        if self.freed:
+            return "<gpuipc.Block freed>"
+        return f"<gpuipc.Block of {self._pool.name!r} size={self.size} address={self.address:#x}>"
+
+
+class BlockView(_Memory):
+    """A block of another process, resolved in this one (:meth:`Pool.resolve`). It does not hold the block: take
+    :meth:`Pool.hold` (or :meth:`Pool.held`) while you use it."""
+
+    __slots__ = ("_pool", "_ref", "_view")
+
+    def __init__(self, pool: "Pool", ref: BlockRef, view: _gpuipc.ArrayView) -> None:
+        self._pool = pool
+        self._ref = ref
+        self._view = view
+
+    @property
+    def ref(self) -> BlockRef:
+        return self._ref
+
+    @property
+    def address(self) -> int:
+        return self._view.address
+
+    @property
+    def size(self) -> int:
+        return self._view.nbytes
+
+    @property
+    def readonly(self) -> bool:
+        return self._view.readonly
+
+    def view(self) -> _gpuipc.ArrayView:
+        return self._view
+
+    def __repr__(self) -> str:
+        return f"<gpuipc.BlockView of {self._pool.name!r} size={self.size} address={self.address:#x}>"
+
+
+class Pool:
+    """A joined pool. Create or open it by name; a context manager (``with`` closes this handle)."""
+
+    __slots__ = ("_pool", "_readonly", "__weakref__")
+
+    def __init__(self, _handle: _gpuipc.Pool, readonly: bool = False) -> None:
+        """Internal: use :meth:`create` or :meth:`open`."""
+        self._pool = _handle
+        self._readonly = readonly
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        *,
+        kind: str = "host",
+        device: int = 0,
+        mode: int = 0o600,
+        chunk_bytes: int = 64 << 20,
+        max_bytes: int = 1 << 30,
+        max_blocks: int = 16384,
+        block_bytes: int = 0,
+        block_count: int = 0,
+    ) -> "Pool":
+        """Creates and joins pool ``name`` (segments ``name`` and ``name.chunk.<i>``).
+
+        kind: "host", "host_pinned" or "device". A variable pool grows by chunks of ``chunk_bytes`` (the largest
+        block) up to ``max_bytes``; ``block_bytes`` and ``block_count`` make a fixed-block pool instead. mode:
+        permission bits; members (openers) need read and write. Raises AlreadyExists, InvalidArgument,
+        QuotaExceeded, NoDriver, CudaError.
+        """
+        return cls(
+            _gpuipc.Pool.create(
+                name,
+                kind=kind,
+                device=device,
+                mode=mode,
+                chunk_bytes=chunk_bytes,
+                max_bytes=max_bytes,
+                max_blocks=max_blocks,
+                block_bytes=block_bytes,
+                block_count=block_count,
+            )
+        )
+
+    @classmethod
+    def open(
+        cls, name: str, *, readonly: bool = False, wait: Optional[float] = None, device: Optional[int] = None
+    ) -> "Pool":
+        """Opens and joins pool ``name``. readonly: map its chunks read-only (joining still needs read and write
+        permission: holds are written to the pool). wait: seconds to wait for it to be created. Raises NotFound,
+        Timeout, PermissionDenied, InvalidArgument (not a pool), QuotaExceeded (64 members)."""
+        return cls(_gpuipc.Pool.open(name, readonly=readonly, wait=wait, device=device), readonly)
+
+    @staticmethod
+    def unlink(name: str) -> None:
+        """Removes the pool's names (control segment and chunks); mappings stay valid. Raises NotFound,
+        PermissionDenied."""
+        _gpuipc.Pool.unlink(name)
+
+    @staticmethod
+    def stat(name: str) -> Dict[str, int]:
+        """Statistics of pool ``name`` without joining it (see :meth:`stats`)."""
+        return _gpuipc.Pool.stat(name)
+
+    def allocate(self, nbytes: int, alignment: int = 256) -> Block:
+        """Allocates a block of ``nbytes`` (aligned to ``alignment``, a power of two up to 4096). Raises
+        QuotaExceeded when the pool is full, InvalidArgument for a size above the chunk or block size."""
+        return Block(self._pool.allocate(nbytes, alignment), self)
+
+    def free(self, block: Block, stream: Any = None) -> None:
+        """Frees ``block``. Device and host_pinned pools reuse it only once ``stream`` has passed this point; other
+        processes' holds keep it until they release. Raises InvalidArgument for a double free or a block of
+        another pool."""
+        if not isinstance(block, Block):
+            raise InvalidArgument(f"free takes a gpuipc.Block, not a {type(block).__name__}")
+        if block._pool._pool is not self._pool and block._pool.id != self.id:
+            raise InvalidArgument(f"the block belongs to pool {block._pool.name!r}: free it through its own pool")
+        self._pool.free(block._blk, stream_handle(stream))
+        _forget(block._address)
+
+    def resolve(self, ref: BlockRef) -> BlockView:
+        """The memory of the block ``ref`` names, mapping its chunk the first time. Raises InvalidArgument for a
+        ref of another pool, out of range, or stale (freed or reused)."""
+        return BlockView(self, ref, self._pool.view(ref._tuple(), self._readonly))
+
+    def hold(self, ref: BlockRef) -> None:
+        """Takes a hold: the block's memory is not reused until this process releases it (or exits)."""
+        self._pool.hold(ref._tuple())
+
+    def release(self, ref: BlockRef) -> None:
+        """Gives back one hold. Raises InvalidArgument when this process holds none."""
+        self._pool.release(ref._tuple())
+
+    @contextlib.contextmanager
+    def held(self, ref: BlockRef) -> Iterator[BlockView]:
+        """``with pool.held(ref) as view:`` holds the block and resolves it; releases on exit."""
+        self.hold(ref)
+        try:
+            yield self.resolve(ref)
+        finally:
+            self.release(ref)
+
+    def stats(self) -> Dict[str, int]:
+        """used_bytes, free_bytes, capacity_bytes, max_bytes, largest_free_block, chunks, max_chunks, live_blocks,
+        draining_blocks, members, allocations, frees."""
+        return self._pool.stats()
+
+    @property
+    def name(self) -> str:
+        return self._pool.name
+
+    @property
+    def kind(self) -> str:
+        return self._pool.kind
+
+    @property
+    def id(self) -> int:
+        """The pool's id (BlockRef.pool)."""
+        return self._pool.id
+
+    @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+    @property
+    def fixed(self) -> bool:
+        return self._pool.fixed
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self._pool.chunk_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self._pool.block_bytes
+
+    @property
+    def closed(self) -> bool:
+        return self._pool.closed
+
+    def close(self) -> None:
+        """Drops this handle (idempotent); blocks and views keep the pool joined until they go."""
+        self._pool.close()
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<gpuipc.Pool closed>"
+        return f"<gpuipc.Pool {self.name!r} kind={self.kind}>"

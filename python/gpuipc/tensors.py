@@ -1,0 +1,404 @@
+"""Sets of named tensors (a state dict) shared under one name: share_tensors / open_tensors (docs/torch.md).
+
+Framework-neutral: NumPy for host memory; anything with DLPack or ``__cuda_array_interface__`` for GPU memory;
+torch tensors when torch is importable (this module never imports torch unless a tensor or an index says torch).
+Tensors already in gpuipc pool memory travel by BlockRef; the others are packed into a fresh pool NAME.pool with
+one copy per storage. The index is the host segment NAME (format: gpuipc/_index.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from . import _gpuipc, _index
+from ._dtypes import dtype_of
+from ._tensorinfo import DL_CPU, DL_CUDA, TensorInfo, describe
+from .errors import AlreadyExists, Error, InvalidArgument, NotFound, PeerDied
+from .pool import Block, BlockRef, Pool, find_block
+from .segment import Segment
+
+__all__ = ["share_tensors", "open_tensors", "unlink_tensors", "SharedTensors"]
+
+# A packed storage starts at its first tensor's address rounded down to this: offsets keep every element aligned.
+_ALIGN = 64
+
+
+@dataclass
+class _Storage:
+    lo: int  #: first byte (the block's start for adopted blocks)
+    hi: int
+    device_type: int
+    device_id: int
+    block: Optional[Block] = None  #: a Block of this process the tensors already live in (shared by ref)
+    members: List[int] = field(default_factory=list)
+
+
+@dataclass
+class _Plan:
+    infos: List[Tuple[str, TensorInfo]]
+    storages: List[_Storage]
+    placement: List[Tuple[int, int]]  #: per tensor: (storage index or -1, offset in elements)
+    framework: str
+
+
+def _plan(tensors: Mapping[str, Any], adopt: bool) -> _Plan:
+    if not isinstance(tensors, Mapping):
+        raise InvalidArgument(f"share_tensors takes a mapping of str to array (a state dict), not a {type(tensors).__name__}")
+    infos: List[Tuple[str, TensorInfo]] = []
+    for key, t in tensors.items():
+        if not isinstance(key, str):
+            raise InvalidArgument(f"tensor names must be str, not {type(key).__name__} ({key!r})")
+        info = describe(t, f"tensor {key!r}")
+        if info.address % info.dtype.itemsize != 0:
+            raise InvalidArgument(f"tensor {key!r} is not aligned to its {info.dtype.itemsize}-byte elements; pass a copy")
+        infos.append((key, info))
+    storages: List[_Storage] = []
+    by_block: Dict[int, int] = {}
+    loose: List[int] = []
+    for i, (_, info) in enumerate(infos):
+        if info.empty:
+            continue
+        block = find_block(info.address, info.extent) if adopt else None
+        if block is None:
+            loose.append(i)
+            continue
+        if id(block) not in by_block:
+            by_block[id(block)] = len(storages)
+            storages.append(_Storage(block.address, block.address + block.size, info.device_type, info.device_id, block))
+        storages[by_block[id(block)]].members.append(i)
+    # Tensors whose bytes overlap share a storage: one copy each, and views of one storage stay views of one.
+    loose.sort(key=lambda i: (infos[i][1].is_cuda, infos[i][1].device_id, infos[i][1].address))
+    current: Optional[_Storage] = None
+    for i in loose:
+        info = infos[i][1]
+        lo, hi = info.address, info.address + info.extent
+        if current is not None and current.device_type == info.device_type and current.device_id == info.device_id and lo < current.hi:
+            current.hi = max(current.hi, hi)
+        else:
+            current = _Storage(lo - lo % _ALIGN, hi, info.device_type, info.device_id)
+            storages.append(current)
+        current.members.append(i)
+    placement: List[Tuple[int, int]] = [(-1, 0)] * len(infos)
+    for s, st in enumerate(storages):
+        for i in st.members:
+            info = infos[i][1]
+            placement[i] = (s, (info.address - st.lo) // info.dtype.itemsize)
+    frameworks = {info.framework for _, info in infos}
+    return _Plan(infos, storages, placement, "torch" if "torch" in frameworks else "numpy")
+
+
+def _pool_kind(plan: _Plan, kind: Optional[str]) -> Tuple[str, int]:
+    packed = [s for s in plan.storages if s.block is None]
+    if kind is not None:
+        devices = {s.device_id for s in packed if s.device_type == DL_CUDA}
+        return kind, (devices.pop() if len(devices) == 1 else 0)
+    places = {(s.device_type == DL_CUDA, s.device_id if s.device_type == DL_CUDA else 0) for s in packed}
+    if len(places) > 1:
+        raise InvalidArgument(
+            "share_tensors packs into one pool: these tensors live on several devices (host and GPU, or two GPUs); "
+            "pass kind= to copy them all into one kind, or share each device's tensors under its own name"
+        )
+    if not places:
+        return "host", 0
+    gpu, device = places.pop()
+    return ("device" if gpu else "host"), device
+
+
+def _source_stream(plan: _Plan) -> int:
+    """torch's current stream on the tensors' device, so that copies follow the work that made the tensors."""
+    torch = sys.modules.get("torch")
+    if torch is None or plan.framework != "torch" or not any(s.device_type == DL_CUDA for s in plan.storages):
+        return 0
+    return int(torch.cuda.current_stream().cuda_stream)
+
+
+def _round(n: int, kind: str) -> int:
+    step = (2 << 20) if kind == "device" else 4096
+    return max(step, (n + step - 1) // step * step)
+
+
+def _taken(name: str, what: str) -> AlreadyExists:
+    return AlreadyExists(
+        f"share_tensors: {what} {name!r} is taken (an earlier share_tensors or publish_tensors of that name?): "
+        f"close it, or remove it with gpuipc.unlink_tensors({name.split('.')[0]!r}), or pick another name"
+    )
+
+
+class SharedTensors:
+    """What :func:`share_tensors` returns: the names it made and the memory they hold. Keep it while the tensors
+    should be shared; :meth:`close` (or leaving ``with``) removes the names and frees the packed copies (openers
+    keep what they opened). If this process exits, the packed copies are freed once no opener holds them."""
+
+    def __init__(self, name: str, plan: _Plan, kind: str, device: int, mode: int, copies: int, sem_kind: str) -> None:
+        self.name = name
+        self._plan = plan
+        self._kind = kind
+        self._mode = mode
+        self._pool: Optional[Pool] = None
+        self._index_seg: Optional[Segment] = None
+        self._made: List[Tuple[str, str]] = []  # (what, name) to unlink on close
+        self._blocks: List[Optional[Block]] = [s.block for s in plan.storages]
+        self._closed = False
+        self._copies = copies
+        self._sem_kind = sem_kind
+        packed = [i for i, s in enumerate(plan.storages) if s.block is None]
+        try:
+            if packed:
+                sizes = [(plan.storages[i].hi - plan.storages[i].lo + 255) // 256 * 256 for i in packed]
+                chunk = _round(sum(sizes), kind)
+                try:
+                    self._pool = Pool.create(
+                        name + ".pool", kind=kind, device=device, mode=mode, chunk_bytes=chunk,
+                        max_bytes=chunk * copies, max_blocks=len(packed) * copies + 16,
+                    )
+                except AlreadyExists:
+                    raise _taken(name + ".pool", "pool") from None
+                self._made.append(("pool", name + ".pool"))
+                stream = _source_stream(plan)
+                for i in packed:
+                    st = plan.storages[i]
+                    block = self._pool.allocate(st.hi - st.lo)
+                    _gpuipc._copy_to_view(block.view(), 0, st.lo, st.device_type, st.device_id, st.hi - st.lo, stream)
+                    self._blocks[i] = block
+            self._setup_extra()
+            index = _index.Index(self._tensor_meta(), self._storage_meta(), self._versioning(), self._slots(), 0)
+            head = index.encode()
+            try:
+                self._index_seg = Segment.create(name, index.total_bytes, kind="host", mode=mode)
+            except AlreadyExists:
+                raise _taken(name, "name") from None
+            self._made.append(("segment", name))
+            mem = self._index_seg.as_array("uint8")
+            mem[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+            self._index = index
+            self._mem = mem
+            _index.write_slot(index, mem, 1 % index.slots, 1, self._refs())  # version 1
+        except BaseException:
+            self._teardown()
+            raise
+
+    # Hooks for the Publisher (gpuipc/versions.py) ------------------------------------------------------------------
+    def _setup_extra(self) -> None:
+        pass
+
+    def _versioning(self) -> Optional[Dict[str, Any]]:
+        return None
+
+    def _slots(self) -> int:
+        return 1
+
+    def _refs(self) -> List[BlockRef]:
+        return [b.ref for b in self._blocks if b is not None]
+
+    # ----------------------------------------------------------------------------------------------------------------
+    def _tensor_meta(self) -> List[Dict[str, Any]]:
+        out = []
+        for (key, info), (s, off) in zip(self._plan.infos, self._plan.placement):
+            out.append({"name": key, "dtype": info.dtype.name, "shape": list(info.shape), "strides": list(info.strides),
+                        "offset": off, "storage": s, "framework": info.framework})
+        return out
+
+    def _storage_meta(self) -> List[Dict[str, Any]]:
+        out = []
+        for st, b in zip(self._plan.storages, self._blocks):
+            assert b is not None
+            out.append({"pool": b.pool.name, "nbytes": st.hi - st.lo, "device": "cuda" if b.is_cuda else "cpu"})
+        return out
+
+    def _views(self, blocks: List[Optional[Block]]) -> Dict[str, Any]:
+        """Writable views of this process's copies (the framework of the tensors given)."""
+        return build(self._index.tensors, [b.view() if b is not None else None for b in blocks], False)
+
+    @property
+    def pool(self) -> Optional[Pool]:
+        """The pool NAME.pool holding the packed copies (None when every tensor was shared by ref)."""
+        return self._pool
+
+    @property
+    def tensors(self) -> Dict[str, Any]:
+        """This process's views of the shared memory (the packed copies, or the adopted blocks), writable."""
+        return self._views(self._blocks)
+
+    def _teardown(self) -> None:
+        for b, st in zip(self._blocks, self._plan.storages):
+            if b is not None and st.block is None and not b.freed:
+                b.free()
+        for what, n in reversed(self._made):
+            try:
+                (Pool.unlink if what == "pool" else Segment.unlink)(n)
+            except Error:
+                pass
+        self._made.clear()
+
+    def close(self) -> None:
+        """Removes the names and frees the packed copies (idempotent). Openers keep what they opened."""
+        if self._closed:
+            return
+        self._closed = True
+        self._teardown()
+        if self._index_seg is not None:
+            self._index_seg.close()
+        if self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> "SharedTensors":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<gpuipc.SharedTensors {self.name!r} tensors={len(self._plan.infos)} storages={len(self._plan.storages)}>"
+
+
+def share_tensors(name: str, tensors: Mapping[str, Any], *, mode: int = 0o600, kind: Optional[str] = None) -> SharedTensors:
+    """Shares a mapping of names to tensors (a state dict) under ``name``; other processes get it back with
+    :func:`open_tensors`.
+
+    Tensors in gpuipc pool memory (a :class:`gpuipc.Block` of this process) travel by BlockRef, with no copy; the
+    others are packed into a fresh pool ``NAME.pool`` with one copy per storage (tensors whose bytes overlap are
+    one storage, and stay views of one storage in the opener). dtype, shape, strides and storage offset are kept.
+    kind: the kind of NAME.pool ("host", "host_pinned", "device"; None: where the tensors are). mode: permission
+    bits of every name made (openers need read and write on NAME.pool: they record holds in it).
+
+    Raises AlreadyExists (the name or NAME.pool is taken), InvalidArgument (negative or unaligned strides, tensors
+    on several devices without ``kind``), Unsupported (element types), and what Pool.create raises.
+    """
+    plan = _plan(tensors, adopt=True)
+    kind, device = _pool_kind(plan, kind)
+    return SharedTensors(name, plan, kind, device, mode, 1, "host")
+
+
+def unlink_tensors(name: str) -> None:
+    """Removes the names a share_tensors or publish_tensors of ``name`` made (NAME, NAME.pool, NAME.version) after
+    its owner died without closing. Raises NotFound when none of them exists."""
+    found = False
+    for unlink, n in ((Segment.unlink, name), (Pool.unlink, name + ".pool"), (_gpuipc.Semaphore.unlink, name + ".version")):
+        try:
+            unlink(n)
+            found = True
+        except NotFound:
+            pass
+    if not found:
+        raise NotFound(f"no shared tensors named {name!r}")
+
+
+# Opening --------------------------------------------------------------------------------------------------------------
+def build(tensors: List[Dict[str, Any]], views: List[Any], readonly: bool) -> Dict[str, Any]:
+    """Arrays for the tensor records over storage views (ArrayViews; None for storages without memory)."""
+    torch = None
+    if any(t.get("framework") == "torch" for t in tensors):
+        try:
+            import torch  # noqa: F811 - only when the tensors came from torch
+        except ImportError:
+            torch = None
+    storage_tensors: Dict[int, Any] = {}
+    out: Dict[str, Any] = {}
+    for t in tensors:
+        dt = dtype_of(t["dtype"])
+        shape, strides, s = tuple(t["shape"]), tuple(t["strides"]), t["storage"]
+        base = views[s] if s >= 0 else None
+        if torch is not None and t.get("framework") == "torch":
+            tdt = getattr(torch, dt.name)
+            if base is None:
+                out[t["name"]] = torch.empty(shape, dtype=tdt)
+                continue
+            if s not in storage_tensors:
+                storage_tensors[s] = torch.from_dlpack(base.__dlpack__())
+            st = storage_tensors[s]
+            out[t["name"]] = torch.empty(0, dtype=tdt, device=st.device).set_(st.untyped_storage(), t["offset"], shape, strides)
+        elif base is None:
+            arr = np.empty(shape, dtype=dt.numpy) if dt.numpy is not None else None
+            if arr is not None and readonly:
+                arr.flags.writeable = False
+            out[t["name"]] = arr
+        elif base.is_cuda or dt.numpy is None:
+            out[t["name"]] = base.as_strided(dt.dlpack, dt.typestr, list(shape), list(strides), t["offset"] * dt.itemsize)
+        else:
+            out[t["name"]] = np.ndarray(
+                shape, dtype=dt.numpy, buffer=base, offset=t["offset"] * dt.itemsize,
+                strides=tuple(x * dt.itemsize for x in strides),
+            )
+    return out
+
+
+def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment, np.ndarray]:
+    seg = Segment.open(name, readonly=True, wait=wait)
+    mem = seg.as_array("uint8")
+    # The name appears when the segment is created, a moment before its owner writes the index: a zero magic
+    # means "being written" (segments start zeroed).
+    deadline = time.monotonic() + 5.0
+    while not mem[:8].any() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return _index.decode(name, mem), seg, mem
+
+
+class _Opened:
+    """The pools of one index, opened once each."""
+
+    def __init__(self, name: str, index: _index.Index, readonly: bool, device: Optional[int]) -> None:
+        self.name = name
+        self.index = index
+        self.readonly = readonly
+        self.pools: Dict[str, Pool] = {}
+        for st in index.storages:
+            if st["pool"] not in self.pools:
+                try:
+                    self.pools[st["pool"]] = Pool.open(st["pool"], readonly=readonly, device=device)
+                except NotFound:
+                    raise PeerDied(f"the pool {st['pool']!r} of tensors {name!r} is gone (its owner removed it)") from None
+
+    def views(self, refs: List[BlockRef]) -> List[Any]:
+        """Held views of every storage; InvalidArgument when a ref is stale (its block was freed)."""
+        return [self.pools[st["pool"]]._pool.view(r._tuple(), self.readonly, True) for st, r in zip(self.index.storages, refs)]
+
+    def close(self) -> None:
+        for p in self.pools.values():
+            p.close()
+
+
+def open_tensors(
+    name: str, *, readonly: bool = True, wait: Optional[float] = None, device: Optional[int] = None, versioned: bool = False
+) -> Any:
+    """The tensors shared under ``name``, as a dict of views (no copy): NumPy arrays for host memory, ArrayViews
+    (DLPack, ``__cuda_array_interface__``) for GPU memory, torch tensors where torch tensors were shared and torch
+    is importable. dtype, shape, strides, storage offset and shared storage are kept.
+
+    One open of the index, one pool join per pool, one resolve (and hold) per storage; the views hold their memory
+    until they go. readonly: map read-only (NumPy arrays are not writeable). wait: seconds to wait for the name.
+    device: the GPU that maps device memory (None: the current one). versioned: return a :class:`gpuipc.Reader`
+    (publish_tensors) instead of a dict. Raises NotFound, Timeout, InvalidArgument (not a tensor index), PeerDied
+    (the owner freed the tensors or died before this open), PermissionDenied.
+    """
+    if versioned:
+        from .versions import Reader
+
+        return Reader(name, readonly=readonly, wait=wait, device=device)
+    index, seg, mem = read_index(name, wait)
+    try:
+        opened = _Opened(name, index, readonly, device)
+        try:
+            for _ in range(1000):
+                v = _index.read_stamp(index, mem, 0) if index.slots == 1 else None
+                if v is None:
+                    from .versions import Reader
+
+                    with Reader(name, readonly=readonly, device=device, _index=(index, seg, mem)) as r:
+                        return r.snapshot()[1]
+                refs = _index.read_refs(index, mem, 0)
+                try:
+                    views = opened.views(refs)
+                except InvalidArgument as e:
+                    raise PeerDied(f"the tensors of {name!r} were freed (their owner closed or died): {e}") from None
+                if _index.read_stamp(index, mem, 0) == v:
+                    return build(index.tensors, views, readonly)
+            raise PeerDied(f"the index of {name!r} keeps changing")
+        finally:
+            opened.close()
+    finally:
+        seg.close()

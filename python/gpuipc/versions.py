@@ -1,0 +1,309 @@
+"""Versioned tensors for weight sync: a Publisher updates a set of shared tensors, Readers see each version
+(docs/torch.md).
+
+The version counter is a gpuipc Semaphore NAME.version (a timeline: signal = a new version; the broker poisons it
+when the publisher dies, so readers' waits raise PeerDied). versions=1: the publisher writes in place and readers
+see the same memory (an update may be seen half done unless readers wait for it). versions=2: writes go to a back
+buffer of freshly allocated blocks; update() publishes their refs in index slot v % 2 and signals v; the old front
+is freed, and its memory is reused only when no reader holds it: a reader that pins a version never sees it change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from . import _gpuipc, _index
+from ._streams import stream_handle
+from ._tensorinfo import DL_CUDA, describe
+from .errors import AlreadyExists, Error, InvalidArgument, PeerDied, QuotaExceeded
+from .pool import Block, BlockRef
+from .semaphore import Semaphore
+from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, build, read_index
+
+__all__ = ["publish_tensors", "Publisher", "Reader"]
+
+#: How long update() waits for readers to release old versions when the pool is full (seconds).
+BACK_BUFFER_WAIT = 10.0
+
+
+class Publisher(SharedTensors):
+    """What :func:`publish_tensors` returns. Write new weights into :attr:`tensors` (versions=1: the live memory;
+    versions=2: the back buffer), then :meth:`update`; or call :meth:`update_from` with a state dict."""
+
+    def __init__(self, name: str, tensors: Mapping[str, Any], versions: int, mode: int, kind: Optional[str]) -> None:
+        if versions not in (1, 2):
+            raise InvalidArgument(f"versions must be 1 (in place) or 2 (double buffered), not {versions!r}")
+        self._versions = versions
+        self._sem: Optional[Semaphore] = None
+        self._version = 1
+        self._back: Optional[List[Block]] = None
+        plan = _plan(tensors, adopt=versions == 1)
+        kind, device = _pool_kind(plan, kind)
+        if versions == 2 and any(s.block is not None for s in plan.storages):
+            raise InvalidArgument("internal: versions=2 packs every tensor")
+        copies = 1 if versions == 1 else 4  # versions=2: front, back, and room for versions readers still pin
+        super().__init__(name, plan, kind, device, mode, copies, "host" if kind == "host" else "host_pinned")
+
+    def _setup_extra(self) -> None:
+        try:
+            self._sem = Semaphore.create(self.name + ".version", initial=1, kind=self._sem_kind, mode=self._mode)
+        except AlreadyExists:
+            raise _taken(self.name + ".version", "semaphore") from None
+        self._made.append(("semaphore", self.name + ".version"))
+
+    def _versioning(self) -> Optional[Dict[str, Any]]:
+        return {"semaphore": self.name + ".version", "versions": self._versions}
+
+    def _slots(self) -> int:
+        return self._versions
+
+    def _teardown(self) -> None:
+        if self._back is not None:
+            for b in self._back:
+                b.free()
+            self._back = None
+        for what, n in list(self._made):
+            if what == "semaphore":
+                try:
+                    _gpuipc.Semaphore.unlink(n)
+                except Error:
+                    pass
+                self._made.remove((what, n))
+        if self._sem is not None:
+            self._sem.close()
+        super()._teardown()
+
+    @property
+    def version(self) -> int:
+        """The last version published (1 after publish_tensors)."""
+        return self._version
+
+    @property
+    def versions(self) -> int:
+        return self._versions
+
+    def _ensure_back(self, copy_front: bool) -> List[Block]:
+        """versions=2: the back buffer, allocated (waiting for readers to let old versions go) and, when asked,
+        filled with the front's contents."""
+        if self._back is not None:
+            return self._back
+        assert self._pool is not None
+        deadline = time.monotonic() + BACK_BUFFER_WAIT
+        back: List[Block] = []
+        try:
+            for st in self._plan.storages:
+                while True:
+                    try:
+                        back.append(self._pool.allocate(st.hi - st.lo))
+                        break
+                    except QuotaExceeded as e:
+                        if time.monotonic() > deadline:
+                            raise QuotaExceeded(
+                                f"publisher {self.name!r}: no room for a back buffer for {BACK_BUFFER_WAIT:g} s: readers "
+                                f"still pin old versions (leave Reader.pin() sooner, drop old arrays): {e}"
+                            ) from None
+                        time.sleep(0.005)
+        except BaseException:
+            for b in back:
+                b.free()
+            raise
+        if copy_front:
+            for dst, src in zip(back, self._blocks):
+                assert src is not None
+                v = src.view()
+                _gpuipc._copy_to_view(dst.view(), 0, src.address, DL_CUDA if v.is_cuda else 1, _device(v), src.size, 0)
+        self._back = back
+        return back
+
+    @property
+    def tensors(self) -> Dict[str, Any]:
+        """Writable views to put the next version in: versions=1 the live memory, versions=2 the back buffer
+        (holding a copy of the current version at first)."""
+        if self._versions == 1:
+            return self._views(self._blocks)
+        return self._views(list(self._ensure_back(copy_front=True)))
+
+    def update(self, stream: Any = None) -> int:
+        """Publishes the next version once the new weights are in place and returns its number. stream: device
+        pools: signal in stream order after the work that wrote them (None: from the host, now)."""
+        if self._closed or self._sem is None:
+            raise InvalidArgument(f"publisher {self.name!r} is closed")
+        v = self._version + 1
+        if self._versions == 2:
+            back = self._ensure_back(copy_front=True)
+            _index.write_slot(self._index, self._mem, v % 2, v, [b.ref for b in back])
+        if stream is not None and self._sem_kind == "host_pinned":
+            self._sem.signal(v, stream_handle(stream), wake_host=True)
+        else:
+            self._sem.signal_host(v)
+        self._version = v
+        if self._versions == 2:
+            old, self._blocks, self._back = self._blocks, list(back), None
+            for b in old:
+                if b is not None:
+                    b.free(stream)  # readers that hold it keep it
+        return v
+
+    def update_from(self, state_dict: Mapping[str, Any], stream: Any = None) -> int:
+        """Copies ``state_dict`` (names of the published tensors to new values of the same dtype and shape) into
+        place, then :meth:`update`. Tensors it leaves out keep their values. Raises InvalidArgument for unknown
+        names, or another dtype or shape."""
+        known = {t["name"]: t for t in self._index.tensors}
+        for key in state_dict:
+            if key not in known:
+                raise InvalidArgument(f"update_from: {key!r} is not one of the tensors published as {self.name!r}")
+        full = {t["name"] for t in self._index.tensors if t["storage"] >= 0} <= set(state_dict)
+        blocks = self._blocks if self._versions == 1 else self._ensure_back(copy_front=not full)
+        views = [b.view() if b is not None else None for b in blocks]
+        handle = stream_handle(stream)
+        for key, value in state_dict.items():
+            meta = known[key]
+            info = describe(value, f"update_from[{key!r}]")
+            if info.dtype.name != meta["dtype"] or list(info.shape) != meta["shape"]:
+                raise InvalidArgument(
+                    f"update_from[{key!r}]: {info.dtype.name}{list(info.shape)} does not match the published "
+                    f"{meta['dtype']}{meta['shape']}"
+                )
+            if meta["storage"] < 0:
+                continue
+            dst = views[meta["storage"]]
+            if _contiguous(info.shape, info.strides) and _contiguous(info.shape, tuple(meta["strides"])):
+                _gpuipc._copy_to_view(dst, meta["offset"] * info.dtype.itemsize, info.address, info.device_type,
+                                      info.device_id, info.extent, handle)
+            elif not dst.is_cuda:
+                build([meta], views, False)[key][...] = value
+            else:
+                raise InvalidArgument(f"update_from[{key!r}]: a strided GPU tensor: copy it into pub.tensors[{key!r}] yourself")
+        return self.update(stream)
+
+
+def _contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...]) -> bool:
+    step = 1
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n > 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
+def _device(view: Any) -> int:
+    return view.__dlpack_device__()[1]
+
+
+def publish_tensors(
+    name: str, tensors: Mapping[str, Any], *, versions: int = 1, mode: int = 0o600, kind: Optional[str] = None
+) -> Publisher:
+    """Shares ``tensors`` like :func:`gpuipc.share_tensors` as version 1, with a version counter readers follow
+    (:class:`Reader`, ``open_tensors(name, versioned=True)``). versions=1: updates are written in place;
+    versions=2: double buffered, so a reader that pins a version never sees half an update (the pool holds up to
+    4 copies: front, back and versions readers still pin). Raises what share_tensors raises."""
+    return Publisher(name, tensors, versions, mode, kind)
+
+
+class Reader:
+    """A reader of published tensors: :attr:`version`, :meth:`wait_version`, :meth:`pin`, :attr:`tensors`."""
+
+    def __init__(
+        self, name: str, *, readonly: bool = True, wait: Optional[float] = None, device: Optional[int] = None,
+        _index: Optional[Tuple[Any, Any, Any]] = None,
+    ) -> None:
+        self.name = name
+        index, self._seg, self._mem = _index if _index is not None else read_index(name, wait)
+        self._owns_seg = _index is None
+        if not index.versioning:
+            if self._owns_seg:
+                self._seg.close()
+            raise InvalidArgument(f"tensors {name!r} were shared without versions: use gpuipc.open_tensors({name!r})")
+        self._index = index
+        self._readonly = readonly
+        self._sem = Semaphore.open(index.versioning["semaphore"], role="waiter", wait=wait)
+        self._opened = _Opened(name, index, readonly, device)
+        self._last: Optional[Tuple[int, Dict[str, Any]]] = None
+
+    @property
+    def version(self) -> int:
+        """The latest version published."""
+        return self._sem.value
+
+    @property
+    def versions(self) -> int:
+        return int(self._index.versioning["versions"])
+
+    def wait_version(self, version: int, timeout: Optional[float] = None) -> int:
+        """Waits (on the host; Ctrl-C interrupts) until version ``version`` is published; returns the latest.
+        Raises Timeout, PeerDied (the publisher died; the last version stays readable), Closed (it closed)."""
+        return self._sem.wait_host(version, timeout)
+
+    def snapshot(self) -> Tuple[int, Dict[str, Any]]:
+        """(version, tensors) of the latest version. With versions=2 the arrays hold that version's memory while
+        they live: it never changes under them. Raises PeerDied when the publisher is gone and nothing was read."""
+        idx, mem = self._index, self._mem
+        for _ in range(10000):
+            v = self._sem.value
+            k = v % idx.slots
+            # versions=1: one slot, written once (stamp 1); versions=2: slot v % 2 carries stamp v
+            want = v if idx.slots == 2 else 1
+            if _index.read_stamp(idx, mem, k) != want:
+                if self._sem.status != "ok" and self._last is not None:
+                    return self._last
+                time.sleep(0.0005)
+                continue
+            refs = _index.read_refs(idx, mem, k)
+            try:
+                views = self._opened.views(refs)
+            except InvalidArgument:
+                if self._sem.value == v and self._sem.status != "ok":
+                    if self._last is not None:
+                        return self._last
+                    raise PeerDied(f"the publisher of {self.name!r} died and its last version was freed") from None
+                continue  # freed under us: a newer version is out
+            if _index.read_stamp(idx, mem, k) == want:
+                self._last = (v, build(idx.tensors, views, self._readonly))
+                return self._last
+        raise PeerDied(f"tensors {self.name!r}: could not read a consistent version")
+
+    @property
+    def tensors(self) -> Dict[str, Any]:
+        """The latest version's tensors (re-read when a newer version is out; after the publisher died, the last
+        one read)."""
+        if self._last is not None and (self._last[0] == self._sem.value or self._sem.status != "ok"):
+            return self._last[1]
+        return self.snapshot()[1]
+
+    @contextlib.contextmanager
+    def pin(self) -> Iterator["Pinned"]:
+        """``with reader.pin() as p: use(p.tensors)``: a version that does not change while pinned (versions=2);
+        on exit the reader drops its references (arrays you kept still hold their memory)."""
+        v, tensors = self.snapshot()
+        pinned = Pinned(v, tensors)
+        try:
+            yield pinned
+        finally:
+            pinned.tensors = {}
+            self._last = None
+
+    def close(self) -> None:
+        """Leaves (idempotent); arrays already returned keep their memory."""
+        self._last = None
+        self._sem.close()
+        self._opened.close()
+        if self._owns_seg:
+            self._seg.close()
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Pinned:
+    """A pinned version: :attr:`version` and its :attr:`tensors`."""
+
+    __slots__ = ("version", "tensors")
+
+    def __init__(self, version: int, tensors: Dict[str, Any]) -> None:
+        self.version = version
+        self.tensors = tensors

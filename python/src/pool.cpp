@@ -1,0 +1,272 @@
+// gpuipc._gpuipc.Pool and Block: gpuipc::Pool with Python argument conventions. BlockRefs cross this boundary as
+// tuples (pool, generation, offset, size, chunk, index), the fields of gpuipc::BlockRef in declaration order.
+// python/gpuipc/pool.py wraps both.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstring>
+#include <tuple>
+
+#include "cuda/pointer.hpp"
+#include "gpuipc/pool.hpp"
+
+#include "common.hpp"
+#include "views.hpp"
+
+namespace gpuipc::py {
+
+using namespace nb::literals;
+
+namespace {
+
+using RefTuple = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint32_t, std::uint32_t>;
+
+BlockRef to_ref(const RefTuple& t) {
+  return BlockRef{.pool = std::get<0>(t), .generation = std::get<1>(t), .offset = std::get<2>(t),
+                  .size = std::get<3>(t), .chunk = std::get<4>(t), .index = std::get<5>(t)};
+}
+
+RefTuple from_ref(const BlockRef& r) { return {r.pool, r.generation, r.offset, r.size, r.chunk, r.index}; }
+
+struct PyPool {
+  explicit PyPool(Pool p) noexcept : pool(std::move(p)) {}
+  Pool pool;
+  LiveCount<Live::Pool> counted;
+
+  Pool& get() {
+    if (!pool) throw Error(ErrorCode::InvalidArgument, "the pool is closed", "pool");
+    return pool;
+  }
+};
+
+/// An allocated block. The Pool copy keeps the pool joined (and its chunks mapped) for views made from the block.
+struct PyBlock {
+  Pool pool;
+  Block block;
+  LiveCount<Live::Block> counted;
+
+  const Block& get() const {
+    if (!block) throw Error(ErrorCode::InvalidArgument, "the block was freed", "block");
+    return block;
+  }
+};
+
+bool is_gpu(SegmentKind kind) noexcept { return kind == SegmentKind::Device || kind == SegmentKind::DeviceIpc; }
+
+/// A hold on a block that views own: given back when the last view (or DLPack export) of it goes, on whatever
+/// thread that happens (DLPack deleters may run without the GIL: no Python here).
+struct HeldBlock {
+  Pool pool;
+  BlockRef ref;
+  HeldBlock(Pool p, const BlockRef& r) : pool(std::move(p)), ref(r) {}
+  HeldBlock(const HeldBlock&) = delete;
+  HeldBlock& operator=(const HeldBlock&) = delete;
+  ~HeldBlock() {
+    try {
+      pool.release(ref);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor; the broker releases what a process leaves
+    }
+  }
+};
+
+/// A bytes view of [address, address + size) of `pool`'s memory that keeps `owner` (the pool, or a hold) alive.
+ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::uintptr_t address, std::size_t size,
+                     bool readonly) {
+  int device_type = kDLCPU;
+  int device_id = 0;
+  if (is_gpu(pool.kind())) {
+    device_type = kDLCUDA;
+    device_id = cuda::pointer_info(static_cast<CUdeviceptr>(address)).device;
+  }
+  return ArrayView::bytes(std::move(owner), address, size, readonly, device_type, device_id);
+}
+
+nb::dict stats_dict(const PoolStats& s) {
+  nb::dict d;
+  d["used_bytes"] = s.used_bytes;
+  d["free_bytes"] = s.free_bytes;
+  d["capacity_bytes"] = s.capacity_bytes;
+  d["max_bytes"] = s.max_bytes;
+  d["largest_free_block"] = s.largest_free_block;
+  d["chunks"] = s.chunks;
+  d["max_chunks"] = s.max_chunks;
+  d["live_blocks"] = s.live_blocks;
+  d["draining_blocks"] = s.draining_blocks;
+  d["members"] = s.members;
+  d["allocations"] = s.allocations;
+  d["frees"] = s.frees;
+  return d;
+}
+
+}  // namespace
+
+void bind_pool(nb::module_& m) {
+  nb::class_<PyBlock>(m, "Block", "An allocated block of a pool (low level; see gpuipc.Block).")
+      .def_prop_ro("ref", [](const PyBlock& b) { return from_ref(b.get().ref()); },
+                   "(pool, generation, offset, size, chunk, index).")
+      .def_prop_ro("address", [](const PyBlock& b) { return reinterpret_cast<std::uintptr_t>(b.get().data()); })
+      .def_prop_ro("size", [](const PyBlock& b) { return b.get().size(); })
+      .def_prop_ro("freed", [](const PyBlock& b) { return !b.block; })
+      .def(
+          "view",
+          [](const PyBlock& b) {
+            const Block& blk = b.get();
+            return block_view(b.pool, std::make_shared<const Pool>(b.pool),
+                              reinterpret_cast<std::uintptr_t>(blk.data()), blk.size(), false);
+          },
+          "The block as bytes; keeps the pool mapped (not the block: a freed block's memory may be reused).");
+
+  nb::class_<PyPool>(m, "Pool", "A joined gpuipc pool (low level; see gpuipc.Pool).")
+      .def_static(
+          "create",
+          [](std::string_view name, std::string_view kind, int device, unsigned mode, std::size_t chunk_bytes,
+             std::size_t max_bytes, std::uint32_t max_blocks, std::size_t block_bytes, std::uint32_t block_count) {
+            PoolOptions o{.kind = parse_kind(kind), .device = device, .mode = mode};
+            if (block_bytes != 0 || block_count != 0) {
+              o.pool_mode = PoolMode::Fixed;
+              o.block_bytes = block_bytes;
+              o.block_count = block_count;
+            } else {
+              o.chunk_bytes = chunk_bytes;
+              o.max_bytes = max_bytes;
+              o.max_blocks = max_blocks;
+            }
+            nb::gil_scoped_release unlocked;
+            return PyPool(Pool::create(name, o));
+          },
+          "name"_a, nb::kw_only(), "kind"_a = "host", "device"_a = 0, "mode"_a = 0600, "chunk_bytes"_a = 64ULL << 20,
+          "max_bytes"_a = 1ULL << 30, "max_blocks"_a = 16384, "block_bytes"_a = 0, "block_count"_a = 0,
+          "Creates and joins pool ``name``; block_bytes/block_count make a fixed-block pool.")
+      .def_static(
+          "open",
+          [](std::string_view name, bool readonly, std::optional<double> wait, std::optional<int> device) {
+            return open_in_slices(wait, "pool '" + std::string(name) + "'", [&](std::chrono::milliseconds slice) {
+              OpenOptions o{.access = readonly ? Access::ReadOnly : Access::ReadWrite, .wait = slice,
+                            .device = device.value_or(-1)};
+              return PyPool(Pool::open(name, o));
+            });
+          },
+          "name"_a, nb::kw_only(), "readonly"_a = false, "wait"_a = nb::none(), "device"_a = nb::none(),
+          "Opens and joins pool ``name``; chunks are mapped read-only when ``readonly``.")
+      .def_static(
+          "unlink",
+          [](std::string_view name) {
+            nb::gil_scoped_release unlocked;
+            Pool::unlink(name);
+          },
+          "name"_a, "Removes the names of the pool's control segment and chunks.")
+      .def_static(
+          "stat",
+          [](std::string_view name) {
+            PoolStats s;
+            {
+              nb::gil_scoped_release unlocked;
+              s = Pool::stat(name);
+            }
+            return stats_dict(s);
+          },
+          "name"_a, "Statistics of pool ``name`` without joining it, as a dict.")
+      .def(
+          "allocate",
+          [](PyPool& p, std::size_t nbytes, std::size_t alignment) {
+            Pool& pool = p.get();
+            PyBlock b{.pool = pool, .block = {}, .counted = {}};
+            {
+              nb::gil_scoped_release unlocked;
+              b.block = pool.allocate(nbytes, alignment);
+            }
+            return b;
+          },
+          "nbytes"_a, "alignment"_a = 256, "Allocates a block of ``nbytes``.")
+      .def(
+          "free",
+          [](PyPool& p, PyBlock& b, std::uintptr_t stream) {
+            Pool& pool = p.get();
+            if (!b.block) throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
+            Block gone = std::move(b.block);
+            nb::gil_scoped_release unlocked;
+            pool.free(std::move(gone), to_stream(stream));
+          },
+          "block"_a, "stream"_a = 0, "Frees ``block`` (stream-ordered for device and host_pinned pools).")
+      .def(
+          "resolve",
+          [](PyPool& p, const RefTuple& ref) {
+            Pool& pool = p.get();
+            nb::gil_scoped_release unlocked;
+            return reinterpret_cast<std::uintptr_t>(pool.resolve(to_ref(ref)));
+          },
+          "ref"_a, "The address of the block ``ref`` names (maps its chunk the first time).")
+      .def(
+          "view",
+          [](PyPool& p, const RefTuple& ref, bool readonly, bool hold) {
+            Pool& pool = p.get();
+            const BlockRef r = to_ref(ref);
+            std::shared_ptr<const void> owner;
+            std::uintptr_t address = 0;
+            {
+              nb::gil_scoped_release unlocked;
+              if (hold) {
+                pool.hold(r);
+                owner = std::make_shared<const HeldBlock>(pool, r);
+              } else {
+                owner = std::make_shared<const Pool>(pool);
+              }
+              address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
+            }
+            return block_view(pool, std::move(owner), address, r.size, readonly);
+          },
+          "ref"_a, "readonly"_a, "hold"_a = false,
+          "The block ``ref`` names as bytes (resolving it). ``hold``: take a hold that the view (and every array\n"
+          "or DLPack export made from it) keeps, given back when the last of them goes.")
+      .def(
+          "hold",
+          [](PyPool& p, const RefTuple& ref) {
+            Pool& pool = p.get();
+            nb::gil_scoped_release unlocked;
+            pool.hold(to_ref(ref));
+          },
+          "ref"_a, "Takes a hold on the block: its memory is not reused until released.")
+      .def(
+          "release",
+          [](PyPool& p, const RefTuple& ref) {
+            Pool& pool = p.get();
+            nb::gil_scoped_release unlocked;
+            pool.release(to_ref(ref));
+          },
+          "ref"_a, "Gives back one hold.")
+      .def("stats", [](PyPool& p) { return stats_dict(p.get().stats()); }, "Current statistics as a dict.")
+      .def_prop_ro("name", [](PyPool& p) { return p.get().name(); })
+      .def_prop_ro("kind", [](PyPool& p) { return std::string(to_string(p.get().kind())); })
+      .def_prop_ro("id", [](PyPool& p) { return p.get().id(); })
+      .def_prop_ro("fixed", [](PyPool& p) { return p.get().pool_mode() == PoolMode::Fixed; })
+      .def_prop_ro("chunk_bytes", [](PyPool& p) { return p.get().chunk_bytes(); })
+      .def_prop_ro("block_bytes", [](PyPool& p) { return p.get().block_bytes(); })
+      .def_prop_ro("closed", [](PyPool& p) { return !p.pool; })
+      .def(
+          "close",
+          [](PyPool& p) {
+            Pool gone = std::move(p.pool);
+            nb::gil_scoped_release unlocked;
+            gone = Pool();
+          },
+          "Drops this handle; blocks and views keep the pool joined until they go.");
+
+  m.def(
+      "_encode_block_ref",
+      [](const RefTuple& ref) {
+        const auto bytes = encode_block_ref(to_ref(ref));
+        return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      },
+      "ref"_a, "The 40-byte little-endian encoding of a BlockRef tuple.");
+  m.def(
+      "_decode_block_ref",
+      [](nb::bytes data) {
+        return from_ref(decode_block_ref(
+            std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.c_str()), data.size())));
+      },
+      "data"_a, "Decodes 40 bytes into a BlockRef tuple; InvalidArgument naming what is wrong.");
+}
+
+}  // namespace gpuipc::py

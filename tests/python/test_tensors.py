@@ -1,0 +1,150 @@
+"""share_tensors / open_tensors with NumPy and host pools: layout kept (dtype, shape, strides, offset, shared
+storage), read-only views, tensors already in pool memory shared by ref, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpuipc
+import helpers
+
+
+def _state():
+    a = np.arange(64, dtype=np.float32)
+    return a, {
+        "a": a,
+        "t": a[::2].reshape(4, 8),  # a strided view of a's storage
+        "tail": a[40:],  # an offset into it
+        "i8": np.arange(-5, 5, dtype=np.int8),
+        "c": (np.arange(6) * 1j).astype(np.complex64).reshape(2, 3).T,  # transposed
+        "b": np.array([True, False]),
+        "scalar": np.array(2.5),
+        "empty": np.zeros((0, 3), dtype=np.uint16),
+    }
+
+
+def test_layout_and_shared_storage_kept(name):
+    a, state = _state()
+    with gpuipc.share_tensors(name, state) as shared:
+        assert shared.pool is not None and shared.pool.stats()["live_blocks"] == 5  # one per storage (a, t and tail are one)
+        got = gpuipc.open_tensors(name, readonly=False)
+        assert list(got) == list(state)
+        for k, v in state.items():
+            g = got[k]
+            assert g.dtype == v.dtype and g.shape == v.shape and g.strides == v.strides, k
+            assert np.array_equal(g, v), k
+        # two views of one storage stay two views of one storage
+        assert np.shares_memory(got["a"], got["t"]) and np.shares_memory(got["a"], got["tail"])
+        assert got["tail"].__array_interface__["data"][0] - got["a"].__array_interface__["data"][0] == 40 * 4
+        got["a"][0] = 100
+        assert got["t"][0, 0] == 100
+        got["t"][1, 0] = -1  # a[16]
+        assert got["a"][16] == -1
+        # the opener's writes are the owner's memory, not `a`
+        assert shared.tensors["a"][16] == -1 and a[16] == 16
+
+
+def test_readonly_views(name):
+    _, state = _state()
+    with gpuipc.share_tensors(name, state):
+        got = gpuipc.open_tensors(name)
+        for k, v in got.items():
+            assert not v.flags.writeable, k
+        with pytest.raises(ValueError):
+            got["a"][0] = 1
+
+
+def test_other_process_sees_the_layout(name, spawn):
+    _, state = _state()
+    with gpuipc.share_tensors(name, state):
+        got = spawn(helpers.open_tensors_summary, name)
+    for k, v in state.items():
+        dtype, shape, strides, total, writeable = got[k]
+        assert dtype == str(v.dtype) and shape == v.shape and strides == v.strides, k
+        assert total == pytest.approx(float(np.abs(v).sum())) and not writeable
+
+
+def test_pool_tensors_are_shared_without_copy(name):
+    with gpuipc.Pool.create(name + "-user", chunk_bytes=1 << 20) as pool:
+        blk = pool.allocate(4096)
+        w = blk.numpy("float64", 512)
+        w[:] = np.arange(512)
+        loose = np.ones(3)
+        with gpuipc.share_tensors(name, {"w": w, "w2": w[256:].reshape(16, 16), "loose": loose}) as shared:
+            assert shared.pool.stats()["live_blocks"] == 1  # only `loose` was copied
+            got = gpuipc.open_tensors(name, readonly=False)
+            w[0] = 42  # no copy: the opener sees the owner's block
+            assert got["w"][0] == 42 and got["w2"][0, 0] == 256
+            assert np.shares_memory(got["w"], got["w2"])
+        blk.free()
+
+
+def test_views_hold_their_memory_after_close(name):
+    with gpuipc.share_tensors(name, {"x": np.full(1000, 3.0)}) as shared:
+        got = gpuipc.open_tensors(name)
+        pool_name = shared.pool.name
+    with pytest.raises(gpuipc.NotFound):
+        gpuipc.open_tensors(name)  # the names went with close
+    assert float(got["x"].sum()) == 3000.0  # the memory stays while the views hold it
+    del got
+
+
+def test_wait_for_the_name(name, start):
+    fut = start(helpers.share_later, name, 0.5)
+    got = gpuipc.open_tensors(name, wait=30)
+    assert got["w"].shape == (1024,) and float(got["w"][0]) == 1.0
+    fut.result(timeout=60)
+
+
+def test_errors(name):
+    a = np.arange(10.0)
+    with gpuipc.share_tensors(name, {"a": a}):
+        with pytest.raises(gpuipc.AlreadyExists, match="unlink_tensors"):
+            gpuipc.share_tensors(name, {"a": a})
+    with pytest.raises(gpuipc.InvalidArgument, match="negative stride"):
+        gpuipc.share_tensors(name, {"r": a[::-1]})
+    with pytest.raises(gpuipc.Unsupported, match="element type"):
+        gpuipc.share_tensors(name, {"s": np.array(["x", "y"])})
+    with pytest.raises(gpuipc.Unsupported, match="element type"):
+        gpuipc.share_tensors(name, {"o": np.array([object()])})
+    with pytest.raises(gpuipc.InvalidArgument, match="str"):
+        gpuipc.share_tensors(name, {1: a})
+    with pytest.raises(gpuipc.InvalidArgument, match="mapping"):
+        gpuipc.share_tensors(name, [a])
+    with pytest.raises(gpuipc.NotFound):
+        gpuipc.open_tensors(name)  # failed shares leave no name behind
+    gpuipc.Segment.create(name, 4096).close()
+    with pytest.raises(gpuipc.InvalidArgument, match="not a gpuipc tensor index"):
+        gpuipc.open_tensors(name)
+    with pytest.raises(gpuipc.InvalidArgument, match="without versions"):
+        with gpuipc.share_tensors(name + "x", {"a": a}):
+            gpuipc.open_tensors(name + "x", versioned=True)
+
+
+def test_unlink_tensors_after_the_owner_went(name):
+    shared = gpuipc.share_tensors(name, {"a": np.zeros(4)})
+    shared._made.clear()  # as if its owner died: the names stay
+    shared.close()
+    gpuipc.unlink_tensors(name)
+    with pytest.raises(gpuipc.NotFound):
+        gpuipc.unlink_tensors(name)
+
+
+def test_nothing_left_after_views_go(name):
+    import gc
+
+    from gpuipc import _gpuipc
+
+    gc.collect()
+    base = _gpuipc._live_objects()
+    _, state = _state()
+    with gpuipc.share_tensors(name, state) as shared:
+        got = gpuipc.open_tensors(name)
+        del got
+        gc.collect()
+        with pytest.raises(gpuipc.InvalidArgument):  # no holds left to release
+            shared.pool.release(next(b for b in shared._blocks).ref)
+    del shared
+    gc.collect()
+    assert _gpuipc._live_objects() == base

@@ -1,0 +1,132 @@
+"""Versions for weight sync, host kinds: publish_tensors, Reader (version, wait_version, pin), double buffering,
+a SIGKILLed publisher (readers keep the last version, waits raise PeerDied) and a SIGKILLed reader (nothing left)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import gpuipc
+import helpers
+
+
+def _wait_until(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("versions", [1, 2])
+def test_update_seen_by_two_reader_processes(name, start, versions):
+    with gpuipc.publish_tensors(name, {"w": np.full(4096, 1.0)}, versions=versions) as pub:
+        readers = [start(helpers.reader_follow, name, 4) for _ in range(2)]
+        with gpuipc.open_tensors(name, versioned=True) as r:
+            for v in (2, 3, 4):
+                time.sleep(0.2)
+                assert pub.update_from({"w": np.full(4096, float(v))}) == v
+                assert r.wait_version(v, timeout=10) >= v
+        for fut in readers:
+            seen = fut.result(timeout=60)
+            assert seen[-1] == (4, 4.0) and all(float(v) == w for v, w in seen), seen
+
+
+def test_in_place_update_and_pin(name):
+    with gpuipc.publish_tensors(name, {"w": np.zeros(8), "b": np.ones(2)}, versions=2) as pub:
+        r = gpuipc.open_tensors(name, versioned=True)
+        assert r.version == 1 and r.versions == 2
+        with r.pin() as p:
+            assert p.version == 1
+            back = pub.tensors
+            back["w"][:] = 5  # the back buffer: the pinned version does not change
+            assert (p.tensors["w"] == 0).all()
+            assert pub.update() == 2
+            assert (p.tensors["w"] == 0).all() and r.version == 2
+        assert (r.tensors["w"] == 5).all() and (r.tensors["b"] == 1).all()  # b carried over
+        assert not r.tensors["w"].flags.writeable
+        r.close()
+
+
+def test_versions_one_is_in_place(name):
+    w = np.zeros(16, dtype=np.float32)
+    with gpuipc.publish_tensors(name, {"w": w}, versions=1) as pub:
+        r = gpuipc.open_tensors(name, versioned=True)
+        live = r.tensors["w"]
+        pub.tensors["w"][:] = 7
+        assert (live == 7).all()  # one buffer: readers see writes at once
+        pub.update()
+        assert r.wait_version(2, timeout=1) == 2
+        with pytest.raises(gpuipc.Timeout):
+            r.wait_version(3, timeout=0.05)
+        r.close()
+
+
+def test_update_from_checks(name):
+    with gpuipc.publish_tensors(name, {"w": np.zeros(4)}, versions=2) as pub:
+        with pytest.raises(gpuipc.InvalidArgument, match="not one of"):
+            pub.update_from({"x": np.zeros(4)})
+        with pytest.raises(gpuipc.InvalidArgument, match="does not match"):
+            pub.update_from({"w": np.zeros(5)})
+        with pytest.raises(gpuipc.InvalidArgument, match="versions must be"):
+            gpuipc.publish_tensors(name + "x", {"w": np.zeros(4)}, versions=3)
+
+
+def test_double_buffering_reuses_memory(name):
+    with gpuipc.publish_tensors(name, {"w": np.zeros(1 << 16)}, versions=2) as pub:
+        for v in range(2, 12):
+            pub.update_from({"w": np.full(1 << 16, float(v))})
+        assert pub.pool.stats()["live_blocks"] == 1  # old fronts were freed
+
+
+
+def test_publisher_killed(name, runtime_dir):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=helpers.publisher_forever, args=(name, name + "-ready", 2))
+    p.start()
+    try:
+        helpers.wait_for_name(name + "-ready")
+        r = gpuipc.open_tensors(name, versioned=True)
+        with r.pin() as pin:
+            assert pin.version == 2
+            w = pin.tensors["w"]
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(10)
+            with pytest.raises(gpuipc.PeerDied):
+                r.wait_version(3, timeout=10)
+            assert (w == 2.0).all()  # the last complete version stays
+        assert (r.tensors["w"] == 2.0).all()
+        r.close()
+    finally:
+        p.kill()
+        p.join()
+    gpuipc.unlink_tensors(name)
+
+
+def test_reader_killed_leaves_nothing(name):
+    import multiprocessing
+
+    with gpuipc.publish_tensors(name, {"w": np.zeros(1 << 12)}, versions=2) as pub:
+        ctx = multiprocessing.get_context("spawn")
+        p = ctx.Process(target=helpers.reader_pin_then_sleep, args=(name, name + "-ready"))
+        p.start()
+        try:
+            helpers.wait_for_name(name + "-ready")
+            assert pub.pool.stats()["members"] == 2
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(10)
+        finally:
+            p.kill()
+            p.join()
+        _wait_until(lambda: pub.pool.stats()["members"] == 1)
+        for v in range(2, 6):
+            pub.update_from({"w": np.full(1 << 12, float(v))})
+        # the reader's pin on version 1 is gone: only the front is live
+        assert pub.pool.stats()["live_blocks"] == 1
+        refs = [s for s in gpuipc.Segment.list() if s.name.startswith(name) and s.references]
+        assert all(os.getpid() in s.mapper_pids for s in refs), refs
