@@ -18,6 +18,8 @@ constexpr std::array kRegistry{
     EnvVar{"GPUIPC_RUNTIME_DIR", "$XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID (else ~/.gpuipc if another user owns it)",
            "Directory of the broker's socket and lock file; processes that share it share segments."},
     EnvVar{"GPUIPC_LOG", "warn", "Log level: off, error, warn, info, debug or trace."},
+    EnvVar{"GPUIPC_RESTORE_GRACE_MS", "30000",
+           "After a broker restart, how long names linked before it wait for a process that maps them to announce them."},
     EnvVar{"GPUIPC_DAEMON", "gpuipcd next to the program or library, then $PATH",
            "Path of the gpuipcd executable the library starts on demand."},
     EnvVar{"GPUIPC_NO_AUTOSTART", "0", "When 1, the library never starts a broker; connecting fails if none runs."},

@@ -43,6 +43,7 @@ void Registry::exporter_left(SegmentRecord& seg, proto::PoisonReason why) {
   GPUIPC_LOG_INFO("segment '{}' id {}: its exporter {}; legacy IPC memory dies with it, so the name goes",
                   seg.name, seg.id, why == proto::PoisonReason::PeerDied ? "is gone" : "dropped its share");
   m_names.erase(seg.name);
+  m_journal.unlinked(seg.name);
   seg.name.clear();
   bump_names_generation();
 }

@@ -11,6 +11,7 @@
 #include "base/log.hpp"
 #include "os/memfd.hpp"
 #include "os/module.hpp"
+#include "os/process.hpp"
 #include "proto/shm.hpp"
 #include "proto/status_page.hpp"
 
@@ -152,6 +153,10 @@ void Registry::handle(const Caller& caller, const proto::Message& request, std::
           list(caller, rid, body, out);
         } else if constexpr (std::is_same_v<T, proto::Join>) {
           join(caller, rid, body, out);
+        } else if constexpr (std::is_same_v<T, proto::Announce>) {
+          announce(caller, rid, body, fds, out);
+        } else if constexpr (std::is_same_v<T, proto::Rejoin>) {
+          rejoin(caller, rid, body, out);
         } else {
           out.push_back(reply(caller.conn, rid,
                               error_reply(rid, ErrorCode::Protocol,
@@ -206,6 +211,14 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
   };
   if (fds.size() != 1 || !fds[0]) {
     fail(ErrorCode::Protocol, "Create must carry exactly one fd (the segment's memory)");
+    return;
+  }
+  if (auto r = m_restore.find(req.name); r != m_restore.end()) {
+    fail(ErrorCode::AlreadyExists,
+         fmt::format("segment '{}' was linked when the previous broker died and its holders may still announce it "
+                     "(for {} ms more); open it with a wait, or unlink it (gpuipc rm {})",
+                     req.name, std::max<std::int64_t>(0, (r->second.deadline_ns - os::monotonic_ns()) / 1'000'000),
+                     req.name));
     return;
   }
   if (m_names.count(req.name) != 0) {
@@ -304,12 +317,16 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                   human_bytes(req.size), caller.creds.uid, caller.creds.pid);
   out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(stored)}));
 
-  // Openers that were waiting for this name.
+  journal_linked(stored);
+  wake_waiting(stored, out);
+}
+
+void Registry::wake_waiting(SegmentRecord& seg, std::vector<Outgoing>& out) {
   std::vector<std::uint64_t> waiting;
-  for (auto [it, end] = m_pending_by_name.equal_range(req.name); it != end; ++it) waiting.push_back(it->second);
+  for (auto [it, end] = m_pending_by_name.equal_range(seg.name); it != end; ++it) waiting.push_back(it->second);
   for (auto pid : waiting) {
     Pending p = unpark(pid);
-    open_existing(stored, p.conn, p.creds, p.request_id, p.request.access, out);
+    open_existing(seg, p.conn, p.creds, p.request_id, p.request.access, out);
   }
 }
 
@@ -351,11 +368,16 @@ void Registry::open(const Caller& caller, std::uint32_t rid, const proto::Open& 
       park(caller, rid, req, now_ns, out);
       return;
     }
+    const bool held_over = m_restore.count(req.name) != 0;
     out.push_back(reply(caller.conn, rid,
                         error_reply(rid, ErrorCode::NotFound,
-                                    fmt::format("no segment named '{}' (gpuipc ls lists them; pass a wait timeout "
-                                                "to wait for its creator)",
-                                                req.name))
+                                    held_over ? fmt::format("segment '{}' was linked when the previous broker died; "
+                                                            "none of the processes that map it has announced it to "
+                                                            "this broker yet (pass a wait timeout to wait for them)",
+                                                            req.name)
+                                              : fmt::format("no segment named '{}' (gpuipc ls lists them; pass a "
+                                                            "wait timeout to wait for its creator)",
+                                                            req.name))
                             .body));
     return;
   }
@@ -415,6 +437,22 @@ void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close
 
 void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unlink& req, std::vector<Outgoing>& out) {
   auto it = m_names.find(req.name);
+  if (auto r = m_restore.find(req.name); it == m_names.end() && r != m_restore.end()) {
+    // A name from before a broker restart that nobody announced yet: its owner (or root) may drop it.
+    if (caller.creds.uid != 0 && caller.creds.uid != r->second.entry.owner_uid) {
+      out.push_back(reply(caller.conn, rid,
+                          error_reply(rid, ErrorCode::PermissionDenied,
+                                      fmt::format("segment '{}' is owned by uid {}; only its owner or root may unlink "
+                                                  "it (you are uid {})",
+                                                  req.name, r->second.entry.owner_uid, caller.creds.uid))
+                              .body));
+      return;
+    }
+    m_restore.erase(r);
+    m_journal.unlinked(req.name);
+    out.push_back(reply(caller.conn, rid, proto::OkReply{}));
+    return;
+  }
   if (it == m_names.end()) {
     out.push_back(reply(caller.conn, rid,
                         error_reply(rid, ErrorCode::NotFound, fmt::format("no segment named '{}' to unlink", req.name)).body));
@@ -433,6 +471,7 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
   const std::uint64_t id = seg.id;
   seg.name.clear();
   m_names.erase(it);
+  m_journal.unlinked(req.name);
   bump_names_generation();
   GPUIPC_LOG_INFO("unlinked segment '{}' id {} ({} references remain)", req.name, id, seg.total_refs());
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));
@@ -511,6 +550,7 @@ void Registry::maybe_destroy(std::uint64_t id) {
 }
 
 void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
+  expire_restores(now_ns);
   while (!m_pending_by_deadline.empty() && m_pending_by_deadline.begin()->first <= now_ns) {
     Pending p = unpark(m_pending_by_deadline.begin()->second);
     out.push_back(reply(p.conn, p.request_id,
@@ -522,8 +562,10 @@ void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
 }
 
 std::optional<std::int64_t> Registry::next_deadline() const {
-  if (m_pending_by_deadline.empty()) return std::nullopt;
-  return m_pending_by_deadline.begin()->first;
+  std::optional<std::int64_t> d;
+  if (!m_pending_by_deadline.empty()) d = m_pending_by_deadline.begin()->first;
+  for (const auto& [name, r] : m_restore) d = d ? std::min(*d, r.deadline_ns) : r.deadline_ns;
+  return d;
 }
 
 void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& req, std::vector<Outgoing>& out) {

@@ -14,6 +14,7 @@
 
 #include <set>
 
+#include "broker/journal.hpp"
 #include "broker/repair.hpp"
 #include "gpuipc/error.hpp"
 #include "os/fd.hpp"
@@ -106,8 +107,14 @@ class Registry {
   void set_quotas(const Quotas& quotas) noexcept { m_quotas = quotas; }
   const Quotas& quotas() const noexcept { return m_quotas; }
 
+  /// Opens the names journal at `path`: the names linked when the last broker died wait until `now_ns + grace_ns`
+  /// for a process that still maps one to Announce it (restore.cpp). Throws Error(System).
+  void open_journal(const std::string& path, std::int64_t now_ns, std::int64_t grace_ns);
+  /// Names from the journal no holder has announced yet.
+  std::size_t restorable_count() const noexcept { return m_restore.size(); }
+
   /// Whether nothing is registered (the broker may idle-exit).
-  bool empty() const noexcept { return m_segments.empty(); }
+  bool empty() const noexcept { return m_segments.empty() && m_restore.empty(); }
   std::size_t segment_count() const noexcept { return m_segments.size(); }
   /// Sum of references over all segments and connections (tests and `gpuipc ls`).
   std::size_t total_references() const noexcept;
@@ -137,6 +144,15 @@ class Registry {
   void stat(const Caller& caller, std::uint32_t rid, const proto::Stat& req, std::vector<Outgoing>& out);
   void list(const Caller& caller, std::uint32_t rid, const proto::List& req, std::vector<Outgoing>& out);
   void join(const Caller& caller, std::uint32_t rid, const proto::Join& req, std::vector<Outgoing>& out);
+  void announce(const Caller& caller, std::uint32_t rid, const proto::Announce& req, std::vector<os::UniqueFd>& fds,
+                std::vector<Outgoing>& out);
+  void rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejoin& req, std::vector<Outgoing>& out);
+  /// Records a new linked name in the journal (not device_ipc shares, which die with their exporter anyway).
+  void journal_linked(const SegmentRecord& seg) noexcept;
+  /// Answers the opens parked on `seg`'s name.
+  void wake_waiting(SegmentRecord& seg, std::vector<Outgoing>& out);
+  /// Drops journal names nobody announced within the grace time.
+  void expire_restores(std::int64_t now_ns);
   /// Checks the memory fd of a Create for its kind; empty, or what is wrong.
   std::string check_memory(const proto::Create& req, int fd);
   void park(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
@@ -172,6 +188,12 @@ class Registry {
   std::multimap<std::string, std::uint64_t> m_pending_by_name;
   std::uint64_t m_next_pending = 1;
   std::uint32_t m_next_token = 1;
+  struct Restore {
+    JournalEntry entry;
+    std::int64_t deadline_ns = 0;
+  };
+  Journal m_journal;
+  std::map<std::string, Restore> m_restore;  // journal names waiting for a holder's Announce
   std::unordered_map<uid_t, std::uint64_t> m_segments_per_uid;
   std::unordered_map<uid_t, std::uint64_t> m_bytes_per_uid;
 };

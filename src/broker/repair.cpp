@@ -75,6 +75,27 @@ std::uint32_t join_member(const ControlBlock& block, proto::Role role, std::uint
   return index;
 }
 
+std::string check_rejoin(const ControlBlock& block, const Joined& m) noexcept {
+  shm::MemberTable* members = nullptr;
+  bool role_ok = false;
+  if ((block.flags & proto::kFlagSemaphore) != 0) {
+    members = &static_cast<proto::SemaphoreBlock*>(block.data)->members;
+    role_ok = m.role == proto::Role::Signaller;
+  } else if ((block.flags & proto::kFlagChannel) != 0) {
+    members = &static_cast<proto::ChannelHeader*>(block.data)->members;
+    role_ok = m.role == proto::Role::Producer || m.role == proto::Role::Consumer;
+  } else if ((block.flags & proto::kFlagPool) != 0) {
+    members = &static_cast<shm::PoolHeader*>(block.data)->members;
+    role_ok = m.role == proto::Role::Holder;
+  }
+  if (members == nullptr || !role_ok) return "not a role this object has";
+  if (!shm::holds_token(*members, m.member, m.token)) return "that entry no longer holds that token";
+  if (proto::atomic((*members)[m.member].role).load() != static_cast<std::uint32_t>(m.role)) {
+    return "the entry's role differs";
+  }
+  return {};
+}
+
 bool remove_member(const ControlBlock& block, const Joined& m) noexcept {
   bool removed = false;
   if ((block.flags & proto::kFlagSemaphore) != 0) {

@@ -43,6 +43,10 @@ std::string check_control(ControlBlock& block);
 std::uint32_t join_member(const ControlBlock& block, proto::Role role, std::uint32_t token, ErrorCode& code,
                           std::string& why);
 
+/// Whether `member` (after a broker restart) still holds its entry of `block` with a role the object has: the
+/// entry holds its token and its role. Empty string when it does, else why not.
+std::string check_rejoin(const ControlBlock& block, const Joined& member) noexcept;
+
 /// Removes a member whose connection is gone (PeerDied), if its entry still holds its token. Returns whether it
 /// did (false: it had left cleanly).
 bool remove_member(const ControlBlock& block, const Joined& member) noexcept;

@@ -60,6 +60,8 @@ Server::Server(ServerOptions options)
   Quotas q = m_registry.quotas();
   q.fds = limit > kReserve + m_options.max_connections ? limit - kReserve - m_options.max_connections : 16;
   m_registry.set_quotas(q);
+  m_registry.open_journal(m_options.runtime_dir + "/names.journal", os::monotonic_ns(),
+                          m_options.restore_grace.count() * 1'000'000);
   m_socket_path = m_options.runtime_dir + "/broker.sock";
   m_listen = os::listen_seqpacket(m_socket_path, 0666);
   m_signals = os::signal_fd({SIGTERM, SIGINT});

@@ -25,6 +25,8 @@ struct ServerOptions {
   std::size_t max_connections_per_uid = 512;
   std::size_t max_connections = 8192;
   std::size_t max_queued_replies = 256;       ///< per connection, before it is closed as not reading
+  /// After a restart, how long names linked when the last broker died wait for a holder to announce them.
+  std::chrono::milliseconds restore_grace{30000};
 };
 
 class Server {

@@ -170,6 +170,7 @@ struct Channel::Impl {
     const proto::Role r = role == ChannelRole::Producer ? proto::Role::Producer : proto::Role::Consumer;
     shm::channel_remove_member(h, geometry, member, token, r, proto::PoisonReason::Closed);
     held_count = 0;
+    core::forget_member(core::Membership{member, token});
     member = proto::kNoMember;
     token = 0;
   }

@@ -19,6 +19,8 @@ namespace gpuipc::core {
 namespace {
 
 std::atomic<std::uint64_t> g_generations{0};
+// Process-wide, not per client: a forked child's fresh client keeps the hook its parent's library set.
+std::atomic<BrokerClient::RebindHook> g_rebind{nullptr};
 
 std::string dir_of(const std::string& path) {
   if (path.empty()) return {};
@@ -139,6 +141,7 @@ void BrokerClient::connect_locked() {
       delay = std::min(delay * 2, std::chrono::microseconds(20000));
     }
   }
+  const std::uint64_t previous_generation = m_generation.load();
   m_generation = ++g_generations;
   proto::Hello hello;
   hello.pid = static_cast<std::uint32_t>(os::current_pid());
@@ -154,6 +157,20 @@ void BrokerClient::connect_locked() {
     throw Error(ErrorCode::Protocol, "the broker answered Hello with something else", "hello");
   }
   m_broker_pid = hr->broker_pid;
+  const std::uint64_t new_generation = m_generation.load();
+  if (m_connected_once) {
+    if (auto hook = g_rebind.load(); hook != nullptr) {
+      try {
+        hook(previous_generation, new_generation,
+             [this](const proto::Body& body, std::span<const int> fds) {
+               return exchange_locked(body, fds, connect_timeout());
+             });
+      } catch (const std::exception& e) {
+        GPUIPC_LOG_WARN("giving names back to the restarted broker failed: {}", e.what());
+      }
+    }
+  }
+  m_connected_once = true;
   m_status.store(nullptr, std::memory_order_release);
   if (r.fds.size() == 1) {
     try {
@@ -228,6 +245,8 @@ bool BrokerClient::request_on(std::uint64_t generation, const proto::Body& body)
     return false;
   }
 }
+
+void BrokerClient::set_rebind_hook(RebindHook hook) noexcept { g_rebind.store(hook); }
 
 Reply BrokerClient::request(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout) {
   std::lock_guard lock(m_mutex);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -46,6 +47,14 @@ class BrokerClient {
   /// a cache hit reads it instead of asking the broker.
   std::uint64_t names_generation() const noexcept;
 
+  /// Sends a request on the connection being set up and returns its reply (ErrorReply thrown as Error).
+  using Exchange = std::function<Reply(const proto::Body&, std::span<const int>)>;
+  /// Called after the connection was replaced by a new one to a broker that came back (the old one died), with
+  /// the old and new generations and a way to send requests on the new connection: src/core gives names and
+  /// memberships back with it (Announce, Rejoin). Runs under this client's lock: it must use `exchange` only.
+  using RebindHook = void (*)(std::uint64_t old_generation, std::uint64_t new_generation, const Exchange& exchange);
+  void set_rebind_hook(RebindHook hook) noexcept;
+
   /// The broker's pid as it reported it in HelloReply (connects if needed).
   std::uint32_t broker_pid();
 
@@ -68,6 +77,7 @@ class BrokerClient {
   std::vector<os::Mapping> m_status_maps;  // kept for the process's life: lock-free readers may hold old pointers
   std::uint32_t m_next_request = 1;
   std::uint32_t m_broker_pid = 0;
+  bool m_connected_once = false;  // a later connect is a reconnection: names and memberships are given back
 };
 
 }  // namespace gpuipc::core

@@ -1,11 +1,33 @@
 #include "core/membership.hpp"
 
+#include <map>
+#include <mutex>
 #include <variant>
 
-#include "core/client.hpp"
+#include "base/log.hpp"
+#include "core/segment_internal.hpp"
 #include "proto/messages.hpp"
 
 namespace gpuipc::core {
+namespace {
+
+struct Joined {
+  std::weak_ptr<detail::Mapping> control;
+  proto::Role role = proto::Role::None;
+};
+
+/// The memberships this process holds, by (index, token): tokens are the broker's and unique while held.
+struct Registry {
+  std::mutex mutex;
+  std::map<std::pair<std::uint32_t, std::uint32_t>, Joined> joined;
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // NOLINT: process lifetime (objects with static duration may leave late)
+  return *r;
+}
+
+}  // namespace
 
 Membership join_member(const Segment& control, proto::Role role) {
   proto::Join req;
@@ -14,7 +36,36 @@ Membership join_member(const Segment& control, proto::Role role) {
   auto reply = BrokerClient::instance().request(req);
   const auto* r = std::get_if<proto::JoinReply>(&reply.msg.body);
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Join with something else", "join");
+  auto& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  reg.joined[{r->member, r->token}] = Joined{detail::SegmentAccess::mapping(control), role};
   return Membership{r->member, r->token};
+}
+
+void forget_member(const Membership& member) noexcept {
+  auto& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  reg.joined.erase({member.index, member.token});
+}
+
+void rejoin_members(std::uint64_t generation, const BrokerClient::Exchange& exchange) noexcept {
+  auto& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  for (auto& [key, j] : reg.joined) {
+    auto control = j.control.lock();
+    if (!control || control->client_generation != generation) continue;  // its name did not come back
+    proto::Rejoin req;
+    req.id = control->id;
+    req.member = key.first;
+    req.token = key.second;
+    req.role = static_cast<std::uint8_t>(j.role);
+    try {
+      (void)exchange(req, {});
+    } catch (const std::exception& e) {
+      GPUIPC_LOG_INFO("member {} of '{}' not rejoined after the broker restart: {}", key.first, control->name,
+                      e.what());
+    }
+  }
 }
 
 }  // namespace gpuipc::core

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/client.hpp"
 #include "gpuipc/segment.hpp"
 #include "proto/shm.hpp"
 
@@ -21,5 +22,12 @@ struct Membership {
 /// broker round trip. Throws Error: PermissionDenied (not opened read-write), QuotaExceeded (the member table is
 /// full), InvalidArgument (a role the object has not), and the broker connection's errors.
 Membership join_member(const Segment& control, proto::Role role);
+
+/// Forgets a membership this process left (its entry already cleared): a restarted broker is not told of it.
+void forget_member(const Membership& member) noexcept;
+
+/// After a broker restart (the rebind hook): tells the new broker of every membership whose control block it gave
+/// back (Rejoin), so that it repairs them if this process dies.
+void rejoin_members(std::uint64_t generation, const BrokerClient::Exchange& exchange) noexcept;
 
 }  // namespace gpuipc::core

@@ -92,6 +92,7 @@ struct Pool::Impl {
         shm::pool_remove_member(control.data(), control.size(), member) >= 0) {
       shm::clear_member(block.header().members, member, token);
     }
+    core::forget_member(core::Membership{member, token});
     member = proto::kNoMember;
     token = 0;
   }

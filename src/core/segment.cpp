@@ -7,6 +7,7 @@
 
 #include "base/log.hpp"
 #include "core/client.hpp"
+#include "core/membership.hpp"
 #include "core/gpu_memory.hpp"
 #include "core/segment_internal.hpp"
 #include "os/memfd.hpp"
@@ -78,6 +79,61 @@ SegmentInfo to_info(const proto::SegmentInfo& p) {
 /// This process's mappings by (name, access, requested device). A hit costs a hash lookup and one atomic load
 /// of the broker's names generation: an unlink anywhere invalidates every binding made before it, and the next
 /// open of such a name asks the broker again (Stat) whether it still names the same segment.
+/// Every mapping this process registered with a broker, so that a broker started after the last one died gets the
+/// names back (Announce) and the memberships (Rejoin): the library reconnects at the next call and runs rebind().
+class LiveMappings {
+ public:
+  static LiveMappings& instance() {
+    static LiveMappings* live = new LiveMappings();  // NOLINT: process lifetime, like the cache
+    return *live;
+  }
+  void add(const std::shared_ptr<detail::Mapping>& m) {
+    std::lock_guard lock(m_mutex);
+    std::erase_if(m_maps, [](const std::weak_ptr<detail::Mapping>& w) { return w.expired(); });
+    m_maps.push_back(m);
+  }
+  std::vector<std::shared_ptr<detail::Mapping>> snapshot() {
+    std::lock_guard lock(m_mutex);
+    std::vector<std::shared_ptr<detail::Mapping>> out;
+    for (auto& w : m_maps) {
+      if (auto m = w.lock()) out.push_back(std::move(m));
+    }
+    return out;
+  }
+
+ private:
+  std::mutex m_mutex;
+  std::vector<std::weak_ptr<detail::Mapping>> m_maps;
+};
+
+/// Gives every mapping of the lost connection back to the new broker, then rejoins the memberships.
+void rebind(std::uint64_t old_generation, std::uint64_t new_generation, const core::BrokerClient::Exchange& exchange) {
+  for (const auto& m : LiveMappings::instance().snapshot()) {
+    if (m->client_generation != old_generation || !m->memory || m->kind == SegmentKind::DeviceIpc) continue;
+    proto::Announce a;
+    a.name = m->name;
+    a.access = m->access == Access::ReadOnly ? proto::Access::ReadOnly : proto::Access::ReadWrite;
+    a.size = m->broker_size;
+    const int fd = m->memory.get();
+    try {
+      auto r = exchange(a, std::span<const int>(&fd, 1));
+      if (const auto* o = std::get_if<proto::OpenReply>(&r.msg.body)) {
+        m->id = o->info.id;
+        m->client_generation = new_generation;
+      }
+    } catch (const Error& e) {
+      GPUIPC_LOG_INFO("segment '{}' stays mapped but unnamed after the broker restart: {}", m->name, e.what());
+    }
+  }
+  core::rejoin_members(new_generation, exchange);
+}
+
+void remember_for_restart(const std::shared_ptr<detail::Mapping>& m) {
+  static std::once_flag hook;
+  std::call_once(hook, [] { core::BrokerClient::instance().set_rebind_hook(&rebind); });
+  if (m->kind != SegmentKind::DeviceIpc) LiveMappings::instance().add(m);
+}
+
 class MappingCache {
  public:
   static MappingCache& instance() {
@@ -160,7 +216,7 @@ const std::string& Segment::name() const noexcept {
   static const std::string kEmpty;
   return m_map ? m_map->name : kEmpty;
 }
-std::uint64_t Segment::id() const noexcept { return m_map ? m_map->id : 0; }
+std::uint64_t Segment::id() const noexcept { return m_map ? m_map->id.load() : 0; }
 void Segment::close() noexcept { m_map.reset(); }
 bool Segment::alive() const noexcept { return !m_map || m_map->alive(); }
 void Segment::check_alive() const {
@@ -228,6 +284,9 @@ Segment detail::SegmentAccess::register_created(std::shared_ptr<Mapping> m, cons
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Create with something else", "create");
   m->id = r->info.id;
   m->client_generation = client.generation();
+  m->broker_size = r->info.size;
+  m->memory = std::move(fd);
+  remember_for_restart(m);
   // Cached under the device it was made with and under "any device" (-1, OpenOptions' default), so that the
   // creator opening its own segment is a cache hit either way.
   const std::uint64_t names_gen = client.names_generation();
@@ -302,6 +361,9 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
       m->gpu = core::register_host_memory(m->host.data(), m->size, options.device < 0 ? 0 : options.device, read_only);
     }
   }
+  m->broker_size = r->info.size;
+  m->memory = std::move(reply.fds[0]);
+  remember_for_restart(m);
   cache.put(key, m, names_gen);
   return Segment(std::move(m));
 }

@@ -19,12 +19,14 @@ namespace gpuipc::detail {
 /// Members are declared in acquisition order; the destructor drops the broker reference last.
 struct Mapping {
   std::string name;
-  std::uint64_t id = 0;
+  std::atomic<std::uint64_t> id{0};     // the broker's id (changes when a new broker gives the name back)
   SegmentKind kind = SegmentKind::Host;
   Access access = Access::ReadWrite;
   std::size_t size = 0;                 // usable bytes
   std::uint64_t view_offset = 0;        // device kinds: data() is gpu->device_pointer() + view_offset
-  std::uint64_t client_generation = 0;  // the broker connection that holds our reference
+  std::atomic<std::uint64_t> client_generation{0};  // the broker connection that holds our reference
+  std::uint64_t broker_size = 0;        // SegmentInfo::size as the broker registered it (for Announce)
+  os::UniqueFd memory;                  // the memory's fd, kept to give the name back to a restarted broker
   os::Mapping host;                     // host kinds; device_ipc: its record (proto::DeviceIpcRecord)
   std::unique_ptr<core::GpuMemory> gpu; // device kinds, and the registration of host_pinned
 
@@ -47,6 +49,8 @@ struct Mapping {
 /// Builds Segment handles (Segment's constructor is private).
 struct SegmentAccess {
   static Segment make(std::shared_ptr<Mapping> map) noexcept { return Segment(std::move(map)); }
+  /// The mapping behind a handle (null for an empty one).
+  static const std::shared_ptr<Mapping>& mapping(const Segment& s) noexcept { return s.m_map; }
   /// Sends `req` with `fd` (the memory) to the broker, records the id in `map` and caches it for this process's
   /// own opens: under access ReadWrite for devices -1 and `device`, and also ReadOnly when `read_only_too`.
   static Segment register_created(std::shared_ptr<Mapping> map, const proto::Create& req, os::UniqueFd fd,

@@ -52,6 +52,7 @@ struct Semaphore::Impl {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     shm::semaphore_remove_member(*block, member, token, proto::PoisonReason::Closed);
+    core::forget_member(core::Membership{member, token});
     member = proto::kNoMember;
     token = 0;
   }

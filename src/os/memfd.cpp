@@ -72,6 +72,19 @@ UniqueFd reopen_readonly(int fd) {
   return ro;
 }
 
+UniqueFd reopen_readwrite(int fd) {
+  const std::string path = fmt::format("/proc/self/fd/{}", fd);
+  UniqueFd rw(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!rw) throw_system("open(O_RDWR)", path);
+  return rw;
+}
+
+FileId file_id(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_system("fstat", fmt::format("fd {}", fd));
+  return FileId{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+}
+
 Mapping Mapping::map(int fd, std::size_t size, bool writable, std::size_t offset) {
   const auto what = [&] {
     return fmt::format("mapping of {} bytes at offset {} of fd {} ({})", size, offset, fd,

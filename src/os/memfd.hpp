@@ -20,6 +20,18 @@ struct FileOwner {
 };
 FileOwner file_owner(int fd);
 
+/// A new read-write open file description of the same file; throws Error(PermissionDenied) when the inode does
+/// not allow this process to open it writable.
+UniqueFd reopen_readwrite(int fd);
+
+/// The identity of the file behind fd (st_dev, st_ino): two fds of one memfd have the same.
+struct FileId {
+  std::uint64_t dev = 0;
+  std::uint64_t ino = 0;
+  friend bool operator==(const FileId&, const FileId&) = default;
+};
+FileId file_id(int fd);
+
 /// Makes the inode behind fd mode `mode` (fchmod). Throws Error(PermissionDenied) when the caller may not.
 void file_chmod(int fd, unsigned mode);
 

@@ -381,4 +381,48 @@ void write_file(const std::string& path, std::string_view text) {
   if (::close(fdv) != 0) throw_system("close", fmt::format("file {}", path));
 }
 
+UniqueFd open_append(const std::string& path, unsigned mode) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, static_cast<mode_t>(mode)));
+  if (!fd) throw_system("open(O_APPEND)", fmt::format("file {}", path));
+  return fd;
+}
+
+void append_text(int fd, std::string_view text) {
+  for (;;) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_system("write", fmt::format("fd {}", fd));
+    if (static_cast<std::size_t>(n) != text.size()) throw_system("write", fmt::format("fd {} (short)", fd), ENOSPC);
+    return;
+  }
+}
+
+std::string read_text(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) {
+    if (errno == ENOENT) return {};
+    throw_system("open", fmt::format("file {}", path));
+  }
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_system("read", fmt::format("file {}", path));
+    if (n == 0) return out;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+void replace_file(const std::string& path, std::string_view text, unsigned mode) {
+  const std::string tmp = path + ".tmp";
+  (void)::unlink(tmp.c_str());
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, static_cast<mode_t>(mode)));
+    if (!fd) throw_system("open", fmt::format("file {}", tmp));
+    if (!text.empty()) append_text(fd.get(), text);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw_system("rename", fmt::format("{} to {}", tmp, path));
+}
+
 }  // namespace gpuipc::os

@@ -54,6 +54,19 @@ std::size_t open_fd_count() noexcept;
 /// empty file). Throws Error(System) naming the path and the call.
 void write_file(const std::string& path, std::string_view text);
 
+/// Opens `path` for appending (created with `mode`, O_APPEND | O_CLOEXEC | O_NOFOLLOW). Throws Error(System).
+UniqueFd open_append(const std::string& path, unsigned mode);
+
+/// Appends `text` with one write(2) per call (lines of one writer never interleave). Throws Error(System) on a
+/// short or failed write (a full filesystem).
+void append_text(int fd, std::string_view text);
+
+/// The whole content of `path`, or an empty string when it does not exist. Throws Error(System) on other errors.
+std::string read_text(const std::string& path);
+
+/// Replaces `path` with `text` atomically (a temporary file beside it, then rename). Throws Error(System).
+void replace_file(const std::string& path, std::string_view text, unsigned mode);
+
 /// CLOCK_MONOTONIC in nanoseconds.
 std::int64_t monotonic_ns() noexcept;
 

@@ -30,12 +30,13 @@ static_assert(kAt<MessageType::Hello, Hello> && kAt<MessageType::HelloReply, Hel
               kAt<MessageType::StatReply, StatReply> && kAt<MessageType::List, List> &&
               kAt<MessageType::ListReply, ListReply> && kAt<MessageType::Ok, OkReply> &&
               kAt<MessageType::Error, ErrorReply> && kAt<MessageType::Join, Join> &&
-              kAt<MessageType::JoinReply, JoinReply> && std::variant_size_v<Body> == 15);
+              kAt<MessageType::JoinReply, JoinReply> && kAt<MessageType::Announce, Announce> &&
+              kAt<MessageType::Rejoin, Rejoin> && std::variant_size_v<Body> == 17);
 
 // u32 magic + u16 version + u16 type + u32 request_id, then the u16 body_length.
 constexpr std::size_t kBodyLengthOffset = 12;
 constexpr std::uint16_t kFirstType = 1;
-constexpr std::uint16_t kLastType = 15;
+constexpr std::uint16_t kLastType = 17;
 constexpr std::size_t kMaxClientNameLength = 64;
 constexpr std::size_t kMaxBrokerVersionLength = 64;
 constexpr std::uint16_t kModeMask = 0777;
@@ -75,6 +76,10 @@ constexpr std::string_view message_name(MessageType type) noexcept {
       return "Join";
     case MessageType::JoinReply:
       return "JoinReply";
+    case MessageType::Announce:
+      return "Announce";
+    case MessageType::Rejoin:
+      return "Rejoin";
   }
   return "?";
 }
@@ -283,6 +288,25 @@ std::string validate(const Join& m, const Path& p) {
   return {};
 }
 
+std::string validate(const Announce& m, const Path& p) {
+  if (auto e = check_name(m.name); !e.empty()) return fail(p, "name", e);
+  const auto a = static_cast<std::uint8_t>(m.access);
+  if (a < 1 || a > 2) return fail(p, "access", fmt::format("invalid Access {} (valid: 1 ReadOnly, 2 ReadWrite)", a));
+  if (auto e = check_size(m.size); !e.empty()) return fail(p, "size", e);
+  return {};
+}
+
+std::string validate(const Rejoin& m, const Path& p) {
+  if (auto e = check_id(m.id); !e.empty()) return fail(p, "id", e);
+  if (m.member >= kMaxMembers) return fail(p, "member", fmt::format("{} is not below {}", m.member, kMaxMembers));
+  if (m.token == 0) return fail(p, "token", "0 marks a free entry; a member's token is never 0");
+  if (m.role < static_cast<std::uint8_t>(Role::Signaller) || m.role > static_cast<std::uint8_t>(Role::kLast)) {
+    return fail(p, "role", fmt::format("invalid Role {} (valid: 1 Signaller to {})", m.role,
+                                       static_cast<std::uint8_t>(Role::kLast)));
+  }
+  return {};
+}
+
 std::string validate(const JoinReply& m, const Path& p) {
   if (m.member >= kMaxMembers) return fail(p, "member", fmt::format("{} is not below {}", m.member, kMaxMembers));
   if (m.token == 0) return fail(p, "token", "0 marks a free entry; a member's token is never 0");
@@ -371,6 +395,17 @@ void put(wire::Writer& w, const Join& m) {
 void put(wire::Writer& w, const JoinReply& m) {
   w.u32(m.member);
   w.u32(m.token);
+}
+void put(wire::Writer& w, const Announce& m) {
+  put_string(w, m.name);
+  w.u8(static_cast<std::uint8_t>(m.access));
+  w.u64(m.size);
+}
+void put(wire::Writer& w, const Rejoin& m) {
+  w.u64(m.id);
+  w.u32(m.member);
+  w.u32(m.token);
+  w.u8(m.role);
 }
 void put(wire::Writer& w, const ErrorReply& m) {
   w.u8(m.code);
@@ -477,6 +512,12 @@ class BodyReader {
   bool body(const Path& /*p*/, OkReply& /*m*/) { return true; }
   bool body(const Path& p, Join& m) { return u64(p, "id", m.id) && u8(p, "role", m.role); }
   bool body(const Path& p, JoinReply& m) { return u32(p, "member", m.member) && u32(p, "token", m.token); }
+  bool body(const Path& p, Announce& m) {
+    return string(p, "name", m.name) && enum8(p, "access", m.access) && u64(p, "size", m.size);
+  }
+  bool body(const Path& p, Rejoin& m) {
+    return u64(p, "id", m.id) && u32(p, "member", m.member) && u32(p, "token", m.token) && u8(p, "role", m.role);
+  }
   bool body(const Path& p, ErrorReply& m) {
     return u8(p, "code", m.code) && i32(p, "sys_errno", m.sys_errno) && string(p, "message", m.message);
   }
@@ -517,8 +558,8 @@ bool decode_body(std::span<const std::byte> bytes, MessageType type, Body& out, 
 }
 
 std::string check_fd_count(MessageType type, std::size_t fd_count) {
-  if (type == MessageType::Create && fd_count != 1) {
-    return fmt::format("Create carries exactly 1 fd (the memory), not {}", fd_count);
+  if ((type == MessageType::Create || type == MessageType::Announce) && fd_count != 1) {
+    return fmt::format("{} carries exactly 1 fd (the memory), not {}", message_name(type), fd_count);
   }
   if (fd_count > max_fds(type)) {
     return fmt::format("{} carries at most {} fds, not {}", message_name(type), max_fds(type), fd_count);
@@ -533,6 +574,7 @@ MessageType type_of(const Body& body) noexcept { return static_cast<MessageType>
 std::size_t max_fds(MessageType type) noexcept {
   switch (type) {
     case MessageType::Create:
+    case MessageType::Announce:
     case MessageType::OpenReply:
     case MessageType::HelloReply:
       return 1;
@@ -695,6 +737,12 @@ bool decode(std::span<const std::byte> bytes, std::size_t fds_received, Message&
       break;
     case MessageType::JoinReply:
       ok = decode_body<JoinReply>(body, type, msg.body, error);
+      break;
+    case MessageType::Announce:
+      ok = decode_body<Announce>(body, type, msg.body, error);
+      break;
+    case MessageType::Rejoin:
+      ok = decode_body<Rejoin>(body, type, msg.body, error);
       break;
   }
   if (!ok) return false;

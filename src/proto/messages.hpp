@@ -21,7 +21,7 @@
 namespace gpuipc::proto {
 
 inline constexpr std::uint32_t kMagic = 0x43504947;  // "GIPC" little-endian
-inline constexpr std::uint16_t kVersion = 2;  // 2: Join and JoinReply; members are broker-assigned tokens
+inline constexpr std::uint16_t kVersion = 2;  // 2: Join, JoinReply, Announce, Rejoin; members are broker tokens
 inline constexpr std::size_t kHeaderSize = 16;
 /// Largest message either side sends or accepts (header included).
 inline constexpr std::size_t kMaxMessageSize = 60 * 1024;
@@ -52,6 +52,8 @@ enum class MessageType : std::uint16_t {
   Error = 13,
   Join = 14,
   JoinReply = 15,
+  Announce = 16,
+  Rejoin = 17,
 };
 
 /// Segment kinds (include/gpuipc/segment.hpp mirrors these values). DeviceIpc: cudaMalloc memory adopted with a
@@ -212,8 +214,32 @@ struct JoinReply {
   bool operator==(const JoinReply&) const = default;
 };
 
+/// After a broker restart: "I still hold segment `name`; here is its memory". Carries exactly one fd. The broker
+/// takes the segment's owner, mode and kind from its own journal of names (never from the client), checks that the
+/// fd is that segment's memory (host kinds: the same file; device: a driver export of the journal's size, and
+/// only from its owner or root), gives the name back, and answers with an OpenReply (no fd) and a reference.
+struct Announce {
+  std::string name;
+  Access access = Access::ReadOnly;  ///< how this process maps it
+  std::uint64_t size = 0;            ///< bytes the broker registered (SegmentInfo::size)
+
+  bool operator==(const Announce&) const = default;
+};
+
+/// After a broker restart: "I am still member `member` (token `token`, `role`) of the object whose control block
+/// is segment `id`" (the id the Announce answer gave). The broker checks the entry in shared memory still holds
+/// that token and records it as this connection's, to repair if the connection goes.
+struct Rejoin {
+  std::uint64_t id = 0;
+  std::uint32_t member = 0;
+  std::uint32_t token = 0;
+  std::uint8_t role = 0;
+
+  bool operator==(const Rejoin&) const = default;
+};
+
 using Body = std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unlink, Stat, StatReply, List, ListReply,
-                          OkReply, ErrorReply, Join, JoinReply>;
+                          OkReply, ErrorReply, Join, JoinReply, Announce, Rejoin>;
 
 struct Message {
   std::uint32_t request_id = 0;

@@ -95,6 +95,10 @@ Bytes raw_body(const Body& body) {
           r.u64(m.id).u8(m.role);
         } else if constexpr (std::is_same_v<T, JoinReply>) {
           r.u32(m.member).u32(m.token);
+        } else if constexpr (std::is_same_v<T, Announce>) {
+          r.str(m.name).u8(static_cast<std::uint8_t>(m.access)).u64(m.size);
+        } else if constexpr (std::is_same_v<T, Rejoin>) {
+          r.u64(m.id).u32(m.member).u32(m.token).u8(m.role);
         }
       },
       body);
@@ -247,6 +251,8 @@ std::vector<Example> examples() {
   add("join", Join{7, static_cast<std::uint8_t>(Role::Producer)});
   add("join_holder", Join{~0ULL, static_cast<std::uint8_t>(Role::Holder)});
   add("join_reply", JoinReply{3, 0xDEADBEEF});
+  add("announce", Announce{"weights", Access::ReadOnly, 1 << 30}, 1);
+  add("rejoin", Rejoin{9, 63, 77, static_cast<std::uint8_t>(Role::Consumer)});
   return v;
 }
 
@@ -428,7 +434,7 @@ TEST(Proto, RefusesOtherVersions) {
 }
 
 TEST(Proto, RefusesUnknownTypes) {
-  for (std::uint16_t t : {0, 16, 999, 0xFFFF}) {
+  for (std::uint16_t t : {0, 18, 999, 0xFFFF}) {
     const std::string e = decode_error(raw_header(t, 0, 0), 0);
     EXPECT_TRUE(starts_with(e, "header.type: unknown message type " + std::to_string(t))) << e;
   }
@@ -635,6 +641,8 @@ std::vector<Bad> bad_messages() {
       "Create.view_size: [0, 0 + 4097) does not lie inside");
 
   v.push_back(Bad{"join_role_0", Join{7, 0}, "Join.role: invalid Role 0"});
+  v.push_back(Bad{"announce_size_0", Announce{"x", Access::ReadOnly, 0}, "Announce.size: size 0", 1});
+  v.push_back(Bad{"rejoin_token_0", Rejoin{9, 1, 0, 2}, "Rejoin.token: 0 marks a free entry"});
   v.push_back(Bad{"join_role_9", Join{7, 9}, "Join.role: invalid Role 9"});
   v.push_back(Bad{"join_reply_token_0", JoinReply{3, 0}, "JoinReply.token: 0 marks a free entry"});
   v.push_back(Bad{"join_reply_member", JoinReply{64, 1}, "JoinReply.member: 64 is not below 64"});
