@@ -49,7 +49,7 @@ def test_share_tensors_torch_layout(name, spawn):
     torch.cuda.synchronize()
     with gpuipc.share_tensors(name, state):
         got = spawn(gpu_helpers.torch_open_tensors_and_write, name)
-    assert got == {"a": ((64,), (1,), 0), "t": ((4, 8), (2, 1), 0), "h": ((3,), (1,), 0), "shared": True}
+    assert got == {"a": ((64,), (1,), 0), "t": ((4, 8), (16, 2), 0), "h": ((3,), (1,), 0), "shared": True}
 
 
 def test_versions_on_device(name, spawn):
