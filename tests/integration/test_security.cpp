@@ -12,11 +12,14 @@
 #include <algorithm>
 #include <csignal>
 #include <random>
+#include <sstream>
+#include <thread>
 
 #include "base/config.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/segment.hpp"
 #include "os/memfd.hpp"
+#include "os/socket.hpp"
 #include "proto/shm.hpp"
 #include "support/broker_env.hpp"
 #include "support/raw_client.hpp"
@@ -318,6 +321,31 @@ TEST(Security, TheBrokersFdBudgetFollowsItsLimitAndIsSharedBetweenUsers) {
               return 0;
             }),
             0);
+  // A flood of connections on top: with the limit at the default 1024 the broker once ran out of fds, accept
+  // failed with EMFILE while connections waited in the backlog, and it spun at 100% CPU (the listener stayed
+  // readable). Now its budgets keep fds for connections (the extra ones are refused with QuotaExceeded), and
+  // accept failing anyway stops the watching of the listener for 100 ms: either way it must stay idle.
+  std::vector<os::UniqueFd> flood;
+  for (int i = 0; i < 150; ++i) {
+    try {
+      flood.push_back(os::connect_seqpacket(dir.file("broker.sock"), std::chrono::milliseconds(50)));
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): a full backlog refuses; enough are waiting
+    }
+  }
+  const auto cpu_ticks = [&] {
+    std::istringstream in(read_file("/proc/" + std::to_string(broker) + "/stat").value_or(""));
+    std::string field;
+    long ticks = 0;
+    for (int i = 1; in >> field; ++i) {
+      if (i == 14 || i == 15) ticks += std::stol(field);  // utime + stime
+    }
+    return ticks;
+  };
+  const long before = cpu_ticks();
+  std::this_thread::sleep_for(1s);
+  const long spent = cpu_ticks() - before;
+  EXPECT_LT(spent, ::sysconf(_SC_CLK_TCK) / 4) << "the broker burnt " << spent << " ticks in 1 s with its fds full";
+  flood.clear();
   ::kill(broker, SIGTERM);
   EXPECT_EQ(wait_child(broker, 10s), 0);
 }
