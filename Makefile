@@ -4,7 +4,9 @@ FUZZ_SECONDS ?= 60
 SHORT_FUZZ_SECONDS ?= 20
 GPUIPC := build/bin/gpuipc
 
-.PHONY: all deps build demo test gpu-test bench study asan tsan fuzz fuzz-build fuzz-short format tidy clean
+SOAK_SECONDS ?= 600
+
+.PHONY: all deps build demo test gpu-test soak bench study asan tsan fuzz fuzz-build fuzz-short format tidy clean
 
 all: build
 
@@ -33,6 +35,12 @@ test: build
 ## The gpu-labelled tests, for a machine with a GPU.
 gpu-test: build
 	ctest --preset gpu
+
+## The kill storm (tests/integration/test_kill_storm.cpp) for SOAK_SECONDS (default 10 minutes): 4 producers and
+## 4 consumers on a host channel, a random one SIGKILLed and restarted every 50-200 ms. Host channels only for now:
+## the device-channel storm is not written yet. GPUIPC_STORM_SEED=<n> replays a seed.
+soak: build
+	GPUIPC_STORM_SECONDS=$(SOAK_SECONDS) build/tests/integration_test_kill_storm --gtest_color=no
 
 ## Benchmarks; JSON lands in bench/results/ (see docs/benchmarks.md).
 bench: build
