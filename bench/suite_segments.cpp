@@ -34,8 +34,8 @@
 #include "cuda/resources.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/segment.hpp"
-#include "gpuipc/share.hpp"
 #include "kernels/kernels.hpp"
+#include "legacy_opens.hpp"
 #include "os/fd.hpp"
 #include "os/socket.hpp"
 
@@ -63,11 +63,6 @@ struct SizeCase {
   const char* label;
 };
 constexpr std::array<SizeCase, 3> kSizes{{{2 * kMiB, "2MiB"}, {1 * kGiB, "1GiB"}, {4 * kGiB, "4GiB"}}};
-
-double us_since(std::int64_t t0_ns) { return static_cast<double>(now_ns() - t0_ns) / 1e3; }
-
-/// Rounded to the nanosecond: keeps messages and result files short.
-double round_ns(double us) { return std::round(us * 1e3) / 1e3; }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Messages: one JSON document per SOCK_SEQPACKET message, with fds attached.
@@ -112,31 +107,6 @@ Received receive_json(int sock, int timeout_ms, Message& out) {
   return Received::Ok;
 }
 
-json values_json(const std::vector<double>& v) {
-  json a = json::array();
-  for (double x : v) a.push_back(round_ns(x));
-  return a;
-}
-
-std::vector<double> values_of(const json& j, const char* key) {
-  std::vector<double> v;
-  for (const auto& x : j.at(key)) v.push_back(x.get<double>());
-  return v;
-}
-
-std::string to_hex(const void* data, std::size_t n) {
-  std::string s;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) s += fmt::format("{:02x}", p[i]);
-  return s;
-}
-
-void from_hex(const std::string& s, void* data, std::size_t n) {
-  if (s.size() != 2 * n) throw Error(ErrorCode::Protocol, "segments bench: malformed IPC handle", "from_hex");
-  auto* p = static_cast<unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(std::stoul(s.substr(2 * i, 2), nullptr, 16));
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Workers (children). Each owns a CUDA context on GPU 0, made current on its only thread.
 
@@ -179,36 +149,14 @@ class Exporter {
         m_segments.erase(name);  // closes A's mapping: with B's closed too, the broker frees the memory
       }
     } else if (cmd == "legacy_alloc") {
-      const auto size = in.at("size").get<std::size_t>();
-      const auto count = in.at("count").get<std::size_t>();
-      json ids = json::array(), handles = json::array();
-      for (std::size_t i = 0; i < count; ++i) {
-        auto buf = cuda::DeviceBuffer::allocate(size);
-        cuda::memset_d8(buf.get(), 0xa5, size);  // physically touched, and not zeros
-        const CUipcMemHandle h = cuda::ipc_get_mem_handle(buf.get());
-        const auto id = m_next_id++;
-        m_legacy.emplace(id, std::move(buf));
-        ids.push_back(id);
-        handles.push_back(to_hex(&h, sizeof h));
-      }
-      r.body["ids"] = ids;
-      r.body["handles"] = handles;
+      r.body = m_legacy.alloc(in.at("size").get<std::size_t>(), in.at("count").get<std::size_t>());
     } else if (cmd == "legacy_free") {
-      for (const auto& id : in.at("ids")) m_legacy.erase(id.get<std::uint64_t>());
+      m_legacy.free(in.at("ids"));
     } else if (cmd == "share_legacy") {
       // gpuipc::share of fresh cuMemAlloc allocations, one name each (device_ipc).
-      const auto size = in.at("size").get<std::size_t>();
-      for (const auto& n : in.at("names")) {
-        auto buf = cuda::DeviceBuffer::allocate(size);
-        cuda::memset_d8(buf.get(), 0xa5, size);
-        const auto name = n.get<std::string>();
-        m_segments[name] = share(name, reinterpret_cast<void*>(buf.get()), size);  // NOLINT: a device address
-        m_legacy.emplace(m_next_id++, std::move(buf));
-      }
+      m_legacy.share(in.at("names"), in.at("size").get<std::size_t>());
     } else if (cmd == "share_free") {
-      // Dropping the exporter's handles ends the shares (the broker removes the names), then the memory goes.
-      for (const auto& n : in.at("names")) m_segments.erase(n.get<std::string>());
-      m_legacy.clear();
+      m_legacy.unshare(in.at("names"));
     } else if (cmd == "vmm_alloc") {
       const auto size = cuda::round_up(in.at("size").get<std::size_t>(), cuda::allocation_granularity(kDevice, false));
       const auto count = in.at("count").get<std::size_t>();
@@ -244,7 +192,7 @@ class Exporter {
   // Declared first: destroyed last, after every allocation of its context.
   std::optional<Gpu> m_gpu;
   std::map<std::string, Segment> m_segments;
-  std::map<std::uint64_t, cuda::DeviceBuffer> m_legacy;
+  legacy::Exports m_legacy;
   std::map<std::uint64_t, Vmm> m_vmm;
   std::uint64_t m_next_id = 1;
 };
@@ -290,29 +238,9 @@ class Importer {
       }
       r.body["us"] = values_json(us);
     } else if (cmd == "legacy_open") {
-      std::vector<double> us;
-      for (const auto& hex : in.at("handles")) {
-        CUipcMemHandle h{};
-        from_hex(hex.get<std::string>(), &h, sizeof h);
-        const auto t0 = now_ns();
-        auto mapping = cuda::IpcMapping::open(h);
-        us.push_back(us_since(t0));
-        if (!mapping) throw Error(ErrorCode::Cuda, "legacy_open: cuIpcOpenMemHandle gave a null pointer");
-        mapping = cuda::IpcMapping();  // cuIpcCloseMemHandle, not timed
-      }
-      r.body["us"] = values_json(us);
+      r.body["us"] = values_json(legacy::time_legacy_opens(in.at("handles")));
     } else if (cmd == "share_open") {
-      std::vector<double> us;
-      for (const auto& n : in.at("names")) {
-        const auto t0 = now_ns();
-        Segment seg = Segment::open(n.get<std::string>());
-        us.push_back(us_since(t0));
-        if (seg.kind() != SegmentKind::DeviceIpc || seg.device_pointer() == 0) {
-          throw Error(ErrorCode::Protocol, "share_open: not a mapped device_ipc segment");
-        }
-        seg.close();  // cuIpcCloseMemHandle and the broker's Close: not timed
-      }
-      r.body["us"] = values_json(us);
+      r.body["us"] = values_json(legacy::time_share_opens(in.at("names")));
     } else if (cmd == "vmm_open") {
       r.body = vmm_opens(in.at("mode").get<std::string>() == "raw", in.at("size").get<std::size_t>(), fds);
     } else if (cmd == "bandwidth") {
@@ -629,16 +557,6 @@ std::unique_ptr<Worker> start_worker(std::string role, std::span<const int> clos
   }
   theirs.reset();
   return std::make_unique<Worker>(std::move(role), pid, std::move(mine));
-}
-
-/// Summary plus (optionally) the raw values, as one `samples` entry.
-json sample(const std::string& name, const std::string& unit, const std::vector<double>& v, json extra = {},
-            bool keep_values = true) {
-  json j = {{"name", name}, {"unit", unit}};
-  j.update(to_json(summarize(v)));
-  if (extra.is_object()) j.update(extra);
-  if (keep_values) j["values"] = values_json(v);
-  return j;
 }
 
 std::vector<double> gbs_of(const std::vector<double>& ms, double bytes) {
