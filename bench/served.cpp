@@ -1,0 +1,83 @@
+#include "served.hpp"
+
+#include <fmt/format.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+
+#include "gpuipc/error.hpp"
+#include "os/socket.hpp"
+
+namespace gpuipc::bench {
+
+using json = nlohmann::json;
+
+ServedWorker::ServedWorker(std::string suite, std::string role, const std::function<CommandHandler()>& make)
+    : m_suite(std::move(suite)), m_role(std::move(role)) {
+  auto [mine, theirs] = os::seqpacket_pair();
+  const int parent_end = mine.get(), child_end = theirs.get();
+  const pid_t parent = ::getpid();
+  const std::string suite_name = m_suite;
+  m_worker.emplace(spawn_worker([&]() -> json {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(3);
+    ::close(parent_end);
+    const pair::Link link(child_end, "parent process", suite_name);
+    const CommandHandler handler = make();
+    for (;;) {
+      const json in = link.receive(-1);
+      const std::string cmd = in.value("cmd", std::string("?"));
+      if (cmd == "quit") return {{"ok", true}};
+      json out;
+      try {
+        out = handler(cmd, in);
+      } catch (const std::exception& e) {
+        link.send({{"error", fmt::format("'{}' failed: {}", cmd, e.what())}});
+        throw;
+      }
+      link.send(out);
+    }
+  }));
+  theirs.reset();
+  m_sock = std::move(mine);
+  m_link.emplace(m_sock.get(), m_role, m_suite);
+}
+
+ServedWorker::~ServedWorker() { stop(std::chrono::seconds(5)); }
+
+json ServedWorker::call(const std::string& cmd, json args, int timeout_ms) {
+  if (!m_worker) throw Error(ErrorCode::Protocol, fmt::format("bench {}: the {} is not running", m_suite, m_role));
+  args["cmd"] = cmd;
+  try {
+    m_link->send(args);
+    return m_link->receive(timeout_ms);
+  } catch (...) {
+    stop(std::chrono::seconds(5));
+    throw;
+  }
+}
+
+void ServedWorker::finish() {
+  if (!m_worker) return;
+  m_link->send({{"cmd", "quit"}});
+  auto report = join_worker(*m_worker, std::chrono::seconds(60));
+  m_worker.reset();
+  m_link.reset();
+  m_sock.reset();
+  if (report.contains("error")) {
+    throw Error(ErrorCode::System, fmt::format("gpuipc bench {}: the {} failed: {}", m_suite, m_role,
+                                               report["error"].dump()),
+                "bench " + m_suite);
+  }
+}
+
+void ServedWorker::stop(std::chrono::seconds wait) noexcept {
+  if (!m_worker) return;
+  m_link.reset();
+  m_sock.reset();  // the worker's receive sees the socket close and it ends; join_worker kills it after `wait`
+  join_worker(*m_worker, wait);
+  m_worker.reset();
+}
+
+}  // namespace gpuipc::bench
