@@ -101,7 +101,9 @@ class Producer {
     }
     // A block as large as a chunk cannot go into chunk 0 (half used): the pool adds chunk 1 for it.
     m_blocks.push_back(m_resolve.allocate(kResolveChunkBytes));
-    if (m_blocks.back().ref().chunk != 1) throw Error(ErrorCode::Protocol, "resolve_setup: the far block is not in chunk 1");
+    if (m_blocks.back().ref().chunk != 1) {
+      throw Error(ErrorCode::Protocol, "resolve_setup: the far block is not in chunk 1");
+    }
     const json raw = m_legacy.alloc(kResolveChunkBytes, 2);
     return {{"refs", refs}, {"far_ref", ref_hex(m_blocks.back().ref())}, {"handles", raw.at("handles")}};
   }
@@ -212,7 +214,9 @@ DictOpen open_dict(const std::string& index_name) {
 
 CommandHandler make_producer() {
   auto p = std::make_shared<Producer>();
-  return [p](const std::string& cmd, const json& in) { return p->handle(cmd, in); };
+  return [p](const std::string& cmd, const json& in, std::vector<os::UniqueFd>& /*fds*/) {
+    return Reply{p->handle(cmd, in), {}};
+  };
 }
 
 json resolve_consumer(const std::string& pool, const json& setup, std::size_t cached_calls, std::size_t group) {

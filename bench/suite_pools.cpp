@@ -73,7 +73,7 @@ void measure_alloc(Result& r, const Options& o, ServedWorker& producer, Names& n
     const std::string name = fmt::format("{}-alloc-{}", prefix, kind);
     names.pools.push_back(name);
     const json got =
-        producer.call("alloc", {{"kind", kind}, {"name", name}, {"n", n}, {"warmup", n / 10}}, 300'000);
+        producer.call("alloc", {{"kind", kind}, {"name", name}, {"n", n}, {"warmup", n / 10}}, {}, nullptr, 300'000);
     const std::string infix = kind == "device" ? "" : "_" + kind;
     const Summary total = put(r, fmt::format("pool_alloc{}_p50_us", infix), fmt::format("pool_alloc{}_p99_us", infix),
                               values_of(got, "total_us"), "us",
@@ -83,8 +83,8 @@ void measure_alloc(Result& r, const Options& o, ServedWorker& producer, Names& n
     r.samples.push_back(sample(fmt::format("pool_allocate{}_us", infix), "us", values_of(got, "alloc_us"), {}, false));
     r.samples.push_back(sample(fmt::format("pool_free{}_us", infix), "us", values_of(got, "free_us"), {}, false));
     r.notes.push_back(fmt::format(
-        "{} pool: Pool::allocate + free of a 1 MiB block takes {:.2f} us p50 (p99 {:.2f}): allocate {:.2f}, free {:.2f} "
-        "us{}; {} chunk(s) of 64 MiB used over {} allocations.",
+        "{} pool: Pool::allocate + free of a 1 MiB block takes {:.2f} us p50 (p99 {:.2f}): allocate {:.2f}, free "
+        "{:.2f} us{}; {} chunk(s) of 64 MiB used over {} allocations.",
         kind, total.median, total.p99, a.median, f.median,
         kind == "host" ? " (freed at once)" : " (stream-ordered: a cuStreamWriteValue64 on an idle stream)",
         got.at("chunks").get<int>(), got.at("allocations").get<std::uint64_t>()));
@@ -167,7 +167,7 @@ double measure_statedict(Result& r, const Options& o, ServedWorker& producer, Na
   const std::string pool = prefix + "-sd", index = prefix + "-sd-index";
   names.pools.push_back(pool);
   names.segments.push_back(index);
-  const json setup = producer.call("statedict_setup", {{"pool", pool}, {"index", index}}, 300'000);
+  const json setup = producer.call("statedict_setup", {{"pool", pool}, {"index", index}}, {}, nullptr, 300'000);
   r.metrics["statedict_producer_setup_ms"] = setup.at("total_ms");
   r.samples.push_back({{"name", "statedict_producer_setup_ms"}, {"unit", "ms"}, {"steps", setup}});
   std::map<std::string, std::vector<double>> steps;
