@@ -62,6 +62,16 @@ nlohmann::json to_json(const Summary& s);
 
 /// Monotonic clock in nanoseconds / microseconds as double.
 std::int64_t now_ns() noexcept;
+/// Microseconds from `t0_ns` (a now_ns() reading) to now.
+double us_since(std::int64_t t0_ns) noexcept;
+
+/// `v` as a JSON array, each value rounded to 1e-3 (the nanosecond, for microseconds): short messages and files.
+nlohmann::json values_json(const std::vector<double>& v);
+/// The numbers of array `j[key]`.
+std::vector<double> values_of(const nlohmann::json& j, const char* key);
+/// One `samples` entry: {"name", "unit", summary of `v`, `extra`'s keys, and (keep_values) "values"}.
+nlohmann::json sample(const std::string& name, const std::string& unit, const std::vector<double>& v,
+                      nlohmann::json extra = {}, bool keep_values = true);
 
 /// A one-line progress report on stderr (only on a terminal, and only when enabled).
 void progress(const Options& options, const std::string& what);

@@ -129,6 +129,29 @@ std::int64_t now_ns() noexcept {
       .count();
 }
 
+double us_since(std::int64_t t0_ns) noexcept { return static_cast<double>(now_ns() - t0_ns) / 1e3; }
+
+nlohmann::json values_json(const std::vector<double>& v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (double x : v) a.push_back(std::round(x * 1e3) / 1e3);
+  return a;
+}
+
+std::vector<double> values_of(const nlohmann::json& j, const char* key) {
+  std::vector<double> v;
+  for (const auto& x : j.at(key)) v.push_back(x.get<double>());
+  return v;
+}
+
+nlohmann::json sample(const std::string& name, const std::string& unit, const std::vector<double>& v,
+                      nlohmann::json extra, bool keep_values) {
+  nlohmann::json j = {{"name", name}, {"unit", unit}};
+  j.update(to_json(summarize(v)));
+  if (extra.is_object()) j.update(extra);
+  if (keep_values) j["values"] = values_json(v);
+  return j;
+}
+
 void progress(const Options& options, const std::string& what) {
   if (!options.progress) return;
   if (::isatty(STDERR_FILENO) != 0) {

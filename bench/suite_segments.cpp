@@ -2,26 +2,19 @@
 // figure beside the raw CUDA mechanism it competes with, measured in the same run (shared/BASELINES.md).
 //
 // The CLI process never touches CUDA (a process that initialised CUDA cannot fork CUDA children). It forks two
-// workers and drives them with JSON commands over SOCK_SEQPACKET socketpairs:
+// workers (ServedWorker) and drives them with JSON commands over SOCK_SEQPACKET socketpairs:
 //   A (exporter): creates device segments, cuMemAlloc buffers with legacy IPC handles, exported cuMem fds;
 //   B (importer): opens what A made and times it; runs the bandwidth kernels.
-// Fds travel A -> parent -> B with SCM_RIGHTS (the parent only holds them, CUDA-free). Every wait of the parent
-// is bounded; a worker that fails answers {"ok": false, "error": ...}; on any failure both workers are killed,
+// Fds travel A -> parent -> B with SCM_RIGHTS (the parent only holds them, CUDA-free). Every wait
+// of the parent is bounded; a worker that fails answers {"error": ...}; on any failure both workers are killed,
 // segments A left named are unlinked, and the suite throws gpuipc::Error saying which worker failed doing what.
 #include <fmt/format.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cmath>
-#include <csignal>
-#include <cstdio>
-#include <cstring>
 #include <functional>
-#include <iostream>
 #include <map>
 #include <optional>
 #include <set>
@@ -34,10 +27,13 @@
 #include "cuda/resources.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/segment.hpp"
-#include "gpuipc/share.hpp"
 #include "kernels/kernels.hpp"
+#include "legacy_opens.hpp"
 #include "os/fd.hpp"
 #include "os/socket.hpp"
+#include "pair.hpp"
+#include "served.hpp"
+#include "vmm_imports.hpp"
 
 namespace gpuipc::bench {
 namespace {
@@ -47,10 +43,6 @@ using json = nlohmann::json;
 constexpr std::size_t kMiB = 1ULL << 20;
 constexpr std::size_t kGiB = 1ULL << 30;
 constexpr int kDevice = 0;
-/// Largest message either side sends (JSON text; far under the socket buffer).
-constexpr std::size_t kMaxMessage = 60 * 1024;
-/// Longest the parent waits for one command's answer (the slowest is a batch of 4 GiB allocations).
-constexpr int kCommandTimeoutMs = 60'000;
 /// Most GPU memory one batch of allocations holds (A's side; B maps the same memory). With the previous batch
 /// possibly not yet freed this keeps the suite under ~8 GiB.
 constexpr std::size_t kBatchBytes = 4 * kGiB;
@@ -64,94 +56,10 @@ struct SizeCase {
 };
 constexpr std::array<SizeCase, 3> kSizes{{{2 * kMiB, "2MiB"}, {1 * kGiB, "1GiB"}, {4 * kGiB, "4GiB"}}};
 
-double us_since(std::int64_t t0_ns) { return static_cast<double>(now_ns() - t0_ns) / 1e3; }
-
-/// Rounded to the nanosecond: keeps messages and result files short.
-double round_ns(double us) { return std::round(us * 1e3) / 1e3; }
-
-// ---------------------------------------------------------------------------------------------------------------
-// Messages: one JSON document per SOCK_SEQPACKET message, with fds attached.
-
-struct Message {
-  json body;
-  std::vector<os::UniqueFd> fds;
-};
-
-/// Returns false when the peer is gone.
-bool send_json(int sock, const json& body, std::span<const int> fds = {}) {
-  const std::string text = body.dump();
-  if (text.size() > kMaxMessage) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("segments bench: a {}-byte message exceeds the {}-byte limit", text.size(), kMaxMessage),
-                "send_message");
-  }
-  const auto bytes = std::as_bytes(std::span<const char>(text.data(), text.size()));
-  return os::send_message(sock, bytes, fds, kMaxMessage) == os::IoStatus::Ok;
-}
-
-enum class Received { Ok, Timeout, Closed };
-
-/// Waits at most `timeout_ms` (< 0: forever) for one message.
-Received receive_json(int sock, int timeout_ms, Message& out) {
-  if (!os::wait_readable(sock, timeout_ms)) return Received::Timeout;
-  std::vector<std::byte> buffer(kMaxMessage + 1);
-  std::size_t size = 0;
-  out.fds.clear();
-  const auto status = os::receive_message(sock, buffer, size, out.fds);
-  if (status == os::IoStatus::Closed) return Received::Closed;
-  if (status != os::IoStatus::Ok) {
-    throw Error(ErrorCode::Protocol, "segments bench: a truncated or unexpected message between processes",
-                "receive_message");
-  }
-  out.body = json::parse(reinterpret_cast<const char*>(buffer.data()),  // NOLINT: bytes of JSON text
-                         reinterpret_cast<const char*>(buffer.data()) + size, nullptr, false);
-  if (out.body.is_discarded() || !out.body.is_object()) {
-    throw Error(ErrorCode::Protocol, "segments bench: a message between processes is not a JSON object",
-                "receive_message");
-  }
-  return Received::Ok;
-}
-
-json values_json(const std::vector<double>& v) {
-  json a = json::array();
-  for (double x : v) a.push_back(round_ns(x));
-  return a;
-}
-
-std::vector<double> values_of(const json& j, const char* key) {
-  std::vector<double> v;
-  for (const auto& x : j.at(key)) v.push_back(x.get<double>());
-  return v;
-}
-
-std::string to_hex(const void* data, std::size_t n) {
-  std::string s;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) s += fmt::format("{:02x}", p[i]);
-  return s;
-}
-
-void from_hex(const std::string& s, void* data, std::size_t n) {
-  if (s.size() != 2 * n) throw Error(ErrorCode::Protocol, "segments bench: malformed IPC handle", "from_hex");
-  auto* p = static_cast<unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(std::stoul(s.substr(2 * i, 2), nullptr, 16));
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Workers (children). Each owns a CUDA context on GPU 0, made current on its only thread.
 
-struct Reply {
-  json body = json::object();
-  std::vector<os::UniqueFd> fds;  // sent with the reply, then closed here
-};
-
-/// GPU 0's primary context, current on this thread, a stream and the kernels.
-struct Gpu {
-  cuda::PrimaryContext ctx{kDevice};
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
-};
+using pair::Gpu;
 
 /// Worker A: makes what B opens, and keeps it alive until told to let go.
 class Exporter {
@@ -179,36 +87,14 @@ class Exporter {
         m_segments.erase(name);  // closes A's mapping: with B's closed too, the broker frees the memory
       }
     } else if (cmd == "legacy_alloc") {
-      const auto size = in.at("size").get<std::size_t>();
-      const auto count = in.at("count").get<std::size_t>();
-      json ids = json::array(), handles = json::array();
-      for (std::size_t i = 0; i < count; ++i) {
-        auto buf = cuda::DeviceBuffer::allocate(size);
-        cuda::memset_d8(buf.get(), 0xa5, size);  // physically touched, and not zeros
-        const CUipcMemHandle h = cuda::ipc_get_mem_handle(buf.get());
-        const auto id = m_next_id++;
-        m_legacy.emplace(id, std::move(buf));
-        ids.push_back(id);
-        handles.push_back(to_hex(&h, sizeof h));
-      }
-      r.body["ids"] = ids;
-      r.body["handles"] = handles;
+      r.body = m_legacy.alloc(in.at("size").get<std::size_t>(), in.at("count").get<std::size_t>());
     } else if (cmd == "legacy_free") {
-      for (const auto& id : in.at("ids")) m_legacy.erase(id.get<std::uint64_t>());
+      m_legacy.free(in.at("ids"));
     } else if (cmd == "share_legacy") {
       // gpuipc::share of fresh cuMemAlloc allocations, one name each (device_ipc).
-      const auto size = in.at("size").get<std::size_t>();
-      for (const auto& n : in.at("names")) {
-        auto buf = cuda::DeviceBuffer::allocate(size);
-        cuda::memset_d8(buf.get(), 0xa5, size);
-        const auto name = n.get<std::string>();
-        m_segments[name] = share(name, reinterpret_cast<void*>(buf.get()), size);  // NOLINT: a device address
-        m_legacy.emplace(m_next_id++, std::move(buf));
-      }
+      m_legacy.share(in.at("names"), in.at("size").get<std::size_t>());
     } else if (cmd == "share_free") {
-      // Dropping the exporter's handles ends the shares (the broker removes the names), then the memory goes.
-      for (const auto& n : in.at("names")) m_segments.erase(n.get<std::string>());
-      m_legacy.clear();
+      m_legacy.unshare(in.at("names"));
     } else if (cmd == "vmm_alloc") {
       const auto size = cuda::round_up(in.at("size").get<std::size_t>(), cuda::allocation_granularity(kDevice, false));
       const auto count = in.at("count").get<std::size_t>();
@@ -244,7 +130,7 @@ class Exporter {
   // Declared first: destroyed last, after every allocation of its context.
   std::optional<Gpu> m_gpu;
   std::map<std::string, Segment> m_segments;
-  std::map<std::uint64_t, cuda::DeviceBuffer> m_legacy;
+  legacy::Exports m_legacy;
   std::map<std::uint64_t, Vmm> m_vmm;
   std::uint64_t m_next_id = 1;
 };
@@ -290,31 +176,12 @@ class Importer {
       }
       r.body["us"] = values_json(us);
     } else if (cmd == "legacy_open") {
-      std::vector<double> us;
-      for (const auto& hex : in.at("handles")) {
-        CUipcMemHandle h{};
-        from_hex(hex.get<std::string>(), &h, sizeof h);
-        const auto t0 = now_ns();
-        auto mapping = cuda::IpcMapping::open(h);
-        us.push_back(us_since(t0));
-        if (!mapping) throw Error(ErrorCode::Cuda, "legacy_open: cuIpcOpenMemHandle gave a null pointer");
-        mapping = cuda::IpcMapping();  // cuIpcCloseMemHandle, not timed
-      }
-      r.body["us"] = values_json(us);
+      r.body["us"] = values_json(legacy::time_legacy_opens(in.at("handles")));
     } else if (cmd == "share_open") {
-      std::vector<double> us;
-      for (const auto& n : in.at("names")) {
-        const auto t0 = now_ns();
-        Segment seg = Segment::open(n.get<std::string>());
-        us.push_back(us_since(t0));
-        if (seg.kind() != SegmentKind::DeviceIpc || seg.device_pointer() == 0) {
-          throw Error(ErrorCode::Protocol, "share_open: not a mapped device_ipc segment");
-        }
-        seg.close();  // cuIpcCloseMemHandle and the broker's Close: not timed
-      }
-      r.body["us"] = values_json(us);
+      r.body["us"] = values_json(legacy::time_share_opens(in.at("names")));
     } else if (cmd == "vmm_open") {
-      r.body = vmm_opens(in.at("mode").get<std::string>() == "raw", in.at("size").get<std::size_t>(), fds);
+      const bool raw = in.at("mode").get<std::string>() == "raw";
+      r.body = time_vmm_imports(kDevice, raw, in.at("size").get<std::size_t>(), fds);
     } else if (cmd == "bandwidth") {
       r.body = bandwidth(in.at("name").get<std::string>(), in.at("seed").get<std::uint64_t>(),
                          in.at("warmup").get<int>(), in.at("runs").get<int>());
@@ -352,43 +219,6 @@ class Importer {
     }
     if (bad != 0) throw Error(ErrorCode::Protocol, fmt::format("cached: {} opens returned another mapping", bad));
     return us;
-  }
-
-  /// A naive VMM importer's open of each received fd: import + (raw only: reserve) + map + setAccess, each step
-  /// timed; the mapping, range and handle are released after each, untimed. floor: one range reserved up front.
-  json vmm_opens(bool raw, std::size_t size, std::vector<os::UniqueFd>& fds) {
-    const std::size_t granularity = cuda::allocation_granularity(kDevice, false);
-    if (size % granularity != 0) throw Error(ErrorCode::InvalidArgument, "vmm_open: size is not a granularity multiple");
-    const int access[] = {kDevice};
-    cuda::VaRange reserved;
-    if (!raw) reserved = cuda::reserve_va(size, granularity);
-    std::vector<double> total, import, reserve, map, set_access;
-    for (auto& fd : fds) {
-      const auto t0 = now_ns();
-      auto handle = cuda::import_fd(fd.get());
-      const auto t1 = now_ns();
-      cuda::VaRange range;
-      if (raw) range = cuda::reserve_va(size, granularity);
-      const CUdeviceptr at = raw ? range.base() : reserved.base();
-      const auto t2 = now_ns();
-      auto mapping = cuda::map(at, size, handle);
-      const auto t3 = now_ns();
-      cuda::set_access(at, size, access, false);
-      const auto t4 = now_ns();
-      total.push_back(static_cast<double>(t4 - t0) / 1e3);
-      import.push_back(static_cast<double>(t1 - t0) / 1e3);
-      reserve.push_back(static_cast<double>(t2 - t1) / 1e3);
-      map.push_back(static_cast<double>(t3 - t2) / 1e3);
-      set_access.push_back(static_cast<double>(t4 - t3) / 1e3);
-      // Release, untimed, in reverse order: unmap, free the range, drop the handle, close the fd.
-      mapping = cuda::MemMapping();
-      range = cuda::VaRange();
-      handle = cuda::AllocationHandle();
-      fd.reset();
-    }
-    return {{"total", values_json(total)},   {"import", values_json(import)},
-            {"reserve", values_json(reserve)}, {"map", values_json(map)},
-            {"set_access", values_json(set_access)}};
   }
 
   /// read_sum and write_fill over a device segment A created and filled, and over cuMemAlloc memory of B,
@@ -473,174 +303,6 @@ class Importer {
   Segment m_kept;  // the warm-up segment, open for the whole run
 };
 
-/// A worker's life: answer commands until "quit" or until the parent goes; never returns.
-template <class Handler>
-[[noreturn]] void worker_main(int sock, pid_t parent) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(3);
-  int rc = 0;
-  {
-    Handler handler;
-    std::string cmd = "?";
-    try {
-      for (;;) {
-        Message m;
-        if (receive_json(sock, -1, m) != Received::Ok) {
-          rc = 2;  // the parent went away
-          break;
-        }
-        cmd = m.body.value("cmd", std::string("?"));
-        if (cmd == "quit") {
-          send_json(sock, {{"ok", true}});
-          break;
-        }
-        Reply r = handler.handle(cmd, m.body, m.fds);
-        r.body["ok"] = true;
-        std::vector<int> raw;
-        for (const auto& fd : r.fds) raw.push_back(fd.get());
-        if (!send_json(sock, r.body, raw)) {
-          rc = 2;
-          break;
-        }
-      }
-    } catch (const Error& e) {
-      try {
-        send_json(sock, {{"ok", false}, {"error", e.what()}, {"code", static_cast<int>(e.code())}, {"cmd", cmd}});
-      } catch (...) {
-      }
-      rc = 1;
-    } catch (const std::exception& e) {
-      try {
-        send_json(sock, {{"ok", false}, {"error", e.what()}, {"cmd", cmd}});
-      } catch (...) {
-      }
-      rc = 1;
-    }
-  }  // the handler's CUDA objects and segments are released here
-  std::fflush(nullptr);
-  ::_exit(rc);
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// The parent side.
-
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  return "stopped";
-}
-
-/// Reaps `pid`, waiting at most `timeout_ms`; returns the wait status, or nullopt if it is still running.
-std::optional<int> reap(pid_t pid, int timeout_ms) {
-  const auto deadline = now_ns() + static_cast<std::int64_t>(timeout_ms) * 1'000'000;
-  for (;;) {
-    int status = 0;
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return status;
-    if (r < 0 && errno != EINTR) return 0;  // not our child any more (already reaped)
-    if (now_ns() >= deadline) return std::nullopt;
-    ::usleep(2000);
-  }
-}
-
-class Worker {
- public:
-  Worker(std::string role, pid_t pid, os::UniqueFd sock) : m_role(std::move(role)), m_pid(pid), m_sock(std::move(sock)) {}
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-  ~Worker() { kill(); }
-
-  /// Sends `cmd` (with `fds`) and returns the answer's body; its fds go to `fds_out`. Throws Error naming the
-  /// worker and command when it fails, dies or does not answer in time (the caller then kills every worker).
-  json call(const std::string& cmd, json args = json::object(), std::span<const int> fds = {},
-            std::vector<os::UniqueFd>* fds_out = nullptr, int timeout_ms = kCommandTimeoutMs) {
-    if (m_pid <= 0) throw Error(ErrorCode::Protocol, fmt::format("segments bench: the {} is not running", m_role));
-    args["cmd"] = cmd;
-    if (!send_json(m_sock.get(), args, fds)) died(cmd);
-    Message m;
-    const auto got = receive_json(m_sock.get(), timeout_ms, m);
-    if (got == Received::Timeout) {
-      kill();
-      throw Error(ErrorCode::Timeout,
-                  fmt::format("gpuipc bench segments: the {} did not answer '{}' within {} s; killed it", m_role, cmd,
-                              timeout_ms / 1000),
-                  "bench segments");
-    }
-    if (got == Received::Closed) died(cmd);
-    if (!m.body.value("ok", false)) {
-      const auto code = static_cast<ErrorCode>(m.body.value("code", static_cast<int>(ErrorCode::System)));
-      throw Error(code,
-                  fmt::format("gpuipc bench segments: the {} failed in '{}': {}", m_role, m.body.value("cmd", cmd),
-                              m.body.value("error", std::string("(no message)"))),
-                  "bench segments");
-    }
-    if (fds_out != nullptr) *fds_out = std::move(m.fds);
-    return m.body;
-  }
-
-  /// Asks the worker to quit and reaps it (bounded); kills it if it does not go.
-  void finish() {
-    if (m_pid <= 0) return;
-    call("quit", json::object(), {}, nullptr, 10'000);
-    if (!reap(m_pid, 10'000)) kill();
-    m_pid = -1;
-  }
-
-  void kill() noexcept {
-    if (m_pid <= 0) return;
-    ::kill(m_pid, SIGKILL);
-    reap(m_pid, 10'000);
-    m_pid = -1;
-  }
-
-  int socket() const noexcept { return m_sock.get(); }
-
- private:
-  [[noreturn]] void died(const std::string& cmd) {
-    const auto status = reap(m_pid, 2000);
-    m_pid = status ? -1 : m_pid;
-    kill();
-    throw Error(ErrorCode::PeerDied,
-                fmt::format("gpuipc bench segments: the {} {} during '{}'", m_role,
-                            status ? describe_status(*status) : "closed its socket", cmd),
-                "bench segments");
-  }
-
-  std::string m_role;
-  pid_t m_pid = -1;
-  os::UniqueFd m_sock;
-};
-
-template <class Handler>
-std::unique_ptr<Worker> start_worker(std::string role, std::span<const int> close_in_child) {
-  auto [mine, theirs] = os::seqpacket_pair();
-  std::fflush(nullptr);
-  std::cout.flush();
-  std::cerr.flush();
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    throw Error(ErrorCode::System, fmt::format("gpuipc bench segments: fork of the {} failed", role), "fork", errno);
-  }
-  if (pid == 0) {
-    for (int fd : close_in_child) ::close(fd);
-    mine.reset();
-    worker_main<Handler>(theirs.get(), parent);
-  }
-  theirs.reset();
-  return std::make_unique<Worker>(std::move(role), pid, std::move(mine));
-}
-
-/// Summary plus (optionally) the raw values, as one `samples` entry.
-json sample(const std::string& name, const std::string& unit, const std::vector<double>& v, json extra = {},
-            bool keep_values = true) {
-  json j = {{"name", name}, {"unit", unit}};
-  j.update(to_json(summarize(v)));
-  if (extra.is_object()) j.update(extra);
-  if (keep_values) j["values"] = values_json(v);
-  return j;
-}
-
 std::vector<double> gbs_of(const std::vector<double>& ms, double bytes) {
   std::vector<double> v;
   for (double t : ms) v.push_back(t > 0 ? bytes / (t * 1e-3) / 1e9 : 0.0);
@@ -661,7 +323,7 @@ Result run_segments(const Options& options, const DeviceMeta& meta) {
 
   // Names A has created and not yet unlinked: unlinked by the parent (broker only, no CUDA) if anything fails.
   std::set<std::string> live;
-  std::unique_ptr<Worker> a, b;
+  std::unique_ptr<ServedWorker> a, b;
   auto cleanup = [&]() noexcept {
     if (b) b->kill();
     if (a) a->kill();
@@ -676,9 +338,10 @@ Result run_segments(const Options& options, const DeviceMeta& meta) {
 
   try {
     progress(options, "segments: starting the exporter (A) and importer (B) processes");
-    a = start_worker<Exporter>("exporter process (A)", {});
+    a = std::make_unique<ServedWorker>("segments", "exporter process (A)", serve<Exporter>());
     const int a_sock = a->socket();
-    b = start_worker<Importer>("importer process (B)", std::span<const int>(&a_sock, 1));
+    b = std::make_unique<ServedWorker>("segments", "importer process (B)", serve<Importer>(),
+                                       std::span<const int>(&a_sock, 1));
     a->call("init");
     b->call("init");
 
@@ -692,8 +355,10 @@ Result run_segments(const Options& options, const DeviceMeta& meta) {
       a->call("unlink", {{"names", names}});
       for (const auto& n : names) live.erase(n);
     };
-    auto batch_of = [](std::size_t size) {
-      return std::clamp<std::size_t>(kBatchBytes / size, 1, os::kMaxFds);
+    // fn(done, k) for batches of k opens of `size` bytes (at most kBatchBytes and os::kMaxFds a batch).
+    auto in_batches = [&](std::size_t size, const std::function<void(int, int)>& fn) {
+      const int per = static_cast<int>(std::clamp<std::size_t>(kBatchBytes / size, 1, os::kMaxFds));
+      for (int done = 0; done < opens; done += per) fn(done, std::min(per, opens - done));
     };
 
     // Warm-up: B's broker connection and VA arena.
@@ -724,15 +389,14 @@ Result run_segments(const Options& options, const DeviceMeta& meta) {
     for (const auto& sz : kSizes) {
       progress(options, fmt::format("segments: first opens of {} device segments", sz.label));
       std::vector<double> us;
-      for (int done = 0, k = 0; done < opens; done += k) {
-        k = static_cast<int>(std::min<std::size_t>(batch_of(sz.bytes), static_cast<std::size_t>(opens - done)));
+      in_batches(sz.bytes, [&](int done, int k) {
         std::vector<std::string> names;
         for (int i = 0; i < k; ++i) names.push_back(fmt::format("{}-{}-{}", prefix, sz.label, done + i));
         create_segments(names, sz.bytes);
         const auto got = values_of(b->call("open_first", {{"names", names}, {"size", sz.bytes}}), "us");
         us.insert(us.end(), got.begin(), got.end());
         unlink_segments(names);
-      }
+      });
       first[sz.label] = summarize(us);
       result.metrics[fmt::format("open_first_us_{}", sz.label)] = first[sz.label].median;
       result.samples.push_back(sample("open_first_us", "us", us, {{"size_bytes", sz.bytes}, {"label", sz.label}}));
@@ -742,13 +406,12 @@ Result run_segments(const Options& options, const DeviceMeta& meta) {
     for (const auto& sz : kSizes) {
       progress(options, fmt::format("segments: legacy cuIpcOpenMemHandle of {} allocations", sz.label));
       std::vector<double> us;
-      for (int done = 0, k = 0; done < opens; done += k) {
-        k = static_cast<int>(std::min<std::size_t>(batch_of(sz.bytes), static_cast<std::size_t>(opens - done)));
+      in_batches(sz.bytes, [&](int /*done*/, int k) {
         const auto made = a->call("legacy_alloc", {{"size", sz.bytes}, {"count", k}});
         const auto got = values_of(b->call("legacy_open", {{"handles", made.at("handles")}}), "us");
         us.insert(us.end(), got.begin(), got.end());
         a->call("legacy_free", {{"ids", made.at("ids")}});
-      }
+      });
       legacy[sz.label] = summarize(us);
       result.metrics[fmt::format("legacy_open_us_{}", sz.label)] = legacy[sz.label].median;
       result.samples.push_back(sample("legacy_open_us", "us", us, {{"size_bytes", sz.bytes}, {"label", sz.label}}));
@@ -756,15 +419,14 @@ Result run_segments(const Options& options, const DeviceMeta& meta) {
       // The same through gpuipc::share: a broker round trip and the record, then one cuIpcOpenMemHandle.
       progress(options, fmt::format("segments: Segment::open of shared cuMemAlloc {} allocations", sz.label));
       std::vector<double> share_us;
-      for (int done = 0, k = 0; done < opens; done += k) {
-        k = static_cast<int>(std::min<std::size_t>(batch_of(sz.bytes), static_cast<std::size_t>(opens - done)));
+      in_batches(sz.bytes, [&](int done, int k) {
         std::vector<std::string> names;
         for (int i = 0; i < k; ++i) names.push_back(fmt::format("{}-share-{}-{}", prefix, sz.label, done + i));
         a->call("share_legacy", {{"names", names}, {"size", sz.bytes}});
         const auto got = values_of(b->call("share_open", {{"names", names}}), "us");
         share_us.insert(share_us.end(), got.begin(), got.end());
         a->call("share_free", {{"names", names}});
-      }
+      });
       shared[sz.label] = summarize(share_us);
       result.metrics[fmt::format("share_legacy_open_us_{}", sz.label)] = shared[sz.label].median;
       result.samples.push_back(
@@ -779,8 +441,7 @@ Result run_segments(const Options& options, const DeviceMeta& meta) {
       for (const bool is_raw : {true, false}) {
         progress(options, fmt::format("segments: {} VMM imports of {} allocations", is_raw ? "raw" : "floor", sz.label));
         std::map<std::string, std::vector<double>> steps;
-        for (int done = 0, k = 0; done < opens; done += k) {
-          k = static_cast<int>(std::min<std::size_t>(batch_of(sz.bytes), static_cast<std::size_t>(opens - done)));
+        in_batches(sz.bytes, [&](int /*done*/, int k) {
           std::vector<os::UniqueFd> fds;
           const auto made = a->call("vmm_alloc", {{"size", sz.bytes}, {"count", k}}, {}, &fds);
           if (fds.size() != static_cast<std::size_t>(k)) {
@@ -796,7 +457,7 @@ Result run_segments(const Options& options, const DeviceMeta& meta) {
             steps[step].insert(steps[step].end(), v.begin(), v.end());
           }
           a->call("vmm_free", {{"ids", made.at("ids")}});
-        }
+        });
         const char* what = is_raw ? "vmm_raw_open_us" : "vmm_floor_us";
         json steps_json = json::object();
         for (const auto& [step, v] : steps) steps_json[step] = to_json(summarize(v));

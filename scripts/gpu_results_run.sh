@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, after scripts/gpu_bundle.sh here: every GPU check and benchmark of a release, in one go.
 # Needs .gpu (the bundle) and build-py/wheelhouse (the cp312 wheel) carried. Results: $OUT/results.tar.gz with
-# quick/ (gpuipc bench all --quick), full/ (segments, channels, python at full length) and logs/.
+# quick/ (gpuipc bench all --quick), full/ (segments, channels, python, pools at full length) and logs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpuipc-out}
@@ -17,8 +17,8 @@ scripts/gpu_check.sh doctor tests demo | tail -n 4
 start=$(date +%s)
 PYTHONPATH="$site" ./build/bin/gpuipc bench all --quick --no-progress --out-dir "$work/quick" > "$work/logs/bench-all-quick.log" 2>&1
 echo "bench all --quick: exit $? in $(( $(date +%s) - start )) s" | tee -a "$work/logs/bench-all-quick.log"
-PYTHONPATH="$site" PATH="$(dirname "$python"):$PATH" ./build/bin/gpuipc bench segments channels python --no-progress \
+PYTHONPATH="$site" PATH="$(dirname "$python"):$PATH" ./build/bin/gpuipc bench segments channels python pools --no-progress \
   --out-dir "$work/full" > "$work/logs/bench-full.log" 2>&1
-echo "bench segments channels python: exit $?"
+echo "bench segments channels python pools: exit $?"
 grep -h "note:" "$work/logs/bench-full.log" | head -n 30
 tar -czf "$OUT/results.tar.gz" -C "$work" quick full logs

@@ -9,11 +9,11 @@ acknowledges -> the producer receives the acknowledgement. Prints one JSON line 
 `gpuipc bench channels` runs this beside its own handoff in the same run (bench/suite_channels.cpp).
 """
 import argparse
-import json
 import statistics
 import sys
 import time
-import traceback
+
+import report
 
 WARMUP = 50
 
@@ -111,23 +111,20 @@ def main():
     ap.add_argument("--iters", type=int, default=1000)
     a = ap.parse_args()
     out = {"impl": a.impl, "bytes": a.bytes, "iters": a.iters}
-    try:
-        out.update(run_torch(a.bytes, a.iters) if a.impl == "torch" else run_cudacore(a.bytes, a.iters))
+    def body():
+        res = run_torch(a.bytes, a.iters) if a.impl == "torch" else run_cudacore(a.bytes, a.iters)
         if a.impl == "torch":
             import torch
-            out["version"] = torch.__version__
+            res["version"] = torch.__version__
         else:
             try:
                 from importlib.metadata import version
-                out["version"] = version("cuda-core")
+                res["version"] = version("cuda-core")
             except Exception:  # noqa: BLE001 - informational only
                 pass
-    except Exception as e:  # noqa: BLE001 - reported as data, the suite records it
-        traceback.print_exc()
-        out["error"] = f"{type(e).__name__}: {e}"
-    print(json.dumps(out), flush=True)
-    return 0 if "error" not in out else 1
+        return res
 
+    return report.finish(out, body)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,7 @@
 // The documentation promises of STYLE.md, checked: every registered GPUIPC_* variable has docs/env/<NAME>.md that
 // states its default, every page there names a registered variable, every `gpuipc` subcommand has
-// docs/cli/<cmd>.md, and every relative link in README.md and docs/ points at a file (and heading) that exists.
+// docs/cli/<cmd>.md, every benchmark suite has a row in docs/benchmarks.md, and every relative link in README.md
+// and docs/ points at a file (and heading) that exists.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -143,6 +144,24 @@ TEST(Docs, EveryCliSubcommandHasAPage) {
   }
   EXPECT_TRUE(fs::exists(kSource / "docs" / "cli" / "gpuipc.md"));
   EXPECT_TRUE(fs::exists(kSource / "docs" / "cli" / "gpuipcd.md"));
+}
+
+TEST(Docs, EveryBenchSuiteHasARowInBenchmarks) {
+  int status = 0;
+  const std::string list = run_command(std::string("'") + GPUIPC_BUILD_BIN_DIR "/gpuipc' bench list 2>&1", status);
+  if (status != 0) GTEST_SKIP() << "this build has no benchmarks (gpuipc bench list: " << list << ")";
+  const std::string page = read_file(kSource / "docs" / "benchmarks.md");
+  std::istringstream in(list);
+  std::string line;
+  int suites = 0;
+  while (std::getline(in, line)) {
+    const std::string name = line.substr(0, line.find(' '));
+    if (name.empty()) continue;
+    ++suites;
+    EXPECT_NE(page.find("| `" + name + "` |"), std::string::npos)
+        << "suite '" << name << "' has no row in docs/benchmarks.md's table of suites";
+  }
+  EXPECT_GT(suites, 0) << "gpuipc bench list printed no suite:\n" << list;
 }
 
 TEST(Docs, RelativeLinksResolve) {
