@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "gpuipc/error.hpp"
+#include "os/memfd.hpp"
 #include "os/socket.hpp"
 #include "workers.hpp"
 
@@ -17,23 +18,33 @@ using json = nlohmann::json;
 
 namespace {
 constexpr std::size_t kMaxMessage = 60 * 1024;
+/// The envelope key of a message longer than kMaxMessage, whose text travels in a memfd (its size in bytes).
+constexpr const char* kSpilled = "gpuipc_bench_spilled_bytes";
 constexpr std::size_t kKiB = 1ULL << 10;
 constexpr std::size_t kMiB = 1ULL << 20;
 constexpr std::size_t kGiB = 1ULL << 30;
 }  // namespace
 
 void Link::send(const json& body, std::span<const int> fds) const {
-  const std::string text = body.dump();
+  std::string text = body.dump();
+  os::UniqueFd spill;
+  std::vector<int> attached(fds.begin(), fds.end());
   if (text.size() > kMaxMessage) {
-    throw Error(ErrorCode::InvalidArgument, fmt::format("bench {}: a {}-byte message is too long", m_suite, text.size()),
-                "send_message");
+    // Too long for one datagram: the text goes in a memfd sent along, as the last fd, under a small envelope.
+    spill = os::memfd_create("gpuipc-bench-message", text.size());
+    for (std::size_t done = 0; done < text.size();) {
+      const ssize_t n = ::pwrite(spill.get(), text.data() + done, text.size() - done, static_cast<off_t>(done));
+      if (n <= 0) throw Error(ErrorCode::System, fmt::format("bench {}: writing a long message failed", m_suite), "pwrite");
+      done += static_cast<std::size_t>(n);
+    }
+    text = json{{kSpilled, text.size()}}.dump();
+    attached.push_back(spill.get());
   }
   const auto bytes = std::as_bytes(std::span<const char>(text.data(), text.size()));
-  if (os::send_message(m_fd, bytes, fds, kMaxMessage) != os::IoStatus::Ok) {
+  if (os::send_message(m_fd, bytes, attached, kMaxMessage) != os::IoStatus::Ok) {
     throw Error(ErrorCode::PeerDied, fmt::format("bench {}: the {} went away (send)", m_suite, m_peer), "send_message");
   }
 }
-
 
 json Link::receive(int timeout_ms, std::vector<os::UniqueFd>* fds_out) const {
   if (!os::wait_readable(m_fd, timeout_ms)) {
@@ -54,6 +65,20 @@ json Link::receive(int timeout_ms, std::vector<os::UniqueFd>* fds_out) const {
   }
   const char* text = reinterpret_cast<const char*>(buffer.data());  // NOLINT: bytes of JSON text
   json body = json::parse(text, text + size, nullptr, false);
+  if (body.is_object() && body.contains(kSpilled) && body[kSpilled].is_number_unsigned() && !fds.empty()) {
+    std::string long_text(body[kSpilled].get<std::size_t>(), '\0');
+    for (std::size_t done = 0; done < long_text.size();) {
+      const ssize_t n = ::pread(fds.back().get(), long_text.data() + done, long_text.size() - done,
+                                static_cast<off_t>(done));
+      if (n <= 0) {
+        throw Error(ErrorCode::Protocol, fmt::format("bench {}: a long message from the {} is cut short", m_suite, m_peer),
+                    "receive_message");
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    fds.pop_back();
+    body = json::parse(long_text, nullptr, false);
+  }
   if (body.is_discarded() || !body.is_object()) {
     throw Error(ErrorCode::Protocol, fmt::format("bench {}: a message from the {} is not a JSON object", m_suite, m_peer),
                 "receive_message");
