@@ -62,17 +62,28 @@ std::uint64_t env_number(const char* name, std::uint64_t fallback) {
 /// Replies the clients received, by Body index (shared with them).
 using Tally = std::atomic<std::uint64_t>;
 
-/// What answers a request of type `t` besides an ErrorReply; Hello is answered by HelloReply only once.
+/// What answers a request of type `t` besides an ErrorReply (Hello: only the first; reply types sent to the broker:
+/// nothing but an error).
 MessageType answer_to(MessageType t) {
   switch (t) {
-    case MessageType::Hello: return MessageType::HelloReply;
+    case MessageType::Hello:
+      return MessageType::HelloReply;
     case MessageType::Create:
     case MessageType::Open:
-    case MessageType::Announce: return MessageType::OpenReply;
-    case MessageType::Stat: return MessageType::StatReply;
-    case MessageType::List: return MessageType::ListReply;
-    case MessageType::Join: return MessageType::JoinReply;
-    default: return MessageType::Ok;  // Close, Unlink, Rejoin
+    case MessageType::Announce:
+      return MessageType::OpenReply;
+    case MessageType::Stat:
+      return MessageType::StatReply;
+    case MessageType::List:
+      return MessageType::ListReply;
+    case MessageType::Join:
+      return MessageType::JoinReply;
+    case MessageType::Close:
+    case MessageType::Unlink:
+    case MessageType::Rejoin:
+      return MessageType::Ok;
+    default:
+      return MessageType::Error;
   }
 }
 
@@ -113,7 +124,7 @@ class Client {
 
   std::string name() {
     const auto k = pick(kNames + 1);
-    if (k == kNames) return "fz-shared";  // every client's
+    if (k == kNames) return "fz-shared";                                     // every client's
     if (k < 4 && pick(2) == 0) return m_prefix + "lib" + std::to_string(k);  // the library's objects: Join works
     return m_prefix + std::to_string(k);
   }
@@ -160,19 +171,23 @@ class Client {
   os::UniqueFd memory_fd(const Conn& c, std::uint64_t size) {
     try {
       switch (pick(8)) {
-        case 0: return os::UniqueFd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+        case 0:
+          return os::UniqueFd(::open("/dev/null", O_RDWR | O_CLOEXEC));
         case 1: {
           int p[2];
           if (::pipe2(p, O_CLOEXEC) != 0) return {};
           ::close(p[1]);
           return os::UniqueFd(p[0]);
         }
-        case 2: return os::memfd_create("fz", size + 4096);  // a liar's size
-        case 3: return os::UniqueFd(::fcntl(c.sock.get(), F_DUPFD_CLOEXEC, 0));  // its own connection
-        case 4:  // memory of another segment, sealed already
+        case 2:
+          return os::memfd_create("fz", size + 4096);  // a liar's size
+        case 3:
+          return os::UniqueFd(::fcntl(c.sock.get(), F_DUPFD_CLOEXEC, 0));  // its own connection
+        case 4:                                                            // memory of another segment, sealed already
           if (!c.held.empty()) return os::UniqueFd(::fcntl(c.held[pick(c.held.size())].fd.get(), F_DUPFD_CLOEXEC, 0));
           [[fallthrough]];
-        default: return os::memfd_create("fz", size);
+        default:
+          return os::memfd_create("fz", size);
       }
     } catch (const Error&) {
       return {};
@@ -296,20 +311,19 @@ class Client {
       switch (pick(3)) {
         case 0:
           m_channels.push_back(
-              pick(2) == 0 ? Channel::create(lib, {.slots = 4, .slot_bytes = 256, .header_bytes = 16,
-                                                   .kind = SegmentKind::Host},
-                                             ChannelRole::Producer)
-                           : Channel::open(lib, pick(2) == 0 ? ChannelRole::Producer : ChannelRole::Consumer));
+              pick(2) == 0
+                  ? Channel::create(lib, {.slots = 4, .slot_bytes = 256, .header_bytes = 16, .kind = SegmentKind::Host},
+                                    ChannelRole::Producer)
+                  : Channel::open(lib, pick(2) == 0 ? ChannelRole::Producer : ChannelRole::Consumer));
           break;
         case 1:
-          m_semaphores.push_back(pick(2) == 0
-                                     ? Semaphore::create(lib, {.kind = SegmentKind::Host})
-                                     : Semaphore::open(lib, {.role = SemaphoreRole::Signaller}));
+          m_semaphores.push_back(pick(2) == 0 ? Semaphore::create(lib, {.kind = SegmentKind::Host})
+                                              : Semaphore::open(lib, {.role = SemaphoreRole::Signaller}));
           break;
         default:
-          m_pools.push_back(pick(2) == 0 ? Pool::create(lib, {.pool_mode = PoolMode::Fixed, .block_bytes = 256,
-                                                              .block_count = 8})
-                                         : Pool::open(lib));
+          m_pools.push_back(
+              pick(2) == 0 ? Pool::create(lib, {.pool_mode = PoolMode::Fixed, .block_bytes = 256, .block_count = 8})
+                           : Pool::open(lib));
           break;
       }
       auto control = Segment::open(lib);
@@ -531,12 +545,12 @@ TEST(BrokerFuzz, RandomRequestsFromDyingClientsLeaveTheBrokerAsItWas) {
   EXPECT_LE(rss_after, rss_before + kRssGrowthKiB) << "broker RSS grew from " << rss_before << " KiB to " << rss_after;
   auto n = [&](MessageType t) { return replies[static_cast<std::size_t>(t) - 1].load(); };
   std::cout << "broker fuzz: " << kills << " clients killed, slowest probe "
-            << std::chrono::duration_cast<std::chrono::milliseconds>(slowest).count() << " ms; replies: "
-            << n(MessageType::HelloReply) << " HelloReply, " << n(MessageType::OpenReply) << " OpenReply, "
-            << n(MessageType::StatReply) << " StatReply, " << n(MessageType::ListReply) << " ListReply, "
-            << n(MessageType::Ok) << " Ok, " << n(MessageType::JoinReply) << " JoinReply, " << n(MessageType::Error)
-            << " Error; broker fds " << BrokerEnvironment::broker_fd_count() << " (" << fds_before << " before), RSS "
-            << rss_after << " KiB (" << rss_before << " before)\n";
+            << std::chrono::duration_cast<std::chrono::milliseconds>(slowest).count()
+            << " ms; replies: " << n(MessageType::HelloReply) << " HelloReply, " << n(MessageType::OpenReply)
+            << " OpenReply, " << n(MessageType::StatReply) << " StatReply, " << n(MessageType::ListReply)
+            << " ListReply, " << n(MessageType::Ok) << " Ok, " << n(MessageType::JoinReply) << " JoinReply, "
+            << n(MessageType::Error) << " Error; broker fds " << BrokerEnvironment::broker_fd_count() << " ("
+            << fds_before << " before), RSS " << rss_after << " KiB (" << rss_before << " before)\n";
   EXPECT_GT(n(MessageType::OpenReply), 0U) << "the fuzzer never got a segment made or opened";
 
   ASSERT_EQ(::kill(broker, SIGTERM), 0);
