@@ -36,11 +36,15 @@ test: build
 gpu-test: build
 	ctest --preset gpu
 
-## The kill storm (tests/integration/test_kill_storm.cpp) for SOAK_SECONDS (default 10 minutes): 4 producers and
-## 4 consumers on a host channel, a random one SIGKILLed and restarted every 50-200 ms. Host channels only for now:
-## the device-channel storm is not written yet. GPUIPC_STORM_SEED=<n> replays a seed.
+## The kill storm for SOAK_SECONDS (default 10 minutes) each on a host channel (tests/integration/test_kill_storm.cpp)
+## and on a device channel (tests/gpu/test_kill_storm_device.cpp; it skips, saying why, without a GPU, and is not
+## built without nvcc): 4 producers and 4 consumers, a random one SIGKILLed and restarted every 50-200 ms.
+## GPUIPC_STORM_SEED=<n> replays a seed.
 soak: build
 	GPUIPC_STORM_SECONDS=$(SOAK_SECONDS) build/tests/integration_test_kill_storm --gtest_color=no
+	if [ -x build/tests/gpu_test_kill_storm_device ]; then \
+	  GPUIPC_STORM_SECONDS=$(SOAK_SECONDS) build/tests/gpu_test_kill_storm_device --gtest_color=no; \
+	else echo "soak: no device-channel storm (built without nvcc)"; fi
 
 ## Benchmarks; JSON lands in bench/results/ (see docs/benchmarks.md).
 bench: build
