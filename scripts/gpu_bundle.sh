@@ -13,6 +13,9 @@ built=$(sed -n 's/.*GPUIPC_BENCH_GIT_COMMIT "\(.*\)"/\1/p' build/bench/bench_com
 if [ -n "$built" ] && [ "$built" != "$head" ]; then
   echo "build/ embeds commit $built but HEAD is $head: rebuild (cmake --build --preset default) first" >&2; exit 1
 fi
+# Lists every test here once, so that each test binary has its gtest list (PRE_TEST discovery writes it at the
+# first ctest run that sees the binary; a test never run here would have none).
+ctest --test-dir build -N > /dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build/bin" "$stage/build/tests" .gpu
