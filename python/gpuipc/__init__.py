@@ -8,6 +8,9 @@
   :func:`share` names GPU memory this process already has.
 * :func:`share_tensors` / :func:`open_tensors` — a state dict under one name; :func:`publish_tensors` and
   :class:`Reader` add versions for weight sync.
+* :func:`stream_publisher` / :func:`stream_reader` — bucketed streaming of versions of a state dict through a ring
+  of staging buckets that readers map once (models larger than a spare copy).
+* ``gpuipc.torch`` and ``gpuipc.cupy`` (imported on demand) — PyTorch and CuPy allocations in gpuipc pools.
 
 A broker daemon (``gpuipcd``, shipped inside this package) holds names and permissions; the library starts it on
 first use. ``GPUIPC_RUNTIME_DIR`` chooses its socket directory (default ``$XDG_RUNTIME_DIR/gpuipc``, else
@@ -23,6 +26,7 @@ from .channel import Channel, ChannelStats, Message, Slot
 from . import errors as _errors
 from .errors import (
     AlreadyExists,
+    ChecksumMismatch,
     Closed,
     CudaError,
     Error,
@@ -46,6 +50,7 @@ from .segment import Segment, SegmentInfo, share
 from .semaphore import MAX_VALUE, Semaphore
 from .tensors import SharedTensors, open_tensors, share_tensors, unlink_tensors
 from .versions import Pinned, Publisher, Reader, publish_tensors
+from .streaming import StreamItem, StreamPublisher, StreamReader, stream_publisher, stream_reader, unlink_stream
 
 ArrayView = _gpuipc.ArrayView
 
@@ -74,6 +79,12 @@ __all__ = [
     "Publisher",
     "Reader",
     "Pinned",
+    "stream_publisher",
+    "stream_reader",
+    "unlink_stream",
+    "StreamPublisher",
+    "StreamReader",
+    "StreamItem",
     "daemon_path",
     *_errors.__all__,
 ]

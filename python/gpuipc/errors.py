@@ -33,6 +33,7 @@ __all__ = [
     "CudaError",
     "SystemCallError",
     "ProtocolError",
+    "ChecksumMismatch",
 ]
 
 
@@ -123,6 +124,11 @@ class SystemCallError(Error, OSError):
 
 class ProtocolError(Error):
     """A malformed or unexpected message on the broker socket."""
+
+
+class ChecksumMismatch(Error):
+    """Data arrived with another checksum than its sender computed (a bucket of a stream, see
+    gpuipc.stream_reader); the message names the bucket."""
 
 
 _BY_NAME: Dict[str, Type[Error]] = {cls.__name__: cls for cls in (globals()[n] for n in __all__)}

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 from . import _gpuipc, _index
 from ._streams import stream_handle
 from ._tensorinfo import DL_CUDA, describe
-from .errors import AlreadyExists, Error, InvalidArgument, PeerDied, QuotaExceeded
+from .errors import AlreadyExists, Error, InvalidArgument, InvalidState, PeerDied, QuotaExceeded
 from .pool import Block, BlockRef
 from .semaphore import Semaphore
 from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, build, read_index
@@ -231,10 +231,39 @@ class Reader:
     def versions(self) -> int:
         return int(self._index.versioning["versions"])
 
-    def wait_version(self, version: int, timeout: Optional[float] = None) -> int:
-        """Waits (on the host; Ctrl-C interrupts) until version ``version`` is published; returns the latest.
-        Raises Timeout, PeerDied (the publisher died; the last version stays readable), Closed (it closed)."""
-        return self._sem.wait_host(version, timeout)
+    def wait_version(self, version: int, stream: Any = None, timeout: Optional[float] = None) -> int:
+        """Waits until version ``version`` is published.
+
+        stream None: on the host (Ctrl-C interrupts); returns the latest version. Raises Timeout, PeerDied (the
+        publisher died; the last version stays readable), Closed (it closed).
+
+        stream given (a torch.cuda.Stream, an int handle, or anything with ``cuda_stream`` / ``__cuda_stream__``):
+        enqueues the wait on that stream and returns at once (the version seen now, maybe lower): work enqueued on
+        the stream after it runs once the publisher has signalled ``version`` (stream-ordered after its copies with
+        ``update(stream=...)``). ``timeout`` does not apply. Needs a GPU publisher (its counter is host_pinned);
+        for tensors published from host memory it raises InvalidState. Raises PeerDied/Closed when the publisher
+        is already gone (nothing is enqueued). If the publisher dies after the wait was enqueued, the broker's
+        poison releases the stream: the work after the wait runs on whatever the memory holds then (versions=1:
+        possibly a half-written update; versions=2: the snapshot this reader holds), and the next call on this
+        reader (wait_version, :attr:`status`) reports it: after synchronizing the stream, check
+        ``reader.status == "ok"`` before trusting what that work read."""
+        if stream is None:
+            return self._sem.wait_host(version, timeout)
+        try:
+            self._sem.wait(version, stream)
+        except InvalidState as e:
+            if self._sem.status != "ok":
+                raise
+            raise InvalidState(
+                f"wait_version({version}, stream=...) on {self.name!r}: its version counter is host memory only "
+                f"(tensors published from host memory): wait on the host (stream=None) ({e})"
+            ) from None
+        return self._sem.value
+
+    @property
+    def status(self) -> str:
+        """"ok" while the publisher lives; "peer_died" (it crashed or was killed) or "closed" (it closed)."""
+        return self._sem.status
 
     def snapshot(self) -> Tuple[int, Dict[str, Any]]:
         """(version, tensors) of the latest version. With versions=2 the arrays hold that version's memory while

@@ -263,3 +263,72 @@ def torch_mempool_reader(name: str) -> str:
     model = _mempool_model(torch)
     model.load_state_dict(tensors, assign=True)  # assign: the parameters become the shared views, no copy
     return _forward_digest(torch, model)
+
+
+# Streaming and stream-ordered versions -------------------------------------------------------------------------------
+def sync_within(stream, timeout: float = 60.0) -> None:
+    """Waits for `stream` by polling, so that a stream stuck on a semaphore fails the test instead of hanging it."""
+    deadline = time.monotonic() + timeout
+    while not stream.query():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the stream did not finish within {timeout:g} s")
+        time.sleep(0.001)
+
+
+def torch_stream_state(torch, v: int) -> dict:
+    """Version v of the streamed GPU state: "w" (2 MiB of bf16) spans several 1 MiB buckets."""
+    return {
+        "w": (torch.arange(1 << 20, device="cuda", dtype=torch.float32) + v).to(torch.bfloat16),
+        "b": torch.full((3, 5), float(v), device="cuda"),
+        "i": torch.arange(1000, device="cuda", dtype=torch.int64) * v,
+    }
+
+
+def torch_stream_reader(name: str, versions: int) -> list:
+    """Joins stream `name` and receives `versions` versions on a side stream: receive() for odd turns,
+    receive_iter() (copying each piece itself) for even ones. Returns [(version, every tensor right)]."""
+    torch = torch_cuda()
+    s = torch.cuda.Stream()
+    out = []
+    with gpuipc.stream_reader(name, wait=30) as rd:
+        into = {k: torch.empty_like(x) for k, x in torch_stream_state(torch, 0).items()}
+        torch.cuda.synchronize()
+        for turn in range(versions):
+            if turn % 2 == 0:
+                v = rd.receive(into, stream=s, timeout=60)
+            else:
+                for item in rd.receive_iter(stream=s, timeout=60):
+                    with torch.cuda.stream(s):
+                        into[item.name].view(-1)[item.start : item.start + item.count].copy_(item.view.reshape(-1))
+                v = rd.version
+            sync_within(s)
+            want = torch_stream_state(torch, v)
+            out.append((v, all(torch.equal(into[k], want[k]) for k in want)))
+    return out
+
+
+def torch_stream_wait_version(name: str, ready: str) -> tuple:
+    """Enqueues wait_version(2) on a side stream and a copy of w after it, creates `ready` (the test then
+    publishes version 2) and waits for the stream: (stream was blocked before, version seen at the call, w[0])."""
+    torch = torch_cuda()
+    s = torch.cuda.Stream()
+    with gpuipc.open_tensors(name, versioned=True, wait=30) as r:
+        w = r.tensors["w"]  # versions=1: the live memory
+        seen = r.wait_version(2, stream=s)  # returns at once
+        with torch.cuda.stream(s):
+            got = w[:16].clone()
+        time.sleep(0.5)
+        blocked = not s.query()
+        with gpuipc.Segment.create(ready, 4096):
+            sync_within(s, 60)
+        return blocked, seen, float(got[0].item())
+
+
+def torch_versions_publisher_forever(name: str, ready: str) -> None:
+    """publish_tensors of one GPU tensor (versions=1), creates `ready`, then sleeps until killed."""
+    torch = torch_cuda()
+    pub = gpuipc.publish_tensors(name, {"w": torch.zeros(1024, device="cuda")}, versions=1)
+    torch.cuda.synchronize()
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del pub, keep

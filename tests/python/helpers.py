@@ -205,3 +205,53 @@ def share_later(name: str, delay: float) -> None:
     time.sleep(delay)
     with gpuipc.share_tensors(name, {"w": np.full(1024, 1.0)}):
         time.sleep(2.0)
+
+
+# Bucketed streaming ----------------------------------------------------------------------------------------------------
+def stream_state(v: int) -> dict:
+    """Version v of the streamed state: "a" (200 KB) spans several 64 KiB buckets; an empty and a 0-d tensor."""
+    return {
+        "a": np.arange(50000, dtype=np.float32) + v,
+        "b": np.full((3, 7), v, dtype=np.int64),
+        "h": (np.linspace(0, 1, 1000) + v).astype(np.float16),
+        "z": np.zeros((0, 4), dtype=np.float32),
+        "s": np.array(v * 0.5),
+    }
+
+
+def stream_reader_follow(name: str, versions: int) -> list:
+    """Joins stream `name`, receives `versions` versions; returns [(version, every tensor right)]."""
+    out = []
+    with gpuipc.stream_reader(name, wait=30) as rd:
+        into = {k: np.zeros_like(x) for k, x in stream_state(0).items()}
+        for _ in range(versions):
+            v = rd.receive(into, timeout=60)
+            want = stream_state(v)
+            out.append((v, all(np.array_equal(into[k], want[k]) for k in want)))
+    return out
+
+
+def stream_publisher_dies_mid_version(name: str, ready: str) -> None:
+    """Publishes version 1 of stream_state to one reader, then starts version 2, sends part of it (3 of 4
+    buckets of "a"), creates `ready` and sleeps until killed."""
+    pub = gpuipc.stream_publisher(name, 64 << 10, 2, kind="host")
+    pub.wait_readers(1, timeout=30)
+    pub.publish(stream_state(1))
+    pub.start()
+    pub.update([("a", stream_state(2)["a"])])
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del pub, keep
+
+
+def stream_reader_stalls(name: str, ready: str) -> None:
+    """Receives version 1, takes the first piece of version 2 and never lets its bucket go; creates `ready` and
+    sleeps until killed."""
+    rd = gpuipc.stream_reader(name, wait=30)
+    into = {k: np.zeros_like(x) for k, x in stream_state(0).items()}
+    rd.receive(into, timeout=60)
+    it = rd.receive_iter(timeout=60)
+    next(it)
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del rd, it, keep

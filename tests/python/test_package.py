@@ -82,3 +82,16 @@ def test_stream_arguments():
         stream_handle(True)
     with pytest.raises(ValueError):
         stream_handle(-1)
+
+
+def test_cupy_module_says_what_is_missing():
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("CuPy is installed here: tests/python/test_gpu_streaming.py covers gpuipc.cupy")
+    import gpuipc.cupy as gcupy
+
+    with pytest.raises(ImportError, match="CuPy"):
+        gcupy.set_allocator(None)

@@ -130,3 +130,19 @@ def test_reader_killed_leaves_nothing(name):
         assert pub.pool.stats()["live_blocks"] == 1
         refs = [s for s in gpuipc.Segment.list() if s.name.startswith(name) and s.references]
         assert all(os.getpid() in s.mapper_pids for s in refs), refs
+
+
+def test_wait_version_host_path_and_stream_on_host_memory(name):
+    pub = gpuipc.publish_tensors(name, {"w": np.zeros(8)}, versions=1)
+    with gpuipc.open_tensors(name, versioned=True) as r:
+        assert r.status == "ok"
+        pub.update()
+        assert r.wait_version(2, timeout=1) == 2
+        assert r.wait_version(2, None, 1) == 2  # stream=None: the host path
+        # host tensors have a host-only counter: a stream wait says so instead of enqueuing anything
+        with pytest.raises(gpuipc.InvalidState, match="host memory only"):
+            r.wait_version(3, stream=1)
+        pub.close()
+        assert r.status == "closed"
+        with pytest.raises(gpuipc.Closed):
+            r.wait_version(3, timeout=5)

@@ -1,0 +1,112 @@
+"""GPU tests of bucketed streaming (device staging, torch, a side stream; receive and receive_iter, with and
+without checksums), stream-ordered Reader.wait_version (and its release when the publisher is SIGKILLed), and
+gpuipc.cupy.set_allocator. Skipped (with the reason) where there is no GPU, torch or CuPy."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import gpuipc
+import gpu_helpers
+import helpers
+from test_gpu import _NO_GPU
+
+pytestmark = pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
+
+
+def _torch():
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    torch.zeros(1, device="cuda")  # a current context before gpuipc maps anything
+    return torch
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+def test_stream_round_trip_on_device(name, start, checksum):
+    torch = _torch()
+    # 1 MiB buckets, a ring of two: "w" (2 MiB) is split, each version takes 3 buckets, readers pace the publisher
+    with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, checksum=checksum) as pub:
+        futs = [start(gpu_helpers.torch_stream_reader, name, 3) for _ in range(2)]
+        assert pub.wait_readers(2, timeout=60) == 2
+        s = torch.cuda.Stream()
+        for v in (1, 2, 3):
+            assert pub.publish(gpu_helpers.torch_stream_state(torch, v), stream=s) == v
+        gpu_helpers.sync_within(s)
+        for f in futs:
+            assert f.result(timeout=60) == [(1, True), (2, True), (3, True)]
+
+
+def test_wait_version_on_a_stream(name, start):
+    torch = _torch()
+    with gpuipc.publish_tensors(name, {"w": torch.zeros(1 << 16, device="cuda")}, versions=1) as pub:
+        torch.cuda.synchronize()
+        fut = start(gpu_helpers.torch_stream_wait_version, name, name + "-ready")
+        helpers.wait_for_name(name + "-ready", timeout=60)
+        two = torch.full((1 << 16,), 2.0, device="cuda")
+        assert pub.update_from({"w": two}, stream=torch.cuda.current_stream()) == 2
+        blocked, seen, value = fut.result(timeout=60)
+    assert blocked, "the reader's stream ran before version 2 was published"
+    assert (seen, value) == (1, 2.0)
+
+
+def test_stream_wait_released_when_the_publisher_dies(name):
+    torch = _torch()
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=gpu_helpers.torch_versions_publisher_forever, args=(name, name + "-ready"))
+    p.start()
+    try:
+        helpers.wait_for_name(name + "-ready", timeout=60)
+        s = torch.cuda.Stream()
+        with gpuipc.open_tensors(name, versioned=True, wait=30) as r:
+            assert r.wait_version(5, stream=s) == 1
+            with torch.cuda.stream(s):
+                x = torch.ones(4, device="cuda") * 3
+            time.sleep(0.3)
+            assert not s.query(), "the stream did not wait"
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(30)
+            gpu_helpers.sync_within(s, 30)  # released by the broker's poison
+            assert r.status == "peer_died"
+            with pytest.raises(gpuipc.PeerDied):
+                r.wait_version(5, timeout=5)
+            with pytest.raises(gpuipc.PeerDied):
+                r.wait_version(5, stream=s)  # already poisoned: nothing is enqueued
+            assert float(x.sum()) == 12.0
+    finally:
+        p.kill()
+        p.join()
+    gpuipc.unlink_tensors(name)
+
+
+def test_cupy_allocator(name):
+    cupy = pytest.importorskip("cupy", reason="needs CuPy")
+    import gpuipc.cupy as gcupy
+
+    with gpuipc.Pool.create(name, kind="device", chunk_bytes=8 << 20, max_bytes=16 << 20) as pool:
+        gcupy.set_allocator(pool)
+        try:
+            a = cupy.arange(1 << 16, dtype=cupy.int64)
+            found = gcupy.block_of(a)
+            assert found is not None and found[2] == name
+            assert pool.stats()["live_blocks"] >= 1
+            assert int(a.sum()) == (1 << 16) * ((1 << 16) - 1) // 2
+            del a
+            cupy.cuda.Device().synchronize()
+        finally:
+            gcupy.set_allocator(None)
+        b = cupy.zeros(16)
+        assert gcupy.block_of(b) is None  # CuPy's own pool again
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while pool.stats()["live_blocks"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.stats()["live_blocks"] == 0, "CuPy's frees did not reach the pool"
+        assert np.isfinite(float(b.sum()))
