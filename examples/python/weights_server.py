@@ -1,130 +1,119 @@
 #!/usr/bin/env python3
-"""Load model weights once; let several worker processes map them read-only, without copies.
+"""Load model weights once; let several worker processes use them, with no copy.
 
-The server creates one segment per tensor ("<prefix>.<tensor name>"), fills it, and publishes an index segment
-("<prefix>") that lists names, dtypes and shapes. Workers open the index, then each tensor read-only: on a GPU
-(device segments) they get torch tensors through ``torch.from_dlpack`` that share the server's GPU memory; without
-a GPU (``--cpu``, or no CUDA) the segments are host memory and the workers get NumPy arrays. Writes from a worker
-fault: the mapping is read-only.
+The server builds its model under ``gpuipc.torch.MemPool``, so every parameter is born in shareable GPU memory,
+and shares the state dict under one name with ``gpuipc.share_tensors``: by reference, nothing is copied. Each
+worker process opens it with ``gpuipc.open_tensors`` (one call: the index, one pool join, one mapping per pool
+chunk; the tensors are views, mapped read-only), loads it into its own model with
+``load_state_dict(..., assign=True)`` (the parameters become those views) and runs a forward pass, whose output
+matches the server's bit for bit.
 
-    python examples/python/weights_server.py --workers 3            # GPU if there is one, else CPU
-    python examples/python/weights_server.py --cpu --workers 2 --mib 8
+Needs a GPU and PyTorch 2.6 or later (for versioned updates see rl_weight_sync.py).
+
+    python examples/python/weights_server.py --workers 3
+    python examples/python/weights_server.py --workers 2 --mib 16
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import hashlib
 import multiprocessing
 import os
 import sys
 import time
-from typing import Dict, List, Tuple
-
-import numpy as np
 
 import gpuipc
 
+WIDTH = 1024  # each layer is a WIDTH x WIDTH bf16 Linear: 2 MiB
 
-def have_gpu() -> bool:
+
+def why_no_gpu() -> str:
+    """'' when torch sees a GPU, else why not."""
     try:
         import torch
-
-        return torch.cuda.is_available()
     except ImportError:
-        return False
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return ""
 
 
-def make_weights(total_mib: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
-    """Tensor names -> (dtype, shape): a small transformer-like layout totalling about `total_mib`."""
-    rows = max(1, int(total_mib * (1 << 20) / 4 / 4 / 1024))
-    return {
-        "embed": ("float32", (rows, 1024)),
-        "attn.qkv": ("float32", (rows, 1024)),
-        "attn.out": ("float32", (rows, 1024)),
-        "mlp": ("float32", (rows, 1024)),
-        "norm.bias": ("float16", (1024,)),
-    }
+def build(torch, layers: int):
+    """The model: `layers` Linear + GELU blocks (its weights come from the seed; workers build it on 'meta')."""
+    torch.manual_seed(1234)
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU()]
+    return torch.nn.Sequential(*blocks)
 
 
-def expected_value(name: str) -> float:
-    """The value the server writes into every element of tensor `name` (workers check it)."""
-    return float(sum(name.encode()) % 97)
+def forward_digest(torch, model) -> str:
+    x = torch.arange(16 * WIDTH, device="cuda", dtype=torch.float32).reshape(16, WIDTH).sin().to(torch.bfloat16)
+    with torch.no_grad():
+        y = model(x)
+    torch.cuda.synchronize()
+    return hashlib.sha256(y.float().cpu().numpy().tobytes()).hexdigest()
 
 
-def serve(prefix: str, layout: Dict[str, Tuple[str, Tuple[int, ...]]], kind: str) -> List[gpuipc.Segment]:
-    """Creates and fills one segment per tensor, then the index; returns the segments (keep them alive)."""
-    segments = []
-    for tname, (dtype, shape) in layout.items():
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        seg = gpuipc.Segment.create(f"{prefix}.{tname}", nbytes, kind=kind, mode=0o644)
-        if kind == "device":
-            import torch
+def worker(name: str, layers: int, digest: str, wid: int) -> str:
+    """Opens the weights, loads them into a model without copying them, checks its output; returns a report."""
+    import torch
 
-            torch.from_dlpack(seg.as_array(dtype, shape)).fill_(expected_value(tname))
-            torch.cuda.synchronize()
-        else:
-            seg.as_array(dtype, shape)[...] = expected_value(tname)
-        segments.append(seg)
-    index = json.dumps({"kind": kind, "tensors": {k: [d, list(s)] for k, (d, s) in layout.items()}}).encode()
-    idx = gpuipc.Segment.create(prefix, len(index) + 8, mode=0o644)
-    idx.as_array("uint64", 1)[0] = len(index)
-    idx.as_array("uint8", len(index), offset=8)[:] = np.frombuffer(index, dtype=np.uint8)
-    segments.append(idx)
-    return segments
-
-
-def worker(prefix: str, wid: int) -> str:
-    """Maps every tensor read-only and checks it; returns a one-line report."""
+    torch.cuda.set_device(0)
+    torch.zeros(1, device="cuda")  # the CUDA context, before the clock
     t0 = time.perf_counter()
-    with gpuipc.Segment.open(prefix, readonly=True, wait=30) as idx:
-        n = int(idx.as_array("uint64", 1)[0])
-        index = json.loads(bytes(idx.as_array("uint8", n, offset=8)))
-    tensors = {}
-    for tname, (dtype, shape) in index["tensors"].items():
-        with gpuipc.Segment.open(f"{prefix}.{tname}", readonly=True) as seg:
-            view = seg.as_array(dtype, tuple(shape))  # keeps the mapping after the handle closes
-        if index["kind"] == "device":
-            import torch
-
-            t = torch.from_dlpack(view)
-            ok = bool((t == expected_value(tname)).all().item())
-        else:
-            t = view
-            assert not t.flags.writeable
-            ok = bool((t == expected_value(tname)).all())
-        if not ok:
-            raise SystemExit(f"worker {wid}: tensor {tname} has wrong contents")
-        tensors[tname] = t
-    mib = sum(int(np.prod(t.shape)) * (t.element_size() if hasattr(t, "element_size") else t.itemsize)
-              for t in tensors.values()) / (1 << 20)
-    return (f"worker {wid} (pid {os.getpid()}): mapped {len(tensors)} tensors, {mib:.1f} MiB, read-only, "
-            f"in {1e3 * (time.perf_counter() - t0):.1f} ms")
+    weights = gpuipc.open_tensors(name, device=0, wait=30)  # dict of torch tensors: views of the server's memory
+    t1 = time.perf_counter()
+    with torch.device("meta"):
+        model = build(torch, layers)  # no memory: every parameter comes from `weights`
+    model.load_state_dict(weights, assign=True)
+    t2 = time.perf_counter()
+    same = all(p.data_ptr() == weights[k].data_ptr() for k, p in model.state_dict().items())
+    ok = forward_digest(torch, model) == digest
+    t3 = time.perf_counter()
+    if not (same and ok):
+        raise SystemExit(f"worker {wid}: {'output differs from the server' if same else 'a parameter was copied'}")
+    mib = sum(t.numel() * t.element_size() for t in weights.values()) / (1 << 20)
+    return (f"worker {wid} (pid {os.getpid()}): opened {len(weights)} tensors, {mib:.1f} MiB, read-only, in "
+            f"{1e3 * (t1 - t0):.2f} ms; load_state_dict(assign=True) {1e3 * (t2 - t1):.2f} ms; forward "
+            f"{1e3 * (t3 - t2):.1f} ms, output equal to the server's bit for bit")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=3)
-    ap.add_argument("--mib", type=int, default=64, help="total size of the weights")
-    ap.add_argument("--cpu", action="store_true", help="host segments and NumPy even when a GPU is present")
-    ap.add_argument("--prefix", default=f"weights-{os.getpid()}")
+    ap.add_argument("--mib", type=int, default=64, help="about how large the weights are")
+    ap.add_argument("--name", default=f"weights-{os.getpid()}")
     args = ap.parse_args()
+    why = why_no_gpu()
+    if why:
+        print(f"weights_server.py needs a GPU: {why}", file=sys.stderr)
+        return 2
+    import torch
 
-    kind = "host" if args.cpu or not have_gpu() else "device"
+    import gpuipc.torch
+
+    layers = max(1, args.mib // 2)
     t0 = time.perf_counter()
-    segments = serve(args.prefix, make_weights(args.mib), kind)
-    print(f"server: loaded {args.mib} MiB into {len(segments) - 1} {kind} segments in "
-          f"{1e3 * (time.perf_counter() - t0):.1f} ms")
+    pool = gpuipc.torch.MemPool(args.name + ".weights", device=0)  # the name of the pool, for `gpuipc ls`
+    with torch.cuda.use_mem_pool(pool):
+        model = build(torch, layers).to(device="cuda", dtype=torch.bfloat16)  # parameters born in the pool
+    digest = forward_digest(torch, model)
+    t1 = time.perf_counter()
+    shared = gpuipc.share_tensors(args.name, model.state_dict())
+    t2 = time.perf_counter()
     try:
+        how = "by reference, no copy" if shared.pool is None else "with a copy (some tensors were not in the pool)"
+        print(f"server: built a {layers}-layer model in gpuipc.torch.MemPool in {1e3 * (t1 - t0):.1f} ms; shared "
+              f"{len(model.state_dict())} tensors as {args.name!r} {how} in {1e3 * (t2 - t1):.2f} ms")
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(args.workers) as pool:
-            for line in pool.starmap(worker, [(args.prefix, i) for i in range(args.workers)]):
+        with ctx.Pool(args.workers) as workers:
+            jobs = [(args.name, layers, digest, i) for i in range(args.workers)]
+            for line in workers.starmap(worker, jobs):
                 print(line)
     finally:
-        for seg in segments:
-            name = seg.name
-            seg.close()
-            gpuipc.Segment.unlink(name)
+        shared.close()  # removes the name; the workers are done with it
     return 0
 
 

@@ -126,8 +126,9 @@ class _TorchBlock:
         self.size = ref.size
         self.pool = pool
 
-    def view(self) -> "BlockView":
-        return self.pool.resolve(self.ref)
+    def view(self) -> _gpuipc.ArrayView:
+        """The block as bytes, like Block.view (update_from and Publisher.tensors copy into it)."""
+        return self.pool.resolve(self.ref).view()
 
     def free(self) -> None:  # PyTorch frees it, not share_tensors
         pass

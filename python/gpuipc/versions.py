@@ -44,11 +44,19 @@ class Publisher(SharedTensors):
         if versions == 2 and any(s.block is not None for s in plan.storages):
             raise InvalidArgument("internal: versions=2 packs every tensor")
         copies = 1 if versions == 1 else 4  # versions=2: front, back, and room for versions readers still pin
-        super().__init__(name, plan, kind, device, mode, copies, "host" if kind == "host" else "host_pinned")
+        # update(stream=...) orders its signal after the stream only on a host_pinned counter: one is needed whenever
+        # a tensor lives on a GPU, packed or shared by reference (a dict born in a gpuipc.torch.MemPool packs
+        # nothing, and its pool kind then reads "host").
+        gpus = sorted({s.device_id for s in plan.storages if s.device_type == DL_CUDA})
+        self._sem_device = gpus[0] if gpus else device
+        sem_kind = "host_pinned" if kind != "host" or gpus else "host"
+        super().__init__(name, plan, kind, device, mode, copies, sem_kind)
 
     def _setup_extra(self) -> None:
         try:
-            self._sem = Semaphore.create(self.name + ".version", initial=1, kind=self._sem_kind, mode=self._mode)
+            self._sem = Semaphore.create(
+                self.name + ".version", initial=1, kind=self._sem_kind, device=self._sem_device, mode=self._mode
+            )
         except AlreadyExists:
             raise _taken(self.name + ".version", "semaphore") from None
         self._made.append(("semaphore", self.name + ".version"))

@@ -234,8 +234,7 @@ def test_semaphore_orders_streams_across_processes(name, start):
 
 
 @pytest.mark.parametrize("script, args", [
-    ("weights_server.py", ["--workers", "2", "--mib", "16"]),
-    ("pipeline.py", ["--frames", "100", "--size", "256"]),
+    ("pipeline.py", ["--frames", "100", "--size", "256"]),  # weights_server.py, rl_weight_sync.py: test_examples.py
 ])
 def test_examples_on_the_gpu(script, args):
     _torch()
