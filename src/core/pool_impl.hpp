@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstdint>
 #include <chrono>
 #include <mutex>
 #include <string>
