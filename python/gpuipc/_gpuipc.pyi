@@ -348,6 +348,14 @@ class Pool:
         or DLPack export made from it) keeps, given back when the last of them goes.
         """
 
+    def views_of(self, raw: bytes, readonly: bool, hold: bool, dlpack: bool) -> list:
+        """
+        Views of the blocks that ``raw`` (concatenated 40-byte BlockRefs) names, in order, each with a hold when
+        ``hold`` (given back when the view and everything made from it go); with ``dlpack``, a DLPack capsule
+        of each instead of a view. Raises InvalidArgument at the first stale or forged ref (holds taken so far
+        are given back).
+        """
+
     def hold(self, ref: tuple[int, int, int, int, int, int]) -> None:
         """Takes a hold on the block: its memory is not reused until released."""
 

@@ -105,6 +105,11 @@ def read_refs(index: Index, mem: np.ndarray, k: int) -> List[BlockRef]:
     return out
 
 
+def read_refs_raw(index: Index, mem: np.ndarray, k: int) -> bytes:
+    """The refs of slot k as they lie (40 bytes each, in storage order), for Pool views_of."""
+    return bytes(_slot(index, mem, k)[_SLOT_HEADER : _SLOT_HEADER + len(index.storages) * _REF_BYTES])
+
+
 def write_slot(index: Index, mem: np.ndarray, k: int, version: int, refs: List[BlockRef]) -> None:
     """Rewrites slot k: stamp 0, the refs, then the stamp ``version`` (readers check it before and after)."""
     slot = _slot(index, mem, k)

@@ -289,8 +289,20 @@ def unlink_tensors(name: str) -> None:
 
 
 # Opening --------------------------------------------------------------------------------------------------------------
+def _torch_if_all(tensors: List[Dict[str, Any]]) -> Any:
+    """torch, when every tensor record came from torch and torch is importable; else None."""
+    if not tensors or any(t.get("framework") != "torch" for t in tensors):
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 def build(tensors: List[Dict[str, Any]], views: List[Any], readonly: bool) -> Dict[str, Any]:
-    """Arrays for the tensor records over storage views (ArrayViews; None for storages without memory)."""
+    """Arrays for the tensor records over storage views (ArrayViews or, for torch, DLPack capsules of them; None
+    for storages without memory)."""
     torch = None
     if any(t.get("framework") == "torch" for t in tensors):
         try:
@@ -298,6 +310,7 @@ def build(tensors: List[Dict[str, Any]], views: List[Any], readonly: bool) -> Di
         except ImportError:
             torch = None
     storage_tensors: Dict[int, Any] = {}
+    typed: Dict[Tuple[int, str], Any] = {}  # (storage, dtype) -> the storage's memory as a 1-D tensor of dtype
     out: Dict[str, Any] = {}
     for t in tensors:
         dt = dtype_of(t["dtype"])
@@ -308,10 +321,19 @@ def build(tensors: List[Dict[str, Any]], views: List[Any], readonly: bool) -> Di
             if base is None:
                 out[t["name"]] = torch.empty(shape, dtype=tdt)
                 continue
-            if s not in storage_tensors:
-                storage_tensors[s] = torch.from_dlpack(base.__dlpack__())
-            st = storage_tensors[s]
-            out[t["name"]] = torch.empty(0, dtype=tdt, device=st.device).set_(st.untyped_storage(), t["offset"], shape, strides)
+            st = storage_tensors.get(s)
+            if st is None:
+                st = storage_tensors[s] = torch.from_dlpack(base if not hasattr(base, "__dlpack__") else base.__dlpack__())
+            key = (s, t["dtype"])
+            b = typed.get(key)
+            if b is None and st.numel() % dt.itemsize == 0:
+                b = typed[key] = st.view(tdt)
+            if b is not None:  # one as_strided over the storage (the common case, and the fast one)
+                out[t["name"]] = b.as_strided(shape, strides, t["offset"])
+            else:
+                out[t["name"]] = torch.empty(0, dtype=tdt, device=st.device).set_(
+                    st.untyped_storage(), t["offset"], shape, strides
+                )
         elif base is None:
             arr = np.empty(shape, dtype=dt.numpy) if dt.numpy is not None else None
             if arr is not None and readonly:
@@ -353,9 +375,20 @@ class _Opened:
                 except NotFound:
                     raise PeerDied(f"the pool {st['pool']!r} of tensors {name!r} is gone (its owner removed it)") from None
 
-    def views(self, refs: List[BlockRef]) -> List[Any]:
-        """Held views of every storage; InvalidArgument when a ref is stale (its block was freed)."""
-        return [self.pools[st["pool"]]._pool.view(r._tuple(), self.readonly, True) for st, r in zip(self.index.storages, refs)]
+    def views(self, raw: bytes, dlpack: bool = False) -> List[Any]:
+        """Held views of every storage (DLPack capsules of them with ``dlpack``), from the slot's raw refs (40
+        bytes each), one call per run of storages in one pool; InvalidArgument when a ref is stale (freed)."""
+        out: List[Any] = []
+        storages = self.index.storages
+        i = 0
+        while i < len(storages):
+            j = i
+            while j < len(storages) and storages[j]["pool"] == storages[i]["pool"]:
+                j += 1
+            pool = self.pools[storages[i]["pool"]]._pool
+            out.extend(pool.views_of(raw[i * 40 : j * 40], self.readonly, True, dlpack))
+            i = j
+        return out
 
     def close(self) -> None:
         for p in self.pools.values():
@@ -390,9 +423,9 @@ def open_tensors(
 
                     with Reader(name, readonly=readonly, device=device, _index=(index, seg, mem)) as r:
                         return r.snapshot()[1]
-                refs = _index.read_refs(index, mem, 0)
+                raw = _index.read_refs_raw(index, mem, 0)
                 try:
-                    views = opened.views(refs)
+                    views = opened.views(raw, dlpack=_torch_if_all(index.tensors) is not None)
                 except InvalidArgument as e:
                     raise PeerDied(f"the tensors of {name!r} were freed (their owner closed or died): {e}") from None
                 if _index.read_stamp(index, mem, 0) == v:

@@ -20,7 +20,7 @@ from ._tensorinfo import DL_CUDA, describe
 from .errors import AlreadyExists, Error, InvalidArgument, InvalidState, PeerDied, QuotaExceeded
 from .pool import Block, BlockRef
 from .semaphore import Semaphore
-from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, build, read_index
+from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, _torch_if_all, build, read_index
 
 __all__ = ["publish_tensors", "Publisher", "Reader"]
 
@@ -287,9 +287,9 @@ class Reader:
                     return self._last
                 time.sleep(0.0005)
                 continue
-            refs = _index.read_refs(idx, mem, k)
+            raw = _index.read_refs_raw(idx, mem, k)
             try:
-                views = self._opened.views(refs)
+                views = self._opened.views(raw, dlpack=_torch_if_all(idx.tensors) is not None)
             except InvalidArgument:
                 if self._sem.value == v and self._sem.status != "ok":
                     if self._last is not None:

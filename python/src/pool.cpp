@@ -6,8 +6,12 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
 
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "cuda/pointer.hpp"
 #include "gpuipc/pool.hpp"
@@ -220,6 +224,64 @@ void bind_pool(nb::module_& m) {
           "ref"_a, "readonly"_a, "hold"_a = false,
           "The block ``ref`` names as bytes (resolving it). ``hold``: take a hold that the view (and every array\n"
           "or DLPack export made from it) keeps, given back when the last of them goes.")
+      .def(
+          "views_of",
+          [](PyPool& p, nb::bytes raw, bool readonly, bool hold, bool dlpack) {
+            // One call for a whole index: decodes the 40-byte refs, holds and resolves each, and makes its view
+            // (or, with dlpack, its legacy DLPack capsule), asking the driver for the device once per chunk.
+            Pool& pool = p.get();
+            const auto* data = static_cast<const std::byte*>(raw.data());
+            if (raw.size() % kBlockRefBytes != 0) {
+              throw Error(ErrorCode::InvalidArgument,
+                          fmt::format("{} bytes are not a whole number of {}-byte BlockRefs", raw.size(),
+                                      kBlockRefBytes),
+                          "views_of");
+            }
+            const std::size_t n = raw.size() / kBlockRefBytes;
+            std::vector<ArrayView> views;
+            views.reserve(n);
+            {
+              nb::gil_scoped_release unlocked;
+              std::vector<std::pair<std::uint32_t, int>> devices;  // chunk -> device id, for device kinds
+              for (std::size_t i = 0; i < n; ++i) {
+                const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
+                std::shared_ptr<const void> owner;
+                if (hold) {
+                  pool.hold(r);
+                  owner = std::make_shared<const HeldBlock>(pool, r);
+                } else {
+                  owner = std::make_shared<const Pool>(pool);
+                }
+                const auto address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
+                int device_type = kDLCPU;
+                int device_id = 0;
+                if (is_gpu(pool.kind())) {
+                  device_type = kDLCUDA;
+                  auto it = std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.first == r.chunk; });
+                  if (it == devices.end()) {
+                    devices.emplace_back(r.chunk, cuda::pointer_info(static_cast<CUdeviceptr>(address)).device);
+                    it = devices.end() - 1;
+                  }
+                  device_id = it->second;
+                }
+                views.push_back(ArrayView::bytes(std::move(owner), address, r.size, readonly, device_type, device_id));
+              }
+            }
+            nb::list out;
+            for (const ArrayView& v : views) {
+              if (dlpack) {
+                out.append(dlpack_export(v, nb::none(), std::nullopt, std::nullopt, std::nullopt));
+              } else {
+                out.append(nb::cast(v));
+              }
+            }
+            return out;
+          },
+          "raw"_a, "readonly"_a, "hold"_a, "dlpack"_a,
+          "Views of the blocks that ``raw`` (concatenated 40-byte BlockRefs) names, in order, each with a hold when\n"
+          "``hold`` (given back when the view and everything made from it go); with ``dlpack``, a DLPack capsule\n"
+          "of each instead of a view. Raises InvalidArgument at the first stale or forged ref (holds taken so far\n"
+          "are given back).")
       .def(
           "hold",
           [](PyPool& p, const RefTuple& ref) {

@@ -50,6 +50,8 @@ std::string device_name(int type, int id) {
   return type == kDLCUDA ? "cuda:" + std::to_string(id) : std::string("cpu");
 }
 
+}  // namespace
+
 nb::object dlpack_export(const ArrayView& v, nb::handle /*stream*/, std::optional<std::tuple<int, int>> max_version,
                          std::optional<std::tuple<int, int>> dl_device, std::optional<bool> copy) {
   if (copy.value_or(false)) buffer_error("gpuipc views are zero-copy: __dlpack__(copy=True) is not supported");
@@ -89,6 +91,8 @@ nb::object dlpack_export(const ArrayView& v, nb::handle /*stream*/, std::optiona
   e.release();  // NOLINT(bugprone-unused-return-value): the capsule owns it now
   return nb::steal(capsule);
 }
+
+namespace {
 
 nb::dict cuda_array_interface(const ArrayView& v) {
   if (v.device_type != kDLCUDA) {

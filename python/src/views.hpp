@@ -5,7 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common.hpp"
@@ -46,5 +48,10 @@ struct ArrayView {
   static ArrayView bytes(std::shared_ptr<const void> owner, std::uintptr_t address, std::size_t nbytes, bool readonly,
                          int device_type, int device_id);
 };
+
+/// A DLPack capsule of `v` ("dltensor_versioned" when `max_version` >= 1.0, else the legacy "dltensor"), owning a
+/// copy of `v.owner`. `copy` true and a `dl_device` other than the view's raise BufferError.
+nb::object dlpack_export(const ArrayView& v, nb::handle stream, std::optional<std::tuple<int, int>> max_version,
+                         std::optional<std::tuple<int, int>> dl_device, std::optional<bool> copy);
 
 }  // namespace gpuipc::py

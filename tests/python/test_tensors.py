@@ -148,3 +148,32 @@ def test_nothing_left_after_views_go(name):
     del shared
     gc.collect()
     assert _gpuipc._live_objects() == base
+
+
+def test_torch_cpu_layout_shared_storage_and_holds(name):
+    """torch tensors (host memory): one DLPack import per storage, then one as_strided per tensor; dtype, shape,
+    strides, storage offset and shared storage kept, and the blocks held until the last view goes."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    base = torch.arange(64, dtype=torch.float32)
+    state = {
+        "a": base,
+        "t": base[::2].reshape(4, 8),  # strides (16, 2) over a's storage
+        "o": base[10:20],  # storage offset 10
+        "h": torch.ones(3, dtype=torch.bfloat16),
+        "i": base.view(torch.int32)[5:9],  # another dtype over the same storage
+        "e": torch.empty(0, dtype=torch.float16),
+    }
+    with gpuipc.share_tensors(name, state):
+        got = gpuipc.open_tensors(name, readonly=False)  # writable: the test writes through a view below
+    for k, want in state.items():
+        t = got[k]
+        assert (t.dtype, tuple(t.shape), t.stride()) == (want.dtype, tuple(want.shape), want.stride()), k
+        if want.numel():
+            assert t.storage_offset() == want.storage_offset(), k
+            assert torch.equal(t, want), k
+    ptr = got["a"].untyped_storage().data_ptr()
+    assert {got[k].untyped_storage().data_ptr() for k in ("a", "t", "o", "i")} == {ptr}
+    assert got["h"].untyped_storage().data_ptr() != ptr
+    got["a"][12] = -1.0  # writes land in the one shared storage
+    assert got["o"][2].item() == -1.0 and got["t"][0, 6].item() == -1.0
+    del got, t
