@@ -378,7 +378,11 @@ def _open_ack(gpuipc, name, procs, results):
                 raise PeerFailed(f"the peer did not create its acknowledgement semaphore {name!r}: {why}") from None
 
 
-def update_reader(name, ack_name, spec_path, rounds, results):
+#: How long a spinning reader polls before it sleeps (the reader is blocked some 2 ms before each update).
+SPIN_S = 0.05
+
+
+def update_reader(name, ack_name, spec_path, spins, results):
     try:
         torch = cuda_init()
         import gpuipc
@@ -388,9 +392,9 @@ def update_reader(name, ack_name, spec_path, rounds, results):
         r = gpuipc.open_tensors(name, versioned=True, device=0, wait=TIMEOUT)
         v = r.version
         t1, seen = [], []
-        for i in range(rounds):
+        for i, spin in enumerate(spins):
             ack.signal_host(i + 1)  # about to wait for version v + 1
-            got = r.wait_version(v + 1, timeout=TIMEOUT)
+            got = r.wait_version(v + 1, timeout=TIMEOUT, spin=SPIN_S if spin else None)
             t1.append(time.monotonic_ns())
             seen.append(got)
             v += 1
@@ -405,17 +409,20 @@ def update_reader(name, ack_name, spec_path, rounds, results):
 
 
 def measure_updates(torch, gpuipc, pub, name, versions, updates, copies, source, spec_path):
-    modes = (("stream", torch.cuda.current_stream()), ("host", None))
-    rounds = len(modes) * (WARMUP_UPDATES + updates)
+    # A reader sleeping in wait_version (spins 20 us, then a futex), and one polling (spin=SPIN_S).
+    cur = torch.cuda.current_stream()
+    modes = (("stream", cur, False), ("host", None, False), ("stream_spin", cur, True), ("host_spin", None, True))
+    spins = [spin for _, _, spin in modes for _ in range(WARMUP_UPDATES + updates)]
+    rounds = len(spins)
     ack_name = name + ".ack"
-    _, results, procs = _spawn(update_reader, [(name, ack_name, spec_path, rounds)])
+    _, results, procs = _spawn(update_reader, [(name, ack_name, spec_path, spins)])
     ok = False
     out = {"signal": "stream-ordered" if pub._sem_kind == "host_pinned" else "host (update(stream=...) does not "
            "order the signal after the stream: the version semaphore is host-kind)"}
     try:
         ack = _open_ack(gpuipc, ack_name, procs, results)
         t0s, call_us, i = [], [], 0
-        for mode, stream in modes:
+        for mode, stream, _ in modes:
             for _ in range(WARMUP_UPDATES + updates):
                 if versions == 2:
                     pub.tensors  # the back buffer (allocated, filled with the front), before the clock
@@ -439,7 +446,7 @@ def measure_updates(torch, gpuipc, pub, name, versions, updates, copies, source,
         raise RuntimeError(f"the reader saw versions {payload['seen'][:5]}... : not each version in turn")
     visible = [(t1 - t0) / 1e3 for t0, t1 in zip(t0s, payload["t1_ns"])]
     n = WARMUP_UPDATES + updates
-    for m, (mode, _) in enumerate(modes):
+    for m, (mode, _, _) in enumerate(modes):
         lo = m * n + WARMUP_UPDATES
         out[mode] = {"visible_us": visible[lo:(m + 1) * n], "call_us": call_us[lo:(m + 1) * n]}
     # update_from of the whole dict: the copy in, then the update; until its stream has finished. The source holds

@@ -78,6 +78,10 @@ class Semaphore {
   /// Waits on the host until the value reaches `value`: spins briefly, then sleeps (futex). Returns Ok, Timeout,
   /// PeerDied or Closed (poisoned), with the value seen.
   WaitResult wait_host(std::uint64_t value, std::chrono::nanoseconds timeout) noexcept;
+  /// wait_host polling for up to `spin` before it sleeps (the other overload: 20 us). A GPU stream's signal
+  /// (signal(stream, v)) wakes no sleeper by itself (wake_host costs a host callback, ~100 us): a waiter that
+  /// must see it within microseconds spins for as long as it expects to wait, at the cost of a CPU core.
+  WaitResult wait_host(std::uint64_t value, std::chrono::nanoseconds timeout, std::chrono::nanoseconds spin) noexcept;
   /// The current value (without the poison bit).
   std::uint64_t value() const noexcept;
   /// Ok, or why it is poisoned (PeerDied, Closed).

@@ -110,11 +110,12 @@ def read_refs_raw(index: Index, mem: np.ndarray, k: int) -> bytes:
     return bytes(_slot(index, mem, k)[_SLOT_HEADER : _SLOT_HEADER + len(index.storages) * _REF_BYTES])
 
 
-def write_slot(index: Index, mem: np.ndarray, k: int, version: int, refs: List[BlockRef]) -> None:
-    """Rewrites slot k: stamp 0, the refs, then the stamp ``version`` (readers check it before and after)."""
+def write_slot(index: Index, mem: np.ndarray, k: int, version: int, refs: "List[BlockRef] | bytes") -> None:
+    """Rewrites slot k: stamp 0, the refs (BlockRefs, or their 40-byte forms joined), then the stamp ``version``
+    (readers check it before and after)."""
     slot = _slot(index, mem, k)
     stamp = slot[:8].view("<u8")
     stamp[0] = 0
-    raw = b"".join(bytes(r) for r in refs)
+    raw = refs if isinstance(refs, bytes) else b"".join(bytes(r) for r in refs)
     slot[_SLOT_HEADER : _SLOT_HEADER + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     stamp[0] = version

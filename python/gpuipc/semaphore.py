@@ -77,12 +77,14 @@ class Semaphore:
         PeerDied/Closed, InvalidState (a waiter)."""
         self._sem.signal_host(value)
 
-    def wait_host(self, value: int, timeout: Optional[float] = None) -> int:
+    def wait_host(self, value: int, timeout: Optional[float] = None, spin: Optional[float] = None) -> int:
         """Waits (without the GIL; Ctrl-C interrupts) until the value reaches ``value``; returns the value seen.
 
-        timeout: seconds (None: forever; 0: only look). Raises Timeout (WouldBlock for 0), PeerDied, Closed.
+        timeout: seconds (None: forever; 0: only look). spin: seconds to poll before sleeping (None: 20 us). A
+        stream's signal wakes no sleeper by itself: a waiter that must see it within microseconds spins for as
+        long as it expects to wait, at the cost of a CPU core. Raises Timeout (WouldBlock for 0), PeerDied, Closed.
         """
-        return self._sem.wait_host(value, timeout)
+        return self._sem.wait_host(value, timeout, spin)
 
     @property
     def value(self) -> int:

@@ -39,6 +39,7 @@ class Publisher(SharedTensors):
         self._sem: Optional[Semaphore] = None
         self._version = 1
         self._back: Optional[List[Block]] = None
+        self._back_raw = b""
         plan = _plan(tensors, adopt=versions == 1)
         kind, device = _pool_kind(plan, kind)
         if versions == 2 and any(s.block is not None for s in plan.storages):
@@ -123,6 +124,7 @@ class Publisher(SharedTensors):
                 v = src.view()
                 _gpuipc._copy_to_view(dst.view(), 0, src.address, DL_CUDA if v.is_cuda else 1, _device(v), src.size, 0)
         self._back = back
+        self._back_raw = b"".join(bytes(b.ref) for b in back)  # the slot's contents, ready before update()
         return back
 
     @property
@@ -141,7 +143,7 @@ class Publisher(SharedTensors):
         v = self._version + 1
         if self._versions == 2:
             back = self._ensure_back(copy_front=True)
-            _index.write_slot(self._index, self._mem, v % 2, v, [b.ref for b in back])
+            _index.write_slot(self._index, self._mem, v % 2, v, self._back_raw)
         if stream is not None and self._sem_kind == "host_pinned":
             self._sem.signal(v, stream_handle(stream), wake_host=True)
         else:
@@ -239,11 +241,15 @@ class Reader:
     def versions(self) -> int:
         return int(self._index.versioning["versions"])
 
-    def wait_version(self, version: int, stream: Any = None, timeout: Optional[float] = None) -> int:
+    def wait_version(
+        self, version: int, stream: Any = None, timeout: Optional[float] = None, spin: Optional[float] = None
+    ) -> int:
         """Waits until version ``version`` is published.
 
         stream None: on the host (Ctrl-C interrupts); returns the latest version. Raises Timeout, PeerDied (the
-        publisher died; the last version stays readable), Closed (it closed).
+        publisher died; the last version stays readable), Closed (it closed). spin: seconds to poll before
+        sleeping (None: 20 us); an update signalled in stream order is seen within microseconds only by a waiter
+        still polling (a sleeper is woken by a host callback, some 100 us later), at the cost of a CPU core.
 
         stream given (a torch.cuda.Stream, an int handle, or anything with ``cuda_stream`` / ``__cuda_stream__``):
         enqueues the wait on that stream and returns at once (the version seen now, maybe lower): work enqueued on
@@ -256,7 +262,7 @@ class Reader:
         reader (wait_version, :attr:`status`) reports it: after synchronizing the stream, check
         ``reader.status == "ok"`` before trusting what that work read."""
         if stream is None:
-            return self._sem.wait_host(version, timeout)
+            return self._sem.wait_host(version, timeout, spin)
         try:
             self._sem.wait(version, stream)
         except InvalidState as e:

@@ -101,19 +101,20 @@ void bind_semaphore(nb::module_& m) {
           "value"_a)
       .def(
           "wait_host",
-          [](PySemaphore& s, std::uint64_t value, std::optional<double> timeout) {
+          [](PySemaphore& s, std::uint64_t value, std::optional<double> timeout, std::optional<double> spin) {
             auto lock = lock_shared(s);
             WaitResult r;
             const auto limit = to_timeout(timeout, "timeout");
+            const auto spin_for = spin ? to_timeout(spin, "spin") : std::chrono::nanoseconds(std::chrono::microseconds(20));
             Status st = wait_in_slices(limit, [&](std::chrono::nanoseconds slice) {
-              r = s.sem.wait_host(value, slice);
+              r = s.sem.wait_host(value, slice, spin_for);
               return r.status;
             });
             if (st == Status::Timeout && limit.count() == 0) st = Status::WouldBlock;  // as channels say it
             check_status(st, "wait_host(" + std::to_string(value) + ") on semaphore '" + s.sem.name() + "'");
             return r.value;
           },
-          "value"_a, "timeout"_a = nb::none())
+          "value"_a, "timeout"_a = nb::none(), "spin"_a = nb::none())
       .def_prop_ro("value", [](PySemaphore& s) {
         auto lock = lock_shared(s);
         return s.sem.value();

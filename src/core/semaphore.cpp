@@ -177,6 +177,11 @@ Status Semaphore::signal_host(std::uint64_t value) noexcept {
 }
 
 WaitResult Semaphore::wait_host(std::uint64_t value, std::chrono::nanoseconds timeout) noexcept {
+  return wait_host(value, timeout, core::kDefaultSpin);
+}
+
+WaitResult Semaphore::wait_host(std::uint64_t value, std::chrono::nanoseconds timeout,
+                                std::chrono::nanoseconds spin) noexcept {
   WaitResult r;
   if (!m_impl) {
     r.status = Status::InvalidState;
@@ -188,7 +193,7 @@ WaitResult Semaphore::wait_host(std::uint64_t value, std::chrono::nanoseconds ti
     r.value = cur & proto::kMaxValue;
     outcome = m_impl->poison_status(cur);
     return outcome != Status::Ok || r.value >= value;
-  });
+  }, nullptr, spin);
   r.status = st == Status::Ok ? outcome : st;
   return r;
 }

@@ -22,19 +22,21 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-/// Waits until `ready()` returns true (its captures carry the result). Spins ~20 us, then sleeps on `futex_word`
-/// with a timeout that starts at 50 us and doubles up to 1 ms, so changes that do not bump the word (a GPU
-/// stream's write) are still seen. A negative timeout waits forever. Returns Ok when ready() said so, Timeout
-/// when `timeout` passed first. Does not allocate.
+/// How long wait_on polls before it sleeps, unless told otherwise.
+inline constexpr std::chrono::nanoseconds kDefaultSpin = std::chrono::microseconds(20);
+
+/// Waits until `ready()` returns true (its captures carry the result). Spins for `spin` (20 us by default), then
+/// sleeps on `futex_word` with a timeout that starts at 50 us and doubles up to 1 ms, so changes that do not bump
+/// the word (a GPU stream's write) are still seen. A negative timeout waits forever. Returns Ok when ready() said
+/// so, Timeout when `timeout` passed first. Does not allocate.
 template <typename Ready>
 Status wait_on(const std::uint32_t& futex_word, std::chrono::nanoseconds timeout, Ready&& ready,
-               std::uint32_t* sleepers = nullptr) noexcept {
+               std::uint32_t* sleepers = nullptr, std::chrono::nanoseconds spin = kDefaultSpin) noexcept {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const auto deadline = timeout.count() < 0 ? clock::time_point::max() : start + timeout;
   // Spinning first: a peer that answers within microseconds is seen without two context switches.
-  constexpr auto kSpin = std::chrono::microseconds(20);
-  while (clock::now() - start < kSpin) {
+  while (clock::now() - start < spin) {
     for (int i = 0; i < 64; ++i) {
       if (ready()) return Status::Ok;
       cpu_relax();

@@ -41,6 +41,18 @@ def test_timeouts(name):
             sem.wait_host(1, timeout=-1)
 
 
+def test_a_spinning_wait_sees_the_value_and_keeps_its_timeout(name):
+    with gpuipc.Semaphore.create(name, kind="host") as sem:
+        threading.Timer(0.01, sem.signal_host, args=(3,)).start()
+        assert sem.wait_host(3, timeout=5, spin=1.0) == 3  # seen while still spinning
+        t0 = time.monotonic()
+        with pytest.raises(gpuipc.Timeout):
+            sem.wait_host(4, timeout=0.1, spin=10.0)  # the timeout bounds the spin
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(ValueError):
+            sem.wait_host(4, timeout=0, spin=-1)
+
+
 def test_waiter_cannot_signal_and_host_kind_has_no_streams(name):
     with gpuipc.Semaphore.create(name, kind="host") as sem, gpuipc.Semaphore.open(name) as waiter:
         assert waiter.role == "waiter"
