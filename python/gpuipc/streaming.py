@@ -42,213 +42,61 @@ Control block, little-endian::
 from __future__ import annotations
 
 import json
-import math
-import struct
 import sys
 import time
-import warnings
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from . import _gpuipc
-from ._arrays import make_array
-from ._dtypes import dtype_of
-from ._streams import stream_handle
 from ._tensorinfo import DL_CPU, TensorInfo, describe
 from .errors import (
     AlreadyExists,
-    ChecksumMismatch,
     Closed,
     Error,
     InvalidArgument,
     InvalidState,
     NotFound,
     PeerDied,
-    ProtocolError,
-    QuotaExceeded,
     Timeout,
-    Unsupported,
 )
-from .pool import Block, BlockRef, Pool
+from .pool import Block, Pool
 from .segment import Segment
 from .semaphore import Semaphore
 
+from ._stream_format import (
+    _D_ABORT,
+    _D_LAST,
+    _F_CHECKSUM,
+    _F_DEVICE,
+    DESC_BYTES,
+    FORMAT,
+    MAGIC,
+    _ALIGN,
+    _Bucket,
+    _DESC,
+    _EVICTED,
+    _HEAD,
+    _MAX_READERS,
+    _ReaderSlot,
+    _admit_offset,
+    _align,
+    _checksum_np,
+    _checksum_torch,
+    _contiguous,
+    _control_bytes,
+    _desc_view,
+    _is_torch,
+    _nbytes,
+    _numpy_bytes,
+    _slot_name,
+    _torch,
+    _torch_bytes,
+    _torch_stream,
+)
+from ._stream_reader import StreamItem, StreamReader, stream_reader
+
 __all__ = ["stream_publisher", "stream_reader", "unlink_stream", "StreamPublisher", "StreamReader", "StreamItem"]
-
-MAGIC = b"GPUIPCSB"
-FORMAT = 1
-_HEAD = struct.Struct("<8sIIQIIIIiI")
-_DESC = struct.Struct("<QQIIQQII")
-_REF_BYTES = 40
-#: Bytes of one bucket descriptor: a bucket closes early when its piece list would not fit.
-DESC_BYTES = 128 << 10
-#: Pieces start at multiples of this in a bucket (elements stay aligned; splits fall on element boundaries).
-_ALIGN = 256
-_F_CHECKSUM, _F_DEVICE = 1, 2
-_D_LAST, _D_ABORT = 1, 2
-_EVICTED = (1 << 64) - 1
-_MAX_READERS = 64
-
-
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-def _admit_offset(buckets: int) -> int:
-    return _align(64 + _REF_BYTES * buckets, 64)
-
-
-def _desc_offset(buckets: int, readers: int) -> int:
-    return _align(_admit_offset(buckets) + 8 * readers, 64)
-
-
-def _control_bytes(buckets: int, readers: int) -> int:
-    return _desc_offset(buckets, readers) + buckets * DESC_BYTES
-
-
-def _slot_name(name: str, i: int) -> str:
-    return f"{name}.reader.{i}"
-
-
-def _torch() -> Any:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch  # noqa: PLC0415 - only for torch tensors or device staging
-        except ImportError:
-            raise Unsupported("device staging buckets are read and written with PyTorch: pip install torch") from None
-    return torch
-
-
-def _is_torch(obj: Any) -> bool:
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "untyped_storage")
-
-
-def _torch_stream(stream: Any, device: int) -> Any:
-    torch = _torch()
-    if stream is None:
-        return torch.cuda.current_stream(device)
-    if isinstance(stream, torch.cuda.Stream):
-        return stream
-    return torch.cuda.ExternalStream(stream_handle(stream), device=device)
-
-
-def _contiguous(info: TensorInfo) -> bool:
-    if info.empty:
-        return True
-    step = 1
-    for n, s in zip(reversed(info.shape), reversed(info.strides)):
-        if n > 1 and s != step:
-            return False
-        step *= n
-    return True
-
-
-def _nbytes(info: TensorInfo) -> int:
-    return math.prod(info.shape) * info.dtype.itemsize
-
-
-def _torch_bytes(t: Any) -> Any:
-    """A contiguous tensor's bytes as a flat uint8 tensor (a view)."""
-    torch = _torch()
-    return t.reshape(-1).view(torch.uint8)
-
-
-def _numpy_bytes(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1).view(np.uint8)
-
-
-def _checksum_np(b: np.ndarray) -> int:
-    return int(b.sum(dtype=np.uint64))
-
-
-def _checksum_torch(t: Any) -> int:
-    torch = _torch()
-    return int(t.sum(dtype=torch.int64).item())
-
-
-def _raise_poisoned(sem: Semaphore, what: str) -> None:
-    if sem.status == "peer_died":
-        raise PeerDied(f"{what}: the publisher died")
-    if sem.status == "closed":
-        raise Closed(f"{what}: the publisher closed the stream")
-
-
-@dataclass
-class _Header:
-    buckets: int
-    bucket_bytes: int
-    readers: int
-    desc_bytes: int
-    flags: int
-    mode: int
-    device: int
-    refs: List[BlockRef]
-
-    @property
-    def checksum(self) -> bool:
-        return bool(self.flags & _F_CHECKSUM)
-
-    @property
-    def device_staging(self) -> bool:
-        return bool(self.flags & _F_DEVICE)
-
-
-def _read_header(name: str, mem: np.ndarray) -> _Header:
-    if mem.nbytes < 64 or bytes(mem[:8]) != MAGIC:
-        raise InvalidArgument(f"segment {name!r} is not a gpuipc stream (made by stream_publisher)")
-    _, fmt, buckets, bucket_bytes, readers, desc_bytes, flags, mode, device, _ = _HEAD.unpack(bytes(mem[: _HEAD.size]))
-    if fmt != FORMAT:
-        raise InvalidArgument(f"stream {name!r} has format {fmt}; this gpuipc reads format {FORMAT}: upgrade")
-    if not (1 <= buckets <= 1024 and 1 <= readers <= _MAX_READERS and desc_bytes == DESC_BYTES) or mem.nbytes < _control_bytes(buckets, readers):
-        raise InvalidArgument(f"stream {name!r} is malformed (sizes out of range)")
-    raw = bytes(mem[64 : 64 + _REF_BYTES * buckets])
-    refs = [BlockRef.from_bytes(raw[i * _REF_BYTES : (i + 1) * _REF_BYTES]) for i in range(buckets)]
-    return _Header(buckets, bucket_bytes, readers, desc_bytes, flags, mode, device, refs)
-
-
-@dataclass
-class _Desc:
-    seq: int
-    version: int
-    index: int
-    flags: int
-    used: int
-    checksum: int
-    pieces: List[List[Any]]
-
-
-def _desc_view(mem: np.ndarray, buckets: int, readers: int, slot: int) -> np.ndarray:
-    start = _desc_offset(buckets, readers) + slot * DESC_BYTES
-    return mem[start : start + DESC_BYTES]
-
-
-def _read_desc(mem: np.ndarray, buckets: int, readers: int, slot: int) -> _Desc:
-    d = _desc_view(mem, buckets, readers, slot)
-    seq, version, index, flags, used, checksum, jlen, _ = _DESC.unpack(bytes(d[: _DESC.size]))
-    if jlen > DESC_BYTES - _DESC.size:
-        raise ProtocolError(f"a bucket descriptor claims {jlen} bytes of layout")
-    pieces = json.loads(bytes(d[_DESC.size : _DESC.size + jlen]).decode()) if jlen else []
-    return _Desc(seq, version, index, flags, used, checksum, pieces)
-
-
-# Publisher --------------------------------------------------------------------------------------------------------------
-@dataclass
-class _ReaderSlot:
-    sem: Semaphore
-    first: int = 0  #: the first bucket it reads (0: claimed, not admitted yet)
-
-
-@dataclass
-class _Bucket:
-    seq: int
-    slot: int
-    index: int
-    cursor: int = 0
-    pieces: List[List[Any]] = field(default_factory=list)
-    json_len: int = 2  # "[]"
 
 
 class StreamPublisher:
@@ -761,360 +609,6 @@ def stream_publisher(
 
 
 # Reader -----------------------------------------------------------------------------------------------------------------
-class StreamItem(tuple):
-    """One piece of a version, as :meth:`StreamReader.receive_iter` yields it: unpacks as ``(name, view)``. A
-    tensor that fits in one bucket is one item with its full shape (``start == 0``, ``complete``); a split tensor
-    comes as several items, each a flat 1-D view of ``count`` elements starting at element ``start`` of the
-    flattened tensor. ``shape`` and ``dtype`` are those of the whole tensor."""
-
-    name: str
-    view: Any
-    start: int
-    count: int
-    shape: Tuple[int, ...]
-    dtype: str
-    complete: bool
-
-    def __new__(cls, name: str, view: Any, start: int, count: int, shape: Tuple[int, ...], dtype: str) -> "StreamItem":
-        self = super().__new__(cls, (name, view))
-        self.name, self.view, self.start, self.count, self.shape, self.dtype = name, view, start, count, shape, dtype
-        self.complete = start == 0 and count == math.prod(shape)
-        return self
-
-
-class StreamReader:
-    """A reader of stream ``name`` (:func:`stream_reader`): :meth:`receive` or :meth:`receive_iter` per version.
-    A context manager (``with`` closes)."""
-
-    def __init__(self, name: str, *, device: Optional[int] = None, wait: Optional[float] = None) -> None:
-        self.name = name
-        self._closed = False
-        self._slot_sem: Optional[Semaphore] = None
-        self._filled: Optional[Semaphore] = None
-        self._pool: Optional[Pool] = None
-        self._views: List[Any] = []
-        self._stage_torch: List[Any] = []
-        self._stage_np: List[np.ndarray] = []
-        self._token = 0  # the first bucket this reader reads (its admit word), 0 until admitted
-        self._next = 0  # the next bucket to read
-        self._in_version = False  # a version was left half read (error, timeout): skip its rest first
-        self._version = 0
-        #: Names the last receive() skipped (sent, but not in its ``into``).
-        self.skipped: List[str] = []
-        self._seg = Segment.open(name, readonly=True, wait=wait)
-        try:
-            mem = self._seg.as_array("uint8")
-            deadline = time.monotonic() + 5.0
-            while not mem[:8].any() and time.monotonic() < deadline:  # created a moment before it is written
-                time.sleep(0.001)
-            self._mem = mem
-            self._head = h = _read_header(name, mem)
-            self._device = device if device is not None else h.device
-            try:
-                self._pool = Pool.open(name + ".pool", readonly=True, device=self._device if h.device_staging else None)
-            except NotFound:
-                raise PeerDied(f"stream {name!r}: its pool is gone (the publisher closed or died)") from None
-            self._views = [self._pool._pool.view(r._tuple(), True, True) for r in h.refs]  # held: mapped once
-            self._filled = Semaphore.open(name + ".filled", role="waiter", wait=wait, device=self._device)
-            self._slot = self._claim(wait)
-        except BaseException:
-            self.close()
-            raise
-
-    def _claim(self, wait: Optional[float]) -> int:
-        h = self._head
-        kind = "host_pinned" if h.device_staging else "host"
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
-            for i in range(h.readers):
-                try:
-                    self._slot_sem = Semaphore.create(_slot_name(self.name, i), initial=0, kind=kind,
-                                                      device=self._device, mode=h.mode)
-                    return i
-                except AlreadyExists:
-                    continue
-            if deadline is None or time.monotonic() > deadline:
-                raise QuotaExceeded(
-                    f"stream {self.name!r}: all {h.readers} reader slots are taken (readers= of stream_publisher; "
-                    "slots of readers that left are freed at the publisher's next version)"
-                )
-            time.sleep(0.01)
-
-    # ---------------------------------------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        """The last version this reader received completely (0 before the first)."""
-        return self._version
-
-    @property
-    def slot(self) -> int:
-        """This reader's slot (0 .. readers-1)."""
-        return self._slot
-
-    def _admit(self) -> int:
-        off = _admit_offset(self._head.buckets) + 8 * self._slot
-        return int(self._mem[off : off + 8].view("<u8")[0])
-
-    @staticmethod
-    def _left(deadline: Optional[float]) -> Optional[float]:
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-    def _wait_filled(self, value: int, deadline: Optional[float], what: str) -> None:
-        assert self._filled is not None
-        try:
-            self._filled.wait_host(value, self._left(deadline))
-        except Timeout:
-            raise Timeout(f"stream {self.name!r}: {what}: nothing arrived in time") from None
-        except PeerDied:
-            raise PeerDied(f"stream {self.name!r}: the publisher died ({what})") from None
-        except Closed:
-            raise Closed(f"stream {self.name!r}: the publisher closed the stream ({what})") from None
-
-    def _check_evicted(self) -> None:
-        if self._admit() != self._token:
-            raise InvalidState(
-                f"stream {self.name!r}: this reader was evicted (it did not consume a bucket within the publisher's "
-                "reader_timeout): close it and open a new reader"
-            )
-
-    def _next_bucket(self, deadline: Optional[float]) -> _Desc:
-        if self._closed:
-            raise InvalidArgument(f"stream reader {self.name!r} is closed")
-        assert self._filled is not None
-        while self._token == 0:
-            seen = self._filled.value
-            _raise_poisoned(self._filled, f"stream {self.name!r}")
-            admit = self._admit()
-            if admit == _EVICTED:
-                raise InvalidState(f"stream {self.name!r}: this reader was evicted: close it and open a new reader")
-            if admit:
-                self._token = self._next = admit
-                break
-            self._wait_filled(seen + 1, deadline, "waiting to be admitted at the publisher's next version")
-        self._check_evicted()
-        e = self._next
-        self._wait_filled(e, deadline, f"waiting for bucket {e}")
-        self._check_evicted()
-        d = _read_desc(self._mem, self._head.buckets, self._head.readers, e % self._head.buckets)
-        self._check_evicted()
-        if d.seq != e:
-            raise ProtocolError(f"stream {self.name!r}: ring slot {e % self._head.buckets} holds bucket {d.seq}, not {e}")
-        if not self._in_version and d.index != 0:
-            raise ProtocolError(f"stream {self.name!r}: bucket {e} is bucket {d.index} of a version, not its first")
-        return d
-
-    def _release(self, seq: int, stream: Any) -> None:
-        assert self._slot_sem is not None
-        if self._head.device_staging:
-            self._slot_sem.signal(seq, stream, wake_host=True)
-        else:
-            self._slot_sem.signal_host(seq)
-        self._next = seq + 1
-
-    def _drain(self, deadline: Optional[float], stream: Any) -> None:
-        """Skips the rest of a version left half read."""
-        while self._in_version:
-            d = self._next_bucket(deadline)
-            self._release(d.seq, stream)
-            if d.flags & (_D_LAST | _D_ABORT):
-                self._in_version = False
-
-    def _host(self, slot: int) -> np.ndarray:
-        if not self._stage_np:
-            self._stage_np = [np.asarray(v) for v in self._views]
-        return self._stage_np[slot]
-
-    def _stage(self, slot: int) -> Any:
-        if not self._stage_torch:
-            torch = _torch()
-            self._stage_torch = [torch.from_dlpack(v.__dlpack__()) for v in self._views]
-        return self._stage_torch[slot]
-
-    def _verify(self, d: _Desc, slot: int, stream_obj: Any) -> None:
-        if not self._head.checksum:
-            return
-        if self._head.device_staging:
-            torch = _torch()
-            with torch.cuda.stream(stream_obj):
-                got = _checksum_torch(self._stage(slot)[: d.used])
-        else:
-            got = _checksum_np(self._host(slot)[: d.used])
-        if got != d.checksum:
-            names = sorted({p[0] for p in d.pieces})
-            raise ChecksumMismatch(
-                f"stream {self.name!r}: bucket {d.index} of version {d.version} (sequence {d.seq}) has checksum {got}, "
-                f"the publisher sent {d.checksum}; it holds {', '.join(map(repr, names[:8]))}"
-                f"{' ...' if len(names) > 8 else ''}"
-            )
-
-    def _streams(self, stream: Any) -> Tuple[Any, Any]:
-        """(torch stream or None, what to signal on)."""
-        if not self._head.device_staging:
-            return None, None
-        s = _torch_stream(stream, self._device)
-        return s, s
-
-    def _begin(self, timeout: Optional[float], stream: Any) -> Tuple[Optional[float], Any, Any]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        s, sig = self._streams(stream)
-        self._drain(deadline, sig)
-        return deadline, s, sig
-
-    def receive(self, into: Mapping[str, Any], stream: Any = None, timeout: Optional[float] = None) -> int:
-        """Receives the next version into the tensors of ``into`` (name to tensor, contiguous, of the dtype and
-        shape sent) and returns its number once every bucket has arrived and been applied. Device staging: torch
-        tensors, copied on ``stream`` (None: torch's current stream) and returned before the copies ran: use the
-        tensors on that stream or synchronize it. Host staging: NumPy arrays or torch tensors. Names sent that
-        ``into`` lacks are skipped (listed in :attr:`skipped`).
-
-        Raises Timeout, PeerDied (the publisher died: ``into`` may hold part of the new version, never reported as
-        received), Closed, ChecksumMismatch (naming the bucket), InvalidState (the publisher abandoned the version,
-        or evicted this reader), InvalidArgument (dtype, shape or kind of a tensor). After an error in the middle
-        of a version the next call skips what is left of it."""
-        if not isinstance(into, Mapping):
-            raise InvalidArgument(f"receive takes a mapping of names to tensors, not a {type(into).__name__}")
-        deadline, s, sig = self._begin(timeout, stream)
-        dsts: Dict[str, Any] = {}
-        self.skipped = []
-        while True:
-            d = self._next_bucket(deadline)
-            self._in_version = True
-            slot = d.seq % self._head.buckets
-            try:
-                if d.flags & _D_ABORT:
-                    raise InvalidState(f"stream {self.name!r}: the publisher abandoned version {d.version}; the "
-                                       "tensors given may hold part of it")
-                self._verify(d, slot, s)
-                for key, dtype, shape, pos, n, off in d.pieces:
-                    if key not in into:
-                        if key not in self.skipped:
-                            self.skipped.append(key)
-                        continue
-                    dst = dsts.get(key)
-                    if dst is None:
-                        dst = dsts[key] = self._destination(key, into[key], dtype, shape)
-                    if n:
-                        self._copy_out(slot, off, dst, pos, n, s)
-            finally:
-                self._release(d.seq, sig)
-                if d.flags & (_D_LAST | _D_ABORT):
-                    self._in_version = False
-            if d.flags & _D_LAST:
-                self._version = d.version
-                return d.version
-
-    def _destination(self, key: str, t: Any, dtype: str, shape: List[int]) -> Any:
-        info = describe(t, f"into[{key!r}]")
-        if info.dtype.name != dtype or list(info.shape) != list(shape):
-            raise InvalidArgument(f"into[{key!r}] is {info.dtype.name}{list(info.shape)}; the publisher sent {dtype}{shape}")
-        if not _contiguous(info):
-            raise InvalidArgument(f"into[{key!r}] is not contiguous")
-        if _is_torch(t):
-            if t.is_cuda or self._head.device_staging:
-                return ("torch", _torch_bytes(t))
-            return ("numpy", _torch_bytes(t).numpy())
-        if isinstance(t, np.ndarray) and not self._head.device_staging:
-            if not t.flags.writeable:
-                raise InvalidArgument(f"into[{key!r}] is read-only")
-            return ("numpy", _numpy_bytes(t))
-        raise InvalidArgument(
-            f"into[{key!r}] is a {type(t).__name__}: receive copies into torch tensors (device staging) or NumPy "
-            "arrays and torch tensors (host staging); use receive_iter for other frameworks"
-        )
-
-    def _copy_out(self, slot: int, off: int, dst: Tuple[str, Any], pos: int, n: int, s: Any) -> None:
-        how, out = dst
-        if how == "numpy":
-            out[pos : pos + n] = self._host(slot)[off : off + n]
-            return
-        torch = _torch()
-        if self._head.device_staging:
-            with torch.cuda.stream(s):
-                out[pos : pos + n].copy_(self._stage(slot)[off : off + n], non_blocking=True)
-        else:  # host staging into a CUDA tensor: a synchronous copy
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the staging is mapped read-only; torch only reads it
-                src = torch.from_numpy(self._host(slot)[off : off + n])
-            out[pos : pos + n].copy_(src)
-
-    def receive_iter(self, stream: Any = None, timeout: Optional[float] = None) -> Iterator[StreamItem]:
-        """Yields the next version piece by piece, as :class:`StreamItem` ``(name, view)`` over the staging bucket
-        (read-only; torch tensors for device staging, NumPy arrays for host staging): copy each before asking for
-        the next, on ``stream`` (device staging; None: torch's current stream), since the bucket goes back to the
-        publisher when the iterator moves past it. Ends after the version's last bucket (:attr:`version` is then
-        that version). Raises what :meth:`receive` raises. Leaving the loop early skips the rest of the version at
-        the next call."""
-        deadline, s, sig = self._begin(timeout, stream)
-        while True:
-            d = self._next_bucket(deadline)
-            self._in_version = True
-            slot = d.seq % self._head.buckets
-            try:
-                if d.flags & _D_ABORT:
-                    raise InvalidState(f"stream {self.name!r}: the publisher abandoned version {d.version}")
-                self._verify(d, slot, s)
-                for key, dtype, shape, pos, n, off in d.pieces:
-                    yield self._item(slot, key, dtype, shape, pos, n, off)
-            finally:
-                self._release(d.seq, sig)
-                if d.flags & (_D_LAST | _D_ABORT):
-                    self._in_version = False
-            if d.flags & _D_LAST:
-                self._version = d.version
-                return
-
-    def _item(self, slot: int, key: str, dtype: str, shape: List[int], pos: int, n: int, off: int) -> StreamItem:
-        dt = dtype_of(dtype)
-        full = tuple(shape)
-        count = n // dt.itemsize
-        start = pos // dt.itemsize
-        dims = full if (start == 0 and count == math.prod(full)) else (count,)
-        if n == 0:  # an empty tensor: nothing in the bucket; a fresh empty array of its shape
-            if self._head.device_staging:
-                torch = _torch()
-                view: Any = torch.empty(full, dtype=getattr(torch, dt.name), device=f"cuda:{self._device}")
-            else:
-                view = np.empty(full, dtype=dt.numpy) if dt.numpy is not None else None
-                if view is not None:
-                    view.flags.writeable = False  # like every other view of a bucket
-            return StreamItem(key, view, start, 0, full, dtype)
-        typed = make_array(self._views[slot], dt, dims, off)
-        if self._head.device_staging:
-            typed = _torch().from_dlpack(typed.__dlpack__())
-        return StreamItem(key, typed, start, count, full, dtype)
-
-    def close(self) -> None:
-        """Leaves (idempotent): frees this reader's slot (the publisher stops waiting for it at once)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stage_torch = []
-        self._stage_np = []
-        self._views = []
-        for sem in (self._slot_sem, self._filled):
-            if sem is not None:
-                sem.close()
-        if self._pool is not None:
-            self._pool.close()
-        self._seg.close()
-
-    def __enter__(self) -> "StreamReader":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"<gpuipc.StreamReader {self.name!r} slot={getattr(self, '_slot', None)} version={getattr(self, '_version', 0)}>"
-
-
-def stream_reader(name: str, *, device: Optional[int] = None, wait: Optional[float] = None) -> StreamReader:
-    """Joins stream ``name`` as a reader: maps its staging buckets once and claims a reader slot. The reader is
-    admitted at the publisher's next version (:meth:`StreamPublisher.start`); a :meth:`StreamReader.receive`
-    before that waits for it. wait: seconds to wait for the stream to be created, and for a free slot. device: the
-    GPU that maps device staging (None: the publisher's). Raises NotFound, Timeout, QuotaExceeded (every slot is
-    taken), PeerDied (the stream's pool is gone), PermissionDenied."""
-    return StreamReader(name, device=device, wait=wait)
 
 
 def unlink_stream(name: str) -> None:

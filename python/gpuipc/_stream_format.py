@@ -1,0 +1,199 @@
+"""The control block of a stream (streaming.py) and the helpers its publisher and readers share. The format is
+described in streaming.py's docstring."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import sys
+from dataclasses import dataclass, field
+from typing import Any, List
+
+import numpy as np
+
+from ._streams import stream_handle
+from ._tensorinfo import TensorInfo
+from .errors import (
+    Closed,
+    InvalidArgument,
+    PeerDied,
+    ProtocolError,
+    Unsupported,
+)
+from .pool import BlockRef
+from .semaphore import Semaphore
+
+
+MAGIC = b"GPUIPCSB"
+FORMAT = 1
+_HEAD = struct.Struct("<8sIIQIIIIiI")
+_DESC = struct.Struct("<QQIIQQII")
+_REF_BYTES = 40
+#: Bytes of one bucket descriptor: a bucket closes early when its piece list would not fit.
+DESC_BYTES = 128 << 10
+#: Pieces start at multiples of this in a bucket (elements stay aligned; splits fall on element boundaries).
+_ALIGN = 256
+_F_CHECKSUM, _F_DEVICE = 1, 2
+_D_LAST, _D_ABORT = 1, 2
+_EVICTED = (1 << 64) - 1
+_MAX_READERS = 64
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def _admit_offset(buckets: int) -> int:
+    return _align(64 + _REF_BYTES * buckets, 64)
+
+
+def _desc_offset(buckets: int, readers: int) -> int:
+    return _align(_admit_offset(buckets) + 8 * readers, 64)
+
+
+def _control_bytes(buckets: int, readers: int) -> int:
+    return _desc_offset(buckets, readers) + buckets * DESC_BYTES
+
+
+def _slot_name(name: str, i: int) -> str:
+    return f"{name}.reader.{i}"
+
+
+def _torch() -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch  # noqa: PLC0415 - only for torch tensors or device staging
+        except ImportError:
+            raise Unsupported("device staging buckets are read and written with PyTorch: pip install torch") from None
+    return torch
+
+
+def _is_torch(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "untyped_storage")
+
+
+def _torch_stream(stream: Any, device: int) -> Any:
+    torch = _torch()
+    if stream is None:
+        return torch.cuda.current_stream(device)
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    return torch.cuda.ExternalStream(stream_handle(stream), device=device)
+
+
+def _contiguous(info: TensorInfo) -> bool:
+    if info.empty:
+        return True
+    step = 1
+    for n, s in zip(reversed(info.shape), reversed(info.strides)):
+        if n > 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
+def _nbytes(info: TensorInfo) -> int:
+    return math.prod(info.shape) * info.dtype.itemsize
+
+
+def _torch_bytes(t: Any) -> Any:
+    """A contiguous tensor's bytes as a flat uint8 tensor (a view)."""
+    torch = _torch()
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _numpy_bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def _checksum_np(b: np.ndarray) -> int:
+    return int(b.sum(dtype=np.uint64))
+
+
+def _checksum_torch(t: Any) -> int:
+    torch = _torch()
+    return int(t.sum(dtype=torch.int64).item())
+
+
+def _raise_poisoned(sem: Semaphore, what: str) -> None:
+    if sem.status == "peer_died":
+        raise PeerDied(f"{what}: the publisher died")
+    if sem.status == "closed":
+        raise Closed(f"{what}: the publisher closed the stream")
+
+
+@dataclass
+class _Header:
+    buckets: int
+    bucket_bytes: int
+    readers: int
+    desc_bytes: int
+    flags: int
+    mode: int
+    device: int
+    refs: List[BlockRef]
+
+    @property
+    def checksum(self) -> bool:
+        return bool(self.flags & _F_CHECKSUM)
+
+    @property
+    def device_staging(self) -> bool:
+        return bool(self.flags & _F_DEVICE)
+
+
+def _read_header(name: str, mem: np.ndarray) -> _Header:
+    if mem.nbytes < 64 or bytes(mem[:8]) != MAGIC:
+        raise InvalidArgument(f"segment {name!r} is not a gpuipc stream (made by stream_publisher)")
+    _, fmt, buckets, bucket_bytes, readers, desc_bytes, flags, mode, device, _ = _HEAD.unpack(bytes(mem[: _HEAD.size]))
+    if fmt != FORMAT:
+        raise InvalidArgument(f"stream {name!r} has format {fmt}; this gpuipc reads format {FORMAT}: upgrade")
+    if not (1 <= buckets <= 1024 and 1 <= readers <= _MAX_READERS and desc_bytes == DESC_BYTES) or mem.nbytes < _control_bytes(buckets, readers):
+        raise InvalidArgument(f"stream {name!r} is malformed (sizes out of range)")
+    raw = bytes(mem[64 : 64 + _REF_BYTES * buckets])
+    refs = [BlockRef.from_bytes(raw[i * _REF_BYTES : (i + 1) * _REF_BYTES]) for i in range(buckets)]
+    return _Header(buckets, bucket_bytes, readers, desc_bytes, flags, mode, device, refs)
+
+
+@dataclass
+class _Desc:
+    seq: int
+    version: int
+    index: int
+    flags: int
+    used: int
+    checksum: int
+    pieces: List[List[Any]]
+
+
+def _desc_view(mem: np.ndarray, buckets: int, readers: int, slot: int) -> np.ndarray:
+    start = _desc_offset(buckets, readers) + slot * DESC_BYTES
+    return mem[start : start + DESC_BYTES]
+
+
+def _read_desc(mem: np.ndarray, buckets: int, readers: int, slot: int) -> _Desc:
+    d = _desc_view(mem, buckets, readers, slot)
+    seq, version, index, flags, used, checksum, jlen, _ = _DESC.unpack(bytes(d[: _DESC.size]))
+    if jlen > DESC_BYTES - _DESC.size:
+        raise ProtocolError(f"a bucket descriptor claims {jlen} bytes of layout")
+    pieces = json.loads(bytes(d[_DESC.size : _DESC.size + jlen]).decode()) if jlen else []
+    return _Desc(seq, version, index, flags, used, checksum, pieces)
+
+
+# Publisher --------------------------------------------------------------------------------------------------------------
+@dataclass
+class _ReaderSlot:
+    sem: Semaphore
+    first: int = 0  #: the first bucket it reads (0: claimed, not admitted yet)
+
+
+@dataclass
+class _Bucket:
+    seq: int
+    slot: int
+    index: int
+    cursor: int = 0
+    pieces: List[List[Any]] = field(default_factory=list)
+    json_len: int = 2  # "[]"
