@@ -10,7 +10,7 @@ import gpuipc
 
 
 def _create(name, **kw):
-    opts = dict(kind="host", slots=8, slot_bytes=256, header_bytes=16)
+    opts = dict(kind="host", slots=8, slot_bytes=256, header_bytes=64)
     opts.update(kw)
     return gpuipc.Channel.create(name, **opts)
 
