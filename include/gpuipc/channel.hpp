@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,6 +34,11 @@ struct ChannelOptions {
   int device = 0;                      ///< device kind: the GPU the slots live on
   unsigned mode = 0600;                ///< every member needs rw (all update the shared ring); consumers map the
                                        ///< slots themselves read-only
+  /// The creator's handle: its pacing time (Channel::set_pacing); nullopt: GPUIPC_CHANNEL_PACING_US (200 us).
+  std::optional<std::chrono::nanoseconds> pacing{};
+  /// The creator's handle: how far it may run ahead while pacing (Channel::set_pacing_ahead); nullopt:
+  /// GPUIPC_CHANNEL_PACING_AHEAD, else half the ring for 8 slots or more, else the whole ring.
+  std::optional<std::uint32_t> pacing_ahead{};
 };
 
 enum class ChannelRole : std::uint8_t { Producer, Consumer };
@@ -40,6 +46,11 @@ enum class ChannelRole : std::uint8_t { Producer, Consumer };
 struct ChannelOpenOptions {
   std::chrono::milliseconds wait{0};  ///< wait this long for the channel to be created
   int device = -1;                    ///< device kind: the context that maps the slots (see OpenOptions::device)
+  /// This handle's pacing time (Channel::set_pacing); nullopt: GPUIPC_CHANNEL_PACING_US (200 us).
+  std::optional<std::chrono::nanoseconds> pacing{};
+  /// This handle's lead while pacing (Channel::set_pacing_ahead); nullopt: GPUIPC_CHANNEL_PACING_AHEAD, else half
+  /// the ring for 8 slots or more, else the whole ring.
+  std::optional<std::uint32_t> pacing_ahead{};
 };
 
 /// A slot a producer acquired: write up to `capacity` bytes at `data` (a device pointer for device channels).
@@ -72,6 +83,11 @@ struct ChannelStats {
   std::uint64_t redelivered = 0;  ///< messages handed to another consumer after theirs died
   std::uint64_t abandoned = 0;    ///< slots a dead producer had claimed but not published
   std::uint32_t free_slots = 0;   ///< slots not holding a message
+  std::uint64_t published = 0;        ///< messages published, in total
+  std::uint64_t published_bytes = 0;  ///< payload bytes published, in total
+  std::uint32_t queued = 0;       ///< messages published and not received yet (the queue's depth)
+  std::uint32_t slots = 0;        ///< the ring's size
+  std::uint64_t slot_bytes = 0;   ///< capacity of each slot
 };
 
 class Channel {
@@ -83,6 +99,10 @@ class Channel {
   static Channel open(std::string_view name, ChannelRole role, const ChannelOpenOptions& options = {});
   /// Removes both names; members keep working until they close.
   static void unlink(std::string_view name);
+  /// The counters of channel `name` without joining it: maps its control block read-only (no GPU needed), reads
+  /// its geometry once and bounds every access by it. Throws Error like Segment::open (read permission needed),
+  /// InvalidArgument when `name` is not a channel of this version.
+  static ChannelStats stat(std::string_view name);
 
   Channel() noexcept;
   Channel(Channel&&) noexcept;
@@ -136,6 +156,12 @@ class Channel {
   /// against this handle's other calls.
   void set_pacing(std::chrono::nanoseconds pacing) noexcept;
   std::chrono::nanoseconds pacing() const noexcept;
+  /// While pacing, a producer also watches for the release of the message `messages` back to reach the GPU, so
+  /// it stays at most that far ahead of the consumers' streams (docs/channels.md#pacing). Clamped to 1..slots();
+  /// slots() lets it fill the ring. The default is GPUIPC_CHANNEL_PACING_AHEAD, else slots()/2 for rings of 8 or
+  /// more, else slots(). Per handle; not thread-safe against this handle's other calls.
+  void set_pacing_ahead(std::uint32_t messages) noexcept;
+  std::uint32_t pacing_ahead() const noexcept;
   ChannelStats stats() const noexcept;
   explicit operator bool() const noexcept { return m_impl != nullptr; }
 

@@ -45,6 +45,13 @@ struct WaitResult {
   std::uint64_t value = 0;  ///< the value seen (without the poison bit)
 };
 
+/// What Semaphore::stat reads from a semaphore's page (for monitoring: `gpuipc top`).
+struct SemaphoreStats {
+  std::uint64_t value = 0;        ///< the current value (without the poison bit)
+  Status status = Status::Ok;     ///< Ok, or why it is poisoned (PeerDied, Closed)
+  std::uint32_t signallers = 0;   ///< signaller handles joined now (a process may hold several)
+};
+
 class Semaphore {
  public:
   /// Creates semaphore `name` with `options.initial`; the creator is a signaller. Throws Error like
@@ -55,6 +62,9 @@ class Semaphore {
   static Semaphore open(std::string_view name, const SemaphoreOpenOptions& options = {});
   /// Removes the name (like Segment::unlink).
   static void unlink(std::string_view name);
+  /// Reads semaphore `name` without joining it: maps its page read-only (no GPU needed). Throws Error like
+  /// Segment::open (read permission needed), InvalidArgument when `name` is not a semaphore of this version.
+  static SemaphoreStats stat(std::string_view name);
 
   Semaphore() noexcept;
   Semaphore(Semaphore&&) noexcept;

@@ -206,10 +206,16 @@ class Channel:
     """A joined producer/consumer channel (low level; see gpuipc.Channel)."""
 
     @staticmethod
-    def create(name: str, *, slots: int = 4, slot_bytes: int = 1048576, header_bytes: int = 256, kind: str = 'device', device: int = 0, mode: int = 384, role: str = 'producer') -> Channel: ...
+    def create(name: str, *, slots: int = 4, slot_bytes: int = 1048576, header_bytes: int = 256, kind: str = 'device', device: int = 0, mode: int = 384, role: str = 'producer', pacing: float | None = None, pacing_ahead: int | None = None) -> Channel: ...
 
     @staticmethod
-    def open(name: str, *, role: str, wait: float | None = None, device: int | None = None) -> Channel: ...
+    def open(name: str, *, role: str, wait: float | None = None, device: int | None = None, pacing: float | None = None, pacing_ahead: int | None = None) -> Channel: ...
+
+    @staticmethod
+    def stat(name: str) -> dict:
+        """
+        The counters of channel ``name`` without joining it (read permission needed).
+        """
 
     @staticmethod
     def unlink(name: str) -> None: ...
@@ -264,6 +270,24 @@ class Channel:
 
     @property
     def stats(self) -> dict: ...
+
+    @property
+    def pacing(self) -> float:
+        """
+        Seconds acquire and receive watch a peer's GPU progress on the host before a stream wait.
+        """
+
+    @pacing.setter
+    def pacing(self, arg: float, /) -> None: ...
+
+    @property
+    def pacing_ahead(self) -> int:
+        """
+        How many messages a pacing producer may run ahead of the consumers' streams (1..slots).
+        """
+
+    @pacing_ahead.setter
+    def pacing_ahead(self, arg: int, /) -> None: ...
 
     def close(self) -> None: ...
 
@@ -401,6 +425,16 @@ def _decode_block_ref(data: bytes) -> tuple[int, int, int, int, int, int]:
 
 def _live_objects() -> dict:
     """Live C++ objects by kind (for leak tests)."""
+
+def _doctor() -> dict:
+    """
+    Driver, runtime directory and broker socket as python -m gpuipc doctor reports them (starts nothing).
+    """
+
+def _broker_pid() -> int:
+    """
+    The broker's pid (connects, starting a broker when none runs and autostart is allowed).
+    """
 
 def _daemon_path() -> str:
     """The gpuipcd the library would start (empty when none is found)."""

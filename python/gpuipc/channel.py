@@ -110,6 +110,11 @@ class ChannelStats:
     redelivered: int  #: messages handed to another consumer after theirs died
     abandoned: int  #: slots a dead producer had claimed but not published
     free_slots: int  #: slots not holding a message
+    published: int = 0  #: messages published, in total
+    published_bytes: int = 0  #: payload bytes published, in total
+    queued: int = 0  #: messages published and not received yet (the queue's depth)
+    slots: int = 0  #: the ring's size
+    slot_bytes: int = 0  #: capacity of each slot
 
 
 class Channel:
@@ -141,13 +146,16 @@ class Channel:
         device: int = 0,
         mode: int = 0o600,
         role: str = "producer",
+        pacing: Optional[float] = None,
+        pacing_ahead: Optional[int] = None,
     ) -> "Channel":
         """Creates channel ``name`` (segments ``name`` and ``name.slots``) and joins it as ``role``.
 
         slots: buffers in flight at most (1..4096). slot_bytes: capacity of each. header_bytes: inline header per
         message (0..4096; ``send`` needs 24 + 8 * ndim + len(meta)). kind: "device" (slots in GPU memory of
         ``device``) or "host". mode: every member needs rw (all update the shared ring; consumers still map the
-        slots read-only). Raises AlreadyExists, InvalidArgument, ...
+        slots read-only). pacing, pacing_ahead: this handle's (see :attr:`pacing`, :attr:`pacing_ahead`); None:
+        ``GPUIPC_CHANNEL_PACING_US`` and ``GPUIPC_CHANNEL_PACING_AHEAD``. Raises AlreadyExists, InvalidArgument, ...
         """
         return cls(
             _gpuipc.Channel.create(
@@ -159,17 +167,40 @@ class Channel:
                 device=device,
                 mode=mode,
                 role=role,
+                pacing=pacing,
+                pacing_ahead=pacing_ahead,
             )
         )
 
     @classmethod
-    def open(cls, name: str, role: str, *, wait: Optional[float] = None, device: Optional[int] = None) -> "Channel":
+    def open(
+        cls,
+        name: str,
+        role: str,
+        *,
+        wait: Optional[float] = None,
+        device: Optional[int] = None,
+        pacing: Optional[float] = None,
+        pacing_ahead: Optional[int] = None,
+    ) -> "Channel":
         """Joins channel ``name`` as a "producer" or a "consumer" (consumers map the slots read-only).
 
         wait: seconds to wait for it to be created (None: fail at once with NotFound). device: device channels:
-        the GPU whose context maps the slots (None: the current context's, else the slots' own).
+        the GPU whose context maps the slots (None: the current context's, else the slots' own). pacing,
+        pacing_ahead: this handle's (see :attr:`pacing`, :attr:`pacing_ahead`); None: ``GPUIPC_CHANNEL_PACING_US``
+        and ``GPUIPC_CHANNEL_PACING_AHEAD``.
         """
-        return cls(_gpuipc.Channel.open(name, role=role, wait=wait, device=device))
+        return cls(
+            _gpuipc.Channel.open(
+                name, role=role, wait=wait, device=device, pacing=pacing, pacing_ahead=pacing_ahead
+            )
+        )
+
+    @staticmethod
+    def stat(name: str) -> ChannelStats:
+        """The counters of channel ``name`` without joining it (maps its control block read-only; no GPU needed).
+        Raises NotFound, PermissionDenied, InvalidArgument (not a channel)."""
+        return ChannelStats(**_gpuipc.Channel.stat(name))
 
     @staticmethod
     def unlink(name: str) -> None:
@@ -320,6 +351,28 @@ class Channel:
     @property
     def stats(self) -> ChannelStats:
         return ChannelStats(**self._ch.stats)
+
+    @property
+    def pacing(self) -> float:
+        """Seconds this handle's ``acquire`` and ``receive`` watch a peer's GPU progress on the host before they
+        enqueue a stream wait (device channels; docs/channels.md#pacing). 0: only a look. Settable; the default is
+        ``GPUIPC_CHANNEL_PACING_US`` (200 us)."""
+        return self._ch.pacing
+
+    @pacing.setter
+    def pacing(self, seconds: float) -> None:
+        self._ch.pacing = seconds
+
+    @property
+    def pacing_ahead(self) -> int:
+        """How many messages this handle, a pacing producer, may run ahead of the consumers' streams (1 to
+        :attr:`slots`; ``slots`` lets it fill the ring; larger values are clamped). Settable; the default is
+        ``GPUIPC_CHANNEL_PACING_AHEAD``, else half the ring for 8 slots or more, else the whole ring."""
+        return self._ch.pacing_ahead
+
+    @pacing_ahead.setter
+    def pacing_ahead(self, messages: int) -> None:
+        self._ch.pacing_ahead = messages
 
     @property
     def closed(self) -> bool:

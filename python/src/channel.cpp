@@ -86,6 +86,42 @@ std::shared_ptr<const void> owner_of(const Locked& g, std::uintptr_t address) {
 
 std::string role_name(ChannelRole r) { return r == ChannelRole::Producer ? "producer" : "consumer"; }
 
+/// Pacing in seconds (Python's unit for durations) to the library's nanoseconds; None: the environment's default.
+std::optional<std::chrono::nanoseconds> to_pacing(std::optional<double> seconds) {
+  if (!seconds) return std::nullopt;
+  if (!(*seconds >= 0) || *seconds > 3600) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("pacing must be 0 to 3600 seconds, not {}", *seconds),
+                "channel");
+  }
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(*seconds * 1e9));
+}
+
+std::optional<std::uint32_t> to_ahead(std::optional<std::int64_t> messages) {
+  if (!messages) return std::nullopt;
+  if (*messages < 1 || *messages > 0xFFFFFFFFLL) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("pacing_ahead must be at least 1, not {}", *messages),
+                "channel");
+  }
+  return static_cast<std::uint32_t>(*messages);
+}
+
+nb::dict stats_dict(const ChannelStats& s) {
+  nb::dict d;
+  d["head"] = s.head;
+  d["tail"] = s.tail;
+  d["producers"] = s.producers;
+  d["consumers"] = s.consumers;
+  d["redelivered"] = s.redelivered;
+  d["abandoned"] = s.abandoned;
+  d["free_slots"] = s.free_slots;
+  d["published"] = s.published;
+  d["published_bytes"] = s.published_bytes;
+  d["queued"] = s.queued;
+  d["slots"] = s.slots;
+  d["slot_bytes"] = s.slot_bytes;
+  return d;
+}
+
 }  // namespace
 
 void bind_channel(nb::module_& m) {
@@ -93,27 +129,46 @@ void bind_channel(nb::module_& m) {
       .def_static(
           "create",
           [](std::string_view name, std::uint32_t slots, std::size_t slot_bytes, std::uint32_t header_bytes,
-             std::string_view kind, int device, unsigned mode, std::string_view role) {
+             std::string_view kind, int device, unsigned mode, std::string_view role, std::optional<double> pacing,
+             std::optional<std::int64_t> pacing_ahead) {
             const ChannelOptions o{.slots = slots, .slot_bytes = slot_bytes, .header_bytes = header_bytes,
-                                   .kind = parse_kind(kind), .device = device, .mode = mode};
+                                   .kind = parse_kind(kind), .device = device, .mode = mode,
+                                   .pacing = to_pacing(pacing), .pacing_ahead = to_ahead(pacing_ahead)};
             const ChannelRole r = parse_role(role);
             nb::gil_scoped_release unlocked;
             return attach(name, Access::ReadWrite, o.kind == SegmentKind::Device ? device : -1,
                           [&] { return Channel::create(name, o, r); });
           },
           "name"_a, nb::kw_only(), "slots"_a = 4, "slot_bytes"_a = 1 << 20, "header_bytes"_a = 256,
-          "kind"_a = "device", "device"_a = 0, "mode"_a = 0600, "role"_a = "producer")
+          "kind"_a = "device", "device"_a = 0, "mode"_a = 0600, "role"_a = "producer", "pacing"_a = nb::none(),
+          "pacing_ahead"_a = nb::none())
       .def_static(
           "open",
-          [](std::string_view name, std::string_view role, std::optional<double> wait, std::optional<int> device) {
+          [](std::string_view name, std::string_view role, std::optional<double> wait, std::optional<int> device,
+             std::optional<double> pacing, std::optional<std::int64_t> pacing_ahead) {
             const ChannelRole r = parse_role(role);
             const int dev = device.value_or(-1);
+            const auto p = to_pacing(pacing);
+            const auto a = to_ahead(pacing_ahead);
             return open_in_slices(wait, "channel '" + std::string(name) + "'", [&](std::chrono::milliseconds slice) {
-              return attach(name, r == ChannelRole::Consumer ? Access::ReadOnly : Access::ReadWrite, dev,
-                            [&] { return Channel::open(name, r, {.wait = slice, .device = dev}); });
+              return attach(name, r == ChannelRole::Consumer ? Access::ReadOnly : Access::ReadWrite, dev, [&] {
+                return Channel::open(name, r, {.wait = slice, .device = dev, .pacing = p, .pacing_ahead = a});
+              });
             });
           },
-          "name"_a, nb::kw_only(), "role"_a, "wait"_a = nb::none(), "device"_a = nb::none())
+          "name"_a, nb::kw_only(), "role"_a, "wait"_a = nb::none(), "device"_a = nb::none(), "pacing"_a = nb::none(),
+          "pacing_ahead"_a = nb::none())
+      .def_static(
+          "stat",
+          [](std::string_view name) {
+            ChannelStats st;
+            {
+              nb::gil_scoped_release unlocked;
+              st = Channel::stat(name);
+            }
+            return stats_dict(st);
+          },
+          "name"_a, "The counters of channel ``name`` without joining it (read permission needed).")
       .def_static(
           "unlink",
           [](std::string_view name) {
@@ -208,18 +263,15 @@ void bind_channel(nb::module_& m) {
       .def_prop_ro("header_bytes", [](PyChannel& c) { return lock(c).ch().header_bytes(); })
       .def_prop_ro("device", [](PyChannel& c) { return lock(c).ch().device(); })
       .def_prop_ro("closed", [](const PyChannel& c) { return !c.state; })
-      .def_prop_ro("stats", [](PyChannel& c) {
-        const ChannelStats s = lock(c).ch().stats();
-        nb::dict d;
-        d["head"] = s.head;
-        d["tail"] = s.tail;
-        d["producers"] = s.producers;
-        d["consumers"] = s.consumers;
-        d["redelivered"] = s.redelivered;
-        d["abandoned"] = s.abandoned;
-        d["free_slots"] = s.free_slots;
-        return d;
-      })
+      .def_prop_ro("stats", [](PyChannel& c) { return stats_dict(lock(c).ch().stats()); })
+      .def_prop_rw(
+          "pacing", [](PyChannel& c) { return std::chrono::duration<double>(lock(c).ch().pacing()).count(); },
+          [](PyChannel& c, double seconds) { lock(c).ch().set_pacing(*to_pacing(seconds)); },
+          "Seconds acquire and receive watch a peer's GPU progress on the host before a stream wait.")
+      .def_prop_rw(
+          "pacing_ahead", [](PyChannel& c) { return lock(c).ch().pacing_ahead(); },
+          [](PyChannel& c, std::int64_t messages) { lock(c).ch().set_pacing_ahead(*to_ahead(messages)); },
+          "How many messages a pacing producer may run ahead of the consumers' streams (1..slots).")
       .def("close", [](PyChannel& c) {
         std::shared_ptr<ChannelState> st = std::move(c.state);
         if (!st) return;

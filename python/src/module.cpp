@@ -5,7 +5,10 @@
 
 #include <array>
 
+#include "base/config.hpp"
 #include "core/client.hpp"
+#include "cuda/device.hpp"
+#include "cuda/driver.hpp"
 
 #include "common.hpp"
 
@@ -42,6 +45,59 @@ NB_MODULE(_gpuipc, m) {
         return d;
       },
       "Live C++ objects by kind (for leak tests).");
+  m.def(
+      "_doctor",
+      []() {
+        // What `python -m gpuipc doctor` reports (python/gpuipc/__main__.py); never starts a broker.
+        py::nb::dict d;
+        std::string why;
+        bool driver = false;
+        int devices = -1;
+        std::string device_error;
+        {
+          py::nb::gil_scoped_release unlocked;
+          driver = gpuipc::cuda::driver_available(&why);
+          if (driver) {
+            try {
+              devices = gpuipc::cuda::device_count();
+            } catch (const std::exception& e) {
+              device_error = e.what();
+            }
+          }
+        }
+        d["driver_available"] = driver;
+        d["driver_error"] = driver ? py::nb::none() : py::nb::cast(why);
+        d["driver_version"] = driver ? py::nb::cast(gpuipc::cuda::driver().driver_version) : py::nb::none();
+        d["driver_library"] = driver ? py::nb::cast(gpuipc::cuda::driver().library) : py::nb::none();
+        d["device_count"] = devices >= 0 ? py::nb::cast(devices) : py::nb::none();
+        d["device_error"] = device_error.empty() ? py::nb::none() : py::nb::cast(device_error);
+        try {
+          d["runtime_dir"] = gpuipc::config::runtime_dir();
+          d["socket_path"] = gpuipc::config::socket_path();
+          d["runtime_dir_error"] = py::nb::none();
+        } catch (const std::exception& e) {
+          d["runtime_dir"] = py::nb::none();
+          d["socket_path"] = py::nb::none();
+          d["runtime_dir_error"] = std::string(e.what());
+        }
+        {
+          bool listening = false;
+          {
+            py::nb::gil_scoped_release unlocked;
+            listening = gpuipc::core::BrokerClient::broker_listening();
+          }
+          d["broker_listening"] = listening;
+        }
+        return d;
+      },
+      "Driver, runtime directory and broker socket as python -m gpuipc doctor reports them (starts nothing).");
+  m.def(
+      "_broker_pid",
+      []() {
+        py::nb::gil_scoped_release unlocked;
+        return gpuipc::core::BrokerClient::instance().broker_pid();
+      },
+      "The broker's pid (connects, starting a broker when none runs and autostart is allowed).");
   m.def(
       "_daemon_path", []() { return gpuipc::core::BrokerClient::find_daemon(); },
       "The gpuipcd the library would start (empty when none is found).");

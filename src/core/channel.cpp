@@ -318,7 +318,41 @@ void check_channel_name(std::string_view name) {
   }
 }
 
-std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole role) {
+/// The counters of the ring at `control` whose geometry `g` was checked: every slot access is bounded by `g`.
+ChannelStats read_stats(const void* control, const shm::RingGeometry& g) noexcept {
+  auto& h = *static_cast<proto::ChannelHeader*>(const_cast<void*>(control));
+  ChannelStats st;
+  st.head = atomic(h.head).load();
+  st.tail = atomic(h.tail).load();
+  st.producers = atomic(h.producers).load();
+  st.consumers = atomic(h.consumers).load();
+  st.redelivered = atomic(h.redelivered).load();
+  st.abandoned = atomic(h.abandoned).load();
+  st.published = atomic(h.published).load();
+  st.published_bytes = atomic(h.published_bytes).load();
+  st.slots = g.slots;
+  st.slot_bytes = atomic(h.slot_bytes).load();
+  for (std::uint64_t i = 0; i < g.slots; ++i) {
+    const std::uint64_t s = atomic(shm::ring_slot(const_cast<void*>(control), g, i).state).load();
+    if (proto::state_phase(s) == Phase::Free) ++st.free_slots;
+    if (proto::state_phase(s) == Phase::Published) ++st.queued;
+  }
+  return st;
+}
+
+/// A handle's pacing settings: the options' where given, else the environment's (docs/env).
+std::chrono::nanoseconds initial_pacing(const std::optional<std::chrono::nanoseconds>& pacing) {
+  if (pacing) return std::max(*pacing, std::chrono::nanoseconds(0));
+  return std::chrono::microseconds(config::env_u64("GPUIPC_CHANNEL_PACING_US", kDefaultPacingUs));
+}
+std::uint64_t initial_ahead(const std::optional<std::uint32_t>& ahead, std::uint64_t n) {
+  const std::uint64_t v = ahead ? *ahead : config::env_u64("GPUIPC_CHANNEL_PACING_AHEAD", default_ahead(n));
+  return std::clamp<std::uint64_t>(v, 1, n);
+}
+
+std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole role,
+                                      const std::optional<std::chrono::nanoseconds>& pacing,
+                                      const std::optional<std::uint32_t>& ahead) {
   auto impl = std::make_unique<Channel::Impl>();
   auto* h = static_cast<proto::ChannelHeader*>(control.data());
   const auto g = shm::ring_geometry(control.data(), control.size());
@@ -342,9 +376,8 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
     impl->ctx = cuda::PrimaryContext(data.device());
   }
   impl->held.assign(impl->n, 0);
-  impl->pacing = std::chrono::microseconds(config::env_u64("GPUIPC_CHANNEL_PACING_US", kDefaultPacingUs));
-  impl->ahead = std::clamp<std::uint64_t>(config::env_u64("GPUIPC_CHANNEL_PACING_AHEAD", default_ahead(impl->n)), 1,
-                                          impl->n);
+  impl->pacing = initial_pacing(pacing);
+  impl->ahead = initial_ahead(ahead, impl->n);
   impl->control = std::move(control);
   impl->data = std::move(data);
   impl->join();
@@ -415,7 +448,7 @@ Channel Channel::create(std::string_view name, const ChannelOptions& options, Ch
     }
     throw;
   }
-  return Channel(attach(std::move(control), std::move(data), role));
+  return Channel(attach(std::move(control), std::move(data), role, options.pacing, options.pacing_ahead));
 }
 
 Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpenOptions& options) {
@@ -427,7 +460,20 @@ Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpen
                    .wait = std::chrono::milliseconds(0),
                    .device = options.device};
   Segment data = Segment::open(slots_name(name), dopt);
-  return Channel(attach(std::move(control), std::move(data), role));
+  return Channel(attach(std::move(control), std::move(data), role, options.pacing, options.pacing_ahead));
+}
+
+ChannelStats Channel::stat(std::string_view name) {
+  check_channel_name(name);
+  // A CUDA-free read-only look: the host_pinned control block of a device channel is mapped without registering it.
+  const Segment control =
+      detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
+  const auto g = shm::ring_geometry(control.data(), control.size());
+  if (!g) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("'{}' is not a gpuipc channel (version {})", name, proto::kChannelVersion), "stat");
+  }
+  return read_stats(control.data(), *g);
 }
 
 void Channel::unlink(std::string_view name) {
@@ -504,6 +550,8 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   // consumer's stream cannot run ahead: it waits for `filled`, which only our stream writes.
   atomic(s.state).store(proto::pack_state(seq, Phase::Published, im.member), std::memory_order_release);
   im.pop_held();
+  atomic(im.h->published).fetch_add(1, std::memory_order_relaxed);
+  atomic(im.h->published_bytes).fetch_add(bytes, std::memory_order_relaxed);
   core::bump_and_wake(im.h->published_seq, &im.h->published_sleepers);
   if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
     // The stream will never write it: release the consumer's stream from the host and flag the message.
@@ -609,24 +657,17 @@ void Channel::set_pacing(std::chrono::nanoseconds pacing) noexcept {
 }
 
 std::chrono::nanoseconds Channel::pacing() const noexcept { return m_impl ? m_impl->pacing : std::chrono::nanoseconds(0); }
+void Channel::set_pacing_ahead(std::uint32_t messages) noexcept {
+  if (m_impl) m_impl->ahead = std::clamp<std::uint64_t>(messages, 1, m_impl->n);
+}
+std::uint32_t Channel::pacing_ahead() const noexcept {
+  return m_impl ? static_cast<std::uint32_t>(m_impl->ahead) : 0;
+}
 
 int Channel::device() const noexcept { return m_impl && m_impl->gpu() ? m_impl->data.device() : -1; }
 
 ChannelStats Channel::stats() const noexcept {
-  ChannelStats st;
-  if (!m_impl) return st;
-  auto& h = *m_impl->h;
-  st.head = atomic(h.head).load();
-  st.tail = atomic(h.tail).load();
-  st.producers = atomic(h.producers).load();
-  st.consumers = atomic(h.consumers).load();
-  st.redelivered = atomic(h.redelivered).load();
-  st.abandoned = atomic(h.abandoned).load();
-  for (std::uint64_t i = 0; i < m_impl->n; ++i) {
-    const std::uint64_t s = atomic(m_impl->slot(i).state).load();
-    if (proto::state_phase(s) == Phase::Free) ++st.free_slots;
-  }
-  return st;
+  return m_impl ? read_stats(m_impl->h, m_impl->geometry) : ChannelStats{};
 }
 
 }  // namespace gpuipc

@@ -134,6 +134,25 @@ Semaphore Semaphore::open(std::string_view name, const SemaphoreOpenOptions& opt
 
 void Semaphore::unlink(std::string_view name) { Segment::unlink(name); }
 
+SemaphoreStats Semaphore::stat(std::string_view name) {
+  // A CUDA-free read-only look: a host_pinned page is mapped without registering it with the GPU.
+  Segment seg = detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
+  proto::SemaphoreBlock* b = shm::semaphore_block(seg.data(), seg.size());
+  if (b == nullptr) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("'{}' is not a gpuipc semaphore (version {})", name, proto::kSemaphoreVersion), "stat");
+  }
+  SemaphoreStats st;
+  const std::uint64_t v = atomic(b->value).load(std::memory_order_acquire);
+  st.value = v & proto::kMaxValue;
+  const std::uint32_t reason = atomic(b->poison_reason).load();
+  if ((v & proto::kPoisonBit) != 0 || reason != 0) {
+    st.status = reason == static_cast<std::uint32_t>(proto::PoisonReason::Closed) ? Status::Closed : Status::PeerDied;
+  }
+  st.signallers = atomic(b->signallers).load();
+  return st;
+}
+
 Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_host) noexcept {
   if (!m_impl || m_impl->role != SemaphoreRole::Signaller || m_impl->device_value == 0 || value > kSemaphoreMaxValue) {
     return Status::InvalidState;

@@ -68,7 +68,8 @@ static_assert(offsetof(SemaphoreBlock, value) % 64 == 0);
 // Channel: a control segment (this header, then `slots` Slot records each followed by header_bytes of inline
 // user header, each record 64-byte aligned) and a data segment of slots * slot_bytes.
 inline constexpr std::uint32_t kChannelMagic = 0x48434947;  // "GICH"
-inline constexpr std::uint32_t kChannelVersion = 3;  // 2: broker-assigned member tokens; 3: Slot::release_mark
+// 2: broker-assigned member tokens; 3: Slot::release_mark; 4: ChannelHeader::published and published_bytes
+inline constexpr std::uint32_t kChannelVersion = 4;
 inline constexpr std::uint32_t kMaxSlots = 4096;
 inline constexpr std::uint32_t kMaxHeaderBytes = 4096;
 
@@ -120,6 +121,9 @@ struct alignas(64) ChannelHeader {
   alignas(64) std::uint64_t tail;  ///< next sequence consumers claim
   alignas(64) std::uint32_t published_seq;  ///< futex: bumped on every publish (consumers sleep on it)
   std::uint32_t published_sleepers;         ///< consumers asleep on published_seq: a publish wakes only if > 0
+  /// Messages and payload bytes published in total (monitoring: `gpuipc top`). In the line publish writes anyway.
+  std::uint64_t published;
+  std::uint64_t published_bytes;
   alignas(64) std::uint32_t released_seq;   ///< futex: bumped on every release (producers sleep on it)
   std::uint32_t released_sleepers;          ///< producers asleep on released_seq
   alignas(64) std::uint32_t producers;      ///< live producers
@@ -135,6 +139,7 @@ struct alignas(64) ChannelHeader {
   alignas(64) Member members[kMaxMembers];
 };
 static_assert(sizeof(ChannelHeader) % 64 == 0);
+static_assert(offsetof(ChannelHeader, published_bytes) + 8 <= offsetof(ChannelHeader, released_seq));
 
 inline constexpr std::uint32_t record_bytes(std::uint32_t header_bytes) noexcept {
   return static_cast<std::uint32_t>((sizeof(Slot) + header_bytes + 63) / 64 * 64);

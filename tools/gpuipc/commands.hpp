@@ -23,6 +23,7 @@ enum ExitCode : int {
 void register_doctor(CLI::App& app, int& exit_code);
 void register_daemon(CLI::App& app, int& exit_code);
 void register_segments(CLI::App& app, int& exit_code);  // ls, stat, rm
+void register_top(CLI::App& app, int& exit_code);
 void register_demo(CLI::App& app, int& exit_code);
 void register_bench(CLI::App& app, int& exit_code);
 

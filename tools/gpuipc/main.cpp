@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   gpuipc::cli::register_doctor(app, exit_code);
   gpuipc::cli::register_daemon(app, exit_code);
   gpuipc::cli::register_segments(app, exit_code);
+  gpuipc::cli::register_top(app, exit_code);
   gpuipc::cli::register_demo(app, exit_code);
   gpuipc::cli::register_bench(app, exit_code);
   app.parse_complete_callback([&] {
