@@ -402,5 +402,11 @@ def _decode_block_ref(data: bytes) -> tuple[int, int, int, int, int, int]:
 def _live_objects() -> dict:
     """Live C++ objects by kind (for leak tests)."""
 
+def version() -> str:
+    """The release version of the C++ library inside this module (gpuipc.__version__)."""
+
+def protocol_version() -> int:
+    """The broker wire protocol version this module speaks."""
+
 def _daemon_path() -> str:
     """The gpuipcd the library would start (empty when none is found)."""

@@ -6,6 +6,7 @@
 #include <array>
 
 #include "core/client.hpp"
+#include "gpuipc/version.hpp"
 
 #include "common.hpp"
 
@@ -42,6 +43,12 @@ NB_MODULE(_gpuipc, m) {
         return d;
       },
       "Live C++ objects by kind (for leak tests).");
+  m.def(
+      "version", []() { return std::string(gpuipc::version()); },
+      "The release version of the C++ library inside this module (gpuipc.__version__).");
+  m.def(
+      "protocol_version", []() { return gpuipc::protocol_version(); },
+      "The broker wire protocol version this module speaks.");
   m.def(
       "_daemon_path", []() { return gpuipc::core::BrokerClient::find_daemon(); },
       "The gpuipcd the library would start (empty when none is found).");

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "base/log.hpp"
+#include "gpuipc/version.hpp"
 #include "os/memfd.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
@@ -265,7 +266,7 @@ bool Server::handle_message(ConnId id, Connection& c, std::span<const std::byte>
     r.broker_pid = static_cast<std::uint32_t>(::getpid());
     r.uid = c.creds.uid;
     r.gid = c.creds.gid;
-    r.broker_version = "0.1.0";
+    r.broker_version = GPUIPC_VERSION_STRING;
     os::UniqueFd status;
     try {
       status = os::reopen_readonly(m_registry.status_fd());

@@ -83,7 +83,7 @@ struct HelloReply {
   std::uint32_t broker_pid = 0;
   std::uint32_t uid = 0;     ///< the client's uid as the broker sees it
   std::uint32_t gid = 0;
-  std::string broker_version;  ///< "0.1.0"
+  std::string broker_version;  ///< the broker's release, GPUIPC_VERSION_STRING (e.g. "0.1.0"); shown, not checked
 
   bool operator==(const HelloReply&) const = default;
 };
