@@ -242,6 +242,24 @@ void Server::serve(ConnId id, std::uint32_t events) {
 
 bool Server::handle_message(ConnId id, Connection& c, std::span<const std::byte> bytes,
                             std::vector<os::UniqueFd>& fds) {
+  if (const auto version = proto::peek_version(bytes); version && *version != proto::kVersion) {
+    // Another release, not garbage: say so in words that name both versions and the way out. The reply is in
+    // this broker's version; the header and the Error body are the same in every version, so the client reads it.
+    GPUIPC_LOG_WARN("connection {} (pid {} uid {}): speaks protocol version {}, this broker {}: refused", id,
+                    c.creds.pid, c.creds.uid, *version, proto::kVersion);
+    queue(id, c,
+          proto::encode(error_reply(0, ErrorCode::Protocol,
+                                    fmt::format("protocol version mismatch: the client speaks gpuipc protocol version "
+                                                "{}, this broker (gpuipcd {}, pid {}) speaks version {}. The client "
+                                                "library and the running broker come from different gpuipc releases: "
+                                                "stop the broker (`gpuipc daemon --stop`, or restart gpuipcd.service "
+                                                "when systemd runs it) so that a gpuipcd of the client's release "
+                                                "serves, or upgrade the older side",
+                                                *version, GPUIPC_VERSION_STRING, os::current_pid(), proto::kVersion)),
+                        0),
+          {});
+    return false;
+  }
   proto::Message msg;
   std::string why;
   if (!proto::decode(bytes, fds.size(), msg, why)) {

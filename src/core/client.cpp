@@ -11,6 +11,7 @@
 #include "base/config.hpp"
 #include "base/log.hpp"
 #include "gpuipc/error.hpp"
+#include "gpuipc/version.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
 #include "os/socket.hpp"
@@ -213,7 +214,18 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
       throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "recv");
     }
     std::string why;
-    if (!proto::decode(std::span<const std::byte>(buffer.data(), size), reply.fds.size(), reply.msg, why)) {
+    const std::span<const std::byte> bytes(buffer.data(), size);
+    if (const auto version = proto::peek_version(bytes); version && *version != proto::kVersion) {
+      m_sock.reset();
+      throw Error(ErrorCode::Protocol,
+                  fmt::format("protocol version mismatch: the gpuipc broker on {} speaks protocol version {}, this "
+                              "library (gpuipc {}) speaks version {}. They come from different gpuipc releases: stop "
+                              "the broker (`gpuipc daemon --stop`, or restart gpuipcd.service when systemd runs it) "
+                              "so that a gpuipcd of this library's release serves, or upgrade the older side",
+                              config::socket_path(), *version, GPUIPC_VERSION_STRING, proto::kVersion),
+                  "recv");
+    }
+    if (!proto::decode(bytes, reply.fds.size(), reply.msg, why)) {
       m_sock.reset();
       throw Error(ErrorCode::Protocol, "malformed reply from the gpuipc broker: " + why, "recv");
     }

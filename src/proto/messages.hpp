@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -266,5 +267,10 @@ std::vector<std::byte> encode(const Message& msg, std::size_t fd_count = 0);
 /// Decodes one received datagram that came with `fds_received` fds. On success returns true and fills `out`;
 /// on failure returns false and puts a one-line reason in `error`. Never crashes, never reads past `bytes`.
 bool decode(std::span<const std::byte> bytes, std::size_t fds_received, Message& out, std::string& error);
+
+/// The protocol version in the header of a datagram from a gpuipc peer (a whole header with the 'GIPC' magic),
+/// whatever that version is; nullopt when `bytes` is not one. The header is the same in every version, so a side
+/// can tell "another release" from "garbage" before decode() refuses the message.
+std::optional<std::uint16_t> peek_version(std::span<const std::byte> bytes) noexcept;
 
 }  // namespace gpuipc::proto
