@@ -65,6 +65,22 @@ std::uint32_t BrokerClient::broker_pid() {
   return m_broker_pid;
 }
 
+BrokerClient::BrokerStatus BrokerClient::broker_status() {
+  std::lock_guard lock(m_mutex);
+  if (!m_sock) connect_locked();
+  BrokerStatus s;
+  s.pid = m_broker_pid;
+  s.version = m_broker_version;
+  s.socket_path = config::socket_path();
+  // Written once before the broker shared the page: plain reads.
+  if (const proto::StatusPage* page = m_status.load(std::memory_order_acquire)) {
+    s.mode = static_cast<proto::BrokerMode>(page->mode);
+    s.started_unix_ns = page->started_unix_ns;
+    s.idle_timeout_ms = page->idle_timeout_ms;
+  }
+  return s;
+}
+
 bool BrokerClient::broker_listening() {
   try {
     os::connect_seqpacket(config::socket_path(), connect_timeout());
@@ -158,6 +174,7 @@ void BrokerClient::connect_locked() {
     throw Error(ErrorCode::Protocol, "the broker answered Hello with something else", "hello");
   }
   m_broker_pid = hr->broker_pid;
+  m_broker_version = hr->broker_version;
   const std::uint64_t new_generation = m_generation.load();
   if (m_connected_once) {
     if (auto hook = g_rebind.load(); hook != nullptr) {

@@ -35,5 +35,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  return gpuipc::broker::run_daemon(options);
+  if (on_demand) options.mode = gpuipc::proto::BrokerMode::OnDemand;
+  return gpuipc::broker::run_daemon(std::move(options));
 }
