@@ -54,7 +54,9 @@ from .streaming import StreamItem, StreamPublisher, StreamReader, stream_publish
 
 ArrayView = _gpuipc.ArrayView
 
-__version__ = "0.1.0"
+#: The release version, from project(VERSION) in CMakeLists.txt through the extension (the wheel's metadata reads
+#: the same line).
+__version__ = _gpuipc.version()
 
 __all__ = [
     "Segment",

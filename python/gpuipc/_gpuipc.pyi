@@ -436,5 +436,11 @@ def _broker_pid() -> int:
     The broker's pid (connects, starting a broker when none runs and autostart is allowed).
     """
 
+def version() -> str:
+    """The release version of the C++ library inside this module (gpuipc.__version__)."""
+
+def protocol_version() -> int:
+    """The broker wire protocol version this module speaks."""
+
 def _daemon_path() -> str:
     """The gpuipcd the library would start (empty when none is found)."""

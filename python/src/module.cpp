@@ -9,6 +9,7 @@
 #include "core/client.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
+#include "gpuipc/version.hpp"
 
 #include "common.hpp"
 
@@ -98,6 +99,12 @@ NB_MODULE(_gpuipc, m) {
         return gpuipc::core::BrokerClient::instance().broker_pid();
       },
       "The broker's pid (connects, starting a broker when none runs and autostart is allowed).");
+  m.def(
+      "version", []() { return std::string(gpuipc::version()); },
+      "The release version of the C++ library inside this module (gpuipc.__version__).");
+  m.def(
+      "protocol_version", []() { return gpuipc::protocol_version(); },
+      "The broker wire protocol version this module speaks.");
   m.def(
       "_daemon_path", []() { return gpuipc::core::BrokerClient::find_daemon(); },
       "The gpuipcd the library would start (empty when none is found).");

@@ -6,6 +6,7 @@
 
 #include "base/config.hpp"
 #include "base/log.hpp"
+#include "os/socket.hpp"
 
 namespace gpuipc::broker {
 
@@ -32,9 +33,19 @@ void add_options(CLI::App& app, ServerOptions& options) {
                  "segments one uid may register (GPUIPC_QUOTA_SEGMENTS)");
 }
 
-int run_daemon(const ServerOptions& options) {
+int run_daemon(ServerOptions options) {
   try {
-    Server server(options);
+    if (auto inherited = os::take_activation_socket()) {
+      options.listen_fd = std::move(inherited->fd);
+      options.listen_path = inherited->path;
+      options.mode = proto::BrokerMode::SocketActivated;
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "gpuipcd: %s\n", e.what());  // NOLINT(cert-err33-c)
+    return kExitActivation;
+  }
+  try {
+    Server server(std::move(options));
     server.run();
     return 0;
   } catch (const Error& e) {

@@ -16,8 +16,14 @@ ServerOptions default_options(bool on_demand);
 /// Adds --runtime-dir, --idle-timeout-ms, --quota-bytes, --quota-segments to `app`, bound to `options`.
 void add_options(CLI::App& app, ServerOptions& options);
 
-/// Runs a broker until SIGTERM/SIGINT or idle. Returns the process exit code: 0 after a clean shutdown, 3 when
-/// another broker already serves the directory, 1 on other errors (printed to stderr).
-int run_daemon(const ServerOptions& options);
+/// Exit code of run_daemon when the service manager passed a socket it cannot serve (docs/cli/gpuipcd.md).
+inline constexpr int kExitActivation = 4;
+
+/// Runs a broker until SIGTERM/SIGINT or idle. When systemd passed a listening socket (LISTEN_PID, LISTEN_FDS:
+/// os::take_activation_socket) it serves that one and runs in mode SocketActivated, whatever `options` says.
+/// Returns the process exit code: 0 after a clean shutdown, 3 when another broker already serves the directory,
+/// kExitActivation (4) when the passed socket is unusable, 1 on other errors (each printed to stderr).
+/// Call from main before threads start (it unsets the LISTEN_* variables).
+int run_daemon(ServerOptions options);
 
 }  // namespace gpuipc::broker

@@ -88,6 +88,13 @@ Registry::Registry(Quotas quotas)
   std::atomic_ref<std::uint64_t>(page->names_generation).store(1, std::memory_order_release);
 }
 
+void Registry::describe_broker(proto::BrokerMode mode, std::uint64_t idle_timeout_ms) noexcept {
+  auto* page = static_cast<proto::StatusPage*>(m_status_map.data());
+  page->mode = static_cast<std::uint32_t>(mode);
+  page->started_unix_ns = unix_now_ns();
+  page->idle_timeout_ms = idle_timeout_ms;
+}
+
 void Registry::bump_names_generation() noexcept {
   auto* page = static_cast<proto::StatusPage*>(m_status_map.data());
   std::atomic_ref<std::uint64_t>(page->names_generation).fetch_add(1, std::memory_order_release);

@@ -22,6 +22,7 @@
 #include "os/socket.hpp"
 #include "proto/messages.hpp"
 #include "proto/shm.hpp"
+#include "proto/status_page.hpp"
 
 namespace gpuipc::broker {
 
@@ -83,6 +84,10 @@ class Registry {
  public:
   /// Creates the status page (proto/status_page.hpp). Throws Error(System).
   explicit Registry(Quotas quotas);
+
+  /// Writes how this broker was started into the status page (its start time is now). Call once, before the
+  /// page is shared with any client.
+  void describe_broker(proto::BrokerMode mode, std::uint64_t idle_timeout_ms) noexcept;
 
   /// The status page's memfd; the server hands a read-only reopen of it to each client with HelloReply.
   int status_fd() const noexcept { return m_status_fd.get(); }

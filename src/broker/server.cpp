@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "base/log.hpp"
+#include "gpuipc/version.hpp"
 #include "os/memfd.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
@@ -63,15 +64,30 @@ Server::Server(ServerOptions options)
   m_registry.open_journal(m_options.runtime_dir + "/names.journal", os::monotonic_ns(),
                           m_options.restore_grace.count() * 1'000'000);
   m_socket_path = m_options.runtime_dir + "/broker.sock";
-  m_listen = os::listen_seqpacket(m_socket_path, 0666);
+  if (m_options.listen_fd) {
+    m_listen = std::move(m_options.listen_fd);
+    if (!m_options.listen_path.empty() && m_options.listen_path != m_socket_path) {
+      // Served all the same, but the library looks for DIR/broker.sock: clients of the default directory will
+      // not find this broker.
+      GPUIPC_LOG_WARN("the socket systemd passed is {}, but clients of {} connect to {}: make the .socket unit's "
+                      "ListenSequentialPacket= and the service's GPUIPC_RUNTIME_DIR (or --runtime-dir) agree",
+                      m_options.listen_path, m_options.runtime_dir, m_socket_path);
+      m_socket_path = m_options.listen_path;
+    }
+  } else {
+    m_listen = os::listen_seqpacket(m_socket_path, 0666);
+    m_socket_file = os::file_identity(m_socket_path);
+  }
+  m_registry.describe_broker(m_options.mode, static_cast<std::uint64_t>(m_options.idle_timeout.count()));
   m_signals = os::signal_fd({SIGTERM, SIGINT});
   m_wakeup = os::event_fd();
   m_epoll.add(m_listen.get(), EPOLLIN, kListenKey);
   m_epoll.add(m_signals.get(), EPOLLIN, kSignalKey);
   m_epoll.add(m_wakeup.get(), EPOLLIN, kWakeupKey);
   std::signal(SIGPIPE, SIG_IGN);  // NOLINT(cert-err33-c): sends use MSG_NOSIGNAL; this is belt and braces
-  GPUIPC_LOG_INFO("gpuipcd pid {} serving {} (fd limit {}: {} connections, {} segments)", os::current_pid(),
-                  m_socket_path, limit, m_options.max_connections, q.fds);
+  GPUIPC_LOG_INFO("gpuipcd {} pid {} ({}) serving {} (fd limit {}: {} connections, {} segments)",
+                  GPUIPC_VERSION_STRING, os::current_pid(), proto::broker_mode_name(m_options.mode), m_socket_path,
+                  limit, m_options.max_connections, q.fds);
 }
 
 Server::~Server() = default;
@@ -137,7 +153,10 @@ void Server::run() {
   // Shutting down is not the clients dying: their semaphores and channels keep working without a broker, so
   // nothing is poisoned or repaired here.
   for (auto id : ids) close_connection(id, false);
-  (void)::unlink(m_socket_path.c_str());  // NOLINT: the lock is still ours, so the socket is too
+  // A socket systemd passed is systemd's: it keeps listening while the broker is down and starts it again on the
+  // next connection. One this broker bound goes, unless another process has bound that path since (a socket unit
+  // started meanwhile replaces the file, and it must not lose it to this broker's exit).
+  if (m_socket_file) os::unlink_if_same(m_socket_path, *m_socket_file);
 }
 
 void Server::accept_all() {
@@ -241,6 +260,24 @@ void Server::serve(ConnId id, std::uint32_t events) {
 
 bool Server::handle_message(ConnId id, Connection& c, std::span<const std::byte> bytes,
                             std::vector<os::UniqueFd>& fds) {
+  if (const auto version = proto::peek_version(bytes); version && *version != proto::kVersion) {
+    // Another release, not garbage: say so in words that name both versions and the way out. The reply is in
+    // this broker's version; the header and the Error body are the same in every version, so the client reads it.
+    GPUIPC_LOG_WARN("connection {} (pid {} uid {}): speaks protocol version {}, this broker {}: refused", id,
+                    c.creds.pid, c.creds.uid, *version, proto::kVersion);
+    queue(id, c,
+          proto::encode(error_reply(0, ErrorCode::Protocol,
+                                    fmt::format("protocol version mismatch: the client speaks gpuipc protocol version "
+                                                "{}, this broker (gpuipcd {}, pid {}) speaks version {}. The client "
+                                                "library and the running broker come from different gpuipc releases: "
+                                                "stop the broker (`gpuipc daemon --stop`, or restart gpuipcd.service "
+                                                "when systemd runs it) so that a gpuipcd of the client's release "
+                                                "serves, or upgrade the older side",
+                                                *version, GPUIPC_VERSION_STRING, os::current_pid(), proto::kVersion)),
+                        0),
+          {});
+    return false;
+  }
   proto::Message msg;
   std::string why;
   if (!proto::decode(bytes, fds.size(), msg, why)) {
@@ -265,7 +302,7 @@ bool Server::handle_message(ConnId id, Connection& c, std::span<const std::byte>
     r.broker_pid = static_cast<std::uint32_t>(::getpid());
     r.uid = c.creds.uid;
     r.gid = c.creds.gid;
-    r.broker_version = "0.1.0";
+    r.broker_version = GPUIPC_VERSION_STRING;
     os::UniqueFd status;
     try {
       status = os::reopen_readonly(m_registry.status_fd());

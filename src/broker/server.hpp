@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -15,11 +16,17 @@
 #include "os/epoll.hpp"
 #include "os/fd.hpp"
 #include "os/socket.hpp"
+#include "proto/status_page.hpp"
 
 namespace gpuipc::broker {
 
 struct ServerOptions {
   std::string runtime_dir;                    ///< holds broker.sock and broker.lock
+  proto::BrokerMode mode = proto::BrokerMode::Manual;  ///< how it was started, shown on the status page
+  /// A listening socket passed by the service manager (socket activation): served instead of binding
+  /// runtime_dir/broker.sock, and never unlinked (the service manager owns it). Move-only, so ServerOptions is.
+  os::UniqueFd listen_fd;
+  std::string listen_path;                    ///< where listen_fd is bound, when known
   Quotas quotas;
   std::chrono::milliseconds idle_timeout{0};  ///< exit after this long with no client and nothing registered; 0: never
   std::size_t max_connections_per_uid = 512;
@@ -31,15 +38,17 @@ struct ServerOptions {
 
 class Server {
  public:
-  /// Creates the runtime directory if needed, takes its instance lock and listens on its socket. Throws
-  /// Error(AlreadyExists) when another broker holds the lock (naming its pid when known), Error otherwise.
+  /// Creates the runtime directory if needed, takes its instance lock and listens on its socket (or serves
+  /// options.listen_fd). Throws Error(AlreadyExists) when another broker holds the lock (naming its pid when
+  /// known), Error otherwise.
   explicit Server(ServerOptions options);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
   /// Serves until SIGTERM or SIGINT (blocked in the calling thread and read from a signalfd), request_stop(), or
-  /// the idle timeout. Unlinks the socket on the way out.
+  /// the idle timeout. Unlinks the socket on the way out when it bound it itself and the path still names it; a
+  /// socket the service manager passed stays, so that the next connection starts the broker again.
   void run();
   /// Thread-safe and async-signal-safe: makes run() return soon.
   void request_stop() noexcept;
@@ -70,6 +79,7 @@ class Server {
 
   ServerOptions m_options;
   std::string m_socket_path;
+  std::optional<os::FileIdentity> m_socket_file;  // the socket file this broker bound, to unlink on the way out
   os::UniqueFd m_lock;
   os::UniqueFd m_listen;
   os::UniqueFd m_signals;

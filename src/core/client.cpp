@@ -11,6 +11,7 @@
 #include "base/config.hpp"
 #include "base/log.hpp"
 #include "gpuipc/error.hpp"
+#include "gpuipc/version.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
 #include "os/socket.hpp"
@@ -62,6 +63,22 @@ std::uint32_t BrokerClient::broker_pid() {
   std::lock_guard lock(m_mutex);
   if (!m_sock) connect_locked();
   return m_broker_pid;
+}
+
+BrokerClient::BrokerStatus BrokerClient::broker_status() {
+  std::lock_guard lock(m_mutex);
+  if (!m_sock) connect_locked();
+  BrokerStatus s;
+  s.pid = m_broker_pid;
+  s.version = m_broker_version;
+  s.socket_path = config::socket_path();
+  // Written once before the broker shared the page: plain reads.
+  if (const proto::StatusPage* page = m_status.load(std::memory_order_acquire)) {
+    s.mode = static_cast<proto::BrokerMode>(page->mode);
+    s.started_unix_ns = page->started_unix_ns;
+    s.idle_timeout_ms = page->idle_timeout_ms;
+  }
+  return s;
 }
 
 bool BrokerClient::broker_listening() {
@@ -157,6 +174,7 @@ void BrokerClient::connect_locked() {
     throw Error(ErrorCode::Protocol, "the broker answered Hello with something else", "hello");
   }
   m_broker_pid = hr->broker_pid;
+  m_broker_version = hr->broker_version;
   const std::uint64_t new_generation = m_generation.load();
   if (m_connected_once) {
     if (auto hook = g_rebind.load(); hook != nullptr) {
@@ -213,7 +231,18 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
       throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "recv");
     }
     std::string why;
-    if (!proto::decode(std::span<const std::byte>(buffer.data(), size), reply.fds.size(), reply.msg, why)) {
+    const std::span<const std::byte> bytes(buffer.data(), size);
+    if (const auto version = proto::peek_version(bytes); version && *version != proto::kVersion) {
+      m_sock.reset();
+      throw Error(ErrorCode::Protocol,
+                  fmt::format("protocol version mismatch: the gpuipc broker on {} speaks protocol version {}, this "
+                              "library (gpuipc {}) speaks version {}. They come from different gpuipc releases: stop "
+                              "the broker (`gpuipc daemon --stop`, or restart gpuipcd.service when systemd runs it) "
+                              "so that a gpuipcd of this library's release serves, or upgrade the older side",
+                              config::socket_path(), *version, GPUIPC_VERSION_STRING, proto::kVersion),
+                  "recv");
+    }
+    if (!proto::decode(bytes, reply.fds.size(), reply.msg, why)) {
       m_sock.reset();
       throw Error(ErrorCode::Protocol, "malformed reply from the gpuipc broker: " + why, "recv");
     }

@@ -58,6 +58,18 @@ class BrokerClient {
   /// The broker's pid as it reported it in HelloReply (connects if needed).
   std::uint32_t broker_pid();
 
+  /// What the running broker says of itself: HelloReply and its status page.
+  struct BrokerStatus {
+    std::uint32_t pid = 0;
+    std::string version;                  ///< its release (HelloReply.broker_version)
+    proto::BrokerMode mode = proto::BrokerMode::Unknown;
+    std::uint64_t started_unix_ns = 0;    ///< 0 when unknown
+    std::uint64_t idle_timeout_ms = 0;    ///< 0: it never exits when idle
+    std::string socket_path;              ///< where this client connected
+  };
+  /// The broker's status (connects if needed, starting a broker on demand like any call; see broker_listening).
+  BrokerStatus broker_status();
+
   /// Whether a broker listens on this process's socket path now (connects and disconnects; never starts one).
   static bool broker_listening();
 
@@ -77,6 +89,7 @@ class BrokerClient {
   std::vector<os::Mapping> m_status_maps;  // kept for the process's life: lock-free readers may hold old pointers
   std::uint32_t m_next_request = 1;
   std::uint32_t m_broker_pid = 0;
+  std::string m_broker_version;
   bool m_connected_once = false;  // a later connect is a reconnection: names and memberships are given back
 };
 

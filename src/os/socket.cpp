@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <system_error>
 
@@ -323,6 +325,134 @@ bool wait_readable(int fd, int timeout_ms) {
       remaining = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
     }
   }
+}
+
+std::optional<FileIdentity> file_identity(const std::string& path) noexcept {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+}
+
+void unlink_if_same(const std::string& path, const FileIdentity& id) noexcept {
+  // A window remains between the lstat and the unlink; only a process of the same uid (or root) can rebind there,
+  // and losing that race costs a restart, not data.
+  if (file_identity(path) == id) (void)::unlink(path.c_str());
+}
+
+namespace {
+
+// sd_listen_fds(3) parses these as plain decimal numbers; anything else is a broken unit, said as such.
+std::optional<long long> env_number(const char* name, const char* value) {
+  if (value == nullptr) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(value, &end, 10);
+  if (errno != 0 || end == value || *end != '\0' || v < 0) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("socket activation: {}='{}' is not a number", name, value), "getenv");
+  }
+  return v;
+}
+
+int socket_option(int fd, int option) {
+  int value = 0;
+  socklen_t len = sizeof(value);
+  if (::getsockopt(fd, SOL_SOCKET, option, &value, &len) != 0) return -errno;
+  return value;
+}
+
+const char* socket_type_name(int type) {
+  switch (type) {
+    case SOCK_STREAM: return "SOCK_STREAM (ListenStream=)";
+    case SOCK_DGRAM: return "SOCK_DGRAM (ListenDatagram=)";
+    case SOCK_SEQPACKET: return "SOCK_SEQPACKET";
+    default: return "of an unknown type";
+  }
+}
+
+}  // namespace
+
+std::optional<ActivationSocket> take_activation_socket() {
+  // Copies first: unsetenv invalidates what getenv returned.
+  const char* raw_pid = std::getenv("LISTEN_PID");  // NOLINT(concurrency-mt-unsafe): documented: before threads
+  const char* raw_fds = std::getenv("LISTEN_FDS");  // NOLINT(concurrency-mt-unsafe)
+  const char* raw_names = std::getenv("LISTEN_FDNAMES");  // NOLINT(concurrency-mt-unsafe)
+  const std::optional<std::string> pid_text = raw_pid ? std::optional<std::string>(raw_pid) : std::nullopt;
+  const std::optional<std::string> fds_text = raw_fds ? std::optional<std::string>(raw_fds) : std::nullopt;
+  const std::string names = raw_names ? raw_names : "";
+  // Whatever they said, they were meant for this process only: a child must not take them for its own.
+  ::unsetenv("LISTEN_PID");      // NOLINT(concurrency-mt-unsafe)
+  ::unsetenv("LISTEN_FDS");      // NOLINT(concurrency-mt-unsafe)
+  ::unsetenv("LISTEN_FDNAMES");  // NOLINT(concurrency-mt-unsafe)
+
+  const auto pid = env_number("LISTEN_PID", pid_text ? pid_text->c_str() : nullptr);
+  if (!pid || *pid != static_cast<long long>(::getpid())) return std::nullopt;
+  const auto count = env_number("LISTEN_FDS", fds_text ? fds_text->c_str() : nullptr);
+  if (!count || *count != 1) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("socket activation: LISTEN_FDS={} but gpuipcd takes exactly one socket (fd {}); give its "
+                            ".socket unit one ListenSequentialPacket= line{}",
+                            fds_text ? *fds_text : "(unset)", kActivationFirstFd,
+                            names.empty() ? "" : fmt::format(" (LISTEN_FDNAMES={})", names)),
+                "getenv");
+  }
+  const int fd = kActivationFirstFd;
+  const std::string what = fmt::format("socket activation: fd {} (LISTEN_FDS=1{})", fd,
+                                       names.empty() ? "" : ", LISTEN_FDNAMES=" + names);
+  if (::fcntl(fd, F_GETFD) < 0) {
+    const int err = errno;
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{} is not open", what), "fcntl", err);
+  }
+  const int domain = socket_option(fd, SO_DOMAIN);
+  if (domain == -ENOTSOCK) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{} is not a socket; gpuipcd needs a listening AF_UNIX SOCK_SEQPACKET socket "
+                            "(ListenSequentialPacket= in the .socket unit)",
+                            what),
+                "getsockopt", ENOTSOCK);
+  }
+  if (domain < 0) throw_system("getsockopt", what);
+  if (domain != AF_UNIX) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{} is not an AF_UNIX socket (domain {}); gpuipcd needs a listening AF_UNIX "
+                            "SOCK_SEQPACKET socket: give ListenSequentialPacket= a path",
+                            what, domain),
+                "getsockopt");
+  }
+  const int type = socket_option(fd, SO_TYPE);
+  if (type < 0) throw_system("getsockopt", what);
+  if (type != SOCK_SEQPACKET) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{} is {}; gpuipcd needs SOCK_SEQPACKET (ListenSequentialPacket= in the .socket unit)",
+                            what, socket_type_name(type)),
+                "getsockopt");
+  }
+  const int listening = socket_option(fd, SO_ACCEPTCONN);
+  if (listening < 0) throw_system("getsockopt", what);
+  if (listening == 0) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{} is not listening (a connection? gpuipcd needs Accept=no in the .socket unit, the "
+                            "default)",
+                            what),
+                "getsockopt");
+  }
+  UniqueFd sock(fd);
+  // systemd hands fds over without FD_CLOEXEC and, unless NonBlocking=yes, blocking; the event loop needs
+  // O_NONBLOCK. The file description is shared with systemd, which only polls it while the broker is down.
+  if (::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) throw_system("fcntl", what);
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) throw_system("fcntl", what);
+
+  ActivationSocket out;
+  out.name = names.substr(0, names.find(':'));
+  sockaddr_un addr{};
+  socklen_t len = sizeof(addr);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 && len > offsetof(sockaddr_un, sun_path) &&
+      addr.sun_path[0] != '\0') {
+    out.path.assign(addr.sun_path, ::strnlen(addr.sun_path, len - offsetof(sockaddr_un, sun_path)));
+  }
+  out.fd = std::move(sock);
+  return out;
 }
 
 }  // namespace gpuipc::os

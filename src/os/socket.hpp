@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -41,6 +43,40 @@ enum class IoStatus {
 /// first: the caller holds the instance lock). The socket file gets `mode` (default 0666: access control is
 /// per request, from SO_PEERCRED). The socket is CLOEXEC and non-blocking. Throws Error naming path and call.
 UniqueFd listen_seqpacket(const std::string& path, unsigned mode = 0666, int backlog = 256);
+
+/// The identity of a file (device and inode, as lstat(2) sees the path), to tell later whether the path still
+/// names the same file.
+struct FileIdentity {
+  std::uint64_t dev = 0;
+  std::uint64_t ino = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
+/// lstat(2) of `path`; nullopt when nothing is there (or it cannot be read).
+std::optional<FileIdentity> file_identity(const std::string& path) noexcept;
+
+/// Unlinks `path` only while it still names the file `id` (the socket this process bound): a socket that another
+/// process bound there since (a service manager's, a newer broker's) is left alone. Best effort; never throws.
+void unlink_if_same(const std::string& path, const FileIdentity& id) noexcept;
+
+/// First fd a service manager passes (SD_LISTEN_FDS_START of sd_listen_fds(3)).
+inline constexpr int kActivationFirstFd = 3;
+
+/// A listening socket a service manager passed to this process (systemd socket activation).
+struct ActivationSocket {
+  UniqueFd fd;        ///< listening AF_UNIX SOCK_SEQPACKET, now CLOEXEC and non-blocking
+  std::string name;   ///< its entry of LISTEN_FDNAMES ("" when the variable is absent)
+  std::string path;   ///< the path it is bound to ("" when unnamed or abstract)
+};
+
+/// Takes the socket of systemd's socket-activation protocol, read by hand (sd_listen_fds(3)): when LISTEN_PID is
+/// this process's pid, LISTEN_FDS must be 1 and fd 3 must be a listening AF_UNIX SOCK_SEQPACKET socket (checked
+/// with SO_DOMAIN, SO_TYPE and SO_ACCEPTCONN). Unsets LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES in every case, so
+/// nothing this process starts inherits them. Returns nullopt when LISTEN_PID is absent or names another process
+/// (not activated). Throws Error(InvalidArgument) naming the variable or the fd and what is wrong, e.g. a stream
+/// socket (ListenStream= instead of ListenSequentialPacket=) or a connected one (Accept=yes).
+/// Not thread-safe (unsetenv): call it from main before any thread starts.
+std::optional<ActivationSocket> take_activation_socket();
 
 /// accept4 (CLOEXEC | NONBLOCK). Returns an invalid UniqueFd when no connection is pending (EAGAIN) or the
 /// pending one vanished (ECONNABORTED); throws on other errors (EMFILE: Error(System) naming the limit).

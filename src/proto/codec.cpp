@@ -750,4 +750,15 @@ bool decode(std::span<const std::byte> bytes, std::size_t fds_received, Message&
   return true;
 }
 
+std::optional<std::uint16_t> peek_version(std::span<const std::byte> bytes) noexcept {
+  if (bytes.size() < kHeaderSize) return std::nullopt;
+  wire::Reader r(bytes);
+  std::uint32_t magic = 0;
+  std::uint16_t version = 0;
+  r.u32(magic);
+  r.u16(version);
+  if (magic != kMagic) return std::nullopt;
+  return version;
+}
+
 }  // namespace gpuipc::proto

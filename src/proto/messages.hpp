@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -83,7 +84,7 @@ struct HelloReply {
   std::uint32_t broker_pid = 0;
   std::uint32_t uid = 0;     ///< the client's uid as the broker sees it
   std::uint32_t gid = 0;
-  std::string broker_version;  ///< "0.1.0"
+  std::string broker_version;  ///< the broker's release, GPUIPC_VERSION_STRING (e.g. "0.1.0"); shown, not checked
 
   bool operator==(const HelloReply&) const = default;
 };
@@ -266,5 +267,10 @@ std::vector<std::byte> encode(const Message& msg, std::size_t fd_count = 0);
 /// Decodes one received datagram that came with `fds_received` fds. On success returns true and fills `out`;
 /// on failure returns false and puts a one-line reason in `error`. Never crashes, never reads past `bytes`.
 bool decode(std::span<const std::byte> bytes, std::size_t fds_received, Message& out, std::string& error);
+
+/// The protocol version in the header of a datagram from a gpuipc peer (a whole header with the 'GIPC' magic),
+/// whatever that version is; nullopt when `bytes` is not one. The header is the same in every version, so a side
+/// can tell "another release" from "garbage" before decode() refuses the message.
+std::optional<std::uint16_t> peek_version(std::span<const std::byte> bytes) noexcept;
 
 }  // namespace gpuipc::proto

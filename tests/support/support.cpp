@@ -1,11 +1,14 @@
 #include "support/support.hpp"
 
+extern char** environ;
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <csignal>
@@ -229,6 +232,134 @@ void write_file(const std::string& path, std::string_view content) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(content.data(), static_cast<std::streamsize>(content.size()));
   if (!out) fail("write " + path);
+}
+
+namespace {
+
+// argv and envp for exec_program, built before fork: the child of a threaded test may not allocate.
+struct ExecPlan {
+  std::string program;
+  std::vector<std::string> args;
+  std::vector<std::string> env;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  char* listen_pid = nullptr;  // the digits of "LISTEN_PID=<pid>", written by the child
+  int keep_fd = -1;
+};
+
+void plan_exec(ExecPlan& plan, const std::string& program, const std::vector<std::string>& args,
+               const std::vector<std::string>& env, int keep_fd) {
+  plan.program = program;
+  plan.keep_fd = keep_fd;
+  plan.args = args;
+  plan.args.insert(plan.args.begin(), program);
+  plan.env = env;
+  const auto has = [&](const char* name) {
+    return std::any_of(plan.env.begin(), plan.env.end(), [&](const std::string& e) { return e.rfind(name, 0) == 0; });
+  };
+  bool own_pid = false;
+  if (keep_fd >= 0 && !has("LISTEN_PID=")) {
+    plan.env.emplace_back("LISTEN_PID=" + std::string(20, '\0'));
+    own_pid = true;
+  }
+  if (keep_fd >= 0 && !has("LISTEN_FDS=")) plan.env.emplace_back("LISTEN_FDS=1");
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const bool overridden = std::any_of(plan.env.begin(), plan.env.end(), [&](const std::string& mine) {
+      return entry.substr(0, entry.find('=') + 1) == std::string_view(mine).substr(0, mine.find('=') + 1);
+    });
+    if (!overridden) plan.envp.push_back(*e);
+  }
+  for (auto& e : plan.env) plan.envp.push_back(e.data());
+  plan.envp.push_back(nullptr);
+  if (own_pid) {
+    for (auto& e : plan.env) {
+      if (e.rfind("LISTEN_PID=", 0) == 0) plan.listen_pid = e.data() + std::strlen("LISTEN_PID=");
+    }
+  }
+  for (auto& a : plan.args) plan.argv.push_back(a.data());
+  plan.argv.push_back(nullptr);
+}
+
+// In the forked child: async-signal-safe calls only.
+[[noreturn]] void exec_program(ExecPlan& plan, int out_fd, int err_fd) {
+  if (plan.listen_pid != nullptr) {
+    char digits[20];
+    int n = 0;
+    for (auto v = static_cast<unsigned long>(::getpid()); v != 0 || n == 0; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+    for (int i = 0; i < n; ++i) plan.listen_pid[i] = digits[n - 1 - i];
+    plan.listen_pid[n] = '\0';
+  }
+  if (out_fd >= 0) ::dup2(out_fd, 1);
+  if (err_fd >= 0) ::dup2(err_fd, 2);
+  if (plan.keep_fd >= 0) {
+    // dup2 clears FD_CLOEXEC on the copy; when the fd already is 3, clear it by hand.
+    if (plan.keep_fd == 3) {
+      ::fcntl(3, F_SETFD, 0);
+    } else {
+      ::dup2(plan.keep_fd, 3);
+    }
+  }
+  ::execve(plan.program.c_str(), plan.argv.data(), plan.envp.data());
+  ::_exit(127);
+}
+
+}  // namespace
+
+ProgramOutcome run_program(const std::string& program, const std::vector<std::string>& args,
+                           const std::vector<std::string>& env, int keep_fd, std::chrono::milliseconds timeout) {
+  int out_pipe[2];
+  int err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    throw std::runtime_error("pipe2");
+  }
+  ExecPlan plan;
+  plan_exec(plan, program, args, env, keep_fd);
+  const pid_t pid = ::fork();
+  if (pid == 0) exec_program(plan, out_pipe[1], err_pipe[1]);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  ProgramOutcome o;
+  std::array<pollfd, 2> fds{pollfd{out_pipe[0], POLLIN, 0}, pollfd{err_pipe[0], POLLIN, 0}};
+  int open_count = 2;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (open_count > 0 && std::chrono::steady_clock::now() < deadline) {
+    if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) break;
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        (i == 0 ? o.out : o.err).append(buf, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_count;
+      }
+    }
+  }
+  for (auto& p : fds) {
+    if (p.fd >= 0) ::close(p.fd);
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  o.exit_code = wait_child(pid, std::max(left, std::chrono::milliseconds(1)));
+  return o;
+}
+
+pid_t start_program(const std::string& program, const std::vector<std::string>& args,
+                    const std::vector<std::string>& env, int keep_fd, const std::string& log_path) {
+  const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (log < 0) throw std::runtime_error("open " + log_path);
+  ExecPlan plan;
+  plan_exec(plan, program, args, env, keep_fd);
+  const pid_t pid = ::fork();
+  if (pid == 0) exec_program(plan, log, log);
+  ::close(log);
+  if (pid < 0) throw std::runtime_error("fork");
+  return pid;
 }
 
 }  // namespace gpuipc::test

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "os/fd.hpp"
 
@@ -154,6 +155,26 @@ std::optional<std::string> read_file(const std::string& path);
 
 /// Creates or replaces a file with `content`; throws std::runtime_error on failure.
 void write_file(const std::string& path, std::string_view content);
+
+/// What run_program saw.
+struct ProgramOutcome {
+  int exit_code = -1;  ///< as wait_child reports it (128 + signal; kChildTimedOut)
+  std::string out;
+  std::string err;
+};
+
+/// Runs `program` with `args` (argv[0] is `program`), this process's environment with `env` ("NAME=value")
+/// added or replacing, and, for `keep_fd` >= 0, that fd of this process inherited as fd 3 (how systemd passes a
+/// listening socket; with `keep_fd` the child also gets LISTEN_PID=<its pid> and LISTEN_FDS=1 unless `env` sets
+/// them). Collects stdout and stderr; SIGKILLs it after `timeout`.
+ProgramOutcome run_program(const std::string& program, const std::vector<std::string>& args,
+                           const std::vector<std::string>& env = {}, int keep_fd = -1,
+                           std::chrono::milliseconds timeout = 30s);
+
+/// Starts `program` like run_program (same `env` and `keep_fd` rules) but does not wait: its stdout and stderr go
+/// to `log_path`. Returns its pid; the caller must wait_child it.
+pid_t start_program(const std::string& program, const std::vector<std::string>& args,
+                    const std::vector<std::string>& env, int keep_fd, const std::string& log_path);
 
 /// Memory shared with forked children (MAP_SHARED | MAP_ANONYMOUS, made before fork).
 template <typename T>

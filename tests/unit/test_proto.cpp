@@ -295,6 +295,22 @@ TEST(Proto, TypeOfFollowsTheVariant) {
   EXPECT_EQ(type_of(ErrorReply{}), MessageType::Error);
 }
 
+// A side tells "another release" from garbage by the header alone, whatever the version (docs/protocol.md).
+TEST(Proto, PeekVersionReadsAnyVersionOfAGpuipcHeader) {
+  Bytes hello = encode(Message{1, Hello{1, "x"}});
+  EXPECT_EQ(peek_version(hello), kVersion);
+  hello[4] = std::byte{7};
+  hello[5] = std::byte{1};
+  EXPECT_EQ(peek_version(hello), 0x107);
+  std::string why;
+  Message out;
+  EXPECT_FALSE(decode(hello, 0, out, why));
+  EXPECT_NE(why.find("header.version"), std::string::npos) << why;
+  hello[0] = std::byte{0};
+  EXPECT_EQ(peek_version(hello), std::nullopt);  // not 'GIPC'
+  EXPECT_EQ(peek_version(Bytes(15, std::byte{0x47})), std::nullopt);  // shorter than a header
+}
+
 TEST(Proto, MaxFds) {
   EXPECT_EQ(max_fds(MessageType::Create), 1u);
   EXPECT_EQ(max_fds(MessageType::OpenReply), 1u);

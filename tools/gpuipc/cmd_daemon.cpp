@@ -1,16 +1,86 @@
-// gpuipc daemon: run the broker in the foreground, start it in the background, or stop it.
+// gpuipc daemon: run the broker in the foreground, start it in the background, stop it, or say how it runs.
 #include <fmt/format.h>
 
+#include <chrono>
 #include <csignal>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "broker/daemon.hpp"
 #include "commands.hpp"
+#include "base/config.hpp"
 #include "core/client.hpp"
 #include "gpuipc/error.hpp"
 #include "os/module.hpp"
 
 namespace gpuipc::cli {
+namespace {
+
+std::string describe_mode(proto::BrokerMode mode) {
+  switch (mode) {
+    case proto::BrokerMode::OnDemand: return "on-demand (started by the library; exits when idle)";
+    case proto::BrokerMode::SocketActivated:
+      return "socket-activated (systemd passed its socket; it starts the broker again on the next connection)";
+    case proto::BrokerMode::Manual: return "manual (started by hand or by a supervisor: gpuipcd, gpuipc daemon --foreground)";
+    case proto::BrokerMode::Unknown: break;
+  }
+  return "unknown (a broker older than this tool)";
+}
+
+std::string describe_duration(std::uint64_t seconds) {
+  if (seconds < 60) return fmt::format("{}s", seconds);
+  if (seconds < 3600) return fmt::format("{}m{:02}s", seconds / 60, seconds % 60);
+  if (seconds < 86400) return fmt::format("{}h{:02}m", seconds / 3600, seconds % 3600 / 60);
+  return fmt::format("{}d{:02}h", seconds / 86400, seconds % 86400 / 3600);
+}
+
+// `gpuipc daemon status`: never starts an on-demand broker (a socket-activated one is started by systemd when
+// this connects, as by any client).
+int daemon_status(bool json) {
+  const std::string socket = config::socket_path();
+  if (!core::BrokerClient::broker_listening()) {
+    if (json) {
+      std::cout << nlohmann::json{{"running", false}, {"socket", socket}}.dump() << "\n";
+    } else {
+      std::cout << fmt::format("no gpuipc broker is running on {}\n", socket);
+    }
+    return kExitNotFound;
+  }
+  const auto s = core::BrokerClient::instance().broker_status();
+  const auto now_ns = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  const bool known_start = s.started_unix_ns != 0;
+  const double uptime_s = known_start && now_ns > s.started_unix_ns
+                              ? static_cast<double>(now_ns - s.started_unix_ns) / 1e9
+                              : 0.0;
+  if (json) {
+    nlohmann::json j{{"running", true},
+                     {"mode", proto::broker_mode_name(s.mode)},
+                     {"pid", s.pid},
+                     {"socket", s.socket_path},
+                     {"runtime_dir", config::runtime_dir()},
+                     {"version", s.version},
+                     {"idle_timeout_ms", s.idle_timeout_ms}};
+    j["started_unix_ns"] = known_start ? nlohmann::json(s.started_unix_ns) : nlohmann::json(nullptr);
+    j["uptime_s"] = known_start ? nlohmann::json(uptime_s) : nlohmann::json(nullptr);
+    std::cout << j.dump() << "\n";
+    return kExitOk;
+  }
+  std::cout << fmt::format("mode:      {}\n", describe_mode(s.mode))
+            << fmt::format("pid:       {}\n", s.pid)
+            << fmt::format("uptime:    {}\n",
+                           known_start ? describe_duration(static_cast<std::uint64_t>(uptime_s)) : "unknown")
+            << fmt::format("socket:    {}\n", s.socket_path)
+            << fmt::format("version:   {}\n", s.version.empty() ? "unknown" : s.version)
+            << fmt::format("idle exit: {}\n", s.idle_timeout_ms == 0
+                                                   ? std::string("never")
+                                                   : fmt::format("after {} ms with no client and nothing registered",
+                                                                 s.idle_timeout_ms));
+  return kExitOk;
+}
+
+}  // namespace
 
 void register_daemon(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("daemon", "run or control the broker (gpuipcd) of the runtime directory");
@@ -21,9 +91,20 @@ void register_daemon(CLI::App& app, int& exit_code) {
   cmd->add_flag("--stop", stop, "ask the running broker to shut down (SIGTERM)");
   cmd->preparse_callback([](std::size_t) { options = broker::default_options(false); });
   broker::add_options(*cmd, options);
-  cmd->callback([cmd, &exit_code] {
+  auto* status = cmd->add_subcommand("status", "say how the running broker was started, its pid, uptime and socket");
+  static bool json = false;
+  status->add_flag("--json", json, "one JSON object instead of text");
+  status->callback([cmd, &exit_code] {
+    for (const char* o : {"--foreground", "--stop", "--runtime-dir", "--idle-timeout-ms", "--quota-bytes",
+                          "--quota-segments"}) {
+      if (cmd->count(o) > 0) throw CLI::ValidationError(o, "does not go with `daemon status`");
+    }
+    exit_code = daemon_status(json);
+  });
+  cmd->callback([cmd, status, &exit_code] {
+    if (status->parsed()) return;  // its own callback ran
     if (foreground) {
-      const int rc = broker::run_daemon(options);
+      const int rc = broker::run_daemon(std::move(options));
       exit_code = rc == 0 ? kExitOk : rc == 3 ? kExitBroker : kExitFailure;
       return;
     }

@@ -1,14 +1,18 @@
+#include <fmt/format.h>
+
 #include <exception>
 #include <iostream>
 
 #include "base/log.hpp"
 #include "commands.hpp"
 #include "gpuipc/error.hpp"
+#include "gpuipc/version.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"gpuipc: share GPU memory and GPU synchronization between processes", "gpuipc"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "gpuipc 0.1.0");
+  app.set_version_flag("--version", fmt::format("gpuipc {} (protocol version {})", gpuipc::version(),
+                                                 gpuipc::protocol_version()));
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "log at debug level (same as GPUIPC_LOG=debug)");
   int exit_code = gpuipc::cli::kExitOk;

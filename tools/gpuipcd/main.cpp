@@ -3,11 +3,16 @@
 
 #include "base/log.hpp"
 #include "broker/daemon.hpp"
+#include "gpuipc/version.hpp"
+#include "proto/messages.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"gpuipcd: the gpuipc broker (names, permissions and references of shared GPU memory)", "gpuipcd"};
   bool on_demand = false;
   bool verbose = false;
+  // The broker does not link the library (src/core), so it prints the headers' version: the same number.
+  app.set_version_flag("--version", std::string("gpuipcd " GPUIPC_VERSION_STRING " (protocol version ") +
+                                        std::to_string(gpuipc::proto::kVersion) + ")");
   app.add_flag("--on-demand", on_demand, "started by the library: exit when idle (GPUIPC_IDLE_TIMEOUT_MS)");
   app.add_flag("-v,--verbose", verbose, "log at debug level");
   gpuipc::broker::ServerOptions options;
@@ -30,5 +35,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  return gpuipc::broker::run_daemon(options);
+  if (on_demand) options.mode = gpuipc::proto::BrokerMode::OnDemand;
+  return gpuipc::broker::run_daemon(std::move(options));
 }
