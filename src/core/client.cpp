@@ -65,6 +65,12 @@ std::uint32_t BrokerClient::broker_pid() {
   return m_broker_pid;
 }
 
+std::uint32_t BrokerClient::broker_pid_here() {
+  std::lock_guard lock(m_mutex);
+  if (!m_sock) connect_locked();
+  return static_cast<std::uint32_t>(os::peer_credentials(m_sock.get()).pid);
+}
+
 BrokerClient::BrokerStatus BrokerClient::broker_status() {
   std::lock_guard lock(m_mutex);
   if (!m_sock) connect_locked();

@@ -55,8 +55,12 @@ class BrokerClient {
   using RebindHook = void (*)(std::uint64_t old_generation, std::uint64_t new_generation, const Exchange& exchange);
   void set_rebind_hook(RebindHook hook) noexcept;
 
-  /// The broker's pid as it reported it in HelloReply (connects if needed).
+  /// The broker's pid as it reported it in HelloReply (connects if needed): a pid in the broker's PID namespace.
   std::uint32_t broker_pid();
+  /// The broker's pid as the kernel gives it to this process (SO_PEERCRED of the connection, connects if needed):
+  /// a pid of this process's PID namespace, 0 when the broker runs in a namespace this process cannot see. The
+  /// one to signal.
+  std::uint32_t broker_pid_here();
 
   /// What the running broker says of itself: HelloReply and its status page.
   struct BrokerStatus {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -368,6 +369,31 @@ TEST(MountNamespaces, ARuntimeDirectoryBindMountedElsewhereIsAllAConsumerNeeds) 
       << BrokerEnvironment::broker_references() << " references vs " << refs0;
   EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() <= fds0; }, 2s))
       << BrokerEnvironment::broker_fd_count() << " broker fds vs " << fds0;
+}
+
+}  // namespace
+}  // namespace gpuipc::test
+
+namespace gpuipc::test {
+namespace {
+
+// `gpuipc daemon --stop` signals the pid the kernel gives it for the broker's end of the socket, never the pid the
+// broker reports of itself: from a PID namespace that cannot see the broker (the kernel says 0) it refuses and
+// signals nothing. It once sent SIGTERM to the caller's namespace's process with the broker's number.
+TEST(PidNamespaces, DaemonStopFromANamespaceThatCannotSeeTheBrokerSignalsNothing) {
+  if (auto why = namespaces_unavailable(false)) GTEST_SKIP() << *why;
+  const pid_t broker = BrokerEnvironment::broker_pid();
+  ASSERT_GT(broker, 0);
+  Shared<std::array<char, 512>> said;
+  NamespacedChild child([&said] {
+    const auto o = run_program(GPUIPC_BUILD_BIN_DIR "/gpuipc", {"daemon", "--stop"});
+    std::snprintf(said.get()->data(), said.get()->size(), "%s", o.err.c_str());
+    return o.exit_code;
+  });
+  EXPECT_EQ(child.wait(), 1) << said.get()->data();
+  EXPECT_NE(std::string(said.get()->data()).find("cannot see"), std::string::npos) << said.get()->data();
+  EXPECT_EQ(::kill(broker, 0), 0) << "the broker was signalled";
+  EXPECT_EQ(BrokerEnvironment::broker_pid(), broker);
 }
 
 }  // namespace

@@ -121,8 +121,16 @@ void register_daemon(CLI::App& app, int& exit_code) {
         exit_code = kExitOk;
         return;
       }
-      const auto pid = client.broker_pid();
-      // The pid comes from the broker itself over its socket, so this signals the process serving it.
+      // The kernel's pid of the process at the other end of the socket, in this PID namespace: the broker's own
+      // report (HelloReply) is a pid of its namespace, which from another namespace names some other process.
+      const auto pid = client.broker_pid_here();
+      if (pid == 0) {
+        std::cerr << fmt::format("gpuipc daemon --stop: the broker (pid {} in its own PID namespace) runs in a PID "
+                                 "namespace this process cannot see; stop it from there (or its container)\n",
+                                 client.broker_pid());
+        exit_code = kExitFailure;
+        return;
+      }
       os::send_signal(static_cast<pid_t>(pid), SIGTERM);
       std::cout << fmt::format("sent SIGTERM to gpuipcd pid {}\n", pid);
       exit_code = kExitOk;
