@@ -437,7 +437,9 @@ def _broker_pid() -> int:
     """
 
 def version() -> str:
-    """The release version of the C++ library inside this module (gpuipc.__version__)."""
+    """
+    The release version of the C++ library inside this module (gpuipc.__version__).
+    """
 
 def protocol_version() -> int:
     """The broker wire protocol version this module speaks."""
