@@ -34,7 +34,8 @@ void Link::send(const json& body, std::span<const int> fds) const {
     spill = os::memfd_create("gpuipc-bench-message", text.size());
     for (std::size_t done = 0; done < text.size();) {
       const ssize_t n = ::pwrite(spill.get(), text.data() + done, text.size() - done, static_cast<off_t>(done));
-      if (n <= 0) throw Error(ErrorCode::System, fmt::format("bench {}: writing a long message failed", m_suite), "pwrite");
+      if (n <= 0)
+        throw Error(ErrorCode::System, fmt::format("bench {}: writing a long message failed", m_suite), "pwrite");
       done += static_cast<std::size_t>(n);
     }
     text = json{{kSpilled, text.size()}}.dump();
@@ -68,10 +69,11 @@ json Link::receive(int timeout_ms, std::vector<os::UniqueFd>* fds_out) const {
   if (body.is_object() && body.contains(kSpilled) && body[kSpilled].is_number_unsigned() && !fds.empty()) {
     std::string long_text(body[kSpilled].get<std::size_t>(), '\0');
     for (std::size_t done = 0; done < long_text.size();) {
-      const ssize_t n = ::pread(fds.back().get(), long_text.data() + done, long_text.size() - done,
-                                static_cast<off_t>(done));
+      const ssize_t n =
+          ::pread(fds.back().get(), long_text.data() + done, long_text.size() - done, static_cast<off_t>(done));
       if (n <= 0) {
-        throw Error(ErrorCode::Protocol, fmt::format("bench {}: a long message from the {} is cut short", m_suite, m_peer),
+        throw Error(ErrorCode::Protocol,
+                    fmt::format("bench {}: a long message from the {} is cut short", m_suite, m_peer),
                     "receive_message");
       }
       done += static_cast<std::size_t>(n);

@@ -66,8 +66,8 @@ class Producer {
     const auto name = in.at("name").get<std::string>();
     const auto n = in.at("n").get<std::size_t>();
     const auto warmup = in.at("warmup").get<std::size_t>();
-    Pool pool = Pool::create(name, {.kind = kind, .device = kDevice, .chunk_bytes = 64 * kMiB,
-                                    .max_bytes = 1024 * kMiB});
+    Pool pool =
+        Pool::create(name, {.kind = kind, .device = kDevice, .chunk_bytes = 64 * kMiB, .max_bytes = 1024 * kMiB});
     // Host pools free at once; the others free in stream order on an idle stream (cuStreamWriteValue64).
     const StreamHandle stream = kind == SegmentKind::Host ? nullptr : static_cast<StreamHandle>(m_gpu.stream.get());
     std::vector<double> alloc_us, free_us, total_us;
@@ -92,8 +92,10 @@ class Producer {
   }
 
   json resolve_setup(const std::string& name) {
-    m_resolve = made(Pool::create(name, {.kind = SegmentKind::Device, .device = kDevice,
-                                         .chunk_bytes = kResolveChunkBytes, .max_bytes = 2 * kResolveChunkBytes}));
+    m_resolve = made(Pool::create(name, {.kind = SegmentKind::Device,
+                                         .device = kDevice,
+                                         .chunk_bytes = kResolveChunkBytes,
+                                         .max_bytes = 2 * kResolveChunkBytes}));
     json refs = json::array();
     for (std::size_t i = 0; i < kResolveBlocks; ++i) {
       m_blocks.push_back(m_resolve.allocate(kBlockBytes));
@@ -123,8 +125,11 @@ class Producer {
     const std::size_t total = statedict::total_bytes(tensors);
     const std::size_t chunk = cuda::round_up(total, cuda::allocation_granularity(kDevice, false));
     const auto t0 = now_ns();
-    m_dict = made(Pool::create(pool, {.kind = SegmentKind::Device, .device = kDevice, .chunk_bytes = chunk,
-                                      .max_bytes = chunk, .max_blocks = 1024}));
+    m_dict = made(Pool::create(pool, {.kind = SegmentKind::Device,
+                                      .device = kDevice,
+                                      .chunk_bytes = chunk,
+                                      .max_bytes = chunk,
+                                      .max_blocks = 1024}));
     const auto t1 = now_ns();
     std::vector<BlockRef> refs;
     for (const auto& t : tensors) {
@@ -142,10 +147,14 @@ class Producer {
     m_names.push_back(index);
     statedict::write_index(m_index.data(), pool, tensors, refs);
     const auto t4 = now_ns();
-    return {{"create_ms", ms_between(t0, t1)},  {"allocate_ms", ms_between(t1, t2)},
-            {"fill_ms", ms_between(t2, t3)},    {"publish_ms", ms_between(t3, t4)},
-            {"total_ms", ms_between(t0, t4)},   {"tensors", tensors.size()},
-            {"bytes", total},                   {"chunk_bytes", chunk},
+    return {{"create_ms", ms_between(t0, t1)},
+            {"allocate_ms", ms_between(t1, t2)},
+            {"fill_ms", ms_between(t2, t3)},
+            {"publish_ms", ms_between(t3, t4)},
+            {"total_ms", ms_between(t0, t4)},
+            {"tensors", tensors.size()},
+            {"bytes", total},
+            {"chunk_bytes", chunk},
             {"chunks", m_dict.stats().chunks}};
   }
 
@@ -204,8 +213,10 @@ DictOpen open_dict(const std::string& index_name) {
     d.ptrs[i] = device_address(d.pool.resolve(d.refs[i]));
   }
   const auto t4 = now_ns();
-  d.ms = {{"open_ms", ms_between(t0, t4)},          {"index_ms", ms_between(t0, t1)},
-          {"pool_ms", ms_between(t1, t2)},          {"first_resolve_ms", ms_between(t2, t3)},
+  d.ms = {{"open_ms", ms_between(t0, t4)},
+          {"index_ms", ms_between(t0, t1)},
+          {"pool_ms", ms_between(t1, t2)},
+          {"first_resolve_ms", ms_between(t2, t3)},
           {"resolves_ms", ms_between(t3, t4)}};
   return d;
 }
@@ -279,8 +290,8 @@ json statedict_consumer(const std::string& index) {
     }
     const auto bad = gpu.k.count_mismatches(gpu.stream.get(), d.ptrs[i], tensors[i].bytes() / 4, i + 1);
     if (bad != 0) {
-      throw Error(ErrorCode::Protocol, fmt::format("statedict: {} words of '{}' differ from what the producer wrote",
-                                                   bad, tensors[i].name));
+      throw Error(ErrorCode::Protocol,
+                  fmt::format("statedict: {} words of '{}' differ from what the producer wrote", bad, tensors[i].name));
     }
   }
   // What holds on every block add (the consumer keeps the producer from reusing them).

@@ -51,8 +51,8 @@ ServedWorker::ServedWorker(std::string suite, std::string role, const std::funct
 
 ServedWorker::~ServedWorker() { kill(); }
 
-json ServedWorker::call(const std::string& cmd, json args, std::span<const int> fds,
-                        std::vector<os::UniqueFd>* fds_out, int timeout_ms) {
+json ServedWorker::call(const std::string& cmd, json args, std::span<const int> fds, std::vector<os::UniqueFd>* fds_out,
+                        int timeout_ms) {
   if (!m_worker) throw Error(ErrorCode::Protocol, fmt::format("bench {}: the {} is not running", m_suite, m_role));
   args["cmd"] = cmd;
   try {
@@ -72,8 +72,8 @@ void ServedWorker::finish() {
   m_link.reset();
   m_sock.reset();
   if (report.contains("error")) {
-    throw Error(ErrorCode::System, fmt::format("gpuipc bench {}: the {} failed: {}", m_suite, m_role,
-                                               report["error"].dump()),
+    throw Error(ErrorCode::System,
+                fmt::format("gpuipc bench {}: the {} failed: {}", m_suite, m_role, report["error"].dump()),
                 "bench " + m_suite);
   }
 }

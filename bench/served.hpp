@@ -25,16 +25,16 @@ struct Reply {
 
 /// Answers one command in the worker: (command, arguments, fds that came with it) -> reply. An exception ends the
 /// worker and becomes the error of the parent's call.
-using CommandHandler =
-    std::function<Reply(const std::string&, const nlohmann::json&, std::vector<os::UniqueFd>&)>;
+using CommandHandler = std::function<Reply(const std::string&, const nlohmann::json&, std::vector<os::UniqueFd>&)>;
 
 /// A CommandHandler over a fresh `H` (made in the worker): H::handle(cmd, args, fds) -> Reply.
 template <class H>
 std::function<CommandHandler()> serve() {
   return [] {
     auto h = std::make_shared<H>();
-    return CommandHandler([h](const std::string& cmd, const nlohmann::json& args,
-                              std::vector<os::UniqueFd>& fds) { return h->handle(cmd, args, fds); });
+    return CommandHandler([h](const std::string& cmd, const nlohmann::json& args, std::vector<os::UniqueFd>& fds) {
+      return h->handle(cmd, args, fds);
+    });
   };
 }
 
@@ -65,7 +65,6 @@ class ServedWorker {
   int socket() const noexcept { return m_sock.get(); }
 
  private:
-
   std::string m_suite;
   std::string m_role;
   os::UniqueFd m_sock;

@@ -25,8 +25,8 @@ struct Model {
 };
 
 struct Tensor {
-  std::string name;                ///< "model.layers.0.self_attn.q_proj.weight"
-  std::vector<std::size_t> shape;  ///< rows, columns (norms: one dimension)
+  std::string name;                    ///< "model.layers.0.self_attn.q_proj.weight"
+  std::vector<std::size_t> shape;      ///< rows, columns (norms: one dimension)
   std::size_t bytes() const noexcept;  ///< elements * 2 (bf16)
 };
 
@@ -46,8 +46,8 @@ inline constexpr std::size_t kMaxDims = 4;
 struct IndexHeader {
   std::uint32_t magic;
   std::uint32_t version;
-  std::uint32_t count;   ///< entries that follow
-  std::uint32_t dtype;   ///< 1: bfloat16
+  std::uint32_t count;         ///< entries that follow
+  std::uint32_t dtype;         ///< 1: bfloat16
   std::array<char, 128> pool;  ///< the pool the BlockRefs name, NUL-terminated
 };
 struct IndexEntry {

@@ -77,7 +77,9 @@ void measure_alloc(Result& r, const Options& o, ServedWorker& producer, Names& n
     const std::string infix = kind == "device" ? "" : "_" + kind;
     const Summary total = put(r, fmt::format("pool_alloc{}_p50_us", infix), fmt::format("pool_alloc{}_p99_us", infix),
                               values_of(got, "total_us"), "us",
-                              {{"kind", kind}, {"block_bytes", pools::kBlockBytes}, {"chunks", got.at("chunks")},
+                              {{"kind", kind},
+                               {"block_bytes", pools::kBlockBytes},
+                               {"chunks", got.at("chunks")},
                                {"what", "Pool::allocate + Pool::free of one 1 MiB block, timed together"}});
     const Summary a = summarize(values_of(got, "alloc_us")), f = summarize(values_of(got, "free_us"));
     r.samples.push_back(sample(fmt::format("pool_allocate{}_us", infix), "us", values_of(got, "alloc_us"), {}, false));
@@ -100,8 +102,8 @@ void measure_resolve(Result& r, const Options& o, ServedWorker& producer, Names&
   std::vector<double> open_us, first_us, far_us, raw_first, raw_second, cached;
   for (int i = 0; i < consumers; ++i) {
     // Alternating, so that neither kind always runs right after the other.
-    progress(o, fmt::format("pools: fresh consumers, first resolve and raw cuIpcOpenMemHandle ({}/{})", i + 1,
-                            consumers));
+    progress(o,
+             fmt::format("pools: fresh consumers, first resolve and raw cuIpcOpenMemHandle ({}/{})", i + 1, consumers));
     const json p = fresh([&] { return pools::resolve_consumer(name, setup, cached_calls, group); });
     const json raw = fresh([&] { return pools::raw_consumer(setup); });
     open_us.push_back(p.at("open_us").get<double>());
@@ -114,15 +116,18 @@ void measure_resolve(Result& r, const Options& o, ServedWorker& producer, Names&
   }
   const Summary hit = put(r, "pool_resolve_cached_p50_us", "pool_resolve_cached_p99_us", cached, "us",
                           {{"calls_per_sample", group},
-                           {"what", "Pool::resolve of 1 MiB blocks of a chunk this process has mapped; each sample "
-                                    "is the mean of a group of calls timed together"}});
+                           {"what",
+                            "Pool::resolve of 1 MiB blocks of a chunk this process has mapped; each sample "
+                            "is the mean of a group of calls timed together"}});
   const Summary first = put(r, "pool_resolve_first_p50_us", "pool_resolve_first_p99_us", first_us, "us",
                             {{"chunk_bytes", pools::kResolveChunkBytes},
-                             {"what", "the first Pool::resolve in a fresh process (after Pool::open): imports and "
-                                      "maps the 64 MiB chunk"}});
+                             {"what",
+                              "the first Pool::resolve in a fresh process (after Pool::open): imports and "
+                              "maps the 64 MiB chunk"}});
   const Summary raw = put(r, "raw_ipc_open_p50_us_64MiB", "raw_ipc_open_p99_us_64MiB", raw_first, "us",
-                          {{"what", "cuIpcOpenMemHandle of a 64 MiB cuMemAlloc allocation, the first in a fresh "
-                                    "process"}});
+                          {{"what",
+                            "cuIpcOpenMemHandle of a 64 MiB cuMemAlloc allocation, the first in a fresh "
+                            "process"}});
   r.metrics["pool_resolve_first_ratio"] = raw.median > 0 ? first.median / raw.median : 0.0;
   const Summary popen = summarize(open_us), far = summarize(far_us), raw2 = summarize(raw_second);
   r.samples.push_back(sample("pool_open_us", "us", open_us, {{"what", "Pool::open in a fresh process"}}));
@@ -150,8 +155,8 @@ void measure_share(Result& r, const Options& o, ServedWorker& producer, Names& n
   const json got = fresh([&] { return pools::share_consumer(setup); });
   const Summary shared = put(r, "share_legacy_open_p50_us", "share_legacy_open_p99_us", values_of(got, "share_us"),
                              "us", {{"size_bytes", pools::kShareBytes}});
-  const Summary legacy = put(r, "legacy_open_p50_us_2MiB", "legacy_open_p99_us_2MiB", values_of(got, "legacy_us"),
-                             "us", {{"size_bytes", pools::kShareBytes}});
+  const Summary legacy = put(r, "legacy_open_p50_us_2MiB", "legacy_open_p99_us_2MiB", values_of(got, "legacy_us"), "us",
+                             {{"size_bytes", pools::kShareBytes}});
   r.metrics["share_legacy_open_ratio"] = legacy.median > 0 ? shared.median / legacy.median : 0.0;
   r.notes.push_back(fmt::format(
       "gpuipc::share of cudaMalloc memory: Segment::open of it takes {:.1f} us at 2 MiB (p99 {:.1f}) against {:.1f} us "
@@ -160,8 +165,7 @@ void measure_share(Result& r, const Options& o, ServedWorker& producer, Names& n
 }
 
 /// Returns the p50 of statedict_open_ms.
-double measure_statedict(Result& r, const Options& o, ServedWorker& producer, Names& names,
-                         const std::string& prefix) {
+double measure_statedict(Result& r, const Options& o, ServedWorker& producer, Names& names, const std::string& prefix) {
   const int consumers = o.quick ? 3 : 10;
   progress(o, "pools: the producer packs the 2 GiB state dict into one device pool");
   const std::string pool = prefix + "-sd", index = prefix + "-sd-index";
@@ -177,7 +181,8 @@ double measure_statedict(Result& r, const Options& o, ServedWorker& producer, Na
     for (const auto& [k, v] : got.items()) steps[k].push_back(v.get<double>());
   }
   const Summary open = put(r, "statedict_open_ms", "statedict_open_p99_ms", steps["open_ms"], "ms",
-                           {{"tensors", setup.at("tensors")}, {"bytes", setup.at("bytes")},
+                           {{"tensors", setup.at("tensors")},
+                            {"bytes", setup.at("bytes")},
                             {"what", "a fresh process: from the index name to all 291 resolved device pointers"}});
   json step_json = json::object();
   for (const auto& [k, v] : steps) step_json[k] = to_json(summarize(v));
@@ -198,8 +203,8 @@ double measure_statedict(Result& r, const Options& o, ServedWorker& producer, Na
       "filling {:.1f}, publishing the index {:.2f}).",
       setup.at("total_ms").get<double>(), setup.at("create_ms").get<double>(), setup.at("allocate_ms").get<double>(),
       setup.at("fill_ms").get<double>(), setup.at("publish_ms").get<double>()));
-  r.notes.push_back(fmt::format("Target statedict_open_ms <= 1 ms {}: {:.3f} ms.", verdict(open.median <= 1.0),
-                                open.median));
+  r.notes.push_back(
+      fmt::format("Target statedict_open_ms <= 1 ms {}: {:.3f} ms.", verdict(open.median <= 1.0), open.median));
   return open.median;
 }
 
@@ -217,12 +222,11 @@ void measure_torch(Result& r, const Options& o, double gpuipc_ms) {
                           : t.contains("skipped") ? t["skipped"].get<std::string>()
                                                   : "";
   if (!why.empty()) {
-    for (const char* k : {"torch_mp_statedict_ms", "torch_mp_statedict_p99_ms", "torch_mp_statedict_first_ms",
-                          "statedict_ratio"}) {
+    for (const char* k :
+         {"torch_mp_statedict_ms", "torch_mp_statedict_p99_ms", "torch_mp_statedict_first_ms", "statedict_ratio"}) {
       r.metrics[k] = nullptr;
     }
-    r.notes.push_back("torch.multiprocessing baseline skipped: " + why +
-                      ". Target statedict_ratio >= 15: not judged.");
+    r.notes.push_back("torch.multiprocessing baseline skipped: " + why + ". Target statedict_ratio >= 15: not judged.");
     return;
   }
   const double torch_ms = t.at("p50_ms").get<double>();

@@ -36,8 +36,10 @@ nlohmann::json time_vmm_imports(int device, bool raw, std::size_t size, std::vec
     handle = cuda::AllocationHandle();
     fd.reset();
   }
-  return {{"total", values_json(total)},   {"import", values_json(import)},
-          {"reserve", values_json(reserve)}, {"map", values_json(map)},
+  return {{"total", values_json(total)},
+          {"import", values_json(import)},
+          {"reserve", values_json(reserve)},
+          {"map", values_json(map)},
           {"set_access", values_json(set_access)}};
 }
 

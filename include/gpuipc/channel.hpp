@@ -83,11 +83,11 @@ struct ChannelStats {
   std::uint64_t redelivered = 0;  ///< messages handed to another consumer after theirs died
   std::uint64_t abandoned = 0;    ///< slots a dead producer had claimed but not published
   std::uint32_t free_slots = 0;   ///< slots not holding a message
-  std::uint64_t published = 0;        ///< messages published, in total
+  std::uint64_t published = 0;    ///< messages published, in total
   std::uint64_t published_bytes = 0;  ///< payload bytes published, in total
-  std::uint32_t queued = 0;       ///< messages published and not received yet (the queue's depth)
-  std::uint32_t slots = 0;        ///< the ring's size
-  std::uint64_t slot_bytes = 0;   ///< capacity of each slot
+  std::uint32_t queued = 0;           ///< messages published and not received yet (the queue's depth)
+  std::uint32_t slots = 0;            ///< the ring's size
+  std::uint64_t slot_bytes = 0;       ///< capacity of each slot
 };
 
 class Channel {

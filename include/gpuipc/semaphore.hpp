@@ -47,9 +47,9 @@ struct WaitResult {
 
 /// What Semaphore::stat reads from a semaphore's page (for monitoring: `gpuipc top`).
 struct SemaphoreStats {
-  std::uint64_t value = 0;        ///< the current value (without the poison bit)
-  Status status = Status::Ok;     ///< Ok, or why it is poisoned (PeerDied, Closed)
-  std::uint32_t signallers = 0;   ///< signaller handles joined now (a process may hold several)
+  std::uint64_t value = 0;       ///< the current value (without the poison bit)
+  Status status = Status::Ok;    ///< Ok, or why it is poisoned (PeerDied, Closed)
+  std::uint32_t signallers = 0;  ///< signaller handles joined now (a process may hold several)
 };
 
 class Semaphore {

@@ -131,16 +131,21 @@ void bind_channel(nb::module_& m) {
           [](std::string_view name, std::uint32_t slots, std::size_t slot_bytes, std::uint32_t header_bytes,
              std::string_view kind, int device, unsigned mode, std::string_view role, std::optional<double> pacing,
              std::optional<std::int64_t> pacing_ahead) {
-            const ChannelOptions o{.slots = slots, .slot_bytes = slot_bytes, .header_bytes = header_bytes,
-                                   .kind = parse_kind(kind), .device = device, .mode = mode,
-                                   .pacing = to_pacing(pacing), .pacing_ahead = to_ahead(pacing_ahead)};
+            const ChannelOptions o{.slots = slots,
+                                   .slot_bytes = slot_bytes,
+                                   .header_bytes = header_bytes,
+                                   .kind = parse_kind(kind),
+                                   .device = device,
+                                   .mode = mode,
+                                   .pacing = to_pacing(pacing),
+                                   .pacing_ahead = to_ahead(pacing_ahead)};
             const ChannelRole r = parse_role(role);
             nb::gil_scoped_release unlocked;
             return attach(name, Access::ReadWrite, o.kind == SegmentKind::Device ? device : -1,
                           [&] { return Channel::create(name, o, r); });
           },
-          "name"_a, nb::kw_only(), "slots"_a = 4, "slot_bytes"_a = 1 << 20, "header_bytes"_a = 256,
-          "kind"_a = "device", "device"_a = 0, "mode"_a = 0600, "role"_a = "producer", "pacing"_a = nb::none(),
+          "name"_a, nb::kw_only(), "slots"_a = 4, "slot_bytes"_a = 1 << 20, "header_bytes"_a = 256, "kind"_a = "device",
+          "device"_a = 0, "mode"_a = 0600, "role"_a = "producer", "pacing"_a = nb::none(),
           "pacing_ahead"_a = nb::none())
       .def_static(
           "open",
@@ -191,8 +196,7 @@ void bind_channel(nb::module_& m) {
                                          gpu ? g.ch().device() : 0);
             return std::make_tuple(std::move(view), slot.sequence);
           },
-          "stream"_a, "timeout"_a = nb::none(),
-          "Claims the next free slot: (bytes view of its capacity, sequence).")
+          "stream"_a, "timeout"_a = nb::none(), "Claims the next free slot: (bytes view of its capacity, sequence).")
       .def(
           "publish",
           [](PyChannel& c, nb::bytes header, std::size_t nbytes, std::uintptr_t stream) {

@@ -188,7 +188,8 @@ void bind_pool(nb::module_& m) {
           "free",
           [](PyPool& p, PyBlock& b, std::uintptr_t stream) {
             Pool& pool = p.get();
-            if (!b.block) throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
+            if (!b.block)
+              throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
             Block gone = std::move(b.block);
             nb::gil_scoped_release unlocked;
             pool.free(std::move(gone), to_stream(stream));
@@ -232,10 +233,10 @@ void bind_pool(nb::module_& m) {
             Pool& pool = p.get();
             const auto* data = static_cast<const std::byte*>(raw.data());
             if (raw.size() % kBlockRefBytes != 0) {
-              throw Error(ErrorCode::InvalidArgument,
-                          fmt::format("{} bytes are not a whole number of {}-byte BlockRefs", raw.size(),
-                                      kBlockRefBytes),
-                          "views_of");
+              throw Error(
+                  ErrorCode::InvalidArgument,
+                  fmt::format("{} bytes are not a whole number of {}-byte BlockRefs", raw.size(), kBlockRefBytes),
+                  "views_of");
             }
             const std::size_t n = raw.size() / kBlockRefBytes;
             std::vector<ArrayView> views;
@@ -257,7 +258,8 @@ void bind_pool(nb::module_& m) {
                 int device_id = 0;
                 if (is_gpu(pool.kind())) {
                   device_type = kDLCUDA;
-                  auto it = std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.first == r.chunk; });
+                  auto it =
+                      std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.first == r.chunk; });
                   if (it == devices.end()) {
                     devices.emplace_back(r.chunk, cuda::pointer_info(static_cast<CUdeviceptr>(address)).device);
                     it = devices.end() - 1;
@@ -298,7 +300,8 @@ void bind_pool(nb::module_& m) {
             pool.release(to_ref(ref));
           },
           "ref"_a, "Gives back one hold.")
-      .def("stats", [](PyPool& p) { return stats_dict(p.get().stats()); }, "Current statistics as a dict.")
+      .def(
+          "stats", [](PyPool& p) { return stats_dict(p.get().stats()); }, "Current statistics as a dict.")
       .def_prop_ro("name", [](PyPool& p) { return p.get().name(); })
       .def_prop_ro("kind", [](PyPool& p) { return std::string(to_string(p.get().kind())); })
       .def_prop_ro("id", [](PyPool& p) { return p.get().id(); })

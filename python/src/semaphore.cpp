@@ -105,7 +105,8 @@ void bind_semaphore(nb::module_& m) {
             auto lock = lock_shared(s);
             WaitResult r;
             const auto limit = to_timeout(timeout, "timeout");
-            const auto spin_for = spin ? to_timeout(spin, "spin") : std::chrono::nanoseconds(std::chrono::microseconds(20));
+            const auto spin_for =
+                spin ? to_timeout(spin, "spin") : std::chrono::nanoseconds(std::chrono::microseconds(20));
             Status st = wait_in_slices(limit, [&](std::chrono::nanoseconds slice) {
               r = s.sem.wait_host(value, slice, spin_for);
               return r.status;
@@ -115,26 +116,31 @@ void bind_semaphore(nb::module_& m) {
             return r.value;
           },
           "value"_a, "timeout"_a = nb::none(), "spin"_a = nb::none())
-      .def_prop_ro("value", [](PySemaphore& s) {
-        auto lock = lock_shared(s);
-        return s.sem.value();
-      })
-      .def_prop_ro("status", [](PySemaphore& s) {
-        auto lock = lock_shared(s);
-        return status_name(s.sem.status());
-      })
-      .def_prop_ro("name", [](PySemaphore& s) {
-        auto lock = lock_shared(s);
-        return s.sem.name();
-      })
-      .def_prop_ro("role", [](PySemaphore& s) {
-        auto lock = lock_shared(s);
-        return std::string(s.sem.role() == SemaphoreRole::Signaller ? "signaller" : "waiter");
-      })
-      .def_prop_ro("closed", [](PySemaphore& s) {
-        auto lock = lock_shared(s, false);
-        return !s.sem;
-      })
+      .def_prop_ro("value",
+                   [](PySemaphore& s) {
+                     auto lock = lock_shared(s);
+                     return s.sem.value();
+                   })
+      .def_prop_ro("status",
+                   [](PySemaphore& s) {
+                     auto lock = lock_shared(s);
+                     return status_name(s.sem.status());
+                   })
+      .def_prop_ro("name",
+                   [](PySemaphore& s) {
+                     auto lock = lock_shared(s);
+                     return s.sem.name();
+                   })
+      .def_prop_ro("role",
+                   [](PySemaphore& s) {
+                     auto lock = lock_shared(s);
+                     return std::string(s.sem.role() == SemaphoreRole::Signaller ? "signaller" : "waiter");
+                   })
+      .def_prop_ro("closed",
+                   [](PySemaphore& s) {
+                     auto lock = lock_shared(s, false);
+                     return !s.sem;
+                   })
       .def("close", [](PySemaphore& s) {
         nb::gil_scoped_release unlocked;
         Semaphore gone;

@@ -69,9 +69,10 @@ Server::Server(ServerOptions options)
     if (!m_options.listen_path.empty() && m_options.listen_path != m_socket_path) {
       // Served all the same, but the library looks for DIR/broker.sock: clients of the default directory will
       // not find this broker.
-      GPUIPC_LOG_WARN("the socket systemd passed is {}, but clients of {} connect to {}: make the .socket unit's "
-                      "ListenSequentialPacket= and the service's GPUIPC_RUNTIME_DIR (or --runtime-dir) agree",
-                      m_options.listen_path, m_options.runtime_dir, m_socket_path);
+      GPUIPC_LOG_WARN(
+          "the socket systemd passed is {}, but clients of {} connect to {}: make the .socket unit's "
+          "ListenSequentialPacket= and the service's GPUIPC_RUNTIME_DIR (or --runtime-dir) agree",
+          m_options.listen_path, m_options.runtime_dir, m_socket_path);
       m_socket_path = m_options.listen_path;
     }
   } else {
@@ -85,9 +86,9 @@ Server::Server(ServerOptions options)
   m_epoll.add(m_signals.get(), EPOLLIN, kSignalKey);
   m_epoll.add(m_wakeup.get(), EPOLLIN, kWakeupKey);
   std::signal(SIGPIPE, SIG_IGN);  // NOLINT(cert-err33-c): sends use MSG_NOSIGNAL; this is belt and braces
-  GPUIPC_LOG_INFO("gpuipcd {} pid {} ({}) serving {} (fd limit {}: {} connections, {} segments)",
-                  GPUIPC_VERSION_STRING, os::current_pid(), proto::broker_mode_name(m_options.mode), m_socket_path,
-                  limit, m_options.max_connections, q.fds);
+  GPUIPC_LOG_INFO("gpuipcd {} pid {} ({}) serving {} (fd limit {}: {} connections, {} segments)", GPUIPC_VERSION_STRING,
+                  os::current_pid(), proto::broker_mode_name(m_options.mode), m_socket_path, limit,
+                  m_options.max_connections, q.fds);
 }
 
 Server::~Server() = default;

@@ -26,7 +26,7 @@ struct ServerOptions {
   /// A listening socket passed by the service manager (socket activation): served instead of binding
   /// runtime_dir/broker.sock, and never unlinked (the service manager owns it). Move-only, so ServerOptions is.
   os::UniqueFd listen_fd;
-  std::string listen_path;                    ///< where listen_fd is bound, when known
+  std::string listen_path;  ///< where listen_fd is bound, when known
   Quotas quotas;
   std::chrono::milliseconds idle_timeout{0};  ///< exit after this long with no client and nothing registered; 0: never
   std::size_t max_connections_per_uid = 512;

@@ -466,8 +466,7 @@ Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpen
 ChannelStats Channel::stat(std::string_view name) {
   check_channel_name(name);
   // A CUDA-free read-only look: the host_pinned control block of a device channel is mapped without registering it.
-  const Segment control =
-      detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
+  const Segment control = detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
   const auto g = shm::ring_geometry(control.data(), control.size());
   if (!g) {
     throw Error(ErrorCode::InvalidArgument,
@@ -660,9 +659,7 @@ std::chrono::nanoseconds Channel::pacing() const noexcept { return m_impl ? m_im
 void Channel::set_pacing_ahead(std::uint32_t messages) noexcept {
   if (m_impl) m_impl->ahead = std::clamp<std::uint64_t>(messages, 1, m_impl->n);
 }
-std::uint32_t Channel::pacing_ahead() const noexcept {
-  return m_impl ? static_cast<std::uint32_t>(m_impl->ahead) : 0;
-}
+std::uint32_t Channel::pacing_ahead() const noexcept { return m_impl ? static_cast<std::uint32_t>(m_impl->ahead) : 0; }
 
 int Channel::device() const noexcept { return m_impl && m_impl->gpu() ? m_impl->data.device() : -1; }
 

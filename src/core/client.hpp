@@ -65,11 +65,11 @@ class BrokerClient {
   /// What the running broker says of itself: HelloReply and its status page.
   struct BrokerStatus {
     std::uint32_t pid = 0;
-    std::string version;                  ///< its release (HelloReply.broker_version)
+    std::string version;  ///< its release (HelloReply.broker_version)
     proto::BrokerMode mode = proto::BrokerMode::Unknown;
-    std::uint64_t started_unix_ns = 0;    ///< 0 when unknown
-    std::uint64_t idle_timeout_ms = 0;    ///< 0: it never exits when idle
-    std::string socket_path;              ///< where this client connected
+    std::uint64_t started_unix_ns = 0;  ///< 0 when unknown
+    std::uint64_t idle_timeout_ms = 0;  ///< 0: it never exits when idle
+    std::string socket_path;            ///< where this client connected
   };
   /// The broker's status (connects if needed, starting a broker on demand like any call; see broker_listening).
   BrokerStatus broker_status();

@@ -207,12 +207,15 @@ WaitResult Semaphore::wait_host(std::uint64_t value, std::chrono::nanoseconds ti
     return r;
   }
   Status outcome = Status::Ok;
-  const Status st = core::wait_on(m_impl->block->wake_seq, timeout, [&] {
-    const std::uint64_t cur = atomic(m_impl->block->value).load(std::memory_order_acquire);
-    r.value = cur & proto::kMaxValue;
-    outcome = m_impl->poison_status(cur);
-    return outcome != Status::Ok || r.value >= value;
-  }, nullptr, spin);
+  const Status st = core::wait_on(
+      m_impl->block->wake_seq, timeout,
+      [&] {
+        const std::uint64_t cur = atomic(m_impl->block->value).load(std::memory_order_acquire);
+        r.value = cur & proto::kMaxValue;
+        outcome = m_impl->poison_status(cur);
+        return outcome != Status::Ok || r.value >= value;
+      },
+      nullptr, spin);
   r.status = st == Status::Ok ? outcome : st;
   return r;
 }

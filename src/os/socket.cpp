@@ -348,8 +348,8 @@ std::optional<long long> env_number(const char* name, const char* value) {
   char* end = nullptr;
   const long long v = std::strtoll(value, &end, 10);
   if (errno != 0 || end == value || *end != '\0' || v < 0) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("socket activation: {}='{}' is not a number", name, value), "getenv");
+    throw Error(ErrorCode::InvalidArgument, fmt::format("socket activation: {}='{}' is not a number", name, value),
+                "getenv");
   }
   return v;
 }
@@ -363,10 +363,14 @@ int socket_option(int fd, int option) {
 
 const char* socket_type_name(int type) {
   switch (type) {
-    case SOCK_STREAM: return "SOCK_STREAM (ListenStream=)";
-    case SOCK_DGRAM: return "SOCK_DGRAM (ListenDatagram=)";
-    case SOCK_SEQPACKET: return "SOCK_SEQPACKET";
-    default: return "of an unknown type";
+    case SOCK_STREAM:
+      return "SOCK_STREAM (ListenStream=)";
+    case SOCK_DGRAM:
+      return "SOCK_DGRAM (ListenDatagram=)";
+    case SOCK_SEQPACKET:
+      return "SOCK_SEQPACKET";
+    default:
+      return "of an unknown type";
   }
 }
 
@@ -374,8 +378,8 @@ const char* socket_type_name(int type) {
 
 std::optional<ActivationSocket> take_activation_socket() {
   // Copies first: unsetenv invalidates what getenv returned.
-  const char* raw_pid = std::getenv("LISTEN_PID");  // NOLINT(concurrency-mt-unsafe): documented: before threads
-  const char* raw_fds = std::getenv("LISTEN_FDS");  // NOLINT(concurrency-mt-unsafe)
+  const char* raw_pid = std::getenv("LISTEN_PID");        // NOLINT(concurrency-mt-unsafe): documented: before threads
+  const char* raw_fds = std::getenv("LISTEN_FDS");        // NOLINT(concurrency-mt-unsafe)
   const char* raw_names = std::getenv("LISTEN_FDNAMES");  // NOLINT(concurrency-mt-unsafe)
   const std::optional<std::string> pid_text = raw_pid ? std::optional<std::string>(raw_pid) : std::nullopt;
   const std::optional<std::string> fds_text = raw_fds ? std::optional<std::string>(raw_fds) : std::nullopt;
@@ -397,8 +401,8 @@ std::optional<ActivationSocket> take_activation_socket() {
                 "getenv");
   }
   const int fd = kActivationFirstFd;
-  const std::string what = fmt::format("socket activation: fd {} (LISTEN_FDS=1{})", fd,
-                                       names.empty() ? "" : ", LISTEN_FDNAMES=" + names);
+  const std::string what =
+      fmt::format("socket activation: fd {} (LISTEN_FDS=1{})", fd, names.empty() ? "" : ", LISTEN_FDNAMES=" + names);
   if (::fcntl(fd, F_GETFD) < 0) {
     const int err = errno;
     throw Error(ErrorCode::InvalidArgument, fmt::format("{} is not open", what), "fcntl", err);

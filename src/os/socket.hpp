@@ -64,9 +64,9 @@ inline constexpr int kActivationFirstFd = 3;
 
 /// A listening socket a service manager passed to this process (systemd socket activation).
 struct ActivationSocket {
-  UniqueFd fd;        ///< listening AF_UNIX SOCK_SEQPACKET, now CLOEXEC and non-blocking
-  std::string name;   ///< its entry of LISTEN_FDNAMES ("" when the variable is absent)
-  std::string path;   ///< the path it is bound to ("" when unnamed or abstract)
+  UniqueFd fd;       ///< listening AF_UNIX SOCK_SEQPACKET, now CLOEXEC and non-blocking
+  std::string name;  ///< its entry of LISTEN_FDNAMES ("" when the variable is absent)
+  std::string path;  ///< the path it is bound to ("" when unnamed or abstract)
 };
 
 /// Takes the socket of systemd's socket-activation protocol, read by hand (sd_listen_fds(3)): when LISTEN_PID is

@@ -22,10 +22,14 @@ enum class BrokerMode : std::uint32_t {
 /// "on-demand", "socket-activated", "manual" or "unknown".
 constexpr const char* broker_mode_name(BrokerMode mode) noexcept {
   switch (mode) {
-    case BrokerMode::OnDemand: return "on-demand";
-    case BrokerMode::SocketActivated: return "socket-activated";
-    case BrokerMode::Manual: return "manual";
-    case BrokerMode::Unknown: break;
+    case BrokerMode::OnDemand:
+      return "on-demand";
+    case BrokerMode::SocketActivated:
+      return "socket-activated";
+    case BrokerMode::Manual:
+      return "manual";
+    case BrokerMode::Unknown:
+      break;
   }
   return "unknown";
 }
@@ -40,10 +44,10 @@ struct alignas(64) StatusPage {
   std::uint64_t names_generation;
   std::uint64_t broker_pid;
   /// The rest is written once, before the broker shares the page, and never changes.
-  std::uint32_t mode;              ///< a BrokerMode
-  std::uint32_t reserved;          ///< 0
-  std::uint64_t started_unix_ns;   ///< when the broker started (CLOCK_REALTIME)
-  std::uint64_t idle_timeout_ms;   ///< exits after this long idle; 0: never
+  std::uint32_t mode;             ///< a BrokerMode
+  std::uint32_t reserved;         ///< 0
+  std::uint64_t started_unix_ns;  ///< when the broker started (CLOCK_REALTIME)
+  std::uint64_t idle_timeout_ms;  ///< exits after this long idle; 0: never
 };
 static_assert(sizeof(StatusPage) == 64);
 static_assert(offsetof(StatusPage, broker_pid) == 16 && offsetof(StatusPage, mode) == 24 &&

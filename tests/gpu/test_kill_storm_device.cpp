@@ -111,8 +111,12 @@ int consumer_body(const storm::ConsumerArgs& a) {
 TEST(KillStormDevice, RandomSigkillsLoseNothingPublishedAndDuplicateNothing) {
   GPUIPC_REQUIRE_GPU();
   storm::run_kill_storm({
-      .channel = {.slots = 16, .slot_bytes = kPayload, .header_bytes = sizeof(storm::Header),
-                  .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+      .channel = {.slots = 16,
+                  .slot_bytes = kPayload,
+                  .header_bytes = sizeof(storm::Header),
+                  .kind = SegmentKind::Device,
+                  .device = 0,
+                  .mode = 0600},
       .producer = producer_body,
       .consumer = consumer_body,
       // Each survivor's exit tears down a CUDA context.

@@ -273,8 +273,8 @@ TEST(CliTop, IterationsPrintOneDocumentPerFrame) {
 TEST(CliTop, NoBrokerExits7WithAMessage) {
   const TempDir dir("gpuipc-top");
   const Outcome o =
-      run_gpuipc({"top", "--once", "--json"}, {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_NO_AUTOSTART=1",
-                                               "GPUIPC_CONNECT_TIMEOUT_MS=2000"});
+      run_gpuipc({"top", "--once", "--json"},
+                 {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_NO_AUTOSTART=1", "GPUIPC_CONNECT_TIMEOUT_MS=2000"});
   EXPECT_EQ(o.exit_code, 7) << o.out << o.err;
   EXPECT_TRUE(o.out.empty()) << o.out;
   EXPECT_EQ(o.err.rfind("gpuipc: ", 0), 0U) << o.err;
@@ -308,8 +308,8 @@ TEST(CliTop, GarbageBrokerExits7WithAMessage) {
     }
   });
   const Outcome o =
-      run_gpuipc({"top", "--once", "--json"}, {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_NO_AUTOSTART=1",
-                                               "GPUIPC_CONNECT_TIMEOUT_MS=2000"});
+      run_gpuipc({"top", "--once", "--json"},
+                 {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_NO_AUTOSTART=1", "GPUIPC_CONNECT_TIMEOUT_MS=2000"});
   done.store(true);
   server.join();
   ::close(listener);

@@ -71,8 +71,8 @@ int consumer_body(const storm::ConsumerArgs& a) {
 
 TEST(KillStorm, RandomSigkillsLoseNothingPublishedAndDuplicateNothing) {
   storm::run_kill_storm({
-      .channel = {.slots = 16, .slot_bytes = kPayload, .header_bytes = sizeof(storm::Header),
-                  .kind = SegmentKind::Host},
+      .channel =
+          {.slots = 16, .slot_bytes = kPayload, .header_bytes = sizeof(storm::Header), .kind = SegmentKind::Host},
       .producer = producer_body,
       .consumer = consumer_body,
   });

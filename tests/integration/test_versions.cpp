@@ -49,8 +49,8 @@ TEST(Versions, OneNumberFromCMakeLists) {
 }
 
 TEST(Versions, ProgramsAndTheBrokerReportIt) {
-  const std::string want = std::string(GPUIPC_VERSION_STRING) + " (protocol version " +
-                           std::to_string(proto::kVersion) + ")";
+  const std::string want =
+      std::string(GPUIPC_VERSION_STRING) + " (protocol version " + std::to_string(proto::kVersion) + ")";
   const auto cli = run_program(GPUIPC_BUILD_BIN_DIR "/gpuipc", {"--version"});
   EXPECT_EQ(cli.exit_code, 0) << cli.err;
   EXPECT_EQ(cli.out, "gpuipc " + want + "\n");
@@ -71,8 +71,8 @@ TEST(Versions, ProgramsAndTheBrokerReportIt) {
 // Hello from an older and from a newer client: an Error(Protocol) that names both versions and the way out, then the
 // connection closes, and the broker goes on serving everyone else.
 TEST(Versions, BrokerRefusesAClientOfAnotherProtocolVersion) {
-  for (const std::uint16_t theirs : {static_cast<std::uint16_t>(proto::kVersion - 1),
-                                     static_cast<std::uint16_t>(proto::kVersion + 1)}) {
+  for (const std::uint16_t theirs :
+       {static_cast<std::uint16_t>(proto::kVersion - 1), static_cast<std::uint16_t>(proto::kVersion + 1)}) {
     SCOPED_TRACE(theirs);
     auto sock = raw_connect();
     send_bytes(sock.get(), with_version(proto::Message{1, proto::Hello{1, "other-release"}}, theirs));

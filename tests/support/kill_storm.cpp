@@ -138,8 +138,8 @@ void run_kill_storm(const StormOptions& options) {
   const char* seed_text = std::getenv("GPUIPC_STORM_SEED");
   const std::uint64_t seed = seed_text != nullptr ? std::strtoull(seed_text, nullptr, 10) : std::random_device{}();
   const auto duration = storm_duration();
-  SCOPED_TRACE("GPUIPC_STORM_SEED=" + std::to_string(seed) + " GPUIPC_STORM_SECONDS=" +
-               std::to_string(duration.count()));
+  SCOPED_TRACE("GPUIPC_STORM_SEED=" + std::to_string(seed) +
+               " GPUIPC_STORM_SECONDS=" + std::to_string(duration.count()));
   std::mt19937_64 rng(seed);
 
   const auto name = unique_name("storm");

@@ -286,7 +286,8 @@ void plan_exec(ExecPlan& plan, const std::string& program, const std::vector<std
   if (plan.listen_pid != nullptr) {
     char digits[20];
     int n = 0;
-    for (auto v = static_cast<unsigned long>(::getpid()); v != 0 || n == 0; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+    for (auto v = static_cast<unsigned long>(::getpid()); v != 0 || n == 0; v /= 10)
+      digits[n++] = static_cast<char>('0' + v % 10);
     for (int i = 0; i < n; ++i) plan.listen_pid[i] = digits[n - 1 - i];
     plan.listen_pid[n] = '\0';
   }

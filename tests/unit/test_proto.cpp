@@ -307,7 +307,7 @@ TEST(Proto, PeekVersionReadsAnyVersionOfAGpuipcHeader) {
   EXPECT_FALSE(decode(hello, 0, out, why));
   EXPECT_NE(why.find("header.version"), std::string::npos) << why;
   hello[0] = std::byte{0};
-  EXPECT_EQ(peek_version(hello), std::nullopt);  // not 'GIPC'
+  EXPECT_EQ(peek_version(hello), std::nullopt);                       // not 'GIPC'
   EXPECT_EQ(peek_version(Bytes(15, std::byte{0x47})), std::nullopt);  // shorter than a header
 }
 

@@ -6,9 +6,9 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "base/config.hpp"
 #include "broker/daemon.hpp"
 #include "commands.hpp"
-#include "base/config.hpp"
 #include "core/client.hpp"
 #include "gpuipc/error.hpp"
 #include "os/module.hpp"
@@ -18,11 +18,14 @@ namespace {
 
 std::string describe_mode(proto::BrokerMode mode) {
   switch (mode) {
-    case proto::BrokerMode::OnDemand: return "on-demand (started by the library; exits when idle)";
+    case proto::BrokerMode::OnDemand:
+      return "on-demand (started by the library; exits when idle)";
     case proto::BrokerMode::SocketActivated:
       return "socket-activated (systemd passed its socket; it starts the broker again on the next connection)";
-    case proto::BrokerMode::Manual: return "manual (started by hand or by a supervisor: gpuipcd, gpuipc daemon --foreground)";
-    case proto::BrokerMode::Unknown: break;
+    case proto::BrokerMode::Manual:
+      return "manual (started by hand or by a supervisor: gpuipcd, gpuipc daemon --foreground)";
+    case proto::BrokerMode::Unknown:
+      break;
   }
   return "unknown (a broker older than this tool)";
 }
@@ -51,9 +54,8 @@ int daemon_status(bool json) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count());
   const bool known_start = s.started_unix_ns != 0;
-  const double uptime_s = known_start && now_ns > s.started_unix_ns
-                              ? static_cast<double>(now_ns - s.started_unix_ns) / 1e9
-                              : 0.0;
+  const double uptime_s =
+      known_start && now_ns > s.started_unix_ns ? static_cast<double>(now_ns - s.started_unix_ns) / 1e9 : 0.0;
   if (json) {
     nlohmann::json j{{"running", true},
                      {"mode", proto::broker_mode_name(s.mode)},
@@ -67,16 +69,15 @@ int daemon_status(bool json) {
     std::cout << j.dump() << "\n";
     return kExitOk;
   }
-  std::cout << fmt::format("mode:      {}\n", describe_mode(s.mode))
-            << fmt::format("pid:       {}\n", s.pid)
+  std::cout << fmt::format("mode:      {}\n", describe_mode(s.mode)) << fmt::format("pid:       {}\n", s.pid)
             << fmt::format("uptime:    {}\n",
                            known_start ? describe_duration(static_cast<std::uint64_t>(uptime_s)) : "unknown")
             << fmt::format("socket:    {}\n", s.socket_path)
             << fmt::format("version:   {}\n", s.version.empty() ? "unknown" : s.version)
-            << fmt::format("idle exit: {}\n", s.idle_timeout_ms == 0
-                                                   ? std::string("never")
-                                                   : fmt::format("after {} ms with no client and nothing registered",
-                                                                 s.idle_timeout_ms));
+            << fmt::format("idle exit: {}\n",
+                           s.idle_timeout_ms == 0
+                               ? std::string("never")
+                               : fmt::format("after {} ms with no client and nothing registered", s.idle_timeout_ms));
   return kExitOk;
 }
 
@@ -95,8 +96,8 @@ void register_daemon(CLI::App& app, int& exit_code) {
   static bool json = false;
   status->add_flag("--json", json, "one JSON object instead of text");
   status->callback([cmd, &exit_code] {
-    for (const char* o : {"--foreground", "--stop", "--runtime-dir", "--idle-timeout-ms", "--quota-bytes",
-                          "--quota-segments"}) {
+    for (const char* o :
+         {"--foreground", "--stop", "--runtime-dir", "--idle-timeout-ms", "--quota-bytes", "--quota-segments"}) {
       if (cmd->count(o) > 0) throw CLI::ValidationError(o, "does not go with `daemon status`");
     }
     exit_code = daemon_status(json);
@@ -125,9 +126,10 @@ void register_daemon(CLI::App& app, int& exit_code) {
       // report (HelloReply) is a pid of its namespace, which from another namespace names some other process.
       const auto pid = client.broker_pid_here();
       if (pid == 0) {
-        std::cerr << fmt::format("gpuipc daemon --stop: the broker (pid {} in its own PID namespace) runs in a PID "
-                                 "namespace this process cannot see; stop it from there (or its container)\n",
-                                 client.broker_pid());
+        std::cerr << fmt::format(
+            "gpuipc daemon --stop: the broker (pid {} in its own PID namespace) runs in a PID "
+            "namespace this process cannot see; stop it from there (or its container)\n",
+            client.broker_pid());
         exit_code = kExitFailure;
         return;
       }

@@ -38,12 +38,18 @@ enum class Role { Segment, Channel, ChannelSlots, Semaphore, Pool, PoolChunk };
 
 const char* role_name(Role r) {
   switch (r) {
-    case Role::Channel: return "channel";
-    case Role::ChannelSlots: return "channel_slots";
-    case Role::Semaphore: return "semaphore";
-    case Role::Pool: return "pool";
-    case Role::PoolChunk: return "pool_chunk";
-    case Role::Segment: break;
+    case Role::Channel:
+      return "channel";
+    case Role::ChannelSlots:
+      return "channel_slots";
+    case Role::Semaphore:
+      return "semaphore";
+    case Role::Pool:
+      return "pool";
+    case Role::PoolChunk:
+      return "pool_chunk";
+    case Role::Segment:
+      break;
   }
   return "segment";
 }
@@ -153,10 +159,14 @@ nlohmann::json opt(const std::optional<double>& v) { return v ? nlohmann::json(*
 
 std::string status_name(Status s) {
   switch (s) {
-    case Status::Ok: return "ok";
-    case Status::Closed: return "closed";
-    case Status::PeerDied: return "peer_died";
-    default: return "unknown";
+    case Status::Ok:
+      return "ok";
+    case Status::Closed:
+      return "closed";
+    case Status::PeerDied:
+      return "peer_died";
+    default:
+      return "unknown";
   }
 }
 
@@ -208,25 +218,25 @@ nlohmann::json frame(const Sample& before, const Sample& now) {
     const auto prev = before.channels.find(name);
     const bool had = prev != before.channels.end();
     const auto* slots_info = by_name.count(name + ".slots") != 0 ? by_name.at(name + ".slots") : nullptr;
-    chans.push_back({{"name", name},
-                     {"kind", slots_info != nullptr ? std::string(to_string(slots_info->kind)) : ""},
-                     {"slots", c.slots},
-                     {"slot_bytes", c.slot_bytes},
-                     {"depth", c.queued},
-                     {"free_slots", c.free_slots},
-                     {"producers", c.producers},
-                     {"consumers", c.consumers},
-                     {"published", c.published},
-                     {"published_bytes", c.published_bytes},
-                     {"received", c.tail},
-                     {"redelivered", c.redelivered},
-                     {"abandoned", c.abandoned},
-                     {"messages_per_s", opt(rate(had ? std::optional(prev->second.published) : std::nullopt,
-                                                 c.published, dt))},
-                     {"bytes_per_s", opt(rate(had ? std::optional(prev->second.published_bytes) : std::nullopt,
-                                              c.published_bytes, dt))},
-                     {"received_per_s", opt(rate(had ? std::optional(prev->second.tail) : std::nullopt, c.tail, dt))},
-                     {"pids", pids_of(*info)}});
+    chans.push_back(
+        {{"name", name},
+         {"kind", slots_info != nullptr ? std::string(to_string(slots_info->kind)) : ""},
+         {"slots", c.slots},
+         {"slot_bytes", c.slot_bytes},
+         {"depth", c.queued},
+         {"free_slots", c.free_slots},
+         {"producers", c.producers},
+         {"consumers", c.consumers},
+         {"published", c.published},
+         {"published_bytes", c.published_bytes},
+         {"received", c.tail},
+         {"redelivered", c.redelivered},
+         {"abandoned", c.abandoned},
+         {"messages_per_s", opt(rate(had ? std::optional(prev->second.published) : std::nullopt, c.published, dt))},
+         {"bytes_per_s",
+          opt(rate(had ? std::optional(prev->second.published_bytes) : std::nullopt, c.published_bytes, dt))},
+         {"received_per_s", opt(rate(had ? std::optional(prev->second.tail) : std::nullopt, c.tail, dt))},
+         {"pids", pids_of(*info)}});
   }
   j["channels"] = std::move(chans);
 
@@ -290,9 +300,8 @@ std::string pids_text(const nlohmann::json& pids) {
 std::string render(const nlohmann::json& j) {
   std::string o = fmt::format("gpuipc top  {}  (rates over {:.2f} s)\n\n", j["time"].get<std::string>(),
                               j["interval_s"].get<double>());
-  o += fmt::format("CHANNELS {}\n{:<28} {:<6} {:>9} {:>5} {:>4} {:>4} {:>12} {:>11} {:>12}  {}\n",
-                   j["channels"].size(), "NAME", "KIND", "DEPTH", "PROD", "CONS", "FREE", "PUBLISHED", "MSG/S",
-                   "BYTES/S", "PIDS");
+  o += fmt::format("CHANNELS {}\n{:<28} {:<6} {:>9} {:>5} {:>4} {:>4} {:>12} {:>11} {:>12}  {}\n", j["channels"].size(),
+                   "NAME", "KIND", "DEPTH", "PROD", "CONS", "FREE", "PUBLISHED", "MSG/S", "BYTES/S", "PIDS");
   for (const auto& c : j["channels"]) {
     o += fmt::format("{:<28} {:<6} {:>4}/{:<4} {:>5} {:>4} {:>4} {:>12} {:>11} {:>12}  {}\n",
                      c["name"].get<std::string>(), c["kind"].get<std::string>(), c["depth"].get<std::uint32_t>(),
@@ -309,8 +318,8 @@ std::string render(const nlohmann::json& j) {
                      s["signallers"].get<std::uint32_t>(), s["waiters"].get<std::uint32_t>(),
                      rate_text(s["value_per_s"], false), pids_text(s["pids"]));
   }
-  o += fmt::format("\nPOOLS {}\n{:<28} {:<12} {:>10} {:>10} {:>7} {:>10} {:>6} {:>4}  {}\n", j["pools"].size(),
-                   "NAME", "KIND", "USED", "FREE", "CHUNKS", "LARGEST", "BLOCKS", "MEMB", "PIDS");
+  o += fmt::format("\nPOOLS {}\n{:<28} {:<12} {:>10} {:>10} {:>7} {:>10} {:>6} {:>4}  {}\n", j["pools"].size(), "NAME",
+                   "KIND", "USED", "FREE", "CHUNKS", "LARGEST", "BLOCKS", "MEMB", "PIDS");
   for (const auto& p : j["pools"]) {
     o += fmt::format("{:<28} {:<12} {:>10} {:>10} {:>3}/{:<3} {:>10} {:>6} {:>4}  {}\n", p["name"].get<std::string>(),
                      p["kind"].get<std::string>(), human_bytes(p["used_bytes"].get<std::uint64_t>()),
@@ -354,8 +363,8 @@ void register_top(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", json, "print one JSON document per frame (keys: docs/cli/top.md)");
   cmd->add_option("-n,--iterations", iterations, "print this many frames and exit (0: until Ctrl-C)");
   cmd->callback([&exit_code] {
-    const auto pause = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(interval));
+    const auto pause =
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(interval));
     const std::uint64_t frames = once ? 1 : iterations;
     Sample before = take_sample();
     for (std::uint64_t n = 0; frames == 0 || n < frames; ++n) {

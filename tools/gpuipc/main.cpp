@@ -11,8 +11,8 @@
 int main(int argc, char** argv) {
   CLI::App app{"gpuipc: share GPU memory and GPU synchronization between processes", "gpuipc"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", fmt::format("gpuipc {} (protocol version {})", gpuipc::version(),
-                                                 gpuipc::protocol_version()));
+  app.set_version_flag("--version",
+                       fmt::format("gpuipc {} (protocol version {})", gpuipc::version(), gpuipc::protocol_version()));
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "log at debug level (same as GPUIPC_LOG=debug)");
   int exit_code = gpuipc::cli::kExitOk;
