@@ -2,7 +2,6 @@
 // child consumes), a channel with a known depth, a semaphore with a known value and a pool with known stats. And
 // the errors: no broker, and a "broker" that answers garbage. Runs the built binary.
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -26,7 +25,6 @@
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
 
-extern char** environ;
 
 namespace gpuipc::test {
 namespace {
@@ -37,66 +35,11 @@ using namespace std::chrono_literals;
 
 constexpr const char* kGpuipc = GPUIPC_BUILD_BIN_DIR "/gpuipc";
 
-struct Outcome {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Outcome = ProgramOutcome;
 
-/// Runs kGpuipc with `args`, this process's environment and `env` ("NAME=value") on top; collects its output.
+/// Runs kGpuipc with `args` and the extra environment `env` ("NAME=value"), collecting stdout and stderr.
 Outcome run_gpuipc(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
-  std::vector<std::string> argv_s = {kGpuipc};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_s = env;
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const bool overridden = std::any_of(env_s.begin(), env_s.end(), [&](const std::string& mine) {
-      return entry.compare(0, mine.find('=') + 1, mine, 0, mine.find('=') + 1) == 0;
-    });
-    if (!overridden) envp.push_back(*e);
-  }
-  for (auto& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  int out_pipe[2];
-  int err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) return {};
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out_pipe[1], 1);
-    ::dup2(err_pipe[1], 2);
-    ::execve(kGpuipc, argv.data(), envp.data());
-    ::_exit(127);
-  }
-  ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
-  Outcome o;
-  std::array<pollfd, 2> fds{pollfd{out_pipe[0], POLLIN, 0}, pollfd{err_pipe[0], POLLIN, 0}};
-  int open_count = 2;
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (open_count > 0 && std::chrono::steady_clock::now() < deadline) {
-    if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) break;
-    for (std::size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      char buf[4096];
-      const ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
-      if (n > 0) {
-        (i == 0 ? o.out : o.err).append(buf, static_cast<std::size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_count;
-      }
-    }
-  }
-  for (auto& f : fds) {
-    if (f.fd >= 0) ::close(f.fd);
-  }
-  o.exit_code = wait_child(pid, 30s);
-  return o;
+  return run_program(kGpuipc, args, env, -1, 60s);
 }
 
 const nlohmann::json* find_named(const nlohmann::json& array, const std::string& name) {
