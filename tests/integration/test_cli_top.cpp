@@ -2,6 +2,7 @@
 // child consumes), a channel with a known depth, a semaphore with a known value and a pool with known stats. And
 // the errors: no broker, and a "broker" that answers garbage. Runs the built binary.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
