@@ -19,6 +19,19 @@ namespace gpuipc {
 
 using proto::atomic;
 
+namespace {
+
+/// Ok, or why block `b` is poisoned, given a value `v` read from it. The reason word is written before the poison
+/// bit and never cleared: it stays true even if a late stream write (from a process that died with signals
+/// queued) overwrote the value.
+Status poison_status_of(proto::SemaphoreBlock& b, std::uint64_t v) noexcept {
+  const std::uint32_t reason = atomic(b.poison_reason).load();
+  if ((v & proto::kPoisonBit) == 0 && reason == 0) return Status::Ok;
+  return reason == static_cast<std::uint32_t>(proto::PoisonReason::Closed) ? Status::Closed : Status::PeerDied;
+}
+
+}  // namespace
+
 struct Semaphore::Impl {
   Segment segment;
   proto::SemaphoreBlock* block = nullptr;
@@ -57,14 +70,7 @@ struct Semaphore::Impl {
     token = 0;
   }
 
-  Status poison_status(std::uint64_t v) const noexcept {
-    // The reason word is written before the poison bit and never cleared: it stays true even if a late stream
-    // write (from a process that died with signals queued) overwrote the value.
-    if ((v & proto::kPoisonBit) == 0 && atomic(block->poison_reason).load() == 0) return Status::Ok;
-    return atomic(block->poison_reason).load() == static_cast<std::uint32_t>(proto::PoisonReason::Closed)
-               ? Status::Closed
-               : Status::PeerDied;
-  }
+  Status poison_status(std::uint64_t v) const noexcept { return poison_status_of(*block, v); }
 };
 
 namespace {
@@ -145,10 +151,7 @@ SemaphoreStats Semaphore::stat(std::string_view name) {
   SemaphoreStats st;
   const std::uint64_t v = atomic(b->value).load(std::memory_order_acquire);
   st.value = v & proto::kMaxValue;
-  const std::uint32_t reason = atomic(b->poison_reason).load();
-  if ((v & proto::kPoisonBit) != 0 || reason != 0) {
-    st.status = reason == static_cast<std::uint32_t>(proto::PoisonReason::Closed) ? Status::Closed : Status::PeerDied;
-  }
+  st.status = poison_status_of(*b, v);
   st.signallers = atomic(b->signallers).load();
   return st;
 }
