@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -263,15 +264,8 @@ class StreamReader:
         deadline, s, sig = self._begin(timeout, stream)
         dsts: Dict[str, Any] = {}
         self.skipped = []
-        while True:
-            d = self._next_bucket(deadline)
-            self._in_version = True
-            slot = d.seq % self._head.buckets
-            try:
-                if d.flags & _D_ABORT:
-                    raise InvalidState(f"stream {self.name!r}: the publisher abandoned version {d.version}; the "
-                                       "tensors given may hold part of it")
-                self._verify(d, slot, s)
+        with contextlib.closing(self._buckets(deadline, s, sig, "; the tensors given may hold part of it")) as buckets:
+            for d, slot in buckets:
                 for key, dtype, shape, pos, n, off in d.pieces:
                     if key not in into:
                         if key not in self.skipped:
@@ -282,13 +276,28 @@ class StreamReader:
                         dst = dsts[key] = self._destination(key, into[key], dtype, shape)
                     if n:
                         self._copy_out(slot, off, dst, pos, n, s)
+        return self._version
+
+    def _buckets(self, deadline: Optional[float], s: Any, sig: Any, abandoned: str) -> Iterator[Tuple[_Desc, int]]:
+        """The buckets of the next version, each with its ring slot, checked (abandoned versions raise
+        InvalidState, `abandoned` ends the message; checksums) and given back to the publisher once the caller
+        moves past it (or stops). Sets :attr:`version` after the last one."""
+        while True:
+            d = self._next_bucket(deadline)
+            self._in_version = True
+            slot = d.seq % self._head.buckets
+            try:
+                if d.flags & _D_ABORT:
+                    raise InvalidState(f"stream {self.name!r}: the publisher abandoned version {d.version}{abandoned}")
+                self._verify(d, slot, s)
+                yield d, slot
             finally:
                 self._release(d.seq, sig)
                 if d.flags & (_D_LAST | _D_ABORT):
                     self._in_version = False
             if d.flags & _D_LAST:
                 self._version = d.version
-                return d.version
+                return
 
     def _destination(self, key: str, t: Any, dtype: str, shape: List[int]) -> Any:
         info = describe(t, f"into[{key!r}]")
@@ -332,23 +341,10 @@ class StreamReader:
         that version). Raises what :meth:`receive` raises. Leaving the loop early skips the rest of the version at
         the next call."""
         deadline, s, sig = self._begin(timeout, stream)
-        while True:
-            d = self._next_bucket(deadline)
-            self._in_version = True
-            slot = d.seq % self._head.buckets
-            try:
-                if d.flags & _D_ABORT:
-                    raise InvalidState(f"stream {self.name!r}: the publisher abandoned version {d.version}")
-                self._verify(d, slot, s)
+        with contextlib.closing(self._buckets(deadline, s, sig, "")) as buckets:
+            for d, slot in buckets:
                 for key, dtype, shape, pos, n, off in d.pieces:
                     yield self._item(slot, key, dtype, shape, pos, n, off)
-            finally:
-                self._release(d.seq, sig)
-                if d.flags & (_D_LAST | _D_ABORT):
-                    self._in_version = False
-            if d.flags & _D_LAST:
-                self._version = d.version
-                return
 
     def _item(self, slot: int, key: str, dtype: str, shape: List[int], pos: int, n: int, off: int) -> StreamItem:
         dt = dtype_of(dtype)
