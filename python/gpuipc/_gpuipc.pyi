@@ -380,6 +380,14 @@ class Pool:
         are given back).
         """
 
+    def spans_of(self, raw: bytes, readonly: bool, hold: bool, dlpack: bool) -> tuple:
+        """
+        Like views_of, but one view per chunk: returns (views, span, offset), where block i lies at byte
+        offset[i] of views[span[i]]. Holds (with ``hold``) are given back when the chunk's view and everything
+        made from it go. Raises InvalidArgument at the first stale or forged ref (holds taken so far are given
+        back).
+        """
+
     def hold(self, ref: tuple[int, int, int, int, int, int]) -> None:
         """Takes a hold on the block: its memory is not reused until released."""
 

@@ -20,7 +20,7 @@ from ._tensorinfo import DL_CUDA, describe
 from .errors import AlreadyExists, Error, InvalidArgument, InvalidState, PeerDied, QuotaExceeded
 from .pool import Block, BlockRef
 from .semaphore import Semaphore
-from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, _torch_if_all, build, read_index
+from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, build, read_index
 
 __all__ = ["publish_tensors", "Publisher", "Reader"]
 
@@ -295,7 +295,7 @@ class Reader:
                 continue
             raw = _index.read_refs_raw(idx, mem, k)
             try:
-                views = self._opened.views(raw, dlpack=_torch_if_all(idx.tensors) is not None)
+                out = self._opened.tensors(raw, self._readonly)
             except InvalidArgument:
                 if self._sem.value == v and self._sem.status != "ok":
                     if self._last is not None:
@@ -303,7 +303,7 @@ class Reader:
                     raise PeerDied(f"the publisher of {self.name!r} died and its last version was freed") from None
                 continue  # freed under us: a newer version is out
             if _index.read_stamp(idx, mem, k) == want:
-                self._last = (v, build(idx.tensors, views, self._readonly))
+                self._last = (v, out)
                 return self._last
         raise PeerDied(f"tensors {self.name!r}: could not read a consistent version")
 

@@ -75,6 +75,32 @@ struct HeldBlock {
   }
 };
 
+/// Holds on several blocks of one pool, given back together (spans_of).
+struct HeldBlocks {
+  Pool pool;
+  std::vector<BlockRef> refs;
+  explicit HeldBlocks(Pool p) : pool(std::move(p)) {}
+  HeldBlocks(const HeldBlocks&) = delete;
+  HeldBlocks& operator=(const HeldBlocks&) = delete;
+  void hold(const BlockRef& r) {
+    pool.hold(r);
+    try {
+      refs.push_back(r);
+    } catch (...) {  // out of memory: give the hold back, or it would never be
+      pool.release(r);
+      throw;
+    }
+  }
+  ~HeldBlocks() {
+    for (const BlockRef& r : refs) {
+      try {
+        pool.release(r);
+      } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor; the broker releases what a process leaves
+      }
+    }
+  }
+};
+
 /// A bytes view of [address, address + size) of `pool`'s memory that keeps `owner` (the pool, or a hold) alive.
 ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::uintptr_t address, std::size_t size,
                      bool readonly) {
@@ -284,6 +310,66 @@ void bind_pool(nb::module_& m) {
           "``hold`` (given back when the view and everything made from it go); with ``dlpack``, a DLPack capsule\n"
           "of each instead of a view. Raises InvalidArgument at the first stale or forged ref (holds taken so far\n"
           "are given back).")
+      .def(
+          "spans_of",
+          [](PyPool& p, nb::bytes raw, bool readonly, bool hold, bool dlpack) {
+            // views_of for many blocks at once: one view per chunk (from the first block's start to the last one's
+            // end, rounded up to 256 bytes within the chunk) instead of one per block, so that a framework makes
+            // one tensor per chunk and cheap views of it. The holds of a chunk's blocks are given back together
+            // when the chunk's view (and everything made from it) goes.
+            Pool& pool = p.get();
+            const auto* data = static_cast<const std::byte*>(raw.data());
+            if (raw.size() % kBlockRefBytes != 0) {
+              throw Error(
+                  ErrorCode::InvalidArgument,
+                  fmt::format("{} bytes are not a whole number of {}-byte BlockRefs", raw.size(), kBlockRefBytes),
+                  "spans_of");
+            }
+            const std::size_t n = raw.size() / kBlockRefBytes;
+            struct Span {
+              std::uint32_t chunk;
+              std::uintptr_t base;  // the chunk's address in this process
+              std::uint64_t begin, end;
+              std::shared_ptr<HeldBlocks> held;
+            };
+            std::vector<Span> spans;
+            std::vector<std::pair<std::size_t, std::uint64_t>> where(n);  // block -> (span, offset into the chunk)
+            {
+              nb::gil_scoped_release unlocked;
+              for (std::size_t i = 0; i < n; ++i) {
+                const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
+                auto it = std::find_if(spans.begin(), spans.end(), [&](const Span& s) { return s.chunk == r.chunk; });
+                if (it == spans.end()) {
+                  spans.push_back(Span{r.chunk, 0, r.offset, r.offset + r.size, std::make_shared<HeldBlocks>(pool)});
+                  it = spans.end() - 1;
+                }
+                if (hold) it->held->hold(r);  // a stale ref throws here: the holds taken so far go with `spans`
+                it->base = reinterpret_cast<std::uintptr_t>(pool.resolve(r)) - r.offset;
+                it->begin = std::min(it->begin, r.offset);
+                it->end = std::max(it->end, r.offset + r.size);
+                where[i] = {static_cast<std::size_t>(it - spans.begin()), r.offset};
+              }
+            }
+            nb::list views;
+            for (const Span& s : spans) {
+              const std::uint64_t end = std::min<std::uint64_t>((s.end + 255) / 256 * 256, pool.chunk_bytes());
+              std::shared_ptr<const void> owner = s.held;
+              ArrayView v = block_view(pool, std::move(owner), s.base + s.begin, std::max(end, s.end) - s.begin, readonly);
+              views.append(dlpack ? dlpack_export(v, nb::none(), std::nullopt, std::nullopt, std::nullopt) : nb::cast(v));
+            }
+            nb::list span_of;
+            nb::list offset_of;
+            for (const auto& [k, offset] : where) {
+              span_of.append(k);
+              offset_of.append(offset - spans[k].begin);
+            }
+            return nb::make_tuple(views, span_of, offset_of);
+          },
+          "raw"_a, "readonly"_a, "hold"_a, "dlpack"_a,
+          "Like views_of, but one view per chunk: returns (views, span, offset), where block i lies at byte\n"
+          "offset[i] of views[span[i]]. Holds (with ``hold``) are given back when the chunk's view and everything\n"
+          "made from it go. Raises InvalidArgument at the first stale or forged ref (holds taken so far are given\n"
+          "back).")
       .def(
           "hold",
           [](PyPool& p, const RefTuple& ref) {

@@ -151,8 +151,8 @@ def test_nothing_left_after_views_go(name):
 
 
 def test_torch_cpu_layout_shared_storage_and_holds(name):
-    """torch tensors (host memory): one DLPack import per storage, then one as_strided per tensor; dtype, shape,
-    strides, storage offset and shared storage kept, and the blocks held until the last view goes."""
+    """torch tensors (host memory): one DLPack import per chunk, a storage slice per storage, a set_ per tensor;
+    dtype, shape, strides, storage offset and shared storage kept, and the blocks held until the last view goes."""
     torch = pytest.importorskip("torch", reason="torch is not installed here")
     base = torch.arange(64, dtype=torch.float32)
     state = {
