@@ -108,6 +108,18 @@ def _numpy_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
+def _copy_all(torch: Any, dsts: List[Any], srcs: List[Any], non_blocking: bool) -> None:
+    """dsts[i].copy_(srcs[i]) for every i, in one call where torch has _foreach_copy_ (one launch per group of
+    tensors instead of one Python call and launch each: a bucket holds hundreds of tensors)."""
+    if not dsts:
+        return
+    if hasattr(torch, "_foreach_copy_"):
+        torch._foreach_copy_(dsts, srcs, non_blocking=non_blocking)
+    else:
+        for d, s in zip(dsts, srcs):
+            d.copy_(s, non_blocking=non_blocking)
+
+
 def _checksum_np(b: np.ndarray) -> int:
     return int(b.sum(dtype=np.uint64))
 
@@ -197,3 +209,6 @@ class _Bucket:
     cursor: int = 0
     pieces: List[List[Any]] = field(default_factory=list)
     json_len: int = 2  # "[]"
+    # torch copies into the bucket not yet enqueued (destinations, sources): run together when it is published
+    dsts: List[Any] = field(default_factory=list)
+    srcs: List[Any] = field(default_factory=list)

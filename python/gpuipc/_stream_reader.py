@@ -38,6 +38,7 @@ from ._stream_format import (
     _checksum_np,
     _checksum_torch,
     _contiguous,
+    _copy_all,
     _is_torch,
     _numpy_bytes,
     _raise_poisoned,
@@ -266,6 +267,8 @@ class StreamReader:
         self.skipped = []
         with contextlib.closing(self._buckets(deadline, s, sig, "; the tensors given may hold part of it")) as buckets:
             for d, slot in buckets:
+                outs: List[Any] = []  # device staging: the bucket's copies, enqueued together
+                ins: List[Any] = []
                 for key, dtype, shape, pos, n, off in d.pieces:
                     if key not in into:
                         if key not in self.skipped:
@@ -274,8 +277,17 @@ class StreamReader:
                     dst = dsts.get(key)
                     if dst is None:
                         dst = dsts[key] = self._destination(key, into[key], dtype, shape)
-                    if n:
-                        self._copy_out(slot, off, dst, pos, n, s)
+                    if not n:
+                        continue
+                    if self._head.device_staging:
+                        outs.append(dst[1][pos : pos + n])
+                        ins.append(self._stage(slot)[off : off + n])
+                    else:
+                        self._copy_out(slot, off, dst, pos, n)
+                if outs:  # before the bucket is given back (_buckets signals after them, on the same stream)
+                    torch = _torch()
+                    with torch.cuda.stream(s):
+                        _copy_all(torch, outs, ins, non_blocking=True)
         return self._version
 
     def _buckets(self, deadline: Optional[float], s: Any, sig: Any, abandoned: str) -> Iterator[Tuple[_Desc, int]]:
@@ -318,20 +330,16 @@ class StreamReader:
             "arrays and torch tensors (host staging); use receive_iter for other frameworks"
         )
 
-    def _copy_out(self, slot: int, off: int, dst: Tuple[str, Any], pos: int, n: int, s: Any) -> None:
+    def _copy_out(self, slot: int, off: int, dst: Tuple[str, Any], pos: int, n: int) -> None:
+        """One piece out of host staging (device staging copies go together: receive)."""
         how, out = dst
         if how == "numpy":
             out[pos : pos + n] = self._host(slot)[off : off + n]
             return
-        torch = _torch()
-        if self._head.device_staging:
-            with torch.cuda.stream(s):
-                out[pos : pos + n].copy_(self._stage(slot)[off : off + n], non_blocking=True)
-        else:  # host staging into a CUDA tensor: a synchronous copy
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the staging is mapped read-only; torch only reads it
-                src = torch.from_numpy(self._host(slot)[off : off + n])
-            out[pos : pos + n].copy_(src)
+        with warnings.catch_warnings():  # into a torch tensor: a synchronous copy
+            warnings.simplefilter("ignore")  # the staging is mapped read-only; torch only reads it
+            src = _torch().from_numpy(self._host(slot)[off : off + n])
+        out[pos : pos + n].copy_(src)
 
     def receive_iter(self, stream: Any = None, timeout: Optional[float] = None) -> Iterator[StreamItem]:
         """Yields the next version piece by piece, as :class:`StreamItem` ``(name, view)`` over the staging bucket

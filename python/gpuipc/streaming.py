@@ -41,6 +41,7 @@ Control block, little-endian::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -74,6 +75,7 @@ from ._stream_format import (
     MAGIC,
     _ALIGN,
     _Bucket,
+    _copy_all,
     _DESC,
     _EVICTED,
     _HEAD,
@@ -441,7 +443,8 @@ class StreamPublisher:
         try:
             if self._bucket is None:
                 self._open_bucket()
-            self._bucket.pieces, self._bucket.cursor = [], 0
+            b = self._bucket
+            b.pieces, b.cursor, b.dsts, b.srcs = [], 0, [], []  # copies not enqueued yet are dropped
             self._flush(_D_ABORT)
         finally:
             self._current = None
@@ -533,13 +536,11 @@ class StreamPublisher:
                 return
 
     def _copy_in(self, slot: int, off: int, src: Any, info: TensorInfo, pos: int, n: int, torch_src: bool) -> None:
-        if torch_src:
-            dst = self._stage_tensor(slot)[off : off + n]
-            if self._stream is not None:
-                with _torch().cuda.stream(self._stream):
-                    dst.copy_(src[pos : pos + n], non_blocking=True)
-            else:
-                dst.copy_(src[pos : pos + n])
+        if torch_src:  # enqueued with the bucket's other copies when it is published (_flush)
+            b = self._bucket
+            assert b is not None
+            b.dsts.append(self._stage_tensor(slot)[off : off + n])
+            b.srcs.append(src[pos : pos + n])
         elif self._kind == "host" and src is not None:
             stage = self._stage_np[slot]
             assert stage is not None
@@ -556,6 +557,11 @@ class StreamPublisher:
         """Publishes the open bucket: its descriptor, then the filled signal (after the copies, in stream order)."""
         b = self._bucket
         assert b is not None and self._mem is not None and self._filled is not None and self._current is not None
+        if b.dsts:
+            torch = _torch()
+            with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+                _copy_all(torch, b.dsts, b.srcs, non_blocking=self._stream is not None)
+            b.dsts, b.srcs = [], []
         used = min(b.cursor, self._bucket_bytes)
         checksum = 0
         if self._checksum:

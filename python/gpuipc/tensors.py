@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _gpuipc, _index
 from ._dtypes import dtype_of
-from ._tensorinfo import DL_CPU, DL_CUDA, TensorInfo, describe
+from ._tensorinfo import DL_CUDA, TensorInfo, describe
 from .errors import AlreadyExists, Error, InvalidArgument, NotFound, PeerDied
 from .pool import Block, BlockRef, Pool, find_block
 from .segment import Segment

@@ -18,7 +18,7 @@ from . import _gpuipc, _index
 from ._streams import stream_handle
 from ._tensorinfo import DL_CUDA, describe
 from .errors import AlreadyExists, Error, InvalidArgument, InvalidState, PeerDied, QuotaExceeded
-from .pool import Block, BlockRef
+from .pool import Block
 from .semaphore import Semaphore
 from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, build, read_index
 
