@@ -88,6 +88,11 @@ class StreamReader:
         self._next = 0  # the next bucket to read
         self._in_version = False  # a version was left half read (error, timeout): skip its rest first
         self._version = 0
+        self._layouts: Dict[bytes, Any] = {}  # bucket layouts seen (descriptor bodies), decoded once
+        # receive's copy plans: (id of a layout's pieces, ring slot) -> (pieces, names, their tensors and their
+        # (data pointer, shape, dtype), destination views, staging views, skipped names): a version laid out like the last one into
+        # the same tensors costs a check per tensor and one copy call per bucket. Holds views of those tensors.
+        self._plans: Dict[Tuple[int, int], Any] = {}
         #: Names the last receive() skipped (sent, but not in its ``into``).
         self.skipped: List[str] = []
         self._seg = Segment.open(name, readonly=True, wait=wait)
@@ -184,7 +189,7 @@ class StreamReader:
         e = self._next
         self._wait_filled(e, deadline, f"waiting for bucket {e}")
         self._check_evicted()
-        d = _read_desc(self._mem, self._head.buckets, self._head.readers, e % self._head.buckets)
+        d = _read_desc(self._mem, self._head.buckets, self._head.readers, e % self._head.buckets, self._layouts)
         self._check_evicted()
         if d.seq != e:
             raise ProtocolError(f"stream {self.name!r}: ring slot {e % self._head.buckets} holds bucket {d.seq}, not {e}")
@@ -267,28 +272,58 @@ class StreamReader:
         self.skipped = []
         with contextlib.closing(self._buckets(deadline, s, sig, "; the tensors given may hold part of it")) as buckets:
             for d, slot in buckets:
-                outs: List[Any] = []  # device staging: the bucket's copies, enqueued together
-                ins: List[Any] = []
+                if self._head.device_staging:
+                    outs, ins = self._plan(d, slot, into, dsts)
+                    if outs:  # before the bucket is given back (_buckets signals after them, on the same stream)
+                        torch = _torch()
+                        with torch.cuda.stream(s):
+                            _copy_all(torch, outs, ins, non_blocking=True)
+                    continue
                 for key, dtype, shape, pos, n, off in d.pieces:
-                    if key not in into:
-                        if key not in self.skipped:
-                            self.skipped.append(key)
-                        continue
-                    dst = dsts.get(key)
-                    if dst is None:
-                        dst = dsts[key] = self._destination(key, into[key], dtype, shape)
-                    if not n:
-                        continue
-                    if self._head.device_staging:
-                        outs.append(dst[1][pos : pos + n])
-                        ins.append(self._stage(slot)[off : off + n])
-                    else:
+                    dst = self._lookup(key, into, dsts, dtype, shape)
+                    if dst is not None and n:
                         self._copy_out(slot, off, dst, pos, n)
-                if outs:  # before the bucket is given back (_buckets signals after them, on the same stream)
-                    torch = _torch()
-                    with torch.cuda.stream(s):
-                        _copy_all(torch, outs, ins, non_blocking=True)
         return self._version
+
+    def _lookup(self, key: str, into: Mapping[str, Any], dsts: Dict[str, Any], dtype: str, shape: List[int]) -> Any:
+        """The checked destination of ``key`` in ``into`` (None, and listed in :attr:`skipped`, when absent)."""
+        dst = dsts.get(key)
+        if dst is None:
+            if key not in into:
+                if key not in self.skipped:
+                    self.skipped.append(key)
+                return None
+            dst = dsts[key] = self._destination(key, into[key], dtype, shape)
+        return dst
+
+    def _plan(self, d: _Desc, slot: int, into: Mapping[str, Any], dsts: Dict[str, Any]) -> Tuple[List[Any], List[Any]]:
+        """Device staging: the bucket's (destination views, staging views), from the plan of the last bucket laid
+        out the same way in the same slot when ``into`` still holds the same tensors at the same addresses."""
+        cache_key = (id(d.pieces), slot)
+        plan = self._plans.get(cache_key)
+        if plan is not None and plan[0] is d.pieces:
+            _, names, objs, layout, outs, ins, skipped = plan
+            same = all(into.get(k) is o and (o.data_ptr(), o.shape, o.dtype) == w for k, o, w in zip(names, objs, layout))
+            if same and not any(k in into for k in skipped):
+                self.skipped.extend(k for k in skipped if k not in self.skipped)
+                return outs, ins
+        outs, ins, names, objs, skipped = [], [], [], [], []
+        for key, dtype, shape, pos, n, off in d.pieces:
+            dst = self._lookup(key, into, dsts, dtype, shape)
+            if dst is None:
+                skipped.append(key)
+                continue
+            if key not in names:
+                names.append(key)
+                objs.append(into[key])
+            if n:
+                outs.append(dst[1][pos : pos + n])
+                ins.append(self._stage(slot)[off : off + n])
+        if len(self._plans) >= 256:
+            self._plans.clear()
+        layout = [(o.data_ptr(), o.shape, o.dtype) for o in objs]
+        self._plans[cache_key] = (d.pieces, names, objs, layout, outs, ins, skipped)
+        return outs, ins
 
     def _buckets(self, deadline: Optional[float], s: Any, sig: Any, abandoned: str) -> Iterator[Tuple[_Desc, int]]:
         """The buckets of the next version, each with its ring slot, checked (abandoned versions raise
@@ -379,6 +414,7 @@ class StreamReader:
         if self._closed:
             return
         self._closed = True
+        self._plans.clear()
         self._stage_torch = []
         self._stage_np = []
         self._views = []

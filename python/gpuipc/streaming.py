@@ -45,6 +45,7 @@ import contextlib
 import json
 import sys
 import time
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -159,6 +160,10 @@ class StreamPublisher:
         self._last_stream: Any = None
         self._stage_torch: List[Any] = []
         self._stage_np: List[Optional[np.ndarray]] = []
+        # What _add learnt of each torch tensor it was given: name -> (weak reference, (data pointer, shape,
+        # dtype), descriptor entry, its JSON length, bytes, its bytes as a uint8 view): the same tensor again skips
+        # describing it. An entry goes when its tensor does.
+        self._seen: Dict[str, Any] = {}
         self._closed = False
         self._initialised = False
 
@@ -232,6 +237,7 @@ class StreamPublisher:
         self._blocks = []
         self._stage_torch = []
         self._stage_np = []
+        self._seen.clear()
         for slot in self._readers:
             if slot is not None:
                 slot.sem.close()
@@ -486,8 +492,14 @@ class StreamPublisher:
             raise InvalidArgument(f"tensor names must be str, not {type(key).__name__} ({key!r})")
         if key in self._names:
             raise InvalidArgument(f"stream {self.name!r}: tensor {key!r} twice in version {self._current}")
-        info = describe(t, f"tensor {key!r}")
         self._names.add(key)
+        seen = self._seen.get(key)
+        if seen is not None and seen[0]() is t and seen[1] == (t.data_ptr(), t.shape, t.dtype):
+            self._keep_for_copy(t)
+            self._add_pieces(key, seen[2], seen[3], seen[4], seen[5], None, True)
+            return
+        source = t
+        info = describe(t, f"tensor {key!r}")
         torch_src = _is_torch(t)
         src: Any = None
         if not _contiguous(info):
@@ -505,21 +517,35 @@ class StreamPublisher:
         total = _nbytes(info)
         if torch_src:
             src = _torch_bytes(t)
-            if t.is_cuda and self._stream is not None:
-                try:
-                    t.record_stream(self._stream)  # the caching allocator keeps it until the copy ran
-                except Exception:  # noqa: BLE001 - memory torch's allocator does not own: the caller keeps it
-                    pass
+            self._keep_for_copy(t)
         elif isinstance(t, np.ndarray):
             src = _numpy_bytes(t)
         meta = [key, info.dtype.name, list(info.shape)]
+        mlen = len(json.dumps(meta, separators=(",", ":")))
+        if mlen + 1 + 24 + 8 > DESC_BYTES - _DESC.size - 2:
+            raise InvalidArgument(f"tensor name {key[:40]!r}... is too long for a bucket descriptor")
+        if torch_src and t is source:  # contiguous as given: remembered for the next version, while it lives
+            ref = weakref.ref(t)
+            if seen is None or seen[0] is not ref:  # one finalizer per tensor, however often its storage changes
+                weakref.finalize(t, _forget, self._seen, key, ref)
+            self._seen[key] = (ref, (t.data_ptr(), t.shape, t.dtype), meta, mlen, total, src)
+        self._add_pieces(key, meta, mlen, total, src, info, torch_src)
+
+    def _keep_for_copy(self, t: Any) -> None:
+        if t.is_cuda and self._stream is not None:
+            try:
+                t.record_stream(self._stream)  # the caching allocator keeps it until the copy ran
+            except Exception:  # noqa: BLE001 - memory torch's allocator does not own: the caller keeps it
+                pass
+
+    def _add_pieces(self, key: str, meta: List[Any], mlen: int, total: int, src: Any, info: Optional[TensorInfo], torch_src: bool) -> None:
+        """Lays tensor ``key`` (``total`` bytes of ``src``; ``info`` where it is not torch's) into buckets,
+        splitting it where one is full."""
         pos = 0
         while True:
             b = self._bucket if self._bucket is not None else self._open_bucket()
-            piece = [*meta, pos, 0, b.cursor]
-            plen = len(json.dumps(piece, separators=(",", ":"))) + 1 + 24  # room for the byte counts' digits
-            if plen > DESC_BYTES - _DESC.size - 2:
-                raise InvalidArgument(f"tensor name {key[:40]!r}... is too long for a bucket descriptor")
+            # the JSON of [*meta, pos, n, cursor] (n <= 20 digits), and its separating comma
+            plen = mlen + len(str(pos)) + len(str(b.cursor)) + 4 + 1 + 24
             room = self._bucket_bytes - b.cursor
             if (room <= 0 and total > 0) or b.json_len + plen > DESC_BYTES - _DESC.size:
                 self._flush(0)
@@ -527,15 +553,14 @@ class StreamPublisher:
             n = min(room, total - pos)
             if n > 0:
                 self._copy_in(b.slot, b.cursor, src, info, pos, n, torch_src)
-            piece[4] = n
-            b.pieces.append(piece)
+            b.pieces.append([*meta, pos, n, b.cursor])
             b.json_len += plen
             b.cursor = _align(b.cursor + n, _ALIGN)
             pos += n
             if pos >= total:
                 return
 
-    def _copy_in(self, slot: int, off: int, src: Any, info: TensorInfo, pos: int, n: int, torch_src: bool) -> None:
+    def _copy_in(self, slot: int, off: int, src: Any, info: Optional[TensorInfo], pos: int, n: int, torch_src: bool) -> None:
         if torch_src:  # enqueued with the bucket's other copies when it is published (_flush)
             b = self._bucket
             assert b is not None
@@ -546,6 +571,7 @@ class StreamPublisher:
             assert stage is not None
             stage[off : off + n] = src[pos : pos + n]
         else:
+            assert info is not None  # only torch sources come without one
             address = info.address + pos
             if src is not None:  # a NumPy array into device staging
                 address = int(src.__array_interface__["data"][0]) + pos
@@ -590,6 +616,12 @@ class StreamPublisher:
     def __repr__(self) -> str:
         return (f"<gpuipc.StreamPublisher {self.name!r} {self._nbuckets} x {self._bucket_bytes} B {self._kind} "
                 f"version={self._version}>")
+
+
+def _forget(seen: Dict[str, Any], key: str, ref: Any) -> None:
+    """Drops what a publisher remembered of a tensor that is gone (its bytes view would keep its memory)."""
+    if seen.get(key, (None,))[0] is ref:
+        del seen[key]
 
 
 def stream_publisher(

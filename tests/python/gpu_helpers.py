@@ -307,6 +307,28 @@ def torch_stream_reader(name: str, versions: int) -> list:
     return out
 
 
+def torch_stream_reader_swaps(name: str) -> list:
+    """Receives 3 versions into one dict, changing it between them the ways a model does: after version 1 a
+    parameter's storage is replaced in place (``.data =``, same object) and another entry becomes a new tensor;
+    after version 2 nothing changes (receive may reuse its copy plan). Returns [(version, every tensor right)]."""
+    torch = torch_cuda()
+    s = torch.cuda.Stream()
+    out = []
+    with gpuipc.stream_reader(name, wait=30) as rd:
+        into = {k: torch.empty_like(x) for k, x in torch_stream_state(torch, 0).items()}
+        torch.cuda.synchronize()
+        for turn in range(3):
+            if turn == 1:
+                into["b"].data = torch.empty_like(into["b"])
+                into["i"] = torch.empty_like(into["i"])
+                torch.cuda.synchronize()
+            v = rd.receive(into, stream=s, timeout=60)
+            sync_within(s)
+            want = torch_stream_state(torch, v)
+            out.append((v, all(torch.equal(into[k], want[k]) for k in want)))
+    return out
+
+
 def torch_stream_wait_version(name: str, ready: str) -> tuple:
     """Enqueues wait_version(2) on a side stream and a copy of w after it, creates `ready` (the test then
     publishes version 2) and waits for the stream: (stream was blocked before, version seen at the call, w[0])."""

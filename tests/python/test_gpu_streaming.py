@@ -44,6 +44,19 @@ def test_stream_round_trip_on_device(name, start, checksum):
             assert f.result(timeout=60) == [(1, True), (2, True), (3, True)]
 
 
+def test_stream_receive_follows_tensors_replaced_between_versions(name, start):
+    """receive() reuses a bucket's copy plan only while its destinations are the same tensors at the same
+    addresses: a storage replaced in place, or a new tensor under a name, gets the next version."""
+    torch = _torch()
+    with gpuipc.stream_publisher(name, 1 << 20, 2, device=0) as pub:
+        fut = start(gpu_helpers.torch_stream_reader_swaps, name)
+        assert pub.wait_readers(1, timeout=60) == 1
+        for v in (1, 2, 3):
+            assert pub.publish(gpu_helpers.torch_stream_state(torch, v)) == v
+        torch.cuda.synchronize()
+        assert fut.result(timeout=60) == [(1, True), (2, True), (3, True)]
+
+
 def test_wait_version_on_a_stream(name, start):
     torch = _torch()
     with gpuipc.publish_tensors(name, {"w": torch.zeros(1 << 16, device="cuda")}, versions=1) as pub:

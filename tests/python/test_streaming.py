@@ -4,6 +4,7 @@ mid-version (PeerDied, never a torn version, never a hang), a SIGKILLed or stall
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -190,3 +191,31 @@ def test_reader_killed_publisher_goes_on(name, start):
             time.sleep(0.01)
         assert pub.readers == 0
         assert pub.publish(helpers.stream_state(3)) == 3  # no reader left: nothing to wait for
+
+
+def test_publisher_follows_torch_tensors_changed_between_versions(name):
+    """The publisher remembers the torch tensors it sent, and trusts that only while each is the same tensor at
+    the same address: values written in place, a storage replaced in place (``.data =``), a new tensor under a
+    name, and a tensor that is gone all travel right; what it remembered of a dead tensor is dropped."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    state = {"w": torch.arange(40000, dtype=torch.float32), "b": torch.ones(7, dtype=torch.bfloat16)}
+    with gpuipc.stream_publisher(name, 64 << 10, 8, kind="host") as pub, gpuipc.stream_reader(name) as rd:
+        assert pub.wait_readers(1, timeout=10) == 1
+        into = {k: torch.zeros_like(v) for k, v in state.items()}
+        for v in (1, 2, 3, 4):
+            if v == 2:
+                state["w"].add_(1)  # in place: same tensor, same address
+            elif v == 3:
+                state["w"].data = torch.full((40000,), -5.0)  # same object, another storage
+                state["b"] = torch.full((7,), 3.0, dtype=torch.bfloat16)  # a new tensor under the name
+            elif v == 4:
+                state["w"] = state["w"] * 2
+            assert pub.publish(state) == v
+            assert rd.receive(into, timeout=10) == v
+            assert all(torch.equal(into[k], state[k]) for k in state), v
+        gone = torch.ones(3)
+        pub.publish({"gone": gone})
+        assert "gone" in pub._seen
+        del gone
+        gc.collect()
+        assert "gone" not in pub._seen
