@@ -29,6 +29,7 @@ constexpr std::array kRegistry{
     EnvVar{"GPUIPC_QUOTA_SEGMENTS", "4096", "Most segments (and semaphores, channels) one uid may have at once."},
     EnvVar{"GPUIPC_CONNECT_TIMEOUT_MS", "5000", "How long a client waits for the broker to start and answer."},
     EnvVar{"GPUIPC_CUDA_LIBRARY", "libcuda.so.1", "The CUDA driver library to load at run time."},
+    EnvVar{"GPUIPC_NVTX", "1", "When 0, library calls push no NVTX ranges (for nsys and other NVTX tools)."},
     EnvVar{"GPUIPC_CHANNEL_PACING_US", "200",
            "How long a device channel's acquire or receive watches the peer's progress on the host before it "
            "enqueues a stream wait."},

@@ -17,6 +17,7 @@
 #include "proto/messages.hpp"
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
+#include "cuda/trace.hpp"
 
 namespace gpuipc {
 
@@ -393,6 +394,7 @@ Channel& Channel::operator=(Channel&&) noexcept = default;
 Channel::~Channel() = default;
 
 Channel Channel::create(std::string_view name, const ChannelOptions& options, ChannelRole role) {
+  GPUIPC_TRACE("gpuipc::Channel::create");
   check_channel_name(name);
   if (options.slots == 0 || options.slots > proto::kMaxSlots || options.header_bytes > proto::kMaxHeaderBytes ||
       options.slot_bytes == 0 || options.kind == SegmentKind::HostPinned) {
@@ -452,6 +454,7 @@ Channel Channel::create(std::string_view name, const ChannelOptions& options, Ch
 }
 
 Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpenOptions& options) {
+  GPUIPC_TRACE("gpuipc::Channel::open");
   check_channel_name(name);
   OpenOptions co{.access = Access::ReadWrite, .wait = options.wait, .device = options.device};
   Segment control = Segment::open(name, co);
@@ -486,6 +489,7 @@ void Channel::unlink(std::string_view name) {
 }
 
 Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, SlotView& out) noexcept {
+  GPUIPC_TRACE("gpuipc::Channel::acquire");
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == m_impl->n) return Status::InvalidState;
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
@@ -532,6 +536,7 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
 }
 
 Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, std::size_t bytes) noexcept {
+  GPUIPC_TRACE("gpuipc::Channel::publish");
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == 0) return Status::InvalidState;
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
@@ -563,6 +568,7 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
 
 Status Channel::send(StreamHandle stream, const void* source, std::size_t bytes, std::span<const std::byte> header,
                      std::chrono::nanoseconds timeout, std::uint64_t& sequence) noexcept {
+  GPUIPC_TRACE("gpuipc::Channel::send");
   // The slot sent is the one acquired here: with older acquired slots still held, publish would take those.
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count != 0) return Status::InvalidState;
   auto& im = *m_impl;
@@ -583,6 +589,7 @@ Status Channel::send(StreamHandle stream, const void* source, std::size_t bytes,
 }
 
 Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, MessageView& out) noexcept {
+  GPUIPC_TRACE("gpuipc::Channel::receive");
   if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == m_impl->n) return Status::InvalidState;
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
@@ -620,6 +627,7 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
 }
 
 Status Channel::release(StreamHandle stream) noexcept {
+  GPUIPC_TRACE("gpuipc::Channel::release");
   if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == 0) return Status::InvalidState;
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;

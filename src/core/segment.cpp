@@ -11,6 +11,7 @@
 #include "core/gpu_memory.hpp"
 #include "core/segment_internal.hpp"
 #include "os/memfd.hpp"
+#include "cuda/trace.hpp"
 
 namespace gpuipc {
 namespace detail {
@@ -224,6 +225,7 @@ void Segment::check_alive() const {
 }
 
 Segment Segment::create(std::string_view name, std::size_t bytes, const CreateOptions& options) {
+  GPUIPC_TRACE("gpuipc::Segment::create");
   return detail::create_segment(name, bytes, options, 0);
 }
 
@@ -299,6 +301,7 @@ Segment detail::SegmentAccess::register_created(std::shared_ptr<Mapping> m, cons
 }
 
 Segment Segment::open(std::string_view name, const OpenOptions& options) {
+  GPUIPC_TRACE("gpuipc::Segment::open");
   return detail::open_segment(name, options, true);
 }
 

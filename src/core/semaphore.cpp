@@ -14,6 +14,7 @@
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
 #include "os/module.hpp"
+#include "cuda/trace.hpp"
 
 namespace gpuipc {
 
@@ -107,6 +108,7 @@ Semaphore& Semaphore::operator=(Semaphore&&) noexcept = default;
 Semaphore::~Semaphore() = default;
 
 Semaphore Semaphore::create(std::string_view name, const SemaphoreOptions& options) {
+  GPUIPC_TRACE("gpuipc::Semaphore::create");
   if (options.kind == SegmentKind::Device) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("semaphore '{}': kind must be host_pinned (GPU and host) or host (host only)", name),
@@ -130,6 +132,7 @@ Semaphore Semaphore::create(std::string_view name, const SemaphoreOptions& optio
 }
 
 Semaphore Semaphore::open(std::string_view name, const SemaphoreOpenOptions& options) {
+  GPUIPC_TRACE("gpuipc::Semaphore::open");
   OpenOptions oo;
   oo.access = options.role == SemaphoreRole::Signaller ? Access::ReadWrite : Access::ReadOnly;
   oo.wait = options.wait;
@@ -157,6 +160,7 @@ SemaphoreStats Semaphore::stat(std::string_view name) {
 }
 
 Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_host) noexcept {
+  GPUIPC_TRACE("gpuipc::Semaphore::signal");
   if (!m_impl || m_impl->role != SemaphoreRole::Signaller || m_impl->device_value == 0 || value > kSemaphoreMaxValue) {
     return Status::InvalidState;
   }
@@ -174,6 +178,7 @@ Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_hos
 }
 
 Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
+  GPUIPC_TRACE("gpuipc::Semaphore::wait");
   if (!m_impl || m_impl->device_value == 0 || value > kSemaphoreMaxValue) return Status::InvalidState;
   if (auto st = m_impl->poison_status(atomic(m_impl->block->value).load(std::memory_order_acquire)); st != Status::Ok) {
     return st;
@@ -186,6 +191,7 @@ Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
 }
 
 Status Semaphore::signal_host(std::uint64_t value) noexcept {
+  GPUIPC_TRACE("gpuipc::Semaphore::signal_host");
   if (!m_impl || m_impl->role != SemaphoreRole::Signaller || value > kSemaphoreMaxValue) return Status::InvalidState;
   auto v = atomic(m_impl->block->value);
   std::uint64_t cur = v.load(std::memory_order_acquire);
@@ -204,6 +210,7 @@ WaitResult Semaphore::wait_host(std::uint64_t value, std::chrono::nanoseconds ti
 
 WaitResult Semaphore::wait_host(std::uint64_t value, std::chrono::nanoseconds timeout,
                                 std::chrono::nanoseconds spin) noexcept {
+  GPUIPC_TRACE("gpuipc::Semaphore::wait_host");
   WaitResult r;
   if (!m_impl) {
     r.status = Status::InvalidState;

@@ -11,6 +11,7 @@
 #include "cuda/pointer.hpp"
 #include "cuda/resources.hpp"
 #include "os/module.hpp"
+#include "cuda/trace.hpp"
 
 namespace gpuipc {
 namespace {
@@ -102,6 +103,7 @@ std::shared_ptr<detail::Mapping> exporter_mapping(const std::string& name, Segme
 }  // namespace
 
 Segment share(std::string_view name, const void* ptr, std::size_t bytes, const ShareOptions& options) {
+  GPUIPC_TRACE("gpuipc::share");
   std::string n = detail::check_name_or_throw(name);
   if (bytes == 0 || bytes > proto::kMaxSegmentSize) {
     refuse(ErrorCode::InvalidArgument, fmt::format("share '{}': size {} is out of range (1 byte to 1 TiB)", n, bytes));
