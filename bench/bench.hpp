@@ -1,5 +1,5 @@
 // gpuipc's benchmark harness: suites register here; `gpuipc bench SUITE` runs them and writes the results
-// contract of DESIGN.md ({"suite", "commit", "device", "driver", "date", "mps", "metrics", "samples"}) to
+// contract of docs/benchmarks.md ({"suite", "commit", "device", "driver", "date", "mps", "metrics", "samples"}) to
 // bench/results/<suite>-<device>-<YYYYMMDD>.json. Every figure a suite reports comes with the baseline it is
 // compared to, measured in the same run.
 #pragma once

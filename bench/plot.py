@@ -4,7 +4,7 @@
     python3 bench/plot.py bench/results --out docs/img
 
 Reads the newest result of each suite and device (bench/results/<suite>-<device>-<YYYYMMDD>.json, the contract of
-shared/DESIGN.md) and writes, per device:
+docs/benchmarks.md, Results files) and writes, per device:
   access-<device>-latency.png, access-<device>-bandwidth.png   latency / bandwidth vs size, log-log
   vmm-<device>.png                                             cost of each cuMem step vs size
   transfer-<device>.png                                        copy bandwidth, segment vs plain, grouped bars

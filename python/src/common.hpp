@@ -1,5 +1,5 @@
 // Shared pieces of the nanobind module gpuipc._gpuipc: status errors, argument parsing, interruptible waits.
-// The module is a thin front end (shared/DESIGN.md): it converts arguments, releases the GIL around anything that
+// The module is a thin front end (docs/architecture.md, Layers): it converts arguments, releases the GIL around anything that
 // blocks, and turns errors into the gpuipc.Error hierarchy of python/gpuipc/errors.py. No logic of its own.
 #pragma once
 

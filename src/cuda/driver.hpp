@@ -1,6 +1,6 @@
 // The CUDA driver, loaded at run time: dlopen(libcuda.so.1) + cuGetProcAddress into one table, so gpuipc loads and
 // works (host segments) on machines without a GPU and reports "no CUDA driver" instead of failing to link.
-// This folder is the only code that calls the driver (shared/DESIGN.md); everything else goes through it.
+// This folder is the only code that calls the driver (docs/architecture.md, Layers); everything else goes through it.
 #pragma once
 
 #include <cuda.h>

@@ -314,7 +314,7 @@ class Module {
 void launch(CUfunction function, unsigned grid, unsigned block, unsigned shared_bytes, CUstream stream, void** args,
             const char* name);
 
-// ---- VMM primitives (shared/DESIGN.md: device segments) ----
+// ---- VMM primitives (device segments: docs/segments.md, Kinds) ----
 
 /// cuMemGetAllocationGranularity for pinned device memory of `ordinal` with POSIX-fd handles: the minimum, or
 /// the recommended (better performance) when `recommended`. Sizes passed to create_exportable must be multiples

@@ -110,7 +110,7 @@ extern "C" __global__ void gpuipc_write_one(unsigned* p, unsigned value) {
 /// One thread waits until *flag >= value (another process or the host writes it), polling with a short sleep.
 /// Gives up after timeout_ns (0: never) and then sets *timed_out = 1, so a lost writer cannot hang the GPU.
 /// Without MPS, kernels of different processes time-slice: a round trip through such a flag costs milliseconds
-/// (shared/DESIGN.md); use stream memory operations for cross-process synchronisation.
+/// (docs/study.md, the coherence study); use stream memory operations for cross-process synchronisation.
 extern "C" __global__ void gpuipc_spin_until(const volatile unsigned long long* flag, unsigned long long value,
                                              unsigned long long timeout_ns, unsigned* timed_out) {
   if (global_index() != 0) return;
