@@ -63,16 +63,18 @@ struct Locked {
   Channel& ch() const noexcept { return state->ch; }
 };
 
-/// Locks the channel's state (the GIL released while waiting for the lock). Closed channels raise.
+constexpr const char* kClosedHere = "channel: this handle was closed (close() or with); open the channel again to use it";
+
+/// Locks the channel's state (the GIL released while waiting for the lock). A closed handle raises Closed.
 Locked lock(const PyChannel& c) {
   Locked g{c.state, {}};
-  if (!g.state) throw Error(ErrorCode::InvalidArgument, "the channel is closed", "channel");
+  if (!g.state) throw StatusError(Status::Closed, kClosedHere);
   g.lock = std::unique_lock<std::mutex>(g.state->mutex, std::defer_lock);
   {
     nb::gil_scoped_release unlocked;
     g.lock.lock();
   }
-  if (!g.state->ch) throw Error(ErrorCode::InvalidArgument, "the channel is closed", "channel");
+  if (!g.state->ch) throw StatusError(Status::Closed, kClosedHere);
   return g;
 }
 

@@ -210,7 +210,7 @@ def test_iteration_ends_when_producers_close(name):
     with pytest.raises(gpuipc.Closed):
         rx.recv(timeout=1)
     rx.close()
-    with pytest.raises(gpuipc.InvalidArgument, match="closed"):
+    with pytest.raises(gpuipc.Closed, match="this handle was closed"):
         rx.recv(timeout=0)
 
 
