@@ -22,13 +22,14 @@ using example::Task;
 
 constexpr const char* kUsage =
     "gpuipc-example-master [--name NAME] [--kind host|device] [--tile 64] [--tiles 8] [--k 512]\n"
-    "                      [--spawn WORKERS] [--crash-one] [--timeout-s 60]\n"
+    "                      [--spawn WORKERS] [--task-ms MS] [--crash-one] [--timeout-s 60]\n"
     "Queues tiles*tiles tasks; start workers with gpuipc-example-worker --name NAME, or let --spawn start them\n"
-    "(--crash-one makes the first spawned worker SIGKILL itself in the middle of its second task).\n";
+    "(--task-ms: each spends MS more per task; --crash-one: the first one SIGKILLs itself in its second task).\n";
 
 int main(int argc, char** argv) {
-  const example::Args args(argc, argv, kUsage,
-                           {"--name", "--kind", "--tile", "--tiles", "--k", "--spawn", "--crash-one", "--timeout-s"});
+  const example::Args args(
+      argc, argv, kUsage,
+      {"--name", "--kind", "--tile", "--tiles", "--k", "--spawn", "--task-ms", "--crash-one", "--timeout-s"});
   const std::string name = args.get("--name", "tiles");
   const bool device = args.get("--kind", "host") == "device";
   const auto tile = static_cast<std::uint32_t>(args.num("--tile", 64));
@@ -71,7 +72,8 @@ int main(int argc, char** argv) {
 
   std::vector<pid_t> workers;
   for (long w = 0; w < args.num("--spawn", 0); ++w) {
-    std::vector<std::string> wargs{"--name", name, "--kind", device ? "device" : "host"};
+    std::vector<std::string> wargs{
+        "--name", name, "--kind", device ? "device" : "host", "--task-ms", args.get("--task-ms", "0")};
     if (w == 0 && args.flag("--crash-one")) wargs.insert(wargs.end(), {"--die-in-task", "2"});
     workers.push_back(example::spawn("gpuipc-example-worker", wargs));
   }

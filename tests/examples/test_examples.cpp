@@ -60,8 +60,9 @@ TEST_F(Examples, MasterWorkerAllTilesOnce) {
 }
 
 TEST_F(Examples, MasterWorkerTaskOfAKilledWorkerIsDoneAgainExactlyOnce) {
-  const auto o =
-      run("master", {"--kind", "host", "--spawn", "3", "--crash-one", "--tile", "16", "--tiles", "6", "--k", "64"});
+  // 10 ms per task: every worker is up and taking tasks long before the queue is empty.
+  const auto o = run("master", {"--kind", "host", "--spawn", "3", "--crash-one", "--task-ms", "10", "--tile", "16",
+                                "--tiles", "6", "--k", "64"});
   ASSERT_EQ(o.exit_code, 0);
   EXPECT_NE(o.out.find("SIGKILL in the middle of task"), std::string::npos);
   EXPECT_NE(o.out.find("killed by signal 9"), std::string::npos);

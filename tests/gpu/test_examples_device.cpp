@@ -56,7 +56,7 @@ TEST_F(ExamplesDevice, ProducerConsumerRawIpcShareAndChannel) {
 
 TEST_F(ExamplesDevice, MasterWorkerOnGpuRedoesAKilledWorkersTaskOnce) {
   GPUIPC_REQUIRE_GPU();
-  const auto o = run("master", {"--kind", "device", "--spawn", "3", "--crash-one"});
+  const auto o = run("master", {"--kind", "device", "--spawn", "3", "--crash-one", "--task-ms", "10"});
   ASSERT_EQ(o.exit_code, 0);
   EXPECT_NE(o.out.find("master: 64 tiles back, 0 wrong, 0 duplicates; tasks redelivered after a worker died: 1"),
             std::string::npos);
