@@ -1,0 +1,117 @@
+// gpuipc example: copy bandwidth in GB/s, in the manner of NVIDIA's bandwidthTest and nvbandwidth: host to device
+// (pageable and pinned host memory), device to host, device to device and, with two GPUs, peer to peer. Each copy runs
+// twice in the same run: to a buffer of this process (plain cudaMemcpy) and to a gpuipc device segment that a second
+// process created and this one mapped (IPC). GB/s = bytes copied / time (1 GB = 1e9 bytes), the median of --reps
+// copies timed with CUDA events. Needs a GPU.
+#include <gpuipc/segment.hpp>
+#include <gpuipc/semaphore.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "common.hpp"
+
+using namespace std::chrono_literals;
+
+constexpr const char* kUsage = "gpuipc-example-benchmark [--mib 256] [--reps 20] [--name NAME]\n";
+
+/// The second process: creates device segments NAME.0 (GPU 0) and, with two GPUs, NAME.1, then waits until the
+/// measuring process signals NAME.stop (or dies: the wait then returns PeerDied).
+int serve(const std::string& name, std::size_t bytes, int gpus) {
+  std::vector<gpuipc::Segment> segs;
+  for (int d = 0; d < std::min(gpus, 2); ++d)
+    segs.push_back(gpuipc::Segment::create(name + "." + std::to_string(d), bytes,
+                                           {.kind = gpuipc::SegmentKind::Device, .device = d}));
+  gpuipc::Semaphore stop = gpuipc::Semaphore::open(name + ".stop", {.wait = 30s});
+  stop.wait_host(1, std::chrono::hours(1));
+  for (const gpuipc::Segment& s : segs) gpuipc::Segment::unlink(s.name());
+  return 0;
+}
+
+/// Median GB/s of `reps` copies of `bytes` from `src` to `dst` on `s`.
+double gbs(void* dst, const void* src, std::size_t bytes, int reps, cudaStream_t s) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));  // warm-up
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    CUDA_CHECK(cudaEventRecord(a, s));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    CUDA_CHECK(cudaEventRecord(b, s));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    rates.push_back(double(bytes) / (ms * 1e-3) / 1e9);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  return example::percentile(rates, 50);
+}
+
+int main(int argc, char** argv) {
+  const example::Args args(argc, argv, kUsage, {"--mib", "--reps", "--name", "--serve"});
+  const std::string name = args.get("--name", "bandwidth");
+  const std::size_t bytes = static_cast<std::size_t>(args.num("--mib", 256)) << 20;
+  const int reps = static_cast<int>(args.num("--reps", 20));
+  std::string why;
+  const int gpus = example::gpu_count(&why);
+  if (gpus == 0) {
+    std::fprintf(stderr, "benchmark: needs a GPU (%s)\n", why.c_str());
+    return 3;
+  }
+  if (args.flag("--serve")) return serve(name, bytes, gpus);
+
+  gpuipc::Semaphore stop = gpuipc::Semaphore::create(name + ".stop", {.kind = gpuipc::SegmentKind::Host});
+  const pid_t server =
+      example::spawn("gpuipc-example-benchmark", {"--serve", "--name", name, "--mib", std::to_string(bytes >> 20)});
+  CUDA_CHECK(cudaSetDevice(0));
+  const gpuipc::Segment seg0 = gpuipc::Segment::open(name + ".0", {.wait = 30s, .device = 0});
+  void *pageable = std::malloc(bytes), *pinned = nullptr, *d0 = nullptr, *d0b = nullptr;
+  std::memset(pageable, 1, bytes);
+  CUDA_CHECK(cudaMallocHost(&pinned, bytes));
+  CUDA_CHECK(cudaMalloc(&d0, bytes));
+  CUDA_CHECK(cudaMalloc(&d0b, bytes));
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreate(&s));
+  void* ipc0 = seg0.data();
+
+  std::printf("%zu MiB per copy, median of %d, GB/s; 'gpuipc segment' = memory of another process, mapped here\n",
+              bytes >> 20, reps);
+  std::printf("%-28s %16s %16s %8s\n", "copy", "cudaMemcpy local", "gpuipc segment", "ratio");
+  auto row = [](const char* what, double local, double ipc) {
+    std::printf("%-28s %16.1f %16.1f %8.3f\n", what, local, ipc, ipc / local);
+  };
+  double l, i;
+  l = gbs(d0, pageable, bytes, reps, s), i = gbs(ipc0, pageable, bytes, reps, s);
+  row("H2D pageable (GPU 0)", l, i);
+  l = gbs(d0, pinned, bytes, reps, s), i = gbs(ipc0, pinned, bytes, reps, s);
+  row("H2D pinned (GPU 0)", l, i);
+  l = gbs(pageable, d0, bytes, reps, s), i = gbs(pageable, ipc0, bytes, reps, s);
+  row("D2H pageable (GPU 0)", l, i);
+  l = gbs(pinned, d0, bytes, reps, s), i = gbs(pinned, ipc0, bytes, reps, s);
+  row("D2H pinned (GPU 0)", l, i);
+  l = gbs(d0b, d0, bytes, reps, s), i = gbs(ipc0, d0, bytes, reps, s);
+  row("D2D (GPU 0 -> GPU 0)", l, i);
+  if (gpus > 1) {
+    // Peer to peer: GPU 0's buffer to GPU 1's memory, a cudaMalloc on GPU 1 beside a segment another process made on
+    // GPU 1 and this process mapped into GPU 0's context (peer access).
+    const gpuipc::Segment seg1 = gpuipc::Segment::open(name + ".1", {.wait = 30s, .device = 0});
+    void* d1 = nullptr;
+    CUDA_CHECK(cudaSetDevice(1));
+    CUDA_CHECK(cudaMalloc(&d1, bytes));
+    CUDA_CHECK(cudaSetDevice(0));
+    const cudaError_t peer = cudaDeviceEnablePeerAccess(1, 0);
+    if (peer != cudaSuccess && peer != cudaErrorPeerAccessAlreadyEnabled) CUDA_CHECK(peer);
+    cudaGetLastError();
+    l = gbs(d1, d0, bytes, reps, s), i = gbs(seg1.data(), d0, bytes, reps, s);
+    row("P2P (GPU 0 -> GPU 1)", l, i);
+  } else {
+    std::printf("%-28s %s\n", "P2P", "skipped: one GPU");
+  }
+  stop.signal_host(1);
+  const int server_exit = example::wait_exit(server);
+  gpuipc::Semaphore::unlink(name + ".stop");
+  return server_exit;
+}

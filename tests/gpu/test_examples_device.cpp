@@ -1,0 +1,98 @@
+// The C++ examples (examples/cpp) on GPUs, as a user runs them: each program in its device mode, with its own broker
+// (a private runtime directory; the examples start the gpuipcd installed beside them). Skips without a GPU.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <climits>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "support/gpu.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+/// The examples' folder: build/bin, found from this test's own path (build/tests), wherever the build tree is.
+std::string bin_dir() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  const std::filesystem::path self(std::string(buf, n > 0 ? static_cast<std::size_t>(n) : 0));
+  return (self.parent_path().parent_path() / "bin").string();
+}
+
+class ExamplesDevice : public ::testing::Test {
+ protected:
+  std::string program(const std::string& example) const { return bin_dir() + "/gpuipc-example-" + example; }
+  ProgramOutcome run(const std::string& example, const std::vector<std::string>& args) {
+    ProgramOutcome o = run_program(program(example), args, env(), -1, 300s);
+    std::printf("--- %s stdout\n%s--- stderr\n%s", example.c_str(), o.out.c_str(), o.err.c_str());
+    return o;
+  }
+  std::vector<std::string> env() const {
+    return {"GPUIPC_RUNTIME_DIR=" + m_dir.file("run"), "GPUIPC_LOG=warn", "GPUIPC_DAEMON=" + bin_dir() + "/gpuipcd"};
+  }
+  void TearDown() override { run_program(bin_dir() + "/gpuipc", {"daemon", "--stop"}, env()); }
+
+  TempDir m_dir{"gpuipc-examples-gpu"};
+};
+
+TEST_F(ExamplesDevice, ProducerConsumerRawIpcShareAndChannel) {
+  GPUIPC_REQUIRE_GPU();
+  const std::string log = m_dir.file("producer.log");
+  const pid_t producer =
+      start_program(program("producer"), {"--dir", m_dir.path(), "--mib", "64", "--frames", "500"}, env(), -1, log);
+  const auto consumer = run("consumer", {"--dir", m_dir.path(), "--mib", "64"});
+  const int producer_exit = wait_child(producer, 60s);
+  std::printf("--- producer\n%s", read_file(log).value_or("").c_str());
+  EXPECT_EQ(producer_exit, 0);
+  ASSERT_EQ(consumer.exit_code, 0);
+  EXPECT_NE(consumer.out.find("raw IPC: cudaIpcOpenMemHandle"), std::string::npos);
+  EXPECT_NE(consumer.out.find("64 MiB checked, 0 words wrong"), std::string::npos);
+  EXPECT_NE(consumer.out.find("same mapping: yes"), std::string::npos);
+  EXPECT_NE(consumer.out.find("channel: 500 frames of 1 MiB, 0 words wrong, 0 out of order"), std::string::npos);
+}
+
+TEST_F(ExamplesDevice, MasterWorkerOnGpuRedoesAKilledWorkersTaskOnce) {
+  GPUIPC_REQUIRE_GPU();
+  const auto o = run("master", {"--kind", "device", "--spawn", "3", "--crash-one", "--task-ms", "10"});
+  ASSERT_EQ(o.exit_code, 0);
+  EXPECT_NE(o.out.find("master: 64 tiles back, 0 wrong, 0 duplicates; tasks redelivered after a worker died: 1"),
+            std::string::npos);
+}
+
+TEST_F(ExamplesDevice, PipelineWithKernels) {
+  GPUIPC_REQUIRE_GPU();
+  const auto o = run("pipeline", {"--kind", "device", "--frames", "1000", "--out", m_dir.path()});
+  ASSERT_EQ(o.exit_code, 0);
+  EXPECT_NE(o.out.find("sink: 1000 of 1000 frames checked, 0 bad, 10 PPM files"), std::string::npos);
+}
+
+TEST_F(ExamplesDevice, BenchmarkPrintsEveryRow) {
+  GPUIPC_REQUIRE_GPU();
+  const auto o = run("benchmark", {"--mib", "64", "--reps", "5"});
+  ASSERT_EQ(o.exit_code, 0);
+  for (const char* row : {"H2D pageable", "H2D pinned", "D2H pageable", "D2H pinned", "D2D", "P2P"})
+    EXPECT_NE(o.out.find(row), std::string::npos) << row;
+}
+
+TEST_F(ExamplesDevice, IntraOnDeviceMemory) {
+  GPUIPC_REQUIRE_GPU();
+  const auto o = run("intra", {"--kind", "device", "--messages", "2000"});
+  ASSERT_EQ(o.exit_code, 0);
+  EXPECT_NE(o.out.find("same mapping: yes"), std::string::npos);
+  EXPECT_NE(o.out.find("0 bytes wrong"), std::string::npos);
+  EXPECT_NE(o.out.find("2000 messages between two threads, 0 out of order"), std::string::npos);
+}
+
+TEST_F(ExamplesDevice, SupervisorWithADevicePoolLeaksNothing) {
+  GPUIPC_REQUIRE_GPU();
+  const auto o = run("supervisor", {"--kind", "device", "--jobs", "30", "--kills", "2"});
+  ASSERT_EQ(o.exit_code, 0);
+  EXPECT_NE(o.out.find("2 restarts, last worker exited 0"), std::string::npos);
+  EXPECT_NE(o.out.find("nothing leaked"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpuipc::test
