@@ -148,10 +148,11 @@ Pool Pool::create(std::string_view name, const PoolOptions& options) {
   // The first chunk first, then the control block, filled in before the broker registers its name: a pool
   // anyone can open always has one chunk (and `gpuipc ls` finds pools by it), and nobody sees it half made.
   // Device pools map every chunk at an address of their own (a VaSlot), kept across pause and resume.
+  std::optional<cuda::PrimaryContext> ctx;  // retained until the pool holds its own
   core::VaSlot slot0;
   if (options.kind == SegmentKind::Device) {
-    cuda::PrimaryContext ctx(options.device);
-    cuda::ScopedContext scope(ctx.get());
+    ctx.emplace(options.device);
+    cuda::ScopedContext scope(ctx->get());
     slot0 = core::VaSlot(g.chunk_bytes, options.device);
   }
   Segment first = detail::create_segment(chunk_name(name, 0), g.chunk_bytes,
@@ -444,9 +445,7 @@ void Pool::pause(const PauseOptions& options) {
       scope.emplace(im.ctx.get());
       cuda::synchronize_context("waiting for this process's work before pausing the pool");
     }
-    im.saved.clear();
-    im.saved_host = os::Mapping();
-    im.saved_pinned.reset();
+    im.drop_saved();
     if (options.keep_contents) {
       std::vector<shm::OccupiedRange> ranges;
       ranges.reserve(im.geo().max_records);
@@ -455,6 +454,7 @@ void Pool::pause(const PauseOptions& options) {
       }
       std::uint64_t total = 0;
       for (const auto& r : ranges) {
+        if (im.bases[r.chunk].load() == nullptr) continue;  // not a ready chunk (a record a repair has yet to undo)
         im.saved.push_back({r.chunk, r.begin, r.end - r.begin, total});
         total += r.end - r.begin;
       }
@@ -493,11 +493,7 @@ void Pool::pause(const PauseOptions& options) {
       }
     }
   } catch (...) {
-    if (!released) {
-      im.saved.clear();
-      im.saved_host = os::Mapping();
-      im.saved_pinned.reset();
-    }
+    if (!released) im.drop_saved();
     im.block.end_pause(im.member, released);
     throw;
   }
@@ -558,9 +554,7 @@ void Pool::resume() {
     im.block.end_resume(im.member, false);
     throw;
   }
-  im.saved.clear();
-  im.saved_host = os::Mapping();
-  im.saved_pinned.reset();
+  im.drop_saved();
   im.block.end_resume(im.member, true);
 }
 

@@ -90,11 +90,27 @@ struct Pool::Impl {
   std::byte* saved_data() const noexcept {
     return saved_pinned ? static_cast<std::byte*>(saved_pinned->get()) : static_cast<std::byte*>(saved_host.data());
   }
+  /// Frees the saved contents (cuMemFreeHost wants the context that allocated them current).
+  void drop_saved() noexcept {
+    saved.clear();
+    saved_host = os::Mapping();
+    if (saved_pinned) {
+      try {
+        cuda::ScopedContext scope(ctx.get());
+        saved_pinned.reset();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): no context: the buffer is freed without one
+        saved_pinned.reset();
+      }
+    }
+  }
 
   Impl() = default;
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
-  ~Impl() { leave(); }
+  ~Impl() {
+    leave();
+    drop_saved();
+  }
 
   const shm::PoolGeometry& geo() const noexcept { return block.geometry(); }
   bool stream_ordered() const noexcept { return kind != SegmentKind::Host; }
