@@ -92,7 +92,8 @@ def MemPool(  # noqa: N802 - reads like the torch class it returns
 def pause(device: int = 0, *, keep_contents: bool = False) -> None:
     """Releases the GPU memory of the device's MemPool (``gpuipc.Pool.pause``): every tensor in it keeps its address
     but must not be used until :func:`resume`; with ``keep_contents`` their bytes are saved in host memory and
-    restored on resume. Allocations under the pool fail meanwhile (torch reports out of memory). Waits for this
+    restored on resume. Allocate nothing under the pool meanwhile: a new segment is refused (torch reports out of
+    memory), but torch may hand out a block of a segment it cached, whose memory is unmapped. Waits for this
     process's GPU work first. Raises InvalidState when the device has no MemPool or it is paused already."""
     _gpuipc._torch_pool_pause(device, keep_contents)
 
