@@ -17,6 +17,9 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "cuda/resources.hpp"
+#include "gpuipc/pool.hpp"
+#include "os/child.hpp"
 #include "python_runner.hpp"
 #include "statedict.hpp"
 
@@ -301,6 +304,116 @@ void measure_stream(Result& r, const Options& o, const Specs& specs) {
   }
 }
 
+/// Bytes of the pool pause_resume_ms is measured on, and the least it falls back to.
+constexpr std::size_t kPauseWanted = 16ULL << 30;
+constexpr std::size_t kPauseChunk = 1ULL << 30;
+
+/// Pool::pause with keep_contents and Pool::resume of a full device pool (1 GiB chunks), timed apart, in a forked
+/// worker (the suite's process stays free of CUDA): 16 GiB, or as many GiB as leave 2 GiB of the GPU free. Returns
+/// JSON: bytes, free_bytes, pause_ms and resume_ms (lists), the GPU memory a pause gave back, whether the contents
+/// came back; or "error".
+json pause_worker(int cycles) {
+  json j;
+  try {
+    cuda::PrimaryContext ctx(0);
+    ctx.make_current();
+    const std::size_t free = cuda::memory_info(0).free;
+    std::size_t bytes = kPauseWanted;
+    while (bytes > kPauseChunk && bytes + (2ULL << 30) > free) bytes -= kPauseChunk;
+    j["bytes"] = bytes;
+    j["free_bytes"] = free;
+    if (bytes + (2ULL << 30) > free) {
+      j["error"] = fmt::format("the GPU has {} MiB free, less than 3 GiB", free >> 20);
+      return j;
+    }
+    const std::string name = fmt::format("bench-pause-{}", ::getpid());
+    auto pool = Pool::create(
+        name,
+        {.kind = SegmentKind::Device, .device = 0, .chunk_bytes = kPauseChunk, .max_bytes = bytes, .max_blocks = 64});
+    std::vector<Block> blocks;
+    for (std::size_t b = 0; b < bytes / kPauseChunk; ++b) {
+      blocks.push_back(pool.allocate(kPauseChunk));
+      cuda::memset_d8(reinterpret_cast<CUdeviceptr>(blocks.back().data()), static_cast<std::uint8_t>(b + 1),
+                      kPauseChunk);
+    }
+    std::vector<double> pause_ms, resume_ms;
+    std::size_t freed = 0;
+    bool intact = true;
+    for (int i = 0; i < cycles; ++i) {
+      const std::size_t before = cuda::memory_info(0).free;
+      const auto t0 = now_ns();
+      pool.pause({.keep_contents = true});
+      const auto t1 = now_ns();
+      const std::size_t paused = cuda::memory_info(0).free;
+      const auto t2 = now_ns();
+      pool.resume();
+      const auto t3 = now_ns();
+      pause_ms.push_back(static_cast<double>(t1 - t0) / 1e6);
+      resume_ms.push_back(static_cast<double>(t3 - t2) / 1e6);
+      freed = paused > before ? paused - before : 0;
+      for (std::size_t b = 0; b < blocks.size(); ++b) {  // a byte at each end of every block came back
+        std::uint8_t ends[2] = {0, 0};
+        const auto p = reinterpret_cast<CUdeviceptr>(blocks[b].data());
+        cuda::copy_to_host(&ends[0], p, 1);
+        cuda::copy_to_host(&ends[1], p + kPauseChunk - 1, 1);
+        intact = intact && ends[0] == b + 1 && ends[1] == b + 1;
+      }
+    }
+    blocks.clear();
+    pool = Pool();
+    Pool::unlink(name);
+    j["pause_ms"] = pause_ms;
+    j["resume_ms"] = resume_ms;
+    j["freed_bytes"] = freed;
+    j["intact"] = intact;
+  } catch (const std::exception& e) {
+    j["error"] = e.what();
+  }
+  return j;
+}
+
+/// pause_resume_ms (with pause_ms and resume_ms apart): a 16 GiB device pool paused with its contents kept and
+/// resumed; a smaller one (whole GiB) when the GPU has not that much free, said in a note.
+void measure_pause(Result& r, const Options& o) {
+  progress(o, "weights: Pool.pause(keep_contents) and resume of a 16 GiB device pool");
+  const int cycles = o.quick ? 3 : 10;
+  auto child = os::fork_reporting([&] { return pause_worker(cycles).dump(); });
+  const auto report = os::join_reporting(child, std::chrono::seconds(kPartLimit));
+  json j;
+  try {
+    j = json::parse(report.text);
+  } catch (const std::exception&) {
+    j = {{"error", report.text.empty() ? std::string("the worker died without a report") : report.text}};
+  }
+  r.samples.push_back({{"name", "pause_resume"}, {"result", j}});
+  if (j.contains("error")) {
+    set_null(r, {"pause_resume_ms", "pause_resume_p99_ms", "pause_ms", "pause_p99_ms", "resume_ms", "resume_p99_ms",
+                 "pause_resume_bytes", "pause_freed_bytes"});
+    r.notes.push_back("pause_resume_ms: not measured: " + j["error"].dump());
+    return;
+  }
+  const auto bytes = j.value("bytes", std::uint64_t{0});
+  const auto p = values_of(j, "pause_ms");
+  const auto q = values_of(j, "resume_ms");
+  std::vector<double> both;
+  for (std::size_t i = 0; i < p.size() && i < q.size(); ++i) both.push_back(p[i] + q[i]);
+  const Summary sp = put(r, "pause_ms", "pause_p99_ms", p, "ms");
+  const Summary sq = put(r, "resume_ms", "resume_p99_ms", q, "ms");
+  const Summary sb = put(r, "pause_resume_ms", "pause_resume_p99_ms", both, "ms");
+  r.metrics["pause_resume_bytes"] = bytes;
+  r.metrics["pause_freed_bytes"] = j.value("freed_bytes", std::uint64_t{0});
+  r.notes.push_back(fmt::format(
+      "Pool.pause(keep_contents=True) then resume() of a full {} GiB device pool (1 GiB chunks): pause {:.1f} ms p50 "
+      "(p99 {:.1f}: saves the blocks to pinned host memory, releases the chunks), resume {:.1f} ms p50 (p99 {:.1f}: "
+      "new memory at the same addresses, contents copied back), {:.1f} ms the cycle, over {} cycles; a pause gave "
+      "the GPU back {} MiB; contents after resume {}.{}",
+      bytes >> 30, sp.median, sp.p99, sq.median, sq.p99, sb.median, sb.n,
+      j.value("freed_bytes", std::uint64_t{0}) >> 20, j.value("intact", false) ? "intact" : "WRONG",
+      bytes == kPauseWanted ? ""
+                            : fmt::format(" The GPU had {} MiB free, too little for 16 GiB: measured on {} GiB.",
+                                          j.value("free_bytes", std::uint64_t{0}) >> 20, bytes >> 30)));
+}
+
 Result run_weights(const Options& o, const DeviceMeta& meta) {
   Result r;
   r.mps = meta.mps;
@@ -325,8 +438,7 @@ Result run_weights(const Options& o, const DeviceMeta& meta) {
     const double big_ms = measure_open(r, o, specs.large, "16 GiB", "_16GiB", 5);
     measure_torch(r, o, specs.large, "16 GiB", "_16GiB", 10, big_ms);
   }
-  r.metrics["pause_resume_ms"] = nullptr;
-  r.notes.push_back("pause_resume_ms: pool pause and resume (issue 13, point 4) are not built yet; no figure.");
+  measure_pause(r, o);
   return r;
 }
 

@@ -10,20 +10,21 @@ namespace gpuipc {
 
 /// What went wrong, independent of the layer that noticed it. Stable: the Python module maps each to a class.
 enum class ErrorCode : std::uint8_t {
-  InvalidArgument = 1,   ///< a caller-supplied value is out of range or malformed
-  NotFound,              ///< no such segment, semaphore, channel, device or file
-  AlreadyExists,         ///< create of a name that is taken
-  PermissionDenied,      ///< the mode bits or uid/gid of the object refuse this caller
-  QuotaExceeded,         ///< a per-uid limit of bytes or objects would be exceeded
-  PeerDied,              ///< the other side of a semaphore or channel is gone
-  Timeout,               ///< a blocking call ran out of time
-  Interrupted,           ///< a blocking call was interrupted by a signal the caller wants to see
-  NoDriver,              ///< libcuda.so.1 could not be loaded or initialised
-  NoDevice,              ///< the driver works but there is no (such) GPU
-  Unsupported,           ///< the device or driver lacks a needed capability
-  Cuda,                  ///< a CUDA driver call failed
-  System,                ///< a system call failed
-  Protocol,              ///< a malformed or unexpected message on the broker socket
+  InvalidArgument = 1,  ///< a caller-supplied value is out of range or malformed
+  NotFound,             ///< no such segment, semaphore, channel, device or file
+  AlreadyExists,        ///< create of a name that is taken
+  PermissionDenied,     ///< the mode bits or uid/gid of the object refuse this caller
+  QuotaExceeded,        ///< a per-uid limit of bytes or objects would be exceeded
+  PeerDied,             ///< the other side of a semaphore or channel is gone
+  Timeout,              ///< a blocking call ran out of time
+  Interrupted,          ///< a blocking call was interrupted by a signal the caller wants to see
+  NoDriver,             ///< libcuda.so.1 could not be loaded or initialised
+  NoDevice,             ///< the driver works but there is no (such) GPU
+  Unsupported,          ///< the device or driver lacks a needed capability
+  Cuda,                 ///< a CUDA driver call failed
+  System,               ///< a system call failed
+  Protocol,             ///< a malformed or unexpected message on the broker socket
+  InvalidState,         ///< the call does not fit the object's state now (a paused pool, a stale mapping)
 };
 
 /// The enumerator's name, e.g. "PermissionDenied".

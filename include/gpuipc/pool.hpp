@@ -4,6 +4,10 @@
 // pool grows by chunks (segments NAME.chunk.<i>, each exported once); a process maps a chunk the first time it
 // resolves a block in it, and keeps it mapped.
 //
+// Pause and resume (torch_memory_saver's semantics): pause() releases the chunks' memory but keeps the pool's
+// name, its blocks and the addresses they have in every process; resume() backs them with memory again (with
+// their bytes, when pause was asked to keep them). See docs/pools.md, "Pause and resume".
+//
 // Lifetimes: a block's memory is never reused while any process holds it. The allocator holds its Block until it
 // frees it (the Block's destructor frees it too); another process that resolved a BlockRef takes a hold with hold()
 // and gives it back with release(). When a process dies, the broker releases its holds. See docs/pools.md.
@@ -66,6 +70,24 @@ std::array<std::byte, kBlockRefBytes> encode_block_ref(const BlockRef& ref) noex
 /// pool id or generation 0, size 0, chunk or index out of range, offset + size past the largest chunk.
 BlockRef decode_block_ref(std::span<const std::byte> bytes);
 
+/// Whether a pool's chunks have memory (Pool::pause, Pool::resume).
+enum class PoolState : std::uint8_t {
+  Active = 0,    ///< the chunks have memory
+  Pausing = 1,   ///< a member is saving and releasing the chunks' memory
+  Paused = 2,    ///< the chunks' memory is released; addresses, names and blocks are kept
+  Resuming = 3,  ///< a member is backing the chunks with new memory
+};
+/// "active", "pausing", "paused", "resuming".
+std::string_view to_string(PoolState state) noexcept;
+
+/// Options of Pool::pause.
+struct PauseOptions {
+  /// Save the bytes of every live block in this process's host memory (pinned where the driver gives it, for
+  /// device pools) and restore them on resume. Without it, the blocks' bytes after resume are undefined (zeros for
+  /// host pools).
+  bool keep_contents = false;
+};
+
 /// Statistics of a pool (Pool::stats, Pool::stat, `gpuipc stat`).
 struct PoolStats {
   std::uint64_t used_bytes = 0;          ///< bytes of live blocks and of freed ones whose stream is not done yet
@@ -80,6 +102,10 @@ struct PoolStats {
   std::uint32_t members = 0;             ///< processes (Pool handles) joined
   std::uint64_t allocations = 0;         ///< since creation
   std::uint64_t frees = 0;
+  PoolState state = PoolState::Active;  ///< paused or not (Pool::pause)
+  std::uint32_t paused_by_pid = 0;      ///< the process that paused (or is pausing, resuming) it; 0 when active
+  bool pauser_gone = false;             ///< paused, and that process left or died: any writer may resume it
+  std::uint64_t epoch = 0;              ///< how many times its memory was released (pause)
 };
 
 class Block;
@@ -109,11 +135,12 @@ class Pool {
 
   /// Allocates `bytes` aligned to `alignment` (a power of two up to 4096), adding a chunk when needed. Throws
   /// Error: QuotaExceeded (with used and max bytes) when the pool is full, InvalidArgument for a size above the
-  /// chunk (or block) size or a bad alignment, Timeout when the pool lock stays taken, and what creating a chunk
-  /// throws.
+  /// chunk (or block) size or a bad alignment, InvalidState while the pool is paused, Timeout when the pool lock
+  /// stays taken, and what creating a chunk throws.
   Block allocate(std::size_t bytes, std::size_t alignment = 256);
-  /// allocate without exceptions: Ok; WouldBlock when the pool is full; InvalidState for bad arguments or a
-  /// closed handle; Timeout when the pool lock stays taken; DriverError when a new chunk could not be created.
+  /// allocate without exceptions: Ok; WouldBlock when the pool is full; InvalidState for bad arguments, a closed
+  /// handle or a paused pool; Timeout when the pool lock stays taken; DriverError when a new chunk could not be
+  /// created.
   Status try_allocate(std::size_t bytes, std::size_t alignment, Block& out) noexcept;
   /// Frees `block`. For device and host_pinned pools the memory is reused only after `stream` has passed this
   /// point (like cudaFreeAsync); host pools free at once. Memory that other processes still hold is reused after
@@ -123,13 +150,42 @@ class Pool {
 
   /// The address of the block `ref` names (host kinds: host address; device: device address), mapping its chunk the
   /// first time (later calls: no system call, < 1 us). Throws Error(InvalidArgument) naming what is wrong: another
-  /// pool, chunk, index or range out of bounds, a generation that is not live (freed, reused or forged).
+  /// pool, chunk, index or range out of bounds, a generation that is not live (freed, reused or forged);
+  /// Error(InvalidState) while the pool is paused, or when this process mapped the chunk before a pause and has not
+  /// called refresh() since.
   void* resolve(const BlockRef& ref) const;
   /// Takes a hold on the block: its memory is not reused until this process releases it (or dies). Holds of one
-  /// process are counted. Throws Error(InvalidArgument) like resolve; Timeout when the pool lock stays taken.
+  /// process are counted. Throws Error(InvalidArgument) like resolve; InvalidState while the pool is paused;
+  /// Timeout when the pool lock stays taken.
   void hold(const BlockRef& ref);
   /// Gives back one hold. Throws Error(InvalidArgument) when this process holds no reference to the block.
   void release(const BlockRef& ref);
+
+  /// Releases the memory of every chunk, keeping the pool's name, its blocks (Blocks and BlockRefs stay valid) and
+  /// the chunks' addresses in this process, then marks the pool paused: until resume(), allocate, hold and resolve
+  /// in every member throw Error(InvalidState) naming this process. First waits for this process's work on the
+  /// pool's device (cuCtxSynchronize); the caller makes sure no other process still uses the memory. With
+  /// `keep_contents`, the bytes of the live blocks are saved in this process's host memory first. Device pools:
+  /// the memory of a chunk is returned to the GPU once no other process maps it any more (others let go with
+  /// refresh()). Throws Error: PermissionDenied when this handle maps the chunks read-only; InvalidState when the
+  /// pool is paused already; Unsupported for host_pinned pools (their pages are pinned in every member: they
+  /// cannot be released); Timeout when the pool lock stays taken; what saving or releasing the memory throws (the
+  /// pool is then paused, or active again when nothing was released yet).
+  void pause(const PauseOptions& options = {});
+  /// Backs every chunk with memory again, at the same addresses in this process, and restores the contents pause
+  /// saved. Allowed to the process that paused the pool, or to any member with write access once that process is
+  /// gone (the contents it saved are then lost). Other members call refresh() before they resolve blocks in chunks
+  /// they had mapped. Throws Error: InvalidState when the pool is not paused or another live process paused it;
+  /// PermissionDenied for a read-only handle; what creating or mapping memory throws (the pool stays paused).
+  void resume();
+  /// Whether the pool is paused (or being paused or resumed) now.
+  bool paused() const noexcept;
+  /// Drops this process's mappings of chunk memory that a pause released (device pools: the GPU memory is freed
+  /// once every process let go of it), and, when the pool is active again, maps the new memory at the same
+  /// addresses: pointers this process resolved before the pause point at the block's (restored) bytes again.
+  /// Call it once no kernel of this process uses the pool. Without it, resolve throws InvalidState for blocks
+  /// of a chunk mapped before a pause. Throws Error like resolve's mapping of a chunk.
+  void refresh();
 
   /// Current statistics (a snapshot).
   PoolStats stats() const noexcept;

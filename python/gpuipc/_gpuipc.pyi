@@ -306,6 +306,17 @@ def _torch_block_of(address: int) -> tuple[bytes, int, str] | None:
     (encoded BlockRef, block address, pool name) of the torch block containing `address`, or None.
     """
 
+def _torch_pool_pause(device: int, keep_contents: bool) -> None:
+    """
+    Pauses the device's active pool (Pool::pause): its GPU memory is released, tensor addresses kept.
+    """
+
+def _torch_pool_resume(device: int) -> None:
+    """Resumes the device's active pool (Pool::resume) at the same addresses."""
+
+def _torch_pool_paused(device: int) -> bool:
+    """Whether the device's active pool is paused."""
+
 def _torch_pool_stats(device: int) -> tuple[int, int, int] | None:
     """
     (blocks torch holds, used bytes of the pool, refused allocations) of the device's pool.
@@ -393,6 +404,24 @@ class Pool:
 
     def release(self, ref: tuple[int, int, int, int, int, int]) -> None:
         """Gives back one hold."""
+
+    def pause(self, *, keep_contents: bool = False) -> None:
+        """
+        Releases the memory of every chunk, keeping names, blocks and addresses (see gpuipc.Pool.pause).
+        """
+
+    def resume(self) -> None:
+        """
+        Backs the chunks with memory again at the same addresses, restoring kept contents.
+        """
+
+    def refresh(self) -> None:
+        """
+        Drops mappings of memory a pause released; maps the new memory at the same addresses once resumed.
+        """
+
+    @property
+    def paused(self) -> bool: ...
 
     def stats(self) -> dict:
         """Current statistics as a dict."""

@@ -99,7 +99,7 @@ class Interrupted(Error, InterruptedError):
 
 
 class InvalidState(Error, RuntimeError):
-    """The call does not fit the object's state (release without receive, a waiter signalling, ...)."""
+    """The call does not fit the object's state (release without receive, a waiter signalling, a paused pool, ...)."""
 
 
 class NoDriver(Error):

@@ -311,13 +311,14 @@ class Pool:
         _gpuipc.Pool.unlink(name)
 
     @staticmethod
-    def stat(name: str) -> Dict[str, int]:
+    def stat(name: str) -> Dict[str, Any]:
         """Statistics of pool ``name`` without joining it (see :meth:`stats`)."""
         return _gpuipc.Pool.stat(name)
 
     def allocate(self, nbytes: int, alignment: int = 256) -> Block:
         """Allocates a block of ``nbytes`` (aligned to ``alignment``, a power of two up to 4096). Raises
-        QuotaExceeded when the pool is full, InvalidArgument for a size above the chunk or block size."""
+        QuotaExceeded when the pool is full, InvalidArgument for a size above the chunk or block size, InvalidState
+        while the pool is paused."""
         return Block(self._pool.allocate(nbytes, alignment), self)
 
     def free(self, block: Block, stream: Any = None) -> None:
@@ -333,7 +334,8 @@ class Pool:
 
     def resolve(self, ref: BlockRef) -> BlockView:
         """The memory of the block ``ref`` names, mapping its chunk the first time. Raises InvalidArgument for a
-        ref of another pool, out of range, or stale (freed or reused)."""
+        ref of another pool, out of range, or stale (freed or reused); InvalidState while the pool is paused, or
+        when this process mapped the chunk before a pause and has not called :meth:`refresh` since."""
         return BlockView(self, ref, self._pool.view(ref._tuple(), self._readonly))
 
     def hold(self, ref: BlockRef) -> None:
@@ -353,9 +355,38 @@ class Pool:
         finally:
             self.release(ref)
 
-    def stats(self) -> Dict[str, int]:
+    def pause(self, keep_contents: bool = False) -> None:
+        """Releases the memory of every chunk (torch_memory_saver's ``pause``), keeping the pool's name, its blocks
+        and their addresses: Blocks, BlockRefs and arrays made from them stay, but their memory must not be touched
+        until :meth:`resume` (device memory is unmapped: a kernel reading it faults; host pages read as zeros).
+        With ``keep_contents`` the live blocks' bytes are saved in this process's host memory and come back on
+        resume. Waits for this process's GPU work first. Meanwhile allocate, hold and resolve raise InvalidState in
+        every process, naming this one. Raises PermissionDenied for a read-only handle, InvalidState when it is
+        paused already, Unsupported for host_pinned pools."""
+        self._pool.pause(keep_contents=keep_contents)
+
+    def resume(self) -> None:
+        """Backs the chunks with memory again at the same addresses (restoring kept contents). Allowed to the
+        process that paused the pool, or to any writer once that process is gone (its saved contents are then lost).
+        Other processes that had the pool mapped call :meth:`refresh` before they resolve again. Raises
+        InvalidState when the pool is not paused or another live process paused it."""
+        self._pool.resume()
+
+    def refresh(self) -> None:
+        """Drops this process's mappings of memory a pause released (device memory is returned to the GPU once no
+        process maps it) and, once the pool is resumed, maps the new memory at the same addresses, so views made
+        before the pause show the restored bytes. Call it when no kernel of this process uses the pool."""
+        self._pool.refresh()
+
+    @property
+    def paused(self) -> bool:
+        """Whether the pool is paused (or being paused or resumed) now."""
+        return self._pool.paused
+
+    def stats(self) -> Dict[str, Any]:
         """used_bytes, free_bytes, capacity_bytes, max_bytes, largest_free_block, chunks, max_chunks, live_blocks,
-        draining_blocks, members, allocations, frees."""
+        draining_blocks, members, allocations, frees; state ("active", "pausing", "paused" or "resuming"),
+        paused_by_pid (0 when active), pauser_gone (paused by a process that is gone) and epoch (pauses so far)."""
         return self._pool.stats()
 
     @property

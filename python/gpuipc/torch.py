@@ -11,6 +11,14 @@ lives in that pool, so another process can map it with no copy::
         model = build().cuda()
     ref, base, pool_name = gpuipc.torch.block_of(model.lm_head.weight)
 
+Pause and resume, like torch_memory_saver (an inference engine gives its weights' and KV cache's GPU memory to a
+co-located trainer, then takes it back)::
+
+    torch.cuda.synchronize()
+    pool.pause(keep_contents=True)   # the GPU memory is released; tensors keep their addresses
+    ...                              # the trainer runs; do not touch the pool's tensors meanwhile
+    pool.resume()                    # same addresses, same bytes
+
 Limits: one active MemPool per device and process (the allocator's C entry points carry no other context); a
 block is at most ``chunk_bytes`` (1 GiB by default). See docs/torch.md.
 """
@@ -21,7 +29,7 @@ from typing import Any, Optional, Tuple
 
 from . import _gpuipc
 
-__all__ = ["MemPool", "block_of", "pool_stats", "detach"]
+__all__ = ["MemPool", "block_of", "pool_stats", "detach", "pause", "resume", "paused"]
 
 _ALLOC = "gpuipc_torch_alloc"
 _FREE = "gpuipc_torch_free"
@@ -74,7 +82,31 @@ def MemPool(  # noqa: N802 - reads like the torch class it returns
     pool._gpuipc_allocator = allocator  # type: ignore[attr-defined]
     pool._gpuipc_name = name  # type: ignore[attr-defined]
     pool._gpuipc_device = device  # type: ignore[attr-defined]
+    # torch_memory_saver's calls, on the pool object itself.
+    pool.pause = lambda keep_contents=False: pause(device, keep_contents=keep_contents)  # type: ignore[attr-defined]
+    pool.resume = lambda: resume(device)  # type: ignore[attr-defined]
+    pool.paused = lambda: paused(device)  # type: ignore[attr-defined]
     return pool
+
+
+def pause(device: int = 0, *, keep_contents: bool = False) -> None:
+    """Releases the GPU memory of the device's MemPool (``gpuipc.Pool.pause``): every tensor in it keeps its address
+    but must not be used until :func:`resume`; with ``keep_contents`` their bytes are saved in host memory and
+    restored on resume. Allocate nothing under the pool meanwhile: a new segment is refused (torch reports out of
+    memory), but torch may hand out a block of a segment it cached, whose memory is unmapped. Waits for this
+    process's GPU work first. Raises InvalidState when the device has no MemPool or it is paused already."""
+    _gpuipc._torch_pool_pause(device, keep_contents)
+
+
+def resume(device: int = 0) -> None:
+    """Backs the device's MemPool with GPU memory again at the same addresses (``gpuipc.Pool.resume``), restoring
+    the bytes pause kept. Raises InvalidState when it is not paused."""
+    _gpuipc._torch_pool_resume(device)
+
+
+def paused(device: int = 0) -> bool:
+    """Whether the device's MemPool is paused. Raises InvalidState when the device has no MemPool."""
+    return bool(_gpuipc._torch_pool_paused(device))
 
 
 def block_of(tensor_or_address: Any) -> Optional[Tuple[bytes, int, str]]:

@@ -127,6 +127,10 @@ nb::dict stats_dict(const PoolStats& s) {
   d["members"] = s.members;
   d["allocations"] = s.allocations;
   d["frees"] = s.frees;
+  d["state"] = std::string(to_string(s.state));
+  d["paused_by_pid"] = s.paused_by_pid;
+  d["pauser_gone"] = s.pauser_gone;
+  d["epoch"] = s.epoch;
   return d;
 }
 
@@ -386,6 +390,32 @@ void bind_pool(nb::module_& m) {
             pool.release(to_ref(ref));
           },
           "ref"_a, "Gives back one hold.")
+      .def(
+          "pause",
+          [](PyPool& p, bool keep_contents) {
+            Pool& pool = p.get();
+            nb::gil_scoped_release unlocked;
+            pool.pause({.keep_contents = keep_contents});
+          },
+          nb::kw_only(), "keep_contents"_a = false,
+          "Releases the memory of every chunk, keeping names, blocks and addresses (see gpuipc.Pool.pause).")
+      .def(
+          "resume",
+          [](PyPool& p) {
+            Pool& pool = p.get();
+            nb::gil_scoped_release unlocked;
+            pool.resume();
+          },
+          "Backs the chunks with memory again at the same addresses, restoring kept contents.")
+      .def(
+          "refresh",
+          [](PyPool& p) {
+            Pool& pool = p.get();
+            nb::gil_scoped_release unlocked;
+            pool.refresh();
+          },
+          "Drops mappings of memory a pause released; maps the new memory at the same addresses once resumed.")
+      .def_prop_ro("paused", [](PyPool& p) { return p.get().paused(); })
       .def(
           "stats", [](PyPool& p) { return stats_dict(p.get().stats()); }, "Current statistics as a dict.")
       .def_prop_ro("name", [](PyPool& p) { return p.get().name(); })

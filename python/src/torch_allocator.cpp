@@ -50,6 +50,20 @@ void check_device(int device) {
   }
 }
 
+/// The device's active pool (a handle sharing it), or Error(InvalidState) naming `call`.
+Pool active_pool(int device, const char* call) {
+  check_device(device);
+  std::lock_guard lock(pools_mutex());
+  auto it = pools().find(device);
+  if (it == pools().end()) {
+    throw Error(ErrorCode::InvalidState,
+                std::string("gpuipc.torch: ") + call + ": device " + std::to_string(device) +
+                    " has no active MemPool in this process; make one with gpuipc.torch.MemPool",
+                call);
+  }
+  return it->second.pool;
+}
+
 }  // namespace
 
 void bind_torch_allocator(nb::module_& m) {
@@ -108,6 +122,26 @@ void bind_torch_allocator(nb::module_& m) {
       },
       nb::arg("address"),
       "(encoded BlockRef, block address, pool name) of the torch block containing `address`, or None.");
+  m.def(
+      "_torch_pool_pause",
+      [](int device, bool keep_contents) {
+        Pool pool = active_pool(device, "pause");
+        nb::gil_scoped_release unlocked;
+        pool.pause({.keep_contents = keep_contents});
+      },
+      nb::arg("device"), nb::arg("keep_contents"),
+      "Pauses the device's active pool (Pool::pause): its GPU memory is released, tensor addresses kept.");
+  m.def(
+      "_torch_pool_resume",
+      [](int device) {
+        Pool pool = active_pool(device, "resume");
+        nb::gil_scoped_release unlocked;
+        pool.resume();
+      },
+      nb::arg("device"), "Resumes the device's active pool (Pool::resume) at the same addresses.");
+  m.def(
+      "_torch_pool_paused", [](int device) { return active_pool(device, "paused").paused(); }, nb::arg("device"),
+      "Whether the device's active pool is paused.");
   m.def(
       "_torch_pool_stats",
       [](int device) -> std::optional<std::tuple<std::size_t, std::size_t, std::size_t>> {

@@ -24,6 +24,8 @@ std::string_view to_string(ErrorCode code) noexcept {
     case ErrorCode::Cuda: return "Cuda";
     case ErrorCode::System: return "System";
     case ErrorCode::Protocol: return "Protocol";
+    case ErrorCode::InvalidState:
+      return "InvalidState";
   }
   return "Unknown";
 }

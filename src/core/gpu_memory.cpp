@@ -105,10 +105,13 @@ class ArenaRange {
 /// address range, releases the allocation handle, then the context.
 class DeviceMemory final : public GpuMemory {
  public:
+  /// Maps at `at` (a VaSlot the caller keeps) when not 0, else in a range of the arena owned here.
   DeviceMemory(int ordinal, cuda::AllocationHandle handle, std::size_t size, std::size_t alignment,
-               std::span<const int> access, bool read_only)
-      : m_ctx(ordinal), m_handle(std::move(handle)), m_range(size, alignment),
-        m_mapping(cuda::map(m_range.ptr(), size, m_handle)) {
+               std::span<const int> access, bool read_only, std::uint64_t at)
+      : m_ctx(ordinal),
+        m_handle(std::move(handle)),
+        m_range(at == 0 ? std::make_unique<ArenaRange>(size, alignment) : nullptr),
+        m_mapping(cuda::map(at == 0 ? m_range->ptr() : at, size, m_handle)) {
     cuda::set_access(m_mapping.ptr(), size, access, read_only);
   }
   std::uint64_t device_pointer() const noexcept override { return m_mapping.ptr(); }
@@ -117,7 +120,7 @@ class DeviceMemory final : public GpuMemory {
  private:
   cuda::PrimaryContext m_ctx;  // retained for as long as the mapping exists
   cuda::AllocationHandle m_handle;
-  ArenaRange m_range;
+  std::unique_ptr<ArenaRange> m_range;  // null when mapped into the caller's VaSlot
   cuda::MemMapping m_mapping;
 };
 
@@ -149,14 +152,31 @@ class BorrowedMemory final : public GpuMemory {
 };
 
 std::unique_ptr<GpuMemory> make_device_memory(int ordinal, cuda::AllocationHandle handle, std::size_t size,
-                                              std::span<const int> access, bool read_only) {
+                                              std::span<const int> access, bool read_only, std::uint64_t at) {
   const std::size_t alignment = cuda::allocation_granularity(ordinal, false);
-  return std::make_unique<DeviceMemory>(ordinal, std::move(handle), size, alignment, access, read_only);
+  return std::make_unique<DeviceMemory>(ordinal, std::move(handle), size, alignment, access, read_only, at);
 }
 
 }  // namespace
 
-CreatedDevice create_device_memory(int ordinal, std::size_t bytes) {
+struct VaSlot::Range {
+  Range(std::size_t bytes, std::size_t alignment) : range(bytes, alignment), size(bytes) {}
+  ArenaRange range;
+  std::size_t size;
+};
+
+VaSlot::VaSlot() noexcept = default;
+VaSlot::VaSlot(std::size_t bytes, int ordinal) {
+  const std::size_t alignment = cuda::allocation_granularity(ordinal, false);
+  m_range = std::make_unique<Range>(cuda::round_up(bytes, alignment), alignment);
+}
+VaSlot::VaSlot(VaSlot&&) noexcept = default;
+VaSlot& VaSlot::operator=(VaSlot&&) noexcept = default;
+VaSlot::~VaSlot() = default;
+std::uint64_t VaSlot::address() const noexcept { return m_range ? m_range->range.ptr() : 0; }
+std::size_t VaSlot::size() const noexcept { return m_range ? m_range->size : 0; }
+
+CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t at) {
   const auto info = cuda::query_device(ordinal, false);
   if (!info.vmm || !info.posix_fd_handles) {
     throw Error(ErrorCode::Unsupported,
@@ -173,7 +193,7 @@ CreatedDevice create_device_memory(int ordinal, std::size_t bytes) {
   auto handle = cuda::create_exportable(ordinal, out.size);
   out.exported = cuda::export_fd(handle);
   const int access[] = {ordinal};
-  out.memory = make_device_memory(ordinal, std::move(handle), out.size, access, false);
+  out.memory = make_device_memory(ordinal, std::move(handle), out.size, access, false, at);
   return out;
 }
 
@@ -204,13 +224,13 @@ int mapping_ordinal(const proto::Uuid& owner, int requested) {
 }
 
 std::unique_ptr<GpuMemory> import_device_memory(int fd, std::size_t size, const proto::Uuid& owner, int requested,
-                                                bool read_only) {
+                                                bool read_only, std::uint64_t at) {
   const int ordinal = mapping_ordinal(owner, requested);
   cuda::PrimaryContext ctx(ordinal);
   cuda::ScopedContext scope(ctx.get());
   auto handle = cuda::import_fd(fd);
   const int access[] = {ordinal};
-  return make_device_memory(ordinal, std::move(handle), size, access, read_only);
+  return make_device_memory(ordinal, std::move(handle), size, access, read_only, at);
 }
 
 std::unique_ptr<GpuMemory> borrow_device_memory(std::uint64_t ptr, int ordinal) {

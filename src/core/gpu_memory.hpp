@@ -30,14 +30,38 @@ struct CreatedDevice {
   proto::Uuid uuid{};                 ///< the device's UUID
 };
 
-/// Allocates `bytes` (rounded up to the granularity) on device `ordinal`, exports it once, maps it read-write.
-CreatedDevice create_device_memory(int ordinal, std::size_t bytes);
+/// Addresses of this process's VA arena kept for memory that is mapped, unmapped and mapped again at the same place
+/// (a pool chunk across pause and resume: pointers into it stay valid). Reserving costs no memory; the range is
+/// given back on destruction, after whatever was mapped into it has been unmapped. Move-only.
+class VaSlot {
+ public:
+  VaSlot() noexcept;
+  /// Reserves `bytes` rounded up to device `ordinal`'s allocation granularity, aligned to it. Throws Error.
+  VaSlot(std::size_t bytes, int ordinal);
+  VaSlot(VaSlot&&) noexcept;
+  VaSlot& operator=(VaSlot&&) noexcept;
+  VaSlot(const VaSlot&) = delete;
+  VaSlot& operator=(const VaSlot&) = delete;
+  ~VaSlot();
+  std::uint64_t address() const noexcept;
+  std::size_t size() const noexcept;
+  explicit operator bool() const noexcept { return m_range != nullptr; }
+
+ private:
+  struct Range;
+  std::unique_ptr<Range> m_range;
+};
+
+/// Allocates `bytes` (rounded up to the granularity) on device `ordinal`, exports it once, maps it read-write:
+/// at `at` (a VaSlot's address, large enough) when not 0, else in the VA arena.
+CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t at = 0);
 
 /// Imports an exported allocation of `size` bytes living on the device with `owner`'s UUID and maps it for device
-/// `requested` (-1: the current context's device, else the owner). Read-only maps with PROT_READ access.
-/// Throws Error(Unsupported) when the mapping device cannot reach the owner's memory (no peer access).
+/// `requested` (-1: the current context's device, else the owner), at `at` (a VaSlot's address) when not 0.
+/// Read-only maps with PROT_READ access. Throws Error(Unsupported) when the mapping device cannot reach the
+/// owner's memory (no peer access).
 std::unique_ptr<GpuMemory> import_device_memory(int fd, std::size_t size, const proto::Uuid& owner, int requested,
-                                                bool read_only);
+                                                bool read_only, std::uint64_t at = 0);
 
 /// The device whose context maps memory living on the GPU with `owner`'s UUID: `requested` when >= 0, else the
 /// current context's device, else the owner's. Throws Error(NoDevice) when none applies, Error(Unsupported) when

@@ -3,19 +3,23 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "base/format.hpp"
+#include "base/log.hpp"
+#include "core/pool_impl.hpp"
 #include "core/segment_internal.hpp"
-#include "proto/messages.hpp"
 #include "core/shm_wait.hpp"
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
-#include "core/pool_impl.hpp"
+#include "os/module.hpp"
+#include "proto/messages.hpp"
 #include "shm/pool_block.hpp"
 
 namespace gpuipc {
@@ -65,6 +69,8 @@ std::shared_ptr<Pool::Impl> attach(Segment control, const std::string& name, Acc
   impl->access = access;
   impl->open_device = device;
   impl->bases = std::make_unique<std::atomic<std::byte*>[]>(impl->block.geometry().max_chunks);
+  impl->mapped_epoch = std::make_unique<std::atomic<std::uint64_t>[]>(impl->block.geometry().max_chunks);
+  for (std::uint32_t c = 0; c < impl->block.geometry().max_chunks; ++c) impl->mapped_epoch[c] = pool_detail::kUnmapped;
   if (impl->stream_ordered()) {
     impl->control_device = control.device_pointer();
     impl->ctx = cuda::PrimaryContext(control.device());
@@ -114,6 +120,20 @@ shm::PoolGeometry geometry_for(std::string_view name, const PoolOptions& o) {
 
 }  // namespace
 
+std::string_view to_string(PoolState state) noexcept {
+  switch (state) {
+    case PoolState::Active:
+      return "active";
+    case PoolState::Pausing:
+      return "pausing";
+    case PoolState::Paused:
+      return "paused";
+    case PoolState::Resuming:
+      return "resuming";
+  }
+  return "?";
+}
+
 Pool::Pool() noexcept = default;
 Pool::Pool(std::shared_ptr<Impl> impl) noexcept : m_impl(std::move(impl)) {}
 Pool::~Pool() = default;
@@ -127,8 +147,17 @@ Pool Pool::create(std::string_view name, const PoolOptions& options) {
   const shm::PoolGeometry g = geometry_for(name, options);
   // The first chunk first, then the control block, filled in before the broker registers its name: a pool
   // anyone can open always has one chunk (and `gpuipc ls` finds pools by it), and nobody sees it half made.
-  Segment first = Segment::create(chunk_name(name, 0), g.chunk_bytes,
-                                  {.kind = options.kind, .device = options.device, .mode = options.mode});
+  // Device pools map every chunk at an address of their own (a VaSlot), kept across pause and resume.
+  std::optional<cuda::PrimaryContext> ctx;  // retained until the pool holds its own
+  core::VaSlot slot0;
+  if (options.kind == SegmentKind::Device) {
+    ctx.emplace(options.device);
+    cuda::ScopedContext scope(ctx->get());
+    slot0 = core::VaSlot(g.chunk_bytes, options.device);
+  }
+  Segment first = detail::create_segment(chunk_name(name, 0), g.chunk_bytes,
+                                         {.kind = options.kind, .device = options.device, .mode = options.mode}, 0, {},
+                                         slot0.address());
   Segment control;
   try {
     control = detail::create_segment(
@@ -150,7 +179,11 @@ Pool Pool::create(std::string_view name, const PoolOptions& options) {
   auto impl = attach(std::move(control), std::string(name), Access::ReadWrite, options.device);
   {
     std::lock_guard lock(impl->chunks_mutex);
-    impl->install(0, std::move(first));
+    if (slot0) {
+      impl->slots.resize(1);
+      impl->slots[0] = std::move(slot0);
+    }
+    impl->install(0, std::move(first), 0);
   }
   return Pool(std::move(impl));
 }
@@ -202,6 +235,8 @@ Status Pool::try_allocate(std::size_t bytes, std::size_t alignment, Block& out) 
       case shm::PoolStatus::NoRecord: return Status::WouldBlock;
       case shm::PoolStatus::LockTimeout: return Status::Timeout;
       case shm::PoolStatus::NeedChunk: return Status::DriverError;
+      case shm::PoolStatus::Paused:
+        return Status::InvalidState;
       default: return Status::InvalidState;
     }
   } catch (...) {
@@ -249,6 +284,8 @@ Block Pool::allocate(std::size_t bytes, std::size_t alignment) {
                   "allocate");
     case shm::PoolStatus::NeedChunk:
       throw Error(ErrorCode::System, fmt::format("pool '{}': cannot add a chunk: {}", im.name, error), "allocate");
+    case shm::PoolStatus::Paused:
+      throw im.paused_error("allocate");
     default:
       throw Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': cannot allocate {} bytes aligned to {}", im.name,
                                                           bytes, alignment),
@@ -307,7 +344,18 @@ void* Pool::resolve(const BlockRef& ref) const {
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "resolve on an empty Pool handle", "resolve");
   auto& im = *m_impl;
   if (std::string why = im.check_ref(ref); !why.empty()) im.throw_bad_ref(ref, "resolve", why);
-  return im.chunk_base(ref.chunk) + ref.offset;
+  const auto p = im.block.pause_info();
+  if (p.state != shm::PauseState::Active) throw im.paused_error("resolve");
+  std::byte* base = im.chunk_base(ref.chunk);
+  if (im.mapped_epoch[ref.chunk].load(std::memory_order_acquire) != p.epoch) {
+    throw Error(ErrorCode::InvalidState,
+                fmt::format("pool '{}': resolve refused: this process mapped chunk {} before the pool was paused and "
+                            "resumed (epoch {}, now {}); call refresh() once no kernel of this process uses the "
+                            "pool, then resolve again (the block keeps its address)",
+                            im.name, ref.chunk, im.mapped_epoch[ref.chunk].load(), p.epoch),
+                "resolve");
+  }
+  return base + ref.offset;
 }
 
 void Pool::hold(const BlockRef& ref) {
@@ -315,10 +363,12 @@ void Pool::hold(const BlockRef& ref) {
   auto& im = *m_impl;
   if (std::string why = im.check_ref(ref); !why.empty()) im.throw_bad_ref(ref, "hold", why);
   const auto loc = location_of(ref);
+  if (im.block.pause_info().state != shm::PauseState::Active) throw im.paused_error("hold");
   const shm::PoolStatus st = im.add_hold(loc, [&] { return im.block.hold(im.member, loc, kLockTimeout); });
   if (st == shm::PoolStatus::LockTimeout) {
     throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "hold");
   }
+  if (st == shm::PoolStatus::Paused) throw im.paused_error("hold");
   if (st != shm::PoolStatus::Ok) im.throw_bad_ref(ref, "hold", im.check_ref(ref) + " (freed meanwhile)");
 }
 
@@ -334,6 +384,198 @@ void Pool::release(const BlockRef& ref) {
     throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "release");
   }
   if (st != shm::PoolStatus::Ok) im.throw_bad_ref(ref, "release", im.check_ref(ref));
+}
+
+namespace {
+
+/// The chunks that exist (Ready) now.
+std::vector<std::uint32_t> ready_chunks(const shm::PoolBlock& b) {
+  std::vector<std::uint32_t> out;
+  for (std::uint32_t c = 0; c < b.geometry().max_chunks; ++c) {
+    if (atomic(b.header().chunks[c].state).load() == static_cast<std::uint32_t>(shm::ChunkState::Ready))
+      out.push_back(c);
+  }
+  return out;
+}
+
+void check_writer(const Pool::Impl& im, std::string_view call) {
+  if (im.access != Access::ReadWrite) {
+    throw Error(ErrorCode::PermissionDenied,
+                fmt::format("pool '{}': {} refused: this handle maps the pool read-only; only a member with write "
+                            "access may pause or resume it (open it with access ReadWrite)",
+                            im.name, call),
+                std::string(call));
+  }
+}
+
+}  // namespace
+
+void Pool::pause(const PauseOptions& options) {
+  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "pause on an empty Pool handle", "pause");
+  auto& im = *m_impl;
+  check_writer(im, "pause");
+  if (im.kind == SegmentKind::HostPinned) {
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("pool '{}': host_pinned pools cannot be paused: their pages are pinned "
+                            "(cuMemHostRegister) in every member that maps them, so releasing them would not return "
+                            "the memory; use a device or host pool",
+                            im.name),
+                "pause");
+  }
+  std::lock_guard pause_lock(im.pause_mutex);
+  const auto pid = static_cast<std::uint32_t>(os::current_pid());
+  switch (im.block.begin_pause(im.member, pid, kLockTimeout)) {
+    case shm::PoolStatus::Ok:
+      break;
+    case shm::PoolStatus::LockTimeout:
+      throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "pause");
+    case shm::PoolStatus::Paused:
+      throw im.paused_error("pause");
+    default:
+      throw Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': cannot pause", im.name), "pause");
+  }
+  bool released = false;
+  try {
+    const std::vector<std::uint32_t> ready = ready_chunks(im.block);
+    const bool device = im.kind == SegmentKind::Device;
+    std::lock_guard chunks_lock(im.chunks_mutex);
+    for (const std::uint32_t c : ready) im.map_chunk_locked(c);
+    std::optional<cuda::ScopedContext> scope;
+    if (device) {
+      scope.emplace(im.ctx.get());
+      cuda::synchronize_context("waiting for this process's work before pausing the pool");
+    }
+    im.drop_saved();
+    if (options.keep_contents) {
+      std::vector<shm::OccupiedRange> ranges;
+      ranges.reserve(im.geo().max_records);
+      if (!im.block.occupied(ranges)) {
+        throw Error(ErrorCode::System, fmt::format("pool '{}': cannot list its blocks", im.name), "pause");
+      }
+      std::uint64_t total = 0;
+      for (const auto& r : ranges) {
+        if (im.bases[r.chunk].load() == nullptr) continue;  // not a ready chunk (a record a repair has yet to undo)
+        im.saved.push_back({r.chunk, r.begin, r.end - r.begin, total});
+        total += r.end - r.begin;
+      }
+      if (total > 0 && device) {
+        try {
+          im.saved_pinned = std::make_unique<cuda::PinnedHostBuffer>(total);
+        } catch (const Error& e) {
+          GPUIPC_LOG_INFO("pool '{}': no pinned host memory for the {} paused (saving in pageable memory): {}", im.name,
+                          human_bytes(total), e.what());
+        }
+      }
+      if (total > 0 && !im.saved_pinned) im.saved_host = os::Mapping::anonymous(total);
+      std::byte* dst = im.saved_data();
+      for (const auto& r : im.saved) {
+        const std::byte* src = im.bases[r.chunk].load() + r.offset;
+        if (device) {
+          cuda::copy_to_host(dst + r.at, reinterpret_cast<CUdeviceptr>(src), r.size);
+        } else {
+          std::memcpy(dst + r.at, src, r.size);
+        }
+      }
+    }
+    for (const std::uint32_t c : ready) {
+      if (device) {
+        // The broker's fd goes with the name once no process has the segment open; ours with the mapping.
+        try {
+          Segment::unlink(chunk_name(im.name, c));
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::NotFound) throw;
+        }
+        released = true;
+        im.unmap_chunk_locked(c);
+      } else {
+        released = true;
+        os::discard_pages(im.chunks[c].data(), im.chunks[c].size());
+      }
+    }
+  } catch (...) {
+    if (!released) im.drop_saved();
+    im.block.end_pause(im.member, released);
+    throw;
+  }
+  im.block.end_pause(im.member, true);
+}
+
+void Pool::resume() {
+  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "resume on an empty Pool handle", "resume");
+  auto& im = *m_impl;
+  check_writer(im, "resume");
+  std::lock_guard pause_lock(im.pause_mutex);
+  const auto pid = static_cast<std::uint32_t>(os::current_pid());
+  switch (im.block.begin_resume(im.member, pid, kLockTimeout)) {
+    case shm::PoolStatus::Ok:
+      break;
+    case shm::PoolStatus::LockTimeout:
+      throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "resume");
+    case shm::PoolStatus::NotPaused: {
+      const auto p = im.block.pause_info();
+      if (p.state == shm::PauseState::Active) {
+        throw Error(ErrorCode::InvalidState, fmt::format("pool '{}': resume refused: it is not paused", im.name),
+                    "resume");
+      }
+      throw Error(
+          ErrorCode::InvalidState,
+          fmt::format("pool '{}': resume refused: it is {} by another process (pid {}); only that process "
+                      "may resume it (any writer may once it is gone)",
+                      im.name, p.state == shm::PauseState::Paused ? "paused" : "being paused or resumed", p.pid),
+          "resume");
+    }
+    default:
+      throw Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': cannot resume", im.name), "resume");
+  }
+  try {
+    const std::uint64_t epoch = im.block.pause_info().epoch;
+    const bool device = im.kind == SegmentKind::Device;
+    std::lock_guard chunks_lock(im.chunks_mutex);
+    std::optional<cuda::ScopedContext> scope;
+    if (device) scope.emplace(im.ctx.get());
+    for (const std::uint32_t c : ready_chunks(im.block)) {
+      if (device) {
+        im.unmap_chunk_locked(c);  // a mapping of released memory (this process did not pause the pool)
+        im.create_chunk_locked(c, epoch);
+      } else if (im.bases[c].load() != nullptr) {
+        im.mapped_epoch[c].store(epoch);  // the memfd stayed; only its pages went
+      }
+    }
+    const std::byte* src = im.saved_data();
+    for (const auto& r : im.saved) {
+      std::byte* dst = im.map_chunk_locked(r.chunk) + r.offset;
+      if (device) {
+        cuda::copy_to_device(reinterpret_cast<CUdeviceptr>(dst), src + r.at, r.size);
+      } else {
+        std::memcpy(dst, src + r.at, r.size);
+      }
+    }
+  } catch (...) {
+    im.block.end_resume(im.member, false);
+    throw;
+  }
+  im.drop_saved();
+  im.block.end_resume(im.member, true);
+}
+
+bool Pool::paused() const noexcept { return m_impl && m_impl->block.pause_info().state != shm::PauseState::Active; }
+
+void Pool::refresh() {
+  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "refresh on an empty Pool handle", "refresh");
+  auto& im = *m_impl;
+  std::lock_guard chunks_lock(im.chunks_mutex);
+  const auto p = im.block.pause_info();
+  const bool active = p.state == shm::PauseState::Active;
+  for (std::uint32_t c = 0; c < im.geo().max_chunks; ++c) {
+    const std::uint64_t mapped = im.mapped_epoch[c].load();
+    if (im.bases[c].load() == nullptr || mapped == pool_detail::kUnmapped || mapped == p.epoch) continue;
+    if (im.kind == SegmentKind::Device) {
+      im.unmap_chunk_locked(c);  // frees the old memory, once no other process maps it
+      if (active) im.map_chunk_locked(c);
+    } else {
+      im.mapped_epoch[c].store(active ? p.epoch : pool_detail::kUnmapped);
+    }
+  }
 }
 
 PoolStats Pool::stats() const noexcept { return m_impl ? m_impl->block.counts() : PoolStats{}; }

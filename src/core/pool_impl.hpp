@@ -13,11 +13,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/gpu_memory.hpp"
 #include "core/membership.hpp"
+#include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
-#include "shm/members.hpp"
+#include "cuda/host_memory.hpp"
 #include "cuda/resources.hpp"
 #include "gpuipc/pool.hpp"
+#include "os/memfd.hpp"
+#include "shm/members.hpp"
 #include "shm/pool_block.hpp"
 
 namespace gpuipc {
@@ -29,6 +33,9 @@ inline constexpr auto kLockTimeout = std::chrono::seconds(5);
 /// How long allocate waits for another member to finish creating a chunk.
 inline constexpr auto kChunkWait = std::chrono::seconds(30);
 inline std::string chunk_name(std::string_view pool, std::uint32_t chunk) { return fmt::format("{}.chunk.{}", pool, chunk); }
+
+/// Pool::Impl::mapped_epoch of a chunk this process does not map (or whose memory a pause released).
+inline constexpr std::uint64_t kUnmapped = UINT64_MAX;
 
 inline shm::BlockLocation location_of(const BlockRef& r) noexcept {
   return shm::BlockLocation{r.chunk, r.index, r.offset, r.size, r.generation};
@@ -50,8 +57,13 @@ struct Pool::Impl {
   std::uint32_t token = 0;  // the broker's token in our member entry
 
   std::mutex chunks_mutex;
+  std::vector<core::VaSlot> slots;                           // device pools, by index: where chunk i is mapped,
+                                                             // kept across pause and resume (before `chunks`:
+                                                             // unmapped first)
   std::vector<Segment> chunks;                               // by index: mapped chunks
   std::unique_ptr<std::atomic<std::byte*>[]> bases;          // lock-free view of chunks[i].data()
+  std::unique_ptr<std::atomic<std::uint64_t>[]> mapped_epoch;  // the pool epoch chunk i was mapped (or last
+                                                               // refreshed) in; kUnmapped: none
   std::mutex holds_mutex;
   struct Local {
     std::uint64_t generation = 0;
@@ -63,10 +75,42 @@ struct Pool::Impl {
   std::mutex alloc_mutex;
   std::vector<shm::OccupiedRange> scratch;  // the allocator's, under alloc_mutex
 
+  // Pause and resume (pool.cpp), under pause_mutex: the contents this process saved, in `saved_pinned` (device
+  // pools, when the driver gives pinned memory) or `saved_host`.
+  std::mutex pause_mutex;
+  struct SavedRange {
+    std::uint32_t chunk = 0;
+    std::uint64_t offset = 0;
+    std::uint64_t size = 0;
+    std::uint64_t at = 0;  // bytes into the saved buffer
+  };
+  std::vector<SavedRange> saved;
+  os::Mapping saved_host;
+  std::unique_ptr<cuda::PinnedHostBuffer> saved_pinned;
+  std::byte* saved_data() const noexcept {
+    return saved_pinned ? static_cast<std::byte*>(saved_pinned->get()) : static_cast<std::byte*>(saved_host.data());
+  }
+  /// Frees the saved contents (cuMemFreeHost wants the context that allocated them current).
+  void drop_saved() noexcept {
+    saved.clear();
+    saved_host = os::Mapping();
+    if (saved_pinned) {
+      try {
+        cuda::ScopedContext scope(ctx.get());
+        saved_pinned.reset();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): no context: the buffer is freed without one
+        saved_pinned.reset();
+      }
+    }
+  }
+
   Impl() = default;
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
-  ~Impl() { leave(); }
+  ~Impl() {
+    leave();
+    drop_saved();
+  }
 
   const shm::PoolGeometry& geo() const noexcept { return block.geometry(); }
   bool stream_ordered() const noexcept { return kind != SegmentKind::Host; }
@@ -106,44 +150,111 @@ struct Pool::Impl {
     return false;
   }
 
-  /// The base address of chunk `c`, mapping it on first use. Throws Error.
+  /// The base address of chunk `c`, mapping it on first use (device pools: at its VaSlot, the same address before
+  /// and after a pause). Throws Error.
   std::byte* chunk_base(std::uint32_t c) {
-    if (std::byte* b = bases[c].load(std::memory_order_acquire); b != nullptr) return b;
+    if (std::byte* b = bases[c].load(std::memory_order_acquire);
+        b != nullptr && mapped_epoch[c].load(std::memory_order_acquire) != pool_detail::kUnmapped) {
+      return b;
+    }
     std::lock_guard lock(chunks_mutex);
-    if (std::byte* b = bases[c].load(std::memory_order_acquire); b != nullptr) return b;
-    Segment seg = Segment::open(pool_detail::chunk_name(name, c), {.access = access, .wait = {}, .device = open_device});
+    return map_chunk_locked(c);
+  }
+
+  /// chunk_base's slow path, under chunks_mutex.
+  std::byte* map_chunk_locked(std::uint32_t c) {
+    // The epoch is read before the chunk is opened: a pause that releases the memory we open moves it on after,
+    // and resolve then sees this mapping stale.
+    const std::uint64_t epoch = block.pause_info().epoch;
+    if (std::byte* b = bases[c].load(std::memory_order_acquire); b != nullptr) {
+      // Host pools keep their mapping across a pause (the memfd stays; only its pages went): valid again.
+      if (kind != SegmentKind::Device || mapped_epoch[c].load(std::memory_order_acquire) == epoch) {
+        mapped_epoch[c].store(epoch, std::memory_order_release);
+        return b;
+      }
+      unmap_chunk_locked(c);  // device memory a pause released: map the chunk's memory of now instead
+    }
+    Segment seg = detail::open_segment(pool_detail::chunk_name(name, c),
+                                       {.access = access, .wait = {}, .device = open_device}, true, slot_address(c));
     if (seg.size() < geo().chunk_bytes || seg.kind() != kind) {
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("pool '{}': segment '{}' is not a chunk of it ({} of {} bytes)", name, seg.name(),
                               to_string(seg.kind()), seg.size()),
                   "resolve");
     }
-    return install(c, std::move(seg));
+    return install(c, std::move(seg), epoch);
   }
 
-  std::byte* install(std::uint32_t c, Segment seg) {
+  /// Device pools: the address chunk `c` is mapped at in this process, reserved on first use (under chunks_mutex);
+  /// 0 for host kinds.
+  std::uint64_t slot_address(std::uint32_t c) {
+    if (kind != SegmentKind::Device) return 0;
+    if (slots.size() <= c) slots.resize(c + 1);
+    if (!slots[c]) {
+      cuda::ScopedContext scope(ctx.get());
+      slots[c] = core::VaSlot(geo().chunk_bytes, ctx.ordinal());
+    }
+    return slots[c].address();
+  }
+
+  std::byte* install(std::uint32_t c, Segment seg, std::uint64_t epoch) {
     auto* base = static_cast<std::byte*>(seg.data());
     if (chunks.size() <= c) chunks.resize(c + 1);
     chunks[c] = std::move(seg);
+    mapped_epoch[c].store(epoch, std::memory_order_release);
     bases[c].store(base, std::memory_order_release);
     return base;
   }
 
-  /// Creates (exports) chunk `c`, reserved for this member by the allocator. A chunk segment left behind by a
-  /// creator that died after creating it is adopted.
-  void create_chunk(std::uint32_t c) {
+  /// Unmaps chunk `c` in this process (device pools; under chunks_mutex): its VaSlot stays reserved.
+  void unmap_chunk_locked(std::uint32_t c) noexcept {
+    bases[c].store(nullptr, std::memory_order_release);
+    mapped_epoch[c].store(pool_detail::kUnmapped, std::memory_order_release);
+    if (c < chunks.size()) chunks[c] = Segment();
+  }
+
+  /// Creates (exports) chunk `c`, reserved for this member by the allocator (or backing it again on resume). A
+  /// chunk segment left behind by a creator that died after creating it is adopted. Under chunks_mutex.
+  std::byte* create_chunk_locked(std::uint32_t c, std::uint64_t epoch) {
     const std::string n = pool_detail::chunk_name(name, c);
+    const std::uint64_t at = slot_address(c);
     Segment seg;
     try {
-      seg = Segment::create(n, geo().chunk_bytes,
-                            {.kind = kind, .device = geo().device, .mode = control_mode()});
+      seg = detail::create_segment(n, geo().chunk_bytes, {.kind = kind, .device = geo().device, .mode = control_mode()},
+                                   0, {}, at);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::AlreadyExists) throw;
-      seg = Segment::open(n, {.access = Access::ReadWrite, .wait = {}, .device = open_device});
+      seg = detail::open_segment(n, {.access = Access::ReadWrite, .wait = {}, .device = open_device}, true, at);
       if (seg.size() < geo().chunk_bytes || seg.kind() != kind) throw;
     }
+    return install(c, std::move(seg), epoch);
+  }
+
+  void create_chunk(std::uint32_t c) {
     std::lock_guard lock(chunks_mutex);
-    install(c, std::move(seg));
+    const std::uint64_t epoch = block.pause_info().epoch;
+    create_chunk_locked(c, epoch);
+  }
+
+  /// The InvalidState error of `call` on a pool that is not active now.
+  Error paused_error(std::string_view call) const {
+    const auto p = block.pause_info();
+    const char* what = p.state == shm::PauseState::Pausing    ? "being paused"
+                       : p.state == shm::PauseState::Resuming ? "being resumed"
+                                                              : "paused";
+    if (p.member == shm::kNoPauser) {
+      return Error(ErrorCode::InvalidState,
+                   fmt::format("pool '{}': {} refused: the pool is paused and the process that paused it (pid {}) is "
+                               "gone, with any contents it saved; call resume() from a member with write access to "
+                               "back it with new memory (the blocks' bytes are lost)",
+                               name, call, p.pid),
+                   std::string(call));
+    }
+    return Error(ErrorCode::InvalidState,
+                 fmt::format("pool '{}': {} refused: the pool is {} by pid {}; wait until that process resumes it "
+                             "(Pool::resume), then call refresh() in processes that mapped it before the pause",
+                             name, call, what, p.pid),
+                 std::string(call));
   }
 
   unsigned control_mode() const {
@@ -259,6 +370,13 @@ struct Pool::Impl {
     }
     try {
       b.m_data = chunk_base(loc.chunk) + loc.offset;
+      if (mapped_epoch[loc.chunk].load(std::memory_order_acquire) != block.pause_info().epoch) {
+        throw Error(ErrorCode::InvalidState,
+                    fmt::format("pool '{}': allocate refused: this process mapped chunk {} before the pool was paused "
+                                "and resumed; call refresh() once no kernel of this process uses the pool",
+                                name, loc.chunk),
+                    "allocate");
+      }
     } catch (...) {
       drop_local(loc, true, false);
       throw;

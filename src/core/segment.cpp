@@ -230,7 +230,7 @@ Segment Segment::create(std::string_view name, std::size_t bytes, const CreateOp
 }
 
 Segment detail::create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options,
-                               std::uint32_t flags, const std::function<void(void*)>& init) {
+                               std::uint32_t flags, const std::function<void(void*)>& init, std::uint64_t place_at) {
   std::string n = check_name_or_throw(name);
   if (bytes == 0 || bytes > proto::kMaxSegmentSize) {
     throw Error(ErrorCode::InvalidArgument,
@@ -259,7 +259,7 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
   req.flags = flags;
   os::UniqueFd fd;
   if (options.kind == SegmentKind::Device) {
-    auto created = core::create_device_memory(options.device, bytes);
+    auto created = core::create_device_memory(options.device, bytes, place_at);
     m->size = created.size;
     m->gpu = std::move(created.memory);
     fd = std::move(created.exported);
@@ -274,11 +274,12 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
     if (init) init(m->host.data());
   }
   req.size = m->size;
-  return detail::SegmentAccess::register_created(std::move(m), req, std::move(fd), options.device, false);
+  return detail::SegmentAccess::register_created(std::move(m), req, std::move(fd), options.device, false,
+                                                 place_at == 0);
 }
 
 Segment detail::SegmentAccess::register_created(std::shared_ptr<Mapping> m, const proto::Create& req, os::UniqueFd fd,
-                                                int device, bool read_only_too) {
+                                                int device, bool read_only_too, bool cached) {
   auto& client = core::BrokerClient::instance();
   const int raw = fd.get();
   auto reply = client.request(req, std::span<const int>(&raw, 1));
@@ -293,7 +294,7 @@ Segment detail::SegmentAccess::register_created(std::shared_ptr<Mapping> m, cons
   // creator opening its own segment is a cache hit either way.
   const std::uint64_t names_gen = client.names_generation();
   for (const Access access : {Access::ReadWrite, Access::ReadOnly}) {
-    if (access == Access::ReadOnly && !read_only_too) break;
+    if (!cached || (access == Access::ReadOnly && !read_only_too)) break;
     MappingCache::instance().put(cache_key(req.name, access, -1), m, names_gen);
     if (m->kind != SegmentKind::Host) MappingCache::instance().put(cache_key(req.name, access, device), m, names_gen);
   }
@@ -305,13 +306,17 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
   return detail::open_segment(name, options, true);
 }
 
-Segment detail::open_segment(std::string_view name, const OpenOptions& options, bool register_pinned) {
+Segment detail::open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
+                             std::uint64_t place_at) {
   std::string n = check_name_or_throw(name);
   auto& client = core::BrokerClient::instance();
   auto& cache = MappingCache::instance();
   // An unregistered host_pinned mapping is cached apart (device -3 is no device anyone asks for).
   const std::string key = cache_key(n, options.access, register_pinned ? options.device : -3);
-  if (auto [hit, fresh] = cache.find(key, client.names_generation(), client.generation()); hit) {
+  // A placed mapping is this caller's alone: no cache lookup, and it is not cached below.
+  if (auto [hit, fresh] = place_at != 0 ? std::pair<std::shared_ptr<detail::Mapping>, bool>{}
+                                        : cache.find(key, client.names_generation(), client.generation());
+      hit) {
     if (!hit->alive()) {
       cache.erase(key);
       throw detail::exporter_gone_error(n);
@@ -355,7 +360,8 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
   const bool read_only = options.access == Access::ReadOnly;
   if (m->kind == SegmentKind::Device) {
     // Adopted VMM memory (a view) maps its whole allocation: cuMemMap maps allocations from their start.
-    m->gpu = core::import_device_memory(reply.fds[0].get(), r->info.size, r->info.device, options.device, read_only);
+    m->gpu = core::import_device_memory(reply.fds[0].get(), r->info.size, r->info.device, options.device, read_only,
+                                        place_at);
   } else if (m->kind == SegmentKind::DeviceIpc) {
     detail::open_device_ipc(*m, reply.fds[0].get(), r->info, options.device);
   } else {
@@ -367,7 +373,7 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
   m->broker_size = r->info.size;
   m->memory = std::move(reply.fds[0]);
   remember_for_restart(m);
-  cache.put(key, m, names_gen);
+  if (place_at == 0) cache.put(key, m, names_gen);
   return Segment(std::move(m));
 }
 

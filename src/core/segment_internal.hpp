@@ -54,8 +54,9 @@ struct SegmentAccess {
   static const std::shared_ptr<Mapping>& mapping(const Segment& s) noexcept { return s.m_map; }
   /// Sends `req` with `fd` (the memory) to the broker, records the id in `map` and caches it for this process's
   /// own opens: under access ReadWrite for devices -1 and `device`, and also ReadOnly when `read_only_too`.
-  static Segment register_created(std::shared_ptr<Mapping> map, const proto::Create& req, os::UniqueFd fd,
-                                  int device, bool read_only_too);
+  /// `cached` false: keep it out of the cache (a mapping placed in the caller's VaSlot).
+  static Segment register_created(std::shared_ptr<Mapping> map, const proto::Create& req, os::UniqueFd fd, int device,
+                                  bool read_only_too, bool cached = true);
 };
 
 /// The checked name, or throws Error(InvalidArgument) saying which names are allowed.

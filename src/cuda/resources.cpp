@@ -650,6 +650,8 @@ void synchronize(CUstream stream, std::string_view what) {
   check(driver().cuStreamSynchronize(stream), "cuStreamSynchronize", what);
 }
 
+void synchronize_context(std::string_view what) { check(driver().cuCtxSynchronize(), "cuCtxSynchronize", what); }
+
 CUresult stream_write_value64(CUstream stream, CUdeviceptr addr, std::uint64_t value, unsigned flags) noexcept {
   const DriverApi* api = loaded_driver();
   if (api == nullptr) return CUDA_ERROR_NOT_INITIALIZED;

@@ -375,6 +375,9 @@ void memset_d8(CUdeviceptr dst, std::uint8_t value, std::size_t size);
 void memset_d8_async(CUdeviceptr dst, std::uint8_t value, std::size_t size, CUstream stream);
 /// cuStreamSynchronize of a stream the caller does not own as a Stream; `what` names it in errors. Throws Error.
 void synchronize(CUstream stream, std::string_view what);
+/// cuCtxSynchronize of the current context: every stream of it is done. `what` names the reason in errors.
+/// Throws Error.
+void synchronize_context(std::string_view what);
 
 /// Stream-ordered 64-bit memory operations on registered host or device memory (the semaphore mechanism).
 /// Hot path: no exception, no allocation; they return the CUresult (CUDA_ERROR_NOT_INITIALIZED without a

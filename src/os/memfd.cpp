@@ -105,6 +105,12 @@ Mapping Mapping::anonymous(std::size_t size) {
   return Mapping(data, size);
 }
 
+void discard_pages(void* addr, std::size_t size) {
+  if (::madvise(addr, size, MADV_REMOVE) != 0) {
+    throw_system("madvise", fmt::format("releasing the pages of {} bytes at {} (MADV_REMOVE)", size, addr));
+  }
+}
+
 Mapping::Mapping(Mapping&& other) noexcept
     : m_data(std::exchange(other.m_data, nullptr)), m_size(std::exchange(other.m_size, 0)) {}
 

@@ -77,6 +77,11 @@ class Mapping {
   std::size_t m_size = 0;
 };
 
+/// Frees the pages of [addr, addr + size) of a writable shared memfd mapping (madvise MADV_REMOVE: a hole is
+/// punched in the file, for every process that maps it). The range stays mapped: reads then see zeros, and a write
+/// allocates a fresh page. `addr` and `size` must be page-aligned. Throws Error naming the range.
+void discard_pages(void* addr, std::size_t size);
+
 /// The system page size.
 std::size_t page_size() noexcept;
 

@@ -42,7 +42,7 @@ constexpr std::size_t kMaxBrokerVersionLength = 64;
 constexpr std::uint16_t kModeMask = 0777;
 constexpr std::uint8_t kFirstErrorCode = static_cast<std::uint8_t>(ErrorCode::InvalidArgument);
 // The last ErrorCode enumerator: widen when one is added (a unit test compares with to_string(ErrorCode)).
-constexpr std::uint8_t kLastErrorCode = static_cast<std::uint8_t>(ErrorCode::Protocol);
+constexpr std::uint8_t kLastErrorCode = static_cast<std::uint8_t>(ErrorCode::InvalidState);
 
 constexpr std::string_view message_name(MessageType type) noexcept {
   switch (type) {

@@ -29,6 +29,12 @@ void set_state(BlockRecord& r, RecordState s) noexcept { store(r.state, static_c
 ChunkState state_of(PoolChunk& c) noexcept { return static_cast<ChunkState>(load(c.state)); }
 void set_state(PoolChunk& c, ChunkState s) noexcept { store(c.state, static_cast<std::uint32_t>(s)); }
 
+constexpr std::uint32_t pause_word(PauseState s, std::uint32_t member) noexcept {
+  return static_cast<std::uint32_t>(s) | ((member & 0xFFU) << 8);
+}
+constexpr PauseState pause_state_of(std::uint32_t word) noexcept { return static_cast<PauseState>(word & 0xFFU); }
+constexpr std::uint32_t pauser_of(std::uint32_t word) noexcept { return (word >> 8) & 0xFFU; }
+
 constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) noexcept { return (v + a - 1) & ~(a - 1); }
 constexpr std::uint64_t bit(std::uint32_t member) noexcept { return std::uint64_t{1} << member; }
 
@@ -259,6 +265,10 @@ PoolStatus PoolBlock::allocate(std::uint32_t member, std::uint64_t bytes, std::u
     return PoolStatus::Invalid;
   }
   if (!lock(member, lock_timeout)) return PoolStatus::LockTimeout;
+  if (pause_state_of(load(m_header->pause)) != PauseState::Active) {
+    unlock();
+    return PoolStatus::Paused;
+  }
   PoolStatus st = PoolStatus::NoSpace;
   for (int pass = 0; pass < 2 && st != PoolStatus::Ok; ++pass) {
     if (pass == 1 && load(m_header->draining) == 0) break;
@@ -323,7 +333,8 @@ PoolStatus PoolBlock::hold(std::uint32_t member, const BlockLocation& loc,
   if (member >= proto::kMaxMembers) return PoolStatus::Invalid;
   if (const PoolStatus st = check_live(loc); st != PoolStatus::Ok) return st;
   if (!lock(member, lock_timeout)) return PoolStatus::LockTimeout;
-  const PoolStatus st = check_live(loc);
+  PoolStatus st = check_live(loc);
+  if (st == PoolStatus::Ok && pause_state_of(load(m_header->pause)) != PauseState::Active) st = PoolStatus::Paused;
   if (st == PoolStatus::Ok) atomic(m_records[loc.record].holders).fetch_or(bit(member), std::memory_order_acq_rel);
   unlock();
   return st;
@@ -343,6 +354,81 @@ PoolStatus PoolBlock::release(std::uint32_t member, const BlockLocation& loc, bo
   }
   unlock();
   return st;
+}
+
+PauseInfo PoolBlock::pause_info() const noexcept {
+  PauseInfo p;
+  if (!valid()) return p;
+  const std::uint32_t w = load(m_header->pause);
+  p.state = pause_state_of(w);
+  p.member = p.state == PauseState::Active ? kNoPauser : pauser_of(w);
+  p.pid = load(m_header->pauser_pid);
+  p.epoch = load(m_header->epoch);
+  return p;
+}
+
+PoolStatus PoolBlock::begin_pause(std::uint32_t member, std::uint32_t pid,
+                                  std::chrono::nanoseconds lock_timeout) noexcept {
+  if (!valid() || member >= proto::kMaxMembers) return PoolStatus::Invalid;
+  if (!lock(member, lock_timeout)) return PoolStatus::LockTimeout;
+  PoolStatus st = PoolStatus::Paused;
+  if (pause_state_of(load(m_header->pause)) == PauseState::Active) {
+    store(m_header->pauser_pid, pid);
+    store(m_header->pause, pause_word(PauseState::Pausing, member));
+    st = PoolStatus::Ok;
+  }
+  unlock();
+  return st;
+}
+
+void PoolBlock::end_pause(std::uint32_t member, bool released) noexcept {
+  if (!valid()) return;
+  std::uint32_t w = load(m_header->pause);
+  if (pause_state_of(w) != PauseState::Pausing || pauser_of(w) != member) return;
+  // The epoch moves on only once every chunk's memory is released (names unlinked): a member that read the old
+  // epoch before mapping a chunk has a mapping of the old memory, and sees it stale.
+  if (released) atomic(m_header->epoch).fetch_add(1, std::memory_order_acq_rel);
+  const std::uint32_t next = released ? pause_word(PauseState::Paused, member) : 0U;
+  atomic(m_header->pause).compare_exchange_strong(w, next, std::memory_order_acq_rel);
+  wake(m_header->wake_seq);
+}
+
+PoolStatus PoolBlock::begin_resume(std::uint32_t member, std::uint32_t pid,
+                                   std::chrono::nanoseconds lock_timeout) noexcept {
+  if (!valid() || member >= proto::kMaxMembers) return PoolStatus::Invalid;
+  if (!lock(member, lock_timeout)) return PoolStatus::LockTimeout;
+  PoolStatus st = PoolStatus::NotPaused;
+  const std::uint32_t w = load(m_header->pause);
+  if (pause_state_of(w) == PauseState::Paused && (pauser_of(w) == member || pauser_of(w) == kNoPauser)) {
+    store(m_header->pauser_pid, pid);
+    store(m_header->pause, pause_word(PauseState::Resuming, member));
+    st = PoolStatus::Ok;
+  }
+  unlock();
+  return st;
+}
+
+void PoolBlock::end_resume(std::uint32_t member, bool ok) noexcept {
+  if (!valid()) return;
+  std::uint32_t w = load(m_header->pause);
+  if (pause_state_of(w) != PauseState::Resuming || pauser_of(w) != member) return;
+  atomic(m_header->pause)
+      .compare_exchange_strong(w, ok ? 0U : pause_word(PauseState::Paused, member), std::memory_order_acq_rel);
+  wake(m_header->wake_seq);
+}
+
+bool PoolBlock::occupied(std::vector<OccupiedRange>& scratch) const noexcept {
+  if (!valid() || !collect(scratch)) return false;
+  std::size_t out = 0;
+  for (std::size_t k = 0; k < scratch.size(); ++k) {
+    if (out > 0 && scratch[out - 1].chunk == scratch[k].chunk && scratch[k].begin <= scratch[out - 1].end) {
+      scratch[out - 1].end = std::max(scratch[out - 1].end, scratch[k].end);
+    } else {
+      scratch[out++] = scratch[k];
+    }
+  }
+  scratch.resize(out);
+  return true;
 }
 
 std::uint64_t PoolBlock::largest_free(std::vector<OccupiedRange>& scratch) const noexcept {
@@ -388,6 +474,11 @@ PoolCounts PoolBlock::counts() const noexcept {
   for (auto& m : m_header->members) c.members += load(m.token) != 0 ? 1U : 0U;
   c.allocations = load(m_header->allocations);
   c.frees = load(m_header->frees);
+  const PauseInfo p = pause_info();
+  c.state = static_cast<gpuipc::PoolState>(p.state);
+  c.paused_by_pid = p.state == PauseState::Active ? 0 : p.pid;
+  c.pauser_gone = p.state != PauseState::Active && p.member == kNoPauser;
+  c.epoch = p.epoch;
   try {
     std::vector<OccupiedRange> scratch;
     scratch.reserve(m_geo.max_records);
@@ -415,6 +506,13 @@ int PoolBlock::remove_locked(std::uint32_t member) noexcept {
   for (std::uint32_t c = 0; c < m_geo.max_chunks; ++c) {
     PoolChunk& ch = m_header->chunks[c];
     if (state_of(ch) == ChunkState::Creating && load(ch.creator) == member) set_state(ch, ChunkState::Absent);
+  }
+  // It paused the pool (or was pausing or resuming it): the pool stays paused, with no pauser, so that any member
+  // may resume it; the contents it saved are gone with it. Memory it may have released: the epoch moves on.
+  const std::uint32_t w = load(m_header->pause);
+  if (pause_state_of(w) != PauseState::Active && pauser_of(w) == member) {
+    if (pause_state_of(w) == PauseState::Pausing) atomic(m_header->epoch).fetch_add(1, std::memory_order_acq_rel);
+    store(m_header->pause, pause_word(PauseState::Paused, kNoPauser));
   }
   return released;
 }

@@ -88,10 +88,34 @@ struct alignas(64) PoolHeader {
   std::uint64_t frees;
   std::uint64_t deferred;           ///< members whose removal found the lock taken: the next lock holder removes
                                     ///< them and frees their entries
+  std::uint32_t pause;              ///< PauseState in bits 0-7, the pausing member in bits 8-15 (kNoPauser: it
+                                    ///< left or died while the pool was paused); 0 in pools made before pause
+  std::uint32_t pauser_pid;         ///< the pausing process's pid (for messages)
+  std::uint64_t epoch;              ///< bumped each time the chunks' memory is released (pause): a mapping made
+                                    ///< in an earlier epoch is stale
   alignas(64) proto::Member members[proto::kMaxMembers];
   alignas(64) PoolChunk chunks[kMaxChunks];
 };
 static_assert(sizeof(PoolHeader) % 64 == 0);
+static_assert(offsetof(PoolHeader, members) == 192, "the pause words fill the lock's cache line: layout unchanged");
+
+/// PoolHeader::pause, bits 0-7. Pools start (and pools of earlier releases read as) Active.
+enum class PauseState : std::uint32_t {
+  Active = 0,    ///< the chunks have memory
+  Pausing = 1,   ///< a member is saving and releasing the chunks' memory: resolve, hold and allocate refuse
+  Paused = 2,    ///< the chunks' memory is released (addresses and block records kept)
+  Resuming = 3,  ///< a member is backing the chunks with new memory
+};
+/// PoolHeader::pause, bits 8-15, when no live member paused the pool (it left or died while it was paused).
+inline constexpr std::uint32_t kNoPauser = 0xFF;
+
+/// The pause words, read together (lock-free).
+struct PauseInfo {
+  PauseState state = PauseState::Active;
+  std::uint32_t member = kNoPauser;  ///< the pausing member, or kNoPauser
+  std::uint32_t pid = 0;
+  std::uint64_t epoch = 0;
+};
 
 /// Bytes of a control block with `max_records` records.
 constexpr std::size_t pool_control_bytes(std::uint32_t max_records) noexcept {
@@ -129,6 +153,8 @@ enum class PoolStatus : std::uint8_t {
   NotHeld,      ///< this member holds no reference to the block
   LockTimeout,  ///< the pool lock stayed taken (a member scribbled on it, or died and is not repaired yet)
   Invalid,      ///< an argument is out of range
+  Paused,       ///< the pool is paused (or being paused or resumed): no allocation, hold or pause now
+  NotPaused,    ///< resume of a pool that is not paused, or paused by another live member
 };
 
 /// An occupied range of a chunk (the allocator's scratch).
@@ -177,6 +203,22 @@ class PoolBlock {
   /// block's memory is not reused before that. The last holder gone, the block's range is free again.
   PoolStatus release(std::uint32_t member, const BlockLocation& loc, bool pending_stream,
                      std::chrono::nanoseconds lock_timeout) noexcept;
+
+  /// Lock-free: the pause state, its member and pid, and the epoch.
+  PauseInfo pause_info() const noexcept;
+  /// Active -> Pausing for `member` (process `pid`). Paused when the pool is not Active.
+  PoolStatus begin_pause(std::uint32_t member, std::uint32_t pid, std::chrono::nanoseconds lock_timeout) noexcept;
+  /// Pausing -> Paused (`released`: the memory is gone, the epoch moves on) or back to Active (nothing was
+  /// released: a failed pause). No-op unless `member` is pausing.
+  void end_pause(std::uint32_t member, bool released) noexcept;
+  /// Paused -> Resuming for `member`, when it paused the pool or the pauser is gone (kNoPauser). NotPaused when
+  /// the pool is not paused or another live member paused it.
+  PoolStatus begin_resume(std::uint32_t member, std::uint32_t pid, std::chrono::nanoseconds lock_timeout) noexcept;
+  /// Resuming -> Active (`ok`), or back to Paused (a failed resume; the pool stays paused by `member`).
+  void end_resume(std::uint32_t member, bool ok) noexcept;
+  /// The occupied ranges (live and draining blocks) sorted by chunk and offset, overlaps merged; false when
+  /// `scratch` has too little capacity (reserve max_records).
+  bool occupied(std::vector<OccupiedRange>& scratch) const noexcept;
 
   /// Lock-free: whether `loc` names a live block whose chunk is ready (the check resolve makes).
   PoolStatus check_live(const BlockLocation& loc) const noexcept;

@@ -354,3 +354,40 @@ def torch_versions_publisher_forever(name: str, ready: str) -> None:
     keep = gpuipc.Segment.create(ready, 4096)
     time.sleep(600)
     del pub, keep
+
+
+def torch_mempool_pause_resume(name: str) -> dict:
+    """A model built under gpuipc.torch.MemPool(name); its pool paused with its contents kept, then resumed: what
+    the GPU got back, whether the parameters kept their addresses, and whether the forward pass is bitwise equal."""
+    import gpuipc.torch as gt
+
+    torch = torch_cuda()
+    pool = gt.MemPool(name, device=0, chunk_bytes=256 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096)).cuda()
+        big = torch.full((48 << 20,), 3, dtype=torch.int32, device="cuda")  # 192 MiB more
+    x = torch.randn(16, 4096, device="cuda")
+    before = model(x)
+    addresses = [p.data_ptr() for p in model.parameters()] + [big.data_ptr()]
+    torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0]
+    pool.pause(keep_contents=True)
+    free1 = torch.cuda.mem_get_info()[0]
+    paused = pool.paused()
+    pool.resume()
+    after = model(x)
+    torch.cuda.synchronize()
+    out = {
+        "freed": free1 - free0,
+        "used": gt.pool_stats(0)[1],
+        "paused": paused,
+        "resumed": not pool.paused(),
+        "same_addresses": addresses == [p.data_ptr() for p in model.parameters()] + [big.data_ptr()],
+        "bitwise_equal": bool(torch.equal(before, after)),
+        "big_intact": bool((big == 3).all()),
+    }
+    del model, big, before, after, x
+    del pool
+    torch.cuda.synchronize()
+    gt.detach(0)
+    return out

@@ -255,3 +255,20 @@ def stream_reader_stalls(name: str, ready: str) -> None:
     keep = gpuipc.Segment.create(ready, 4096)
     time.sleep(600)
     del rd, it, keep
+
+
+def pool_paused_report(name: str, raw_ref: bytes) -> dict:
+    """Opens pool `name` (paused by another process) and reports what resolve, hold and allocate raise."""
+    ref = gpuipc.BlockRef.from_bytes(raw_ref)
+    out: dict = {}
+    with gpuipc.Pool.open(name) as pool:
+        out["paused"] = pool.paused
+        out["stats"] = pool.stats()
+        for what, call in (("resolve", lambda: pool.resolve(ref)), ("hold", lambda: pool.hold(ref)),
+                           ("allocate", lambda: pool.allocate(16))):
+            try:
+                call()
+                out[what] = ("no error", "")
+            except gpuipc.Error as e:
+                out[what] = (type(e).__name__, str(e))
+    return out

@@ -3,6 +3,8 @@ errors; and share() refusing what is not GPU memory."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -124,3 +126,73 @@ def test_share_refuses_host_memory(name):
         gpuipc.share(name, 12345)
     with pytest.raises(TypeError):
         gpuipc.share(name, object())
+
+
+def test_pause_keeps_addresses_and_contents_and_resume_restores_them(name):
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20, max_bytes=2 << 20) as pool:
+        blk = pool.allocate(8 * 1000)
+        a = blk.numpy("int64")
+        a[:] = np.arange(1000)
+        address, ref = blk.address, blk.ref
+        assert not pool.paused and pool.stats()["state"] == "active"
+        pool.pause(keep_contents=True)
+        assert pool.paused
+        st = pool.stats()
+        assert st["state"] == "paused" and st["paused_by_pid"] == os.getpid() and st["epoch"] == 1
+        assert not st["pauser_gone"] and st["live_blocks"] == 1
+        assert gpuipc.Pool.stat(name)["state"] == "paused"
+        assert not a.any(), "the pages are released (the memfd has a hole): the array reads zeros, and nothing crashes"
+        with pytest.raises(gpuipc.InvalidState, match=f"paused by pid {os.getpid()}"):
+            pool.allocate(16)
+        with pytest.raises(gpuipc.InvalidState, match="paused"):
+            pool.resolve(ref)
+        with pytest.raises(gpuipc.InvalidState, match="paused"):
+            pool.pause()
+        pool.resume()
+        assert not pool.paused and blk.address == address
+        assert a.tolist() == list(range(1000))
+        assert pool.resolve(ref).numpy("int64").tolist() == list(range(1000))
+        with pytest.raises(gpuipc.InvalidState, match="not paused"):
+            pool.resume()
+        blk.free()
+
+
+def test_pause_without_keeping_contents_gives_zeros(name):
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20) as pool:
+        blk = pool.allocate(4096)
+        blk.numpy()[:] = 7
+        pool.pause()
+        pool.resume()
+        assert not blk.numpy().any()
+        blk.free()
+
+
+def test_a_paused_pool_tells_another_process_who_paused_it(name, spawn):
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20) as pool:
+        blk = pool.allocate(8 * 100)
+        blk.numpy("int64")[:] = np.arange(100)
+        pool.pause(keep_contents=True)
+        r = spawn(helpers.pool_paused_report, name, bytes(blk.ref))
+        assert r["paused"] and r["stats"]["state"] == "paused" and r["stats"]["paused_by_pid"] == os.getpid()
+        for what in ("resolve", "hold", "allocate"):
+            cls, msg = r[what]
+            assert cls == "InvalidState" and f"paused by pid {os.getpid()}" in msg, (what, r[what])
+        pool.resume()
+        assert spawn(helpers.pool_resolve_and_sum, name, bytes(blk.ref)) == sum(range(100))
+        blk.free()
+
+
+def test_only_a_writer_may_pause(name):
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20) as pool, gpuipc.Pool.open(name, readonly=True) as reader:
+        with pytest.raises(gpuipc.PermissionDenied, match="write access"):
+            reader.pause()
+        assert not pool.paused
+
+
+def test_torch_pause_without_a_mempool_says_so():
+    import gpuipc.torch
+
+    with pytest.raises(gpuipc.InvalidState, match="no active MemPool"):
+        gpuipc.torch.pause(7)
+    with pytest.raises(gpuipc.InvalidState, match="no active MemPool"):
+        gpuipc.torch.resume(7)

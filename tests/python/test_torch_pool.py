@@ -66,3 +66,12 @@ def test_a_model_born_in_the_mempool_is_opened_by_two_processes_with_bitwise_equ
         if publisher.is_alive():
             publisher.kill()
     assert publisher.exitcode == 0
+
+
+@pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
+def test_a_paused_mempool_gives_its_memory_back_and_resumes_with_the_same_tensors(name, spawn):
+    pytest.importorskip("torch")
+    r = spawn(gpu_helpers.torch_mempool_pause_resume, name, timeout=180)
+    assert r["paused"] and r["resumed"], r
+    assert r["freed"] >= r["used"] * 0.9, f"the pause gave back {r['freed']} bytes of {r['used']} used: {r}"
+    assert r["same_addresses"] and r["bitwise_equal"] and r["big_intact"], r

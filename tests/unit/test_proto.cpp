@@ -734,7 +734,7 @@ std::vector<Bad> bad_messages() {
   v.push_back(Bad{"list_more_empty", ListReply{{}, true}, "ListReply.more:"});
 
   v.push_back(Bad{"error_code_0", ErrorReply{0, 0, "x"}, "ErrorReply.code: 0 is not a gpuipc::ErrorCode"});
-  v.push_back(Bad{"error_code_15", ErrorReply{15, 0, "x"}, "ErrorReply.code: 15 is not"});
+  v.push_back(Bad{"error_code_16", ErrorReply{16, 0, "x"}, "ErrorReply.code: 16 is not"});
   v.push_back(Bad{"error_code_255", ErrorReply{255, 0, "x"}, "ErrorReply.code: 255 is not"});
   v.push_back(Bad{"error_errno", ErrorReply{1, -1, "x"}, "ErrorReply.sys_errno: -1 is negative"});
   v.push_back(Bad{"error_text", ErrorReply{1, 0, std::string(kMaxTextLength + 1, 'x')}, "ErrorReply.message: 2049"});

@@ -209,6 +209,83 @@ TEST(ShmPool, StreamOrderedFreeDrainsUntilTheReleasedWordReachesTheGeneration) {
   EXPECT_EQ(p.alloc(1, 1, a), PoolStatus::Ok);
 }
 
+TEST(ShmPool, PauseRefusesAllocationAndHoldsUntilResumedByThePauser) {
+  TestPool p(PoolMode::Variable, 8, 4096, 1);
+  BlockLocation a, b;
+  ASSERT_EQ(p.alloc(0, 1024, a), PoolStatus::Ok);
+  EXPECT_EQ(p.block.pause_info().state, PauseState::Active);
+  ASSERT_EQ(p.block.begin_pause(0, 4242, kTimeout), PoolStatus::Ok);
+  EXPECT_EQ(p.block.begin_pause(1, 1, kTimeout), PoolStatus::Paused) << "paused twice";
+  EXPECT_EQ(p.alloc(1, 16, b), PoolStatus::Paused);
+  EXPECT_EQ(p.block.hold(1, a, kTimeout), PoolStatus::Paused);
+  EXPECT_EQ(p.block.begin_resume(0, 4242, kTimeout), PoolStatus::NotPaused) << "resumed while still pausing";
+  p.block.end_pause(0, true);
+  auto info = p.block.pause_info();
+  EXPECT_EQ(info.state, PauseState::Paused);
+  EXPECT_EQ(info.member, 0U);
+  EXPECT_EQ(info.pid, 4242U);
+  EXPECT_EQ(info.epoch, 1U);
+  EXPECT_EQ(p.block.counts().state, gpuipc::PoolState::Paused);
+  EXPECT_EQ(p.block.counts().paused_by_pid, 4242U);
+  // Releasing what one holds is allowed while paused (a tensor dropped meanwhile).
+  EXPECT_EQ(p.block.release(0, a, false, kTimeout), PoolStatus::Ok);
+  EXPECT_EQ(p.block.begin_resume(1, 7, kTimeout), PoolStatus::NotPaused) << "another live member resumed it";
+  ASSERT_EQ(p.block.begin_resume(0, 4242, kTimeout), PoolStatus::Ok);
+  EXPECT_EQ(p.alloc(1, 16, b), PoolStatus::Paused) << "allocated while resuming";
+  p.block.end_resume(0, true);
+  EXPECT_EQ(p.block.pause_info().state, PauseState::Active);
+  EXPECT_EQ(p.block.pause_info().epoch, 1U) << "resume does not move the epoch";
+  EXPECT_EQ(p.alloc(1, 16, b), PoolStatus::Ok);
+  EXPECT_EQ(p.block.begin_resume(0, 4242, kTimeout), PoolStatus::NotPaused) << "resumed an active pool";
+  // A pause that released nothing goes back to Active with the epoch unchanged.
+  ASSERT_EQ(p.block.begin_pause(1, 5, kTimeout), PoolStatus::Ok);
+  p.block.end_pause(1, false);
+  EXPECT_EQ(p.block.pause_info().state, PauseState::Active);
+  EXPECT_EQ(p.block.pause_info().epoch, 1U);
+}
+
+TEST(ShmPool, APauserThatDiesLeavesThePoolPausedForAnyMemberToResume) {
+  for (const bool during : {false, true}) {
+    TestPool p(PoolMode::Variable, 8, 4096, 1);
+    ASSERT_EQ(p.block.begin_pause(2, 99, kTimeout), PoolStatus::Ok);
+    if (!during) p.block.end_pause(2, true);
+    EXPECT_EQ(p.remove(1), 0);  // another member leaving changes nothing
+    EXPECT_EQ(p.block.pause_info().member, 2U);
+    p.remove(2);
+    const auto info = p.block.pause_info();
+    EXPECT_EQ(info.state, PauseState::Paused) << "died " << (during ? "pausing" : "paused");
+    EXPECT_EQ(info.member, kNoPauser);
+    EXPECT_EQ(info.epoch, 1U) << "memory it may have released makes mappings stale";
+    EXPECT_TRUE(p.block.counts().pauser_gone);
+    p.block.end_pause(2, true);  // a late call of the dead pauser (or its reused index) changes nothing
+    EXPECT_EQ(p.block.pause_info().epoch, 1U);
+    ASSERT_EQ(p.block.begin_resume(3, 100, kTimeout), PoolStatus::Ok);
+    p.remove(3);  // and a resumer that dies: paused again, for anyone
+    EXPECT_EQ(p.block.pause_info().state, PauseState::Paused);
+    EXPECT_EQ(p.block.pause_info().member, kNoPauser);
+    ASSERT_EQ(p.block.begin_resume(4, 101, kTimeout), PoolStatus::Ok);
+    p.block.end_resume(4, true);
+    EXPECT_EQ(p.block.pause_info().state, PauseState::Active);
+  }
+}
+
+TEST(ShmPool, OccupiedMergesOverlappingRangesPerChunk) {
+  TestPool p(PoolMode::Variable, 8, 4096, 2, 2);
+  BlockLocation a, b, c;
+  ASSERT_EQ(p.alloc(0, 1000, a), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(0, 1000, b), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(0, 4096, c), PoolStatus::Ok);
+  std::vector<OccupiedRange> r;
+  r.reserve(8);
+  ASSERT_TRUE(p.block.occupied(r));
+  ASSERT_EQ(r.size(), 3U) << "two blocks with a gap of alignment, and a chunk of its own";
+  EXPECT_EQ(r[0].chunk, 0U);
+  EXPECT_EQ(r[0].end - r[0].begin, 1000U);
+  EXPECT_EQ(r[1].begin, b.offset);
+  EXPECT_EQ(r[2].chunk, 1U);
+  EXPECT_EQ(r[2].end - r[2].begin, 4096U);
+}
+
 TEST(ShmPool, RemovingAMemberReleasesEveryHoldItHas) {
   TestPool p(PoolMode::Variable, 16, 3072, 1);
   BlockLocation mine, shared, theirs, x;

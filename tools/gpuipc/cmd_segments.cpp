@@ -50,17 +50,28 @@ std::optional<PoolStats> pool_stats(const SegmentInfo& i) {
 }
 
 nlohmann::json to_json(const PoolStats& s) {
-  return nlohmann::json{{"used_bytes", s.used_bytes},         {"free_bytes", s.free_bytes},
-                        {"capacity_bytes", s.capacity_bytes}, {"max_bytes", s.max_bytes},
-                        {"largest_free_block", s.largest_free_block}, {"chunks", s.chunks},
-                        {"max_chunks", s.max_chunks},         {"live_blocks", s.live_blocks},
-                        {"draining_blocks", s.draining_blocks}, {"members", s.members}};
+  return nlohmann::json{{"used_bytes", s.used_bytes},
+                        {"free_bytes", s.free_bytes},
+                        {"capacity_bytes", s.capacity_bytes},
+                        {"max_bytes", s.max_bytes},
+                        {"largest_free_block", s.largest_free_block},
+                        {"chunks", s.chunks},
+                        {"max_chunks", s.max_chunks},
+                        {"live_blocks", s.live_blocks},
+                        {"draining_blocks", s.draining_blocks},
+                        {"members", s.members},
+                        {"state", std::string(to_string(s.state))},
+                        {"paused_by_pid", s.paused_by_pid}};
 }
 
 std::string pool_line(const PoolStats& s) {
-  return fmt::format("used {}, free {}, {} of {} chunks, largest free block {}, {} blocks live, {} members",
+  std::string paused;
+  if (s.state != PoolState::Active) {
+    paused = fmt::format(", {} by pid {}{}", to_string(s.state), s.paused_by_pid, s.pauser_gone ? " (gone)" : "");
+  }
+  return fmt::format("used {}, free {}, {} of {} chunks, largest free block {}, {} blocks live, {} members{}",
                      human_bytes(s.used_bytes), human_bytes(s.free_bytes), s.chunks, s.max_chunks,
-                     human_bytes(s.largest_free_block), s.live_blocks, s.members);
+                     human_bytes(s.largest_free_block), s.live_blocks, s.members, paused);
 }
 
 std::string pids_string(const SegmentInfo& i) {

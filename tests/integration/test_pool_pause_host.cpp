@@ -1,0 +1,260 @@
+// Pause and resume of host pools across real processes (Pool::pause, resume, refresh): the pages are released and
+// the addresses kept; contents come back when asked for and are zeros when not; a reader is told (InvalidState
+// naming the pauser), not crashed, and keeps its pointers after resume + refresh; a pauser SIGKILLed while the pool
+// is paused leaves it paused for any writer to resume, with nothing leaked and the broker working.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <string>
+
+#include "gpuipc/pool.hpp"
+#include "support/broker_env.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+constexpr std::size_t kChunk = 256 * 1024;
+
+Pool make_pool(const std::string& name) {
+  return Pool::create(name,
+                      {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 2 * kChunk, .max_blocks = 64});
+}
+
+std::uint8_t pattern(std::uint64_t seed, std::size_t i) { return static_cast<std::uint8_t>(seed * 131 + i * 7 + 1); }
+
+void fill(void* p, std::size_t n, std::uint64_t seed) {
+  auto* b = static_cast<std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; ++i) b[i] = pattern(seed, i);
+}
+
+bool check(const void* p, std::size_t n, std::uint64_t seed) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (b[i] != pattern(seed, i)) return false;
+  }
+  return true;
+}
+
+bool zeros(const void* p, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (b[i] != 0) return false;
+  }
+  return true;
+}
+
+/// Whether `code` runs into Error with `expected` and a message containing `needle`.
+template <typename F>
+::testing::AssertionResult throws(F&& code, ErrorCode expected, const std::string& needle) {
+  try {
+    code();
+  } catch (const Error& e) {
+    if (e.code() != expected)
+      return ::testing::AssertionFailure() << "code " << to_string(e.code()) << ": " << e.what();
+    if (std::string(e.what()).find(needle) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message without '" << needle << "': " << e.what();
+    }
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "no exception";
+}
+
+TEST(PoolPauseHost, KeepContentsReleasesThePagesAndRestoresThemAtTheSameAddress) {
+  const auto name = unique_name("pause");
+  auto pool = make_pool(name);
+  Block a = pool.allocate(100000);
+  Block b = pool.allocate(kChunk);  // the pool's second chunk
+  fill(a.data(), a.size(), 1);
+  fill(b.data(), b.size(), 2);
+  void* const pa = a.data();
+  EXPECT_FALSE(pool.paused());
+  pool.pause({.keep_contents = true});
+  EXPECT_TRUE(pool.paused());
+  const PoolStats st = pool.stats();
+  EXPECT_EQ(st.state, PoolState::Paused);
+  EXPECT_EQ(st.paused_by_pid, static_cast<std::uint32_t>(::getpid()));
+  EXPECT_FALSE(st.pauser_gone);
+  EXPECT_EQ(st.epoch, 1U);
+  EXPECT_EQ(st.live_blocks, 2U) << "blocks survive a pause";
+  EXPECT_EQ(Pool::stat(name).state, PoolState::Paused);
+  // The pages are gone (the memfd has a hole: reads see zeros), the addresses still mapped: nothing crashes.
+  EXPECT_TRUE(zeros(pa, a.size()));
+  EXPECT_TRUE(zeros(b.data(), b.size()));
+  const std::string pid = std::to_string(::getpid());
+  EXPECT_TRUE(throws([&] { pool.allocate(16); }, ErrorCode::InvalidState, "paused by pid " + pid));
+  Block none;
+  EXPECT_EQ(pool.try_allocate(16, 256, none), Status::InvalidState);
+  EXPECT_TRUE(throws([&] { pool.resolve(a.ref()); }, ErrorCode::InvalidState, "resume"));
+  EXPECT_TRUE(throws([&] { pool.hold(a.ref()); }, ErrorCode::InvalidState, "paused"));
+  EXPECT_TRUE(throws([&] { pool.pause(); }, ErrorCode::InvalidState, "paused by pid"));
+  pool.resume();
+  EXPECT_FALSE(pool.paused());
+  EXPECT_EQ(pool.stats().state, PoolState::Active);
+  EXPECT_EQ(a.data(), pa);
+  EXPECT_EQ(pool.resolve(a.ref()), pa) << "the pauser needs no refresh";
+  EXPECT_TRUE(check(pa, a.size(), 1));
+  EXPECT_TRUE(check(b.data(), b.size(), 2));
+  EXPECT_TRUE(throws([&] { pool.resume(); }, ErrorCode::InvalidState, "not paused"));
+  Block c = pool.allocate(1000);  // allocation works again
+  EXPECT_TRUE(c);
+  a = Block();
+  b = Block();
+  c = Block();
+  pool = Pool();
+  Pool::unlink(name);
+}
+
+TEST(PoolPauseHost, WithoutKeepContentsTheBlocksAreZerosAfterResume) {
+  const auto name = unique_name("pause");
+  auto pool = make_pool(name);
+  Block a = pool.allocate(5000);
+  fill(a.data(), a.size(), 3);
+  pool.pause();
+  pool.resume();
+  EXPECT_EQ(pool.resolve(a.ref()), a.data());
+  EXPECT_TRUE(zeros(a.data(), a.size()));
+  fill(a.data(), a.size(), 4);  // and the memory is writable again
+  EXPECT_TRUE(check(pool.resolve(a.ref()), a.size(), 4));
+  a = Block();
+  pool = Pool();
+  Pool::unlink(name);
+}
+
+TEST(PoolPauseHost, AReaderIsToldAndKeepsItsPointerAfterResumeAndRefresh) {
+  const auto name = unique_name("pause");
+  auto pool = make_pool(name);
+  Block a = pool.allocate(64000);
+  fill(a.data(), a.size(), 5);
+  Shared<BlockRef> ref;
+  ref[0] = a.ref();
+  const pid_t me = ::getpid();
+  SyncPipe mapped, paused, told, resumed;
+  const pid_t reader = start_child([&] {
+    auto p = Pool::open(name);
+    p.hold(ref[0]);
+    void* const ptr = p.resolve(ref[0]);
+    GPUIPC_CHILD_CHECK(check(ptr, ref[0].size, 5));
+    mapped.notify();
+    GPUIPC_CHILD_CHECK(paused.wait(10s));
+    const std::string by = "paused by pid " + std::to_string(me);
+    GPUIPC_CHILD_CHECK(p.paused());
+    GPUIPC_CHILD_CHECK(throws([&] { p.resolve(ref[0]); }, ErrorCode::InvalidState, by));
+    GPUIPC_CHILD_CHECK(throws([&] { p.hold(ref[0]); }, ErrorCode::InvalidState, by));
+    GPUIPC_CHILD_CHECK(throws([&] { p.allocate(16); }, ErrorCode::InvalidState, by));
+    GPUIPC_CHILD_CHECK(throws([&] { p.resume(); }, ErrorCode::InvalidState, "another process"));
+    GPUIPC_CHILD_CHECK(zeros(ptr, ref[0].size));  // released pages read as zeros: no crash
+    p.refresh();                                  // while paused: drops what it can, changes no address
+    told.notify();
+    GPUIPC_CHILD_CHECK(resumed.wait(10s));
+    GPUIPC_CHILD_CHECK(!p.paused());
+    GPUIPC_CHILD_CHECK(p.resolve(ref[0]) == ptr);  // refreshed while paused: valid again at once
+    GPUIPC_CHILD_CHECK(check(ptr, ref[0].size, 5));
+    p.release(ref[0]);
+    return 0;
+  });
+  ASSERT_TRUE(mapped.wait(10s));
+  pool.pause({.keep_contents = true});
+  paused.notify();
+  ASSERT_TRUE(told.wait(10s));
+  pool.resume();
+  resumed.notify();
+  EXPECT_EQ(wait_child(reader), 0);
+  a = Block();
+  pool = Pool();
+  Pool::unlink(name);
+}
+
+TEST(PoolPauseHost, AReaderThatMappedBeforeThePauseMustRefreshAfterResume) {
+  const auto name = unique_name("pause");
+  auto pool = make_pool(name);
+  Block a = pool.allocate(4096);
+  fill(a.data(), a.size(), 6);
+  Shared<BlockRef> ref;
+  ref[0] = a.ref();
+  SyncPipe mapped, cycled;
+  const pid_t reader = start_child([&] {
+    auto p = Pool::open(name);
+    void* const ptr = p.resolve(ref[0]);
+    mapped.notify();
+    GPUIPC_CHILD_CHECK(cycled.wait(10s));
+    GPUIPC_CHILD_CHECK(!p.paused());
+    GPUIPC_CHILD_CHECK(p.stats().epoch == 1);
+    GPUIPC_CHILD_CHECK(throws([&] { p.resolve(ref[0]); }, ErrorCode::InvalidState, "refresh()"));
+    GPUIPC_CHILD_CHECK(throws([&] { p.allocate(16); }, ErrorCode::InvalidState, "refresh()"));
+    p.refresh();
+    GPUIPC_CHILD_CHECK(p.resolve(ref[0]) == ptr);
+    GPUIPC_CHILD_CHECK(check(ptr, ref[0].size, 6));
+    Block own = p.allocate(16);
+    GPUIPC_CHILD_CHECK(own);
+    return 0;
+  });
+  ASSERT_TRUE(mapped.wait(10s));
+  pool.pause({.keep_contents = true});
+  pool.resume();
+  cycled.notify();
+  EXPECT_EQ(wait_child(reader), 0);
+  a = Block();
+  pool = Pool();
+  Pool::unlink(name);
+}
+
+TEST(PoolPauseHost, OnlyAWriterMayPause) {
+  const auto name = unique_name("pause");
+  auto pool = make_pool(name);
+  EXPECT_EQ(run_child([&] {
+              auto p = Pool::open(name, {.access = Access::ReadOnly});
+              GPUIPC_CHILD_CHECK(throws([&] { p.pause(); }, ErrorCode::PermissionDenied, "write access"));
+              GPUIPC_CHILD_CHECK(!p.paused());
+              return 0;
+            }),
+            0);
+  EXPECT_FALSE(pool.paused());
+  pool = Pool();
+  Pool::unlink(name);
+}
+
+TEST(PoolPauseHost, APauserSigkilledWhilePausedLeavesItForAnyWriterToResume) {
+  const auto name = unique_name("pause");
+  auto pool = make_pool(name);
+  Block a = pool.allocate(8192);
+  fill(a.data(), a.size(), 7);
+  void* const pa = a.data();
+  SyncPipe paused;
+  const pid_t pauser = start_child([&] {
+    auto p = Pool::open(name);
+    p.pause({.keep_contents = true});
+    paused.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(paused.wait(10s));
+  EXPECT_EQ(pool.stats().paused_by_pid, static_cast<std::uint32_t>(pauser));
+  EXPECT_TRUE(throws([&] { pool.resume(); }, ErrorCode::InvalidState, "another process"));
+  ::kill(pauser, SIGKILL);
+  EXPECT_EQ(wait_child(pauser), 128 + SIGKILL);
+  ASSERT_TRUE(wait_until([&] { return pool.stats().pauser_gone; }, 5s)) << "the broker did not repair the pause";
+  EXPECT_EQ(pool.stats().members, 1U);
+  EXPECT_EQ(pool.stats().state, PoolState::Paused);
+  EXPECT_TRUE(throws([&] { pool.resolve(a.ref()); }, ErrorCode::InvalidState, "is gone"));
+  pool.resume();  // by a process that did not pause it: the saved contents died with the pauser
+  EXPECT_FALSE(pool.paused());
+  EXPECT_EQ(pool.resolve(a.ref()), pa);
+  EXPECT_TRUE(zeros(pa, a.size()));
+  // The broker keeps working: a pause cycle again, and other objects.
+  pool.pause();
+  pool.resume();
+  auto seg = Segment::create(unique_name("after"), 4096);
+  EXPECT_EQ(seg.size(), 4096U);
+  Segment::unlink(seg.name());
+  a = Block();
+  pool = Pool();
+  Pool::unlink(name);
+}
+
+}  // namespace
+}  // namespace gpuipc::test
