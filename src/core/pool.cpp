@@ -18,6 +18,7 @@
 #include "core/shm_wait.hpp"
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
+#include "cuda/trace.hpp"
 #include "os/module.hpp"
 #include "proto/messages.hpp"
 #include "shm/pool_block.hpp"
@@ -143,6 +144,7 @@ Pool::Pool(Pool&&) noexcept = default;
 Pool& Pool::operator=(Pool&&) noexcept = default;
 
 Pool Pool::create(std::string_view name, const PoolOptions& options) {
+  GPUIPC_TRACE("gpuipc::Pool::create");
   check_pool_name(name);
   const shm::PoolGeometry g = geometry_for(name, options);
   // The first chunk first, then the control block, filled in before the broker registers its name: a pool
@@ -189,6 +191,7 @@ Pool Pool::create(std::string_view name, const PoolOptions& options) {
 }
 
 Pool Pool::open(std::string_view name, const OpenOptions& options) {
+  GPUIPC_TRACE("gpuipc::Pool::open");
   check_pool_name(name);
   // Members update the control block (holds), whatever access they map the chunks with.
   Segment control = Segment::open(name, {.access = Access::ReadWrite, .wait = options.wait, .device = options.device});
@@ -225,6 +228,7 @@ PoolStats Pool::stat(std::string_view name) {
 }
 
 Status Pool::try_allocate(std::size_t bytes, std::size_t alignment, Block& out) noexcept {
+  GPUIPC_TRACE("gpuipc::Pool::try_allocate");
   if (!m_impl || alignment > 4096) return Status::InvalidState;
   try {
     shm::BlockLocation loc;
@@ -245,6 +249,7 @@ Status Pool::try_allocate(std::size_t bytes, std::size_t alignment, Block& out) 
 }
 
 Block Pool::allocate(std::size_t bytes, std::size_t alignment) {
+  GPUIPC_TRACE("gpuipc::Pool::allocate");
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "allocate on an empty Pool handle", "allocate");
   auto& im = *m_impl;
   const auto& g = im.geo();
@@ -294,6 +299,7 @@ Block Pool::allocate(std::size_t bytes, std::size_t alignment) {
 }
 
 void Pool::free(Block&& block, StreamHandle stream) {
+  GPUIPC_TRACE("gpuipc::Pool::free");
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "free on an empty Pool handle", "free");
   auto& im = *m_impl;
   if (!block) {
@@ -411,6 +417,7 @@ void check_writer(const Pool::Impl& im, std::string_view call) {
 }  // namespace
 
 void Pool::pause(const PauseOptions& options) {
+  GPUIPC_TRACE("gpuipc::Pool::pause");
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "pause on an empty Pool handle", "pause");
   auto& im = *m_impl;
   check_writer(im, "pause");
@@ -501,6 +508,7 @@ void Pool::pause(const PauseOptions& options) {
 }
 
 void Pool::resume() {
+  GPUIPC_TRACE("gpuipc::Pool::resume");
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "resume on an empty Pool handle", "resume");
   auto& im = *m_impl;
   check_writer(im, "resume");
@@ -561,6 +569,7 @@ void Pool::resume() {
 bool Pool::paused() const noexcept { return m_impl && m_impl->block.pause_info().state != shm::PauseState::Active; }
 
 void Pool::refresh() {
+  GPUIPC_TRACE("gpuipc::Pool::refresh");
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "refresh on an empty Pool handle", "refresh");
   auto& im = *m_impl;
   std::lock_guard chunks_lock(im.chunks_mutex);
