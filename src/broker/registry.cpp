@@ -597,7 +597,7 @@ void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& 
   std::string why;
   ErrorCode code = ErrorCode::InvalidArgument;
   const auto role = static_cast<proto::Role>(req.role);
-  const std::uint32_t member = join_member(seg.block, role, token, code, why);
+  const std::uint32_t member = join_member(seg.block, role, token, seg.creator == caller.conn, code, why);
   if (member == proto::kNoMember) {
     fail(code, fmt::format("cannot join '{}': {}", seg.name, why));
     return;

@@ -218,9 +218,12 @@ std::string validate(const Create& m, const Path& p) {
   if (!(e = check_size(m.size)).empty()) return fail(p, "size", e);
   if (!(e = check_device(m.device, m.kind)).empty()) return fail(p, "device", e);
   // One object kind at most: a plain segment (0), a semaphore, a channel or a pool control block (proto/shm.hpp).
-  if (m.flags != 0 && m.flags != kFlagSemaphore && m.flags != kFlagChannel && m.flags != kFlagPool) {
-    return fail(p, "flags", fmt::format("{:#x}; must be 0, {:#x} (semaphore), {:#x} (channel) or {:#x} (pool)",
-                                        m.flags, kFlagSemaphore, kFlagChannel, kFlagPool));
+  if (m.flags != 0 && m.flags != kFlagSemaphore && m.flags != kFlagChannel && m.flags != kFlagPool &&
+      m.flags != kFlagCounting) {
+    return fail(p, "flags",
+                fmt::format("{:#x}; must be 0, {:#x} (semaphore), {:#x} (channel), {:#x} (pool) or {:#x} (counting "
+                            "semaphore)",
+                            m.flags, kFlagSemaphore, kFlagChannel, kFlagPool, kFlagCounting));
   }
   if (m.flags != 0 && is_device_kind(m.kind)) {
     return fail(p, "flags", fmt::format("{:#x}; semaphores and channels are host memory, not kind {}", m.flags,

@@ -28,6 +28,7 @@
 
 #include "core/client.hpp"
 #include "gpuipc/channel.hpp"
+#include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
@@ -203,8 +204,9 @@ class Client {
       req.kind = static_cast<proto::Kind>(pick(10) == 0 ? 1 + pick(4) : 2);
       req.mode = static_cast<std::uint16_t>(pick(2) == 0 ? 0600 : pick(01000));
       req.size = 4096 * (1 + pick(16));
-      const std::uint32_t flags[] = {0, 0, 0, proto::kFlagSemaphore, proto::kFlagChannel, proto::kFlagPool};
-      req.flags = flags[pick(6)];
+      const std::uint32_t flags[] = {
+          0, 0, 0, proto::kFlagSemaphore, proto::kFlagChannel, proto::kFlagPool, proto::kFlagCounting};
+      req.flags = flags[pick(7)];
       auto fd = memory_fd(c, req.size);
       if (fd) send(c, req, {fd.get()});
     } else if (r < 33) {  // Open, maybe waiting for the name
@@ -308,7 +310,7 @@ class Client {
   void library_objects() {
     const std::string lib = m_prefix + "lib" + std::to_string(pick(4));
     try {
-      switch (pick(3)) {
+      switch (pick(4)) {
         case 0:
           m_channels.push_back(
               pick(2) == 0
@@ -319,6 +321,11 @@ class Client {
         case 1:
           m_semaphores.push_back(pick(2) == 0 ? Semaphore::create(lib, {.kind = SegmentKind::Host})
                                               : Semaphore::open(lib, {.role = SemaphoreRole::Signaller}));
+          break;
+        case 2:
+          m_counting.push_back(pick(2) == 0 ? CountingSemaphore::create(lib, {.initial = 1, .max_count = 3})
+                                            : CountingSemaphore::open(lib));
+          if (pick(2) == 0) (void)m_counting.back().try_acquire(1 + static_cast<std::uint32_t>(pick(2)));
           break;
         default:
           m_pools.push_back(
@@ -338,6 +345,7 @@ class Client {
     if (pick(3) == 0) m_channels.clear();
     if (pick(3) == 0) m_semaphores.clear();
     if (pick(3) == 0) m_pools.clear();
+    if (pick(3) == 0) m_counting.clear();
   }
 
   /// Whether reply `msg` (with `nfds` fds) fits what connection `c` asked; says why not on stderr.
@@ -426,6 +434,7 @@ class Client {
   std::vector<Channel> m_channels;
   std::vector<Semaphore> m_semaphores;
   std::vector<Pool> m_pools;
+  std::vector<CountingSemaphore> m_counting;
 };
 
 std::uint64_t rss_kib(pid_t pid) {
