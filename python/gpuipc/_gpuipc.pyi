@@ -465,6 +465,14 @@ class CountingSemaphore:
 
     def close(self) -> None: ...
 
+def holders(name: str) -> list:
+    """The processes that hold `name` open (see gpuipc.holders)."""
+
+def heartbeat(name: str, deadline: float) -> None:
+    """
+    Promises the next heartbeat for `name` within `deadline` seconds (see gpuipc.heartbeat).
+    """
+
 def _live_objects() -> dict:
     """Live C++ objects by kind (for leak tests)."""
 

@@ -156,5 +156,6 @@ void bind_channel(nb::module_& m);
 void bind_torch_allocator(nb::module_& m);
 void bind_pool(nb::module_& m);
 void bind_counting_semaphore(nb::module_& m);
+void bind_liveness(nb::module_& m);
 
 }  // namespace gpuipc::py

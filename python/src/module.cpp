@@ -33,6 +33,7 @@ NB_MODULE(_gpuipc, m) {
   py::bind_torch_allocator(m);
   py::bind_pool(m);
   py::bind_counting_semaphore(m);
+  py::bind_liveness(m);
   m.def(
       "_live_objects",
       []() {

@@ -79,9 +79,13 @@ MessageType answer_to(MessageType t) {
       return MessageType::ListReply;
     case MessageType::Join:
       return MessageType::JoinReply;
+    case MessageType::Holders:
+      return MessageType::HoldersReply;
     case MessageType::Close:
     case MessageType::Unlink:
     case MessageType::Rejoin:
+    case MessageType::Watch:
+    case MessageType::Heartbeat:
       return MessageType::Ok;
     default:
       return MessageType::Error;
@@ -119,6 +123,7 @@ class Client {
     std::vector<std::uint64_t> ids;      // one per reference this connection holds (as far as it knows)
     std::vector<std::uint64_t> lib_ids;  // those of them that name the library's objects: Join works
     std::vector<Held> held;
+    bool watching = false;  // it sent Watch: Events may come
   };
 
   std::uint64_t pick(std::uint64_t n) { return m_rng() % n; }
@@ -218,8 +223,21 @@ class Client {
       send(c, proto::Close{id});
     } else if (r < 47) {
       send(c, proto::Unlink{name()});
-    } else if (r < 51) {
+    } else if (r < 49) {
       send(c, proto::Stat{name()});
+    } else if (r < 51) {  // liveness: who holds a name, watch it (events follow), heartbeats that expire or not
+      switch (pick(3)) {
+        case 0:
+          send(c, proto::Holders{name()});
+          break;
+        case 1:
+          c.watching = true;
+          send(c, proto::Watch{name()});
+          break;
+        default:
+          send(c, proto::Heartbeat{name(), static_cast<std::uint32_t>(pick(4) == 0 ? 0 : 1 + pick(50))});
+          break;
+      }
     } else if (r < 54) {
       send(c, proto::List{pick(2) == 0 ? 0 : some_id(c)});
     } else if (r < 65) {  // Join with a role each object has, or not
@@ -356,6 +374,8 @@ class Client {
     if (it == c.pending.end()) {
       // Protocol errors that end a connection answer request 0; a mutated request id gets its answer too.
       if ((error && msg.request_id == 0) || c.tainted) return true;
+      // A watcher's events come unasked, as request 0.
+      if (type == MessageType::Event && msg.request_id == 0 && c.watching) return nfds == 0;
       std::fprintf(stderr, "broker fuzz: reply type %d to request %u, which this connection never sent\n",
                    static_cast<int>(type), msg.request_id);
       return false;
