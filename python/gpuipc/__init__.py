@@ -3,6 +3,8 @@
 * :class:`Segment` — named, access-controlled shared memory (GPU, host or pinned host), zero-copy into NumPy,
   PyTorch, CuPy and JAX (``seg.as_array(dtype, shape)``; DLPack and ``__cuda_array_interface__``).
 * :class:`Semaphore` — a cross-process timeline that GPU streams and host threads signal and wait on.
+* :class:`CountingSemaphore` — named permits processes acquire and release; a dead holder's permits come back.
+* :func:`holders` / :func:`heartbeat` — who holds a name open; heartbeats the broker turns into "hung" when missed.
 * :class:`Channel` — a producer/consumer ring of GPU (or host) buffers: ``send(array)`` / ``recv().array``.
 * :class:`Pool` — a named pool of shareable memory that hands out blocks between processes (:class:`BlockRef`);
   :func:`share` names GPU memory this process already has.
@@ -48,6 +50,8 @@ from .errors import (
 from .pool import Block, BlockRef, BlockView, Pool
 from .segment import Segment, SegmentInfo, share
 from .semaphore import MAX_VALUE, Semaphore
+from .counting_semaphore import COUNTING_MAX_COUNT, CountingSemaphore
+from .liveness import heartbeat, holders
 from .tensors import SharedTensors, open_tensors, share_tensors, unlink_tensors
 from .versions import Pinned, Publisher, Reader, publish_tensors
 from .streaming import StreamItem, StreamPublisher, StreamReader, stream_publisher, stream_reader, unlink_stream
@@ -63,6 +67,10 @@ __all__ = [
     "SegmentInfo",
     "Semaphore",
     "MAX_VALUE",
+    "CountingSemaphore",
+    "COUNTING_MAX_COUNT",
+    "holders",
+    "heartbeat",
     "Channel",
     "ChannelStats",
     "Message",

@@ -460,6 +460,56 @@ def _decode_block_ref(data: bytes) -> tuple[int, int, int, int, int, int]:
     Decodes 40 bytes into a BlockRef tuple; InvalidArgument naming what is wrong.
     """
 
+class CountingSemaphore:
+    """A named counting semaphore (low level; see gpuipc.CountingSemaphore)."""
+
+    @staticmethod
+    def create(name: str, *, initial: int, max_count: int, mode: int = 384) -> CountingSemaphore: ...
+
+    @staticmethod
+    def open(name: str, *, wait: float | None = None) -> CountingSemaphore: ...
+
+    @staticmethod
+    def unlink(name: str) -> None: ...
+
+    @staticmethod
+    def stat(name: str) -> dict: ...
+
+    def acquire(self, n: int, timeout: float | None = None) -> bool:
+        """
+        Takes n permits; False when the timeout passed (0: only try). Raises InvalidArgument for n > max_count.
+        """
+
+    def release(self, n: int) -> None: ...
+
+    @property
+    def held(self) -> int: ...
+
+    @property
+    def available(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
+
+    @property
+    def max_count(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+def holders(name: str) -> list:
+    """The processes that hold `name` open (see gpuipc.holders)."""
+
+def heartbeat(name: str, deadline: float) -> None:
+    """
+    Promises the next heartbeat for `name` within `deadline` seconds (see gpuipc.heartbeat).
+    """
+
 def _live_objects() -> dict:
     """Live C++ objects by kind (for leak tests)."""
 

@@ -125,7 +125,17 @@ auto open_in_slices(std::optional<double> wait, std::string_view what, Open&& op
 }
 
 /// Live C++ objects of each bound kind, for the leak tests (gpuipc._gpuipc._live_objects()).
-enum class Live : std::uint8_t { Segment, Semaphore, Channel, ArrayView, DLPackExport, Pool, Block, Count };
+enum class Live : std::uint8_t {
+  Segment,
+  Semaphore,
+  Channel,
+  ArrayView,
+  DLPackExport,
+  Pool,
+  Block,
+  CountingSemaphore,
+  Count
+};
 std::atomic<long>& live_counter(Live kind) noexcept;
 
 /// A member that counts the objects of kind K alive (copies and moves included).
@@ -145,5 +155,7 @@ void bind_semaphore(nb::module_& m);
 void bind_channel(nb::module_& m);
 void bind_torch_allocator(nb::module_& m);
 void bind_pool(nb::module_& m);
+void bind_counting_semaphore(nb::module_& m);
+void bind_liveness(nb::module_& m);
 
 }  // namespace gpuipc::py

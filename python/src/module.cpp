@@ -32,6 +32,8 @@ NB_MODULE(_gpuipc, m) {
   py::bind_channel(m);
   py::bind_torch_allocator(m);
   py::bind_pool(m);
+  py::bind_counting_semaphore(m);
+  py::bind_liveness(m);
   m.def(
       "_live_objects",
       []() {
@@ -43,6 +45,7 @@ NB_MODULE(_gpuipc, m) {
         d["DLPackExport"] = py::live_counter(py::Live::DLPackExport).load();
         d["Pool"] = py::live_counter(py::Live::Pool).load();
         d["Block"] = py::live_counter(py::Live::Block).load();
+        d["CountingSemaphore"] = py::live_counter(py::Live::CountingSemaphore).load();
         return d;
       },
       "Live C++ objects by kind (for leak tests).");

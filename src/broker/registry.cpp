@@ -100,7 +100,9 @@ void Registry::bump_names_generation() noexcept {
   std::atomic_ref<std::uint64_t>(page->names_generation).fetch_add(1, std::memory_order_release);
 }
 
-void Registry::add_connection(ConnId conn, const os::Credentials& creds) { m_connections[conn] = ConnectionInfo{creds, {}}; }
+void Registry::add_connection(ConnId conn, const os::Credentials& creds) {
+  m_connections[conn] = ConnectionInfo{creds, {}, {}};
+}
 
 void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   seg.writers.erase(conn);
@@ -111,10 +113,15 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   seg.joined.erase(first, last);
 }
 
-void Registry::drop_connection(ConnId conn, bool repair) {
+void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* out) {
   std::vector<std::uint64_t> touched;
   for (auto& [id, seg] : m_segments) {
-    if (seg.refs.erase(conn) > 0) {
+    seg.watchers.erase(conn);
+    if (seg.refs.count(conn) != 0) {
+      // A connection that goes while holding references: its process exited or was killed without closing them.
+      if (out != nullptr && repair) notify(seg, proto::EventKind::Died, holder_of(seg, conn), conn, *out);
+      seg.refs.erase(conn);
+      seg.beats.erase(conn);
       if (repair) {
         repair_for(seg, conn);
       } else {
@@ -164,6 +171,12 @@ void Registry::handle(const Caller& caller, const proto::Message& request, std::
           announce(caller, rid, body, fds, out);
         } else if constexpr (std::is_same_v<T, proto::Rejoin>) {
           rejoin(caller, rid, body, out);
+        } else if constexpr (std::is_same_v<T, proto::Holders>) {
+          holders(caller, rid, body, out);
+        } else if constexpr (std::is_same_v<T, proto::Watch>) {
+          watch(caller, rid, body, out);
+        } else if constexpr (std::is_same_v<T, proto::Heartbeat>) {
+          heartbeat(caller, rid, body, now_ns, out);
         } else {
           out.push_back(reply(caller.conn, rid,
                               error_reply(rid, ErrorCode::Protocol,
@@ -418,9 +431,10 @@ void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credenti
     out.push_back(reply(conn, rid, error_reply(rid, e.code(), fmt::format("segment '{}': {}", seg.name, e.what()), e.sys_errno()).body));
     return;
   }
-  ++seg.refs[conn];
+  const bool first = ++seg.refs[conn] == 1;
   if (access == proto::Access::ReadWrite) seg.writers.insert(conn);
   out.push_back(reply(conn, rid, proto::OpenReply{info_of(seg)}, std::move(fd)));
+  if (first) notify(seg, proto::EventKind::Joined, holder_of(seg, conn), conn, out);
 }
 
 void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close& req, std::vector<Outgoing>& out) {
@@ -434,7 +448,11 @@ void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close
   }
   auto& refs = it->second.refs;
   if (--refs[caller.conn] == 0) {
+    auto gone = holder_of(it->second, caller.conn);
+    gone.references = 0;
     refs.erase(caller.conn);
+    it->second.beats.erase(caller.conn);
+    notify(it->second, proto::EventKind::Left, gone, caller.conn, out);
     repair_for(it->second, caller.conn);
     if (it->second.creator == caller.conn) exporter_left(it->second, proto::PoisonReason::Closed);
   }
@@ -558,6 +576,7 @@ void Registry::maybe_destroy(std::uint64_t id) {
 
 void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
   expire_restores(now_ns);
+  expire_beats(now_ns, out);
   while (!m_pending_by_deadline.empty() && m_pending_by_deadline.begin()->first <= now_ns) {
     Pending p = unpark(m_pending_by_deadline.begin()->second);
     out.push_back(reply(p.conn, p.request_id,
@@ -572,7 +591,138 @@ std::optional<std::int64_t> Registry::next_deadline() const {
   std::optional<std::int64_t> d;
   if (!m_pending_by_deadline.empty()) d = m_pending_by_deadline.begin()->first;
   for (const auto& [name, r] : m_restore) d = d ? std::min(*d, r.deadline_ns) : r.deadline_ns;
+  for (const auto id : m_beating) {
+    auto it = m_segments.find(id);
+    if (it == m_segments.end()) continue;
+    for (const auto& [conn, b] : it->second.beats) {
+      if (!b.hung) d = d ? std::min(*d, b.deadline_ns) : b.deadline_ns;
+    }
+  }
   return d;
+}
+
+proto::HolderInfo Registry::holder_of(const SegmentRecord& seg, ConnId conn) const {
+  proto::HolderInfo h;
+  if (auto c = m_connections.find(conn); c != m_connections.end()) {
+    h.pid = static_cast<std::uint32_t>(c->second.creds.pid);
+    h.uid = c->second.creds.uid;
+  }
+  if (auto r = seg.refs.find(conn); r != seg.refs.end()) h.references = r->second;
+  h.access =
+      static_cast<std::uint8_t>(seg.writers.count(conn) != 0 ? proto::Access::ReadWrite : proto::Access::ReadOnly);
+  h.creator = seg.creator == conn ? 1 : 0;
+  for (auto [it, end] = seg.joined.equal_range(conn); it != end; ++it) {
+    const auto role = static_cast<unsigned>(it->second.role);
+    if (role < 8) h.roles = static_cast<std::uint8_t>(h.roles | (1U << role));
+  }
+  if (auto b = seg.beats.find(conn); b != seg.beats.end()) {
+    h.beat = static_cast<std::uint8_t>(b->second.hung ? proto::Beat::Hung : proto::Beat::Alive);
+    h.beat_ms = b->second.ms;
+  }
+  return h;
+}
+
+void Registry::notify(const SegmentRecord& seg, proto::EventKind kind, const proto::HolderInfo& holder, ConnId conn,
+                      std::vector<Outgoing>& out) {
+  if (seg.watchers.empty()) return;
+  proto::Event e;
+  e.kind = static_cast<std::uint8_t>(kind);
+  e.id = seg.id;
+  e.name = seg.name;
+  e.holder = holder;
+  e.unix_ns = unix_now_ns();
+  for (const ConnId w : seg.watchers) {
+    if (w == conn) continue;
+    out.push_back(reply(w, 0, e));
+  }
+}
+
+void Registry::expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out) {
+  for (auto it = m_beating.begin(); it != m_beating.end();) {
+    auto seg = m_segments.find(*it);
+    if (seg == m_segments.end() || seg->second.beats.empty()) {
+      it = m_beating.erase(it);
+      continue;
+    }
+    for (auto& [conn, b] : seg->second.beats) {
+      if (b.hung || b.deadline_ns > now_ns) continue;
+      b.hung = true;
+      notify(seg->second, proto::EventKind::Hung, holder_of(seg->second, conn), conn, out);
+    }
+    ++it;
+  }
+}
+
+void Registry::holders(const Caller& caller, std::uint32_t rid, const proto::Holders& req, std::vector<Outgoing>& out) {
+  auto it = m_names.find(req.name);
+  if (it == m_names.end() || !visible_to(caller.creds, m_segments.at(it->second))) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::NotFound, fmt::format("no segment named '{}'", req.name)).body));
+    return;
+  }
+  const auto& seg = m_segments.at(it->second);
+  proto::HoldersReply r;
+  for (const auto& [conn, count] : seg.refs) {
+    if (r.entries.size() == proto::kMaxHolders) {
+      r.more = true;
+      break;
+    }
+    r.entries.push_back(holder_of(seg, conn));
+  }
+  std::sort(r.entries.begin(), r.entries.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
+  out.push_back(reply(caller.conn, rid, std::move(r)));
+}
+
+void Registry::watch(const Caller& caller, std::uint32_t rid, const proto::Watch& req, std::vector<Outgoing>& out) {
+  auto it = m_names.find(req.name);
+  if (it == m_names.end() || !visible_to(caller.creds, m_segments.at(it->second))) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::NotFound,
+                                    fmt::format("no segment named '{}' to watch (gpuipc ls lists them)", req.name))
+                            .body));
+    return;
+  }
+  auto& info = m_connections[caller.conn];
+  constexpr std::size_t kMaxWatched = 64;
+  if (info.watching.count(it->second) == 0 && info.watching.size() >= kMaxWatched) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::QuotaExceeded,
+                                    fmt::format("this connection already watches {} names, the most it may; watch "
+                                                "'{}' from another connection",
+                                                kMaxWatched, req.name))
+                            .body));
+    return;
+  }
+  info.watching.insert(it->second);
+  m_segments.at(it->second).watchers.insert(caller.conn);
+  out.push_back(reply(caller.conn, rid, proto::OkReply{}));
+}
+
+void Registry::heartbeat(const Caller& caller, std::uint32_t rid, const proto::Heartbeat& req, std::int64_t now_ns,
+                         std::vector<Outgoing>& out) {
+  auto it = m_names.find(req.name);
+  if (it == m_names.end() || m_segments.at(it->second).refs.count(caller.conn) == 0) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::InvalidArgument,
+                                    fmt::format("Heartbeat for '{}': this process holds no reference to a segment of "
+                                                "that name; open it first",
+                                                req.name))
+                            .body));
+    return;
+  }
+  auto& seg = m_segments.at(it->second);
+  if (req.deadline_ms == 0) {
+    seg.beats.erase(caller.conn);
+  } else {
+    auto& b = seg.beats[caller.conn];
+    const bool was_hung = b.hung;
+    b.deadline_ns = now_ns + static_cast<std::int64_t>(req.deadline_ms) * 1'000'000;
+    b.ms = req.deadline_ms;
+    b.hung = false;
+    m_beating.insert(seg.id);
+    if (was_hung) notify(seg, proto::EventKind::Alive, holder_of(seg, caller.conn), caller.conn, out);
+  }
+  out.push_back(reply(caller.conn, rid, proto::OkReply{}));
 }
 
 void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& req, std::vector<Outgoing>& out) {
@@ -597,7 +747,7 @@ void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& 
   std::string why;
   ErrorCode code = ErrorCode::InvalidArgument;
   const auto role = static_cast<proto::Role>(req.role);
-  const std::uint32_t member = join_member(seg.block, role, token, code, why);
+  const std::uint32_t member = join_member(seg.block, role, token, seg.creator == caller.conn, code, why);
   if (member == proto::kNoMember) {
     fail(code, fmt::format("cannot join '{}': {}", seg.name, why));
     return;

@@ -72,6 +72,13 @@ struct SegmentRecord {
   ConnId creator = 0;                       ///< the connection that created it
   std::uint64_t view_offset = 0;            ///< adopted VMM memory: Create.view_offset / view_size
   std::uint64_t view_size = 0;
+  std::set<ConnId> watchers;  ///< connections that watch it (Watch)
+  struct Beat {
+    std::int64_t deadline_ns = 0;  ///< the next Heartbeat is due by then
+    std::uint32_t ms = 0;          ///< the deadline it promised
+    bool hung = false;             ///< it missed the deadline (watchers were told)
+  };
+  std::map<ConnId, Beat> beats;  ///< heartbeats of connections that hold it
   std::uint32_t total_refs() const noexcept;
 };
 
@@ -97,7 +104,8 @@ class Registry {
   /// A connection ended (clean close or crash): drop its references (freeing unlinked segments with no
   /// references left) and cancel its pending opens. With `repair`, semaphores and channels it was a member of are
   /// repaired (a broker shutting down does not repair: its clients live on).
-  void drop_connection(ConnId conn, bool repair = true);
+  /// With `out`, the watchers of every segment it held are told that its process died (Event).
+  void drop_connection(ConnId conn, bool repair = true, std::vector<Outgoing>* out = nullptr);
 
   /// Handles one request of an established connection; appends replies (to this and, for Create, to waiting
   /// openers) to `out`. `fds` are the fds that came with the request (ownership taken where used).
@@ -152,6 +160,17 @@ class Registry {
   void announce(const Caller& caller, std::uint32_t rid, const proto::Announce& req, std::vector<os::UniqueFd>& fds,
                 std::vector<Outgoing>& out);
   void rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejoin& req, std::vector<Outgoing>& out);
+  void holders(const Caller& caller, std::uint32_t rid, const proto::Holders& req, std::vector<Outgoing>& out);
+  void watch(const Caller& caller, std::uint32_t rid, const proto::Watch& req, std::vector<Outgoing>& out);
+  void heartbeat(const Caller& caller, std::uint32_t rid, const proto::Heartbeat& req, std::int64_t now_ns,
+                 std::vector<Outgoing>& out);
+  /// What `conn` is to `seg`: its pid, references, access, roles and heartbeat.
+  proto::HolderInfo holder_of(const SegmentRecord& seg, ConnId conn) const;
+  /// Tells `seg`'s watchers (but `conn` itself) that `conn` joined, left, died, hung or beat again.
+  void notify(const SegmentRecord& seg, proto::EventKind kind, const proto::HolderInfo& holder, ConnId conn,
+              std::vector<Outgoing>& out);
+  /// Marks heartbeats whose deadline passed as hung and tells watchers.
+  void expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out);
   /// Records a new linked name in the journal (not device_ipc shares, which die with their exporter anyway).
   void journal_linked(const SegmentRecord& seg) noexcept;
   /// Answers the opens parked on `seg`'s name.
@@ -186,6 +205,7 @@ class Registry {
   struct ConnectionInfo {
     os::Credentials creds;
     std::set<std::uint64_t> pending;  // parked opens
+    std::set<std::uint64_t> watching;  // segments it watches
   };
   std::unordered_map<ConnId, ConnectionInfo> m_connections;
   std::map<std::uint64_t, Pending> m_pending;
@@ -199,6 +219,7 @@ class Registry {
   };
   Journal m_journal;
   std::map<std::string, Restore> m_restore;  // journal names waiting for a holder's Announce
+  std::set<std::uint64_t> m_beating;         // segments with heartbeats (expire_beats looks at these only)
   std::unordered_map<uid_t, std::uint64_t> m_segments_per_uid;
   std::unordered_map<uid_t, std::uint64_t> m_bytes_per_uid;
 };

@@ -3,13 +3,32 @@
 #include <fmt/format.h>
 
 #include "base/log.hpp"
+#include "shm/counting_block.hpp"
 #include "shm/members.hpp"
 #include "shm/pool_block.hpp"
 #include "shm/semaphore_block.hpp"
 
 namespace gpuipc::broker {
 
-std::string check_control(ControlBlock& block) {
+std::string check_control(ControlBlock& block, bool fresh) {
+  if ((block.flags & proto::kFlagCounting) != 0) {
+    auto* b = shm::counting_block(block.data, block.size);
+    if (b == nullptr) {
+      return fmt::format("not a counting semaphore block of version {} ({} bytes): fill it in before Create",
+                         proto::kCountingVersion, block.size);
+    }
+    if (fresh) {
+      if (const char* why = shm::counting_check_new(*b); why != nullptr) {
+        return fmt::format("counting semaphore block: {}", why);
+      }
+    }
+    const std::uint32_t max = proto::atomic(b->max_count).load();
+    const std::uint32_t initial = proto::atomic(b->initial).load();
+    if (max == 0 || max > proto::kCountingMaxPermits) return "counting semaphore block: maximum count out of range";
+    block.counting_max = max;
+    block.grant = fresh && initial <= max ? max - initial : 0;
+    return {};
+  }
   if ((block.flags & proto::kFlagSemaphore) != 0) {
     if (shm::semaphore_block(block.data, block.size) == nullptr) {
       return fmt::format("not a semaphore block of version {} ({} bytes): fill it in before Create",
@@ -39,10 +58,11 @@ std::string check_control(ControlBlock& block) {
 std::size_t min_control_bytes(std::uint32_t flags) noexcept {
   if ((flags & proto::kFlagSemaphore) != 0) return sizeof(proto::SemaphoreBlock);
   if ((flags & proto::kFlagPool) != 0) return shm::pool_control_bytes(1);
+  if ((flags & proto::kFlagCounting) != 0) return sizeof(proto::CountingBlock);
   return sizeof(proto::ChannelHeader);
 }
 
-std::uint32_t join_member(const ControlBlock& block, proto::Role role, std::uint32_t token, ErrorCode& code,
+std::uint32_t join_member(ControlBlock& block, proto::Role role, std::uint32_t token, bool creator, ErrorCode& code,
                           std::string& why) {
   code = ErrorCode::InvalidArgument;
   std::uint32_t index = proto::kNoMember;
@@ -64,6 +84,15 @@ std::uint32_t join_member(const ControlBlock& block, proto::Role role, std::uint
       return index;
     }
     index = shm::claim_member(static_cast<shm::PoolHeader*>(block.data)->members, token, role);
+  } else if ((block.flags & proto::kFlagCounting) != 0) {
+    if (role != proto::Role::Holder) {
+      why = "a counting semaphore's members are holders";
+      return index;
+    }
+    // The permits above the initial count are the creator's, given at its first join (only once).
+    const std::uint32_t grant = creator ? block.grant : 0;
+    index = shm::counting_join(*static_cast<proto::CountingBlock*>(block.data), token, grant);
+    if (index != proto::kNoMember && creator) block.grant = 0;
   } else {
     why = "this segment is not a semaphore, a channel or a pool: it has no members";
     return index;
@@ -87,6 +116,9 @@ std::string check_rejoin(const ControlBlock& block, const Joined& m) noexcept {
   } else if ((block.flags & proto::kFlagPool) != 0) {
     members = &static_cast<shm::PoolHeader*>(block.data)->members;
     role_ok = m.role == proto::Role::Holder;
+  } else if ((block.flags & proto::kFlagCounting) != 0) {
+    members = &static_cast<proto::CountingBlock*>(block.data)->members;
+    role_ok = m.role == proto::Role::Holder;
   }
   if (members == nullptr || !role_ok) return "not a role this object has";
   if (!shm::holds_token(*members, m.member, m.token)) return "that entry no longer holds that token";
@@ -104,6 +136,10 @@ bool remove_member(const ControlBlock& block, const Joined& m) noexcept {
   } else if ((block.flags & proto::kFlagChannel) != 0) {
     removed = shm::channel_remove_member(block.data, block.ring, m.member, m.token, m.role,
                                          proto::PoisonReason::PeerDied);
+  } else if ((block.flags & proto::kFlagCounting) != 0) {
+    // Completes its half-made operation and gives back every permit it held.
+    removed = shm::counting_remove_member(*static_cast<proto::CountingBlock*>(block.data), m.member, m.token,
+                                          block.counting_max);
   } else if ((block.flags & proto::kFlagPool) != 0) {
     auto& members = static_cast<shm::PoolHeader*>(block.data)->members;
     if (shm::holds_token(members, m.member, m.token)) {

@@ -20,8 +20,10 @@ namespace gpuipc::broker {
 struct ControlBlock {
   void* data = nullptr;
   std::size_t size = 0;
-  std::uint32_t flags = 0;   ///< proto::kFlagSemaphore, kFlagChannel or kFlagPool
+  std::uint32_t flags = 0;   ///< proto::kFlagSemaphore, kFlagChannel, kFlagPool or kFlagCounting
   shm::RingGeometry ring{};  ///< channels
+  std::uint32_t counting_max = 0;  ///< counting semaphores: max_count
+  std::uint32_t grant = 0;         ///< counting semaphores: permits the creator holds once it joins (then 0)
 };
 
 /// The smallest control block a Create with these flags (one of proto::kFlag*) may declare.
@@ -35,12 +37,15 @@ struct Joined {
 };
 
 /// Checks a control block being registered (the creator fills it in before Create, so it is complete before
-/// its name is visible) and takes its geometry. Returns an empty string, or what is wrong.
-std::string check_control(ControlBlock& block);
+/// its name is visible) and takes its geometry. `fresh`: a Create (the block must be in its initial state); false
+/// for a name a restarted broker takes back (Announce), whose members have been using it. Returns an empty
+/// string, or what is wrong.
+std::string check_control(ControlBlock& block, bool fresh = true);
 
 /// Claims a member entry of `block` for `token` with `role`. Returns its index, or proto::kNoMember with `code`
 /// and `why` saying what is wrong (InvalidArgument: a role the object has not; QuotaExceeded: a full table).
-std::uint32_t join_member(const ControlBlock& block, proto::Role role, std::uint32_t token, ErrorCode& code,
+/// `creator`: the joining connection created the object (a counting semaphore's creator gets block.grant).
+std::uint32_t join_member(ControlBlock& block, proto::Role role, std::uint32_t token, bool creator, ErrorCode& code,
                           std::string& why);
 
 /// Whether `member` (after a broker restart) still holds its entry of `block` with a role the object has: the

@@ -171,7 +171,7 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
       return;
     }
     seg.block = ControlBlock{seg.control.data(), seg.control.size(), seg.flags, {}};
-    if (auto why = check_control(seg.block); !why.empty()) {
+    if (auto why = check_control(seg.block, false); !why.empty()) {
       fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': {}", req.name, why));
       return;
     }

@@ -377,8 +377,10 @@ void Server::close_connection(ConnId id, bool repair) {
   m_epoll.remove(it->second.sock.get());
   auto count = m_per_uid.find(it->second.creds.uid);
   if (count != m_per_uid.end() && --count->second == 0) m_per_uid.erase(count);
-  m_registry.drop_connection(id, repair);
+  std::vector<Outgoing> out;
+  m_registry.drop_connection(id, repair, &out);
   m_connections.erase(it);
+  dispatch(out);  // watchers hear of the death
 }
 
 void Server::reap_closing() {

@@ -23,20 +23,20 @@ namespace {
 // The variant's alternatives are in MessageType order, so type_of is index + 1.
 template <MessageType T, class B>
 constexpr bool kAt = std::is_same_v<std::variant_alternative_t<static_cast<std::size_t>(T) - 1, Body>, B>;
-static_assert(kAt<MessageType::Hello, Hello> && kAt<MessageType::HelloReply, HelloReply> &&
-              kAt<MessageType::Create, Create> && kAt<MessageType::Open, Open> &&
-              kAt<MessageType::OpenReply, OpenReply> && kAt<MessageType::Close, Close> &&
-              kAt<MessageType::Unlink, Unlink> && kAt<MessageType::Stat, Stat> &&
-              kAt<MessageType::StatReply, StatReply> && kAt<MessageType::List, List> &&
-              kAt<MessageType::ListReply, ListReply> && kAt<MessageType::Ok, OkReply> &&
-              kAt<MessageType::Error, ErrorReply> && kAt<MessageType::Join, Join> &&
-              kAt<MessageType::JoinReply, JoinReply> && kAt<MessageType::Announce, Announce> &&
-              kAt<MessageType::Rejoin, Rejoin> && std::variant_size_v<Body> == 17);
+static_assert(
+    kAt<MessageType::Hello, Hello> && kAt<MessageType::HelloReply, HelloReply> && kAt<MessageType::Create, Create> &&
+    kAt<MessageType::Open, Open> && kAt<MessageType::OpenReply, OpenReply> && kAt<MessageType::Close, Close> &&
+    kAt<MessageType::Unlink, Unlink> && kAt<MessageType::Stat, Stat> && kAt<MessageType::StatReply, StatReply> &&
+    kAt<MessageType::List, List> && kAt<MessageType::ListReply, ListReply> && kAt<MessageType::Ok, OkReply> &&
+    kAt<MessageType::Error, ErrorReply> && kAt<MessageType::Join, Join> && kAt<MessageType::JoinReply, JoinReply> &&
+    kAt<MessageType::Announce, Announce> && kAt<MessageType::Rejoin, Rejoin> && kAt<MessageType::Holders, Holders> &&
+    kAt<MessageType::HoldersReply, HoldersReply> && kAt<MessageType::Watch, Watch> && kAt<MessageType::Event, Event> &&
+    kAt<MessageType::Heartbeat, Heartbeat> && std::variant_size_v<Body> == 22);
 
 // u32 magic + u16 version + u16 type + u32 request_id, then the u16 body_length.
 constexpr std::size_t kBodyLengthOffset = 12;
 constexpr std::uint16_t kFirstType = 1;
-constexpr std::uint16_t kLastType = 17;
+constexpr std::uint16_t kLastType = 22;
 constexpr std::size_t kMaxClientNameLength = 64;
 constexpr std::size_t kMaxBrokerVersionLength = 64;
 constexpr std::uint16_t kModeMask = 0777;
@@ -80,6 +80,16 @@ constexpr std::string_view message_name(MessageType type) noexcept {
       return "Announce";
     case MessageType::Rejoin:
       return "Rejoin";
+    case MessageType::Holders:
+      return "Holders";
+    case MessageType::HoldersReply:
+      return "HoldersReply";
+    case MessageType::Watch:
+      return "Watch";
+    case MessageType::Event:
+      return "Event";
+    case MessageType::Heartbeat:
+      return "Heartbeat";
   }
   return "?";
 }
@@ -218,9 +228,12 @@ std::string validate(const Create& m, const Path& p) {
   if (!(e = check_size(m.size)).empty()) return fail(p, "size", e);
   if (!(e = check_device(m.device, m.kind)).empty()) return fail(p, "device", e);
   // One object kind at most: a plain segment (0), a semaphore, a channel or a pool control block (proto/shm.hpp).
-  if (m.flags != 0 && m.flags != kFlagSemaphore && m.flags != kFlagChannel && m.flags != kFlagPool) {
-    return fail(p, "flags", fmt::format("{:#x}; must be 0, {:#x} (semaphore), {:#x} (channel) or {:#x} (pool)",
-                                        m.flags, kFlagSemaphore, kFlagChannel, kFlagPool));
+  if (m.flags != 0 && m.flags != kFlagSemaphore && m.flags != kFlagChannel && m.flags != kFlagPool &&
+      m.flags != kFlagCounting) {
+    return fail(p, "flags",
+                fmt::format("{:#x}; must be 0, {:#x} (semaphore), {:#x} (channel), {:#x} (pool) or {:#x} (counting "
+                            "semaphore)",
+                            m.flags, kFlagSemaphore, kFlagChannel, kFlagPool, kFlagCounting));
   }
   if (m.flags != 0 && is_device_kind(m.kind)) {
     return fail(p, "flags", fmt::format("{:#x}; semaphores and channels are host memory, not kind {}", m.flags,
@@ -303,6 +316,58 @@ std::string validate(const Rejoin& m, const Path& p) {
   if (m.role < static_cast<std::uint8_t>(Role::Signaller) || m.role > static_cast<std::uint8_t>(Role::kLast)) {
     return fail(p, "role", fmt::format("invalid Role {} (valid: 1 Signaller to {})", m.role,
                                        static_cast<std::uint8_t>(Role::kLast)));
+  }
+  return {};
+}
+
+std::string validate_holder(const HolderInfo& m, const Path& p) {
+  if (m.access != static_cast<std::uint8_t>(Access::ReadOnly) &&
+      m.access != static_cast<std::uint8_t>(Access::ReadWrite)) {
+    return fail(p, "access", fmt::format("invalid Access {} (1 ReadOnly, 2 ReadWrite)", m.access));
+  }
+  if (m.creator > 1) return fail(p, "creator", fmt::format("{}; must be 0 or 1", m.creator));
+  if (m.beat > static_cast<std::uint8_t>(Beat::Hung)) {
+    return fail(p, "beat", fmt::format("invalid Beat {} (0 None, 1 Alive, 2 Hung)", m.beat));
+  }
+  if (m.beat_ms > kMaxHeartbeatMs)
+    return fail(p, "beat_ms", fmt::format("{} ms; at most {}", m.beat_ms, kMaxHeartbeatMs));
+  return {};
+}
+
+std::string validate(const Holders& m, const Path& p) {
+  if (auto e = check_name(m.name); !e.empty()) return fail(p, "name", e);
+  return {};
+}
+
+std::string validate(const HoldersReply& m, const Path& p) {
+  if (m.entries.size() > kMaxHolders) {
+    return fail(p, "entries", fmt::format("{} entries; at most {}", m.entries.size(), kMaxHolders));
+  }
+  for (std::size_t i = 0; i < m.entries.size(); ++i) {
+    if (auto e = validate_holder(m.entries[i], Path{p.message, "entries", static_cast<int>(i)}); !e.empty()) return e;
+  }
+  return {};
+}
+
+std::string validate(const Watch& m, const Path& p) {
+  if (auto e = check_name(m.name); !e.empty()) return fail(p, "name", e);
+  return {};
+}
+
+std::string validate(const Event& m, const Path& p) {
+  if (m.kind < static_cast<std::uint8_t>(EventKind::Joined) || m.kind > static_cast<std::uint8_t>(EventKind::Alive)) {
+    return fail(p, "kind", fmt::format("invalid EventKind {} (1 Joined to 5 Alive)", m.kind));
+  }
+  if (!m.name.empty()) {
+    if (auto e = check_name(m.name); !e.empty()) return fail(p, "name", e);
+  }
+  return validate_holder(m.holder, Path{p.message, "holder"});
+}
+
+std::string validate(const Heartbeat& m, const Path& p) {
+  if (auto e = check_name(m.name); !e.empty()) return fail(p, "name", e);
+  if (m.deadline_ms > kMaxHeartbeatMs) {
+    return fail(p, "deadline_ms", fmt::format("{} ms; at most {} (one hour)", m.deadline_ms, kMaxHeartbeatMs));
   }
   return {};
 }
@@ -406,6 +471,34 @@ void put(wire::Writer& w, const Rejoin& m) {
   w.u32(m.member);
   w.u32(m.token);
   w.u8(m.role);
+}
+void put_holder(wire::Writer& w, const HolderInfo& m) {
+  w.u32(m.pid);
+  w.u32(m.uid);
+  w.u32(m.references);
+  w.u8(m.access);
+  w.u8(m.creator);
+  w.u8(m.roles);
+  w.u8(m.beat);
+  w.u32(m.beat_ms);
+}
+void put(wire::Writer& w, const Holders& m) { put_string(w, m.name); }
+void put(wire::Writer& w, const HoldersReply& m) {
+  w.u16(static_cast<std::uint16_t>(m.entries.size()));
+  for (const HolderInfo& e : m.entries) put_holder(w, e);
+  w.u8(m.more ? 1 : 0);
+}
+void put(wire::Writer& w, const Watch& m) { put_string(w, m.name); }
+void put(wire::Writer& w, const Event& m) {
+  w.u8(m.kind);
+  w.u64(m.id);
+  put_string(w, m.name);
+  put_holder(w, m.holder);
+  w.u64(m.unix_ns);
+}
+void put(wire::Writer& w, const Heartbeat& m) {
+  put_string(w, m.name);
+  w.u32(m.deadline_ms);
 }
 void put(wire::Writer& w, const ErrorReply& m) {
   w.u8(m.code);
@@ -518,6 +611,27 @@ class BodyReader {
   bool body(const Path& p, Rejoin& m) {
     return u64(p, "id", m.id) && u32(p, "member", m.member) && u32(p, "token", m.token) && u8(p, "role", m.role);
   }
+  bool holder(const Path& p, HolderInfo& m) {
+    return u32(p, "pid", m.pid) && u32(p, "uid", m.uid) && u32(p, "references", m.references) &&
+           u8(p, "access", m.access) && u8(p, "creator", m.creator) && u8(p, "roles", m.roles) &&
+           u8(p, "beat", m.beat) && u32(p, "beat_ms", m.beat_ms);
+  }
+  bool body(const Path& p, Holders& m) { return string(p, "name", m.name); }
+  bool body(const Path& p, HoldersReply& m) {
+    std::uint16_t n = 0;
+    if (!count(p, "entries", kMaxHolders, n)) return false;
+    m.entries.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!holder(Path{p.message, "entries", static_cast<int>(i)}, m.entries[i])) return false;
+    }
+    return boolean(p, "more", m.more);
+  }
+  bool body(const Path& p, Watch& m) { return string(p, "name", m.name); }
+  bool body(const Path& p, Event& m) {
+    return u8(p, "kind", m.kind) && u64(p, "id", m.id) && string(p, "name", m.name) &&
+           holder(Path{p.message, "holder"}, m.holder) && u64(p, "unix_ns", m.unix_ns);
+  }
+  bool body(const Path& p, Heartbeat& m) { return string(p, "name", m.name) && u32(p, "deadline_ms", m.deadline_ms); }
   bool body(const Path& p, ErrorReply& m) {
     return u8(p, "code", m.code) && i32(p, "sys_errno", m.sys_errno) && string(p, "message", m.message);
   }
@@ -743,6 +857,21 @@ bool decode(std::span<const std::byte> bytes, std::size_t fds_received, Message&
       break;
     case MessageType::Rejoin:
       ok = decode_body<Rejoin>(body, type, msg.body, error);
+      break;
+    case MessageType::Holders:
+      ok = decode_body<Holders>(body, type, msg.body, error);
+      break;
+    case MessageType::HoldersReply:
+      ok = decode_body<HoldersReply>(body, type, msg.body, error);
+      break;
+    case MessageType::Watch:
+      ok = decode_body<Watch>(body, type, msg.body, error);
+      break;
+    case MessageType::Event:
+      ok = decode_body<Event>(body, type, msg.body, error);
+      break;
+    case MessageType::Heartbeat:
+      ok = decode_body<Heartbeat>(body, type, msg.body, error);
       break;
   }
   if (!ok) return false;

@@ -1,4 +1,5 @@
-// The broker wire format, version 2: one message per SOCK_SEQPACKET datagram, fixed layout, little-endian,
+// The broker wire format, version 2 (Holders, Watch, Event and Heartbeat were added to it: a broker that predates
+// them answers them as malformed): one message per SOCK_SEQPACKET datagram, fixed layout, little-endian,
 // file descriptors alongside by SCM_RIGHTS. Pure data: no I/O here. See docs/protocol.md.
 //
 // Every message starts with a 16-byte header:
@@ -34,6 +35,10 @@ inline constexpr std::size_t kMaxTextLength = 2048;
 inline constexpr std::size_t kMaxListEntries = 64;
 /// Most mapper pids reported per segment (SegmentInfo::mapper_count has the full number).
 inline constexpr std::size_t kMaxMapperPids = 16;
+/// Most holders in one HoldersReply (HoldersReply::more says when there were more).
+inline constexpr std::size_t kMaxHolders = 256;
+/// Longest heartbeat deadline (one hour).
+inline constexpr std::uint32_t kMaxHeartbeatMs = 3'600'000;
 /// Largest segment (1 TiB).
 inline constexpr std::uint64_t kMaxSegmentSize = 1ULL << 40;
 
@@ -55,6 +60,11 @@ enum class MessageType : std::uint16_t {
   JoinReply = 15,
   Announce = 16,
   Rejoin = 17,
+  Holders = 18,
+  HoldersReply = 19,
+  Watch = 20,
+  Event = 21,
+  Heartbeat = 22,
 };
 
 /// Segment kinds (include/gpuipc/segment.hpp mirrors these values). DeviceIpc: cudaMalloc memory adopted with a
@@ -239,8 +249,73 @@ struct Rejoin {
   bool operator==(const Rejoin&) const = default;
 };
 
-using Body = std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unlink, Stat, StatReply, List, ListReply,
-                          OkReply, ErrorReply, Join, JoinReply, Announce, Rejoin>;
+/// Who has segment `name` open: one entry per connection (process) holding references. Needs read permission (like
+/// Stat).
+struct Holders {
+  std::string name;
+
+  bool operator==(const Holders&) const = default;
+};
+
+/// A holder's heartbeat, as the broker sees it.
+enum class Beat : std::uint8_t { None = 0, Alive = 1, Hung = 2 };
+
+/// One process holding a segment open.
+struct HolderInfo {
+  std::uint32_t pid = 0;  ///< SO_PEERCRED pid (in the broker's PID namespace)
+  std::uint32_t uid = 0;
+  std::uint32_t references = 0;  ///< its open references
+  std::uint8_t access = 1;       ///< Access: ReadWrite when any of its references is read-write
+  std::uint8_t creator = 0;      ///< 1: its connection created the segment
+  std::uint8_t roles = 0;        ///< bit (1 << proto::Role) for every member role it joined (shm.hpp)
+  std::uint8_t beat = 0;         ///< Beat
+  std::uint32_t beat_ms = 0;     ///< the deadline it promised beats within (0: none)
+
+  bool operator==(const HolderInfo&) const = default;
+};
+
+struct HoldersReply {
+  std::vector<HolderInfo> entries;  ///< at most kMaxHolders, by pid
+  bool more = false;
+
+  bool operator==(const HoldersReply&) const = default;
+};
+
+/// Makes this connection a watcher of segment `name` (read permission; at most 64 names per connection): from the
+/// OkReply on, the broker sends it an Event (request_id 0) whenever a process joins (first reference), leaves (last
+/// reference closed), dies (connection gone while holding references), misses its heartbeat deadline, or beats
+/// again after missing one. A connection that watches should do nothing else (events arrive between replies).
+struct Watch {
+  std::string name;
+
+  bool operator==(const Watch&) const = default;
+};
+
+enum class EventKind : std::uint8_t { Joined = 1, Left = 2, Died = 3, Hung = 4, Alive = 5 };
+
+/// Pushed to watchers (request_id 0).
+struct Event {
+  std::uint8_t kind = 1;      ///< EventKind
+  std::uint64_t id = 0;       ///< the segment's id
+  std::string name;           ///< its name (empty once unlinked)
+  HolderInfo holder;          ///< the process it is about, after the change
+  std::uint64_t unix_ns = 0;  ///< when the broker saw it
+
+  bool operator==(const Event&) const = default;
+};
+
+/// "Expect my next Heartbeat for segment `name` within `deadline_ms`" (0: no more heartbeats). The connection must
+/// hold a reference to it. When the deadline passes first, the broker marks the process hung and tells watchers.
+struct Heartbeat {
+  std::string name;
+  std::uint32_t deadline_ms = 0;  ///< at most kMaxHeartbeatMs
+
+  bool operator==(const Heartbeat&) const = default;
+};
+
+using Body =
+    std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unlink, Stat, StatReply, List, ListReply, OkReply,
+                 ErrorReply, Join, JoinReply, Announce, Rejoin, Holders, HoldersReply, Watch, Event, Heartbeat>;
 
 struct Message {
   std::uint32_t request_id = 0;

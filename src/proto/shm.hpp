@@ -19,7 +19,8 @@ namespace gpuipc::proto {
 inline constexpr std::uint32_t kFlagSemaphore = 1U << 0;
 inline constexpr std::uint32_t kFlagChannel = 1U << 1;
 inline constexpr std::uint32_t kFlagPool = 1U << 2;  ///< the control block of a pool (src/shm/pool_block.hpp)
-inline constexpr std::uint32_t kKnownCreateFlags = kFlagSemaphore | kFlagChannel | kFlagPool;
+inline constexpr std::uint32_t kFlagCounting = 1U << 3;  ///< a counting semaphore (src/shm/counting_block.hpp)
+inline constexpr std::uint32_t kKnownCreateFlags = kFlagSemaphore | kFlagChannel | kFlagPool | kFlagCounting;
 
 /// Values are below 2^62. Bit 62 marks a poisoned value: CUDA's 64-bit stream waits compare cyclically
 /// ((int64_t)(*addr - v) >= 0), so poison must stay within 2^63 of every value waited for — a set top bit would
@@ -63,6 +64,45 @@ struct alignas(64) SemaphoreBlock {
 };
 static_assert(sizeof(SemaphoreBlock) <= 4096);
 static_assert(offsetof(SemaphoreBlock, value) % 64 == 0);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Counting semaphore: permits that processes acquire and release, with the permits each member holds counted in
+// the block, so that the broker gives back what a dead member held (src/shm/counting_block.hpp has the protocol).
+inline constexpr std::uint32_t kCountingMagic = 0x43434947;  // "GICC"
+inline constexpr std::uint32_t kCountingVersion = 1;
+/// Most permits a counting semaphore has (counts are 32-bit words; one bit is kept clear).
+inline constexpr std::uint32_t kCountingMaxPermits = 0x7FFFFFFF;
+
+/// One member's words. `intent` and `held` carry a 24-bit operation sequence number each (bits 40-63): `intent`
+/// is the operation the member is making (n in bits 0-31, bit 32 set for a release), `held` its permits (bits
+/// 0-31) and the sequence number of the last operation applied to them.
+struct alignas(64) CountingSlot {
+  std::uint64_t intent;
+  std::uint64_t held;
+  std::uint64_t ticket;  ///< 0: not waiting; else its place in the queue of waiters (smaller: older)
+  std::uint32_t want;    ///< permits it waits for (monitoring)
+  std::uint32_t pad;
+};
+
+struct alignas(64) CountingBlock {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::uint32_t max_count;  ///< permits in all: available + held by members (the broker reads it once)
+  std::uint32_t initial;    ///< available at creation; the creator holds max_count - initial once it joins
+  std::uint64_t pad0[6];
+  /// available permits (bits 0-31), the member that last changed it + 1 (bits 32-39; 0: none) and the sequence
+  /// number of that member's operation (bits 40-63): whoever changes it next first completes that operation.
+  alignas(64) std::uint64_t state;
+  alignas(64) std::uint32_t wake_seq;  ///< futex: bumped after every release and every waiter leaving the queue
+  std::uint32_t sleepers;              ///< waiters asleep on wake_seq: a release makes a syscall only if > 0
+  std::uint32_t waiting;               ///< members with a ticket (acquirers queue behind them)
+  std::uint32_t pad1;
+  std::uint64_t next_ticket;
+  alignas(64) Member members[kMaxMembers];
+  CountingSlot slots[kMaxMembers];
+};
+static_assert(sizeof(CountingSlot) == 64);
+static_assert(offsetof(CountingBlock, state) % 64 == 0 && offsetof(CountingBlock, slots) % 64 == 0);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Channel: a control segment (this header, then `slots` Slot records each followed by header_bytes of inline

@@ -28,6 +28,7 @@
 
 #include "core/client.hpp"
 #include "gpuipc/channel.hpp"
+#include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
@@ -78,9 +79,13 @@ MessageType answer_to(MessageType t) {
       return MessageType::ListReply;
     case MessageType::Join:
       return MessageType::JoinReply;
+    case MessageType::Holders:
+      return MessageType::HoldersReply;
     case MessageType::Close:
     case MessageType::Unlink:
     case MessageType::Rejoin:
+    case MessageType::Watch:
+    case MessageType::Heartbeat:
       return MessageType::Ok;
     default:
       return MessageType::Error;
@@ -118,6 +123,7 @@ class Client {
     std::vector<std::uint64_t> ids;      // one per reference this connection holds (as far as it knows)
     std::vector<std::uint64_t> lib_ids;  // those of them that name the library's objects: Join works
     std::vector<Held> held;
+    bool watching = false;  // it sent Watch: Events may come
   };
 
   std::uint64_t pick(std::uint64_t n) { return m_rng() % n; }
@@ -203,8 +209,9 @@ class Client {
       req.kind = static_cast<proto::Kind>(pick(10) == 0 ? 1 + pick(4) : 2);
       req.mode = static_cast<std::uint16_t>(pick(2) == 0 ? 0600 : pick(01000));
       req.size = 4096 * (1 + pick(16));
-      const std::uint32_t flags[] = {0, 0, 0, proto::kFlagSemaphore, proto::kFlagChannel, proto::kFlagPool};
-      req.flags = flags[pick(6)];
+      const std::uint32_t flags[] = {
+          0, 0, 0, proto::kFlagSemaphore, proto::kFlagChannel, proto::kFlagPool, proto::kFlagCounting};
+      req.flags = flags[pick(7)];
       auto fd = memory_fd(c, req.size);
       if (fd) send(c, req, {fd.get()});
     } else if (r < 33) {  // Open, maybe waiting for the name
@@ -216,8 +223,21 @@ class Client {
       send(c, proto::Close{id});
     } else if (r < 47) {
       send(c, proto::Unlink{name()});
-    } else if (r < 51) {
+    } else if (r < 49) {
       send(c, proto::Stat{name()});
+    } else if (r < 51) {  // liveness: who holds a name, watch it (events follow), heartbeats that expire or not
+      switch (pick(3)) {
+        case 0:
+          send(c, proto::Holders{name()});
+          break;
+        case 1:
+          c.watching = true;
+          send(c, proto::Watch{name()});
+          break;
+        default:
+          send(c, proto::Heartbeat{name(), static_cast<std::uint32_t>(pick(4) == 0 ? 0 : 1 + pick(50))});
+          break;
+      }
     } else if (r < 54) {
       send(c, proto::List{pick(2) == 0 ? 0 : some_id(c)});
     } else if (r < 65) {  // Join with a role each object has, or not
@@ -308,7 +328,7 @@ class Client {
   void library_objects() {
     const std::string lib = m_prefix + "lib" + std::to_string(pick(4));
     try {
-      switch (pick(3)) {
+      switch (pick(4)) {
         case 0:
           m_channels.push_back(
               pick(2) == 0
@@ -319,6 +339,11 @@ class Client {
         case 1:
           m_semaphores.push_back(pick(2) == 0 ? Semaphore::create(lib, {.kind = SegmentKind::Host})
                                               : Semaphore::open(lib, {.role = SemaphoreRole::Signaller}));
+          break;
+        case 2:
+          m_counting.push_back(pick(2) == 0 ? CountingSemaphore::create(lib, {.initial = 1, .max_count = 3})
+                                            : CountingSemaphore::open(lib));
+          if (pick(2) == 0) (void)m_counting.back().try_acquire(1 + static_cast<std::uint32_t>(pick(2)));
           break;
         default:
           m_pools.push_back(
@@ -338,6 +363,7 @@ class Client {
     if (pick(3) == 0) m_channels.clear();
     if (pick(3) == 0) m_semaphores.clear();
     if (pick(3) == 0) m_pools.clear();
+    if (pick(3) == 0) m_counting.clear();
   }
 
   /// Whether reply `msg` (with `nfds` fds) fits what connection `c` asked; says why not on stderr.
@@ -348,6 +374,8 @@ class Client {
     if (it == c.pending.end()) {
       // Protocol errors that end a connection answer request 0; a mutated request id gets its answer too.
       if ((error && msg.request_id == 0) || c.tainted) return true;
+      // A watcher's events come unasked, as request 0.
+      if (type == MessageType::Event && msg.request_id == 0 && c.watching) return nfds == 0;
       std::fprintf(stderr, "broker fuzz: reply type %d to request %u, which this connection never sent\n",
                    static_cast<int>(type), msg.request_id);
       return false;
@@ -426,6 +454,7 @@ class Client {
   std::vector<Channel> m_channels;
   std::vector<Semaphore> m_semaphores;
   std::vector<Pool> m_pools;
+  std::vector<CountingSemaphore> m_counting;
 };
 
 std::uint64_t rss_kib(pid_t pid) {

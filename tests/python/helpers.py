@@ -272,3 +272,20 @@ def pool_paused_report(name: str, raw_ref: bytes) -> dict:
             except gpuipc.Error as e:
                 out[what] = (type(e).__name__, str(e))
     return out
+
+
+# Counting semaphores -------------------------------------------------------------------------------------------------
+def counting_hold_forever(name: str, n: int, ready: str) -> None:
+    """Opens counting semaphore `name`, acquires `n` permits, creates `ready`, then sleeps until killed."""
+    sem = gpuipc.CountingSemaphore.open(name, wait=10)
+    sem.acquire(n, timeout=10)
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del sem, keep
+
+
+def counting_acquire(name: str, n: int, timeout: float) -> int:
+    """Opens counting semaphore `name`, acquires `n` permits within `timeout`; returns what it holds then."""
+    with gpuipc.CountingSemaphore.open(name, wait=10) as sem:
+        sem.acquire(n, timeout=timeout)
+        return sem.held

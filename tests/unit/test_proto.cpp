@@ -52,6 +52,10 @@ class Raw {
     u64(m.view_offset).u64(m.view_size);
     return *this;
   }
+  // HolderInfo as docs/protocol.md lays it out (20 bytes).
+  Raw& holder(const HolderInfo& m) {
+    return u32(m.pid).u32(m.uid).u32(m.references).u8(m.access).u8(m.creator).u8(m.roles).u8(m.beat).u32(m.beat_ms);
+  }
   Bytes take() { return std::move(m_b); }
 
  private:
@@ -99,6 +103,16 @@ Bytes raw_body(const Body& body) {
           r.str(m.name).u8(static_cast<std::uint8_t>(m.access)).u64(m.size);
         } else if constexpr (std::is_same_v<T, Rejoin>) {
           r.u64(m.id).u32(m.member).u32(m.token).u8(m.role);
+        } else if constexpr (std::is_same_v<T, Holders> || std::is_same_v<T, Watch>) {
+          r.str(m.name);
+        } else if constexpr (std::is_same_v<T, HoldersReply>) {
+          r.u16(m.entries.size());
+          for (const auto& e : m.entries) r.holder(e);
+          r.u8(m.more ? 1 : 0);
+        } else if constexpr (std::is_same_v<T, Event>) {
+          r.u8(m.kind).u64(m.id).str(m.name).holder(m.holder).u64(m.unix_ns);
+        } else if constexpr (std::is_same_v<T, Heartbeat>) {
+          r.str(m.name).u32(m.deadline_ms);
         }
       },
       body);
@@ -253,6 +267,15 @@ std::vector<Example> examples() {
   add("join_reply", JoinReply{3, 0xDEADBEEF});
   add("announce", Announce{"weights", Access::ReadOnly, 1 << 30}, 1);
   add("rejoin", Rejoin{9, 63, 77, static_cast<std::uint8_t>(Role::Consumer)});
+  add("holders", Holders{"frames"});
+  const HolderInfo holder{4242, 1000, 2, 2, 1, static_cast<std::uint8_t>(1U << 4), 2, 100};
+  add("holders_reply", HoldersReply{{holder, HolderInfo{}}, false});
+  add("holders_reply_max", HoldersReply{std::vector<HolderInfo>(kMaxHolders, holder), true});
+  add("watch", Watch{max_name()});
+  add("event", Event{3, 7, "frames", holder, 1'795'449'731'901'000'000ULL});
+  add("event_unlinked", Event{1, 7, "", HolderInfo{}, 0});
+  add("heartbeat", Heartbeat{"frames", kMaxHeartbeatMs});
+  add("heartbeat_stop", Heartbeat{"frames", 0});
   return v;
 }
 
@@ -358,7 +381,7 @@ TEST(Proto, ErrorCodeRangeMatchesTheEnum) {
 // ---- Round trips ----
 
 TEST(Proto, RoundTripEveryExample) {
-  std::vector<bool> seen(14, false);
+  std::vector<bool> seen(std::variant_size_v<Body> + 1, false);
   for (const Example& ex : examples()) {
     SCOPED_TRACE(ex.label);
     const Bytes bytes = encode(ex.msg, ex.fds);
@@ -374,7 +397,7 @@ TEST(Proto, RoundTripEveryExample) {
     EXPECT_EQ(back, ex.msg);
     EXPECT_EQ(encode(back, ex.fds), bytes);
   }
-  for (int t = 1; t <= 13; ++t) EXPECT_TRUE(seen[t]) << "no example of type " << t;
+  for (std::size_t t = 1; t <= std::variant_size_v<Body>; ++t) EXPECT_TRUE(seen[t]) << "no example of type " << t;
 }
 
 TEST(Proto, GoldenBytes) {
@@ -450,7 +473,7 @@ TEST(Proto, RefusesOtherVersions) {
 }
 
 TEST(Proto, RefusesUnknownTypes) {
-  for (std::uint16_t t : {0, 18, 999, 0xFFFF}) {
+  for (std::uint16_t t : {0, 23, 999, 0xFFFF}) {
     const std::string e = decode_error(raw_header(t, 0, 0), 0);
     EXPECT_TRUE(starts_with(e, "header.type: unknown message type " + std::to_string(t))) << e;
   }
@@ -657,6 +680,16 @@ std::vector<Bad> bad_messages() {
       "Create.view_size: [0, 0 + 4097) does not lie inside");
 
   v.push_back(Bad{"join_role_0", Join{7, 0}, "Join.role: invalid Role 0"});
+  v.push_back(Bad{"holders_name", Holders{".x"}, "Holders.name:"});
+  v.push_back(Bad{"watch_name", Watch{""}, "Watch.name:"});
+  v.push_back(Bad{"heartbeat_long", Heartbeat{"x", kMaxHeartbeatMs + 1}, "Heartbeat.deadline_ms: 3600001 ms"});
+  v.push_back(Bad{"event_kind_0", Event{0, 1, "x", HolderInfo{}, 0}, "Event.kind: invalid EventKind 0"});
+  v.push_back(Bad{"event_kind_6", Event{6, 1, "x", HolderInfo{}, 0}, "Event.kind: invalid EventKind 6"});
+  v.push_back(Bad{"event_access", Event{1, 1, "x", HolderInfo{1, 1, 1, 3, 0, 0, 0, 0}, 0}, "Event.holder.access:"});
+  v.push_back(Bad{"holders_reply_beat", HoldersReply{{HolderInfo{1, 1, 1, 1, 0, 0, 3, 0}}, false},
+                  "HoldersReply.entries[0].beat: invalid Beat 3"});
+  v.push_back(Bad{"holders_reply_creator", HoldersReply{{HolderInfo{1, 1, 1, 1, 2, 0, 0, 0}}, false},
+                  "HoldersReply.entries[0].creator: 2"});
   v.push_back(Bad{"announce_size_0", Announce{"x", Access::ReadOnly, 0}, "Announce.size: size 0", 1});
   v.push_back(Bad{"rejoin_token_0", Rejoin{9, 1, 0, 2}, "Rejoin.token: 0 marks a free entry"});
   v.push_back(Bad{"join_role_9", Join{7, 9}, "Join.role: invalid Role 9"});

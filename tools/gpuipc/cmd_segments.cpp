@@ -10,6 +10,7 @@
 
 #include "base/format.hpp"
 #include "commands.hpp"
+#include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 
@@ -74,6 +75,31 @@ std::string pool_line(const PoolStats& s) {
                      human_bytes(s.largest_free_block), s.live_blocks, s.members, paused);
 }
 
+/// A counting semaphore's counts, read from its block, or nothing when `i` is not one. The list does not say what
+/// a segment is: a counting semaphore is a small host segment whose block reads as one.
+std::optional<CountingSemaphoreStats> counting_stats(const SegmentInfo& i) {
+  constexpr std::size_t kMaxProbeBytes = 64 * 1024;
+  if (i.name.empty() || i.kind != SegmentKind::Host || i.size > kMaxProbeBytes) return std::nullopt;
+  try {
+    return CountingSemaphore::stat(i.name);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+nlohmann::json to_json(const CountingSemaphoreStats& s) {
+  return nlohmann::json{{"available", s.available},
+                        {"max_count", s.max_count},
+                        {"held", s.held},
+                        {"holders", s.holders},
+                        {"waiting", s.waiting}};
+}
+
+std::string counting_line(const CountingSemaphoreStats& s) {
+  return fmt::format("{} of {} permits available, {} held by {} holder{}, {} waiting", s.available, s.max_count, s.held,
+                     s.holders, s.holders == 1 ? "" : "s", s.waiting);
+}
+
 std::string pids_string(const SegmentInfo& i) {
   std::string s = fmt::format("{}", fmt::join(i.mapper_pids, ","));
   if (i.mapper_count > i.mapper_pids.size()) s += fmt::format(",+{}", i.mapper_count - i.mapper_pids.size());
@@ -99,6 +125,7 @@ void register_segments(CLI::App& app, int& exit_code) {
       for (const auto& i : all) {
         arr.push_back(to_json(i));
         if (auto p = pool_of(i)) arr.back()["pool"] = to_json(*p);
+        if (auto c = counting_stats(i)) arr.back()["counting_semaphore"] = to_json(*c);
       }
       std::cout << arr.dump(2) << "\n";
     } else {
@@ -110,6 +137,7 @@ void register_segments(CLI::App& app, int& exit_code) {
                                  human_bytes(i.size), i.device_uuid.empty() ? "-" : i.device_uuid, i.owner_uid, i.mode,
                                  i.references, pids_string(i));
         if (auto p = pool_of(i)) std::cout << "  pool: " << pool_line(*p) << "\n";
+        if (auto c = counting_stats(i)) std::cout << "  counting semaphore: " << counting_line(*c) << "\n";
       }
     }
     exit_code = kExitOk;
@@ -123,9 +151,11 @@ void register_segments(CLI::App& app, int& exit_code) {
   st->callback([&exit_code] {
     const auto i = Segment::stat(stat_name);
     const auto pool = pool_stats(i);
+    const auto counting = counting_stats(i);
     if (stat_json) {
       auto j = to_json(i);
       if (pool) j["pool"] = to_json(*pool);
+      if (counting) j["counting_semaphore"] = to_json(*counting);
       std::cout << j.dump(2) << "\n";
     } else {
       std::cout << fmt::format(
@@ -135,6 +165,7 @@ void register_segments(CLI::App& app, int& exit_code) {
           i.owner_uid, i.owner_gid, i.mode, created_string(i.created_unix_ns), i.references, i.mapper_count,
           pids_string(i));
       if (pool) std::cout << "pool:       " << pool_line(*pool) << "\n";
+      if (counting) std::cout << "counting:   " << counting_line(*counting) << "\n";
     }
     exit_code = kExitOk;
   });

@@ -26,5 +26,6 @@ void register_segments(CLI::App& app, int& exit_code);  // ls, stat, rm
 void register_top(CLI::App& app, int& exit_code);
 void register_demo(CLI::App& app, int& exit_code);
 void register_bench(CLI::App& app, int& exit_code);
+void register_watch(CLI::App& app, int& exit_code);  // who, watch
 
 }  // namespace gpuipc::cli

@@ -1,0 +1,154 @@
+// gpuipc._gpuipc.CountingSemaphore: gpuipc::CountingSemaphore with interruptible waits (Ctrl-C leaves the queue).
+// python/gpuipc/counting_semaphore.py wraps it.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+
+#include <mutex>
+#include <shared_mutex>
+
+#include "common.hpp"
+#include "gpuipc/counting_semaphore.hpp"
+
+namespace gpuipc::py {
+
+using namespace nb::literals;
+
+namespace {
+
+/// Calls may come from several Python threads (acquires run without the GIL): they share the lock; close takes
+/// it alone, so the semaphore is never destroyed under a waiter.
+struct PyCountingSemaphore {
+  explicit PyCountingSemaphore(CountingSemaphore s) noexcept : sem(std::move(s)) {}
+  std::unique_ptr<std::shared_mutex> mutex = std::make_unique<std::shared_mutex>();
+  CountingSemaphore sem;
+  LiveCount<Live::CountingSemaphore> counted;
+};
+
+std::shared_lock<std::shared_mutex> lock_shared(PyCountingSemaphore& s, bool require_open = true) {
+  std::shared_lock<std::shared_mutex> lock(*s.mutex, std::defer_lock);
+  {
+    nb::gil_scoped_release unlocked;
+    lock.lock();
+  }
+  if (require_open && !s.sem) throw Error(ErrorCode::InvalidArgument, "the counting semaphore is closed", "acquire");
+  return lock;
+}
+
+/// Called without the GIL between sleeps of an acquire: takes the GIL and runs Python's signal handlers. A handler
+/// that raised leaves its exception set, and the acquire returns Interrupted.
+bool python_signal_raised(void*) {
+  nb::gil_scoped_acquire held;
+  return PyErr_CheckSignals() != 0;
+}
+
+}  // namespace
+
+void bind_counting_semaphore(nb::module_& m) {
+  nb::class_<PyCountingSemaphore>(m, "CountingSemaphore",
+                                  "A named counting semaphore (low level; see gpuipc.CountingSemaphore).")
+      .def_static(
+          "create",
+          [](std::string_view name, std::uint32_t initial, std::uint32_t max_count, unsigned mode) {
+            CountingSemaphoreOptions o{.initial = initial, .max_count = max_count, .mode = mode};
+            nb::gil_scoped_release unlocked;
+            return PyCountingSemaphore(CountingSemaphore::create(name, o));
+          },
+          "name"_a, nb::kw_only(), "initial"_a, "max_count"_a, "mode"_a = 0600)
+      .def_static(
+          "open",
+          [](std::string_view name, std::optional<double> wait) {
+            return open_in_slices(wait, "counting semaphore '" + std::string(name) + "'",
+                                  [&](std::chrono::milliseconds slice) {
+                                    return PyCountingSemaphore(CountingSemaphore::open(name, {.wait = slice}));
+                                  });
+          },
+          "name"_a, nb::kw_only(), "wait"_a = nb::none())
+      .def_static(
+          "unlink",
+          [](std::string_view name) {
+            nb::gil_scoped_release unlocked;
+            CountingSemaphore::unlink(name);
+          },
+          "name"_a)
+      .def_static(
+          "stat",
+          [](std::string_view name) {
+            CountingSemaphoreStats st;
+            {
+              nb::gil_scoped_release unlocked;
+              st = CountingSemaphore::stat(name);
+            }
+            nb::dict d;
+            d["available"] = st.available;
+            d["max_count"] = st.max_count;
+            d["held"] = st.held;
+            d["holders"] = st.holders;
+            d["waiting"] = st.waiting;
+            return d;
+          },
+          "name"_a)
+      .def(
+          "acquire",
+          [](PyCountingSemaphore& s, std::uint32_t n, std::optional<double> timeout) {
+            auto lock = lock_shared(s);
+            const auto limit = to_timeout(timeout, "timeout");
+            Status st;
+            {
+              nb::gil_scoped_release unlocked;
+              st = s.sem.acquire(n, limit, python_signal_raised, nullptr);
+            }
+            if (st == Status::Interrupted) throw nb::python_error();
+            return st == Status::Ok;
+          },
+          "n"_a, "timeout"_a = nb::none(),
+          "Takes n permits; False when the timeout passed (0: only try). Raises InvalidArgument for n > max_count.")
+      .def(
+          "release",
+          [](PyCountingSemaphore& s, std::uint32_t n) {
+            auto lock = lock_shared(s);
+            nb::gil_scoped_release unlocked;
+            s.sem.release(n);
+          },
+          "n"_a)
+      .def_prop_ro("held",
+                   [](PyCountingSemaphore& s) {
+                     auto lock = lock_shared(s);
+                     return s.sem.held();
+                   })
+      .def_prop_ro("available",
+                   [](PyCountingSemaphore& s) {
+                     auto lock = lock_shared(s);
+                     return s.sem.available();
+                   })
+      .def_prop_ro("waiting",
+                   [](PyCountingSemaphore& s) {
+                     auto lock = lock_shared(s);
+                     return s.sem.waiting();
+                   })
+      .def_prop_ro("max_count",
+                   [](PyCountingSemaphore& s) {
+                     auto lock = lock_shared(s);
+                     return s.sem.max_count();
+                   })
+      .def_prop_ro("name",
+                   [](PyCountingSemaphore& s) {
+                     auto lock = lock_shared(s);
+                     return s.sem.name();
+                   })
+      .def_prop_ro("closed",
+                   [](PyCountingSemaphore& s) {
+                     auto lock = lock_shared(s, false);
+                     return !s.sem;
+                   })
+      .def("close", [](PyCountingSemaphore& s) {
+        nb::gil_scoped_release unlocked;
+        CountingSemaphore gone;
+        {
+          std::unique_lock<std::shared_mutex> lock(*s.mutex);
+          gone = std::move(s.sem);
+        }
+      });
+}
+
+}  // namespace gpuipc::py

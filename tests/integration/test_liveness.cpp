@@ -1,0 +1,248 @@
+// Liveness across real processes: who holds a name (pid, role), and a Watcher (and `gpuipc watch`) seeing a join,
+// a leave, a SIGKILLed holder's death and a missed heartbeat, each within a bound.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "gpuipc/counting_semaphore.hpp"
+#include "gpuipc/liveness.hpp"
+#include "gpuipc/segment.hpp"
+#include "os/process.hpp"
+#include "support/broker_env.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+/// The next event within 5 s, failing the test when none comes.
+WatchEvent next_event(Watcher& w) {
+  auto e = w.next(5s);
+  if (!e) {
+    ADD_FAILURE() << "no event within 5 s";
+    return {};
+  }
+  return *e;
+}
+
+TEST(Liveness, HoldersListsPidsAndRoles) {
+  const auto name = unique_name("live");
+  auto sem = CountingSemaphore::create(name, {.initial = 1, .max_count = 1});
+  SyncPipe ready;
+  const pid_t reader = start_child([&] {
+    auto seg = Segment::open(name, {.access = Access::ReadOnly});
+    ready.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(ready.wait(10s));
+  const auto hs = holders(name);
+  ASSERT_EQ(hs.size(), 2U);
+  const auto me = std::find_if(hs.begin(), hs.end(),
+                               [](const Holder& h) { return h.pid == static_cast<std::uint32_t>(::getpid()); });
+  const auto them =
+      std::find_if(hs.begin(), hs.end(), [&](const Holder& h) { return h.pid == static_cast<std::uint32_t>(reader); });
+  ASSERT_NE(me, hs.end());
+  ASSERT_NE(them, hs.end());
+  EXPECT_EQ(me->role, "creator+holder");
+  EXPECT_TRUE(me->read_write);
+  EXPECT_EQ(them->role, "read-only");
+  EXPECT_FALSE(them->read_write);
+  EXPECT_EQ(them->uid, static_cast<std::uint32_t>(::getuid()));
+  ::kill(reader, SIGKILL);
+  EXPECT_EQ(wait_child(reader), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return holders(name).size() == 1; }, 5s));
+  try {
+    (void)holders(name + "-none");
+    ADD_FAILURE() << "holders of a missing name";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound);
+  }
+  CountingSemaphore::unlink(name);
+}
+
+TEST(Liveness, WatcherSeesJoinLeaveDeathAndAHungHeartbeat) {
+  const auto name = unique_name("live");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  auto w = Watcher::watch(name);
+  ASSERT_GE(w.fd(), 0);
+  EXPECT_FALSE(w.next(0ns).has_value());  // nothing yet
+
+  // A join and a leave.
+  SyncPipe go;
+  const pid_t visitor = start_child([&] {
+    auto s = Segment::open(name);
+    GPUIPC_CHILD_CHECK(go.wait(10s));
+    s.close();
+    return 0;
+  });
+  pollfd p{w.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);  // the fd says an event waits
+  auto e = next_event(w);
+  EXPECT_EQ(e.event, LivenessEvent::Joined);
+  EXPECT_EQ(e.holder.pid, static_cast<std::uint32_t>(visitor));
+  EXPECT_EQ(e.name, name);
+  EXPECT_EQ(e.holder.role, "read-write");
+  go.notify();
+  e = next_event(w);
+  EXPECT_EQ(e.event, LivenessEvent::Left);
+  EXPECT_EQ(e.holder.pid, static_cast<std::uint32_t>(visitor));
+  EXPECT_EQ(wait_child(visitor), 0);
+
+  // A SIGKILLed holder: Died, within 100 ms of the kill.
+  SyncPipe ready;
+  const pid_t victim = start_child([&] {
+    auto s = Segment::open(name, {.access = Access::ReadOnly});
+    ready.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(ready.wait(10s));
+  e = next_event(w);
+  EXPECT_EQ(e.event, LivenessEvent::Joined);
+  const std::int64_t t0 = os::monotonic_ns();
+  ::kill(victim, SIGKILL);
+  e = next_event(w);
+  EXPECT_LT(os::monotonic_ns() - t0, 100'000'000);
+  EXPECT_EQ(e.event, LivenessEvent::Died);
+  EXPECT_EQ(e.holder.pid, static_cast<std::uint32_t>(victim));
+  EXPECT_EQ(wait_child(victim), 128 + SIGKILL);
+
+  // A heartbeat with a 100 ms deadline, then silence: Hung after about 100 ms; a beat again: Alive.
+  SyncPipe beat_again;
+  const pid_t beater = start_child([&] {
+    auto s = Segment::open(name);
+    heartbeat(name, 100ms);
+    GPUIPC_CHILD_CHECK(beat_again.wait(10s));
+    heartbeat(name, 100ms);
+    heartbeat(name, 0ms);  // stops: no Hung after this
+    ::usleep(300'000);
+    return 0;
+  });
+  e = next_event(w);
+  EXPECT_EQ(e.event, LivenessEvent::Joined);
+  const std::int64_t joined = os::monotonic_ns();
+  e = next_event(w);
+  const std::int64_t hung = os::monotonic_ns() - joined;
+  EXPECT_EQ(e.event, LivenessEvent::Hung);
+  EXPECT_EQ(e.holder.pid, static_cast<std::uint32_t>(beater));
+  EXPECT_EQ(e.holder.heartbeat, HeartbeatState::Hung);
+  EXPECT_EQ(e.holder.heartbeat_deadline, 100ms);
+  EXPECT_GE(hung, 50'000'000);
+  EXPECT_LT(hung, 1'000'000'000);
+  const auto listed = holders(name);
+  EXPECT_TRUE(std::any_of(listed.begin(), listed.end(), [&](const Holder& h) {
+    return h.pid == static_cast<std::uint32_t>(beater) && h.heartbeat == HeartbeatState::Hung;
+  }));
+  beat_again.notify();
+  e = next_event(w);
+  EXPECT_EQ(e.event, LivenessEvent::Alive);
+  e = next_event(w);
+  EXPECT_EQ(e.event, LivenessEvent::Left);  // its Segment closes on the way out
+  EXPECT_EQ(wait_child(beater), 0);
+  EXPECT_FALSE(w.next(200ms).has_value());  // it stopped beating before it left: no Hung after Alive
+  Segment::unlink(name);
+}
+
+TEST(Liveness, HeartbeatNeedsAReferenceAndASaneDeadline) {
+  const auto name = unique_name("live");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  EXPECT_EQ(run_child([&] {
+              try {
+                heartbeat(name, 100ms);  // this child holds no reference
+                return 2;
+              } catch (const Error& e) {
+                GPUIPC_CHILD_CHECK(e.code() == ErrorCode::InvalidArgument);
+              }
+              return 0;
+            }),
+            0);
+  try {
+    heartbeat(name, std::chrono::hours(2));
+    ADD_FAILURE() << "a two-hour deadline was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+  }
+  Segment::unlink(name);
+}
+
+/// The lines of `path` once it has at least `n` (or after 10 s).
+std::vector<std::string> lines_of(const std::string& path, std::size_t n) {
+  std::vector<std::string> lines;
+  wait_until(
+      [&] {
+        lines.clear();
+        std::ifstream f(path);
+        for (std::string l; std::getline(f, l);) lines.push_back(l);
+        return lines.size() >= n;
+      },
+      10s, 5ms);
+  return lines;
+}
+
+TEST(Liveness, CliWatchPrintsJoinLeaveAndDeathAsJsonLines) {
+  const auto name = unique_name("live");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  TempDir dir;
+  const std::string log = dir.file("watch.log");
+  const pid_t cli = start_program(std::string(GPUIPC_BUILD_BIN_DIR) + "/gpuipc",
+                                  {"watch", name, "--json", "--count", "4", "--timeout", "30"}, {}, -1, log);
+  auto lines = lines_of(log, 2);  // our own holder line, then "watching"
+  ASSERT_EQ(lines.size(), 2U) << (lines.empty() ? "" : lines[0]);
+  EXPECT_NE(lines[0].find("\"event\":\"holder\""), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("\"event\":\"watching\""), std::string::npos) << lines[1];
+  const pid_t visitor = start_child([&] {
+    auto s = Segment::open(name);
+    s.close();
+    return 0;
+  });
+  EXPECT_EQ(wait_child(visitor), 0);
+  SyncPipe ready;
+  const pid_t victim = start_child([&] {
+    auto s = Segment::open(name, {.access = Access::ReadOnly});
+    ready.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(ready.wait(10s));
+  ::kill(victim, SIGKILL);
+  EXPECT_EQ(wait_child(victim), 128 + SIGKILL);
+  EXPECT_EQ(wait_child(cli, 20s), 0);  // --count 4 reached
+  lines = lines_of(log, 6);
+  ASSERT_EQ(lines.size(), 6U);
+  const std::string v = "\"pid\":" + std::to_string(visitor);
+  const std::string k = "\"pid\":" + std::to_string(victim);
+  EXPECT_NE(lines[2].find("\"event\":\"joined\""), std::string::npos) << lines[2];
+  EXPECT_NE(lines[2].find(v), std::string::npos) << lines[2];
+  EXPECT_NE(lines[3].find("\"event\":\"left\""), std::string::npos) << lines[3];
+  EXPECT_NE(lines[3].find(v), std::string::npos) << lines[3];
+  EXPECT_NE(lines[4].find("\"event\":\"joined\""), std::string::npos) << lines[4];
+  EXPECT_NE(lines[5].find("\"event\":\"died\""), std::string::npos) << lines[5];
+  EXPECT_NE(lines[5].find(k), std::string::npos) << lines[5];
+  Segment::unlink(name);
+}
+
+TEST(Liveness, CliWatchStopsAtItsTimeoutAndShowsAHungHeartbeat) {
+  const auto name = unique_name("live");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  heartbeat(name, 50ms);  // and then no more
+  const auto out = run_program(std::string(GPUIPC_BUILD_BIN_DIR) + "/gpuipc", {"watch", name, "--timeout", "0.5"});
+  EXPECT_EQ(out.exit_code, 0) << out.err;
+  // Hung before the watch started or during it: either the holder line or an event says so.
+  EXPECT_NE(out.out.find("heartbeat hung within 50 ms"), std::string::npos) << out.out;
+  heartbeat(name, 0ms);
+  const auto who = run_program(std::string(GPUIPC_BUILD_BIN_DIR) + "/gpuipc", {"who", "--json", name});
+  EXPECT_EQ(who.exit_code, 0) << who.err;
+  EXPECT_NE(who.out.find("\"role\": \"creator+read-write\""), std::string::npos) << who.out;
+  Segment::unlink(name);
+}
+
+}  // namespace
+}  // namespace gpuipc::test
