@@ -7,6 +7,7 @@
 #include "core/membership.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
+#include "cuda/trace.hpp"
 #include "shm/counting_block.hpp"
 
 namespace gpuipc {
@@ -128,6 +129,7 @@ Status CountingSemaphore::acquire(std::uint32_t n, std::chrono::nanoseconds time
 
 Status CountingSemaphore::acquire(std::uint32_t n, std::chrono::nanoseconds timeout, bool (*interrupted)(void*),
                                   void* context) {
+  GPUIPC_TRACE("gpuipc::CountingSemaphore::acquire");
   if (!m_impl) throw_empty("acquire");
   if (n == 0) return Status::Ok;
   Impl& s = *m_impl;

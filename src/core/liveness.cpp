@@ -8,6 +8,7 @@
 
 #include "base/config.hpp"
 #include "core/client.hpp"
+#include "cuda/trace.hpp"
 #include "os/module.hpp"
 #include "os/socket.hpp"
 #include "proto/messages.hpp"
@@ -87,6 +88,7 @@ std::string_view to_string(HeartbeatState state) noexcept {
 }
 
 std::vector<Holder> holders(std::string_view name) {
+  GPUIPC_TRACE("gpuipc::holders");
   proto::Holders req;
   req.name = checked_name(name, "holders");
   auto reply = core::BrokerClient::instance().request(req);
@@ -99,6 +101,7 @@ std::vector<Holder> holders(std::string_view name) {
 }
 
 void heartbeat(std::string_view name, std::chrono::milliseconds deadline) {
+  GPUIPC_TRACE("gpuipc::heartbeat");
   if (deadline.count() < 0 || deadline.count() > proto::kMaxHeartbeatMs) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("heartbeat deadline {} ms for '{}': it must be 0 (stop) to {} ms", deadline.count(), name,
