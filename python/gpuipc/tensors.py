@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -408,16 +408,20 @@ class _Opened:
         """Held views of every storage (DLPack capsules of them with ``dlpack``), from the slot's raw refs (40
         bytes each), one call per run of storages in one pool; InvalidArgument when a ref is stale (freed)."""
         out: List[Any] = []
+        for pool, refs in self._runs(raw):
+            out.extend(pool.views_of(refs, self.readonly, True, dlpack))
+        return out
+
+    def _runs(self, raw: bytes) -> Iterator[Tuple[Any, bytes]]:
+        """(pool, its refs) for each run of consecutive storages in one pool."""
         storages = self.index.storages
         i = 0
         while i < len(storages):
             j = i
             while j < len(storages) and storages[j]["pool"] == storages[i]["pool"]:
                 j += 1
-            pool = self.pools[storages[i]["pool"]]._pool
-            out.extend(pool.views_of(raw[i * 40 : j * 40], self.readonly, True, dlpack))
+            yield self.pools[storages[i]["pool"]]._pool, raw[i * 40 : j * 40]
             i = j
-        return out
 
     def spans(self, raw: bytes) -> Tuple[List[Any], List[int], List[int]]:
         """(capsules, span, offset): one held DLPack capsule per chunk the storages lie in, and for each storage the
@@ -426,19 +430,12 @@ class _Opened:
         capsules: List[Any] = []
         span: List[int] = []
         offset: List[int] = []
-        storages = self.index.storages
-        i = 0
-        while i < len(storages):
-            j = i
-            while j < len(storages) and storages[j]["pool"] == storages[i]["pool"]:
-                j += 1
-            pool = self.pools[storages[i]["pool"]]._pool
-            c, s, o = pool.spans_of(raw[i * 40 : j * 40], self.readonly, True, True)
+        for pool, refs in self._runs(raw):
+            c, s, o = pool.spans_of(refs, self.readonly, True, True)
             first = len(capsules)
             capsules.extend(c)
             span.extend([k + first for k in s] if first else s)
             offset.extend(o)
-            i = j
         return capsules, span, offset
 
     def tensors(self, raw: bytes, readonly: bool) -> Dict[str, Any]:

@@ -101,6 +101,15 @@ struct HeldBlocks {
   }
 };
 
+/// How many 40-byte BlockRefs `raw` holds; InvalidArgument when it is not a whole number of them.
+std::size_t ref_count(const nb::bytes& raw, const char* call) {
+  if (raw.size() % kBlockRefBytes != 0) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{} bytes are not a whole number of {}-byte BlockRefs", raw.size(), kBlockRefBytes), call);
+  }
+  return raw.size() / kBlockRefBytes;
+}
+
 /// A bytes view of [address, address + size) of `pool`'s memory that keeps `owner` (the pool, or a hold) alive.
 ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::uintptr_t address, std::size_t size,
                      bool readonly) {
@@ -262,13 +271,7 @@ void bind_pool(nb::module_& m) {
             // (or, with dlpack, its legacy DLPack capsule), asking the driver for the device once per chunk.
             Pool& pool = p.get();
             const auto* data = static_cast<const std::byte*>(raw.data());
-            if (raw.size() % kBlockRefBytes != 0) {
-              throw Error(
-                  ErrorCode::InvalidArgument,
-                  fmt::format("{} bytes are not a whole number of {}-byte BlockRefs", raw.size(), kBlockRefBytes),
-                  "views_of");
-            }
-            const std::size_t n = raw.size() / kBlockRefBytes;
+            const std::size_t n = ref_count(raw, "views_of");
             std::vector<ArrayView> views;
             views.reserve(n);
             {
@@ -323,13 +326,7 @@ void bind_pool(nb::module_& m) {
             // when the chunk's view (and everything made from it) goes.
             Pool& pool = p.get();
             const auto* data = static_cast<const std::byte*>(raw.data());
-            if (raw.size() % kBlockRefBytes != 0) {
-              throw Error(
-                  ErrorCode::InvalidArgument,
-                  fmt::format("{} bytes are not a whole number of {}-byte BlockRefs", raw.size(), kBlockRefBytes),
-                  "spans_of");
-            }
-            const std::size_t n = raw.size() / kBlockRefBytes;
+            const std::size_t n = ref_count(raw, "spans_of");
             struct Span {
               std::uint32_t chunk;
               std::uintptr_t base;  // the chunk's address in this process
