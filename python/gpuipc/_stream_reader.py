@@ -89,9 +89,10 @@ class StreamReader:
         self._in_version = False  # a version was left half read (error, timeout): skip its rest first
         self._version = 0
         self._layouts: Dict[bytes, Any] = {}  # bucket layouts seen (descriptor bodies), decoded once
-        # receive's copy plans: (id of a layout's pieces, ring slot) -> (pieces, names, their tensors and their
-        # (data pointer, shape, dtype), destination views, staging views, skipped names): a version laid out like the last one into
-        # the same tensors costs a check per tensor and one copy call per bucket. Holds views of those tensors.
+        # receive's copy plans: (id of a layout's pieces, ring slot) -> (pieces, names, their tensors, their (data
+        # pointer, shape, dtype), destination views, staging views, skipped names): a version laid out like the
+        # last one, into the same tensors, costs a check per tensor and one copy call per bucket. Holds views of
+        # those tensors.
         self._plans: Dict[Tuple[int, int], Any] = {}
         #: Names the last receive() skipped (sent, but not in its ``into``).
         self.skipped: List[str] = []
