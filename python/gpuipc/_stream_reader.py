@@ -174,7 +174,7 @@ class StreamReader:
 
     def _next_bucket(self, deadline: Optional[float]) -> _Desc:
         if self._closed:
-            raise InvalidArgument(f"stream reader {self.name!r} is closed")
+            raise Closed(f"stream reader {self.name!r}: this handle was closed (close() or with); open it again to use it")
         assert self._filled is not None
         while self._token == 0:
             seen = self._filled.value

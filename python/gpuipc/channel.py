@@ -300,6 +300,8 @@ class Channel:
             try:
                 msg = self.recv()
             except Closed:
+                if self.closed:  # this handle was closed: an error, not the producers' leaving
+                    raise
                 return
             yield msg
 

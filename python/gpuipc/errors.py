@@ -83,7 +83,8 @@ class PeerDied(Error):
 
 
 class Closed(Error):
-    """The other side closed cleanly (every producer, or every consumer, left)."""
+    """The other side closed cleanly (every producer, or every consumer, left), or this handle was closed (with
+    ``close()`` or a ``with`` block) and used again."""
 
 
 class Timeout(Error, TimeoutError):

@@ -173,7 +173,7 @@ class StreamPublisher:
         :func:`unlink_stream`), and what Pool.create and Semaphore.create raise (NoDriver for device kind without
         a GPU)."""
         if self._closed:
-            raise InvalidArgument(f"stream publisher {self.name!r} is closed")
+            raise Closed(f"stream publisher {self.name!r}: this handle was closed (close() or with); create it again to use it")
         if self._initialised:
             return self
         name, B, N = self.name, self._nbuckets, self._nreaders
@@ -362,7 +362,7 @@ class StreamPublisher:
     # Versions --------------------------------------------------------------------------------------------------
     def _require(self) -> None:
         if self._closed:
-            raise InvalidArgument(f"stream publisher {self.name!r} is closed")
+            raise Closed(f"stream publisher {self.name!r}: this handle was closed (close() or with); create it again to use it")
         if not self._initialised:
             self.init()
 

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 from . import _gpuipc, _index
 from ._streams import stream_handle
 from ._tensorinfo import DL_CUDA, describe
-from .errors import AlreadyExists, Error, InvalidArgument, InvalidState, PeerDied, QuotaExceeded
+from .errors import AlreadyExists, Closed, Error, InvalidArgument, InvalidState, PeerDied, QuotaExceeded
 from .pool import Block
 from .semaphore import Semaphore
 from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, build, read_index
@@ -139,7 +139,7 @@ class Publisher(SharedTensors):
         """Publishes the next version once the new weights are in place and returns its number. stream: device
         pools: signal in stream order after the work that wrote them (None: from the host, now)."""
         if self._closed or self._sem is None:
-            raise InvalidArgument(f"publisher {self.name!r} is closed")
+            raise Closed(f"publisher {self.name!r}: this handle was closed (close() or with); publish again to use it")
         v = self._version + 1
         if self._versions == 2:
             back = self._ensure_back(copy_front=True)

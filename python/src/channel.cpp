@@ -63,18 +63,16 @@ struct Locked {
   Channel& ch() const noexcept { return state->ch; }
 };
 
-constexpr const char* kClosedHere = "channel: this handle was closed (close() or with); open the channel again to use it";
-
 /// Locks the channel's state (the GIL released while waiting for the lock). A closed handle raises Closed.
 Locked lock(const PyChannel& c) {
   Locked g{c.state, {}};
-  if (!g.state) throw StatusError(Status::Closed, kClosedHere);
+  if (!g.state) raise_closed("channel");
   g.lock = std::unique_lock<std::mutex>(g.state->mutex, std::defer_lock);
   {
     nb::gil_scoped_release unlocked;
     g.lock.lock();
   }
-  if (!g.state->ch) throw StatusError(Status::Closed, kClosedHere);
+  if (!g.state->ch) raise_closed("channel");
   return g;
 }
 

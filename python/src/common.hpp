@@ -37,6 +37,9 @@ class StatusError : public std::exception {
   std::string m_message;
 };
 
+/// Raises gpuipc.Closed for a handle used after close(): "<what>: this handle was closed ...".
+[[noreturn]] void raise_closed(const char* what);
+
 /// Throws StatusError for anything but Ok; `what` names the call and the object ("receive on channel 'x'").
 void check_status(Status status, std::string_view what);
 

@@ -31,7 +31,7 @@ std::shared_lock<std::shared_mutex> lock_shared(PyCountingSemaphore& s, bool req
     nb::gil_scoped_release unlocked;
     lock.lock();
   }
-  if (require_open && !s.sem) throw Error(ErrorCode::InvalidArgument, "the counting semaphore is closed", "acquire");
+  if (require_open && !s.sem) raise_closed("counting semaphore");
   return lock;
 }
 

@@ -47,6 +47,11 @@ void raise(const char* class_name, const std::string& code, const char* message,
 
 }  // namespace
 
+void raise_closed(const char* what) {
+  throw StatusError(Status::Closed,
+                    fmt::format("{}: this handle was closed (close() or with); open it again to use it", what));
+}
+
 void check_status(Status status, std::string_view what) {
   const char* why = "";
   switch (status) {

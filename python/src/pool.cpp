@@ -40,7 +40,7 @@ struct PyPool {
   LiveCount<Live::Pool> counted;
 
   Pool& get() {
-    if (!pool) throw Error(ErrorCode::InvalidArgument, "the pool is closed", "pool");
+    if (!pool) raise_closed("pool");
     return pool;
   }
 };

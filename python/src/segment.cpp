@@ -20,7 +20,7 @@ struct PySegment {
   LiveCount<Live::Segment> counted;
 
   const Segment& get() const {
-    if (!seg) throw Error(ErrorCode::InvalidArgument, "the segment is closed", "segment");
+    if (!seg) raise_closed("segment");
     return seg;
   }
 };

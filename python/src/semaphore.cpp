@@ -30,7 +30,7 @@ std::shared_lock<std::shared_mutex> lock_shared(PySemaphore& s, bool require_ope
     nb::gil_scoped_release unlocked;
     lock.lock();
   }
-  if (require_open && !s.sem) throw Error(ErrorCode::InvalidArgument, "the semaphore is closed", "semaphore");
+  if (require_open && !s.sem) raise_closed("semaphore");
   return lock;
 }
 

@@ -210,8 +210,10 @@ def test_iteration_ends_when_producers_close(name):
     with pytest.raises(gpuipc.Closed):
         rx.recv(timeout=1)
     rx.close()
-    with pytest.raises(gpuipc.Closed, match="this handle was closed"):
+    with pytest.raises(gpuipc.Closed, match="channel: this handle was closed"):
         rx.recv(timeout=0)
+    with pytest.raises(gpuipc.Closed, match="channel: this handle was closed"):
+        next(iter(rx))  # iterating a closed handle is an error, not an end
 
 
 def test_killed_producer_gives_peer_died(name):

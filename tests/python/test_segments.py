@@ -40,7 +40,7 @@ def test_properties_and_repr(name):
         assert info.device_uuid == ""
         assert name in [i.name for i in gpuipc.Segment.list()]
     assert seg.closed and "closed" in repr(seg)
-    with pytest.raises(gpuipc.InvalidArgument, match="closed"):
+    with pytest.raises(gpuipc.Closed, match="this handle was closed"):
         seg.size
     seg.close()  # idempotent
 

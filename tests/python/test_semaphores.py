@@ -159,5 +159,5 @@ def test_close_while_another_thread_waits(name):
         t.join(10)
         assert result == [1]
         waiter.close()
-        with pytest.raises(gpuipc.InvalidArgument, match="closed"):
+        with pytest.raises(gpuipc.Closed, match="this handle was closed"):
             waiter.wait_host(1)
