@@ -49,7 +49,10 @@ void complete(proto::CountingBlock& b, std::uint64_t state) noexcept {
   const bool release = (intent & kReleaseBit) != 0;
   auto held = atomic(b.slots[m].held);
   std::uint64_t h = held.load(std::memory_order_seq_cst);
-  while (seq_of(h) != s) {
+  // Only onto the word the operation follows: a helper that read the intent and was then descheduled may find
+  // the member's held word past `s` already (applied, and the member on to its next operation), and must not apply
+  // the operation a second time (it did, before: TSan's timing showed it as more permits inside than exist).
+  while (next_seq(seq_of(h)) == s) {
     const std::uint32_t cur = low_of(h);
     // Saturating: a member may have scribbled on its own words; the counts must not wrap.
     const std::uint32_t next = release ? (cur >= n ? cur - n : 0) : (cur + n < cur ? cur : cur + n);

@@ -118,7 +118,11 @@ TEST(CountingSemaphore, ReleaseWakesASleepingWaiterInAnotherProcess) {
   ASSERT_TRUE(wait_until_sleeping(child, 10s));
   a.release(1);
   std::this_thread::sleep_for(20ms);
-  EXPECT_EQ(task_state(child), 'S');  // one permit is not enough for it
+  // One permit is not enough for it: still waiting, the permit still free, and back asleep (a single sample of
+  // its state could catch it running, between the wake-up and its sleep again, under a sanitizer's slowness).
+  EXPECT_EQ(CountingSemaphore::stat(name).waiting, 1U);
+  EXPECT_EQ(a.available(), 1U);
+  EXPECT_TRUE(wait_until_sleeping(child, 10s));
   a.release(1);
   EXPECT_EQ(wait_child(child), 0);
   EXPECT_EQ(a.available(), 2U);  // the child's exit gave them back
