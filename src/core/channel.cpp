@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -31,6 +32,49 @@ constexpr std::uint64_t kDefaultPacingUs = 200;
 /// How many messages pacing lets a producer run ahead of the consumers' streams by default, for a ring of n
 /// (GPUIPC_CHANNEL_PACING_AHEAD overrides it).
 constexpr std::uint64_t default_ahead(std::uint64_t n) noexcept { return n >= 8 ? n / 2 : n; }
+
+/// Stream writes this process owes: publish and release make a message (or a free slot) visible on the host first
+/// and enqueue the stream write of `filled` (or `freed`) after, which keeps that driver call off the handoff's
+/// critical path. A peer that sees the host-visible state at once may enqueue its stream wait for the word before
+/// the write is enqueued. Across processes that is harmless; within one process it deadlocks the GPU when the wait
+/// and the write land on streams that are ordered with each other: one stream shared by two threads (the legacy
+/// default stream of the examples' `nullptr`), or the legacy stream and a blocking stream. The write would then
+/// queue behind the wait it is meant to release, and no timeout reaches a stream wait. So a call about to enqueue a
+/// stream wait first lets every publish or release of this process that is between its two steps finish them.
+/// Every wait then comes after, in this process's enqueue order, every write it can depend on, directly or through
+/// other processes (the chain of host-visible states that let it claim the word carries the count's increment),
+/// and implicit stream order only ever points from a later enqueue to an earlier one: no cycle. The window is one
+/// driver call (~0.7 us, bench/results/channels-*.json memop_write_enqueue_us); a process with no such window open
+/// pays one atomic load.
+std::atomic<std::uint32_t> g_owed_stream_writes{0};  // NOLINT: process-wide by nature
+
+/// Held from before the host-visible store until the stream write is enqueued (or given up).
+class OwedStreamWrite {
+ public:
+  explicit OwedStreamWrite(bool gpu) noexcept : m_gpu(gpu) {
+    if (m_gpu) g_owed_stream_writes.fetch_add(1, std::memory_order_seq_cst);
+  }
+  ~OwedStreamWrite() {
+    if (m_gpu) g_owed_stream_writes.fetch_sub(1, std::memory_order_release);
+  }
+  OwedStreamWrite(const OwedStreamWrite&) = delete;
+  OwedStreamWrite& operator=(const OwedStreamWrite&) = delete;
+
+ private:
+  bool m_gpu;
+};
+
+/// Before a stream wait is enqueued: every owed write of this process is enqueued. Each window is one driver call,
+/// so this spins briefly, then yields (threads publishing back to back can keep the count up for a while).
+void settle_owed_stream_writes() noexcept {
+  for (unsigned i = 1; g_owed_stream_writes.load(std::memory_order_acquire) != 0; ++i) {
+    if (i < 4096) {
+      core::cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
 
 }  // namespace
 
@@ -115,7 +159,9 @@ struct Channel::Impl {
     return cuda::stream_write_value64(static_cast<CUstream>(stream), word_device(seq, offset), value);
   }
   /// `stream`'s work after this waits until the word at `offset` of slot `seq`'s record reaches `value`.
+  /// (After any stream write this process owes: see g_owed_stream_writes.)
   CUresult wait_before(StreamHandle stream, std::uint64_t seq, std::size_t offset, std::uint64_t value) noexcept {
+    settle_owed_stream_writes();
     return cuda::stream_wait_value64(static_cast<CUstream>(stream), word_device(seq, offset), value);
   }
 
@@ -549,6 +595,7 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   atomic(s.flags).store(0);
   atomic(s.publisher).store(im.member);
   if (!im.gpu()) atomic(s.filled).store(seq + 1, std::memory_order_release);
+  const OwedStreamWrite owed(im.gpu());
   // The host-visible publish goes first: a consumer can claim the message (and enqueue its stream wait) while
   // this thread is still in the driver call below, which keeps that call off the handoff's critical path. The
   // consumer's stream cannot run ahead: it waits for `filled`, which only our stream writes.
@@ -635,6 +682,7 @@ Status Channel::release(StreamHandle stream) noexcept {
   auto& s = im.slot(seq);
   if (!im.gpu()) shm::raise_to(s.freed, seq + 1);
   atomic(s.releaser).store(im.member);
+  const OwedStreamWrite owed(im.gpu());
   atomic(s.release_mark).store(seq + 1, std::memory_order_release);  // before the slot is Free for the next round
   // As in publish: the host-visible release first, the stream write after. A producer that reclaims the slot at
   // once makes its own stream wait for `freed`, which only our stream writes, after its reads.

@@ -6,8 +6,9 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <optional>
 #include <cstring>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "cuda/driver.hpp"
@@ -205,6 +206,65 @@ TEST(ChannelsDevice, SendCopiesDeviceAndHostSourcesInStreamOrder) {
   EXPECT_EQ(wait_child(prod, 120s), 0);
   EXPECT_EQ(wait_child(cons, 120s), 0);
   Channel::unlink(name);
+}
+
+/// A producer thread and a consumer thread of one process on streams that are ordered with each other: a stream
+/// wait one thread enqueues must never land before the stream write of the other that it waits for (the write would
+/// queue behind it and the GPU would hang). Pacing 0 makes every call that can enqueue a stream wait do so, and two
+/// slots make the producer wait for releases all the time. Each message's value is read back in order.
+void run_two_threads_one_process(bool legacy_stream) {
+  const auto name = unique_name(legacy_stream ? "legacy" : "shared");
+  constexpr std::uint64_t kMessages = 20000;
+  EXPECT_EQ(run_child(
+                [&] {
+                  Gpu g;
+                  const auto stream = legacy_stream ? StreamHandle{} : StreamHandle{g.stream.get()};
+                  auto in = Channel::create(name, {.slots = 2, .slot_bytes = 256, .kind = SegmentKind::Device,
+                                                   .device = 0, .mode = 0600},
+                                            ChannelRole::Consumer);
+                  in.set_pacing(0ns);
+                  std::atomic<int> sent_ok{1};
+                  std::thread producer([&] {
+                    g.ctx.make_current();
+                    auto out = Channel::open(name, ChannelRole::Producer);
+                    out.set_pacing(0ns);
+                    for (std::uint64_t i = 0; i < kMessages; ++i) {
+                      std::uint64_t seq = 0;
+                      if (out.send(stream, &i, sizeof i, {}, 20s, seq) != Status::Ok) {
+                        sent_ok = 0;
+                        return;
+                      }
+                    }
+                  });  // `out` closes here: the consumer then gets Closed
+                  std::uint64_t received = 0, wrong = 0;
+                  for (;;) {
+                    MessageView m;
+                    const Status st = in.receive(stream, 20s, m);
+                    if (st != Status::Ok) break;
+                    std::uint64_t value = ~0ULL;
+                    cuda::copy_to_host(&value, m.device_pointer, sizeof value);  // the legacy stream: in order
+                    if (in.release(stream) != Status::Ok) break;
+                    wrong += value != received++;
+                  }
+                  producer.join();
+                  std::fprintf(stderr, "%llu received, %llu wrong\n", static_cast<unsigned long long>(received),
+                               static_cast<unsigned long long>(wrong));
+                  GPUIPC_CHILD_CHECK(sent_ok == 1 && received == kMessages && wrong == 0);
+                  return 0;
+                },
+                90s),
+            0);
+  Channel::unlink(name);
+}
+
+TEST(ChannelsDevice, ProducerAndConsumerThreadsOnTheLegacyDefaultStream) {
+  GPUIPC_REQUIRE_GPU();
+  run_two_threads_one_process(true);
+}
+
+TEST(ChannelsDevice, ProducerAndConsumerThreadsOnOneSharedStream) {
+  GPUIPC_REQUIRE_GPU();
+  run_two_threads_one_process(false);
 }
 
 TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
