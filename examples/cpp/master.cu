@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   if (device) CUDA_CHECK(cudaStreamCreate(&stream));
   std::vector<float> got(std::size_t{tile} * tile);
   std::vector<int> results_of(tasks, 0);
-  std::uint32_t queued = 0, done = 0, wrong = 0, duplicates = 0;
+  std::uint32_t queued = 0, done = 0, wrong = 0, duplicates = 0, lost = 0;
   const double start = example::now_s(), deadline = start + static_cast<double>(args.num("--timeout-s", 60));
   while (done < tasks) {
     if (example::now_s() > deadline) {
@@ -118,7 +118,14 @@ int main(int argc, char** argv) {
     } else {
       std::memcpy(got.data(), msg.data, tile_bytes);
     }
+    // (After the stream passed receive.) A worker died before its stream wrote this tile: its task was not
+    // released yet, so another worker gets it and sends the tile again.
+    const bool incomplete = msg.incomplete();
     results.release(stream);
+    if (incomplete) {
+      ++lost;
+      continue;
+    }
     if (r.id >= tasks || results_of[r.id]++ > 0) {
       ++duplicates;  // a worker died between sending its result and releasing its task (microseconds): done twice
       continue;
@@ -135,6 +142,7 @@ int main(int argc, char** argv) {
   const gpuipc::ChannelStats ts = task_queue.stats();
   std::printf("master: %u tiles back, %u wrong, %u duplicates; tasks redelivered after a worker died: %llu\n", done,
               wrong, duplicates, static_cast<unsigned long long>(ts.redelivered));
+  std::printf("master: results lost with a worker that died before its stream wrote them (redone): %u\n", lost);
   std::printf("master: %.1f tasks/s (%.3f s)\n", tasks / seconds, seconds);
 
   task_queue = gpuipc::Channel();  // leaving: workers drain the queue, then their receive returns Closed

@@ -79,7 +79,11 @@ int main(int argc, char** argv) {
     }
     const Result r{t.id, ::getpid()};
     results.publish(stream, std::as_bytes(std::span(&r, 1)), std::size_t{t.tile} * t.tile * sizeof(float));
-    tasks.release(nullptr);  // the task is done only now: a death before this line hands it to another worker
+    // The task is done once its tile is in the slot, not when publish returns (the kernel may still be queued):
+    // a worker that dies before its stream wrote the tile leaves the master an incomplete result, so it must not
+    // have released the task yet. A death before the release below hands the task to another worker.
+    if (device) CUDA_CHECK(cudaStreamSynchronize(stream));
+    tasks.release(nullptr);
   }
   if (device) CUDA_CHECK(cudaStreamSynchronize(stream));
   std::printf("worker %d: %ld tasks\n", ::getpid(), taken);

@@ -242,7 +242,13 @@ void run_two_threads_one_process(bool legacy_stream) {
                     const Status st = in.receive(stream, 20s, m);
                     if (st != Status::Ok) break;
                     std::uint64_t value = ~0ULL;
-                    cuda::copy_to_host(&value, m.device_pointer, sizeof value);  // the legacy stream: in order
+                    if (legacy_stream) {
+                      cuda::copy_to_host(&value, m.device_pointer, sizeof value);  // the legacy stream: in order
+                    } else {
+                      GPUIPC_CHILD_CHECK(cuda::copy_async(reinterpret_cast<CUdeviceptr>(&value), m.device_pointer,
+                                                          sizeof value, g.stream.get()) == CUDA_SUCCESS);
+                      g.stream.synchronize();
+                    }
                     if (in.release(stream) != Status::Ok) break;
                     wrong += value != received++;
                   }
