@@ -1,6 +1,6 @@
 """The stages of gpuipc.open_tensors for a dict built under gpuipc.torch.MemPool and shared with publish_tensors
-(as `gpuipc bench weights` does), in a fresh process and again warm: index, pool joins, storages (spans_of), torch
-tensors (build_torch).
+(as `gpuipc bench weights` does), in a fresh process and again warm: index, pool joins, storages resolved and
+torch tensors made (_Opened.torch_tensors).
 
     python bench/experiments/open_stages.py   (needs torch with CUDA, gpuipc importable, GPUIPC_DAEMON set)
 """
@@ -13,7 +13,7 @@ import torch
 
 import gpuipc
 from gpuipc import _index
-from gpuipc.tensors import _Opened, build_torch, read_index
+from gpuipc.tensors import _Opened, read_index
 
 NAME = f"open_stages_sd.{os.getppid() if len(sys.argv) > 1 else os.getpid()}"
 
@@ -25,9 +25,7 @@ def stages() -> str:
     opened = _Opened(NAME, index, True, 0)
     t.append(time.perf_counter())
     raw = _index.read_refs_raw(index, mem, 0)
-    spans = opened.spans(raw)
-    t.append(time.perf_counter())
-    out = build_torch(torch, index.tensors, index.storages, *spans)
+    out = opened.torch_tensors(torch, raw)
     t.append(time.perf_counter())
     for x in out.values():
         x.data_ptr()
@@ -37,8 +35,8 @@ def stages() -> str:
     opened.close()
     seg.close()
     d = [(b - a) * 1e3 for a, b in zip(t, t[1:])]
-    return (f"total {sum(d):.3f} ms: index {d[0]:.3f}, pool open {d[1]:.3f}, spans_of {d[2]:.3f} "
-            f"({len(spans[0])} chunk views, pool chunks {chunks}), build_torch {d[3]:.3f}, touch {d[4]:.3f}; "
+    return (f"total {sum(d):.3f} ms: index {d[0]:.3f}, pool open {d[1]:.3f}, storages resolved and torch tensors "
+            f"made {d[2]:.3f} (pool chunks {chunks}), touch {d[3]:.3f}; "
             f"{len(index.storages)} storages, {len(index.tensors)} tensors")
 
 

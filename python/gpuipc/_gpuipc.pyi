@@ -391,6 +391,13 @@ class Pool:
         are given back).
         """
 
+    def tensors_of(self, raw: bytes, readonly: bool, hold: bool, layouts: Sequence[tuple[tuple[int, int, int], str, Sequence[int], Sequence[int], int]]) -> list:
+        """
+        Like views_of with dlpack, but each capsule typed: layouts[i] is ((code, bits, lanes), typestr, shape,
+        strides in elements, byte offset) of the tensor in block i. Raises InvalidArgument at the first stale or
+        forged ref or a layout that does not fit its block (holds taken so far are given back).
+        """
+
     def spans_of(self, raw: bytes, readonly: bool, hold: bool, dlpack: bool) -> tuple:
         """
         Like views_of, but one view per chunk: returns (views, span, offset), where block i lies at byte

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _gpuipc, _index
-from ._dtypes import dtype_of
+from ._dtypes import dlpack_of_name, dtype_of
 from ._tensorinfo import DL_CUDA, TensorInfo, describe
 from .errors import AlreadyExists, Error, InvalidArgument, NotFound, PeerDied
 from .pool import Block, BlockRef, Pool, find_block
@@ -389,6 +389,31 @@ def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment,
     return _index.decode(name, mem), seg, mem
 
 
+class _FastPlan:
+    """Which storages hold exactly one tensor that fills them (Pool.tensors_of makes those): for each storage, the
+    tensor's index and its layout ((code, bits, lanes), typestr, shape, strides, 0), or None."""
+
+    def __init__(self, tensors: List[Dict[str, Any]], storages: List[Dict[str, Any]]) -> None:
+        users = [0] * len(storages)
+        for t in tensors:
+            if t["storage"] >= 0:
+                users[t["storage"]] += 1
+        self.layout: List[Any] = [None] * len(storages)
+        self.tensor_of: List[int] = [-1] * len(storages)
+        for i, t in enumerate(tensors):
+            s = t["storage"]
+            if s < 0 or users[s] != 1 or t["offset"] != 0:
+                continue
+            dl = dlpack_of_name(t["dtype"])
+            shape, strides = t["shape"], t["strides"]
+            if dl is None or any(x <= 0 for x in shape) or any(x < 0 for x in strides):
+                continue
+            extent = (1 + sum((n - 1) * st for n, st in zip(shape, strides))) * ((dl[0][1] * dl[0][2] + 7) // 8)
+            if extent == storages[s]["nbytes"]:
+                self.layout[s] = (dl[0], dl[1], list(shape), list(strides), 0)
+                self.tensor_of[s] = i
+
+
 class _Opened:
     """The pools of one index, opened once each."""
 
@@ -397,6 +422,7 @@ class _Opened:
         self.index = index
         self.readonly = readonly
         self.pools: Dict[str, Pool] = {}
+        self._plan: Optional[_FastPlan] = None
         for st in index.storages:
             if st["pool"] not in self.pools:
                 try:
@@ -414,37 +440,85 @@ class _Opened:
 
     def _runs(self, raw: bytes) -> Iterator[Tuple[Any, bytes]]:
         """(pool, its refs) for each run of consecutive storages in one pool."""
+        for pool, lo, hi in self._run_bounds():
+            yield pool, raw[lo * 40 : hi * 40]
+
+    def spans(self, raw: bytes) -> Tuple[List[Any], List[int], List[int]]:
+        """(capsules, span, offset): one held DLPack capsule per chunk the storages lie in, and for each storage the
+        capsule it lies in and its byte offset there, from the slot's raw refs. The holds of a chunk's storages are
+        given back together when everything made from its capsule is gone. InvalidArgument when a ref is stale."""
+        return self._spans_of(raw, list(range(len(self.index.storages))))
+
+    def tensors(self, raw: bytes, readonly: bool) -> Dict[str, Any]:
+        """The tensors of the index over the slot's raw refs: torch tensors when every record is torch's (see
+        torch_tensors), else arrays over per-storage views."""
+        torch = _torch_if_all(self.index.tensors)
+        if torch is not None:
+            return self.torch_tensors(torch, raw)
+        return build(self.index.tensors, self.views(raw, dlpack=torch is not None), readonly)
+
+    def torch_tensors(self, torch: Any, raw: bytes) -> Dict[str, Any]:
+        """torch tensors over the slot's raw refs. A tensor that fills its storage alone (no other tensor on it,
+        offset 0, its extent the storage's bytes: every parameter of a MemPool-built dict but tied ones) is one
+        DLPack import of a capsule typed in C++ (Pool.tensors_of), its storage exactly the shared one. The others
+        go through build_torch: one import per chunk, a storage slice per storage, a set_ per tensor."""
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = _FastPlan(self.index.tensors, self.index.storages)
+        from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+        made: Dict[int, Any] = {}
+        slow: List[int] = []  # storages for build_torch
+        for pool, lo, hi in self._run_bounds():
+            fast = [s for s in range(lo, hi) if plan.layout[s] is not None]
+            if fast:
+                refs = raw[lo * 40 : hi * 40] if len(fast) == hi - lo else b"".join(raw[s * 40 : s * 40 + 40] for s in fast)
+                caps = pool.tensors_of(refs, self.readonly, True, [plan.layout[s] for s in fast])
+                for s, c in zip(fast, caps):
+                    made[plan.tensor_of[s]] = from_dlpack(c)
+            slow.extend(s for s in range(lo, hi) if plan.layout[s] is None)
+        tensors = self.index.tensors
+        if len(made) < len(tensors):
+            rest = [t for i, t in enumerate(tensors) if i not in made]
+            if slow:
+                sub = [self.index.storages[s] for s in slow]
+                renum = {s: k for k, s in enumerate(slow)}
+                rest = [dict(t, storage=renum[t["storage"]]) if t["storage"] >= 0 else t for t in rest]
+                capsules, span, offset = self._spans_of(raw, slow)
+            else:
+                sub, capsules, span, offset = [], [], [], []
+            built = build_torch(torch, rest, sub, capsules, span, offset)
+            return {t["name"]: made[i] if i in made else built[t["name"]] for i, t in enumerate(tensors)}
+        return {t["name"]: made[i] for i, t in enumerate(tensors)}
+
+    def _run_bounds(self) -> Iterator[Tuple[Any, int, int]]:
+        """(pool, first, end) for each run of consecutive storages in one pool."""
         storages = self.index.storages
         i = 0
         while i < len(storages):
             j = i
             while j < len(storages) and storages[j]["pool"] == storages[i]["pool"]:
                 j += 1
-            yield self.pools[storages[i]["pool"]]._pool, raw[i * 40 : j * 40]
+            yield self.pools[storages[i]["pool"]]._pool, i, j
             i = j
 
-    def spans(self, raw: bytes) -> Tuple[List[Any], List[int], List[int]]:
-        """(capsules, span, offset): one held DLPack capsule per chunk the storages lie in, and for each storage the
-        capsule it lies in and its byte offset there, from the slot's raw refs. The holds of a chunk's storages are
-        given back together when everything made from its capsule is gone. InvalidArgument when a ref is stale."""
+    def _spans_of(self, raw: bytes, which: List[int]) -> Tuple[List[Any], List[int], List[int]]:
+        """spans for the storages ``which`` only (in that order), as ``spans`` makes them for all."""
         capsules: List[Any] = []
         span: List[int] = []
         offset: List[int] = []
-        for pool, refs in self._runs(raw):
-            c, s, o = pool.spans_of(refs, self.readonly, True, True)
+        by_pool: Dict[str, List[int]] = {}
+        for s in which:
+            by_pool.setdefault(self.index.storages[s]["pool"], []).append(s)
+        order: List[int] = []
+        for pool_name, ss in by_pool.items():
+            c, sp, o = self.pools[pool_name]._pool.spans_of(b"".join(raw[s * 40 : s * 40 + 40] for s in ss), self.readonly, True, True)
             first = len(capsules)
             capsules.extend(c)
-            span.extend([k + first for k in s] if first else s)
+            span.extend(k + first for k in sp)
             offset.extend(o)
-        return capsules, span, offset
-
-    def tensors(self, raw: bytes, readonly: bool) -> Dict[str, Any]:
-        """The tensors of the index over the slot's raw refs: torch tensors made from one tensor per chunk when
-        every record is torch's (the fast way: no per-storage DLPack import), else arrays over per-storage views."""
-        torch = _torch_if_all(self.index.tensors)
-        if torch is not None:
-            return build_torch(torch, self.index.tensors, self.index.storages, *self.spans(raw))
-        return build(self.index.tensors, self.views(raw, dlpack=torch is not None), readonly)
+            order.extend(ss)
+        pos = {s: k for k, s in enumerate(order)}
+        return capsules, [span[pos[s]] for s in which], [offset[pos[s]] for s in which]
 
     def close(self) -> None:
         for p in self.pools.values():

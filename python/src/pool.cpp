@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cstring>
@@ -75,6 +76,11 @@ struct HeldBlock {
   }
 };
 
+/// The layout of a tensor in its block (tensors_of): DLPack (code, bits, lanes), typestr, shape, strides (elements),
+/// byte offset.
+using Layout = std::tuple<std::tuple<int, int, int>, std::string, std::vector<std::int64_t>, std::vector<std::int64_t>,
+                          std::size_t>;
+
 /// Holds on several blocks of one pool, given back together (spans_of).
 struct HeldBlocks {
   Pool pool;
@@ -120,6 +126,41 @@ ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::u
     device_id = cuda::pointer_info(static_cast<CUdeviceptr>(address)).device;
   }
   return ArrayView::bytes(std::move(owner), address, size, readonly, device_type, device_id);
+}
+
+/// Bytes views of the blocks that `raw` (concatenated BlockRefs) names, each resolved and (with `hold`) held, the
+/// driver asked for the device once per chunk. Releases the GIL while it works.
+std::vector<ArrayView> held_views(Pool& pool, const nb::bytes& raw, bool readonly, bool hold, const char* call) {
+  const auto* data = static_cast<const std::byte*>(raw.data());
+  const std::size_t n = ref_count(raw, call);
+  std::vector<ArrayView> views;
+  views.reserve(n);
+  nb::gil_scoped_release unlocked;
+  std::vector<std::pair<std::uint32_t, int>> devices;  // chunk -> device id, for device kinds
+  for (std::size_t i = 0; i < n; ++i) {
+    const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
+    std::shared_ptr<const void> owner;
+    if (hold) {
+      pool.hold(r);
+      owner = std::make_shared<const HeldBlock>(pool, r);
+    } else {
+      owner = std::make_shared<const Pool>(pool);
+    }
+    const auto address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
+    int device_type = kDLCPU;
+    int device_id = 0;
+    if (is_gpu(pool.kind())) {
+      device_type = kDLCUDA;
+      auto it = std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.first == r.chunk; });
+      if (it == devices.end()) {
+        devices.emplace_back(r.chunk, cuda::pointer_info(static_cast<CUdeviceptr>(address)).device);
+        it = devices.end() - 1;
+      }
+      device_id = it->second;
+    }
+    views.push_back(ArrayView::bytes(std::move(owner), address, r.size, readonly, device_type, device_id));
+  }
+  return views;
 }
 
 nb::dict stats_dict(const PoolStats& s) {
@@ -269,39 +310,7 @@ void bind_pool(nb::module_& m) {
           [](PyPool& p, nb::bytes raw, bool readonly, bool hold, bool dlpack) {
             // One call for a whole index: decodes the 40-byte refs, holds and resolves each, and makes its view
             // (or, with dlpack, its legacy DLPack capsule), asking the driver for the device once per chunk.
-            Pool& pool = p.get();
-            const auto* data = static_cast<const std::byte*>(raw.data());
-            const std::size_t n = ref_count(raw, "views_of");
-            std::vector<ArrayView> views;
-            views.reserve(n);
-            {
-              nb::gil_scoped_release unlocked;
-              std::vector<std::pair<std::uint32_t, int>> devices;  // chunk -> device id, for device kinds
-              for (std::size_t i = 0; i < n; ++i) {
-                const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
-                std::shared_ptr<const void> owner;
-                if (hold) {
-                  pool.hold(r);
-                  owner = std::make_shared<const HeldBlock>(pool, r);
-                } else {
-                  owner = std::make_shared<const Pool>(pool);
-                }
-                const auto address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
-                int device_type = kDLCPU;
-                int device_id = 0;
-                if (is_gpu(pool.kind())) {
-                  device_type = kDLCUDA;
-                  auto it =
-                      std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.first == r.chunk; });
-                  if (it == devices.end()) {
-                    devices.emplace_back(r.chunk, cuda::pointer_info(static_cast<CUdeviceptr>(address)).device);
-                    it = devices.end() - 1;
-                  }
-                  device_id = it->second;
-                }
-                views.push_back(ArrayView::bytes(std::move(owner), address, r.size, readonly, device_type, device_id));
-              }
-            }
+            const std::vector<ArrayView> views = held_views(p.get(), raw, readonly, hold, "views_of");
             nb::list out;
             for (const ArrayView& v : views) {
               if (dlpack) {
@@ -317,6 +326,29 @@ void bind_pool(nb::module_& m) {
           "``hold`` (given back when the view and everything made from it go); with ``dlpack``, a DLPack capsule\n"
           "of each instead of a view. Raises InvalidArgument at the first stale or forged ref (holds taken so far\n"
           "are given back).")
+      .def(
+          "tensors_of",
+          [](PyPool& p, nb::bytes raw, bool readonly, bool hold, const std::vector<Layout>& layouts) {
+            // views_of with each view typed as the tensor that fills its block: a framework makes each tensor with
+            // one DLPack import, its storage the block (no per-tensor view or set_ call in Python).
+            if (layouts.size() != raw.size() / kBlockRefBytes) {
+              throw Error(ErrorCode::InvalidArgument,
+                          fmt::format("{} layouts for {} BlockRefs", layouts.size(), raw.size() / kBlockRefBytes),
+                          "tensors_of");
+            }
+            const std::vector<ArrayView> views = held_views(p.get(), raw, readonly, hold, "tensors_of");
+            nb::list out;
+            for (std::size_t i = 0; i < views.size(); ++i) {
+              const auto& [element, typestr, shape, strides, offset] = layouts[i];
+              out.append(dlpack_export(strided_view(views[i], element, typestr, shape, strides, offset), nb::none(),
+                                       std::nullopt, std::nullopt, std::nullopt));
+            }
+            return out;
+          },
+          "raw"_a, "readonly"_a, "hold"_a, "layouts"_a,
+          "Like views_of with dlpack, but each capsule typed: layouts[i] is ((code, bits, lanes), typestr, shape,\n"
+          "strides in elements, byte offset) of the tensor in block i. Raises InvalidArgument at the first stale or\n"
+          "forged ref or a layout that does not fit its block (holds taken so far are given back).")
       .def(
           "spans_of",
           [](PyPool& p, nb::bytes raw, bool readonly, bool hold, bool dlpack) {

@@ -321,6 +321,12 @@ nb::tuple dlpack_info(nb::handle capsule) {
 
 }  // namespace
 
+ArrayView strided_view(const ArrayView& v, std::tuple<int, int, int> element, const std::string& typestr,
+                       const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides,
+                       std::size_t offset) {
+  return strided(v, element, typestr, shape, strides, offset);
+}
+
 ArrayView ArrayView::bytes(std::shared_ptr<const void> owner, std::uintptr_t address, std::size_t nbytes,
                            bool readonly, int device_type, int device_id) {
   ArrayView v;

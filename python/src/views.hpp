@@ -49,6 +49,12 @@ struct ArrayView {
                          int device_type, int device_id);
 };
 
+/// A typed view of `v`: elements of `element` (DLPack code, bits, lanes; `typestr` for __cuda_array_interface__),
+/// `shape` and `strides` (in elements) from byte `offset`. InvalidArgument when it does not fit in `v`.
+ArrayView strided_view(const ArrayView& v, std::tuple<int, int, int> element, const std::string& typestr,
+                       const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides,
+                       std::size_t offset);
+
 /// A DLPack capsule of `v` ("dltensor_versioned" when `max_version` >= 1.0, else the legacy "dltensor"), owning a
 /// copy of `v.owner`. `copy` true and a `dl_device` other than the view's raise BufferError.
 nb::object dlpack_export(const ArrayView& v, nb::handle stream, std::optional<std::tuple<int, int>> max_version,

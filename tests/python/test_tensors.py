@@ -151,8 +151,9 @@ def test_nothing_left_after_views_go(name):
 
 
 def test_torch_cpu_layout_shared_storage_and_holds(name):
-    """torch tensors (host memory): one DLPack import per chunk, a storage slice per storage, a set_ per tensor;
-    dtype, shape, strides, storage offset and shared storage kept, and the blocks held until the last view goes."""
+    """torch tensors (host memory): a tensor alone on its storage is one typed DLPack import (h, w, s), the others
+    come from one import per chunk, a storage slice per storage and a set_ per tensor; dtype, shape, strides,
+    storage offset, storage size and shared storage kept, and the blocks held until the last view goes."""
     torch = pytest.importorskip("torch", reason="torch is not installed here")
     base = torch.arange(64, dtype=torch.float32)
     state = {
@@ -162,6 +163,8 @@ def test_torch_cpu_layout_shared_storage_and_holds(name):
         "h": torch.ones(3, dtype=torch.bfloat16),
         "i": base.view(torch.int32)[5:9],  # another dtype over the same storage
         "e": torch.empty(0, dtype=torch.float16),
+        "w": torch.arange(12, dtype=torch.float64).reshape(3, 4).t(),  # alone, not contiguous
+        "s": torch.tensor(7, dtype=torch.int16),  # alone, no dimensions
     }
     with gpuipc.share_tensors(name, state):
         got = gpuipc.open_tensors(name, readonly=False)  # writable: the test writes through a view below
@@ -170,6 +173,7 @@ def test_torch_cpu_layout_shared_storage_and_holds(name):
         assert (t.dtype, tuple(t.shape), t.stride()) == (want.dtype, tuple(want.shape), want.stride()), k
         if want.numel():
             assert t.storage_offset() == want.storage_offset(), k
+            assert t.untyped_storage().nbytes() == want.untyped_storage().nbytes(), k
             assert torch.equal(t, want), k
     ptr = got["a"].untyped_storage().data_ptr()
     assert {got[k].untyped_storage().data_ptr() for k in ("a", "t", "o", "i")} == {ptr}
