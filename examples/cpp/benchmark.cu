@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaStreamCreate(&s));
   void* ipc0 = seg0.data();
 
-  std::printf("%zu MiB per copy, GB/s: median of 4 rounds of the median of %d; 'gpuipc segment' = memory of another process, mapped here\n",
+  std::printf("%zu MiB per copy, GB/s: median of 4 rounds of the median of %d; 'gpuipc segment' = memory of another\n"
+              "process, mapped here\n",
               bytes >> 20, reps);
   std::printf("%-28s %16s %16s %8s\n", "copy", "cudaMemcpy local", "gpuipc segment", "ratio");
   // Each row: the local copy and the segment copy in 4 rounds that alternate which goes first (a machine's state
