@@ -6,6 +6,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -423,6 +425,111 @@ void replace_file(const std::string& path, std::string_view text, unsigned mode)
     if (!text.empty()) append_text(fd.get(), text);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) throw_system("rename", fmt::format("{} to {}", tmp, path));
+}
+
+std::string find_in_path(const std::string& program) {
+  if (program.empty()) return {};
+  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0 ? program : std::string();
+  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): read only
+  std::string_view rest = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (!rest.empty()) {
+    const std::size_t colon = rest.find(':');
+    const std::string_view dir = rest.substr(0, colon);
+    rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+    const std::string candidate = fmt::format("{}/{}", dir.empty() ? "." : dir, program);
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return {};
+}
+
+CapturedRun run_captured(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                         std::string_view input, std::chrono::milliseconds timeout) {
+  if (argv.empty()) throw Error(ErrorCode::InvalidArgument, "run_captured: no program", "posix_spawn", EINVAL);
+  const std::string program = find_in_path(argv[0]);
+  if (program.empty()) {
+    throw Error(ErrorCode::NotFound, fmt::format("{} is not on PATH", argv[0]), "posix_spawn", ENOENT);
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  // This process's environment, minus the names `env` sets, then `env`.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& x) {
+      return x.size() > name.size() && x.compare(0, name.size(), name) == 0 && x[name.size()] == '=';
+    });
+    if (!replaced) envp.push_back(*e);
+  }
+  for (const std::string& x : env) envp.push_back(const_cast<char*>(x.c_str()));
+  envp.push_back(nullptr);
+
+  int in_fds[2] = {-1, -1};
+  int out_fds[2] = {-1, -1};
+  if (::pipe2(in_fds, O_CLOEXEC) != 0) throw_system("pipe2", "stdin of " + program);
+  UniqueFd in_read(in_fds[0]), in_write(in_fds[1]);
+  if (::pipe2(out_fds, O_CLOEXEC) != 0) throw_system("pipe2", "output of " + program);
+  UniqueFd out_read(out_fds[0]), out_write(out_fds[1]);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in_read.get(), 0);
+  posix_spawn_file_actions_adddup2(&actions, out_write.get(), 1);
+  posix_spawn_file_actions_adddup2(&actions, out_write.get(), 2);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw Error(ErrorCode::System, fmt::format("cannot start {}: {}", program, std::strerror(rc)), "posix_spawn", rc);
+  in_read.reset();
+  out_write.reset();
+  // A small input fits the pipe; a program that does not read it only loses it (SIGPIPE is not ours to take).
+  if (!input.empty()) {
+    const ::sighandler_t previous = ::signal(SIGPIPE, SIG_IGN);
+    [[maybe_unused]] const ssize_t n = ::write(in_write.get(), input.data(), input.size());
+    ::signal(SIGPIPE, previous);
+  }
+  in_write.reset();
+  CapturedRun run;
+  const std::int64_t deadline = monotonic_ns() + std::chrono::nanoseconds(timeout).count();
+  // Read until the program has exited and its output is drained. Not until EOF: a program that starts a daemon
+  // (nvidia-cuda-mps-control -d) may leave it holding the pipe.
+  bool open_pipe = true;
+  int status = 0;
+  bool exited = false;
+  for (;;) {
+    if (!exited) {
+      const pid_t w = ::waitpid(pid, &status, WNOHANG);
+      exited = w == pid || (w < 0 && errno != EINTR);
+    }
+    if (!exited && monotonic_ns() >= deadline) {
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      run.exit_code = -1;
+      return run;
+    }
+    bool read_some = false;
+    if (open_pipe) {
+      pollfd p{out_read.get(), POLLIN, 0};
+      if (::poll(&p, 1, exited ? 0 : 20) > 0) {
+        char buf[4096];
+        const ssize_t got = ::read(out_read.get(), buf, sizeof buf);
+        if (got > 0) {
+          run.output.append(buf, static_cast<std::size_t>(got));
+          read_some = true;
+        } else if (got == 0 || errno != EINTR) {
+          open_pipe = false;  // EOF
+        }
+      }
+    }
+    if (exited && (!open_pipe || !read_some)) break;
+  }
+  if (WIFEXITED(status)) {
+    run.exit_code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    run.exit_code = 128 + WTERMSIG(status);
+  }
+  return run;
 }
 
 }  // namespace gpuipc::os

@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <chrono>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,5 +78,21 @@ std::string self_exe_path();
 /// stderr to `log_path` (appended; /dev/null when empty), all other fds closed. Returns once the intermediate
 /// child has been reaped, so no zombie is left. Throws Error if the program cannot be started.
 void spawn_detached(const std::vector<std::string>& argv, const std::string& log_path);
+
+/// What run_captured saw: the exit code (128 + the signal when one ended it, -1 when it was killed at the time
+/// limit) and everything it wrote to stdout and stderr, in order.
+struct CapturedRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+/// Runs `argv[0]` (looked up in PATH) with `argv`, the environment of this process with `env` added or replaced
+/// ("NAME=value" each), `input` on its stdin and its stdout and stderr captured; SIGKILLed after `timeout`. Throws
+/// Error (NotFound when no such program is on PATH) when it cannot be started.
+CapturedRun run_captured(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                         std::string_view input, std::chrono::milliseconds timeout);
+
+/// Where `program` is found in PATH (or `program` itself when it holds a '/' and is executable); empty if nowhere.
+std::string find_in_path(const std::string& program);
 
 }  // namespace gpuipc::os

@@ -184,8 +184,9 @@ void judge(Report& r) {
   }
   if (!r.mps.active) {
     r.advice.push_back(
-        "without MPS, cross-process GPU spin-waits are time-sliced (~4.5 ms per round trip), so gpuipc synchronizes "
-        "with stream-memop semaphores (12 us; ~6 us under MPS: nvidia-cuda-mps-control -d)");
+        "without MPS, kernels of different processes take turns on a GPU: a semaphore round trip takes 12 us (~6 us "
+        "under MPS) and a pipeline of processes keeps a fraction of one process's frame rate; "
+        "`eval \"$(gpuipc mps start)\"` runs a private MPS control daemon for your processes (docs/mps.md)");
   }
   if (!r.problems.empty()) r.exit_code = kExitFailure;
 }

@@ -27,5 +27,6 @@ void register_top(CLI::App& app, int& exit_code);
 void register_demo(CLI::App& app, int& exit_code);
 void register_bench(CLI::App& app, int& exit_code);
 void register_watch(CLI::App& app, int& exit_code);  // who, watch
+void register_mps(CLI::App& app, int& exit_code);    // mps start, stop, status, env
 
 }  // namespace gpuipc::cli

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   gpuipc::cli::register_demo(app, exit_code);
   gpuipc::cli::register_bench(app, exit_code);
   gpuipc::cli::register_watch(app, exit_code);
+  gpuipc::cli::register_mps(app, exit_code);
   app.parse_complete_callback([&] {
     if (verbose) gpuipc::log::set_level(gpuipc::log::Level::Debug);
   });
