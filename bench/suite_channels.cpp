@@ -22,7 +22,7 @@
 #include "mps.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
-#include "python_runner.hpp"
+#include "programs.hpp"
 #include "streaming.hpp"
 #include "workers.hpp"
 
