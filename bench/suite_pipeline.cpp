@@ -29,7 +29,8 @@ using json = nlohmann::json;
 using Env = std::vector<std::pair<std::string, std::string>>;
 
 constexpr int kWidth = 1920, kHeight = 1080;  // 8 MiB RGBA frames: the example's default on a GPU
-/// A run is two processes' CUDA start-up, the pipeline and the one-process run; far less than this on an H100.
+/// For a stuck run only: a run is four processes starting CUDA (three stages, then the one-process run) and the
+/// frames through each, seconds at most on an H100.
 constexpr std::chrono::seconds kRunLimit{300};
 constexpr double kTarget = 0.9;
 
@@ -61,6 +62,33 @@ Run run_once(const std::string& example, const Env& env, int frames, const std::
   if (!run.error.empty()) run.log = tail(p.output, 4000);
   return run;
 }
+
+/// A broker of the suite's own for the example's processes: a runtime directory under /tmp, where the first stage
+/// starts gpuipcd (the one beside gpuipc); on destruction `gpuipc daemon --stop` and the directory removed.
+class PrivateBroker {
+ public:
+  explicit PrivateBroker(std::filesystem::path bin) : m_bin(std::move(bin)) {
+    char tmpl[] = "/tmp/gpuipc-bench-pipeline-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) throw Error(ErrorCode::System, "mkdtemp failed", "mkdtemp", errno);
+    m_dir = tmpl;
+  }
+  ~PrivateBroker() {
+    run_program({(m_bin / "gpuipc").string(), "daemon", "--stop"}, env(), std::chrono::seconds(30));
+    std::error_code ec;
+    std::filesystem::remove_all(m_dir, ec);
+  }
+  PrivateBroker(const PrivateBroker&) = delete;
+  PrivateBroker& operator=(const PrivateBroker&) = delete;
+  Env env() const {
+    return {{"GPUIPC_RUNTIME_DIR", m_dir + "/run"},
+            {"GPUIPC_DAEMON", (m_bin / "gpuipcd").string()},
+            {"GPUIPC_LOG", "warn"}};
+  }
+
+ private:
+  std::filesystem::path m_bin;
+  std::string m_dir;
+};
 
 double median(std::vector<double> v) { return v.empty() ? 0.0 : summarize(std::move(v)).median; }
 
@@ -114,11 +142,8 @@ Result run(const Options& o, const DeviceMeta& meta) {
   const int frames = o.quick ? 3000 : 20000;
   const int reps = o.quick ? 1 : 3;
 
-  // The example's stages start the broker they need: a private one (its own runtime directory), stopped at the end.
-  char tmpl[] = "/tmp/gpuipc-bench-pipeline-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) throw Error(ErrorCode::System, "mkdtemp failed", "mkdtemp", errno);
-  const std::string dir = tmpl;
-  Env env{{"GPUIPC_RUNTIME_DIR", dir + "/run"}, {"GPUIPC_DAEMON", (bin / "gpuipcd").string()}, {"GPUIPC_LOG", "warn"}};
+  const PrivateBroker broker(bin);
+  Env env = broker.env();
   // One GPU, as the one-process run uses: with two, the example would run post on the second.
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe): no threads yet
   if (visible == nullptr) env.emplace_back("CUDA_VISIBLE_DEVICES", "0");
@@ -131,23 +156,21 @@ Result run(const Options& o, const DeviceMeta& meta) {
                        {"slots", 4},
                        {"cuda_visible_devices", visible != nullptr ? visible : "0"}});
 
-  measure(r, o, example, env, frames, reps, "");
-  progress(o, "pipeline: starting a private MPS control daemon");
-  {
-    MpsDaemon mps;
-    if (!mps.started()) {
-      r.notes.push_back("MPS: nvidia-cuda-mps-control -d could not be started here: no _mps metrics");
-    } else if (!mps_active(mps.env())) {
-      r.notes.push_back("MPS: the control daemon started but the workers' contexts do not report MPS: no _mps metrics");
-    } else {
+  if (meta.mps) {
+    // The machine's own MPS serves every process: there is no run without it, and it is the runs' MPS.
+    r.notes.push_back(
+        "MPS is already active for this machine's processes: every run is under it (_mps metrics); "
+        "no runs without MPS and no private daemon");
+    measure(r, o, example, env, frames, reps, "_mps");
+  } else {
+    measure(r, o, example, env, frames, reps, "");
+    progress(o, "pipeline: starting a private MPS control daemon");
+    run_under_mps(r.notes, "_mps metrics", [&](const Env& mps_env) {
       Env with_mps = env;
-      for (const auto& kv : mps.env()) with_mps.push_back(kv);
+      with_mps.insert(with_mps.end(), mps_env.begin(), mps_env.end());
       measure(r, o, example, with_mps, frames, reps, "_mps");
-    }
+    });
   }
-  run_program({(bin / "gpuipc").string(), "daemon", "--stop"}, env, std::chrono::seconds(30));
-  std::error_code ec;
-  fs::remove_all(dir, ec);
 
   r.notes.insert(r.notes.begin(),
                  fmt::format("each run: gpuipc-example-pipeline --kind device --frames {} --width {} --height {} "
@@ -155,7 +178,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
                              "GPU finishing the last frame's check; the one-process rate times the same kernels on "
                              "one stream after 20 frames of warm-up, to a final synchronize",
                              frames, kWidth, kHeight));
-  const auto& mps_ratio = r.metrics.contains("pipeline_ratio_mps") ? r.metrics["pipeline_ratio_mps"] : json();
+  const json mps_ratio = r.metrics.value("pipeline_ratio_mps", json());
   r.notes.push_back(
       mps_ratio.is_number()
           ? fmt::format("target pipeline_ratio_mps >= {}: {} ({:.3f})", kTarget,
