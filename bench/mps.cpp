@@ -56,4 +56,27 @@ bool mps_active(const std::vector<std::pair<std::string, std::string>>& env) {
   return r[0].value("mps", false);
 }
 
+bool run_under_mps(std::vector<std::string>& notes, const std::string& missing,
+                   const std::function<void(const std::vector<std::pair<std::string, std::string>>&)>& body) {
+  MpsDaemon mps;
+  if (!mps.started()) {
+    notes.push_back(fmt::format("MPS: nvidia-cuda-mps-control -d could not be started here: no {}", missing));
+    return false;
+  }
+  bool active = false;
+  std::string why;
+  try {
+    active = mps_active(mps.env());
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!active) {
+    notes.push_back(fmt::format("MPS: the control daemon started but the workers' contexts do not report MPS{}: no {}",
+                                why.empty() ? "" : " (" + why + ")", missing));
+    return false;
+  }
+  body(mps.env());
+  return true;
+}
+
 }  // namespace gpuipc::bench

@@ -2,6 +2,7 @@
 // sees nor disturbs another MPS on the machine. Workers started with env() run under it.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,5 +31,12 @@ class MpsDaemon {
 /// Whether workers started with `env` really run under MPS (the device attribute, where the driver has it).
 /// Asks in a forked worker (the caller stays free of CUDA). Throws gpuipc::Error when the worker fails.
 bool mps_active(const std::vector<std::pair<std::string, std::string>>& env);
+
+/// Starts a private MPS control daemon, runs `body` with the environment of its clients (MpsDaemon::env()), stops
+/// the daemon and returns true. Where MPS cannot be had (the daemon does not start, or contexts started under it do
+/// not report MPS), adds a note to `notes` that says why and that there are no `missing` (e.g. "_mps metrics"), and
+/// returns false.
+bool run_under_mps(std::vector<std::string>& notes, const std::string& missing,
+                   const std::function<void(const std::vector<std::pair<std::string, std::string>>&)>& body);
 
 }  // namespace gpuipc::bench

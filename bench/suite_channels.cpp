@@ -22,7 +22,7 @@
 #include "mps.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
-#include "python_runner.hpp"
+#include "programs.hpp"
 #include "streaming.hpp"
 #include "workers.hpp"
 
@@ -401,22 +401,15 @@ Result run(const Options& o, const DeviceMeta& meta) {
   stream_ratio({}, "");
 
   progress(o, "channels: the same under MPS");
-  {
-    MpsDaemon mps;
-    if (!mps.started()) {
-      r.notes.push_back("MPS: nvidia-cuda-mps-control -d could not be started here: no _mps metrics");
-    } else if (!mps_active(mps.env())) {
-      r.notes.push_back("MPS: the control daemon started but the workers' contexts do not report MPS: no _mps metrics");
-    } else {
-      const auto sem_mps = sem_rtt(mps.env(), batches, per_batch);
-      const auto ev_mps = ipc_event_rtt(mps.env(), event_iters);
-      r.metrics["sem_rtt_us_mps"] = sem_mps["rtt_us"]["median"];
-      r.metrics["ipc_event_rtt_us_mps"] = ev_mps["rtt_us"]["median"];
-      r.samples.push_back({{"what", "sem_rtt_us_mps"}, {"summary", sem_mps["rtt_us"]}});
-      r.samples.push_back({{"what", "ipc_event_rtt_us_mps"}, {"summary", ev_mps["rtt_us"]}});
-      stream_ratio(mps.env(), "_mps");
-    }
-  }
+  run_under_mps(r.notes, "_mps metrics", [&](const Env& mps_env) {
+    const auto sem_mps = sem_rtt(mps_env, batches, per_batch);
+    const auto ev_mps = ipc_event_rtt(mps_env, event_iters);
+    r.metrics["sem_rtt_us_mps"] = sem_mps["rtt_us"]["median"];
+    r.metrics["ipc_event_rtt_us_mps"] = ev_mps["rtt_us"]["median"];
+    r.samples.push_back({{"what", "sem_rtt_us_mps"}, {"summary", sem_mps["rtt_us"]}});
+    r.samples.push_back({{"what", "ipc_event_rtt_us_mps"}, {"summary", ev_mps["rtt_us"]}});
+    stream_ratio(mps_env, "_mps");
+  });
 
   // Verdicts against the targets, in words, from the numbers above.
   auto num = [&](const char* k) { return r.metrics.contains(k) && r.metrics[k].is_number() ? r.metrics[k].get<double>() : -1.0; };

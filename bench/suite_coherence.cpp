@@ -395,28 +395,11 @@ Result run(const Options& o, const DeviceMeta& meta) {
     r.notes.push_back("MPS is already active for this machine's processes: the runs above are under MPS; no _mps "
                       "runs with a private daemon");
   } else {
-    MpsDaemon mps;
-    bool active = false;
-    std::string why;
-    if (mps.started()) {
-      try {
-        active = mps_active(mps.env());
-      } catch (const std::exception& e) {
-        why = e.what();
-      }
-    }
-    if (!mps.started()) {
-      r.notes.push_back("MPS: nvidia-cuda-mps-control -d could not be started here: no _mps metrics");
-    } else if (!active) {
-      r.notes.push_back(fmt::format("MPS: the control daemon started but the workers' contexts do not report MPS{}: "
-                                    "no _mps metrics",
-                                    why.empty() ? "" : " (" + why + ")"));
-    } else {
-      const json spin_mps = spin_study(mps.env(), spin_trials_mps, kernel_timeout);
-      const json sem_mps = semaphore_study(mps.env(), sem_trials, kernel_timeout);
+    mps_ran = run_under_mps(r.notes, "_mps metrics", [&](const Env& mps_env) {
+      const json spin_mps = spin_study(mps_env, spin_trials_mps, kernel_timeout);
+      const json sem_mps = semaphore_study(mps_env, sem_trials, kernel_timeout);
       report(r, "_mps", spin_mps, sem_mps, "under MPS");
-      mps_ran = true;
-    }
+    });
   }
 
   // What a user must do, from the counts above.

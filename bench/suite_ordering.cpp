@@ -424,14 +424,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
   r.mps = meta.mps;
   study(o, {}, "", r);
   progress(o, "ordering: the same under MPS");
-  MpsDaemon mps;
-  if (!mps.started()) {
-    r.notes.push_back("MPS: nvidia-cuda-mps-control -d could not be started here: no _mps samples");
-  } else if (!mps_active(mps.env())) {
-    r.notes.push_back("MPS: the control daemon started but the workers' contexts do not report MPS: no _mps samples");
-  } else {
-    study(o, mps.env(), "_mps", r);
-  }
+  run_under_mps(r.notes, "_mps samples", [&](const Env& mps_env) { study(o, mps_env, "_mps", r); });
   return r;
 }
 

@@ -19,7 +19,7 @@
 #include "gpuipc/error.hpp"
 #include "gpuipc/pool.hpp"
 #include "pool_workers.hpp"
-#include "python_runner.hpp"
+#include "programs.hpp"
 #include "served.hpp"
 #include "statedict.hpp"
 

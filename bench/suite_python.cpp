@@ -10,7 +10,7 @@
 #include <string>
 
 #include "bench.hpp"
-#include "python_runner.hpp"
+#include "programs.hpp"
 
 namespace gpuipc::bench {
 namespace {

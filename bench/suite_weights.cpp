@@ -20,7 +20,7 @@
 #include "cuda/resources.hpp"
 #include "gpuipc/pool.hpp"
 #include "os/child.hpp"
-#include "python_runner.hpp"
+#include "programs.hpp"
 #include "statedict.hpp"
 
 namespace gpuipc::bench {

@@ -14,7 +14,7 @@ show() {  # show COMMAND...: print it as typed, run it with a time limit, keep t
   [ "$code" -eq 0 ] || { echo "(exit $code)"; rc=1; }
   echo
 }
-mkdir -p "$work/handoff" "$work/frames"
+mkdir -p "$work/handoff"
 echo "\$ gpuipc-example-producer --dir /tmp/x/handoff &"
 gpuipc-example-producer --dir "$work/handoff" > "$work/producer.log" 2>&1 &
 producer=$!
@@ -22,7 +22,7 @@ show gpuipc-example-consumer --dir "$work/handoff"
 wait "$producer" || rc=1
 echo "(the producer's output)"; sed "s|$work|/tmp/x|g" "$work/producer.log"; echo
 show gpuipc-example-master --kind device --spawn 3 --crash-one
-show gpuipc-example-pipeline --kind device --frames 1000 --out "$work/frames"
+show gpuipc-example-pipeline --kind device --frames 5000 --compare
 show gpuipc-example-benchmark --mib 256 --reps 20
 show gpuipc-example-intra --kind device
 show gpuipc-example-supervisor --kind device --jobs 40 --kills 2

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -78,12 +79,27 @@ inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+/// Waits for the work enqueued on `s`, exiting if a kernel launch or the work failed; returns now_s() after it.
+inline double synchronize(cudaStream_t s) {
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return now_s();
+}
+
 /// The p-th percentile (0..100) of `v`, nearest rank; 0 for an empty vector.
 inline double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(p / 100.0 * static_cast<double>(v.size())));
   return v[i];
+}
+
+/// The number just before the first `unit` in `text` ("5000.0" in "sink: 5000.0 frames/s"), or 0.
+inline double number_before(const std::string& text, std::string_view unit) {
+  const std::size_t end = text.find(unit);
+  if (end == std::string::npos || end == 0) return 0;
+  const std::size_t space = text.rfind(' ', end - 1);
+  return std::strtod(text.c_str() + (space == std::string::npos ? 0 : space + 1), nullptr);
 }
 
 /// The folder this program is in: the other examples and gpuipcd are installed beside it.
@@ -96,20 +112,31 @@ inline std::string program_dir() {
 }
 
 /// Starts `program` (a file in program_dir()) with `args`; returns its pid, or exits saying why it could not.
-inline pid_t spawn(const std::string& program, const std::vector<std::string>& args) {
+/// With `out_fd`, the program's stdout is a pipe and `*out_fd` its read end.
+inline pid_t spawn(const std::string& program, const std::vector<std::string>& args, int* out_fd = nullptr) {
   const std::string path = program_dir() + "/" + program;
+  int out[2] = {-1, -1};
+  if (out_fd != nullptr && ::pipe2(out, O_CLOEXEC) != 0) {
+    std::perror("pipe2");
+    std::exit(2);
+  }
   const pid_t pid = ::fork();
   if (pid < 0) {
     std::perror("fork");
     std::exit(2);
   }
   if (pid == 0) {
+    if (out_fd != nullptr) ::dup2(out[1], STDOUT_FILENO);  // dup2 clears close-on-exec on the copy
     std::vector<char*> argv{const_cast<char*>(path.c_str())};
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     ::execv(path.c_str(), argv.data());
     std::fprintf(stderr, "cannot run %s (install the examples together): %s\n", path.c_str(), std::strerror(errno));
     ::_exit(127);
+  }
+  if (out_fd != nullptr) {
+    ::close(out[1]);
+    *out_fd = out[0];
   }
   return pid;
 }
@@ -120,6 +147,23 @@ inline int wait_exit(pid_t pid) {
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+/// Runs `program` like spawn and waits for it (wait_exit's code); what it prints goes to stdout as it comes, and
+/// into `said`.
+inline int run_tee(const std::string& program, const std::vector<std::string>& args, std::string& said) {
+  int fd = -1;
+  const pid_t pid = spawn(program, args, &fd);
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    said.append(buf, static_cast<std::size_t>(n));
+    std::fwrite(buf, 1, static_cast<std::size_t>(n), stdout);
+    std::fflush(stdout);
+  }
+  ::close(fd);
+  return wait_exit(pid);
 }
 
 }  // namespace example

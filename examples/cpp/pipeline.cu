@@ -1,9 +1,10 @@
 // gpuipc example: a rendering pipeline in three processes joined by two channels.
 //   render (draws frame f)  --NAME.raw-->  post (a 1-2-1 horizontal blur)  --NAME.post-->  sink (checks each frame,
 //   writes a PPM every N frames)
-// --kind device: frames are GPU memory and each stage is a kernel; with two GPUs, post runs on the second one and
-// maps the render's slots through peer access. --kind host: host memory and the CPU, no GPU needed.
-// --stage all (the default) starts the three stages as processes of this program and waits for them.
+// --kind device: frames are GPU memory and each stage is a kernel, the sink's check too (it counts wrong pixels on
+// the GPU); with two GPUs, post runs on the second one and maps the render's slots through peer access. --kind host:
+// host memory and the CPU, no GPU needed. --stage all (the default) starts the three stages as processes of this
+// program; with --compare it then runs --stage one: the same three kernels in one process on one stream.
 #include <gpuipc/channel.hpp>
 
 #include <cstring>
@@ -15,8 +16,10 @@
 using namespace std::chrono_literals;
 
 constexpr const char* kUsage =
-    "gpuipc-example-pipeline [--stage all|render|post|sink] [--name NAME] [--kind host|device] [--frames 300]\n"
-    "                        [--width 256] [--height 256] [--ppm-every 100] [--out DIR]\n";
+    "gpuipc-example-pipeline [--stage all|render|post|sink|one] [--compare] [--name NAME] [--kind host|device]\n"
+    "                        [--frames 300] [--width W] [--height H] [--ppm-every 100] [--out DIR]\n"
+    "  Frames are 1920x1080 with --kind device, else 256x256. --stage one: the three kernels in one process (device\n"
+    "  only). --compare: then run --stage one and print the ratio of the frame rates (--ppm-every defaults to 0)\n";
 
 /// The header of every frame: its number and when each stage had it (steady clock, seconds; host-side times).
 struct Frame {
@@ -36,6 +39,11 @@ __host__ __device__ inline std::uint32_t blur(const std::uint32_t* row, std::uin
   for (int s = 0; s < 32; s += 8) out |= ((((l >> s) & 255) + 2 * ((m >> s) & 255) + ((r >> s) & 255)) / 4) << s;
   return out;
 }
+/// Pixel (x, y) of frame f after render and post: what the sink expects, from the pixel and its two neighbours.
+__host__ __device__ inline std::uint32_t expected(std::uint64_t f, std::uint32_t x, std::uint32_t y, std::uint32_t w) {
+  const std::uint32_t row[3] = {draw(f, x > 0 ? x - 1 : 0, y), draw(f, x, y), draw(f, x + 1 < w ? x + 1 : x, y)};
+  return blur(row, 1, 3);
+}
 
 __global__ void render_kernel(std::uint32_t* px, std::uint64_t f, std::uint32_t w, std::uint32_t h) {
   const std::uint32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y;
@@ -45,6 +53,12 @@ __global__ void post_kernel(const std::uint32_t* in, std::uint32_t* out, std::ui
   const std::uint32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y;
   if (x < w && y < h) out[y * w + x] = blur(in + y * w, x, w);
 }
+/// Adds the number of pixels of `px` that are not frame f, as render and post make it, to `*bad`.
+__global__ void check_kernel(const std::uint32_t* px, std::uint64_t f, std::uint32_t w, std::uint32_t h,
+                             unsigned long long* bad) {
+  const std::uint32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y;
+  if (x < w && y < h && px[y * w + x] != expected(f, x, y, w)) atomicAdd(bad, 1ull);
+}
 
 struct Config {
   std::string name, out;
@@ -52,7 +66,9 @@ struct Config {
   std::uint64_t frames;
   std::uint32_t w, h;
   long ppm_every;
-  std::size_t bytes() const { return std::size_t{w} * h * 4; }
+  std::size_t pixels() const { return std::size_t{w} * h; }
+  std::size_t bytes() const { return pixels() * 4; }
+  dim3 grid() const { return dim3((w + 255) / 256, h); }  // a thread per pixel, blocks of 256 along a row
   gpuipc::ChannelOptions channel(int gpu) const {
     return {.slots = 4,
             .slot_bytes = bytes(),
@@ -83,17 +99,14 @@ int render(const Config& c, cudaStream_t s) {
     gpuipc::SlotView slot;
     if (!acquire(out, s, slot)) return 1;
     auto* px = static_cast<std::uint32_t*>(slot.data);
-    if (c.device) {
-      render_kernel<<<dim3((c.w + 255) / 256, c.h), 256, 0, s>>>(px, f, c.w, c.h);
-      CUDA_CHECK(cudaGetLastError());
-    } else {
-      for (std::uint32_t y = 0; y < c.h; ++y)
-        for (std::uint32_t x = 0; x < c.w; ++x) px[y * c.w + x] = draw(f, x, y);
-    }
+    if (c.device)
+      render_kernel<<<c.grid(), 256, 0, s>>>(px, f, c.w, c.h);
+    else
+      for (std::size_t i = 0; i < c.pixels(); ++i) px[i] = draw(f, i % c.w, i / c.w);
     h.t_render_out = example::now_s();
     out.publish(s, std::as_bytes(std::span(&h, 1)), c.bytes());
   }
-  if (c.device) CUDA_CHECK(cudaStreamSynchronize(s));  // leave only once the last frame is written
+  if (c.device) example::synchronize(s);  // leave only once the last frame is written
   return 0;
 }
 
@@ -110,82 +123,130 @@ int post(const Config& c, cudaStream_t s, int gpu) {
     if (!acquire(out, s, slot)) return 1;
     const auto* src = static_cast<const std::uint32_t*>(msg.data);
     auto* dst = static_cast<std::uint32_t*>(slot.data);
-    if (c.device) {
-      post_kernel<<<dim3((c.w + 255) / 256, c.h), 256, 0, s>>>(src, dst, c.w, c.h);
-      CUDA_CHECK(cudaGetLastError());
-    } else {
-      for (std::uint32_t y = 0; y < c.h; ++y)
-        for (std::uint32_t x = 0; x < c.w; ++x) dst[y * c.w + x] = blur(src + y * c.w, x, c.w);
-    }
+    if (c.device)
+      post_kernel<<<c.grid(), 256, 0, s>>>(src, dst, c.w, c.h);
+    else
+      for (std::size_t i = 0; i < c.pixels(); ++i) dst[i] = blur(src + i / c.w * c.w, i % c.w, c.w);
     h.t_post_out = example::now_s();
     out.publish(s, std::as_bytes(std::span(&h, 1)), c.bytes());
     in.release(s);
   }
-  if (c.device) CUDA_CHECK(cudaStreamSynchronize(s));
+  if (c.device) example::synchronize(s);
   return 0;
+}
+
+/// A zeroed counter in GPU memory for check_kernel, whose code is loaded now (not lazily in the timed loop).
+unsigned long long* new_counter(cudaStream_t s) {
+  unsigned long long* n = nullptr;
+  cudaFuncAttributes loaded;
+  CUDA_CHECK(cudaFuncGetAttributes(&loaded, check_kernel));
+  CUDA_CHECK(cudaMalloc(&n, sizeof *n));
+  CUDA_CHECK(cudaMemsetAsync(n, 0, sizeof *n, s));
+  return n;
+}
+
+/// Writes frame `f` (host memory) as DIR/frame-F.ppm; true when it was written.
+bool write_ppm(const Config& c, std::uint64_t f, const std::uint32_t* px) {
+  std::string rgb;
+  for (std::size_t i = 0; i < c.pixels(); ++i) rgb += {char(px[i]), char(px[i] >> 8), char(px[i] >> 16)};  // R, G, B
+  std::ofstream ppm(c.out + "/frame-" + std::to_string(f) + ".ppm", std::ios::binary);
+  ppm << "P6\n" << c.w << " " << c.h << "\n255\n" << rgb;
+  return ppm.good();
 }
 
 int sink(const Config& c, cudaStream_t s, int gpu) {
   gpuipc::Channel in =
       gpuipc::Channel::open(c.name + ".post", gpuipc::ChannelRole::Consumer, {.wait = 20s, .device = gpu});
-  std::vector<std::uint32_t> got(c.bytes() / 4), want(c.bytes() / 4), row(c.w);
-  std::vector<double> lat[6];  // render, raw queue, post, post queue, sink, end to end
-  std::uint64_t checked = 0, bad = 0, ppms = 0;
+  unsigned long long* bad_gpu = c.device ? new_counter(s) : nullptr;  // wrong pixels, counted by check_kernel
+  std::vector<std::uint32_t> got(c.device && c.ppm_every > 0 ? c.pixels() : 0);  // a frame copied for its PPM
+  // Host clock when each stage's thread had the frame. In device mode that is when the work was enqueued, the GPU
+  // runs it later and nothing waits for it per frame: the table shows how each process keeps pace, not GPU time.
+  std::vector<double> lat[6];                         // render, raw queue, post, post queue, sink, end to end
+  unsigned long long checked = 0, bad = 0, ppms = 0;  // bad: wrong pixels, and frames out of order
   double first = 0;
   gpuipc::MessageView msg;
-  while (receive(in, s, msg)) {
+  while (checked < c.frames && receive(in, s, msg)) {
     const double t_in = example::now_s();
     if (checked == 0) first = t_in;
     Frame h;
     std::memcpy(&h, msg.header.data(), sizeof h);
-    if (c.device) {
-      CUDA_CHECK(cudaMemcpyAsync(got.data(), msg.data, c.bytes(), cudaMemcpyDeviceToHost, s));
-      CUDA_CHECK(cudaStreamSynchronize(s));
-    } else {
-      std::memcpy(got.data(), msg.data, c.bytes());
+    bad += h.number != checked;
+    const auto* px = static_cast<const std::uint32_t*>(msg.data);
+    if (c.device)
+      check_kernel<<<c.grid(), 256, 0, s>>>(px, h.number, c.w, c.h, bad_gpu);
+    else
+      for (std::size_t i = 0; i < c.pixels(); ++i) bad += px[i] != expected(h.number, i % c.w, i / c.w, c.w);
+    if (c.ppm_every > 0 && h.number % c.ppm_every == 0) {
+      if (c.device) {  // the only frames that come to the host, and the only waits for the GPU in the loop
+        CUDA_CHECK(cudaMemcpyAsync(got.data(), px, c.bytes(), cudaMemcpyDeviceToHost, s));
+        example::synchronize(s);
+      }
+      ppms += write_ppm(c, h.number, c.device ? got.data() : px);
     }
     in.release(s);
-    for (std::uint32_t y = 0; y < c.h; ++y) {
-      for (std::uint32_t x = 0; x < c.w; ++x) row[x] = draw(h.number, x, y);
-      for (std::uint32_t x = 0; x < c.w; ++x) want[y * c.w + x] = blur(row.data(), x, c.w);
-    }
-    bad += h.number != checked || got != want;
-    if (c.ppm_every > 0 && h.number % c.ppm_every == 0) {
-      std::ofstream ppm(c.out + "/frame-" + std::to_string(h.number) + ".ppm", std::ios::binary);
-      ppm << "P6\n" << c.w << " " << c.h << "\n255\n";
-      for (std::uint32_t p : got) ppm.put(char(p & 255)).put(char(p >> 8 & 255)).put(char(p >> 16 & 255));
-      ppms += ppm.good();
-    }
     const double t_done = example::now_s();
     const double t[] = {h.t_render_start, h.t_render_out, h.t_post_in, h.t_post_out, t_in, t_done};
     for (int i = 0; i < 5; ++i) lat[i].push_back((t[i + 1] - t[i]) * 1e6);
     lat[5].push_back((t_done - h.t_render_start) * 1e6);
     ++checked;
   }
-  const double seconds = example::now_s() - first;
-  std::printf("sink: %llu of %llu frames checked, %llu bad, %llu PPM files in %s\n", (unsigned long long)checked,
-              (unsigned long long)c.frames, (unsigned long long)bad, (unsigned long long)ppms, c.out.c_str());
+  // The frame rate runs from the first frame's arrival to the GPU finishing the last check, as --stage one's does.
+  const double seconds = (c.device ? example::synchronize(s) : example::now_s()) - first;
+  unsigned long long wrong = 0;
+  if (c.device) CUDA_CHECK(cudaMemcpy(&wrong, bad_gpu, sizeof wrong, cudaMemcpyDeviceToHost));
+  bad += wrong;
+  std::printf("sink: %llu of %llu frames checked, %llu bad, %llu PPM files in %s\n", checked,
+              (unsigned long long)c.frames, bad, ppms, c.out.c_str());
   std::printf("sink: %.1f frames/s (%ux%u RGBA, %s channels)\n", checked > 1 ? (checked - 1) / seconds : 0.0, c.w, c.h,
               c.device ? "device" : "host");
-  const char* names[] = {"render", "queue render->post", "post", "queue post->sink", "sink (copy+check)", "end to end"};
+  const char* names[] = {"render", "queue render->post", "post", "queue post->sink", "sink (check)", "end to end"};
   std::printf("%-20s %10s %10s\n", "latency (host clock)", "p50 us", "p99 us");
   for (int i = 0; i < 6; ++i)
     std::printf("%-20s %10.1f %10.1f\n", names[i], example::percentile(lat[i], 50), example::percentile(lat[i], 99));
   return checked == c.frames && bad == 0 ? 0 : 1;
 }
 
+/// --stage one: the same three kernels on one stream, frames cycling through 4 buffers per stage as through the
+/// channels' 4 slots (the same memory footprint); timed after a few frames of warm-up, to a final synchronize.
+int one_process(const Config& c, cudaStream_t s) {
+  std::uint32_t* buf[8];  // render's 4, then post's 4
+  for (auto*& b : buf) CUDA_CHECK(cudaMalloc(&b, c.bytes()));
+  unsigned long long* bad_gpu = new_counter(s);
+  constexpr std::uint64_t kWarmup = 20;
+  double t0 = 0;
+  for (std::uint64_t f = 0; f < kWarmup + c.frames; ++f) {
+    if (f == kWarmup) t0 = example::synchronize(s);
+    render_kernel<<<c.grid(), 256, 0, s>>>(buf[f % 4], f, c.w, c.h);
+    post_kernel<<<c.grid(), 256, 0, s>>>(buf[f % 4], buf[4 + f % 4], c.w, c.h);
+    check_kernel<<<c.grid(), 256, 0, s>>>(buf[4 + f % 4], f, c.w, c.h, bad_gpu);
+  }
+  const double seconds = example::synchronize(s) - t0;
+  unsigned long long bad = 0;
+  CUDA_CHECK(cudaMemcpy(&bad, bad_gpu, sizeof bad, cudaMemcpyDeviceToHost));
+  std::printf("one process: %llu frames, %.1f frames/s (%ux%u RGBA), %llu bad\n", (unsigned long long)c.frames,
+              c.frames / seconds, c.w, c.h, bad);
+  return bad == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
-  const example::Args args(argc, argv, kUsage,
-                           {"--stage", "--name", "--kind", "--frames", "--width", "--height", "--ppm-every", "--out"});
+  const example::Args args(
+      argc, argv, kUsage,
+      {"--stage", "--compare", "--name", "--kind", "--frames", "--width", "--height", "--ppm-every", "--out"});
+  const bool device = args.get("--kind", "host") == "device", compare = args.flag("--compare");
   const Config c{args.get("--name", "pipeline"),
                  args.get("--out", "."),
-                 args.get("--kind", "host") == "device",
+                 device,
                  static_cast<std::uint64_t>(args.num("--frames", 300)),
-                 static_cast<std::uint32_t>(args.num("--width", 256)),
-                 static_cast<std::uint32_t>(args.num("--height", 256)),
-                 args.num("--ppm-every", 100)};
+                 static_cast<std::uint32_t>(args.num("--width", device ? 1920 : 256)),
+                 static_cast<std::uint32_t>(args.num("--height", device ? 1080 : 256)),
+                 args.num("--ppm-every", compare ? 0 : 100)};
   const std::string stage = args.get("--stage", "all");
+  if (!device && (compare || stage == "one")) {
+    std::fprintf(stderr, "pipeline: --stage one and --compare are device-only (--kind device)\n%s", kUsage);
+    return 64;
+  }
   std::string why;
+  // cudaGetDeviceCount makes no context, and the stages are new programs (fork + exec): they can all use CUDA.
   const int gpus = c.device ? example::gpu_count(&why) : 0;
   if (c.device && gpus == 0) {
     std::fprintf(stderr, "pipeline: --kind device needs a GPU (%s); run with --kind host\n", why.c_str());
@@ -195,13 +256,15 @@ int main(int argc, char** argv) {
     std::printf("pipeline: %llu frames, %s channels%s\n", (unsigned long long)c.frames, c.device ? "device" : "host",
                 c.device ? (gpus > 1 ? ", post on GPU 1" : ", one GPU") : "");
     std::fflush(stdout);
-    std::vector<pid_t> pids;
-    for (const char* s : {"render", "post", "sink"}) {
+    auto as_stage = [&](std::string_view s) {  // this command line with --stage s (the last --stage wins)
       std::vector<std::string> a(argv + 1, argv + argc);
-      a.insert(a.end(), {"--stage", s});  // the last --stage wins
-      pids.push_back(example::spawn("gpuipc-example-pipeline", a));
-    }
-    int failed = 0;
+      a.insert(a.end(), {"--stage", std::string(s)});
+      return a;
+    };
+    std::vector<pid_t> pids;
+    for (const char* s : {"render", "post"}) pids.push_back(example::spawn("gpuipc-example-pipeline", as_stage(s)));
+    std::string sink_said, one_said;  // what they print, passed on, and their frame rates read from it
+    int failed = example::run_tee("gpuipc-example-pipeline", as_stage("sink"), sink_said) != 0;
     for (pid_t p : pids) failed += example::wait_exit(p) != 0;
     for (const char* ch : {".raw", ".post"}) {
       try {
@@ -209,6 +272,11 @@ int main(int argc, char** argv) {
       } catch (const gpuipc::Error& e) {  // a stage that failed early may not have made it
         std::fprintf(stderr, "pipeline: %s\n", e.what());
       }
+    }
+    if (compare && failed == 0) {
+      failed += example::run_tee("gpuipc-example-pipeline", as_stage("one"), one_said) != 0;
+      const double one = example::number_before(one_said, " frames/s");
+      if (one > 0) std::printf("pipeline / one process: %.3f\n", example::number_before(sink_said, " frames/s") / one);
     }
     return failed ? 1 : 0;
   }
@@ -221,6 +289,7 @@ int main(int argc, char** argv) {
   if (stage == "render") return render(c, s);
   if (stage == "post") return post(c, s, gpu);
   if (stage == "sink") return sink(c, s, gpu);
+  if (stage == "one") return one_process(c, s);
   std::fprintf(stderr, "unknown --stage %s\n%s", stage.c_str(), kUsage);
   return 64;
 }

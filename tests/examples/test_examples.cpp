@@ -92,6 +92,15 @@ TEST_F(Examples, PipelineOverHostChannelsChecksEveryFrame) {
   EXPECT_EQ(listed().find("pipeline."), std::string::npos) << listed();
 }
 
+TEST_F(Examples, PipelineOneProcessAndCompareAreDeviceOnly) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--kind", "host", "--stage", "one"}, {"--kind", "host", "--compare"}}) {
+    const auto o = run("pipeline", args);
+    EXPECT_EQ(o.exit_code, 64);
+    EXPECT_NE(o.err.find("device-only"), std::string::npos);
+  }
+}
+
 TEST_F(Examples, IntraProcessCacheHitsThreadsAndChannel) {
   const auto o = run("intra", {"--kind", "host", "--threads", "4", "--opens", "200", "--messages", "2000"});
   ASSERT_EQ(o.exit_code, 0);

@@ -65,9 +65,23 @@ TEST_F(ExamplesDevice, MasterWorkerOnGpuRedoesAKilledWorkersTaskOnce) {
 
 TEST_F(ExamplesDevice, PipelineWithKernels) {
   GPUIPC_REQUIRE_GPU();
-  const auto o = run("pipeline", {"--kind", "device", "--frames", "1000", "--out", m_dir.path()});
+  // Smaller frames than the default 1920x1080 keep it short; --compare then runs the three kernels in one process.
+  // The frame rates are printed, not judged here (the pipeline benchmark suite measures them).
+  const auto o = run("pipeline", {"--kind", "device", "--frames", "1000", "--width", "1024", "--height", "512",
+                                  "--ppm-every", "250", "--compare", "--out", m_dir.path()});
   ASSERT_EQ(o.exit_code, 0);
-  EXPECT_NE(o.out.find("sink: 1000 of 1000 frames checked, 0 bad, 10 PPM files"), std::string::npos);
+  EXPECT_NE(o.out.find("sink: 1000 of 1000 frames checked, 0 bad, 4 PPM files"), std::string::npos);
+  EXPECT_NE(o.out.find(" frames/s (1024x512 RGBA, device channels)"), std::string::npos);
+  EXPECT_NE(o.out.find("\none process: 1000 frames, "), std::string::npos);
+  EXPECT_NE(o.out.find(" frames/s (1024x512 RGBA), 0 bad\n"), std::string::npos);
+  EXPECT_NE(o.out.find("\npipeline / one process: "), std::string::npos);
+  const std::string header = "P6\n1024 512\n255\n";
+  for (const char* f : {"frame-0.ppm", "frame-250.ppm", "frame-500.ppm", "frame-750.ppm"}) {
+    const auto ppm = read_file(m_dir.file(f));
+    ASSERT_TRUE(ppm) << f;
+    EXPECT_EQ(ppm->size(), header.size() + 1024 * 512 * 3) << f;
+    EXPECT_EQ(ppm->rfind(header, 0), 0u) << f;
+  }
 }
 
 TEST_F(ExamplesDevice, BenchmarkPrintsEveryRow) {
