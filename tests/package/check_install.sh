@@ -35,7 +35,7 @@ if [ -n "$bad" ]; then
   exit 1
 fi
 for must in 'gpuipc::Segment::create' 'gpuipc::Channel::send' 'typeinfo for gpuipc::Error' 'gpuipc::version()'; do
-  echo "$exports" | grep -q -F "$must" || { echo "libgpuipc.so does not export $must" >&2; exit 1; }
+  [[ "$exports" == *"$must"* ]] || { echo "libgpuipc.so does not export $must" >&2; exit 1; }
 done
 echo "exports: $(echo "$exports" | wc -l) symbols, all of the public API"
 
@@ -43,7 +43,8 @@ cmake -S "$src/tests/package/consumer" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$pr
 cmake --build "$work/cmake" >/dev/null
 "$work/cmake/consumer" "find_package, shared"
 "$work/cmake/consumer_static" "find_package, static"
-ldd "$work/cmake/consumer" | grep -q "$libdir/libgpuipc.so" || { echo "consumer does not load $libdir's libgpuipc.so" >&2; exit 1; }
+loaded=$(ldd "$work/cmake/consumer")  # (not piped into grep -q: ldd's SIGPIPE would fail the pipeline)
+[[ "$loaded" == *"$libdir/libgpuipc.so"* ]] || { echo "consumer does not load $libdir's libgpuipc.so: $loaded" >&2; exit 1; }
 
 export PKG_CONFIG_PATH=$libdir/pkgconfig
 # shellcheck disable=SC2046
