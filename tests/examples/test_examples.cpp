@@ -3,9 +3,7 @@
 // that SIGKILLs itself in the middle of a task, the pipeline over host channels, intra-process sharing, and the
 // supervisor that kills and restarts its worker and then finds nothing leaked.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <climits>
 #include <filesystem>
 #include <regex>
 #include <string>
@@ -16,28 +14,19 @@
 namespace gpuipc::test {
 namespace {
 
-/// The examples' folder: build/bin, found from this test's own path (build/tests), so that a build tree moved
-/// elsewhere still finds them.
-std::string bin_dir() {
-  char buf[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  const std::filesystem::path self(std::string(buf, n > 0 ? static_cast<std::size_t>(n) : 0));
-  return (self.parent_path().parent_path() / "bin").string();
-}
-
 class Examples : public ::testing::Test {
  protected:
   ProgramOutcome run(const std::string& example, const std::vector<std::string>& args) {
-    ProgramOutcome o = run_program(bin_dir() + "/gpuipc-example-" + example, args, env(), -1, 120s);
+    ProgramOutcome o = run_program(build_bin_dir() + "/gpuipc-example-" + example, args, env(), -1, 120s);
     std::printf("--- stdout\n%s--- stderr\n%s", o.out.c_str(), o.err.c_str());
     return o;
   }
   std::vector<std::string> env() const {
-    return {"GPUIPC_RUNTIME_DIR=" + m_dir.file("run"), "GPUIPC_LOG=warn", "GPUIPC_DAEMON=" + bin_dir() + "/gpuipcd"};
+    return {"GPUIPC_RUNTIME_DIR=" + m_dir.file("run"), "GPUIPC_LOG=warn", "GPUIPC_DAEMON=" + build_bin_dir() + "/gpuipcd"};
   }
   /// What `gpuipc ls` lists in this test's broker.
-  std::string listed() { return run_program(bin_dir() + "/gpuipc", {"ls"}, env()).out; }
-  void TearDown() override { run_program(bin_dir() + "/gpuipc", {"daemon", "--stop"}, env()); }
+  std::string listed() { return run_program(build_bin_dir() + "/gpuipc", {"ls"}, env()).out; }
+  void TearDown() override { run_program(build_bin_dir() + "/gpuipc", {"daemon", "--stop"}, env()); }
 
   TempDir m_dir{"gpuipc-examples"};
 };

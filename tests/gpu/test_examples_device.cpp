@@ -1,10 +1,7 @@
 // The C++ examples (examples/cpp) on GPUs, as a user runs them: each program in its device mode, with its own broker
 // (a private runtime directory; the examples start the gpuipcd installed beside them). Skips without a GPU.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <climits>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -14,17 +11,9 @@
 namespace gpuipc::test {
 namespace {
 
-/// The examples' folder: build/bin, found from this test's own path (build/tests), wherever the build tree is.
-std::string bin_dir() {
-  char buf[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  const std::filesystem::path self(std::string(buf, n > 0 ? static_cast<std::size_t>(n) : 0));
-  return (self.parent_path().parent_path() / "bin").string();
-}
-
 class ExamplesDevice : public ::testing::Test {
  protected:
-  std::string program(const std::string& example) const { return bin_dir() + "/gpuipc-example-" + example; }
+  std::string program(const std::string& example) const { return build_bin_dir() + "/gpuipc-example-" + example; }
   ProgramOutcome run(const std::string& example, const std::vector<std::string>& args) {
     // Within ctest's --timeout (300 s in scripts/gpu_check.sh): a hang fails here and prints what the example wrote.
     ProgramOutcome o = run_program(program(example), args, env(), -1, 240s);
@@ -32,9 +21,9 @@ class ExamplesDevice : public ::testing::Test {
     return o;
   }
   std::vector<std::string> env() const {
-    return {"GPUIPC_RUNTIME_DIR=" + m_dir.file("run"), "GPUIPC_LOG=warn", "GPUIPC_DAEMON=" + bin_dir() + "/gpuipcd"};
+    return {"GPUIPC_RUNTIME_DIR=" + m_dir.file("run"), "GPUIPC_LOG=warn", "GPUIPC_DAEMON=" + build_bin_dir() + "/gpuipcd"};
   }
-  void TearDown() override { run_program(bin_dir() + "/gpuipc", {"daemon", "--stop"}, env()); }
+  void TearDown() override { run_program(build_bin_dir() + "/gpuipc", {"daemon", "--stop"}, env()); }
 
   TempDir m_dir{"gpuipc-examples-gpu"};
 };

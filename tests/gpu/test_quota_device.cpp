@@ -48,8 +48,8 @@ std::uint64_t device_granularity() {
 class QuotaBroker {
  public:
   QuotaBroker(std::uint64_t bytes, std::uint64_t segments) {
+    const std::string daemon = build_bin_dir() + "/gpuipcd";
     m_pid = start_child([&] {
-      const std::string daemon = GPUIPC_BUILD_BIN_DIR "/gpuipcd";
       const std::string dir = "--runtime-dir=" + m_dir.path();
       const std::string quota_bytes = "--quota-bytes=" + std::to_string(bytes);
       const std::string quota_segments = "--quota-segments=" + std::to_string(segments);

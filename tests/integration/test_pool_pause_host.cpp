@@ -25,21 +25,6 @@ Pool make_pool(const std::string& name) {
                       {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 2 * kChunk, .max_blocks = 64});
 }
 
-std::uint8_t pattern(std::uint64_t seed, std::size_t i) { return static_cast<std::uint8_t>(seed * 131 + i * 7 + 1); }
-
-void fill(void* p, std::size_t n, std::uint64_t seed) {
-  auto* b = static_cast<std::uint8_t*>(p);
-  for (std::size_t i = 0; i < n; ++i) b[i] = pattern(seed, i);
-}
-
-bool check(const void* p, std::size_t n, std::uint64_t seed) {
-  const auto* b = static_cast<const std::uint8_t*>(p);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (b[i] != pattern(seed, i)) return false;
-  }
-  return true;
-}
-
 bool zeros(const void* p, std::size_t n) {
   const auto* b = static_cast<const std::uint8_t*>(p);
   for (std::size_t i = 0; i < n; ++i) {
@@ -69,8 +54,8 @@ TEST(PoolPauseHost, KeepContentsReleasesThePagesAndRestoresThemAtTheSameAddress)
   auto pool = make_pool(name);
   Block a = pool.allocate(100000);
   Block b = pool.allocate(kChunk);  // the pool's second chunk
-  fill(a.data(), a.size(), 1);
-  fill(b.data(), b.size(), 2);
+  fill_pattern(a.data(), a.size(), 1);
+  fill_pattern(b.data(), b.size(), 2);
   void* const pa = a.data();
   EXPECT_FALSE(pool.paused());
   pool.pause({.keep_contents = true});
@@ -97,8 +82,8 @@ TEST(PoolPauseHost, KeepContentsReleasesThePagesAndRestoresThemAtTheSameAddress)
   EXPECT_EQ(pool.stats().state, PoolState::Active);
   EXPECT_EQ(a.data(), pa);
   EXPECT_EQ(pool.resolve(a.ref()), pa) << "the pauser needs no refresh";
-  EXPECT_TRUE(check(pa, a.size(), 1));
-  EXPECT_TRUE(check(b.data(), b.size(), 2));
+  EXPECT_TRUE(holds_pattern(pa, a.size(), 1));
+  EXPECT_TRUE(holds_pattern(b.data(), b.size(), 2));
   EXPECT_TRUE(throws([&] { pool.resume(); }, ErrorCode::InvalidState, "not paused"));
   Block c = pool.allocate(1000);  // allocation works again
   EXPECT_TRUE(c);
@@ -113,13 +98,13 @@ TEST(PoolPauseHost, WithoutKeepContentsTheBlocksAreZerosAfterResume) {
   const auto name = unique_name("pause");
   auto pool = make_pool(name);
   Block a = pool.allocate(5000);
-  fill(a.data(), a.size(), 3);
+  fill_pattern(a.data(), a.size(), 3);
   pool.pause();
   pool.resume();
   EXPECT_EQ(pool.resolve(a.ref()), a.data());
   EXPECT_TRUE(zeros(a.data(), a.size()));
-  fill(a.data(), a.size(), 4);  // and the memory is writable again
-  EXPECT_TRUE(check(pool.resolve(a.ref()), a.size(), 4));
+  fill_pattern(a.data(), a.size(), 4);  // and the memory is writable again
+  EXPECT_TRUE(holds_pattern(pool.resolve(a.ref()), a.size(), 4));
   a = Block();
   pool = Pool();
   Pool::unlink(name);
@@ -129,7 +114,7 @@ TEST(PoolPauseHost, AReaderIsToldAndKeepsItsPointerAfterResumeAndRefresh) {
   const auto name = unique_name("pause");
   auto pool = make_pool(name);
   Block a = pool.allocate(64000);
-  fill(a.data(), a.size(), 5);
+  fill_pattern(a.data(), a.size(), 5);
   Shared<BlockRef> ref;
   ref[0] = a.ref();
   const pid_t me = ::getpid();
@@ -138,7 +123,7 @@ TEST(PoolPauseHost, AReaderIsToldAndKeepsItsPointerAfterResumeAndRefresh) {
     auto p = Pool::open(name);
     p.hold(ref[0]);
     void* const ptr = p.resolve(ref[0]);
-    GPUIPC_CHILD_CHECK(check(ptr, ref[0].size, 5));
+    GPUIPC_CHILD_CHECK(holds_pattern(ptr, ref[0].size, 5));
     mapped.notify();
     GPUIPC_CHILD_CHECK(paused.wait(10s));
     const std::string by = "paused by pid " + std::to_string(me);
@@ -153,7 +138,7 @@ TEST(PoolPauseHost, AReaderIsToldAndKeepsItsPointerAfterResumeAndRefresh) {
     GPUIPC_CHILD_CHECK(resumed.wait(10s));
     GPUIPC_CHILD_CHECK(!p.paused());
     GPUIPC_CHILD_CHECK(p.resolve(ref[0]) == ptr);  // refreshed while paused: valid again at once
-    GPUIPC_CHILD_CHECK(check(ptr, ref[0].size, 5));
+    GPUIPC_CHILD_CHECK(holds_pattern(ptr, ref[0].size, 5));
     p.release(ref[0]);
     return 0;
   });
@@ -173,7 +158,7 @@ TEST(PoolPauseHost, AReaderThatMappedBeforeThePauseMustRefreshAfterResume) {
   const auto name = unique_name("pause");
   auto pool = make_pool(name);
   Block a = pool.allocate(4096);
-  fill(a.data(), a.size(), 6);
+  fill_pattern(a.data(), a.size(), 6);
   Shared<BlockRef> ref;
   ref[0] = a.ref();
   SyncPipe mapped, cycled;
@@ -188,7 +173,7 @@ TEST(PoolPauseHost, AReaderThatMappedBeforeThePauseMustRefreshAfterResume) {
     GPUIPC_CHILD_CHECK(throws([&] { p.allocate(16); }, ErrorCode::InvalidState, "refresh()"));
     p.refresh();
     GPUIPC_CHILD_CHECK(p.resolve(ref[0]) == ptr);
-    GPUIPC_CHILD_CHECK(check(ptr, ref[0].size, 6));
+    GPUIPC_CHILD_CHECK(holds_pattern(ptr, ref[0].size, 6));
     Block own = p.allocate(16);
     GPUIPC_CHILD_CHECK(own);
     return 0;
@@ -222,7 +207,7 @@ TEST(PoolPauseHost, APauserSigkilledWhilePausedLeavesItForAnyWriterToResume) {
   const auto name = unique_name("pause");
   auto pool = make_pool(name);
   Block a = pool.allocate(8192);
-  fill(a.data(), a.size(), 7);
+  fill_pattern(a.data(), a.size(), 7);
   void* const pa = a.data();
   SyncPipe paused;
   const pid_t pauser = start_child([&] {

@@ -28,21 +28,6 @@ Pool one_chunk_pool(const std::string& name) {
   return Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = kChunk, .max_blocks = 64});
 }
 
-std::uint8_t pattern(std::uint64_t seed, std::size_t i) { return static_cast<std::uint8_t>(seed * 131 + i * 7 + 1); }
-
-void fill(void* p, std::size_t n, std::uint64_t seed) {
-  auto* b = static_cast<std::uint8_t*>(p);
-  for (std::size_t i = 0; i < n; ++i) b[i] = pattern(seed, i);
-}
-
-bool check(const void* p, std::size_t n, std::uint64_t seed) {
-  const auto* b = static_cast<const std::uint8_t*>(p);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (b[i] != pattern(seed, i)) return false;
-  }
-  return true;
-}
-
 /// Whether `code` runs into Error with `expected` and a message containing `needle`.
 template <typename F>
 ::testing::AssertionResult throws(F&& code, ErrorCode expected, const std::string& needle) {
@@ -62,17 +47,17 @@ TEST(PoolsHost, AllocateInAResolveInBReuseOnlyAfterBReleased) {
   const auto name = unique_name("pool");
   auto pool = one_chunk_pool(name);
   Block block = pool.allocate(kChunk);
-  fill(block.data(), block.size(), 42);
+  fill_pattern(block.data(), block.size(), 42);
   Shared<BlockRef> ref;
   ref[0] = block.ref();
   SyncPipe holding, freed, released;
   const pid_t b = start_child([&] {
     auto p = Pool::open(name);
     p.hold(ref[0]);
-    GPUIPC_CHILD_CHECK(check(p.resolve(ref[0]), ref[0].size, 42));
+    GPUIPC_CHILD_CHECK(holds_pattern(p.resolve(ref[0]), ref[0].size, 42));
     holding.notify();
     GPUIPC_CHILD_CHECK(freed.wait(10s));
-    GPUIPC_CHILD_CHECK(check(p.resolve(ref[0]), ref[0].size, 42));  // still ours after A freed it
+    GPUIPC_CHILD_CHECK(holds_pattern(p.resolve(ref[0]), ref[0].size, 42));  // still ours after A freed it
     p.release(ref[0]);
     released.notify();
     return 0;
@@ -151,7 +136,7 @@ TEST(PoolsHost, FourProcessesTenSecondsNoOverlapCheckedByContent) {
         Block b;
         const std::uint64_t seed = (static_cast<std::uint64_t>(id) << 40) | ++seq;
         if (p.try_allocate(1 + next() % 20000, 64, b) == Status::Ok) {
-          fill(b.data(), b.size(), seed);
+          fill_pattern(b.data(), b.size(), seed);
           auto& post = posted[id];
           post.seq.fetch_add(1);
           post.ref = b.ref();
@@ -168,7 +153,7 @@ TEST(PoolsHost, FourProcessesTenSecondsNoOverlapCheckedByContent) {
         if (s0 % 2 == 0 && other.seq.load() == s0 && r.generation != 0) {
           try {
             p.hold(r);
-            if (!check(p.resolve(r), r.size, theirs)) stats[id * 3 + 2].fetch_add(1);
+            if (!holds_pattern(p.resolve(r), r.size, theirs)) stats[id * 3 + 2].fetch_add(1);
             p.release(r);
             stats[id * 3 + 1].fetch_add(1);
           } catch (const Error& e) {
@@ -177,12 +162,12 @@ TEST(PoolsHost, FourProcessesTenSecondsNoOverlapCheckedByContent) {
         }
         if (mine.size() > 8 || (b.size() == 0 && !mine.empty())) {
           const std::size_t k = next() % mine.size();
-          if (!check(mine[k].first.data(), mine[k].first.size(), mine[k].second)) stats[id * 3 + 2].fetch_add(1);
+          if (!holds_pattern(mine[k].first.data(), mine[k].first.size(), mine[k].second)) stats[id * 3 + 2].fetch_add(1);
           p.free(std::move(mine[k].first));
           mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(k));
         }
       }
-      for (auto& [b, seed] : mine) GPUIPC_CHILD_CHECK(check(b.data(), b.size(), seed));
+      for (auto& [b, seed] : mine) GPUIPC_CHILD_CHECK(holds_pattern(b.data(), b.size(), seed));
       return 0;
     }));
   }
@@ -256,7 +241,7 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   std::vector<Block> blocks;
   for (int i = 0; i < 3; ++i) {
     blocks.push_back(pool.allocate(kChunk));
-    fill(blocks.back().data(), kChunk, i);
+    fill_pattern(blocks.back().data(), kChunk, i);
   }
   EXPECT_EQ(pool.stats().chunks, 3U);
   EXPECT_EQ(blocks[2].ref().chunk, 2U);
@@ -265,7 +250,7 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   for (int i = 0; i < 3; ++i) refs[i] = blocks[i].ref();
   EXPECT_EQ(run_child([&] {
               auto p = Pool::open(name, {.access = Access::ReadOnly});
-              for (int i = 2; i >= 0; --i) GPUIPC_CHILD_CHECK(check(p.resolve(refs[i]), kChunk, i));
+              for (int i = 2; i >= 0; --i) GPUIPC_CHILD_CHECK(holds_pattern(p.resolve(refs[i]), kChunk, i));
               // The best of 100 batches of 100 (robust to a loaded machine): cache hits, no broker round trip.
               auto best = std::chrono::steady_clock::duration::max();
               for (int batch = 0; batch < 100; ++batch) {

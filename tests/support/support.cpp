@@ -22,6 +22,8 @@ extern char** environ;
 #include <stdexcept>
 #include <system_error>
 
+#include "os/process.hpp"
+
 namespace gpuipc::test {
 namespace {
 
@@ -361,6 +363,25 @@ pid_t start_program(const std::string& program, const std::vector<std::string>& 
   ::close(log);
   if (pid < 0) throw std::runtime_error("fork");
   return pid;
+}
+
+std::string build_bin_dir() {
+  return (std::filesystem::path(os::self_exe_path()).parent_path().parent_path() / "bin").string();
+}
+
+std::uint8_t pattern_byte(std::uint64_t seed, std::size_t i) { return static_cast<std::uint8_t>(seed * 131 + i * 7 + 1); }
+
+void fill_pattern(void* p, std::size_t n, std::uint64_t seed) {
+  auto* b = static_cast<std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; ++i) b[i] = pattern_byte(seed, i);
+}
+
+bool holds_pattern(const void* p, std::size_t n, std::uint64_t seed) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (b[i] != pattern_byte(seed, i)) return false;
+  }
+  return true;
 }
 
 }  // namespace gpuipc::test

@@ -156,6 +156,17 @@ std::optional<std::string> read_file(const std::string& path);
 /// Creates or replaces a file with `content`; throws std::runtime_error on failure.
 void write_file(const std::string& path, std::string_view content);
 
+/// This build's bin/ folder (the programs: gpuipcd, gpuipc, the examples), found from the running test's own path
+/// (<build>/tests/<test>), so that a build tree moved to another folder (the GPU machine) still finds it.
+std::string build_bin_dir();
+
+/// Byte i of the test pattern `seed` (distinct seeds give distinct contents).
+std::uint8_t pattern_byte(std::uint64_t seed, std::size_t i);
+/// Fills `n` bytes at `p` with pattern `seed`.
+void fill_pattern(void* p, std::size_t n, std::uint64_t seed);
+/// Whether the `n` bytes at `p` hold pattern `seed`.
+bool holds_pattern(const void* p, std::size_t n, std::uint64_t seed);
+
 /// What run_program saw.
 struct ProgramOutcome {
   int exit_code = -1;  ///< as wait_child reports it (128 + signal; kChildTimedOut)
