@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
-#include <sstream>
 #include <thread>
 
 #include "base/config.hpp"
@@ -107,15 +106,7 @@ std::string BrokerClient::find_daemon() {
       if (os::is_executable(p)) return std::filesystem::weakly_canonical(p).string();
     }
   }
-  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): nothing in gpuipc calls setenv
-  if (path != nullptr) {
-    std::stringstream ss(path);
-    std::string d;
-    while (std::getline(ss, d, ':')) {
-      if (!d.empty() && os::is_executable(d + "/gpuipcd")) return d + "/gpuipcd";
-    }
-  }
-  return {};
+  return os::find_in_path("gpuipcd");
 }
 
 void BrokerClient::connect_locked() {

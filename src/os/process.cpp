@@ -24,6 +24,8 @@
 #include <ctime>
 
 #include "base/errors.hpp"
+#include "os/memfd.hpp"
+#include "os/module.hpp"
 #include "os/socket.hpp"
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -429,15 +431,16 @@ void replace_file(const std::string& path, std::string_view text, unsigned mode)
 
 std::string find_in_path(const std::string& program) {
   if (program.empty()) return {};
-  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0 ? program : std::string();
-  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): read only
+  if (program.find('/') != std::string::npos) return is_executable(program) ? program : std::string();
+  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): nothing in gpuipc calls setenv
   std::string_view rest = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
   while (!rest.empty()) {
     const std::size_t colon = rest.find(':');
     const std::string_view dir = rest.substr(0, colon);
     rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
-    const std::string candidate = fmt::format("{}/{}", dir.empty() ? "." : dir, program);
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (dir.empty()) continue;  // never the current folder by accident
+    std::string candidate = fmt::format("{}/{}", dir, program);
+    if (is_executable(candidate)) return candidate;
   }
   return {};
 }
@@ -465,30 +468,31 @@ CapturedRun run_captured(const std::vector<std::string>& argv, const std::vector
   for (const std::string& x : env) envp.push_back(const_cast<char*>(x.c_str()));
   envp.push_back(nullptr);
 
-  int in_fds[2] = {-1, -1};
+  // stdin: a memfd holding `input` (no pipe to feed, so neither a SIGPIPE nor a full pipe to handle).
+  UniqueFd in = memfd_create("run_captured stdin", 0);
+  for (std::size_t done = 0; done < input.size();) {
+    const ssize_t n = ::write(in.get(), input.data() + done, input.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw_system("write", "stdin of " + program);
+    done += static_cast<std::size_t>(n);
+  }
+  if (::lseek(in.get(), 0, SEEK_SET) != 0) throw_system("lseek", "stdin of " + program);
   int out_fds[2] = {-1, -1};
-  if (::pipe2(in_fds, O_CLOEXEC) != 0) throw_system("pipe2", "stdin of " + program);
-  UniqueFd in_read(in_fds[0]), in_write(in_fds[1]);
   if (::pipe2(out_fds, O_CLOEXEC) != 0) throw_system("pipe2", "output of " + program);
   UniqueFd out_read(out_fds[0]), out_write(out_fds[1]);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in_read.get(), 0);
+  posix_spawn_file_actions_adddup2(&actions, in.get(), 0);
   posix_spawn_file_actions_adddup2(&actions, out_write.get(), 1);
   posix_spawn_file_actions_adddup2(&actions, out_write.get(), 2);
   pid_t pid = -1;
   const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw Error(ErrorCode::System, fmt::format("cannot start {}: {}", program, std::strerror(rc)), "posix_spawn", rc);
-  in_read.reset();
-  out_write.reset();
-  // A small input fits the pipe; a program that does not read it only loses it (SIGPIPE is not ours to take).
-  if (!input.empty()) {
-    const ::sighandler_t previous = ::signal(SIGPIPE, SIG_IGN);
-    [[maybe_unused]] const ssize_t n = ::write(in_write.get(), input.data(), input.size());
-    ::signal(SIGPIPE, previous);
+  if (rc != 0) {
+    throw Error(ErrorCode::System, fmt::format("cannot start {}: {}", program, std::strerror(rc)), "posix_spawn", rc);
   }
-  in_write.reset();
+  in.reset();
+  out_write.reset();
   CapturedRun run;
   const std::int64_t deadline = monotonic_ns() + std::chrono::nanoseconds(timeout).count();
   // Read until the program has exited and its output is drained. Not until EOF: a program that starts a daemon

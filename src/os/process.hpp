@@ -92,7 +92,8 @@ struct CapturedRun {
 CapturedRun run_captured(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                          std::string_view input, std::chrono::milliseconds timeout);
 
-/// Where `program` is found in PATH (or `program` itself when it holds a '/' and is executable); empty if nowhere.
+/// Where `program` is found in PATH, empty entries skipped (or `program` itself when it holds a '/'), as an
+/// executable regular file; empty if nowhere.
 std::string find_in_path(const std::string& program);
 
 }  // namespace gpuipc::os
