@@ -469,7 +469,7 @@ CapturedRun run_captured(const std::vector<std::string>& argv, const std::vector
   envp.push_back(nullptr);
 
   // stdin: a memfd holding `input` (no pipe to feed, so neither a SIGPIPE nor a full pipe to handle).
-  UniqueFd in = memfd_create("run_captured stdin", 0);
+  UniqueFd in = above_stdio(memfd_create("run_captured stdin", 0), "stdin memfd");
   for (std::size_t done = 0; done < input.size();) {
     const ssize_t n = ::write(in.get(), input.data() + done, input.size() - done);
     if (n < 0 && errno == EINTR) continue;
@@ -479,58 +479,78 @@ CapturedRun run_captured(const std::vector<std::string>& argv, const std::vector
   if (::lseek(in.get(), 0, SEEK_SET) != 0) throw_system("lseek", "stdin of " + program);
   int out_fds[2] = {-1, -1};
   if (::pipe2(out_fds, O_CLOEXEC) != 0) throw_system("pipe2", "output of " + program);
-  UniqueFd out_read(out_fds[0]), out_write(out_fds[1]);
+  UniqueFd out_read(out_fds[0]);
+  UniqueFd out_write = above_stdio(UniqueFd(out_fds[1]), "output pipe");
+  // The program starts with no signal blocked and every signal at its default, whatever this process does with
+  // them (it may start a daemon: nvidia-cuda-mps-control -d).
   posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in.get(), 0);
-  posix_spawn_file_actions_adddup2(&actions, out_write.get(), 1);
-  posix_spawn_file_actions_adddup2(&actions, out_write.get(), 2);
+  posix_spawnattr_t attr;
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  int rc = posix_spawn_file_actions_init(&actions);
+  if (rc == 0) {
+    rc = posix_spawnattr_init(&attr);
+    if (rc != 0) posix_spawn_file_actions_destroy(&actions);
+  }
+  if (rc != 0) throw Error(ErrorCode::System, "posix_spawn: out of memory", "posix_spawn", rc);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, args.data(), envp.data());
+  for (const int r : {posix_spawn_file_actions_adddup2(&actions, in.get(), 0),
+                      posix_spawn_file_actions_adddup2(&actions, out_write.get(), 1),
+                      posix_spawn_file_actions_adddup2(&actions, out_write.get(), 2),
+                      posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF),
+                      posix_spawnattr_setsigmask(&attr, &none), posix_spawnattr_setsigdefault(&attr, &all)}) {
+    if (rc == 0) rc = r;
+  }
+  if (rc == 0) rc = ::posix_spawn(&pid, program.c_str(), &actions, &attr, args.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     throw Error(ErrorCode::System, fmt::format("cannot start {}: {}", program, std::strerror(rc)), "posix_spawn", rc);
   }
   in.reset();
   out_write.reset();
+
+  // Read until the program has exited and its output is drained, not until EOF: a program that starts a daemon
+  // may leave it holding the pipe. Everything, draining included, within `timeout`.
   CapturedRun run;
   const std::int64_t deadline = monotonic_ns() + std::chrono::nanoseconds(timeout).count();
-  // Read until the program has exited and its output is drained. Not until EOF: a program that starts a daemon
-  // (nvidia-cuda-mps-control -d) may leave it holding the pipe.
-  bool open_pipe = true;
   int status = 0;
   bool exited = false;
-  for (;;) {
+  bool known = true;  // false when waitpid could not say how it ended
+  for (bool open_pipe = true;;) {
     if (!exited) {
       const pid_t w = ::waitpid(pid, &status, WNOHANG);
+      if (w < 0 && errno != EINTR) known = false;
       exited = w == pid || (w < 0 && errno != EINTR);
     }
-    if (!exited && monotonic_ns() >= deadline) {
-      ::kill(pid, SIGKILL);
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    if (monotonic_ns() >= deadline) {
+      if (!exited) {
+        ::kill(pid, SIGKILL);
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        run.exit_code = -1;
+        return run;
       }
-      run.exit_code = -1;
-      return run;
+      break;  // exited, and whatever still writes to the pipe is not its output
     }
     bool read_some = false;
-    if (open_pipe) {
-      pollfd p{out_read.get(), POLLIN, 0};
-      if (::poll(&p, 1, exited ? 0 : 20) > 0) {
-        char buf[4096];
-        const ssize_t got = ::read(out_read.get(), buf, sizeof buf);
-        if (got > 0) {
-          run.output.append(buf, static_cast<std::size_t>(got));
-          read_some = true;
-        } else if (got == 0 || errno != EINTR) {
-          open_pipe = false;  // EOF
-        }
+    pollfd p{out_read.get(), POLLIN, 0};
+    if (open_pipe && ::poll(&p, 1, exited ? 0 : 20) > 0) {
+      char buf[4096];
+      const ssize_t got = ::read(out_read.get(), buf, sizeof buf);
+      if (got > 0) {
+        run.output.append(buf, static_cast<std::size_t>(got));
+        read_some = true;
+      } else if (got == 0 || errno != EINTR) {
+        open_pipe = false;  // EOF
       }
     }
-    if (exited && (!open_pipe || !read_some)) break;
+    if (exited && !read_some) break;
   }
-  if (WIFEXITED(status)) {
+  if (known && WIFEXITED(status)) {
     run.exit_code = WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
+  } else if (known && WIFSIGNALED(status)) {
     run.exit_code = 128 + WTERMSIG(status);
   }
   return run;

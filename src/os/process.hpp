@@ -79,8 +79,9 @@ std::string self_exe_path();
 /// child has been reaped, so no zombie is left. Throws Error if the program cannot be started.
 void spawn_detached(const std::vector<std::string>& argv, const std::string& log_path);
 
-/// What run_captured saw: the exit code (128 + the signal when one ended it, -1 when it was killed at the time
-/// limit) and everything it wrote to stdout and stderr, in order.
+/// What run_captured saw: the exit code (128 + the signal when one ended it; -1 when it was killed at the time
+/// limit, or waitpid could not say how it ended, as when SIGCHLD is ignored) and everything it wrote to stdout and
+/// stderr, in order.
 struct CapturedRun {
   int exit_code = -1;
   std::string output;

@@ -220,6 +220,49 @@ TEST(OsProcess, EnsurePrivateDirRefusesUnsafeDirectories) {
   }
 }
 
+TEST(OsProcess, RunCapturedFeedsInputSetsTheEnvironmentAndCollectsBothStreams) {
+  const os::CapturedRun r = os::run_captured({"sh", "-c", "cat; echo \"$GPUIPC_T\" >&2; exit 3"},
+                                             {"GPUIPC_T=replaced", "HOME=/nowhere"}, "from stdin\n", 10s);
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.output, "from stdin\nreplaced\n");
+  EXPECT_EQ(os::run_captured({"sh", "-c", "echo $HOME"}, {"HOME=/nowhere"}, {}, 10s).output, "/nowhere\n");
+  // A program that never reads its input does not block or kill the caller.
+  EXPECT_EQ(os::run_captured({"true"}, {}, std::string(1 << 20, 'x'), 10s).exit_code, 0);
+}
+
+TEST(OsProcess, RunCapturedKillsAtTheLimitAndSaysWhatIsMissing) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(os::run_captured({"sleep", "30"}, {}, {}, 200ms).exit_code, -1);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_EQ(os::run_captured({"sh", "-c", "kill -9 $$"}, {}, {}, 10s).exit_code, 128 + SIGKILL);
+  try {
+    (void)os::run_captured({"gpuipc-no-such-program"}, {}, {}, 10s);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound);
+    EXPECT_NE(std::string(e.what()).find("gpuipc-no-such-program is not on PATH"), std::string::npos);
+  }
+}
+
+TEST(OsProcess, FindInPathTakesExecutableFilesOnlyAndNeverTheCurrentFolder) {
+  EXPECT_FALSE(os::find_in_path("sh").empty());
+  EXPECT_EQ(os::find_in_path("gpuipc-no-such-program"), "");
+  EXPECT_EQ(os::find_in_path("/"), "");  // a folder is not a program
+  test::TempDir dir;
+  test::write_file(dir.file("prog"), "#!/bin/sh\n");
+  ASSERT_EQ(::chmod(dir.file("prog").c_str(), 0700), 0);
+  EXPECT_EQ(os::find_in_path(dir.file("prog")), dir.file("prog"));
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  ASSERT_EQ(::chdir(dir.path().c_str()), 0);
+  const char* old = std::getenv("PATH");
+  const std::string saved = old != nullptr ? old : "";
+  ::setenv("PATH", ":/nonexistent", 1);  // an empty entry: not "."
+  EXPECT_EQ(os::find_in_path("prog"), "");
+  ::setenv("PATH", saved.c_str(), 1);
+  ASSERT_EQ(::chdir(cwd), 0);
+}
+
 TEST(OsProcess, MonotonicClockAndSelfExe) {
   const std::int64_t a = os::monotonic_ns();
   std::this_thread::sleep_for(10ms);
