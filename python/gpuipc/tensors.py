@@ -390,8 +390,9 @@ def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment,
 
 
 class _FastPlan:
-    """Which storages hold exactly one tensor that fills them (Pool.tensors_of makes those): for each storage, the
-    tensor's index and its layout ((code, bits, lanes), typestr, shape, strides, 0), or None."""
+    """Which storages hold exactly one tensor, at their start (Pool.tensors_of makes those, each a storage of its
+    own holding the tensor's bytes): for each storage, the tensor's index and its layout ((code, bits, lanes),
+    typestr, shape, strides, 0), or None. An adopted block may be larger than its tensor (the allocator rounds)."""
 
     def __init__(self, tensors: List[Dict[str, Any]], storages: List[Dict[str, Any]]) -> None:
         users = [0] * len(storages)
@@ -409,7 +410,7 @@ class _FastPlan:
             if dl is None or any(x <= 0 for x in shape) or any(x < 0 for x in strides):
                 continue
             extent = (1 + sum((n - 1) * st for n, st in zip(shape, strides))) * ((dl[0][1] * dl[0][2] + 7) // 8)
-            if extent == storages[s]["nbytes"]:
+            if extent <= storages[s]["nbytes"]:
                 self.layout[s] = (dl[0], dl[1], list(shape), list(strides), 0)
                 self.tensor_of[s] = i
 
@@ -458,10 +459,10 @@ class _Opened:
         return build(self.index.tensors, self.views(raw, dlpack=torch is not None), readonly)
 
     def torch_tensors(self, torch: Any, raw: bytes) -> Dict[str, Any]:
-        """torch tensors over the slot's raw refs. A tensor that fills its storage alone (no other tensor on it,
-        offset 0, its extent the storage's bytes: every parameter of a MemPool-built dict but tied ones) is one
-        DLPack import of a capsule typed in C++ (Pool.tensors_of), its storage exactly the shared one. The others
-        go through build_torch: one import per chunk, a storage slice per storage, a set_ per tensor."""
+        """torch tensors over the slot's raw refs. A tensor alone on its storage, at its start (every parameter of
+        a MemPool-built dict but tied ones) is one DLPack import of a capsule typed in C++ (Pool.tensors_of); its
+        torch storage holds its own bytes. The others go through build_torch: one import per chunk, a storage slice
+        per storage, a set_ per tensor, so that tensors sharing a storage share one here too."""
         plan = self._plan
         if plan is None:
             plan = self._plan = _FastPlan(self.index.tensors, self.index.storages)

@@ -3,6 +3,7 @@ storage), read-only views, tensors already in pool memory shared by ref, errors.
 
 from __future__ import annotations
 
+import contextlib
 import numpy as np
 import pytest
 
@@ -150,7 +151,43 @@ def test_nothing_left_after_views_go(name):
     assert _gpuipc._live_objects() == base
 
 
-def test_torch_cpu_layout_shared_storage_and_holds(name):
+@contextlib.contextmanager
+def _slow_path_names(monkeypatch):
+    """The names of the tensors open_tensors makes through build_torch (storage slices and set_) while inside."""
+    from gpuipc import tensors
+
+    names: set = set()
+    real = tensors.build_torch
+
+    def recording(torch, records, *args):
+        names.update(t["name"] for t in records)
+        return real(torch, records, *args)
+
+    monkeypatch.setattr(tensors, "build_torch", recording)
+    yield names
+    monkeypatch.setattr(tensors, "build_torch", real)
+
+
+def test_torch_tensor_in_an_adopted_block_larger_than_itself_is_one_typed_import(name, monkeypatch):
+    """A torch tensor born in a pool block (as gpuipc.torch.MemPool's are) is shared by ref; the block is larger than
+    the tensor (the allocator rounds), and the opened tensor is still one typed import, over the owner's bytes."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    with gpuipc.Pool.create(name + "-user", chunk_bytes=1 << 20) as pool:
+        blk = pool.allocate(1000)
+        w = torch.from_dlpack(blk.view()).view(torch.float32)[:200].reshape(10, 20)  # 800 of the block's bytes
+        w[:] = 3.0
+        with gpuipc.share_tensors(name, {"w": w}) as shared, _slow_path_names(monkeypatch) as slow:
+            assert shared.pool is None  # shared by ref, not copied
+            got = gpuipc.open_tensors(name, readonly=False)
+            assert slow == set()
+            assert got["w"].shape == (10, 20) and got["w"].stride() == (20, 1) and got["w"].untyped_storage().nbytes() == 800
+            w[0, 0] = 42.0  # the owner's bytes, no copy
+            assert got["w"][0, 0].item() == 42.0 and torch.equal(got["w"][1:], w[1:])
+            del got
+        blk.free()
+
+
+def test_torch_cpu_layout_shared_storage_and_holds(name, monkeypatch):
     """torch tensors (host memory): a tensor alone on its storage is one typed DLPack import (h, w, s), the others
     come from one import per chunk, a storage slice per storage and a set_ per tensor; dtype, shape, strides,
     storage offset, storage size and shared storage kept, and the blocks held until the last view goes."""
@@ -166,8 +203,9 @@ def test_torch_cpu_layout_shared_storage_and_holds(name):
         "w": torch.arange(12, dtype=torch.float64).reshape(3, 4).t(),  # alone, not contiguous
         "s": torch.tensor(7, dtype=torch.int16),  # alone, no dimensions
     }
-    with gpuipc.share_tensors(name, state):
+    with gpuipc.share_tensors(name, state), _slow_path_names(monkeypatch) as slow:
         got = gpuipc.open_tensors(name, readonly=False)  # writable: the test writes through a view below
+    assert slow == {"a", "t", "o", "i", "e"}  # h, w and s came from typed imports
     for k, want in state.items():
         t = got[k]
         assert (t.dtype, tuple(t.shape), t.stride()) == (want.dtype, tuple(want.shape), want.stride()), k
