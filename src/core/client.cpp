@@ -245,11 +245,8 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
     }
     if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) {
       // request_id 0: the broker is closing this connection (it could not parse what we sent).
-      if (err->code == 0 || err->code > static_cast<std::uint8_t>(ErrorCode::Protocol)) {
-        throw Error(ErrorCode::Protocol, err->message, "broker");
-      }
       if (reply.msg.request_id == 0) m_sock.reset();
-      throw Error(static_cast<ErrorCode>(err->code), err->message, "broker", err->sys_errno);
+      throw error_from_reply(*err, "broker");
     }
     if (reply.msg.request_id != msg.request_id) {
       m_sock.reset();
@@ -286,6 +283,10 @@ Reply BrokerClient::request(const proto::Body& body, std::span<const int> fds, s
       throw;
     }
   }
+}
+
+Error error_from_reply(const proto::ErrorReply& reply, const char* call) {
+  return Error(static_cast<ErrorCode>(reply.code), reply.message, call, reply.sys_errno);
 }
 
 }  // namespace gpuipc::core

@@ -14,6 +14,7 @@
 #include "os/fd.hpp"
 #include "os/memfd.hpp"
 #include "proto/status_page.hpp"
+#include "gpuipc/error.hpp"
 #include "proto/messages.hpp"
 
 namespace gpuipc::core {
@@ -96,5 +97,9 @@ class BrokerClient {
   std::string m_broker_version;
   bool m_connected_once = false;  // a later connect is a reconnection: names and memberships are given back
 };
+
+/// The Error a broker's ErrorReply stands for, raised by `call` (proto::decode has checked that its code is an
+/// ErrorCode).
+Error error_from_reply(const proto::ErrorReply& reply, const char* call);
 
 }  // namespace gpuipc::core

@@ -163,10 +163,7 @@ struct Watcher::Impl {
         continue;
       }
       if (const auto* err = std::get_if<proto::ErrorReply>(&r.body)) {
-        const auto code = err->code == 0 || err->code > static_cast<std::uint8_t>(ErrorCode::Protocol)
-                              ? ErrorCode::Protocol
-                              : static_cast<ErrorCode>(err->code);
-        throw Error(code, err->message, call, err->sys_errno);
+        throw core::error_from_reply(*err, call);
       }
       return r;
     }
