@@ -119,7 +119,11 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
     seg.watchers.erase(conn);
     if (seg.refs.count(conn) != 0) {
       // A connection that goes while holding references: its process exited or was killed without closing them.
-      if (out != nullptr && repair) notify(seg, proto::EventKind::Died, holder_of(seg, conn), conn, *out);
+      if (out != nullptr && repair) {
+        auto gone = holder_of(seg, conn);
+        gone.references = 0;  // as Left: the holder after the change
+        notify(seg, proto::EventKind::Died, gone, conn, *out);
+      }
       seg.refs.erase(conn);
       seg.beats.erase(conn);
       if (repair) {
@@ -495,6 +499,9 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
   }
   const std::uint64_t id = seg.id;
   seg.name.clear();
+  // Heartbeats and watches go by name: a name that is gone takes no heartbeat, so the deadlines set under it must
+  // not expire into Hung events about processes that are alive.
+  seg.beats.clear();
   m_names.erase(it);
   m_journal.unlinked(req.name);
   bump_names_generation();
@@ -570,6 +577,9 @@ void Registry::maybe_destroy(std::uint64_t id) {
   if (auto b = m_bytes_per_uid.find(owner); b != m_bytes_per_uid.end()) {
     b->second -= std::min(b->second, it->second.size);
     if (b->second == 0) m_bytes_per_uid.erase(b);
+  }
+  for (const ConnId w : it->second.watchers) {
+    if (auto c = m_connections.find(w); c != m_connections.end()) c->second.watching.erase(id);
   }
   m_segments.erase(it);
 }

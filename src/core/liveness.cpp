@@ -9,7 +9,9 @@
 #include "base/config.hpp"
 #include "core/client.hpp"
 #include "cuda/trace.hpp"
+#include "os/epoll.hpp"
 #include "os/module.hpp"
+#include "os/process.hpp"
 #include "os/socket.hpp"
 #include "proto/messages.hpp"
 #include "proto/shm.hpp"
@@ -118,6 +120,10 @@ struct Watcher::Impl {
   os::UniqueFd sock;
   std::uint32_t next_request = 1;
   std::deque<WatchEvent> queued;  // events that arrived while waiting for a reply
+  // fd(): an epoll of the socket and of an eventfd that is set while `queued` holds events, so that it polls
+  // readable for events already read off the socket (by add(), waiting for its reply) as for those still on it.
+  os::UniqueFd queued_fd = os::event_fd();
+  os::Epoll poller;
   std::vector<std::byte> buffer = std::vector<std::byte>(proto::kMaxMessageSize);
 
   /// Receives one message, waiting at most `timeout_ms` (negative: forever). False on timeout.
@@ -144,6 +150,7 @@ struct Watcher::Impl {
     w.holder = holder_of(e.holder);
     w.unix_ns = e.unix_ns;
     queued.push_back(std::move(w));
+    if (queued.size() == 1) os::event_fd_signal(queued_fd.get());
   }
 
   /// Sends `body` and waits for its reply, queueing events that come first.
@@ -182,6 +189,8 @@ Watcher Watcher::watch(std::string_view name) {
   (void)holders(n);
   auto impl = std::make_unique<Impl>();
   impl->sock = os::connect_seqpacket(config::socket_path(), connect_timeout());
+  impl->poller.add(impl->sock.get(), EPOLLIN, 0);
+  impl->poller.add(impl->queued_fd.get(), EPOLLIN, 1);
   proto::Hello hello;
   hello.pid = static_cast<std::uint32_t>(os::current_pid());
   hello.client_name = "gpuipc-watch";
@@ -218,9 +227,10 @@ std::optional<WatchEvent> Watcher::next(std::chrono::nanoseconds timeout) {
   }
   WatchEvent e = std::move(m_impl->queued.front());
   m_impl->queued.pop_front();
+  if (m_impl->queued.empty()) os::event_fd_drain(m_impl->queued_fd.get());
   return e;
 }
 
-int Watcher::fd() const noexcept { return m_impl ? m_impl->sock.get() : -1; }
+int Watcher::fd() const noexcept { return m_impl ? m_impl->poller.fd() : -1; }
 
 }  // namespace gpuipc

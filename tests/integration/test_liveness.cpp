@@ -151,6 +151,56 @@ TEST(Liveness, WatcherSeesJoinLeaveDeathAndAHungHeartbeat) {
   Segment::unlink(name);
 }
 
+TEST(Liveness, WatcherFdIsReadableForAnEventReadWhileAddWaitedForItsReply) {
+  const auto first = unique_name("livq");
+  const auto second = unique_name("livq2");
+  auto a = Segment::create(first, 4096, {.kind = SegmentKind::Host});
+  auto b = Segment::create(second, 4096, {.kind = SegmentKind::Host});
+  auto w = Watcher::watch(first);
+  SyncPipe done;
+  const pid_t visitor = start_child([&] {
+    auto s = Segment::open(first);
+    GPUIPC_CHILD_CHECK(done.wait(10s));
+    return 0;
+  });
+  // The broker sent the Joined event before it answered this (one thread, in order): it waits on the socket.
+  ASSERT_TRUE(wait_until([&] { return holders(first).size() == 2; }, 5s));
+  w.add(second);  // reads that event off the socket while it waits for its reply, and queues it
+  pollfd p{w.fd(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 1);  // still readable: the event is there for next()
+  const auto e = w.next(0ns);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->event, LivenessEvent::Joined);
+  EXPECT_EQ(::poll(&p, 1, 0), 0);  // and no longer once it was taken
+  done.notify();
+  EXPECT_EQ(wait_child(visitor), 0);
+}
+
+TEST(Liveness, AHeartbeatUnderANameThatIsUnlinkedEndsWithoutAFalseHung) {
+  const auto name = unique_name("livu");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  auto w = Watcher::watch(name);
+  heartbeat(name, 100ms);
+  Segment::unlink(name);  // this process still holds it, alive: no more heartbeats can name it
+  const auto e = w.next(400ms);
+  EXPECT_FALSE(e.has_value()) << "event " << to_string(e->event);
+}
+
+TEST(Liveness, AWatcherGetsItsWatchSlotsBackWhenTheSegmentsAreFreed) {
+  const auto kept = unique_name("livk");
+  auto keep = Segment::create(kept, 4096, {.kind = SegmentKind::Host});
+  auto w = Watcher::watch(kept);
+  for (int round = 0; round < 2; ++round) {  // 2 x 40 names on one connection, at most 64 at a time
+    std::vector<std::string> names;
+    for (int i = 0; i < 40; ++i) {
+      names.push_back(unique_name("livs" + std::to_string(round * 100 + i)));
+      auto s = Segment::create(names.back(), 4096, {.kind = SegmentKind::Host});
+      ASSERT_NO_THROW(w.add(names.back())) << "round " << round << ", name " << i;
+      Segment::unlink(names.back());  // freed when `s` closes: the watch goes with it
+    }
+  }
+}
+
 TEST(Liveness, HeartbeatNeedsAReferenceAndASaneDeadline) {
   const auto name = unique_name("live");
   auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host});
