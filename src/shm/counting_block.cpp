@@ -1,5 +1,6 @@
 #include "shm/counting_block.hpp"
 
+#include "base/log.hpp"
 #include "shm/members.hpp"
 #include "shm/sync.hpp"
 
@@ -52,7 +53,9 @@ void complete(proto::CountingBlock& b, std::uint64_t state) noexcept {
   // Only onto the word the operation follows: a helper that read the intent and was then descheduled may find
   // the member's held word past `s` already (applied, and the member on to its next operation), and must not apply
   // the operation a second time (it did, before: TSan's timing showed it as more permits inside than exist).
-  while (next_seq(seq_of(h)) == s) {
+  // Bounded: completing is help, and a member that keeps rewriting its own word must not hold the helper (the
+  // broker, repairing) in this loop. Without such a member the word reaches `s` within a few tries.
+  for (int tries = 0; tries < 64 && next_seq(seq_of(h)) == s; ++tries) {
     const std::uint32_t cur = low_of(h);
     // Saturating: a member may have scribbled on its own words; the counts must not wrap.
     const std::uint32_t next = release ? (cur >= n ? cur - n : 0) : (cur + n < cur ? cur : cur + n);
@@ -175,9 +178,17 @@ bool counting_remove_member(proto::CountingBlock& b, std::uint32_t index, std::u
   // effect; one that was overwritten was completed by the overwriter).
   complete(b, atomic(b.state).load(std::memory_order_seq_cst));
   const std::uint32_t held = counting_held(b, index);
-  // Bounded: the broker must not loop forever on a block that members keep changing (or scribble on).
-  if (held > 0) (void)counting_apply(b, index, true, held, max_count, std::uint64_t{1} << 24);
-  counting_dequeue(b, index);
+  // Bounded: the broker must not loop for long on a block that members keep changing (or scribble on). Permits
+  // not given back then are lost to the semaphore; say so.
+  if (held > 0) {
+    const CountingResult r = counting_apply(b, index, true, held, max_count, std::uint64_t{1} << 12);
+    if (r != CountingResult::Done) {
+      GPUIPC_LOG_WARN("counting semaphore: the {} permits of removed member {} were not given back ({}: other "
+                      "members kept changing the block)",
+                      held, index, r == CountingResult::Contended ? "contended" : "its held word changed");
+    }
+  }
+  counting_dequeue(b, index, false);  // the one wake below serves both
   const bool cleared = clear_member(b.members, index, token);
   bump_and_wake(b.wake_seq, &b.sleepers);
   return cleared;
