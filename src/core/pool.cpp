@@ -535,9 +535,10 @@ void Pool::resume() {
     default:
       throw Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': cannot resume", im.name), "resume");
   }
+  const bool device = im.kind == SegmentKind::Device;
+  std::vector<std::uint32_t> made;  // device chunks this attempt backed with new memory
   try {
     const std::uint64_t epoch = im.block.pause_info().epoch;
-    const bool device = im.kind == SegmentKind::Device;
     std::lock_guard chunks_lock(im.chunks_mutex);
     std::optional<cuda::ScopedContext> scope;
     if (device) scope.emplace(im.ctx.get());
@@ -545,6 +546,7 @@ void Pool::resume() {
       if (device) {
         im.unmap_chunk_locked(c);  // a mapping of released memory (this process did not pause the pool)
         im.create_chunk_locked(c, epoch);
+        made.push_back(c);
       } else if (im.bases[c].load() != nullptr) {
         im.mapped_epoch[c].store(epoch);  // the memfd stayed; only its pages went
       }
@@ -559,6 +561,22 @@ void Pool::resume() {
       }
     }
   } catch (...) {
+    // Back to paused, so the new memory goes too (a paused pool holds none; a later resume makes it again).
+    try {
+      std::lock_guard chunks_lock(im.chunks_mutex);
+      std::optional<cuda::ScopedContext> scope;
+      if (device && !made.empty()) scope.emplace(im.ctx.get());
+      for (const std::uint32_t c : made) {
+        try {
+          Segment::unlink(chunk_name(im.name, c));
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::NotFound) throw;
+        }
+        im.unmap_chunk_locked(c);
+      }
+    } catch (const std::exception& e) {
+      GPUIPC_LOG_WARN("pool '{}': memory made by a failed resume stays until the next resume: {}", im.name, e.what());
+    }
     im.block.end_resume(im.member, false);
     throw;
   }
