@@ -2,6 +2,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "common.hpp"
 #include "gpuipc/liveness.hpp"
 
@@ -37,7 +40,9 @@ void bind_liveness(nb::module_& m) {
   m.def(
       "heartbeat",
       [](std::string_view name, double deadline) {
+        // (Bounded before the cast: a huge or infinite value must not overflow; the library says the real limit.)
         if (!(deadline >= 0)) throw Error(ErrorCode::InvalidArgument, "deadline must be >= 0 seconds", "heartbeat");
+        deadline = std::min(deadline, 1e9);
         const auto ms = std::chrono::milliseconds(static_cast<std::int64_t>(deadline * 1000.0 + 0.5));
         nb::gil_scoped_release unlocked;
         heartbeat(name, ms);

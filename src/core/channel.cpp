@@ -1,6 +1,5 @@
 #include "gpuipc/channel.hpp"
 
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -15,6 +14,7 @@
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
 #include "shm/channel_ring.hpp"
+#include "os/module.hpp"
 #include "proto/messages.hpp"
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
@@ -351,7 +351,7 @@ bool reclaim_orphan_buffers(std::string_view name) {
     if (e.code() != ErrorCode::NotFound) return false;
   }
   const SegmentInfo info = Segment::stat(slots_name(name));
-  if (info.references != 0 || info.owner_uid != ::getuid()) return false;
+  if (info.references != 0 || info.owner_uid != os::current_uid()) return false;
   Segment::unlink(slots_name(name));
   return true;
 }
