@@ -1,6 +1,5 @@
 #include "gpuipc/channel.hpp"
 
-
 #include <fmt/format.h>
 
 #include <algorithm>
