@@ -7,9 +7,10 @@ set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
 work=$(mktemp -d /tmp/gpuipc-install.XXXXXX)
-export GPUIPC_RUNTIME_DIR=$work/run
 cleanup() {
-  "$work/prefix/bin/gpuipc" daemon --stop >/dev/null 2>&1 || true
+  for dir in run-shared run-static run-pc; do
+    GPUIPC_RUNTIME_DIR=$work/$dir "$work/prefix/bin/gpuipc" daemon --stop >/dev/null 2>&1 || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -41,8 +42,16 @@ echo "exports: $(echo "$exports" | wc -l) symbols, all of the public API"
 
 cmake -S "$src/tests/package/consumer" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/cmake" >/dev/null
-"$work/cmake/consumer" "find_package, shared"
-"$work/cmake/consumer_static" "find_package, static"
+# Each run on a runtime directory of its own, so that it starts its own broker, with a PATH that holds no gpuipcd:
+# the shared library must find the prefix's (lib/../bin); a static program is told where it is.
+run() {  # run RUNTIME_SUBDIR PROGRAM ARGS...
+  local dir=$1
+  shift
+  GPUIPC_RUNTIME_DIR=$work/$dir PATH=/usr/bin:/bin "$@"
+  GPUIPC_RUNTIME_DIR=$work/$dir "$prefix/bin/gpuipc" daemon --stop >/dev/null
+}
+run run-shared "$work/cmake/consumer" "find_package, shared"
+run run-static env GPUIPC_DAEMON="$prefix/bin/gpuipcd" "$work/cmake/consumer_static" "find_package, static"
 loaded=$(ldd "$work/cmake/consumer")  # (not piped into grep -q: ldd's SIGPIPE would fail the pipeline)
 [[ "$loaded" == *"$libdir/libgpuipc.so"* ]] || { echo "consumer does not load $libdir's libgpuipc.so: $loaded" >&2; exit 1; }
 
@@ -50,4 +59,4 @@ export PKG_CONFIG_PATH=$libdir/pkgconfig
 # shellcheck disable=SC2046
 c++ -std=c++20 -o "$work/pc_consumer" "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs gpuipc) \
   -Wl,-rpath,"$(pkg-config --variable=libdir gpuipc)"
-"$work/pc_consumer" "pkg-config $(pkg-config --modversion gpuipc)"
+run run-pc "$work/pc_consumer" "pkg-config $(pkg-config --modversion gpuipc)"
