@@ -191,6 +191,8 @@ class Pool {
   PoolStats stats() const noexcept;
   const std::string& name() const noexcept;
   SegmentKind kind() const noexcept;
+  /// How this handle maps the chunks: ReadOnly for a pool opened read-only (its memory must not be written).
+  Access access() const noexcept;
   /// The pool's id (BlockRef::pool).
   std::uint64_t id() const noexcept;
   PoolMode pool_mode() const noexcept;

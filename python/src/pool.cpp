@@ -125,12 +125,14 @@ ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::u
     device_type = kDLCUDA;
     device_id = cuda::pointer_info(static_cast<CUdeviceptr>(address)).device;
   }
-  return ArrayView::bytes(std::move(owner), address, size, readonly, device_type, device_id);
+  return ArrayView::bytes(std::move(owner), address, size, readonly || pool.access() == Access::ReadOnly, device_type,
+                         device_id);
 }
 
 /// Bytes views of the blocks that `raw` (concatenated BlockRefs) names, each resolved and (with `hold`) held, the
 /// driver asked for the device once per chunk. Releases the GIL while it works.
 std::vector<ArrayView> held_views(Pool& pool, const nb::bytes& raw, bool readonly, bool hold, const char* call) {
+  readonly = readonly || pool.access() == Access::ReadOnly;  // a read-only mapping never gives a writable view
   const auto* data = static_cast<const std::byte*>(raw.data());
   const std::size_t n = ref_count(raw, call);
   std::vector<ArrayView> views;

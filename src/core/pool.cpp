@@ -611,6 +611,7 @@ const std::string& Pool::name() const noexcept {
   return m_impl ? m_impl->name : kEmpty;
 }
 SegmentKind Pool::kind() const noexcept { return m_impl ? m_impl->kind : SegmentKind::Host; }
+Access Pool::access() const noexcept { return m_impl ? m_impl->access : Access::ReadOnly; }
 std::uint64_t Pool::id() const noexcept { return m_impl ? m_impl->geo().pool_id : 0; }
 PoolMode Pool::pool_mode() const noexcept {
   return m_impl && m_impl->geo().mode == shm::PoolMode::Fixed ? PoolMode::Fixed : PoolMode::Variable;

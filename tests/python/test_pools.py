@@ -196,3 +196,20 @@ def test_torch_pause_without_a_mempool_says_so():
         gpuipc.torch.pause(7)
     with pytest.raises(gpuipc.InvalidState, match="no active MemPool"):
         gpuipc.torch.resume(7)
+
+
+def test_a_read_only_pool_never_gives_a_writable_view(name):
+    """Whatever readonly= a caller passes, views of a pool opened read-only are read-only (its chunks are mapped
+    PROT_READ: a writable view would crash the process at its first write)."""
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20) as pool, gpuipc.Pool.open(name, readonly=True) as reader:
+        blk = pool.allocate(4096)
+        raw = bytes(blk.ref)
+        views = [reader._pool.view(blk.ref._tuple(), False)] + list(reader._pool.views_of(raw, False, False, False))
+        views += list(reader._pool.spans_of(raw, False, False, False)[0])
+        for v in views:
+            arr = np.asarray(v)
+            assert not arr.flags.writeable
+            with pytest.raises(ValueError):
+                arr[0] = 1
+        del views, arr
+        blk.free()
