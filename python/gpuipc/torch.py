@@ -85,8 +85,22 @@ def MemPool(  # noqa: N802 - reads like the torch class it returns
     # torch_memory_saver's calls, on the pool object itself.
     pool.pause = lambda keep_contents=False: pause(device, keep_contents=keep_contents)  # type: ignore[attr-defined]
     pool.resume = lambda: resume(device)  # type: ignore[attr-defined]
-    pool.paused = lambda: paused(device)  # type: ignore[attr-defined]
+    pool.paused = _PausedQuery(device)  # type: ignore[attr-defined]
     return pool
+
+
+class _PausedQuery:
+    """``MemPool.paused``: a method (torch.cuda.MemPool takes no properties per instance), which refuses to be
+    read as a bool (``if pool.paused:`` would always be true) rather than answer wrongly."""
+
+    def __init__(self, device: int) -> None:
+        self._device = device
+
+    def __call__(self) -> bool:
+        return paused(self._device)
+
+    def __bool__(self) -> bool:
+        raise TypeError("MemPool.paused is a method: call pool.paused()")
 
 
 def pause(device: int = 0, *, keep_contents: bool = False) -> None:
