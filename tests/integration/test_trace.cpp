@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "gpuipc/channel.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
 #include "support/broker_env.hpp"
@@ -35,6 +36,17 @@ std::string record(const char* nvtx) {
       GPUIPC_CHILD_CHECK(sem.signal_host(1) == Status::Ok);
       GPUIPC_CHILD_CHECK(sem.wait_host(1, std::chrono::seconds(5)).status == Status::Ok);
       Semaphore::unlink(name + ".sem");
+      Channel in = Channel::create(name + ".ch", {.slots = 2, .slot_bytes = 64, .header_bytes = 0,
+                                                  .kind = SegmentKind::Host},
+                                   ChannelRole::Consumer);
+      Channel out = Channel::open(name + ".ch", ChannelRole::Producer);
+      std::uint64_t seq = 0;
+      const int value = 7;
+      GPUIPC_CHILD_CHECK(out.send(nullptr, &value, sizeof value, {}, std::chrono::seconds(5), seq) == Status::Ok);
+      MessageView m;
+      GPUIPC_CHILD_CHECK(in.receive(nullptr, std::chrono::seconds(5), m) == Status::Ok);
+      GPUIPC_CHILD_CHECK(in.release(nullptr) == Status::Ok);
+      Channel::unlink(name + ".ch");
     }
     void* recorder = ::dlopen(GPUIPC_NVTX_RECORDER, RTLD_LAZY | RTLD_NOLOAD);
     if (recorder == nullptr) return 0;  // NVTX never loaded it: nothing recorded
@@ -57,8 +69,9 @@ TEST(Trace, LibraryCallsAreNvtxRangesOfTheGpuipcDomainThatAProfilerSees) {
   const std::string log = record(nullptr);
   EXPECT_EQ(count(log, "domain gpuipc\n"), 1) << log;
   for (const char* call : {"gpuipc::Segment::open", "gpuipc::Semaphore::create", "gpuipc::Semaphore::signal_host",
-                           "gpuipc::Semaphore::wait_host"}) {
-    EXPECT_EQ(count(log, std::string("push ") + call + "\n"), 1) << call << " in:\n" << log;
+                           "gpuipc::Semaphore::wait_host", "gpuipc::Channel::create", "gpuipc::Channel::send",
+                           "gpuipc::Channel::receive", "gpuipc::Channel::release"}) {
+    EXPECT_GE(count(log, std::string("push ") + call + "\n"), 1) << call << " in:\n" << log;  // (channels open segments)
   }
   EXPECT_GE(count(log, "push gpuipc::Segment::create\n"), 1) << log;  // the semaphore's block is one too
   EXPECT_EQ(count(log, "push "), count(log, "pop\n")) << "every range is closed:\n" << log;
