@@ -19,19 +19,13 @@
 #include "os/process.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
+#include "support/gpu_worker.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
 namespace {
 
 const bool kRegistered = register_broker_environment();
-
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
-};
 
 struct Header {
   std::uint32_t producer;

@@ -15,6 +15,7 @@
 #include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
+#include "support/gpu_worker.hpp"
 #include "support/kill_storm.hpp"
 #include "support/support.hpp"
 
@@ -26,14 +27,6 @@ const bool kRegistered = register_broker_environment();
 /// 256 KiB a message: a fill kernel long enough that some kills land between publish and the `filled` write.
 constexpr std::size_t kPayload = 256 << 10;
 constexpr std::size_t kWords = kPayload / 4;
-
-/// A CUDA context on GPU 0 made current, a stream and the kernels: what each child needs.
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
-};
 
 /// The pattern seed of a message: its id, unique per message.
 std::uint64_t seed_of(const storm::Header& h) { return storm::message_id(h.producer, h.index); }

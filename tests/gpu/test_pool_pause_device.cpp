@@ -14,6 +14,7 @@
 #include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
+#include "support/gpu_worker.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
@@ -22,13 +23,6 @@ namespace {
 const bool kRegistered = register_broker_environment();
 
 constexpr std::size_t kChunk = 512ULL << 20;
-
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
-};
 
 CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 

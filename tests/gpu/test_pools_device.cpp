@@ -13,6 +13,7 @@
 #include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
+#include "support/gpu_worker.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
@@ -22,14 +23,6 @@ const bool kRegistered = register_broker_environment();
 
 constexpr std::size_t kChunk = 64ULL << 20;
 constexpr int kBlocks = 6;  // three per chunk: the pool grows to two chunks
-
-/// A CUDA context on GPU 0 made current, a stream and the kernels: what each child needs.
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
-};
 
 CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 

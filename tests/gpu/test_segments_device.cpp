@@ -10,6 +10,7 @@
 #include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
+#include "support/gpu_worker.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
@@ -19,14 +20,6 @@ const bool kRegistered = register_broker_environment();
 
 constexpr std::size_t kBytes = 64ULL << 20;
 constexpr std::size_t kWords = kBytes / 4;
-
-/// A CUDA context on GPU 0 made current, a stream and the kernels: what each child needs.
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
-};
 
 TEST(SegmentsDevice, DataWrittenByAIsReadByBAndBack) {
   GPUIPC_REQUIRE_GPU();

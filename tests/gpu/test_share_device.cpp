@@ -13,6 +13,7 @@
 #include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
+#include "support/gpu_worker.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
@@ -23,13 +24,6 @@ const bool kRegistered = register_broker_environment();
 constexpr std::size_t kBytes = 8ULL << 20;
 constexpr std::size_t kWords = kBytes / 4;
 constexpr std::size_t kOffset = 1ULL << 20;  // shared ranges start inside their allocation
-
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
-};
 
 /// VMM memory mapped in this process, exportable as a POSIX fd unless `handle_types` says otherwise.
 struct VmmBuffer {
