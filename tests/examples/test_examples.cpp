@@ -9,27 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "support/examples.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
 namespace {
 
-class Examples : public ::testing::Test {
- protected:
-  ProgramOutcome run(const std::string& example, const std::vector<std::string>& args) {
-    ProgramOutcome o = run_program(build_bin_dir() + "/gpuipc-example-" + example, args, env(), -1, 120s);
-    std::printf("--- stdout\n%s--- stderr\n%s", o.out.c_str(), o.err.c_str());
-    return o;
-  }
-  std::vector<std::string> env() const {
-    return {"GPUIPC_RUNTIME_DIR=" + m_dir.file("run"), "GPUIPC_LOG=warn", "GPUIPC_DAEMON=" + build_bin_dir() + "/gpuipcd"};
-  }
-  /// What `gpuipc ls` lists in this test's broker.
-  std::string listed() { return run_program(build_bin_dir() + "/gpuipc", {"ls"}, env()).out; }
-  void TearDown() override { run_program(build_bin_dir() + "/gpuipc", {"daemon", "--stop"}, env()); }
-
-  TempDir m_dir{"gpuipc-examples"};
-};
+using Examples = ExampleTest;
 
 /// The sum of the numbers in group 1 of every match of `re` in `text`.
 long sum_of(const std::string& text, const std::regex& re) {

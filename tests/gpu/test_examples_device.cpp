@@ -5,27 +5,17 @@
 #include <string>
 #include <vector>
 
+#include "support/examples.hpp"
 #include "support/gpu.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
 namespace {
 
-class ExamplesDevice : public ::testing::Test {
+class ExamplesDevice : public ExampleTest {
  protected:
-  std::string program(const std::string& example) const { return build_bin_dir() + "/gpuipc-example-" + example; }
-  ProgramOutcome run(const std::string& example, const std::vector<std::string>& args) {
-    // Within ctest's --timeout (300 s in scripts/gpu_check.sh): a hang fails here and prints what the example wrote.
-    ProgramOutcome o = run_program(program(example), args, env(), -1, 240s);
-    std::printf("--- %s stdout\n%s--- stderr\n%s", example.c_str(), o.out.c_str(), o.err.c_str());
-    return o;
-  }
-  std::vector<std::string> env() const {
-    return {"GPUIPC_RUNTIME_DIR=" + m_dir.file("run"), "GPUIPC_LOG=warn", "GPUIPC_DAEMON=" + build_bin_dir() + "/gpuipcd"};
-  }
-  void TearDown() override { run_program(build_bin_dir() + "/gpuipc", {"daemon", "--stop"}, env()); }
-
-  TempDir m_dir{"gpuipc-examples-gpu"};
+  // Within ctest's --timeout (300 s in scripts/gpu_check.sh): a hang fails here and prints what the example wrote.
+  ExamplesDevice() : ExampleTest(std::chrono::seconds(240)) {}
 };
 
 TEST_F(ExamplesDevice, ProducerConsumerRawIpcShareAndChannel) {
