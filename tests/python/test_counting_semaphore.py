@@ -84,6 +84,7 @@ def test_a_waiter_in_another_process(name, start):
         deadline = time.monotonic() + 30
         while gpuipc.CountingSemaphore.stat(name)["waiting"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert gpuipc.CountingSemaphore.stat(name)["waiting"] == 1  # it sleeps in the queue, not spins elsewhere
         sem.release(2)
         assert waiter.result(timeout=30) == 2
     gpuipc.CountingSemaphore.unlink(name)
