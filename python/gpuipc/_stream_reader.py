@@ -304,7 +304,7 @@ class StreamReader:
         plan = self._plans.get(cache_key)
         if plan is not None and plan[0] is d.pieces:
             _, names, objs, layout, outs, ins, skipped = plan
-            same = all(into.get(k) is o and (o.data_ptr(), o.shape, o.dtype) == w for k, o, w in zip(names, objs, layout))
+            same = all(into.get(k) is o and (o.data_ptr(), o.shape, o.stride(), o.dtype) == w for k, o, w in zip(names, objs, layout))
             if same and not any(k in into for k in skipped):
                 self.skipped.extend(k for k in skipped if k not in self.skipped)
                 return outs, ins
@@ -322,7 +322,7 @@ class StreamReader:
                 ins.append(self._stage(slot)[off : off + n])
         if len(self._plans) >= 256:
             self._plans.clear()
-        layout = [(o.data_ptr(), o.shape, o.dtype) for o in objs]
+        layout = [(o.data_ptr(), o.shape, o.stride(), o.dtype) for o in objs]
         self._plans[cache_key] = (d.pieces, names, objs, layout, outs, ins, skipped)
         return outs, ins
 

@@ -494,7 +494,7 @@ class StreamPublisher:
             raise InvalidArgument(f"stream {self.name!r}: tensor {key!r} twice in version {self._current}")
         self._names.add(key)
         seen = self._seen.get(key)
-        if seen is not None and seen[0]() is t and seen[1] == (t.data_ptr(), t.shape, t.dtype):
+        if seen is not None and seen[0]() is t and seen[1] == (t.data_ptr(), t.shape, t.stride(), t.dtype):
             self._keep_for_copy(t)
             self._add_pieces(key, seen[2], seen[3], seen[4], seen[5], None, True)
             return
@@ -528,7 +528,7 @@ class StreamPublisher:
             ref = weakref.ref(t)
             if seen is None or seen[0] is not ref:  # one finalizer per tensor, however often its storage changes
                 weakref.finalize(t, _forget, self._seen, key, ref)
-            self._seen[key] = (ref, (t.data_ptr(), t.shape, t.dtype), meta, mlen, total, src)
+            self._seen[key] = (ref, (t.data_ptr(), t.shape, t.stride(), t.dtype), meta, mlen, total, src)
         self._add_pieces(key, meta, mlen, total, src, info, torch_src)
 
     def _keep_for_copy(self, t: Any) -> None:
