@@ -1,7 +1,6 @@
 #include "cuda/driver.hpp"
 
 #include <cudaTypedefs.h>
-#include <dlfcn.h>
 #include <fmt/format.h>
 #include <pthread.h>
 
@@ -15,6 +14,8 @@
 
 #include "base/config.hpp"
 #include "base/log.hpp"
+#include "os/dynamic_library.hpp"
+#include "os/module.hpp"
 
 namespace gpuipc::cuda {
 namespace {
@@ -252,13 +253,6 @@ std::atomic<bool> g_forked_after_init{false};
 
 void on_fork_child() noexcept { g_forked_after_init.store(true, std::memory_order_relaxed); }
 
-// dlerror() text on one line.
-std::string one_line(const char* text) {
-  std::string s = text != nullptr ? text : "unknown error";
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  return s;
-}
-
 std::string version_string(int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); }
 
 Error no_driver(const std::string& what) {
@@ -296,25 +290,22 @@ std::string description_via(const DriverApi* api, CUresult r) {
 void load(DriverApi& api) {
   const std::string lib = config::env_raw("GPUIPC_CUDA_LIBRARY").value_or(kDefaultLibrary);
   api.library = lib;
-  ::dlerror();
-  void* handle = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    throw no_driver(fmt::format("dlopen({}) failed: {}", lib, one_line(::dlerror())));
-  }
+  std::string dl_error;
+  const os::DynamicLibrary library = os::DynamicLibrary::open(lib, dl_error);
+  if (!library) throw no_driver(fmt::format("dlopen({}) failed: {}", lib, dl_error));
 
-  auto get_proc_v2 = reinterpret_cast<GetProcAddressV2>(::dlsym(handle, "cuGetProcAddress_v2"));
+  auto get_proc_v2 = reinterpret_cast<GetProcAddressV2>(library.symbol("cuGetProcAddress_v2"));
   auto get_proc_v1 =
-      get_proc_v2 != nullptr ? nullptr : reinterpret_cast<GetProcAddressV1>(::dlsym(handle, "cuGetProcAddress"));
-  auto get_version = reinterpret_cast<DriverGetVersion>(::dlsym(handle, "cuDriverGetVersion"));
+      get_proc_v2 != nullptr ? nullptr : reinterpret_cast<GetProcAddressV1>(library.symbol("cuGetProcAddress"));
+  auto get_version = reinterpret_cast<DriverGetVersion>(library.symbol("cuDriverGetVersion"));
   if ((get_proc_v2 == nullptr && get_proc_v1 == nullptr) || get_version == nullptr) {
     throw no_driver(
         fmt::format("{} has no cuGetProcAddress or cuDriverGetVersion: it is not the NVIDIA driver "
                     "library, or one older than CUDA 11.3 (update the driver)",
                     lib));
   }
-  Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(get_version), &info) != 0 && info.dli_fname != nullptr) {
-    api.library = info.dli_fname;
+  if (std::string path = os::module_path(reinterpret_cast<const void*>(get_version)); !path.empty()) {
+    api.library = std::move(path);
   }
   int version = 0;
   if (const CUresult r = get_version(&version); r != CUDA_SUCCESS || version <= 0) {
