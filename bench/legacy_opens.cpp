@@ -1,6 +1,7 @@
 #include "legacy_opens.hpp"
 
 #include "bench.hpp"
+#include "cuda/legacy_ipc.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/share.hpp"
 #include "pair.hpp"

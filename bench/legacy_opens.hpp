@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/resources.hpp"
 #include "gpuipc/segment.hpp"
+#include "testkit/cuda/device_memory.hpp"
 
 namespace gpuipc::bench::legacy {
 

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {

@@ -10,9 +10,10 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/resources.hpp"
-#include "kernels/kernels.hpp"
+#include "cuda/context.hpp"
 #include "os/fd.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::bench::pair {
 

@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/pool.hpp"
 #include "legacy_opens.hpp"

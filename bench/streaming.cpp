@@ -8,10 +8,14 @@
 #include <cstring>
 
 #include "bench.hpp"
+#include "cuda/host_registration.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
-#include "cuda/events.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/events.hpp"
+#include "testkit/cuda/stream.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {

@@ -14,9 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
 #include "gpuipc/error.hpp"
-#include "kernels/kernels.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::bench {
 

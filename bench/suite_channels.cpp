@@ -13,17 +13,18 @@
 #include <thread>
 
 #include "bench.hpp"
-#include "cuda/events.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/host_registration.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
-#include "kernels/kernels.hpp"
 #include "mps.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
 #include "programs.hpp"
 #include "streaming.hpp"
+#include "testkit/cuda/events.hpp"
+#include "testkit/kernels/kernels.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {

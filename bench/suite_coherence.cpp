@@ -16,13 +16,16 @@
 #include <thread>
 
 #include "bench.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
-#include "kernels/kernels.hpp"
 #include "mps.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/kernels.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {

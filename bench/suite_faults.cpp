@@ -24,11 +24,16 @@
 
 #include "bench.hpp"
 #include "core/client.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
+#include "cuda/host_registration.hpp"
+#include "cuda/stream_ops.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/segment.hpp"
-#include "kernels/kernels.hpp"
 #include "os/process.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/kernels.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {

@@ -17,11 +17,14 @@
 
 #include "bench.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/events.hpp"
-#include "cuda/host_func.hpp"
+#include "cuda/host_registration.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/segment.hpp"
 #include "mps.hpp"
 #include "streaming.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/events.hpp"
+#include "testkit/cuda/stream.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {

@@ -24,15 +24,18 @@
 
 #include "bench.hpp"
 #include "cuda/device.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/stream_ops.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/segment.hpp"
-#include "kernels/kernels.hpp"
 #include "legacy_opens.hpp"
 #include "os/fd.hpp"
 #include "os/socket.hpp"
 #include "pair.hpp"
 #include "served.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/events.hpp"
+#include "testkit/kernels/kernels.hpp"
 #include "vmm_imports.hpp"
 
 namespace gpuipc::bench {

@@ -25,17 +25,20 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/host_memory.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/host_registration.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/segment.hpp"
-#include "kernels/kernels.hpp"
-#include "kernels/pattern.hpp"
 #include "os/fd.hpp"
 #include "os/socket.hpp"
 #include "pair.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/kernels.hpp"
+#include "testkit/kernels/pattern.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {

@@ -28,13 +28,15 @@
 #include "bench.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/legacy_ipc.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/segment.hpp"
-#include "kernels/kernels.hpp"
 #include "os/fd.hpp"
 #include "os/socket.hpp"
 #include "pair.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/kernels/kernels.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {

@@ -17,11 +17,14 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
+#include "cuda/stream_ops.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/pool.hpp"
 #include "os/child.hpp"
 #include "programs.hpp"
 #include "statedict.hpp"
+#include "testkit/cuda/device_memory.hpp"
 
 namespace gpuipc::bench {
 namespace {

@@ -1,7 +1,7 @@
 #include "vmm_imports.hpp"
 
 #include "bench.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/error.hpp"
 
 namespace gpuipc::bench {

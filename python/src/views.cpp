@@ -8,7 +8,8 @@
 #include <cstring>
 #include <limits>
 
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
+#include "cuda/stream_ops.hpp"
 #include "dlpack.hpp"
 
 namespace gpuipc::py {

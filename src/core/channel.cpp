@@ -12,12 +12,12 @@
 #include "core/membership.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
-#include "shm/channel_ring.hpp"
+#include "cuda/context.hpp"
+#include "cuda/stream_ops.hpp"
+#include "cuda/trace.hpp"
 #include "os/module.hpp"
 #include "proto/messages.hpp"
-#include "cuda/host_func.hpp"
-#include "cuda/resources.hpp"
-#include "cuda/trace.hpp"
+#include "shm/channel_ring.hpp"
 
 namespace gpuipc {
 

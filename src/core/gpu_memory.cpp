@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "base/log.hpp"
+#include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/host_registration.hpp"
+#include "cuda/vmm.hpp"
 
 namespace gpuipc::core {
 namespace {

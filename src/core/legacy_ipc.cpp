@@ -8,7 +8,8 @@
 #include <utility>
 
 #include "core/gpu_memory.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
+#include "cuda/legacy_ipc.hpp"
 #include "proto/shm.hpp"
 
 namespace gpuipc::core {

@@ -10,11 +10,11 @@
 #include "core/membership.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
-#include "shm/semaphore_block.hpp"
-#include "cuda/host_func.hpp"
-#include "cuda/resources.hpp"
-#include "os/module.hpp"
+#include "cuda/context.hpp"
+#include "cuda/stream_ops.hpp"
 #include "cuda/trace.hpp"
+#include "os/module.hpp"
+#include "shm/semaphore_block.hpp"
 
 namespace gpuipc {
 

@@ -7,11 +7,13 @@
 #include <cstring>
 
 #include "core/segment_internal.hpp"
+#include "cuda/context.hpp"
 #include "cuda/device.hpp"
+#include "cuda/legacy_ipc.hpp"
 #include "cuda/pointer.hpp"
-#include "cuda/resources.hpp"
-#include "os/module.hpp"
 #include "cuda/trace.hpp"
+#include "cuda/vmm.hpp"
+#include "os/module.hpp"
 
 namespace gpuipc {
 namespace {

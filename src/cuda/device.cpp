@@ -5,17 +5,12 @@
 #include <cctype>
 
 #include "base/log.hpp"
+#include "cuda/context.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/vmm.hpp"
 
 namespace gpuipc::cuda {
 namespace {
-
-CUdevice device_handle(const DriverApi& api, int ordinal) {
-  CUdevice device = 0;
-  check(api.cuDeviceGet(&device, ordinal), "cuDeviceGet", fmt::format("GPU {}", ordinal));
-  return device;
-}
 
 // Attributes newer than the driver come back as CUDA_ERROR_INVALID_VALUE: nullopt, not an error.
 std::optional<int> attribute(const DriverApi& api, CUdevice device, CUdevice_attribute attr) noexcept {
@@ -52,7 +47,7 @@ int device_count() {
 
 DeviceInfo query_device(int ordinal, bool include_free_memory) {
   const DriverApi& api = driver();
-  const CUdevice device = device_handle(api, ordinal);
+  const CUdevice device = device_handle(ordinal);
   const std::string what = fmt::format("GPU {}", ordinal);
   DeviceInfo info;
   info.ordinal = ordinal;
@@ -117,7 +112,7 @@ std::optional<int> find_device(const std::array<std::uint8_t, 16>& uuid) {
   const DriverApi& api = driver();
   for (int i = 0; i < count; ++i) {
     CUuuid u{};
-    check(api.cuDeviceGetUuid(&u, device_handle(api, i)), "cuDeviceGetUuid", fmt::format("GPU {}", i));
+    check(api.cuDeviceGetUuid(&u, device_handle(i)), "cuDeviceGetUuid", fmt::format("GPU {}", i));
     bool same = true;
     for (std::size_t b = 0; b < uuid.size(); ++b) same = same && static_cast<std::uint8_t>(u.bytes[b]) == uuid[b];
     if (same) return i;
@@ -132,7 +127,7 @@ std::vector<std::vector<bool>> peer_access_matrix() {
   if (count == 0) return matrix;
   const DriverApi& api = driver();
   std::vector<CUdevice> devices;
-  for (int i = 0; i < count; ++i) devices.push_back(device_handle(api, i));
+  for (int i = 0; i < count; ++i) devices.push_back(device_handle(i));
   for (int i = 0; i < count; ++i) {
     for (int j = 0; j < count; ++j) {
       const auto si = static_cast<std::size_t>(i);

@@ -7,18 +7,18 @@
 #include <cstddef>
 #include <optional>
 
-#include "cuda/resources.hpp"
+#include "cuda/vmm.hpp"
 
 namespace gpuipc::cuda {
 
 /// cuPointerGetAttributes of one address. An address the driver does not know (host memory that is not
 /// registered, freed device memory) reads as memory_type 0 and the defaults below.
 struct PointerInfo {
-  unsigned memory_type = 0;  ///< CUmemorytype: CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, 0 (unknown)
-  bool managed = false;      ///< cudaMallocManaged / cuMemAllocManaged
-  int device = -1;           ///< ordinal of the device it was allocated on or registered with
-  bool legacy_ipc = false;   ///< cuMemAlloc memory: cuIpcGetMemHandle works on its allocation's base
-  bool from_pool = false;    ///< stream-ordered allocation (cudaMallocAsync, cuMemAllocFromPoolAsync)
+  unsigned memory_type = 0;     ///< CUmemorytype: CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, 0 (unknown)
+  bool managed = false;         ///< cudaMallocManaged / cuMemAllocManaged
+  int device = -1;              ///< ordinal of the device it was allocated on or registered with
+  bool legacy_ipc = false;      ///< cuMemAlloc memory: cuIpcGetMemHandle works on its allocation's base
+  bool from_pool = false;       ///< stream-ordered allocation (cudaMallocAsync, cuMemAllocFromPoolAsync)
   CUcontext context = nullptr;  ///< the context it was allocated in (nullptr for VMM memory)
 };
 

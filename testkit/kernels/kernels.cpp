@@ -1,8 +1,12 @@
-#include "kernels/kernels.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 #include <algorithm>
 
-// The fatbinary of kernels.cu, embedded by cmake/embed.cmake (gpuipc_add_fatbin in src/CMakeLists.txt).
+#include "cuda/context.hpp"
+#include "cuda/stream_ops.hpp"
+#include "testkit/cuda/device_memory.hpp"
+
+// The fatbinary of kernels.cu, embedded by cmake/embed.cmake (gpuipc_add_fatbin in testkit/CMakeLists.txt).
 extern const unsigned char gpuipc_kernels_fatbin[];
 extern const std::size_t gpuipc_kernels_fatbin_size;
 
@@ -116,8 +120,8 @@ void Kernels::write_flag(CUstream stream, CUdeviceptr flag, std::uint64_t value)
   cuda::launch(m_write_flag, 1, 32, 0, stream, args, "gpuipc_write_flag");
 }
 
-void Kernels::coherence_writer(CUstream stream, unsigned blocks, CUdeviceptr data, CUdeviceptr flags,
-                               CUdeviceptr acks, unsigned words_per_block, unsigned trials, FlagProtocol protocol,
+void Kernels::coherence_writer(CUstream stream, unsigned blocks, CUdeviceptr data, CUdeviceptr flags, CUdeviceptr acks,
+                               unsigned words_per_block, unsigned trials, FlagProtocol protocol,
                                std::uint64_t timeout_ns, CUdeviceptr t_write, CUdeviceptr result) const {
   unsigned wpb = words_per_block;
   unsigned n = trials;
@@ -127,8 +131,8 @@ void Kernels::coherence_writer(CUstream stream, unsigned blocks, CUdeviceptr dat
   cuda::launch(m_coherence_writer, blocks, kBlock, 0, stream, args, "gpuipc_coherence_writer");
 }
 
-void Kernels::coherence_reader(CUstream stream, unsigned blocks, CUdeviceptr data, CUdeviceptr flags,
-                               CUdeviceptr acks, unsigned words_per_block, unsigned trials, FlagProtocol protocol,
+void Kernels::coherence_reader(CUstream stream, unsigned blocks, CUdeviceptr data, CUdeviceptr flags, CUdeviceptr acks,
+                               unsigned words_per_block, unsigned trials, FlagProtocol protocol,
                                std::uint64_t timeout_ns, CUdeviceptr t_seen, CUdeviceptr result) const {
   unsigned wpb = words_per_block;
   unsigned n = trials;

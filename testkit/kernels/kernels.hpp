@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/resources.hpp"
-#include "kernels/pattern.hpp"
+#include "testkit/cuda/module.hpp"
+#include "testkit/kernels/pattern.hpp"
 
 namespace gpuipc::kernels {
 
@@ -75,8 +75,8 @@ class Kernels {
   /// One thread stores %globaltimer (ns) to the device u64 *out.
   void stamp_time(CUstream stream, CUdeviceptr out) const;
   /// *stamp = %globaltimer at the kernel's start; *mismatches (device u64, zeroed) += u32 words != value.
-  void check_value(CUstream stream, CUdeviceptr words, std::size_t n_words, std::uint32_t value,
-                   CUdeviceptr mismatches, CUdeviceptr stamp) const;
+  void check_value(CUstream stream, CUdeviceptr words, std::size_t n_words, std::uint32_t value, CUdeviceptr mismatches,
+                   CUdeviceptr stamp) const;
   /// counts (device u64[4], zeroed): words matching pattern seed0, seed1, seed2, and none of them.
   void classify_patterns(CUstream stream, CUdeviceptr words, std::size_t n_words, std::uint64_t seed0,
                          std::uint64_t seed1, std::uint64_t seed2, CUdeviceptr counts) const;

@@ -6,12 +6,13 @@
 
 #include <csignal>
 
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
 #include "gpuipc/segment.hpp"
-#include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
 #include "support/support.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::test {
 namespace {

@@ -12,15 +12,17 @@
 #include <vector>
 
 #include "cuda/driver.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/semaphore.hpp"
-#include "kernels/kernels.hpp"
 #include "os/process.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
 #include "support/gpu_worker.hpp"
 #include "support/support.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::test {
 namespace {

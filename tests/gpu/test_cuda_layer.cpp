@@ -18,14 +18,21 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/host_registration.hpp"
+#include "cuda/legacy_ipc.hpp"
+#include "cuda/stream_ops.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/error.hpp"
-#include "kernels/kernels.hpp"
 #include "os/memfd.hpp"
 #include "os/socket.hpp"
 #include "support/support.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/events.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 extern char** environ;
 

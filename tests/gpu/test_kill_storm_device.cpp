@@ -10,14 +10,15 @@
 
 #include <cstring>
 
-#include "cuda/resources.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
-#include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
 #include "support/gpu_worker.hpp"
 #include "support/kill_storm.hpp"
 #include "support/support.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::test {
 namespace {

@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <string>
 
-#include "cuda/resources.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/pool.hpp"
-#include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
 #include "support/gpu_worker.hpp"
 #include "support/support.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::test {
 namespace {

@@ -7,14 +7,13 @@
 #include <csignal>
 #include <thread>
 
-#include "cuda/resources.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/semaphore.hpp"
-#include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
 #include "support/gpu_worker.hpp"
 #include "support/support.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::test {
 namespace {

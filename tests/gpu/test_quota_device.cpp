@@ -14,7 +14,8 @@
 #include <optional>
 #include <string>
 
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/segment.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"

@@ -5,13 +5,12 @@
 
 #include <csignal>
 
-#include "cuda/resources.hpp"
 #include "gpuipc/segment.hpp"
-#include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
 #include "support/gpu_worker.hpp"
 #include "support/support.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::test {
 namespace {

@@ -8,13 +8,14 @@
 
 #include "core/gpu_memory.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/share.hpp"
-#include "kernels/kernels.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
 #include "support/gpu_worker.hpp"
 #include "support/support.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::test {
 namespace {

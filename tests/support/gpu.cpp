@@ -4,7 +4,7 @@
 
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/vmm.hpp"
 #include "os/child.hpp"
 #include "support/support.hpp"
 

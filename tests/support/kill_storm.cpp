@@ -14,7 +14,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "cuda/resources.hpp"
+#include "cuda/context.hpp"
 #include "gpuipc/segment.hpp"
 #include "proto/shm.hpp"
 #include "shm/channel_ring.hpp"

@@ -7,12 +7,20 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/host_registration.hpp"
+#include "cuda/legacy_ipc.hpp"
+#include "cuda/stream_ops.hpp"
+#include "cuda/vmm.hpp"
 #include "gpuipc/error.hpp"
-#include "kernels/pattern.hpp"
 #include "support/support.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/events.hpp"
+#include "testkit/cuda/module.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/pattern.hpp"
 
 namespace gpuipc {
 namespace {

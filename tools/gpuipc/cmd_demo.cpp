@@ -9,16 +9,19 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/resources.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
-#include "kernels/pattern.hpp"
 #include "os/child.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
+#include "testkit/kernels/pattern.hpp"
 #if defined(GPUIPC_HAVE_KERNELS)
-#include "kernels/kernels.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/stream.hpp"
+#include "testkit/kernels/kernels.hpp"
 #endif
 
 namespace gpuipc::cli {

@@ -1,0 +1,75 @@
+#include "cuda/stream_ops.hpp"
+
+#include <fmt/format.h>
+
+#include "cuda/driver.hpp"
+
+namespace gpuipc::cuda {
+namespace {
+
+// cuMemcpyHtoD (from pageable memory) and cuMemcpyDtoD on device memory may return before the work is done
+// (CUDA's "API synchronization behavior"): wait for the legacy stream they ran on, so that "synchronous" means
+// done — before a mapping is torn down, or a kernel on a non-blocking stream reads the result.
+void finish_legacy_stream(const char* after) { synchronize(nullptr, after); }
+
+}  // namespace
+
+void copy_to_device(CUdeviceptr dst, const void* src, std::size_t size) {
+  check(driver().cuMemcpyHtoD(dst, src, size), "cuMemcpyHtoD", fmt::format("copying {} bytes to {:#x}", size, dst));
+  finish_legacy_stream("after cuMemcpyHtoD");
+}
+
+void copy_to_host(void* dst, CUdeviceptr src, std::size_t size) {
+  check(driver().cuMemcpyDtoH(dst, src, size), "cuMemcpyDtoH", fmt::format("copying {} bytes from {:#x}", size, src));
+}
+
+void copy_device_to_device(CUdeviceptr dst, CUdeviceptr src, std::size_t size) {
+  check(driver().cuMemcpyDtoD(dst, src, size), "cuMemcpyDtoD",
+        fmt::format("copying {} bytes from {:#x} to {:#x}", size, src, dst));
+  finish_legacy_stream("after cuMemcpyDtoD");
+}
+
+void synchronize(CUstream stream, std::string_view what) {
+  check(driver().cuStreamSynchronize(stream), "cuStreamSynchronize", what);
+}
+
+void synchronize_context(std::string_view what) { check(driver().cuCtxSynchronize(), "cuCtxSynchronize", what); }
+
+CUresult stream_write_value64(CUstream stream, CUdeviceptr addr, std::uint64_t value, unsigned flags) noexcept {
+  const DriverApi* api = loaded_driver();
+  if (api == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return api->cuStreamWriteValue64(stream, addr, value, flags);
+}
+
+CUresult stream_wait_value64(CUstream stream, CUdeviceptr addr, std::uint64_t value, unsigned flags) noexcept {
+  const DriverApi* api = loaded_driver();
+  if (api == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return api->cuStreamWaitValue64(stream, addr, value, flags);
+}
+
+bool stream_busy(CUstream stream) noexcept {
+  const DriverApi* api = loaded_driver();
+  return api != nullptr && api->cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
+}
+
+CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept {
+  const DriverApi* api = loaded_driver();
+  if (api == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return api->cuMemcpyAsync(dst, src, size, stream);
+}
+
+CUresult launch_host_func(CUstream stream, void (*fn)(void*), void* data) noexcept {
+  const DriverApi* api = loaded_driver();
+  if (api == nullptr || api->cuLaunchHostFunc == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return api->cuLaunchHostFunc(stream, fn, data);
+}
+
+bool ensure_current(CUcontext ctx) noexcept {
+  const DriverApi* api = loaded_driver();
+  if (api == nullptr || ctx == nullptr) return false;
+  CUcontext current = nullptr;
+  if (api->cuCtxGetCurrent(&current) != CUDA_SUCCESS) return false;
+  return current != nullptr || api->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+}
+
+}  // namespace gpuipc::cuda

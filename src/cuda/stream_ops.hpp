@@ -1,0 +1,51 @@
+// The work the library puts on streams, and waits for: synchronous and stream-ordered copies, stream-ordered
+// 64-bit memory operations (the semaphore mechanism), host functions in stream order (how a GPU stream wakes a
+// sleeping host thread), and synchronisation of streams and contexts. All in the context current on the calling
+// thread. The streams themselves belong to the caller.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace gpuipc::cuda {
+
+/// Synchronous copies in the current context (cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyDtoD): they return once the work
+/// is done (the legacy stream is synchronised after those the driver returns from early). Throw Error naming the
+/// size.
+void copy_to_device(CUdeviceptr dst, const void* src, std::size_t size);
+void copy_to_host(void* dst, CUdeviceptr src, std::size_t size);
+void copy_device_to_device(CUdeviceptr dst, CUdeviceptr src, std::size_t size);
+/// cuStreamSynchronize of a stream the caller does not own as a Stream; `what` names it in errors. Throws Error.
+void synchronize(CUstream stream, std::string_view what);
+/// cuCtxSynchronize of the current context: every stream of it is done. `what` names the reason in errors.
+/// Throws Error.
+void synchronize_context(std::string_view what);
+
+/// Stream-ordered 64-bit memory operations on registered host or device memory (the semaphore mechanism).
+/// Hot path: no exception, no allocation; they return the CUresult (CUDA_ERROR_NOT_INITIALIZED without a
+/// driver). write: cuStreamWriteValue64 (flags CU_STREAM_WRITE_VALUE_DEFAULT orders it after prior work).
+/// wait: cuStreamWaitValue64 (CU_STREAM_WAIT_VALUE_GEQ by default).
+CUresult stream_write_value64(CUstream stream, CUdeviceptr addr, std::uint64_t value,
+                              unsigned flags = CU_STREAM_WRITE_VALUE_DEFAULT) noexcept;
+CUresult stream_wait_value64(CUstream stream, CUdeviceptr addr, std::uint64_t value,
+                             unsigned flags = CU_STREAM_WAIT_VALUE_GEQ) noexcept;
+/// Whether `stream` still has work to do (cuStreamQuery says CUDA_ERROR_NOT_READY). Hot path: false on any other
+/// answer, including errors.
+bool stream_busy(CUstream stream) noexcept;
+/// cuMemcpyAsync in `stream` order (unified addresses: host or device on either side). Hot path: returns the
+/// CUresult, no exception.
+CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept;
+
+/// cuLaunchHostFunc(stream, fn, data). Hot path: no exception; returns the CUresult
+/// (CUDA_ERROR_NOT_INITIALIZED without a driver). The function runs on a driver thread once the stream reaches
+/// it and must not call CUDA.
+CUresult launch_host_func(CUstream stream, void (*fn)(void*), void* data) noexcept;
+
+/// Makes `ctx` current on the calling thread if no context is (as the CUDA runtime does implicitly on a thread's
+/// first call). Hot path: no exception; returns false when it could not.
+bool ensure_current(CUcontext ctx) noexcept;
+
+}  // namespace gpuipc::cuda
