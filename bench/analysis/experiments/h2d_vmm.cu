@@ -2,7 +2,7 @@
 // benchmark example showed 45 vs 55 GB/s on an H100 for a gpuipc segment. Copies of 256 MiB into: cudaMalloc,
 // cuMemCreate mapped here (POSIX fd handle type, as gpuipc's segments), the same with the fabric handle type too,
 // and cuMemCreate with the gpuDirectRDMACapable flag; each measured in rounds that alternate the order.
-//   nvcc -O2 -o h2d_vmm bench/experiments/h2d_vmm.cu -lcuda && ./h2d_vmm
+//   nvcc -O2 -o h2d_vmm bench/analysis/experiments/h2d_vmm.cu -lcuda && ./h2d_vmm
 #include <cuda.h>
 #include <cuda_runtime.h>
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draws the study's plots (PNG) from benchmark result files.
 
-    python3 bench/plot.py bench/results --out docs/img
+    python3 bench/analysis/plot.py bench/results --out docs/img
 
 Reads the newest result of each suite and device (bench/results/<suite>-<device>-<YYYYMMDD>.json, the contract of
 docs/benchmarks.md, Results files) and writes, per device:

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Baselines for gpuipc's channel handoff: what users do today to hand a GPU buffer to another process.
 
-    python3 bench/baselines/handoff.py --impl torch|cudacore --bytes 1048576 --iters 1000
+    python3 bench/analysis/baselines/handoff.py --impl torch|cudacore --bytes 1048576 --iters 1000
 
 One round trip = the producer sends the (same) buffer -> the consumer process receives it (importing it) and
 acknowledges -> the producer receives the acknowledgement. Prints one JSON line last:
 {"impl", "bytes", "iters", "p50_us", "p99_us", "min_us", "mean_us"} or {"error": ...}.
-`gpuipc bench channels` runs this beside its own handoff in the same run (bench/suite_channels.cpp).
+`gpuipc bench channels` runs this beside its own handoff in the same run (bench/suites/suite_channels.cpp).
 """
 import argparse
 import statistics

@@ -35,7 +35,7 @@ struct Tensor {
 std::vector<Tensor> make(const Model& model = {});
 /// Sum of bytes().
 std::size_t total_bytes(const std::vector<Tensor>& tensors) noexcept;
-/// [{"name", "shape"}, ...]: what bench/baselines/statedict.py reads (--spec).
+/// [{"name", "shape"}, ...]: what bench/analysis/baselines/statedict.py reads (--spec).
 nlohmann::json to_json(const std::vector<Tensor>& tensors);
 
 /// The index a producer publishes in a host segment: a header, then one entry per tensor. No pointers.

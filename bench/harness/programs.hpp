@@ -1,5 +1,5 @@
 // Programs run by the suites, each with a time limit and its output collected: any program (run_program; e.g. the
-// C++ examples installed beside gpuipc), and Python scripts (baselines such as bench/baselines/handoff.py, gpuipc's
+// C++ examples installed beside gpuipc), and Python scripts (baselines such as bench/analysis/baselines/handoff.py, gpuipc's
 // own Python benchmarks), found in the source tree, run with the benchmark's interpreter, their one-line JSON result
 // parsed.
 #pragma once
@@ -28,7 +28,7 @@ ProgramRun run_program(const std::vector<std::string>& argv,
 /// The interpreter Python benchmarks run with: $GPUIPC_BENCH_PYTHON, else `python3` from PATH.
 std::string python_interpreter();
 
-/// The absolute path of `relative` (e.g. "bench/baselines/handoff.py"), looked up under the current directory and
+/// The absolute path of `relative` (e.g. "bench/analysis/baselines/handoff.py"), looked up under the current directory and
 /// then the source tree of this binary (<build>/bin/../..); empty when it is in neither.
 std::string find_script(const std::string& relative);
 

@@ -8,7 +8,7 @@
 // and the allocation granularity a segment's size is rounded up to.
 //
 // The CLI process never touches CUDA: it forks A and B, connected by a SOCK_SEQPACKET socketpair; each reports one
-// JSON object back (bench/workers.hpp). Every wait is bounded; on failure both workers' errors are reported and
+// JSON object back (bench/harness/workers.hpp). Every wait is bounded; on failure both workers' errors are reported and
 // the segment A may have left named is unlinked by the parent (broker only, CUDA-free).
 #include <fmt/format.h>
 #include <sys/prctl.h>
@@ -49,7 +49,7 @@ constexpr int kDevice = 0;
 constexpr const char* kSuite = "access";
 
 // ---------------------------------------------------------------------------------------------------------------
-// Two workers and the socket between them: bench/pair.hpp.
+// Two workers and the socket between them: bench/harness/pair.hpp.
 
 using Link = pair::Link;
 using pair::Gpu;

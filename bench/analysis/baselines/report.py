@@ -1,5 +1,5 @@
 """The result line of the baseline scripts: the one JSON object, printed last, that the suites' python runner
-(bench/programs.cpp) parses."""
+(bench/harness/programs.cpp) parses."""
 import json
 import traceback
 

@@ -1,9 +1,9 @@
 // `gpuipc bench weights` (issue 13): model weights handed between PyTorch processes with gpuipc's Python API — a
 // state dict born in a gpuipc.torch.MemPool opened by a fresh process, a versioned update seen by a reader, a dict
 // streamed through buckets — each beside what is done without it, measured in the same run: torch.multiprocessing
-// (bench/baselines/statedict.py), one gpuipc segment per tensor with a JSON index (the old weights_server example),
-// and a device-to-device copy in one process. The measuring is Python (bench/weights.py, one part per run, through
-// the python runner); this file writes the dicts' specs (bench/statedict.cpp), runs the parts, and judges the
+// (bench/analysis/baselines/statedict.py), one gpuipc segment per tensor with a JSON index (the old weights_server example),
+// and a device-to-device copy in one process. The measuring is Python (bench/suites/weights.py, one part per run, through
+// the python runner); this file writes the dicts' specs (bench/suites/statedict.cpp), runs the parts, and judges the
 // targets. The interpreter is python3 from PATH, or $GPUIPC_BENCH_PYTHON; it needs torch and gpuipc.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -96,7 +96,7 @@ double num(const json& j, const char* key) { return j.contains(key) && j[key].is
 
 json run_part(const Options& o, const std::string& what, const std::string& args) {
   progress(o, "weights: " + what);
-  return run_python_json("bench/weights.py", args, kPartLimit);
+  return run_python_json("bench/suites/weights.py", args, kPartLimit);
 }
 
 /// gpuipc.open_tensors in fresh processes; returns the median (ms) or -1. `suffix` names the dict's metrics.
@@ -136,7 +136,7 @@ double measure_open(Result& r, const Options& o, const std::filesystem::path& sp
 void measure_torch(Result& r, const Options& o, const std::filesystem::path& spec, const std::string& label,
                    const std::string& suffix, int sends, double gpuipc_ms) {
   progress(o, "weights: the " + label + " dict through torch.multiprocessing");
-  const json t = run_python_json("bench/baselines/statedict.py",
+  const json t = run_python_json("bench/analysis/baselines/statedict.py",
                                  fmt::format("--spec '{}' --sends {}", spec.string(), sends), kTorchLimit);
   r.samples.push_back({{"name", "torch_mp_weights_open" + suffix}, {"result", t}});
   const auto p50 = "torch_mp_weights_open_ms" + suffix;

@@ -1,7 +1,7 @@
 // The `python` suite: handing a 1 MiB torch CUDA tensor to another process through a gpuipc device Channel from
-// Python (bench/python_handoff.py: send -> recv + torch.from_dlpack -> release -> ack), beside what Python users do
+// Python (bench/suites/python_handoff.py: send -> recv + torch.from_dlpack -> release -> ack), beside what Python users do
 // today, measured in the same run with the same protocol: torch.multiprocessing and cuda.core IPC memory pools
-// (bench/baselines/handoff.py). The interpreter is python3 from PATH, or $GPUIPC_BENCH_PYTHON; gpuipc must be
+// (bench/analysis/baselines/handoff.py). The interpreter is python3 from PATH, or $GPUIPC_BENCH_PYTHON; gpuipc must be
 // importable by it (PYTHONPATH=<where the wheel is installed>).
 #include <fmt/format.h>
 
@@ -33,7 +33,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
 
   progress(o, "python: gpuipc Channel handoff from Python, 1 MiB torch tensor");
   const json py =
-      run_python_json("bench/python_handoff.py", fmt::format("--bytes {} --iters {}", kBytes, iters), kLimit);
+      run_python_json("bench/suites/python_handoff.py", fmt::format("--bytes {} --iters {}", kBytes, iters), kLimit);
   r.samples.push_back({{"what", "py_handoff_1MiB"}, {"result", py}});
   const bool py_ok = !py.contains("error");
   if (py_ok) {
@@ -50,7 +50,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
 
   for (const char* impl : {"torch", "cudacore"}) {
     progress(o, fmt::format("python: {} handoff baseline, 1 MiB", impl));
-    const json b = run_python_json("bench/baselines/handoff.py",
+    const json b = run_python_json("bench/analysis/baselines/handoff.py",
                                    fmt::format("--impl {} --bytes {} --iters {}", impl, kBytes, iters), kLimit);
     r.samples.push_back({{"what", fmt::format("{}_handoff_1MiB", impl)}, {"result", b}});
     const auto metric = fmt::format("{}_handoff_rtt_p50_us_1MiB", impl);

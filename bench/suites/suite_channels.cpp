@@ -1,6 +1,6 @@
 // The `channels` suite: cross-process synchronisation and buffer handoff, each beside its baseline in the same
 // run. Semaphores (stream memory operations on a shared pinned page) against IPC events; channel handoff against
-// torch.multiprocessing and cuda.core IPC pools (bench/baselines/handoff.py); two-process streaming against the
+// torch.multiprocessing and cuda.core IPC pools (bench/analysis/baselines/handoff.py); two-process streaming against the
 // same kernels in one process; all again under MPS when an MPS control daemon can be started privately.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -297,9 +297,9 @@ json enqueue_behind_pending_wait(int iterations) {
 }
 
 // --- baselines in Python ----------------------------------------------------------------------------------------
-/// Runs bench/baselines/handoff.py for `impl` (torch, cudacore); its last line is a JSON object.
+/// Runs bench/analysis/baselines/handoff.py for `impl` (torch, cudacore); its last line is a JSON object.
 json python_baseline(const std::string& impl, std::size_t bytes, int iterations) {
-  return run_python_json("bench/baselines/handoff.py",
+  return run_python_json("bench/analysis/baselines/handoff.py",
                          fmt::format("--impl {} --bytes {} --iters {}", impl, bytes, iterations));
 }
 

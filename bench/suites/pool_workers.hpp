@@ -1,4 +1,4 @@
-// The processes of the pools suite (bench/suite_pools.cpp). The producer is one long-lived worker (ServedWorker)
+// The processes of the pools suite (bench/suites/suite_pools.cpp). The producer is one long-lived worker (ServedWorker)
 // that makes pools, blocks, legacy allocations and the state dict; each consumer is a fresh forked process that
 // opens what the producer made and times it. Every body here runs in a child with its own CUDA context on GPU 0;
 // the parent stays CUDA-free.

@@ -1,8 +1,8 @@
 // `gpuipc bench pools` (issue 12): what gpuipc::Pool costs — allocate + free, resolve of a mapped chunk, the first
 // resolve in a fresh process — and what handing a 2 GiB state dict of 291 bf16 tensors to a fresh process costs
 // through one pool, each beside its baseline measured in the same run: raw cuIpcOpenMemHandle of the same size, and
-// torch.multiprocessing for the state dict (bench/baselines/statedict.py through the python runner). The parent
-// stays CUDA-free: a long-lived producer process makes everything (bench/pool_workers.cpp); each consumer is a
+// torch.multiprocessing for the state dict (bench/analysis/baselines/statedict.py through the python runner). The parent
+// stays CUDA-free: a long-lived producer process makes everything (bench/suites/pool_workers.cpp); each consumer is a
 // fresh forked process. Names the run made are unlinked by the parent if anything fails.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -213,7 +213,7 @@ void measure_torch(Result& r, const Options& o, double gpuipc_ms) {
   const auto spec = std::filesystem::temp_directory_path() / fmt::format("gpuipc-bench-pools-{}.json", ::getpid());
   std::ofstream(spec) << statedict::to_json(statedict::make()).dump() << "\n";
   const int sends = o.quick ? 5 : 20;
-  const json t = run_python_json("bench/baselines/statedict.py",
+  const json t = run_python_json("bench/analysis/baselines/statedict.py",
                                  fmt::format("--spec '{}' --sends {}", spec.string(), sends), kTorchLimit);
   std::error_code ec;
   std::filesystem::remove(spec, ec);

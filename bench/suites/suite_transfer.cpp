@@ -50,7 +50,7 @@ constexpr int kDevice = 0;
 constexpr const char* kSuite = "transfer";
 
 // ---------------------------------------------------------------------------------------------------------------
-// Two workers and the socket between them: bench/pair.hpp.
+// Two workers and the socket between them: bench/harness/pair.hpp.
 
 using Link = pair::Link;
 using pair::Gpu;

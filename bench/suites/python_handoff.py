@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""gpuipc's channel handoff from Python, measured like the baselines in bench/baselines/handoff.py.
+"""gpuipc's channel handoff from Python, measured like the baselines in bench/analysis/baselines/handoff.py.
 
-    python3 bench/python_handoff.py --bytes 1048576 --iters 2000 [--host] [--stream default|side]
+    python3 bench/suites/python_handoff.py --bytes 1048576 --iters 2000 [--host] [--stream default|side]
 
 A producer process and a consumer process (multiprocessing "spawn", as the torch baseline). One round trip, timed
 at the producer with time.perf_counter: the producer sends the same 1 MiB torch CUDA tensor (filled once) through a
@@ -24,7 +24,7 @@ Two variants, each after 50 warm-up round trips:
 
 Prints one JSON line last: {"impl": "gpuipc-python", "bytes", "iters", "p50_us", "p99_us", "min_us", "mean_us",
 "nodrain_p50_us", ..., "ack", ...} or {"impl": ..., "error": ...}. `gpuipc bench python` runs it beside the
-baselines (bench/suite_python.cpp).
+baselines (bench/suites/suite_python.cpp).
 """
 import argparse
 import json

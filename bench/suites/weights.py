@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""The measuring side of `gpuipc bench weights` (bench/suite_weights.cpp): a model-like state dict of bf16 tensors
+"""The measuring side of `gpuipc bench weights` (bench/suites/suite_weights.cpp): a model-like state dict of bf16 tensors
 handed to other processes with gpuipc's Python API, beside the ways it is done without it. One part per run:
 
-    python3 bench/weights.py --part open     --spec SPEC.json --consumers 10
-    python3 bench/weights.py --part segments --spec SPEC.json --consumers 10
-    python3 bench/weights.py --part update   --spec SPEC.json --updates 200 --copies 20
-    python3 bench/weights.py --part stream   --spec SPEC.json [--spec-large SPEC16.json] --reps 5
+    python3 bench/suites/weights.py --part open     --spec SPEC.json --consumers 10
+    python3 bench/suites/weights.py --part segments --spec SPEC.json --consumers 10
+    python3 bench/suites/weights.py --part update   --spec SPEC.json --updates 200 --copies 20
+    python3 bench/suites/weights.py --part stream   --spec SPEC.json [--spec-large SPEC16.json] --reps 5
 
-SPEC.json lists the tensors ([{"name", "shape"}, ...]); the suite writes it from bench/statedict.cpp (the 2 GiB dict
-of 291 tensors, and its 16 GiB version of 340 layers) so that every part and bench/baselines/statedict.py hand over
+SPEC.json lists the tensors ([{"name", "shape"}, ...]); the suite writes it from bench/suites/statedict.cpp (the 2 GiB dict
+of 291 tensors, and its 16 GiB version of 340 layers) so that every part and bench/analysis/baselines/statedict.py hand over
 the same dict. Tensor i holds the value i % 7 + 1 everywhere (exact in bf16); every receiver checks the first and
 last element of every tensor, outside the timed windows.
 
@@ -44,11 +44,11 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for _p in (HERE, os.path.join(HERE, "baselines")):
+for _p in (HERE, os.path.join(HERE, "..", "analysis", "baselines")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-import report  # noqa: E402  (bench/baselines/report.py)
+import report  # noqa: E402  (bench/analysis/baselines/report.py)
 from python_handoff import stop_broker  # noqa: E402
 
 #: Seconds any one wait may take (a receive, an acknowledgement, a consumer's open).

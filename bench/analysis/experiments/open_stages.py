@@ -2,7 +2,7 @@
 (as `gpuipc bench weights` does), in a fresh process and again warm: index, pool joins, storages resolved and
 torch tensors made (_Opened.torch_tensors).
 
-    python bench/experiments/open_stages.py   (needs torch with CUDA, gpuipc importable, GPUIPC_DAEMON set)
+    python bench/analysis/experiments/open_stages.py   (needs torch with CUDA, gpuipc importable, GPUIPC_DAEMON set)
 """
 import os
 import subprocess

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Baseline of the pools suite: a state dict handed to another process through torch.multiprocessing.
 
-    python3 bench/baselines/statedict.py --spec SPEC.json --sends 20
+    python3 bench/analysis/baselines/statedict.py --spec SPEC.json --sends 20
 
 SPEC.json lists the tensors ([{"name", "shape"}, ...]); `gpuipc bench pools` writes it from its generator
-(bench/statedict.cpp: 291 bf16 tensors, 2 GiB less 5 KiB) so that both sides hand over the same dict. The producer
+(bench/suites/statedict.cpp: 291 bf16 tensors, 2 GiB less 5 KiB) so that both sides hand over the same dict. The producer
 makes every tensor on cuda:0 (bfloat16, filled), starts a consumer process (spawn) that initialises CUDA before it
 says it is ready, and then sends the same dict `sends` times through an mp.Queue. For each send the consumer takes
 the dict off the queue (torch rebuilds each tensor from its CUDA IPC handle), touches every tensor (data_ptr() of

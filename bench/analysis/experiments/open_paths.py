@@ -1,7 +1,7 @@
 """Where gpuipc.open_tensors spends its time for torch CUDA tensors: the per-storage DLPack way (views_of + build)
 against one tensor per chunk (spans_of + build_torch), in a process other than the publisher's.
 
-    python bench/experiments/open_paths.py   (needs torch with CUDA, gpuipc importable, GPUIPC_DAEMON set)
+    python bench/analysis/experiments/open_paths.py   (needs torch with CUDA, gpuipc importable, GPUIPC_DAEMON set)
 """
 import cProfile
 import os
