@@ -1,13 +1,13 @@
 #include "pair.hpp"
 
 #include <fmt/format.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <optional>
 
 #include "gpuipc/error.hpp"
+#include "os/child.hpp"
 #include "os/memfd.hpp"
 #include "os/socket.hpp"
 #include "workers.hpp"
@@ -20,9 +20,6 @@ namespace {
 constexpr std::size_t kMaxMessage = 60 * 1024;
 /// The envelope key of a message longer than kMaxMessage, whose text travels in a memfd (its size in bytes).
 constexpr const char* kSpilled = "gpuipc_bench_spilled_bytes";
-constexpr std::size_t kKiB = 1ULL << 10;
-constexpr std::size_t kMiB = 1ULL << 20;
-constexpr std::size_t kGiB = 1ULL << 30;
 }  // namespace
 
 void Link::send(const json& body, std::span<const int> fds) const {
@@ -103,8 +100,7 @@ std::pair<json, json> run_pair(const std::string& suite, const Body& a, const Bo
   const pid_t parent = ::getpid();
   auto body = [parent, &suite](int mine, int theirs, const char* peer, const Body& f) {
     return [=, &f]() -> json {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(3);
+      if (!os::tie_to_parent(parent)) ::_exit(3);
       ::close(theirs);
       const Link link(mine, peer, suite);
       json out = f(link);

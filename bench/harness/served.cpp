@@ -1,12 +1,12 @@
 #include "served.hpp"
 
 #include <fmt/format.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <csignal>
 
 #include "gpuipc/error.hpp"
+#include "os/child.hpp"
 #include "os/socket.hpp"
 
 namespace gpuipc::bench {
@@ -21,8 +21,7 @@ ServedWorker::ServedWorker(std::string suite, std::string role, const std::funct
   const pid_t parent = ::getpid();
   const std::string suite_name = m_suite;
   m_worker.emplace(spawn_worker([&]() -> json {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(3);
+    if (!os::tie_to_parent(parent)) ::_exit(3);
     ::close(parent_end);
     for (int fd : close_in_child) ::close(fd);
     const pair::Link link(child_end, "parent process", suite_name);
