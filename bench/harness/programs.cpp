@@ -1,9 +1,7 @@
 #include "programs.hpp"
 
 #include <fmt/format.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
@@ -20,21 +18,23 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-/// Runs the shell words `command` under coreutils' timeout, which bounds a stuck program (a baseline whose peer died
-/// waits on its queue forever) and kills its process group with it.
-ProgramRun run_shell(const std::string& command, std::chrono::seconds limit) {
+/// Runs `argv` under coreutils' timeout, which bounds a stuck program (a baseline whose peer died waits on its queue
+/// forever) and kills its process group with it; os::run_captured collects stdout and stderr together.
+ProgramRun run_limited(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                       std::chrono::seconds limit) {
   ProgramRun run;
-  const std::string cmd = fmt::format("timeout -k 10 {} {} 2>&1", limit.count(), command);
-  FILE* f = ::popen(cmd.c_str(), "r");  // NOLINT(cert-env33-c): a command line of ours
-  if (f == nullptr) {
-    run.error = "popen failed";
+  std::vector<std::string> command{"timeout", "-k", "10", std::to_string(limit.count())};
+  command.insert(command.end(), argv.begin(), argv.end());
+  try {
+    // timeout's own -k ends it 10 s after the limit; run_captured's limit is a backstop beyond that.
+    const os::CapturedRun done = os::run_captured(command, env, {}, limit + std::chrono::seconds(30));
+    run.status = done.exit_code;
+    run.output = done.output;
+  } catch (const std::exception& e) {
+    run.error = e.what();
     return run;
   }
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, f) != nullptr) run.output += buf;
-  const int status = ::pclose(f);
-  run.status = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (run.status == 124 || run.status == 137) {
+  if (run.status == 124 || run.status == 137 || run.status == -1) {
     run.error = fmt::format("timed out after {} s", limit.count());
   } else if (run.status != 0) {
     run.error = fmt::format("exit status {}", run.status);
@@ -48,10 +48,9 @@ std::string tail(const std::string& s, std::size_t n) { return s.size() <= n ? s
 
 ProgramRun run_program(const std::vector<std::string>& argv,
                        const std::vector<std::pair<std::string, std::string>>& env, std::chrono::seconds limit) {
-  std::string command = "env";  // coreutils' env adds the variables and then runs argv
-  for (const auto& [name, value] : env) command.append(" ").append(shell_quote(fmt::format("{}={}", name, value)));
-  for (const auto& a : argv) command.append(" ").append(shell_quote(a));
-  return run_shell(command, limit);
+  std::vector<std::string> vars;
+  for (const auto& [name, value] : env) vars.push_back(fmt::format("{}={}", name, value));
+  return run_limited(argv, vars, limit);
 }
 
 std::string python_interpreter() {
@@ -76,8 +75,10 @@ nlohmann::json run_python_json(const std::string& relative_script, const std::st
   using json = nlohmann::json;
   const std::string script = find_script(relative_script);
   if (script.empty()) return {{"error", fmt::format("{} not found (run from the repository root)", relative_script)}};
-  const ProgramRun run =
-      run_shell(fmt::format("{} {} {}", shell_quote(python_interpreter()), shell_quote(script), args), limit);
+  // `args` are shell words (a path quoted in them): /bin/sh reads them, then becomes the interpreter.
+  const ProgramRun run = run_limited(
+      {"/bin/sh", "-c", fmt::format("exec {} {} {}", shell_quote(python_interpreter()), shell_quote(script), args)}, {},
+      limit);
   const std::string& out = run.output;
   const std::string why =
       run.status == 127 ? fmt::format("exit status 127 (is '{}' installed?)", python_interpreter()) : run.error;
