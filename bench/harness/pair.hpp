@@ -1,5 +1,5 @@
 // Two benchmark workers joined by a socket: A (the exporter) and B (the importer) exchange JSON messages with fds
-// attached, every receive bounded. Shared by the access, vmm and transfer suites.
+// attached, every receive bounded. Shared by the access, vmm and transfer suites (and the served workers).
 #pragma once
 
 #include <chrono>
@@ -10,8 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/resources.hpp"
-#include "kernels/kernels.hpp"
+#include "gpu.hpp"
 #include "os/fd.hpp"
 
 namespace gpuipc::bench::pair {
@@ -45,16 +44,19 @@ void from_hex(const std::string& suite, const std::string& s, void* data, std::s
 /// "4KiB", "2MiB", "1GiB" (metric names and labels).
 std::string size_label(std::size_t bytes);
 
-/// GPU `ordinal`'s primary context, current on this thread, a stream and the kernels. Declare it first in a worker
-/// so it is destroyed after everything allocated in its context.
-struct Gpu {
-  explicit Gpu(int ordinal = 0) : ctx(ordinal) {}
-  cuda::PrimaryContext ctx;
-  // Members initialise in declaration order, before the constructor's body: the context must be current before
-  // the stream and the kernels are made in it.
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
+inline constexpr std::size_t kKiB = 1ULL << 10;
+inline constexpr std::size_t kMiB = 1ULL << 20;
+inline constexpr std::size_t kGiB = 1ULL << 30;
+
+/// The pair helpers of one suite, its name bound (every error names the suite): what the A/B suites (access, vmm,
+/// transfer) open with.
+struct SuitePair {
+  std::string suite;
+  std::pair<nlohmann::json, nlohmann::json> run(const Body& a, const Body& b, std::chrono::seconds timeout,
+                                                bool b_drives) const {
+    return run_pair(suite, a, b, timeout, b_drives);
+  }
+  void from_hex(const std::string& s, void* data, std::size_t n) const { pair::from_hex(suite, s, data, n); }
 };
 
 }  // namespace gpuipc::bench::pair

@@ -1,16 +1,16 @@
 #include "workers.hpp"
 
+#include "sync.hpp"
+
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
 
 #include "gpuipc/error.hpp"
 
 namespace gpuipc::bench {
 
-Worker spawn_worker(const std::function<nlohmann::json()>& body,
-                    const std::vector<std::pair<std::string, std::string>>& env) {
+Worker spawn_worker(const std::function<nlohmann::json()>& body, const Env& env) {
   return Worker{os::fork_reporting([&] { return body().dump(); }, env)};
 }
 
@@ -25,8 +25,7 @@ nlohmann::json join_worker(Worker& w, std::chrono::seconds timeout) {
   }
 }
 
-std::vector<nlohmann::json> run_workers(const std::vector<std::function<nlohmann::json()>>& bodies,
-                                        const std::vector<std::pair<std::string, std::string>>& env,
+std::vector<nlohmann::json> run_workers(const std::vector<std::function<nlohmann::json()>>& bodies, const Env& env,
                                         std::chrono::seconds timeout) {
   std::vector<Worker> ws;
   ws.reserve(bodies.size());
@@ -39,6 +38,23 @@ std::vector<nlohmann::json> run_workers(const std::vector<std::function<nlohmann
     }
   }
   return out;
+}
+
+Worker spawn_synced(Sync* sync, std::function<nlohmann::json()> body, const Env& env) {
+  return spawn_worker(
+      [sync, body = std::move(body)]() -> nlohmann::json {
+        try {
+          return body();
+        } catch (...) {
+          sync->failed = 1;
+          throw;
+        }
+      },
+      env);
+}
+
+void check_status(Status st, const char* what) {
+  if (st != Status::Ok) throw Error(ErrorCode::System, fmt::format("{}: {}", what, to_string(st)), "bench");
 }
 
 SharedPage::SharedPage() : m_ptr(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) {

@@ -178,7 +178,7 @@ class Producer {
   }
 
   // Declared first: destroyed last, after everything made in its context.
-  pair::Gpu m_gpu{kDevice};
+  Gpu m_gpu{kDevice};
   legacy::Exports m_legacy;
   Pool m_resolve, m_dict;
   std::vector<Block> m_blocks, m_dict_blocks;
@@ -276,7 +276,7 @@ json share_consumer(const json& setup) {
 }
 
 json statedict_consumer(const std::string& index) {
-  pair::Gpu gpu{kDevice};  // context, stream and kernels: made before the clock starts
+  Gpu gpu{kDevice};  // context, stream and kernels: made before the clock starts
   DictOpen d = open_dict(index);
   json out = d.ms;
   // Checked, untimed: the names and shapes are the generator's, every tensor holds its pattern.

@@ -18,14 +18,6 @@ namespace gpuipc::bench {
 
 using json = nlohmann::json;
 
-void throw_timeout(const char* what) {
-  throw Error(ErrorCode::Timeout, fmt::format("bench worker: timed out waiting for {}", what), "bench");
-}
-
-void check_status(Status st, const char* what) {
-  if (st != Status::Ok) throw Error(ErrorCode::System, fmt::format("{}: {}", what, to_string(st)), "bench");
-}
-
 std::string unique(const char* what) {
   static std::atomic<std::uint32_t> n{0};
   return fmt::format("bench-{}-{}-{}", what, os::current_pid(), n.fetch_add(1) + now_ns() % 100000);

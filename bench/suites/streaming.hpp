@@ -1,6 +1,6 @@
 // Streaming 8 MiB frames from a producer kernel to a consumer kernel, in two processes through a channel or in one
 // process with two streams: what the channels suite's stream_throughput_ratio metric and the ordering suite's study
-// of where that time goes share. Workers are forked (workers.hpp); the caller never touches CUDA.
+// of where that time goes share. Workers are forked (bench/harness/workers.hpp) and share a Sync (sync.hpp); the caller never touches CUDA.
 #pragma once
 
 #include <atomic>
@@ -15,46 +15,17 @@
 #include <vector>
 
 #include "cuda/resources.hpp"
+#include "gpu.hpp"
 #include "gpuipc/error.hpp"
 #include "kernels/kernels.hpp"
+#include "sync.hpp"
 
 namespace gpuipc::bench {
-
-using Env = std::vector<std::pair<std::string, std::string>>;
 
 /// Bytes of one frame, and the buffers in flight on each side for the metric (channel slots; buffers of the
 /// one-process version).
 constexpr std::size_t kFrameBytes = 8 << 20;
 constexpr std::uint32_t kStreamSlots = 8;
-
-/// What every worker sets up first.
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-};
-
-/// Flags shared by the two workers of one measurement (lives in a SharedPage made before the fork).
-struct Sync {
-  std::atomic<std::uint64_t> a_ready, b_ready, progress_a, progress_b;
-  std::atomic<std::int64_t> t0;
-  CUipcEventHandle event_a, event_b;
-};
-
-[[noreturn]] void throw_timeout(const char* what);
-
-/// Spins (yielding) until `pred` or `timeout`; throws Error(Timeout) naming `what`, so a worker never hangs.
-template <typename P>
-void await(P&& pred, const char* what, std::chrono::seconds timeout = std::chrono::seconds(60)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) throw_timeout(what);
-    std::this_thread::yield();
-  }
-}
-
-/// Throws Error(System) "<what>: <status>" unless `st` is Ok.
-void check_status(Status st, const char* what);
 
 /// A name no other run uses: bench-<what>-<pid>-<n>.
 std::string unique(const char* what);

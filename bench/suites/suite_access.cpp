@@ -11,7 +11,6 @@
 // JSON object back (bench/harness/workers.hpp). Every wait is bounded; on failure both workers' errors are reported and
 // the segment A may have left named is unlinked by the parent (broker only, CUDA-free).
 #include <fmt/format.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,25 +41,11 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::size_t kKiB = 1ULL << 10;
-constexpr std::size_t kMiB = 1ULL << 20;
-constexpr std::size_t kGiB = 1ULL << 30;
 constexpr int kDevice = 0;
-constexpr const char* kSuite = "access";
 
-// ---------------------------------------------------------------------------------------------------------------
 // Two workers and the socket between them: bench/harness/pair.hpp.
-
-using Link = pair::Link;
-using pair::Gpu;
-using pair::size_label;
-using pair::to_hex;
-
-std::pair<json, json> run_pair(const pair::Body& a, const pair::Body& b, std::chrono::seconds timeout, bool b_drives) {
-  return pair::run_pair(kSuite, a, b, timeout, b_drives);
-}
-
-[[maybe_unused]] void from_hex(const std::string& s, void* data, std::size_t n) { pair::from_hex(kSuite, s, data, n); }
+using namespace pair;  // NOLINT(google-build-using-namespace): Link, Gpu, kKiB, kMiB, kGiB, size_label, to_hex
+const SuitePair kPair{"access"};
 
 // ---------------------------------------------------------------------------------------------------------------
 // The measurement.
@@ -159,7 +144,7 @@ json importer(const Link& link, const Plan& plan, std::uint64_t seed) {
       throw Error(ErrorCode::Protocol, "bench access: the segment did not open as a mapped device segment of the size A made");
     }
     CUipcMemHandle h{};
-    from_hex(in.at("handle").get<std::string>(), &h, sizeof h);
+    kPair.from_hex(in.at("handle").get<std::string>(), &h, sizeof h);
     auto legacy = cuda::IpcMapping::open(h);
     const double free2 = free_bytes();
     auto local = cuda::DeviceBuffer::allocate(bytes);
@@ -249,7 +234,7 @@ Result run_access(const Options& options, const DeviceMeta& meta) {
                                 plan.sizes.size()));
   std::pair<json, json> reports;
   try {
-    reports = run_pair([&](const Link& l) { return exporter(l, name, largest, seed, wait_ms); },
+    reports = kPair.run([&](const Link& l) { return exporter(l, name, largest, seed, wait_ms); },
                        [&](const Link& l) { return importer(l, plan, seed); }, timeout, true);
   } catch (...) {
     try {

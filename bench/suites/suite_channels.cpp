@@ -106,10 +106,10 @@ json ipc_event_rtt(const Env& env, int iterations) {
       {[&]() -> json {
          Gpu g;
          auto ev = cuda::Event::create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
-         sync->event_a = cuda::ipc_get_event_handle(ev);
+         Sync::put(sync->handle_a, cuda::ipc_get_event_handle(ev));
          sync->a_ready = 1;
          await([&] { return sync->b_ready.load() == 1; }, "the peer's event");
-         auto peer = cuda::ImportedEvent::open(sync->event_b);
+         auto peer = cuda::ImportedEvent::open(Sync::take<CUipcEventHandle>(sync->handle_b));
          std::vector<double> us;
          for (int k = 1; k <= iterations + 20; ++k) {
            const auto t0 = now_ns();
@@ -126,9 +126,9 @@ json ipc_event_rtt(const Env& env, int iterations) {
        [&]() -> json {
          Gpu g;
          auto ev = cuda::Event::create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
-         sync->event_b = cuda::ipc_get_event_handle(ev);
+         Sync::put(sync->handle_b, cuda::ipc_get_event_handle(ev));
          await([&] { return sync->a_ready.load() == 1; }, "the peer's event");
-         auto peer = cuda::ImportedEvent::open(sync->event_a);
+         auto peer = cuda::ImportedEvent::open(Sync::take<CUipcEventHandle>(sync->handle_a));
          sync->b_ready = 1;
          for (int k = 1; k <= iterations + 20; ++k) {
            await([&] { return sync->progress_a.load(std::memory_order_acquire) == static_cast<std::uint64_t>(k); },

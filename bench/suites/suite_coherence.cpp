@@ -19,17 +19,18 @@
 #include "cuda/resources.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
+#include "gpu.hpp"
 #include "kernels/kernels.hpp"
 #include "mps.hpp"
 #include "os/module.hpp"
 #include "os/process.hpp"
+#include "sync.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {
 namespace {
 
 using json = nlohmann::json;
-using Env = std::vector<std::pair<std::string, std::string>>;
 using Protocol = kernels::Kernels::FlagProtocol;
 
 constexpr unsigned kBlocks = 8;                   ///< writer/reader block pairs: independent flag handoffs a trial
@@ -48,52 +49,6 @@ constexpr ProtocolInfo kProtocols[] = {{Protocol::Plain, "plain"},
                                        {Protocol::Fence, "fence"},
                                        {Protocol::ReleaseAcquire, "release_acquire"}};
 
-/// What every worker sets up first.
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-};
-
-/// Shared by the two workers of one measurement (in a SharedPage made before the fork).
-struct Sync {
-  std::atomic<std::uint64_t> a_ready, b_ready, progress_a, progress_b, failed;
-};
-
-/// Spins (yielding) until `pred`, the peer failed, or `timeout`; throws then, so a worker never hangs.
-template <typename P>
-void await(const Sync* sync, P&& pred, const char* what, std::chrono::seconds timeout = std::chrono::seconds(60)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (sync->failed.load() != 0) {
-      throw Error(ErrorCode::PeerDied, fmt::format("coherence worker: the peer failed while we waited for {}", what),
-                  "bench");
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw Error(ErrorCode::Timeout, fmt::format("coherence worker: timed out waiting for {}", what), "bench");
-    }
-    std::this_thread::yield();
-  }
-}
-
-/// Waits for `stream` by polling, at most `timeout`: a kernel that does not finish ends the worker (and with it
-/// its context) instead of blocking in cuStreamSynchronize.
-void sync_bounded(const cuda::Stream& stream, std::chrono::seconds timeout, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!stream.query()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw Error(ErrorCode::Timeout, fmt::format("coherence worker: {} did not finish within {} s", what,
-                                                  timeout.count()),
-                  "bench");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-}
-
-void check_status(Status st, const char* what) {
-  if (st != Status::Ok) throw Error(ErrorCode::System, fmt::format("{}: {}", what, to_string(st)), "bench");
-}
-
 std::string unique(const char* what) {
   return fmt::format("bench-coh-{}-{}-{}", what, os::current_pid(), now_ns() % 1000000);
 }
@@ -108,20 +63,10 @@ std::vector<std::uint64_t> download_u64(CUdeviceptr p, std::size_t n) {
 /// Returns {a, b}; either may be {"error": ...}.
 std::pair<json, json> run_pair(const std::function<json(Sync*)>& a, const std::function<json(Sync*)>& b,
                                const Env& env, std::chrono::seconds timeout) {
-  SharedPage page;
-  auto* sync = new (page.as<Sync>()) Sync{};
-  auto guarded = [sync](const std::function<json(Sync*)>& body) {
-    return [sync, &body]() -> json {
-      try {
-        return body(sync);
-      } catch (...) {
-        sync->failed = 1;
-        throw;
-      }
-    };
-  };
-  auto wa = spawn_worker(guarded(a), env);
-  auto wb = spawn_worker(guarded(b), env);
+  const SyncPage page;
+  Sync* sync = page.get();
+  auto wa = spawn_synced(sync, [&] { return a(sync); }, env);
+  auto wb = spawn_synced(sync, [&] { return b(sync); }, env);
   json ra = join_worker(wa, timeout);
   if (ra.contains("error")) sync->failed = 1;
   json rb = join_worker(wb, timeout);
@@ -135,19 +80,19 @@ json spin_study(const Env& env, unsigned trials, std::chrono::seconds kernel_tim
   const auto [ra, rb] = run_pair(
       [&](Sync* sync) -> json {
         Gpu g;
-        kernels::Kernels k;
+        kernels::Kernels& k = g.k;
         auto seg = Segment::create(name, kSegmentBytes, {.kind = SegmentKind::Device, .device = 0, .mode = 0600});
         cuda::memset_d8(seg.device_pointer(), 0, kSegmentBytes);
         auto t_write = cuda::DeviceBuffer::allocate(trials * sizeof(std::uint64_t));
         auto result = cuda::DeviceBuffer::allocate(2 * sizeof(std::uint64_t));
         sync->a_ready = 1;
-        await(sync, [&] { return sync->b_ready.load() == 1; }, "the reader to open the segment");
+        sync->await([&] { return sync->b_ready.load() == 1; }, "the reader to open the segment");
         json out = json::object();
         for (std::size_t m = 0; m < std::size(kProtocols); ++m) {
           const CUdeviceptr base = seg.device_pointer() + m * kRegion;
           cuda::memset_d8(t_write.get(), 0, trials * sizeof(std::uint64_t));
           cuda::memset_d8(result.get(), 0, 2 * sizeof(std::uint64_t));
-          await(sync, [&] { return sync->progress_b.load() >= m + 1; }, "the reader kernel's launch");
+          sync->await([&] { return sync->progress_b.load() >= m + 1; }, "the reader kernel's launch");
           k.coherence_writer(g.stream.get(), kBlocks, base + kDataAt, base, base + kAcksAt, kWordsPerBlock, trials,
                              kProtocols[m].protocol, kWaitTimeoutNs, t_write.get(), result.get());
           sync_bounded(g.stream, kernel_timeout, "the writer kernel");
@@ -157,14 +102,14 @@ json spin_study(const Env& env, unsigned trials, std::chrono::seconds kernel_tim
                                          {"timed_out_blocks", r[1]}};
           sync->progress_a = m + 1;
         }
-        await(sync, [&] { return sync->b_ready.load() == 2; }, "the reader to finish");
+        sync->await([&] { return sync->b_ready.load() == 2; }, "the reader to finish");
         Segment::unlink(name);
         return out;
       },
       [&](Sync* sync) -> json {
         Gpu g;
-        kernels::Kernels k;
-        await(sync, [&] { return sync->a_ready.load() == 1; }, "the segment");
+        kernels::Kernels& k = g.k;
+        sync->await([&] { return sync->a_ready.load() == 1; }, "the segment");
         auto seg = Segment::open(name, {.access = Access::ReadWrite});
         auto t_seen = cuda::DeviceBuffer::allocate(trials * sizeof(std::uint64_t));
         auto result = cuda::DeviceBuffer::allocate(5 * sizeof(std::uint64_t));
@@ -185,7 +130,7 @@ json spin_study(const Env& env, unsigned trials, std::chrono::seconds kernel_tim
                                          {"stale_events", r[2]},
                                          {"stale_words", r[3]},
                                          {"flag_overshoot", r[4]}};
-          await(sync, [&] { return sync->progress_a.load() >= m + 1; }, "the writer kernel");
+          sync->await([&] { return sync->progress_a.load() >= m + 1; }, "the writer kernel");
         }
         seg.close();
         sync->b_ready = 2;
@@ -235,14 +180,14 @@ json semaphore_study(const Env& env, unsigned trials, std::chrono::seconds timeo
   const auto [ra, rb] = run_pair(
       [&](Sync* sync) -> json {
         Gpu g;
-        kernels::Kernels k;
+        kernels::Kernels& k = g.k;
         auto seg = Segment::create(seg_name, kWords * 4, {.kind = SegmentKind::Device, .device = 0, .mode = 0600});
         cuda::memset_d8(seg.device_pointer(), 0, kWords * 4);
         auto filled = Semaphore::create(data_sem, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
         auto t_write = cuda::DeviceBuffer::allocate(trials * sizeof(std::uint64_t));
         cuda::memset_d8(t_write.get(), 0, trials * sizeof(std::uint64_t));
         sync->a_ready = 1;
-        await(sync, [&] { return sync->b_ready.load() == 1; }, "the reader's semaphore");
+        sync->await([&] { return sync->b_ready.load() == 1; }, "the reader's semaphore");
         auto read = Semaphore::open(ack_sem, {.role = SemaphoreRole::Waiter});
         const auto t0 = now_ns();
         for (unsigned i = 1; i <= trials; ++i) {
@@ -255,15 +200,15 @@ json semaphore_study(const Env& env, unsigned trials, std::chrono::seconds timeo
         sync_bounded(g.stream, timeout, "the writer's stream");
         const double total_us = static_cast<double>(now_ns() - t0) / 1e3;
         sync->progress_a = 1;
-        await(sync, [&] { return sync->b_ready.load() == 2; }, "the reader to finish");
+        sync->await([&] { return sync->b_ready.load() == 2; }, "the reader to finish");
         Segment::unlink(seg_name);
         Semaphore::unlink(data_sem);
         return json{{"t_write", download_u64(t_write.get(), trials)}, {"round_trip_us", total_us / trials}};
       },
       [&](Sync* sync) -> json {
         Gpu g;
-        kernels::Kernels k;
-        await(sync, [&] { return sync->a_ready.load() == 1; }, "the segment");
+        kernels::Kernels& k = g.k;
+        sync->await([&] { return sync->a_ready.load() == 1; }, "the segment");
         auto seg = Segment::open(seg_name, {.access = Access::ReadOnly});
         auto filled = Semaphore::open(data_sem, {.role = SemaphoreRole::Waiter});
         auto read = Semaphore::create(ack_sem, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
@@ -287,7 +232,7 @@ json semaphore_study(const Env& env, unsigned trials, std::chrono::seconds timeo
           stale_words += m;
         }
         // The writer waits for our last signal before it finishes; keep the semaphore until it has.
-        await(sync, [&] { return sync->progress_a.load() == 1; }, "the writer to finish");
+        sync->await([&] { return sync->progress_a.load() == 1; }, "the writer to finish");
         Semaphore::unlink(ack_sem);
         sync->b_ready = 2;
         return json{{"t_seen", download_u64(t_seen.get(), trials)}, {"stale_trials", stale_trials},

@@ -21,12 +21,12 @@
 #include "mps.hpp"
 #include "os/process.hpp"
 #include "programs.hpp"
+#include "workers.hpp"
 
 namespace gpuipc::bench {
 namespace {
 
 using json = nlohmann::json;
-using Env = std::vector<std::pair<std::string, std::string>>;
 
 constexpr int kWidth = 1920, kHeight = 1080;  // 8 MiB RGBA frames: the example's default on a GPU
 /// For a stuck run only: a run is four processes starting CUDA (three stages, then the one-process run) and the

@@ -59,7 +59,6 @@ constexpr std::array<SizeCase, 3> kSizes{{{2 * kMiB, "2MiB"}, {1 * kGiB, "1GiB"}
 // ---------------------------------------------------------------------------------------------------------------
 // Workers (children). Each owns a CUDA context on GPU 0, made current on its only thread.
 
-using pair::Gpu;
 
 /// Worker A: makes what B opens, and keeps it alive until told to let go.
 class Exporter {

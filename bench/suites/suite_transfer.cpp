@@ -9,7 +9,6 @@
 // GPUs with peer access enabled.
 // The CLI process never touches CUDA: A and B are forked workers joined by a socketpair. Every wait is bounded.
 #include <fmt/format.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,25 +42,11 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::size_t kKiB = 1ULL << 10;
-constexpr std::size_t kMiB = 1ULL << 20;
-constexpr std::size_t kGiB = 1ULL << 30;
 constexpr int kDevice = 0;
-constexpr const char* kSuite = "transfer";
 
-// ---------------------------------------------------------------------------------------------------------------
 // Two workers and the socket between them: bench/harness/pair.hpp.
-
-using Link = pair::Link;
-using pair::Gpu;
-using pair::size_label;
-using pair::to_hex;
-
-std::pair<json, json> run_pair(const pair::Body& a, const pair::Body& b, std::chrono::seconds timeout, bool b_drives) {
-  return pair::run_pair(kSuite, a, b, timeout, b_drives);
-}
-
-[[maybe_unused]] void from_hex(const std::string& s, void* data, std::size_t n) { pair::from_hex(kSuite, s, data, n); }
+using namespace pair;  // NOLINT(google-build-using-namespace): Link, Gpu, kKiB, kMiB, kGiB, size_label, to_hex
+const SuitePair kPair{"transfer"};
 
 // ---------------------------------------------------------------------------------------------------------------
 // The measurement.
@@ -256,7 +241,7 @@ Result run_transfer(const Options& options, const DeviceMeta& meta) {
   progress(options, fmt::format("transfer: h2d, d2h, d2d copies of {} MiB, segments vs plain allocations", bytes / kMiB));
   std::pair<json, json> reports;
   try {
-    reports = run_pair([&](const Link& l) { return exporter(l, names, bytes, seed_dev, seed_host); },
+    reports = kPair.run([&](const Link& l) { return exporter(l, names, bytes, seed_dev, seed_host); },
                        [&](const Link& l) { return importer(l, names, bytes, seed_dev, seed_host, warmup, runs); },
                        timeout, true);
   } catch (...) {

@@ -10,7 +10,6 @@
 // The CLI process never touches CUDA: A and B are forked workers joined by a socketpair; A drives, B answers.
 // At most 4 GiB of allocations exist at once (plus a 64 MiB segment). Every wait is bounded.
 #include <fmt/format.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,25 +41,11 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::size_t kKiB = 1ULL << 10;
-constexpr std::size_t kMiB = 1ULL << 20;
-constexpr std::size_t kGiB = 1ULL << 30;
 constexpr int kDevice = 0;
-constexpr const char* kSuite = "vmm";
 
-// ---------------------------------------------------------------------------------------------------------------
 // Two workers and the socket between them: bench/harness/pair.hpp.
-
-using Link = pair::Link;
-using pair::Gpu;
-using pair::size_label;
-using pair::to_hex;
-
-std::pair<json, json> run_pair(const pair::Body& a, const pair::Body& b, std::chrono::seconds timeout, bool b_drives) {
-  return pair::run_pair(kSuite, a, b, timeout, b_drives);
-}
-
-[[maybe_unused]] void from_hex(const std::string& s, void* data, std::size_t n) { pair::from_hex(kSuite, s, data, n); }
+using namespace pair;  // NOLINT(google-build-using-namespace): Link, Gpu, kKiB, kMiB, kGiB, size_label, to_hex
+const SuitePair kPair{"vmm"};
 
 // ---------------------------------------------------------------------------------------------------------------
 // The measurement.
@@ -121,7 +106,7 @@ json importer_command(Gpu& g, const std::string& cmd, const json& in, std::vecto
   if (cmd == "legacy_open") {
     // Only reached if a driver ever hands out a legacy handle for cuMem memory: does it open?
     CUipcMemHandle h{};
-    from_hex(in.at("handle").get<std::string>(), &h, sizeof h);
+    kPair.from_hex(in.at("handle").get<std::string>(), &h, sizeof h);
     try {
       auto mapping = cuda::IpcMapping::open(h);
       return {{"ok", true}, {"opened", mapping.get() != 0}};
@@ -318,7 +303,7 @@ Result run_vmm(const Options& options, const DeviceMeta& meta) {
   progress(options, "vmm: legacy handles on cuMem memory, a segment across processes, the cost of each VMM step");
   std::pair<json, json> reports;
   try {
-    reports = run_pair([&](const Link& l) { return exporter(l, sizes, name, seed); },
+    reports = kPair.run([&](const Link& l) { return exporter(l, sizes, name, seed); },
                        [&](const Link& l) { return importer(l); }, timeout, false);
   } catch (...) {
     try {
