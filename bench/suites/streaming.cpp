@@ -88,8 +88,8 @@ class CallTimes {
 
 json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed,
                     std::optional<std::chrono::nanoseconds> pacing) {
-  SharedPage page;
-  auto* sync = new (page.as<Sync>()) Sync{};
+  const SyncPage page;
+  Sync* sync = page.get();
   const std::string name = unique("stream");
   const auto results = run_workers(
       {[&]() -> json {

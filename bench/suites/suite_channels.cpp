@@ -35,8 +35,8 @@ using json = nlohmann::json;
 // A's stream signals odd values and waits for even ones; B's stream the reverse. Batches of `per_batch` round trips
 // are enqueued up front on both sides (no host in the loop): that is what a timeline semaphore allows.
 json sem_rtt(const Env& env, int batches, int per_batch) {
-  SharedPage page;
-  auto* sync = new (page.as<Sync>()) Sync{};
+  const SyncPage page;
+  Sync* sync = page.get();
   const std::string name = unique("sem");
   const auto results = run_workers(
       {[&]() -> json {
@@ -100,8 +100,8 @@ json sem_rtt(const Env& env, int batches, int per_batch) {
 // cuStreamWaitEvent waits for the event's most recent record *at the time of the call*, so a peer cannot enqueue
 // its wait before the record happened: the host has to relay every step.
 json ipc_event_rtt(const Env& env, int iterations) {
-  SharedPage page;
-  auto* sync = new (page.as<Sync>()) Sync{};
+  const SyncPage page;
+  Sync* sync = page.get();
   const auto results = run_workers(
       {[&]() -> json {
          Gpu g;
@@ -154,8 +154,8 @@ json ipc_event_rtt(const Env& env, int iterations) {
 // cross-process round trip of the two streams (write filled, wait, write freed, wait), and once the queues are
 // full the host runs at the GPUs' pace: that is the sustained rate of a one-slot channel.
 json handoff_rtt(std::size_t bytes, int iterations, SegmentKind kind, bool drained) {
-  SharedPage page;
-  auto* sync = new (page.as<Sync>()) Sync{};
+  const SyncPage page;
+  Sync* sync = page.get();
   const std::string name = unique("handoff");
   const auto results = run_workers(
       {[&]() -> json {
@@ -253,7 +253,7 @@ json memop_enqueue_cost(int iterations) {
 json enqueue_behind_pending_wait(int iterations) {
   const auto results = run_workers({[&]() -> json {
     Gpu g;
-    kernels::Kernels k;
+    kernels::Kernels& k = g.k;
     void* page = std::aligned_alloc(4096, 4096);
     std::memset(page, 0, 4096);
     auto reg = cuda::HostRegistration::register_memory(page, 4096);

@@ -41,7 +41,7 @@ void memop(CUresult r, const char* what) {
 json op_costs(const Env& env, int iterations) {
   const auto results = run_workers({[&]() -> json {
     Gpu g;
-    kernels::Kernels k;
+    kernels::Kernels& k = g.k;
     auto other = cuda::Stream::create();
     std::vector<cuda::DeviceBuffer> buf;
     for (int i = 0; i < 8; ++i) buf.push_back(cuda::DeviceBuffer::allocate(kFrameBytes));
@@ -175,8 +175,9 @@ struct EventRelay {
 /// at b*128+64 for the word variants). {"fps"} from the common start until both finished; timed, {"timeline"}.
 json raw_stream(const Env& env, int frames, std::uint32_t slots, const Ordering& ordering, bool timed = false) {
   if (slots > 16) throw Error(ErrorCode::InvalidArgument, "raw streaming: at most 16 slots", "bench");
-  SharedPage page, relay_page;
-  auto* sync = new (page.as<Sync>()) Sync{};
+  const SyncPage page;
+  Sync* sync = page.get();
+  SharedPage relay_page;
   auto* relay = new (relay_page.as<EventRelay>()) EventRelay{};
   const std::string name = unique("raw");
   const bool words = ordering.sync == Ordering::Sync::Words;
