@@ -53,8 +53,8 @@ bench: build
 ## The CUDA IPC study (docs/study.md) from the result files in bench/results/: plots (docs/img), then the page.
 ## Needs python3 with matplotlib; run the benchmarks first (gpuipc bench all) on a GPU machine.
 study:
-	python3 bench/plot.py bench/results --out docs/img
-	python3 bench/study.py bench/results --img docs/img --out docs/study.md
+	python3 bench/analysis/plot.py bench/results --out docs/img
+	python3 bench/analysis/study.py bench/results --img docs/img --out docs/study.md
 
 ## ASan + UBSan build of the CPU test suite.
 asan: deps

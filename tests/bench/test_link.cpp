@@ -1,4 +1,4 @@
-// The bench suites' worker link (bench/pair.hpp): a message longer than one datagram travels whole, with its fds.
+// The bench suites' worker link (bench/harness/pair.hpp): a message longer than one datagram travels whole, with its fds.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-// The suites' program runner (bench/programs.hpp): a program's output, exit status and environment, and a program
+// The suites' program runner (bench/harness/programs.hpp): a program's output, exit status and environment, and a program
 // that outlives its time limit killed together with the processes it started (the pipeline suite's example runs
 // three stage processes under its own).
 #include <gtest/gtest.h>

@@ -19,18 +19,13 @@
 #include "gpuipc/segment.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
+#include "support/gpu_worker.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
 namespace {
 
 const bool kRegistered = register_broker_environment();
-
-/// A CUDA context on GPU 0, made current: what each creating child needs.
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int made_current = (ctx.make_current(), 0);
-};
 
 /// The allocation granularity of GPU 0 (what a device segment's size is rounded up to), asked in a child; 0 when
 /// the child failed.

@@ -1,19 +1,12 @@
 // What a GPU test's worker (a forked child, or the test process once it has forked what it needs) works with:
-// GPU 0's primary context made current on this thread, a stream, and the test kernels (testkit/kernels). Included by
-// tests/gpu only: they link gpuipc_testkit.
+// GPU 0's primary context made current on this thread, a stream, and the test kernels (testkit/kernels): the benchmark
+// harness's Gpu (bench/harness/gpu.hpp), the one definition. Included by tests/gpu only: they link the harness.
 #pragma once
 
-#include "cuda/context.hpp"
-#include "testkit/cuda/stream.hpp"
-#include "testkit/kernels/kernels.hpp"
+#include "harness/gpu.hpp"
 
 namespace gpuipc::test {
 
-struct Gpu {
-  cuda::PrimaryContext ctx{0};
-  int made_current = (ctx.make_current(), 0);
-  cuda::Stream stream = cuda::Stream::create();
-  kernels::Kernels k;
-};
+using bench::Gpu;
 
 }  // namespace gpuipc::test

@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 
 #include "cuda/context.hpp"
 #include "gpuipc/segment.hpp"
+#include "os/child.hpp"
 #include "proto/shm.hpp"
 #include "shm/channel_ring.hpp"
 #include "support/broker_env.hpp"
@@ -43,11 +43,7 @@ namespace {
 /// Returns 2 without running `body` when the parent is already gone.
 pid_t start_tied_child(const std::function<int()>& body) {
   const pid_t parent = ::getpid();
-  return start_child([&body, parent] {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) return 2;
-    return body();
-  });
+  return start_child([&body, parent] { return os::tie_to_parent(parent) ? body() : 2; });
 }
 
 /// The supervisor's producer membership (it publishes nothing; it keeps the channel open for restarted producers

@@ -22,6 +22,7 @@ extern char** environ;
 #include <stdexcept>
 #include <system_error>
 
+#include "os/child.hpp"
 #include "os/process.hpp"
 
 namespace gpuipc::test {
@@ -52,43 +53,17 @@ TempDir::~TempDir() {
 
 std::string TempDir::file(std::string_view name) const { return m_path + "/" + std::string(name); }
 
-pid_t start_child(const std::function<int()>& body) {
-  std::fflush(nullptr);  // so that buffered output is not written twice
-  const pid_t pid = ::fork();
-  if (pid < 0) fail("fork");
-  if (pid != 0) return pid;
-  int code = kChildThrew;
-  try {
-    code = body();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "child %d: uncaught exception: %s\n", static_cast<int>(::getpid()), e.what());
-  } catch (...) {
-    std::fprintf(stderr, "child %d: uncaught non-standard exception\n", static_cast<int>(::getpid()));
-  }
-  std::fflush(stderr);
-  ::_exit(code);
-}
+pid_t start_child(const std::function<int()>& body) { return os::fork_child(body, kChildThrew); }
 
 int wait_child(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int status = 0;
-  for (;;) {
-    const pid_t rc = ::waitpid(pid, &status, WNOHANG);
-    if (rc == pid) break;
-    if (rc < 0 && errno != EINTR) fail("waitpid " + std::to_string(pid));
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::fprintf(stderr, "child %d outlived its %lld ms timeout: killing it\n", static_cast<int>(pid),
-                   static_cast<long long>(timeout.count()));
-      ::kill(pid, SIGKILL);
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      return kChildTimedOut;
-    }
-    std::this_thread::sleep_for(1ms);
+  const os::ChildExit e = os::wait_child(pid, timeout);
+  if (!e.finished) {
+    std::fprintf(stderr, "child %d outlived its %lld ms timeout: killed it\n", static_cast<int>(pid),
+                 static_cast<long long>(timeout.count()));
+    return kChildTimedOut;
   }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return kChildTimedOut;
+  const int code = os::exit_code(e.wait_status);
+  return code < 0 ? kChildTimedOut : code;
 }
 
 int run_child(const std::function<int()>& body, std::chrono::milliseconds timeout) {

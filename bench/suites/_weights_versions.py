@@ -1,0 +1,316 @@
+"""The parts of bench/suites/weights.py that hand a dict over again and again: update (pub.update() -> a reader's
+wait_version returns) and stream (bucketed streaming to a reader process, beside a local device-to-device copy)."""
+import os
+import time
+import traceback
+
+from _weights_common import (
+    BUCKET_BYTES,
+    BUCKETS,
+    CONTEXT_BYTES,
+    STARTUP,
+    TIMEOUT,
+    WARMUP_COPIES,
+    WARMUP_UPDATES,
+    GiB,
+    PeerFailed,
+    _get,
+    _report_error,
+    _spawn,
+    _stop,
+    check,
+    cuda_init,
+    fits,
+    load_spec,
+    make_dict,
+    spec_bytes,
+    tag,
+)
+
+
+# --- part update: pub.update() -> a reader's wait_version returns ---------------------------------------------------
+def _open_ack(gpuipc, name, procs, results):
+    """The semaphore a peer creates to acknowledge, as soon as it exists."""
+    deadline = time.monotonic() + STARTUP
+    while True:
+        try:
+            return gpuipc.Semaphore.open(name, role="waiter", wait=0.2)
+        except (gpuipc.NotFound, gpuipc.Timeout):
+            if not procs[0].is_alive() or time.monotonic() > deadline:
+                try:
+                    kind, _, payload = results.get(timeout=2)
+                    if kind == "error":
+                        raise PeerFailed(payload) from None
+                except Exception as e:  # noqa: BLE001 - only to find the peer's reason
+                    if isinstance(e, PeerFailed):
+                        raise
+                why = "timed out" if procs[0].is_alive() else f"it exited with status {procs[0].exitcode}"
+                raise PeerFailed(f"the peer did not create its acknowledgement semaphore {name!r}: {why}") from None
+
+
+#: How long a spinning reader polls before it sleeps (the reader is blocked some 2 ms before each update).
+SPIN_S = 0.05
+
+
+def update_reader(name, ack_name, spec_path, spins, results):
+    try:
+        torch = cuda_init()
+        import gpuipc
+
+        spec = load_spec(spec_path)
+        ack = gpuipc.Semaphore.create(ack_name, initial=0, kind="host")
+        r = gpuipc.open_tensors(name, versioned=True, device=0, wait=TIMEOUT)
+        v = r.version
+        t1, seen = [], []
+        for i, spin in enumerate(spins):
+            ack.signal_host(i + 1)  # about to wait for version v + 1
+            got = r.wait_version(v + 1, timeout=TIMEOUT, spin=SPIN_S if spin else None)
+            t1.append(time.monotonic_ns())
+            seen.append(got)
+            v += 1
+        with r.pin() as p:  # the latest version, read through its index slot (untimed)
+            check(torch, p.tensors, spec)
+        results.put(("done", 0, {"t1_ns": t1, "seen": seen}))
+        torch.cuda.synchronize()
+        r.close()
+        ack.close()
+    except BaseException:  # noqa: BLE001 - reported to the driver
+        _report_error(results, 0)
+
+
+def measure_updates(torch, gpuipc, pub, name, versions, updates, copies, source, spec_path):
+    # A reader sleeping in wait_version (spins 20 us, then a futex), and one polling (spin=SPIN_S).
+    cur = torch.cuda.current_stream()
+    modes = (("stream", cur, False), ("host", None, False), ("stream_spin", cur, True), ("host_spin", None, True))
+    spins = [spin for _, _, spin in modes for _ in range(WARMUP_UPDATES + updates)]
+    rounds = len(spins)
+    ack_name = name + ".ack"
+    _, results, procs = _spawn(update_reader, [(name, ack_name, spec_path, spins)])
+    ok = False
+    out = {"signal": "stream-ordered" if pub._sem_kind == "host_pinned" else "host (update(stream=...) does not "
+           "order the signal after the stream: the version semaphore is host-kind)"}
+    try:
+        ack = _open_ack(gpuipc, ack_name, procs, results)
+        t0s, call_us, i = [], [], 0
+        for mode, stream, _ in modes:
+            for _ in range(WARMUP_UPDATES + updates):
+                if versions == 2:
+                    pub.tensors  # the back buffer (allocated, filled with the front), before the clock
+                torch.cuda.synchronize()
+                i += 1
+                ack.wait_host(i, timeout=TIMEOUT)  # the reader is about to block in wait_version
+                time.sleep(0.002)  # ... and is blocked by now
+                t0 = time.monotonic_ns()
+                pub.update(stream=stream)
+                t1 = time.monotonic_ns()
+                t0s.append(t0)
+                call_us.append((t1 - t0) / 1e3)
+        kind, _, payload = _get(results, time.monotonic() + TIMEOUT, procs, "the reader's timestamps")
+        if kind == "error":
+            raise PeerFailed(payload)
+        ack.close()
+        ok = True
+    finally:
+        _stop(procs, 60 if ok else 2)
+    if payload["seen"] != list(range(payload["seen"][0], payload["seen"][0] + rounds)):
+        raise RuntimeError(f"the reader saw versions {payload['seen'][:5]}... : not each version in turn")
+    visible = [(t1 - t0) / 1e3 for t0, t1 in zip(t0s, payload["t1_ns"])]
+    n = WARMUP_UPDATES + updates
+    for m, (mode, _, _) in enumerate(modes):
+        lo = m * n + WARMUP_UPDATES
+        out[mode] = {"visible_us": visible[lo:(m + 1) * n], "call_us": call_us[lo:(m + 1) * n]}
+    # update_from of the whole dict: the copy in, then the update; until its stream has finished. The source holds
+    # the same values, so what readers would see does not change.
+    s = torch.cuda.current_stream()
+    copy_ms, copy_call_ms = [], []
+    for j in range(WARMUP_COPIES + copies):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        pub.update_from(source, stream=s)
+        t1 = time.perf_counter()
+        s.synchronize()
+        t2 = time.perf_counter()
+        if j >= WARMUP_COPIES:
+            copy_ms.append((t2 - t0) * 1e3)
+            copy_call_ms.append((t1 - t0) * 1e3)
+    out["copy_ms"], out["copy_call_ms"] = copy_ms, copy_call_ms
+    return out
+
+
+def part_update(a):
+    torch = cuda_init()
+    import gpuipc
+    import gpuipc.torch as gt
+
+    spec = load_spec(a.spec)
+    nbytes = spec_bytes(spec)
+    # The MemPool dict, the source of update_from, and versions=2's pool (front, back, and one freed in order).
+    why = fits(torch, 5 * nbytes + GiB + CONTEXT_BYTES, f"updates of a {nbytes / GiB:.1f} GiB dict")
+    if why:
+        return {"skipped": why, "tensors": len(spec), "bytes": nbytes}
+    name = tag()
+    pool = gt.MemPool(name + ".weights", device=0)
+    with torch.cuda.use_mem_pool(pool):
+        sd = make_dict(torch, spec)
+    source = make_dict(torch, spec)
+    out = {"tensors": len(spec), "bytes": nbytes, "updates": a.updates, "copies": a.copies, "warmup": WARMUP_UPDATES}
+    for versions in (1, 2):
+        pub = gpuipc.publish_tensors(f"{name}-v{versions}", sd, versions=versions)
+        try:
+            out[f"v{versions}"] = measure_updates(torch, gpuipc, pub, f"{name}-v{versions}", versions, a.updates,
+                                                  a.copies, source, a.spec)
+            out[f"v{versions}"]["by_reference"] = pub.pool is None
+        finally:
+            pub.close()
+        torch.cuda.synchronize()
+    return out
+
+
+# --- part stream: bucketed streaming to a reader process, beside a local device-to-device copy ------------------------
+def stream_reader_proc(name, ack_name, spec_path, rounds, results):
+    try:
+        torch = cuda_init()
+        import gpuipc
+
+        spec = load_spec(spec_path)
+        into = {e["name"]: torch.empty(e["shape"], dtype=torch.bfloat16, device="cuda:0") for e in spec}
+        s = torch.cuda.current_stream()
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                rd = gpuipc.stream_reader(name)
+                break
+            except gpuipc.NotFound:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        ack = gpuipc.Semaphore.create(ack_name, initial=0, kind="host")
+        t1, versions = [], []
+        for i in range(rounds):
+            if i == rounds - 1:  # the last round must deliver every byte again: clear the targets (untimed)
+                torch._foreach_zero_(list(into.values()))
+                torch.cuda.synchronize()
+            ack.signal_host(i + 1)  # about to block in receive
+            versions.append(rd.receive(into, stream=s, timeout=TIMEOUT))
+            s.synchronize()
+            t1.append(time.monotonic_ns())
+        check(torch, into, spec)
+        results.put(("done", 0, {"t1_ns": t1, "versions": versions}))
+        close = getattr(rd, "close", None)
+        if close is not None:
+            close()
+        ack.close()
+    except BaseException:  # noqa: BLE001 - reported to the driver
+        _report_error(results, 0)
+
+
+def measure_stream(torch, gpuipc, sd, spec_path, reps):
+    name = tag()
+    ack_name = name + ".ack"
+    s = torch.cuda.current_stream()
+    items = list(sd.items())
+    pub = gpuipc.stream_publisher(name, bucket_bytes=BUCKET_BYTES, buckets=BUCKETS, device=0)
+    ok = False
+    try:
+        _, results, procs = _spawn(stream_reader_proc, [(name, ack_name, spec_path, reps + 1)])
+        try:
+            ack = _open_ack(gpuipc, ack_name, procs, results)
+            t0s, call_ms, versions = [], [], []
+            for i in range(reps + 1):
+                torch.cuda.synchronize()
+                ack.wait_host(i + 1, timeout=TIMEOUT)
+                time.sleep(0.005)  # the reader is blocked in receive by now
+                t0 = time.monotonic_ns()
+                versions.append(pub.publish(items, stream=s))
+                t1 = time.monotonic_ns()
+                t0s.append(t0)
+                call_ms.append((t1 - t0) / 1e6)
+                s.synchronize()
+            kind, _, payload = _get(results, time.monotonic() + TIMEOUT, procs, "the stream reader's timestamps")
+            if kind == "error":
+                raise PeerFailed(payload)
+            ack.close()
+            ok = True
+        finally:
+            _stop(procs, 60 if ok else 2)
+    finally:
+        close = getattr(pub, "close", None)
+        if close is not None:
+            close()
+    ms = [(t1 - t0) / 1e6 for t0, t1 in zip(t0s, payload["t1_ns"])][1:]
+    return {"ms": ms, "publish_call_ms": call_ms[1:], "first_ms": (payload["t1_ns"][0] - t0s[0]) / 1e6,
+            "versions_published": versions, "versions_received": payload["versions"]}
+
+
+def measure_local(torch, sd, reps):
+    """The same bytes copied device to device in this process: into a second dict (one fused call), and flat."""
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    src = list(sd.values())
+    dst = [torch.empty_like(t) for t in src]
+    foreach = hasattr(torch, "_foreach_copy_")
+    ms = []
+    for j in range(1 + reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if foreach:
+            torch._foreach_copy_(dst, src)
+        else:
+            for d, t in zip(dst, src):
+                d.copy_(t, non_blocking=True)
+        torch.cuda.synchronize()
+        if j > 0:
+            ms.append((time.perf_counter() - t0) * 1e3)
+    del dst
+    torch.cuda.empty_cache()
+    flat_bytes = min(nbytes, 2 * GiB)
+    a = torch.empty(flat_bytes, dtype=torch.uint8, device="cuda:0")
+    b = torch.empty_like(a)
+    flat_ms = []
+    for j in range(1 + reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        if j > 0:
+            flat_ms.append((time.perf_counter() - t0) * 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return {"ms": ms, "method": "torch._foreach_copy_" if foreach else "Tensor.copy_ per tensor",
+            "flat_bytes": flat_bytes, "flat_ms": flat_ms}
+
+
+def part_stream(a):
+    torch = cuda_init()
+    import gpuipc
+
+    out = {"bucket_bytes": BUCKET_BYTES, "buckets": BUCKETS, "reps": a.reps, "skipped_sizes": []}
+    # The reader's targets and this process's dict, the ring, and a second dict for the local copy afterwards.
+    chosen = None
+    for path, label in ((a.spec_large, "large"), (a.spec, "small")):
+        if not path:
+            continue
+        spec = load_spec(path)
+        nbytes = spec_bytes(spec)
+        why = fits(torch, 2 * nbytes + BUCKETS * BUCKET_BYTES + 2 * GiB + CONTEXT_BYTES,
+                   f"streaming a {nbytes / GiB:.1f} GiB dict")
+        if why is None:
+            chosen = (path, spec, nbytes, label)
+            break
+        out["skipped_sizes"].append(why)
+    if chosen is None:
+        return {**out, "skipped": "; ".join(out["skipped_sizes"])}
+    path, spec, nbytes, label = chosen
+    out.update({"dict": label, "tensors": len(spec), "bytes": nbytes})
+    sd = make_dict(torch, spec)
+    if not (hasattr(gpuipc, "stream_publisher") and hasattr(gpuipc, "stream_reader")):
+        out["stream_missing"] = (f"this gpuipc ({getattr(gpuipc, '__version__', '?')}, {os.path.dirname(gpuipc.__file__)}) "
+                                 "has no stream_publisher / stream_reader: bucketed streaming is not built in it")
+    else:
+        try:
+            out["stream"] = measure_stream(torch, gpuipc, sd, path, a.reps)
+        except Exception as e:  # noqa: BLE001 - the local copy is still measured; the suite reports the failure
+            traceback.print_exc()
+            out["stream_error"] = f"{type(e).__name__}: {e}"
+    torch.cuda.synchronize()
+    out["local"] = measure_local(torch, sd, a.reps)
+    return out

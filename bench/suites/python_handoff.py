@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""gpuipc's channel handoff from Python, measured like the baselines in bench/analysis/baselines/handoff.py.
+
+    python3 bench/suites/python_handoff.py --bytes 1048576 --iters 2000 [--host] [--stream default|side]
+
+A producer process and a consumer process (multiprocessing "spawn", as the torch baseline). One round trip, timed
+at the producer with time.perf_counter: the producer sends the same 1 MiB torch CUDA tensor (filled once) through a
+gpuipc device Channel (``ch.send(tensor, stream=torch.cuda.current_stream())``) -> the consumer receives it
+(``ch.recv``), makes a torch tensor of it (``torch.from_dlpack(msg.array)``, zero-copy), releases it in stream order
+and acknowledges -> the producer sees the acknowledgement. The acknowledgement is a host-kind gpuipc Semaphore that
+the consumer raises (``signal_host``) and the producer waits on (``wait_host``): one atomic and a futex wake, cheaper
+than a reverse channel (acquire, publish, receive, release).
+
+Two variants, each after 50 warm-up round trips:
+
+* drained (the headline, ``p50_us``...): between round trips, outside the timed window, both processes synchronize
+  their stream (the consumer then raises the semaphore once more, which the producer waits for before its next
+  timer starts). The baselines queue no GPU work, so each of their round trips starts with idle streams; gpuipc's
+  send queues a device copy and stream memory operations, which are drained here.
+* back to back (``nodrain_*``): no synchronisation between round trips; stream work may overlap the next one.
+
+``--host`` runs the same protocol through a host channel with a NumPy array (no GPU, no torch: tests the script).
+``--stream side`` uses a new torch stream on each side instead of the current (default) stream.
+
+Prints one JSON line last: {"impl": "gpuipc-python", "bytes", "iters", "p50_us", "p99_us", "min_us", "mean_us",
+"nodrain_p50_us", ..., "ack", ...} or {"impl": ..., "error": ...}. `gpuipc bench python` runs it beside the
+baselines (bench/suites/suite_python.cpp).
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+WARMUP = 50
+TIMEOUT_S = 60.0
+
+
+def summarize(samples_us, prefix=""):
+    s = sorted(samples_us)
+    p99 = s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))]
+    return {
+        f"{prefix}p50_us": statistics.median(s),
+        f"{prefix}p99_us": p99,
+        f"{prefix}min_us": s[0],
+        f"{prefix}mean_us": statistics.fmean(s),
+    }
+
+
+def phases(iters):
+    """(name, drained, round trips) in the order both processes run them."""
+    return [("drained", True, WARMUP + iters), ("nodrain", False, WARMUP + iters)]
+
+
+def _torch_cuda():
+    import torch
+
+    torch.cuda.set_device(0)
+    torch.zeros(1, device="cuda")  # a current context before gpuipc maps anything
+    return torch
+
+
+def _stream(torch, which):
+    if which == "side":
+        s = torch.cuda.Stream()
+        torch.cuda.set_stream(s)
+    return torch.cuda.current_stream()
+
+
+# --- consumer ------------------------------------------------------------------------------------------------
+def consumer(ch_name, sem_name, nbytes, iters, host, which_stream, results):
+    """Receives, views, releases and acknowledges every message; puts {"recv_wait_us", ...} or {"error"} last."""
+    out = {}
+    try:
+        import gpuipc
+        import numpy as np
+
+        torch = None
+        stream = None
+        if not host:
+            torch = _torch_cuda()
+            stream = _stream(torch, which_stream)
+        ch = gpuipc.Channel.open(ch_name, "consumer", wait=TIMEOUT_S)
+        sem = gpuipc.Semaphore.create(sem_name, initial=0, kind="host")
+        value = 0
+        recv_us, view_us, release_us = [], [], []
+        checked = False
+        for _, drained, n in phases(iters):
+            for i in range(n):
+                t0 = time.perf_counter()
+                msg = ch.recv(timeout=TIMEOUT_S, stream=stream)
+                t1 = time.perf_counter()
+                if host:
+                    a = np.asarray(msg.array)
+                else:
+                    a = torch.from_dlpack(msg.array)  # zero-copy view of the slot
+                t2 = time.perf_counter()
+                if not checked:  # once, in the warm-up: the bytes arrived (outside any timed window)
+                    if not host:
+                        stream.synchronize()
+                    first, last = int(a[0]), int(a[-1])
+                    if a.shape[0] != nbytes or first != 1 or last != 1:
+                        raise RuntimeError(f"received {tuple(a.shape)} starting {first}, ending {last}: expected "
+                                           f"{nbytes} bytes of 1")
+                    checked = True
+                del a
+                msg.release(stream=stream)
+                t3 = time.perf_counter()
+                value += 1
+                sem.signal_host(value)  # the acknowledgement
+                if i >= WARMUP and drained:
+                    recv_us.append((t1 - t0) * 1e6)
+                    view_us.append((t2 - t1) * 1e6)
+                    release_us.append((t3 - t2) * 1e6)
+                if drained:
+                    if stream is not None:
+                        stream.synchronize()
+                    value += 1
+                    sem.signal_host(value)  # drained: the producer may start its next timer
+        if stream is not None:
+            stream.synchronize()
+        results.put({
+            "recv_wait_us": statistics.median(recv_us),
+            "from_dlpack_us": statistics.median(view_us),
+            "release_call_us": statistics.median(release_us),
+        })
+        # Closing the semaphore poisons it: wait until the producer has seen the last acknowledgement (it closes
+        # the channel after that) so that its last wait_host cannot see "closed" first.
+        try:
+            ch.recv(timeout=TIMEOUT_S, stream=stream)
+            raise RuntimeError("a message after the last round trip")
+        except (gpuipc.Closed, gpuipc.PeerDied):
+            pass
+        ch.close()
+        sem.close()
+        return
+    except BaseException as e:  # noqa: BLE001 - reported to the producer
+        traceback.print_exc()
+        out = {"error": f"consumer: {type(e).__name__}: {e}"}
+    results.put(out)
+
+
+class ConsumerFailed(RuntimeError):
+    pass
+
+
+# --- producer ------------------------------------------------------------------------------------------------
+def _open_ack(gpuipc, name, proc, results):
+    """The consumer's semaphore, as soon as it exists (fails at once when the consumer is gone)."""
+    deadline = time.monotonic() + 180  # a spawned child importing torch and making a context takes seconds
+    while True:
+        try:
+            return gpuipc.Semaphore.open(name, role="waiter", wait=0.2)
+        except (gpuipc.NotFound, gpuipc.Timeout):
+            if not proc.is_alive() or time.monotonic() > deadline:
+                why = "timed out" if proc.is_alive() else f"it exited with status {proc.exitcode}"
+                raise RuntimeError(f"the consumer did not create the acknowledgement semaphore: {why}") from None
+
+
+def run(nbytes, iters, host, which_stream):
+    import multiprocessing as mp
+
+    import gpuipc
+
+    torch = None
+    stream = None
+    if host:
+        import numpy as np
+
+        buf = np.ones(nbytes, dtype=np.uint8)
+    else:
+        torch = _torch_cuda()
+        stream = _stream(torch, which_stream)
+        buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+        buf.fill_(1)
+        torch.cuda.synchronize()
+    tag = f"{os.getpid()}-{time.monotonic_ns() % 1000000}"
+    ch_name, sem_name = f"pyhandoff-{tag}", f"pyhandoff-ack-{tag}"
+    ch = gpuipc.Channel.create(ch_name, slots=4, slot_bytes=nbytes, kind="host" if host else "device")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    p = ctx.Process(target=consumer, args=(ch_name, sem_name, nbytes, iters, host, which_stream, results))
+    p.start()
+    out = {}
+    finished = False
+    try:
+        sem = _open_ack(gpuipc, sem_name, p, results)
+        value = 0
+        send_us = []
+        for name, drained, n in phases(iters):
+            samples = []
+            for i in range(n):
+                t0 = time.perf_counter()
+                ch.send(buf, stream=stream, timeout=TIMEOUT_S)
+                t1 = time.perf_counter()
+                value += 1
+                sem.wait_host(value, timeout=TIMEOUT_S)
+                t2 = time.perf_counter()
+                if i >= WARMUP:
+                    samples.append((t2 - t0) * 1e6)
+                    if drained:
+                        send_us.append((t1 - t0) * 1e6)
+                if drained:  # outside the timed window: both streams idle before the next round trip
+                    if stream is not None:
+                        stream.synchronize()
+                    value += 1
+                    sem.wait_host(value, timeout=TIMEOUT_S)
+            out.update(summarize(samples, "" if drained else f"{name}_"))
+        out["send_call_us"] = statistics.median(send_us)
+        if stream is not None:
+            stream.synchronize()
+        peer = results.get(timeout=TIMEOUT_S)
+        if "error" in peer:
+            raise ConsumerFailed(peer["error"])
+        out.update(peer)
+        sem.close()
+        finished = True
+    except ConsumerFailed:
+        raise
+    except Exception as e:
+        # The consumer's own error says more than the producer's PeerDied: prefer it when there is one.
+        try:
+            peer = results.get(timeout=5)
+        except Exception:  # noqa: BLE001 - nothing more to say
+            peer = {}
+        if "error" in peer:
+            raise ConsumerFailed(f"{peer['error']} (producer: {type(e).__name__}: {e})") from e
+        raise
+    finally:
+        ch.close()  # the consumer's cue to exit
+        p.join(timeout=TIMEOUT_S if finished else 2)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=10)
+    return out
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_broker(runtime_dir):
+    """SIGTERMs the broker of ``runtime_dir`` (SIGKILL after 5 s) so that nothing is left running."""
+    try:
+        with open(os.path.join(runtime_dir, "broker.pid")) as f:
+            pid = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return
+    if pid <= 0:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.01)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bytes", type=int, default=1 << 20)
+    ap.add_argument("--iters", type=int, default=1000)
+    ap.add_argument("--host", action="store_true", help="a host channel and a NumPy array (no GPU needed)")
+    ap.add_argument("--stream", choices=["default", "side"], default="default",
+                    help="torch's current (default) stream, or a new stream on each side")
+    a = ap.parse_args()
+    # SIGTERM (the suite's time limit) unwinds like an error: the broker and the consumer are stopped below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated (SIGTERM)"))
+    out = {"impl": "gpuipc-python", "bytes": a.bytes, "iters": a.iters, "kind": "host" if a.host else "device",
+           "warmup": WARMUP, "stream": "none" if a.host else a.stream,
+           "ack": "gpuipc host Semaphore (signal_host/wait_host)", "array": "numpy" if a.host else "torch cuda:0"}
+    # A private broker: its own runtime directory (short: the socket path must fit in 108 bytes), stopped at the end.
+    runtime_dir = tempfile.mkdtemp(prefix="gpuipc-pyb-", dir="/tmp")
+    os.chmod(runtime_dir, 0o700)
+    os.environ["GPUIPC_RUNTIME_DIR"] = runtime_dir  # before the first gpuipc call; the spawned consumer inherits it
+    try:
+        out.update(run(a.bytes, a.iters, a.host, a.stream))
+        import gpuipc
+
+        out["version"] = gpuipc.__version__
+        if not a.host:
+            import torch
+
+            out["torch"] = torch.__version__
+    except BaseException as e:  # noqa: BLE001 - reported as data, the suite records it
+        traceback.print_exc()
+        out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        stop_broker(runtime_dir)
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+    print(json.dumps(out), flush=True)
+    return 0 if "error" not in out else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
