@@ -359,6 +359,8 @@ def test_a_closed_channel_raises_closed(name):
     assert slot.published and tx.closed  # a closed handle holds nothing
     tx.close()  # idempotent
 
+
+CTRL_C = """
 import sys, gpuipc
 rx = gpuipc.Channel.create(sys.argv[1], kind="host", role="consumer")
 print("waiting", flush=True)
