@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gpuipc/array_header.hpp"
@@ -18,6 +19,21 @@ using namespace std::chrono_literals;
 
 const bool kRegistered = register_broker_environment();
 
+/// A host channel `name` with a producer (its creator) and a consumer; the destructor unlinks it.
+struct HostPair {
+  HostPair(std::uint32_t slots, std::uint32_t header_bytes)
+      : name(unique_name("held")),
+        prod(Channel::create(name, {.slots = slots, .slot_bytes = 64, .header_bytes = header_bytes,
+                                    .kind = SegmentKind::Host}, ChannelRole::Producer)),
+        cons(Channel::open(name, ChannelRole::Consumer)) {}
+  ~HostPair() { Channel::unlink(name); }
+  HostPair(const HostPair&) = delete;
+  HostPair& operator=(const HostPair&) = delete;
+  std::string name;
+  Channel prod;
+  Channel cons;
+};
+
 std::vector<std::uint64_t> held(const Channel& ch) {
   std::vector<std::uint64_t> out;
   for (std::uint32_t i = 0; i < ch.held(); ++i) out.push_back(ch.held_sequence(i));
@@ -25,10 +41,9 @@ std::vector<std::uint64_t> held(const Channel& ch) {
 }
 
 TEST(ChannelHeld, FollowsAcquirePublishReceiveRelease) {
-  const auto name = unique_name("held");
-  auto prod = Channel::create(name, {.slots = 3, .slot_bytes = 64, .header_bytes = 8, .kind = SegmentKind::Host},
-                              ChannelRole::Producer);
-  auto cons = Channel::open(name, ChannelRole::Consumer);
+  HostPair pair(3, 8);
+  Channel& prod = pair.prod;
+  Channel& cons = pair.cons;
   EXPECT_EQ(Channel().held(), 0U);
   EXPECT_FALSE(Channel().slots_segment());
   for (std::uint64_t round = 0; round < 3; ++round) {  // past the ring's end: the held ring wraps as well
@@ -55,18 +70,16 @@ TEST(ChannelHeld, FollowsAcquirePublishReceiveRelease) {
     ASSERT_EQ(cons.release(nullptr), Status::Ok);
     EXPECT_EQ(cons.held(), 0U);
   }
-  Channel::unlink(name);
 }
 
 TEST(ChannelHeld, SlotsSegmentIsTheMembersMapping) {
-  const auto name = unique_name("held");
-  auto prod = Channel::create(name, {.slots = 2, .slot_bytes = 64, .header_bytes = 0, .kind = SegmentKind::Host},
-                              ChannelRole::Producer);
-  auto cons = Channel::open(name, ChannelRole::Consumer);
+  HostPair pair(2, 0);
+  Channel& prod = pair.prod;
+  Channel& cons = pair.cons;
   const Segment mine = prod.slots_segment();
   const Segment theirs = cons.slots_segment();
   ASSERT_TRUE(mine && theirs);
-  EXPECT_EQ(mine.name(), name + ".slots");
+  EXPECT_EQ(mine.name(), pair.name + ".slots");
   EXPECT_EQ(mine.access(), Access::ReadWrite);
   EXPECT_EQ(theirs.access(), Access::ReadOnly);  // consumers map the slots read-only
   SlotView s;
@@ -83,14 +96,12 @@ TEST(ChannelHeld, SlotsSegmentIsTheMembersMapping) {
   cons = Channel();  // the segment handle keeps the mapping after the member has left
   prod = Channel();
   EXPECT_EQ(static_cast<const std::uint8_t*>(theirs.data())[offset], 7);
-  Channel::unlink(name);
 }
 
 TEST(ChannelHeld, ArrayHeaderFromCppToCpp) {
-  const auto name = unique_name("held");
-  auto prod = Channel::create(name, {.slots = 2, .slot_bytes = 64, .header_bytes = 256, .kind = SegmentKind::Host},
-                              ChannelRole::Producer);
-  auto cons = Channel::open(name, ChannelRole::Consumer);
+  HostPair pair(2, 256);
+  Channel& prod = pair.prod;
+  Channel& cons = pair.cons;
   const std::array<float, 6> values{1, 2, 3, 4, 5, 6};
   const ArrayHeader sent{.dtype_code = 2, .dtype_bits = 32, .nbytes = sizeof values, .shape = {2, 3}};
   std::array<std::byte, 256> buffer{};
@@ -106,7 +117,6 @@ TEST(ChannelHeld, ArrayHeaderFromCppToCpp) {
   EXPECT_EQ(got->nbytes, m.size);
   EXPECT_EQ(std::memcmp(m.data, values.data(), sizeof values), 0);
   ASSERT_EQ(cons.release(nullptr), Status::Ok);
-  Channel::unlink(name);
 }
 
 }  // namespace
