@@ -165,6 +165,20 @@ class Channel {
   ChannelStats stats() const noexcept;
   explicit operator bool() const noexcept { return m_impl != nullptr; }
 
+  // What this handle holds (bindings read it here instead of keeping a copy). -----------------------------------
+  /// How many slots this producer acquired and has not published, or messages this consumer received and has not
+  /// released (0 for an empty handle).
+  std::uint32_t held() const noexcept;
+  /// The sequence of the `index`-th oldest of them (0: the one the next publish or release takes); 0 when
+  /// `index` >= held().
+  std::uint64_t held_sequence(std::uint32_t index) const noexcept;
+  /// Consumer: whether held message `sequence` may be partial (MessageView::incomplete); nullopt when this handle
+  /// does not hold it (released, never received, or a producer).
+  std::optional<bool> incomplete(std::uint64_t sequence) const noexcept;
+  /// The buffers' segment (`name`.slots) as this member mapped it (read-only for consumers): a second handle on
+  /// the same mapping, so views of slots can outlive this channel handle. Empty for an empty handle.
+  Segment slots_segment() const noexcept;
+
   struct Impl;
 
  private:

@@ -202,6 +202,8 @@ class Semaphore:
 
     def close(self) -> None: ...
 
+array_header_layout: dict = ...
+
 class Channel:
     """A joined producer/consumer channel (low level; see gpuipc.Channel)."""
 
@@ -223,8 +225,8 @@ class Channel:
     def acquire(self, stream: int, timeout: float | None = None) -> tuple[ArrayView, int]:
         """Claims the next free slot: (bytes view of its capacity, sequence)."""
 
-    def publish(self, header: bytes, nbytes: int, stream: int) -> None:
-        """Publishes the oldest acquired slot."""
+    def publish(self, header: bytes, nbytes: int, stream: int) -> int:
+        """Publishes the oldest acquired slot; returns its sequence."""
 
     def send_copy(self, source: int, nbytes: int, header: bytes, stream: int, timeout: float | None = None) -> int:
         """
@@ -236,8 +238,8 @@ class Channel:
         Takes the next message: (read-only bytes view of its payload, header bytes, sequence).
         """
 
-    def release(self, stream: int) -> None:
-        """Releases the oldest received message."""
+    def release(self, stream: int) -> int:
+        """Releases the oldest received message; returns its sequence."""
 
     def incomplete(self, sequence: int) -> bool:
         """
@@ -267,6 +269,12 @@ class Channel:
 
     @property
     def closed(self) -> bool: ...
+
+    @property
+    def held(self) -> list[int]:
+        """
+        Sequences of the slots this producer acquired and has not published, or of the messages this consumer received and has not released, oldest first.
+        """
 
     @property
     def stats(self) -> dict: ...

@@ -13,91 +13,37 @@ Every received message must be released (``msg.release()`` or ``with ch.recv() a
 slot is reused afterwards, so views of it must not be used after release (they stay mapped, but the producer
 overwrites them).
 
-The array header (``send`` writes it, ``Message.array`` reads it): little-endian, at offset 0 of the message's
-inline header::
+The array header ``send`` writes and ``Message.array`` reads (dtype, shape, size, ``meta``) is defined once in C++,
+``include/gpuipc/array_header.hpp``, where a C++ consumer decodes it; ``_array_header.py`` reads that layout.
 
-    offset  size  field
-    0       4     magic b"GPYA"
-    4       2     version (1)
-    6       1     ndim (0..64)
-    7       1     flags (bit 0: aborted - the producer failed while filling the slot; recv skips the message)
-    8       1     DLPack type code (0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool)
-    9       1     bits per lane
-    10      2     lanes (1)
-    12      4     meta_len: bytes of user metadata after the shape
-    16      8     nbytes of payload
-    24      8*n   shape, int64 each, C order
-    24+8n   meta_len  user metadata (``send(..., meta=b"...")``, ``Message.meta``)
-
-With the default ``header_bytes=256`` an array may have up to 29 dimensions (fewer with metadata).
+What a handle holds (acquired slots, received messages) is the library's state, asked for through ``_ch.held``:
+this module keeps no copy of it.
 """
 
 from __future__ import annotations
 
-import functools
-import struct
 import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Iterator, NamedTuple, Optional, Tuple, Union
+from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
 from . import _gpuipc
-from ._arrays import Array, Shape, as_host_array, make_array
-from ._dtypes import DType, dtype_of, from_dlpack
+from ._array_header import (
+    ABORTED_HEADER,
+    ARRAY_HEADER_MAGIC,
+    ArrayInfo,
+    header_bytes_needed,
+    pack_header,
+    unpack_header,
+)
+from ._arrays import Array, Shape, make_array
+from ._copy_plans import Source, copy_dlpack, plan_copy
+from ._dtypes import DType, dtype_of
 from ._streams import stream_handle
 from .errors import Closed, InvalidArgument, InvalidState
 
 __all__ = ["Channel", "ChannelStats", "Message", "Slot", "ARRAY_HEADER_MAGIC"]
-
-ARRAY_HEADER_MAGIC = b"GPYA"
-_HEADER = struct.Struct("<4sHBBBBHIQ")
-_VERSION = 1
-_FLAG_ABORTED = 1
-_MAX_NDIM = 64
-
-
-def _pack_header(dt: DType, shape: Tuple[int, ...], nbytes: int, meta: bytes) -> bytes:
-    if len(shape) > _MAX_NDIM:
-        raise InvalidArgument(f"arrays of more than {_MAX_NDIM} dimensions cannot be sent")
-    return _packed(dt.code, dt.bits, dt.lanes, shape, nbytes, meta)
-
-
-@functools.lru_cache(maxsize=1024)  # a stream of arrays mostly repeats one dtype and shape
-def _packed(code: int, bits: int, lanes: int, shape: Tuple[int, ...], nbytes: int, meta: bytes) -> bytes:
-    return (
-        _HEADER.pack(ARRAY_HEADER_MAGIC, _VERSION, len(shape), 0, code, bits, lanes, len(meta), nbytes)
-        + struct.pack(f"<{len(shape)}q", *shape)
-        + meta
-    )
-
-
-_ABORTED_HEADER = _HEADER.pack(ARRAY_HEADER_MAGIC, _VERSION, 0, _FLAG_ABORTED, 1, 8, 1, 0, 0)
-
-
-@dataclass(frozen=True)
-class _ArrayInfo:
-    dtype: DType
-    shape: Tuple[int, ...]
-    nbytes: int
-    meta: bytes
-    aborted: bool
-
-
-@functools.lru_cache(maxsize=1024)
-def _unpack_header(header: bytes) -> Optional[_ArrayInfo]:
-    if len(header) < _HEADER.size or header[:4] != ARRAY_HEADER_MAGIC:
-        return None
-    _, version, ndim, flags, code, bits, lanes, meta_len, nbytes = _HEADER.unpack_from(header)
-    if version != _VERSION or len(header) < _HEADER.size + 8 * ndim + meta_len:
-        return None
-    if flags & _FLAG_ABORTED:
-        return _ArrayInfo(dtype_of("uint8"), (0,), 0, b"", True)
-    shape = struct.unpack_from(f"<{ndim}q", header, _HEADER.size)
-    start = _HEADER.size + 8 * ndim
-    return _ArrayInfo(from_dlpack(code, bits, lanes), tuple(shape), nbytes, bytes(header[start : start + meta_len]), False)
-
 
 @dataclass(frozen=True)
 class ChannelStats:
@@ -125,13 +71,11 @@ class Channel:
     receives it. When the last consumer is gone, producers get PeerDied/Closed.
     """
 
-    __slots__ = ("_ch", "_acquired", "_received", "__weakref__")
+    __slots__ = ("_ch", "__weakref__")
 
     def __init__(self, _handle: _gpuipc.Channel) -> None:
         """Internal: use :meth:`create` or :meth:`open`."""
         self._ch = _handle
-        self._acquired: Deque[int] = deque()  # sequences of acquired, unpublished slots, oldest first
-        self._received: Deque[int] = deque()  # sequences of received, unreleased messages, oldest first
 
     # Construction ------------------------------------------------------------------------------------------------
     @classmethod
@@ -213,16 +157,12 @@ class Channel:
         slot is in flight. Device channels: work on ``stream`` after this waits until the slot's last reader
         released it. Raises Timeout/WouldBlock, PeerDied/Closed (no consumer left), InvalidState."""
         view, sequence = self._ch.acquire(stream_handle(stream), timeout)
-        self._acquired.append(sequence)
         return Slot(self, view, sequence)
 
     def publish(self, nbytes: int, *, header: bytes = b"", stream: Any = None) -> int:
         """Publishes the oldest acquired slot with ``nbytes`` of payload and ``header``, in ``stream`` order.
         Returns its sequence. Raises InvalidState (nothing acquired, too big), PeerDied/Closed, CudaError."""
-        if not self._acquired:
-            raise InvalidState(f"publish on channel '{self.name}': no slot is acquired")
-        self._ch.publish(bytes(header), nbytes, stream_handle(stream))
-        return self._acquired.popleft()
+        return self._ch.publish(bytes(header), nbytes, stream_handle(stream))
 
     # Consumer ----------------------------------------------------------------------------------------------------
     def receive(self, *, stream: Any = None, timeout: Optional[float] = None) -> "Message":
@@ -230,15 +170,11 @@ class Channel:
         interrupts). Device channels: work on ``stream`` after this waits for the producer's stream. Raises
         Timeout/WouldBlock, PeerDied/Closed (no producer left and nothing to drain), InvalidState."""
         view, header, sequence = self._ch.receive(stream_handle(stream), timeout)
-        self._received.append(sequence)
         return Message(self, view, header, sequence)
 
     def release(self, *, stream: Any = None) -> None:
         """Releases the oldest received message in ``stream`` order (see :meth:`Message.release`)."""
-        if not self._received:
-            raise InvalidState(f"release on channel '{self.name}': no message is held")
         self._ch.release(stream_handle(stream))
-        self._received.popleft()
 
     # Arrays ------------------------------------------------------------------------------------------------------
     def send(self, array: Any, *, stream: Any = None, timeout: Optional[float] = None, meta: bytes = b"") -> int:
@@ -255,14 +191,14 @@ class Channel:
         foreign arrays, a GPU array without DLPack to a host channel), InvalidState (slots taken with
         :meth:`acquire` are unpublished), TypeError (not an array), and what :meth:`acquire` raises.
         """
-        if self._acquired:
+        if self._ch.held and self.role == "producer":
             raise InvalidState(f"send on channel '{self.name}': publish the slots taken with acquire() first")
         handle = stream_handle(stream)
         meta = bytes(meta)
-        plan = _plan_copy(array, self._ch.kind == "device", handle)
-        if isinstance(plan, _Source):  # contiguous bytes at a known address: one call copies and publishes
+        plan = plan_copy(array, self._ch.kind == "device", handle)
+        if isinstance(plan, Source):  # contiguous bytes at a known address: one call copies and publishes
             self._check_fits(plan.dtype, plan.shape, plan.nbytes, meta)
-            header = _pack_header(plan.dtype, plan.shape, plan.nbytes, meta)
+            header = pack_header(plan.dtype, plan.shape, plan.nbytes, meta)
             return self._ch.send_copy(plan.address, plan.nbytes, header, handle, timeout)
         if plan is not None:
             dt, shape, nbytes, _ = plan
@@ -272,12 +208,11 @@ class Channel:
             if plan is not None:
                 plan[3](slot._view)
             else:  # a DLPack producer: its dtype and shape are known once the capsule is read
-                dt, shape, nbytes = _copy_dlpack(array, slot._view, handle)
+                dt, shape, nbytes = copy_dlpack(array, slot._view, handle)
                 self._check_fits(dt, shape, nbytes, meta)
-            header = _pack_header(dt, shape, nbytes, meta)
+            header = pack_header(dt, shape, nbytes, meta)
         except BaseException:
-            self._ch.publish(_ABORTED_HEADER, 0, handle)  # consumers skip it; the slot comes back
-            self._acquired.popleft()
+            self._ch.publish(ABORTED_HEADER, 0, handle)  # consumers skip it; the slot comes back
             raise
         return self.publish(nbytes, header=header, stream=handle)
 
@@ -306,7 +241,7 @@ class Channel:
             yield msg
 
     def _check_fits(self, dt: DType, shape: Tuple[int, ...], nbytes: int, meta: bytes) -> None:
-        need = _HEADER.size + 8 * len(shape) + len(meta)
+        need = header_bytes_needed(len(shape), len(meta))
         if need > self.header_bytes:
             raise InvalidArgument(
                 f"channel '{self.name}': a {len(shape)}-d array with {len(meta)} bytes of meta needs a {need}-byte "
@@ -385,8 +320,6 @@ class Channel:
         """Leaves (idempotent): acquired slots are given up, held messages go back to the queue, and the last
         producer (or consumer) leaving tells the other side (Closed). Views of slots stay mapped."""
         self._ch.close()
-        self._acquired.clear()
-        self._received.clear()
 
     def __enter__(self) -> "Channel":
         return self
@@ -431,7 +364,8 @@ class Slot:
 
     @property
     def published(self) -> bool:
-        return self.sequence not in self._channel._acquired
+        """Published (or given up by closing the channel)."""
+        return self._channel.closed or self.sequence not in self._channel._ch.held
 
     def as_array(self, dtype: Any = "uint8", shape: Shape = None, offset: int = 0) -> Array:
         """A zero-copy, writable view of the slot (see :meth:`gpuipc.Segment.as_array`)."""
@@ -451,10 +385,10 @@ class Slot:
         nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
         meta = bytes(meta)
         self._channel._check_fits(dt, dims, nbytes, meta)
-        return self._channel.publish(nbytes, header=_pack_header(dt, dims, nbytes, meta), stream=stream)
+        return self._channel.publish(nbytes, header=pack_header(dt, dims, nbytes, meta), stream=stream)
 
     def _check_oldest(self) -> None:
-        acquired = self._channel._acquired
+        acquired = self._channel._ch.held
         if not acquired or acquired[0] != self.sequence:
             raise InvalidState(
                 f"slot {self.sequence} of channel '{self._channel.name}': "
@@ -465,9 +399,9 @@ class Slot:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self.published and not self._channel.closed:
+        if not self.published:  # (a closed channel gave it up already)
             self._check_oldest()
-            self._channel.publish(0, header=_ABORTED_HEADER)
+            self._channel.publish(0, header=ABORTED_HEADER)
 
     def __repr__(self) -> str:
         return f"<gpuipc.Slot {self.sequence} of {self._channel.name!r} capacity={self.capacity}>"
@@ -486,9 +420,9 @@ class Message:
         self.sequence = sequence  #: the message's position in the channel
         self._decoded: Any = False
 
-    def _info(self) -> Optional[_ArrayInfo]:
+    def _info(self) -> Optional[ArrayInfo]:
         if self._decoded is False:
-            self._decoded = _unpack_header(self.header)
+            self._decoded = unpack_header(self.header)
         return self._decoded
 
     @property
@@ -504,7 +438,7 @@ class Message:
 
     @property
     def released(self) -> bool:
-        return self.sequence not in self._channel._received
+        return self._channel.closed or self.sequence not in self._channel._ch.held
 
     @property
     def array(self) -> Array:
@@ -548,9 +482,11 @@ class Message:
     def release(self, *, stream: Any = None) -> None:
         """Gives the slot back in ``stream`` order (device channels: once ``stream`` has finished reading).
         Messages are released oldest first: InvalidState otherwise. Idempotent."""
-        if self.released or self._channel.closed:
+        if self._channel.closed:
             return
-        held = self._channel._received
+        held = self._channel._ch.held
+        if self.sequence not in held:
+            return
         if held[0] != self.sequence:
             raise InvalidState(
                 f"message {self.sequence} of channel '{self._channel.name}': release the older messages first "
@@ -558,7 +494,7 @@ class Message:
             )
         self._channel.release(stream=stream)
 
-    def _require_info(self) -> _ArrayInfo:
+    def _require_info(self) -> ArrayInfo:
         info = self._info()
         if info is None:
             raise InvalidState(
@@ -581,122 +517,3 @@ class Message:
         what = f" {info.dtype.name}{list(info.shape)}" if info is not None and not info.aborted else ""
         state = " released" if self.released else ""
         return f"<gpuipc.Message {self.sequence} of {self._channel.name!r} size={self.size}{what}{state}>"
-
-
-# Copies into slots ---------------------------------------------------------------------------------------------------
-_Plan = Tuple[DType, Tuple[int, ...], int, Callable[[_gpuipc.ArrayView], None]]
-
-
-class _Source(NamedTuple):
-    """Contiguous bytes at a known address (host memory, or GPU memory for device channels): the C++ send copies
-    them itself, in stream order (cuMemcpyAsync) or with memcpy (host channels)."""
-
-    dtype: DType
-    shape: Tuple[int, ...]
-    nbytes: int
-    address: int
-    owner: Any  #: keeps the memory alive until the copy is enqueued
-
-
-def _framework(array: Any) -> str:
-    return type(array).__module__.split(".", 1)[0]
-
-
-def _plan_copy(array: Any, to_gpu: bool, stream: int) -> Union[_Source, _Plan, None]:
-    """How to copy ``array`` into a slot: a _Source (the C++ send copies), (dtype, shape, nbytes, copy(view)), or
-    None for the DLPack path."""
-    fw = _framework(array)
-    if fw == "torch":
-        return _plan_torch(array, to_gpu, stream)
-    if fw == "cupy" and to_gpu:
-        return _plan_cupy(array, stream)
-    host = as_host_array(array)
-    if host is not None:
-        return _plan_host(host)
-    if hasattr(array, "__dlpack__"):
-        return None
-    cai = getattr(array, "__cuda_array_interface__", None)
-    if cai is not None:
-        if not to_gpu:
-            raise InvalidArgument(
-                f"cannot send a GPU {type(array).__name__} through a host channel: copy it to host memory first"
-            )
-        return _plan_cai(cai, array)
-    raise TypeError(f"cannot send a {type(array).__name__}: not an array (no DLPack, no array interface)")
-
-
-def _plan_host(arr: np.ndarray) -> _Source:
-    dt = dtype_of(arr.dtype)
-    if not arr.flags.c_contiguous:
-        arr = arr.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
-    # To a device channel: cuMemcpyAsync from pageable memory returns once the bytes are staged, so the array may
-    # change right after send (from pinned memory the copy reads it when the stream gets there).
-    return _Source(dt, tuple(arr.shape), arr.nbytes, arr.ctypes.data, arr)
-
-
-def _plan_torch(t: Any, to_gpu: bool, stream: int) -> Union[_Source, _Plan]:
-    dt = dtype_of(t.dtype)
-    shape = tuple(t.shape)
-    nbytes = t.numel() * t.element_size()
-    where = t.device.type
-    if (
-        (where == "cuda" and to_gpu or where == "cpu")
-        and t.is_contiguous()
-        and not t.is_conj()
-        and not t.is_neg()  # lazy conjugation/negation: the bytes in memory are not the values
-    ):
-        return _Source(dt, shape, nbytes, t.data_ptr() if nbytes else 0, t)
-    import torch  # type: ignore[import-not-found]
-
-    def copy(view: _gpuipc.ArrayView) -> None:
-        dst = torch.from_dlpack(make_array(view, dt, shape))
-        if to_gpu:
-            s = torch.cuda.ExternalStream(stream) if stream else torch.cuda.default_stream(dst.device)
-            with torch.cuda.stream(s):
-                dst.copy_(t.detach(), non_blocking=True)
-        else:
-            dst.copy_(t.detach())  # to host memory: torch synchronises a GPU source itself
-
-    return dt, shape, nbytes, copy
-
-
-def _plan_cupy(a: Any, stream: int) -> Union[_Source, _Plan]:
-    dt = dtype_of(a.dtype)
-    shape = tuple(int(s) for s in a.shape)
-    if a.flags.c_contiguous:
-        return _Source(dt, shape, int(a.nbytes), int(a.data.ptr), a)
-    import cupy  # type: ignore[import-not-found]
-
-    def copy(view: _gpuipc.ArrayView) -> None:
-        s = cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null
-        with s:
-            cupy.copyto(cupy.asarray(make_array(view, dt, shape)), a)
-
-    return dt, shape, int(a.nbytes), copy
-
-
-def _plan_cai(cai: dict, owner: Any) -> _Source:
-    dt = dtype_of(np.dtype(cai["typestr"]))
-    shape = tuple(int(s) for s in cai["shape"])
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    strides = cai.get("strides")
-    if strides is not None:
-        expect = dt.itemsize
-        for dim, stride in zip(reversed(shape), reversed(strides)):
-            if dim > 1 and stride != expect:
-                raise InvalidArgument("cannot send a strided __cuda_array_interface__ array: make it contiguous")
-            expect *= dim
-    return _Source(dt, shape, nbytes, int(cai["data"][0]), owner)
-
-
-def _copy_dlpack(array: Any, view: _gpuipc.ArrayView, stream: int) -> Tuple[DType, Tuple[int, ...], int]:
-    dev_type = array.__dlpack_device__()[0]
-    if dev_type == 2:  # kDLCUDA: ask the producer to order the data before our stream (1: legacy default)
-        capsule = array.__dlpack__(stream=stream or 1)
-    else:
-        capsule = array.__dlpack__()
-    info = _gpuipc._copy_from_dlpack(view, capsule, stream)
-    if info is None:
-        raise InvalidArgument(f"cannot send a strided {type(array).__name__}: make it contiguous first")
-    code, bits, lanes, shape, nbytes = info
-    return from_dlpack(code, bits, lanes), tuple(shape), nbytes

@@ -1,14 +1,18 @@
-// gpuipc._gpuipc.Channel: gpuipc::Channel with interruptible waits and views that keep the slot memory mapped.
-// python/gpuipc/channel.py wraps it (send/recv, message objects, the array header).
+// gpuipc._gpuipc.Channel: gpuipc::Channel with interruptible waits and views that keep the slot memory mapped,
+// and the array header's layout (include/gpuipc/array_header.hpp) for python/gpuipc/_array_header.py.
+// python/gpuipc/channel.py wraps it (send/recv, message objects). What a handle holds is core's (Channel::held):
+// neither this file nor channel.py keeps a copy.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
-#include <deque>
 #include <mutex>
+#include <vector>
 
 #include "common.hpp"
+#include "gpuipc/array_header.hpp"
 #include "views.hpp"
 
 namespace gpuipc::py {
@@ -17,17 +21,14 @@ using namespace nb::literals;
 
 namespace {
 
-std::string_view slots_suffix() { return ".slots"; }
-
 /// One joined channel. Calls are serialised by `mutex` (the core Channel is not thread-safe), taken without the
 /// GIL so that a holder waiting in slices can take the GIL back.
 struct ChannelState {
   std::mutex mutex;
-  /// A second handle on the slots' mapping (the cache shares it): views of slots keep it, so they stay valid after
-  /// close(). Empty when it could not be had (the name was unlinked in between); views then keep this state.
+  /// A second handle on the slots' mapping (Channel::slots_segment): views of slots keep it, so they stay valid
+  /// after close(). Empty only for an empty channel; views then keep this state.
   Segment slots;
-  std::deque<MessageView> received;  // held messages, oldest first, for incomplete()
-  Channel ch;                        // declared last: leaves the channel first
+  Channel ch;  // declared last: leaves the channel first
 };
 
 struct PyChannel {
@@ -43,16 +44,11 @@ ChannelRole parse_role(std::string_view role) {
               "channel");
 }
 
-/// Joins through `join` and takes the second handle on the slots (a cache hit: no broker round trip).
-template <class Join>
-PyChannel attach(std::string_view name, Access slots_access, int slots_device, Join&& join) {
+/// Wraps a joined channel with the second handle on its slots.
+PyChannel attach(Channel ch) {
   auto st = std::make_shared<ChannelState>();
-  st->ch = join();
-  try {
-    st->slots = Segment::open(std::string(name) + std::string(slots_suffix()),
-                              {.access = slots_access, .wait = std::chrono::milliseconds(0), .device = slots_device});
-  } catch (const Error&) {  // NOLINT(bugprone-empty-catch): views fall back to keeping the channel alive
-  }
+  st->slots = ch.slots_segment();
+  st->ch = std::move(ch);
   return PyChannel(std::move(st));
 }
 
@@ -122,9 +118,64 @@ nb::dict stats_dict(const ChannelStats& s) {
   return d;
 }
 
+/// Bytes per item of the struct format characters kArrayHeaderFormat uses.
+constexpr std::size_t format_item_bytes(char c) {
+  switch (c) {
+    case 's': case 'B': return 1;
+    case 'H': return 2;
+    case 'I': return 4;
+    case 'Q': return 8;
+    default: return 0;
+  }
+}
+
+/// The offset Python's struct gives field `field` of `format` (standard sizes, no padding: '<'); the number of
+/// fields gives the total size.
+constexpr std::size_t format_offset(std::string_view format, std::size_t field) {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+  std::size_t index = 0;
+  for (const char c : format.substr(1)) {
+    if (c >= '0' && c <= '9') {
+      count = count * 10 + static_cast<std::size_t>(c - '0');
+      continue;
+    }
+    if (index++ == field) return offset;
+    offset += (count == 0 ? 1 : count) * format_item_bytes(c);
+    count = 0;
+  }
+  return offset;
+}
+
+// The struct format Python reads the header with lays the fields where ArrayHeaderPrefix has them.
+constexpr std::string_view kFormat = kArrayHeaderFormat;
+static_assert(kFormat.front() == '<' && format_offset(kFormat, 0) == offsetof(ArrayHeaderPrefix, magic) &&
+              format_offset(kFormat, 1) == offsetof(ArrayHeaderPrefix, version) &&
+              format_offset(kFormat, 2) == offsetof(ArrayHeaderPrefix, ndim) &&
+              format_offset(kFormat, 3) == offsetof(ArrayHeaderPrefix, flags) &&
+              format_offset(kFormat, 4) == offsetof(ArrayHeaderPrefix, dtype_code) &&
+              format_offset(kFormat, 5) == offsetof(ArrayHeaderPrefix, dtype_bits) &&
+              format_offset(kFormat, 6) == offsetof(ArrayHeaderPrefix, dtype_lanes) &&
+              format_offset(kFormat, 7) == offsetof(ArrayHeaderPrefix, meta_len) &&
+              format_offset(kFormat, 8) == offsetof(ArrayHeaderPrefix, nbytes) &&
+              format_offset(kFormat, 9) == sizeof(ArrayHeaderPrefix));
+
+/// include/gpuipc/array_header.hpp's constants, for python/gpuipc/_array_header.py.
+nb::dict array_header_layout() {
+  nb::dict d;
+  d["magic"] = nb::bytes(kArrayHeaderMagic.data(), kArrayHeaderMagic.size());
+  d["version"] = kArrayHeaderVersion;
+  d["format"] = kArrayHeaderFormat;
+  d["fixed_bytes"] = sizeof(ArrayHeaderPrefix);
+  d["flag_aborted"] = kArrayHeaderAborted;
+  d["max_ndim"] = kArrayHeaderMaxNdim;
+  return d;
+}
+
 }  // namespace
 
 void bind_channel(nb::module_& m) {
+  m.attr("array_header_layout") = array_header_layout();
   nb::class_<PyChannel>(m, "Channel", "A joined producer/consumer channel (low level; see gpuipc.Channel).")
       .def_static(
           "create",
@@ -141,8 +192,7 @@ void bind_channel(nb::module_& m) {
                                    .pacing_ahead = to_ahead(pacing_ahead)};
             const ChannelRole r = parse_role(role);
             nb::gil_scoped_release unlocked;
-            return attach(name, Access::ReadWrite, o.kind == SegmentKind::Device ? device : -1,
-                          [&] { return Channel::create(name, o, r); });
+            return attach(Channel::create(name, o, r));
           },
           "name"_a, nb::kw_only(), "slots"_a = 4, "slot_bytes"_a = 1 << 20, "header_bytes"_a = 256, "kind"_a = "device",
           "device"_a = 0, "mode"_a = 0600, "role"_a = "producer", "pacing"_a = nb::none(),
@@ -156,9 +206,7 @@ void bind_channel(nb::module_& m) {
             const auto p = to_pacing(pacing);
             const auto a = to_ahead(pacing_ahead);
             return open_in_slices(wait, "channel '" + std::string(name) + "'", [&](std::chrono::milliseconds slice) {
-              return attach(name, r == ChannelRole::Consumer ? Access::ReadOnly : Access::ReadWrite, dev, [&] {
-                return Channel::open(name, r, {.wait = slice, .device = dev, .pacing = p, .pacing_ahead = a});
-              });
+              return attach(Channel::open(name, r, {.wait = slice, .device = dev, .pacing = p, .pacing_ahead = a}));
             });
           },
           "name"_a, nb::kw_only(), "role"_a, "wait"_a = nb::none(), "device"_a = nb::none(), "pacing"_a = nb::none(),
@@ -201,10 +249,14 @@ void bind_channel(nb::module_& m) {
           "publish",
           [](PyChannel& c, nb::bytes header, std::size_t nbytes, std::uintptr_t stream) {
             const Locked g = lock(c);
+            const std::string what = "publish on channel '" + g.ch().name() + "'";
+            if (g.ch().held() == 0) throw StatusError(Status::InvalidState, what + ": no slot is acquired");
+            const std::uint64_t sequence = g.ch().held_sequence(0);
             const std::span<const std::byte> h(static_cast<const std::byte*>(header.data()), header.size());
-            check_status(g.ch().publish(to_stream(stream), h, nbytes), "publish on channel '" + g.ch().name() + "'");
+            check_status(g.ch().publish(to_stream(stream), h, nbytes), what);
+            return sequence;
           },
-          "header"_a, "nbytes"_a, "stream"_a, "Publishes the oldest acquired slot.")
+          "header"_a, "nbytes"_a, "stream"_a, "Publishes the oldest acquired slot; returns its sequence.")
       .def(
           "send_copy",
           [](PyChannel& c, std::uintptr_t source, std::size_t nbytes, nb::bytes header, std::uintptr_t stream,
@@ -231,7 +283,6 @@ void bind_channel(nb::module_& m) {
               return g.ch().receive(to_stream(stream), slice, msg);
             });
             check_status(s, "receive on channel '" + g.ch().name() + "'");
-            g.state->received.push_back(msg);
             const bool gpu = g.ch().kind() == SegmentKind::Device;
             const std::uintptr_t address = gpu ? msg.device_pointer : reinterpret_cast<std::uintptr_t>(msg.data);
             auto view = ArrayView::bytes(owner_of(g, address), address, msg.size, true, gpu ? kDLCUDA : kDLCPU,
@@ -245,18 +296,19 @@ void bind_channel(nb::module_& m) {
           "release",
           [](PyChannel& c, std::uintptr_t stream) {
             const Locked g = lock(c);
-            check_status(g.ch().release(to_stream(stream)), "release on channel '" + g.ch().name() + "'");
-            if (!g.state->received.empty()) g.state->received.pop_front();
+            const std::string what = "release on channel '" + g.ch().name() + "'";
+            if (g.ch().held() == 0) throw StatusError(Status::InvalidState, what + ": no message is held");
+            const std::uint64_t sequence = g.ch().held_sequence(0);
+            check_status(g.ch().release(to_stream(stream)), what);
+            return sequence;
           },
-          "stream"_a, "Releases the oldest received message.")
+          "stream"_a, "Releases the oldest received message; returns its sequence.")
       .def(
           "incomplete",
           [](PyChannel& c, std::uint64_t sequence) {
             const Locked g = lock(c);
-            for (const auto& msg : g.state->received) {
-              if (msg.sequence == sequence) return msg.incomplete();
-            }
-            throw Error(ErrorCode::InvalidArgument, "message " + std::to_string(sequence) + " is not held", "incomplete");
+            if (const auto partial = g.ch().incomplete(sequence)) return *partial;
+            throw Error(ErrorCode::InvalidArgument, fmt::format("message {} is not held", sequence), "incomplete");
           },
           "sequence"_a, "Whether held message ``sequence`` may be partial (its producer died while writing).")
       .def_prop_ro("name", [](PyChannel& c) { return lock(c).ch().name(); })
@@ -267,6 +319,17 @@ void bind_channel(nb::module_& m) {
       .def_prop_ro("header_bytes", [](PyChannel& c) { return lock(c).ch().header_bytes(); })
       .def_prop_ro("device", [](PyChannel& c) { return lock(c).ch().device(); })
       .def_prop_ro("closed", [](const PyChannel& c) { return !c.state; })
+      .def_prop_ro(
+          "held",
+          [](PyChannel& c) {
+            const Locked g = lock(c);
+            std::vector<std::uint64_t> held;
+            held.reserve(g.ch().held());
+            for (std::uint32_t i = 0; i < g.ch().held(); ++i) held.push_back(g.ch().held_sequence(i));
+            return held;
+          },
+          "Sequences of the slots this producer acquired and has not published, or of the messages this consumer "
+          "received and has not released, oldest first.")
       .def_prop_ro("stats", [](PyChannel& c) { return stats_dict(lock(c).ch().stats()); })
       .def_prop_rw(
           "pacing", [](PyChannel& c) { return std::chrono::duration<double>(lock(c).ch().pacing()).count(); },
@@ -286,7 +349,6 @@ void bind_channel(nb::module_& m) {
           // the views hold this state, and the channel is left when the last of them goes.
           if (st->slots) {
             Channel gone = std::move(st->ch);
-            st->received.clear();
           }
         }
         st.reset();

@@ -722,4 +722,26 @@ ChannelStats Channel::stats() const noexcept {
   return m_impl ? read_stats(m_impl->h, m_impl->geometry) : ChannelStats{};
 }
 
+// What this handle holds, for the bindings (python/src/channel.cpp): read where the state lives. ------------------
+std::uint32_t Channel::held() const noexcept { return m_impl ? static_cast<std::uint32_t>(m_impl->held_count) : 0; }
+
+std::uint64_t Channel::held_sequence(std::uint32_t index) const noexcept {
+  if (index >= held()) return 0;
+  return m_impl->held[(m_impl->held_first + index) % m_impl->held.size()];
+}
+
+std::optional<bool> Channel::incomplete(std::uint64_t sequence) const noexcept {
+  if (!m_impl || m_impl->role != ChannelRole::Consumer) return std::nullopt;
+  for (std::uint32_t i = 0; i < held(); ++i) {
+    if (held_sequence(i) == sequence) {
+      MessageView message;
+      message.flags = &m_impl->slot(sequence).flags;
+      return message.incomplete();
+    }
+  }
+  return std::nullopt;
+}
+
+Segment Channel::slots_segment() const noexcept { return m_impl ? m_impl->data : Segment(); }
+
 }  // namespace gpuipc

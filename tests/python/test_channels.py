@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import gpuipc
-from gpuipc import channel as channel_mod
+from gpuipc import _array_header, _copy_plans
 import helpers
 
 
@@ -252,10 +252,10 @@ def test_dlpack_producers_and_exporter(name):
     with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
         # The DLPack consumer in C++ (used for JAX, bfloat16 torch tensors, ...), fed by NumPy's exporter.
         slot = tx.acquire(timeout=1)
-        dt, shape, nbytes = channel_mod._copy_dlpack(np.arange(6, dtype=np.int16).reshape(2, 3), slot.data, 0)
+        dt, shape, nbytes = _copy_plans.copy_dlpack(np.arange(6, dtype=np.int16).reshape(2, 3), slot.data, 0)
         assert (dt.name, shape, nbytes) == ("int16", (2, 3), 12)
         with pytest.raises(gpuipc.InvalidArgument, match="strided"):
-            channel_mod._copy_dlpack(np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2], slot.data, 0)
+            _copy_plans.copy_dlpack(np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2], slot.data, 0)
         slot.publish_array("int16", (2, 3))
         with rx.recv(timeout=1) as m:
             assert np.array_equal(m.array, np.arange(6).reshape(2, 3))
@@ -287,6 +287,77 @@ def test_header_layout_is_stable(name):
             magic, version, ndim, flags, code, bits, lanes, meta_len, nbytes = struct.unpack_from("<4sHBBBBHIQ", h)
             assert (version, ndim, flags, code, bits, lanes, meta_len, nbytes) == (1, 2, 0, 2, 32, 1, 1, 24)
             assert struct.unpack_from("<2q", h, 24) == (2, 3) and h[40:41] == b"m"
+
+
+# A float32 array of shape (2, 3) with meta b"hi": the bytes tests/unit/test_array_header.cpp decodes in C++.
+GOLDEN_ARRAY_HEADER = bytes.fromhex(
+    "475059410100020002200100020000001800000000000000020000000000000003000000000000006869")
+GOLDEN_ABORTED_HEADER = bytes.fromhex("475059410100000101080100000000000000000000000000")
+
+
+def test_array_header_matches_the_cpp_definition(name):
+    layout = gpuipc._gpuipc.array_header_layout  # include/gpuipc/array_header.hpp, exported by the extension
+    assert (layout["magic"], layout["version"], layout["fixed_bytes"]) == (b"GPYA", 1, 24)
+    assert struct.calcsize(layout["format"]) == layout["fixed_bytes"]
+    assert _array_header.ABORTED_HEADER == GOLDEN_ABORTED_HEADER
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        tx.send(np.zeros((2, 3), dtype=np.float32), meta=b"hi")
+        with rx.recv(timeout=1) as m:
+            assert m.header == GOLDEN_ARRAY_HEADER
+        with tx.acquire(timeout=1):
+            pass  # left unpublished: published as aborted
+        tx.send(np.ones(1))
+        with rx.receive(timeout=1) as m:
+            assert m.header == GOLDEN_ABORTED_HEADER
+        with rx.recv(timeout=1) as m:
+            assert m.array.tolist() == [1.0]
+    info = _array_header.unpack_header(GOLDEN_ARRAY_HEADER)
+    assert (info.dtype.name, info.shape, info.nbytes, info.meta, info.aborted) == ("float32", (2, 3), 24, b"hi", False)
+    assert _array_header.unpack_header(GOLDEN_ARRAY_HEADER[:-1]) is None
+
+
+def test_held_state_is_the_librarys(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        s0, s1 = tx.acquire(timeout=1), tx.acquire(timeout=1)
+        assert tx._ch.held == [0, 1] and not s0.published
+        with pytest.raises(gpuipc.InvalidState, match="older acquired slots first"):
+            s1.publish(0)
+        assert s0.publish(0) == 0 and s0.published and tx._ch.held == [1]
+        assert tx.publish(0) == 1 and s1.published and tx._ch.held == []
+        m0, m1 = rx.receive(timeout=1), rx.receive(timeout=1)
+        assert rx._ch.held == [0, 1] and not m0.incomplete
+        rx.release()
+        assert m0.released and not m1.released and rx._ch.held == [1]
+        with pytest.raises(gpuipc.InvalidArgument, match="not held"):
+            rx._ch.incomplete(0)
+        m1.release()
+        with pytest.raises(gpuipc.InvalidState, match="no message is held"):
+            rx.release()
+
+
+def test_a_closed_channel_raises_closed(name):
+    tx = _host_channel(name)
+    rx = gpuipc.Channel.open(name, "consumer")
+    slot = tx.acquire(timeout=1)
+    rx.close()
+    tx.close()
+    for call in (
+        lambda: tx.acquire(timeout=0),
+        lambda: tx.publish(0),
+        lambda: tx.send(np.zeros(1)),
+        lambda: slot.publish(0),
+        lambda: slot.publish_array("uint8", 0),
+        lambda: rx.receive(timeout=0),
+        lambda: rx.recv(timeout=0),
+        lambda: rx.release(),
+        lambda: tx.stats,
+        lambda: tx.name,
+        lambda: tx._ch.held,
+    ):
+        with pytest.raises(gpuipc.Closed, match="this handle was closed"):
+            call()
+    assert slot.published and tx.closed  # a closed handle holds nothing
+    tx.close()  # idempotent
 
 
 CTRL_C = """
