@@ -10,7 +10,7 @@
 #include "bench.hpp"
 #include "gpuipc/channel.hpp"
 #include "cuda/events.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "os/process.hpp"
 #include "workers.hpp"
 

@@ -20,7 +20,6 @@
 #include "gpuipc/semaphore.hpp"
 #include "kernels/kernels.hpp"
 #include "mps.hpp"
-#include "os/module.hpp"
 #include "os/process.hpp"
 #include "programs.hpp"
 #include "streaming.hpp"

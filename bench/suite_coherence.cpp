@@ -21,7 +21,7 @@
 #include "gpuipc/semaphore.hpp"
 #include "kernels/kernels.hpp"
 #include "mps.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "os/process.hpp"
 #include "workers.hpp"
 

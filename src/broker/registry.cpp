@@ -10,7 +10,7 @@
 
 #include "base/log.hpp"
 #include "os/memfd.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "os/process.hpp"
 #include "proto/shm.hpp"
 #include "proto/status_page.hpp"

@@ -13,7 +13,7 @@
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
 #include "shm/channel_ring.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "proto/messages.hpp"
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"

@@ -19,7 +19,7 @@
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
 #include "cuda/trace.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "proto/messages.hpp"
 #include "shm/pool_block.hpp"
 

@@ -13,7 +13,6 @@
 #include "shm/semaphore_block.hpp"
 #include "cuda/host_func.hpp"
 #include "cuda/resources.hpp"
-#include "os/module.hpp"
 #include "cuda/trace.hpp"
 
 namespace gpuipc {

@@ -10,7 +10,7 @@
 #include "cuda/device.hpp"
 #include "cuda/pointer.hpp"
 #include "cuda/resources.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "cuda/trace.hpp"
 
 namespace gpuipc {

@@ -15,7 +15,7 @@
 #include "gpuipc/channel.hpp"
 #include "kernels/pattern.hpp"
 #include "os/child.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "os/process.hpp"
 #if defined(GPUIPC_HAVE_KERNELS)
 #include "kernels/kernels.hpp"
