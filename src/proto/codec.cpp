@@ -53,13 +53,8 @@ struct Header {
 Header read_header(std::span<const std::byte> bytes) noexcept {
   wire::Reader r(bytes);
   Header h;
-  r.u32(h.magic);
-  r.u16(h.version);
-  r.u16(h.type);
-  r.u32(h.request_id);
-  r.u16(h.body_length);
-  r.u8(h.fd_count);
-  r.u8(h.reserved);
+  (void)(r.u32(h.magic) && r.u16(h.version) && r.u16(h.type) && r.u32(h.request_id) && r.u16(h.body_length) &&
+         r.u8(h.fd_count) && r.u8(h.reserved));
   return h;
 }
 
