@@ -12,9 +12,9 @@
 #include "cuda/host_registration.hpp"
 #include "cuda/stream_ops.hpp"
 #include "cuda/vmm.hpp"
+#include "gpuipc/error.hpp"
 #include "testkit/cuda/device_memory.hpp"
 #include "testkit/cuda/stream.hpp"
-#include "gpuipc/error.hpp"
 #include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::bench {

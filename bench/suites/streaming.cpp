@@ -11,7 +11,7 @@
 #include "cuda/host_registration.hpp"
 #include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "os/process.hpp"
 #include "testkit/cuda/device_memory.hpp"
 #include "testkit/cuda/events.hpp"

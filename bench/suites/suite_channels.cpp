@@ -19,7 +19,6 @@
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
 #include "mps.hpp"
-#include "os/module.hpp"
 #include "os/process.hpp"
 #include "programs.hpp"
 #include "streaming.hpp"

@@ -26,11 +26,11 @@
 #include "cuda/host_registration.hpp"
 #include "cuda/stream_ops.hpp"
 #include "cuda/vmm.hpp"
-#include "testkit/cuda/device_memory.hpp"
-#include "testkit/cuda/stream.hpp"
 #include "faults.hpp"
 #include "gpuipc/segment.hpp"
 #include "os/process.hpp"
+#include "testkit/cuda/device_memory.hpp"
+#include "testkit/cuda/stream.hpp"
 
 namespace gpuipc::bench::faults {
 

@@ -1,5 +1,5 @@
 // `gpuipc bench segments`: what opening a device segment costs and how fast memory reached through one is, each
-// figure beside the raw CUDA mechanism it competes with, measured in the same run (shared/BASELINES.md).
+// figure beside the raw CUDA mechanism it competes with, measured in the same run (docs/benchmarks.md).
 //
 // The CLI process never touches CUDA (a process that initialised CUDA cannot fork CUDA children). It forks two
 // workers (ServedWorker) and drives them with JSON commands over SOCK_SEQPACKET socketpairs:

@@ -42,11 +42,12 @@ Control block, little-endian::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import sys
 import time
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -59,13 +60,13 @@ from .errors import (
     InvalidArgument,
     InvalidState,
     NotFound,
-    PeerDied,
     Timeout,
 )
 from .pool import Block, Pool
 from .segment import Segment
 from .semaphore import Semaphore
 
+from ._names import unlink_names
 from ._stream_format import (
     _D_ABORT,
     _D_LAST,
@@ -78,11 +79,8 @@ from ._stream_format import (
     _Bucket,
     _copy_all,
     _DESC,
-    _EVICTED,
     _HEAD,
     _MAX_READERS,
-    _ReaderSlot,
-    _admit_offset,
     _align,
     _checksum_np,
     _checksum_torch,
@@ -98,6 +96,7 @@ from ._stream_format import (
     _torch_stream,
 )
 from ._stream_reader import StreamItem, StreamReader, stream_reader
+from ._stream_slots import _ReaderSlots
 
 __all__ = ["stream_publisher", "stream_reader", "unlink_stream", "StreamPublisher", "StreamReader", "StreamItem"]
 
@@ -140,15 +139,13 @@ class StreamPublisher:
         self._kind = kind
         self._checksum = checksum
         self._mode = mode
-        self._reader_timeout = reader_timeout
         self._made: List[Tuple[str, str]] = []
         self._pool: Optional[Pool] = None
         self._blocks: List[Block] = []
         self._seg: Optional[Segment] = None
         self._mem: Optional[np.ndarray] = None
         self._filled: Optional[Semaphore] = None
-        self._readers: List[Optional[_ReaderSlot]] = [None] * readers
-        self._evicted: Dict[int, Semaphore] = {}
+        self._slots = _ReaderSlots(name, buckets, readers, device, reader_timeout)
         self._seq = 0  # the last bucket filled
         self._version = 0  # the last version committed
         self._next_version = 1
@@ -219,7 +216,7 @@ class StreamPublisher:
             head = _HEAD.pack(MAGIC, FORMAT, B, self._bucket_bytes, N, DESC_BYTES, flags, self._mode, self._device, 0)
             mem[8 : _HEAD.size] = np.frombuffer(head[8:], dtype=np.uint8)
             mem[:8] = np.frombuffer(MAGIC, dtype=np.uint8)  # last: readers wait for it
-            self._mem = mem
+            self._mem = self._slots.mem = mem
             if device_kind:
                 self._stage_np = [None] * B
             else:
@@ -238,13 +235,7 @@ class StreamPublisher:
         self._stage_torch = []
         self._stage_np = []
         self._seen.clear()
-        for slot in self._readers:
-            if slot is not None:
-                slot.sem.close()
-        self._readers = [None] * self._nreaders
-        for sem in self._evicted.values():
-            sem.close()
-        self._evicted.clear()
+        self._slots.close()
         if self._filled is not None:
             self._filled.close()
         for what, n in reversed(self._made):
@@ -282,51 +273,11 @@ class StreamPublisher:
         self.close()
 
     # Readers ---------------------------------------------------------------------------------------------------
-    def _admit_word(self, i: int) -> np.ndarray:
-        assert self._mem is not None
-        off = _admit_offset(self._nbuckets) + 8 * i
-        return self._mem[off : off + 8].view("<u8")
-
-    def _drop(self, i: int) -> None:
-        """Frees reader slot i (its reader died, closed, or was evicted and has gone): the same code for all."""
-        slot = self._readers[i]
-        self._readers[i] = None
-        sem = slot.sem if slot is not None else self._evicted.pop(i, None)
-        self._admit_word(i)[0] = 0
-        if sem is not None:
-            sem.close()
-        try:
-            Semaphore.unlink(_slot_name(self.name, i))
-        except Error:
-            pass
-
-    def _scan(self) -> None:
-        """Finds readers that claimed a slot, and frees the slots of readers that are gone."""
-        for i in range(self._nreaders):
-            ev = self._evicted.get(i)
-            if ev is not None:
-                if ev.status != "ok":
-                    self._drop(i)
-                continue
-            slot = self._readers[i]
-            if slot is not None:
-                if slot.sem.status != "ok":
-                    self._drop(i)
-                continue
-            try:
-                sem = Semaphore.open(_slot_name(self.name, i), role="waiter", device=self._device)
-            except NotFound:
-                continue
-            self._readers[i] = _ReaderSlot(sem)
-            if sem.status != "ok":
-                self._drop(i)
-
     @property
     def readers(self) -> int:
         """Reader slots claimed now (admitted or waiting for the next version)."""
         self._require()
-        self._scan()
-        return sum(1 for r in self._readers if r is not None)
+        return self._slots.scan()
 
     def wait_readers(self, count: int, timeout: Optional[float] = None) -> int:
         """Waits until at least ``count`` readers have joined (they are admitted at the next :meth:`start`); returns
@@ -340,24 +291,6 @@ class StreamPublisher:
             if deadline is not None and time.monotonic() > deadline:
                 raise Timeout(f"stream {self.name!r}: {n} of {count} readers joined within {timeout:g} s")
             time.sleep(0.005)
-
-    def _wait_for_slot(self, seq: int) -> None:
-        """Before bucket ``seq`` overwrites ring slot seq % buckets: every admitted reader has consumed bucket
-        seq - buckets. A dead or closed reader is dropped; one slower than reader_timeout is evicted."""
-        need = seq - self._nbuckets
-        if need <= 0:
-            return
-        for i, slot in enumerate(self._readers):
-            if slot is None or slot.first == 0 or need < slot.first:
-                continue
-            try:
-                slot.sem.wait_host(need, self._reader_timeout)
-            except (PeerDied, Closed):
-                self._drop(i)
-            except Timeout:
-                self._readers[i] = None
-                self._evicted[i] = slot.sem
-                self._admit_word(i)[0] = _EVICTED
 
     # Versions --------------------------------------------------------------------------------------------------
     def _require(self) -> None:
@@ -392,12 +325,7 @@ class StreamPublisher:
         self._require()
         if self._current is not None:
             raise InvalidState(f"stream {self.name!r}: version {self._current} is in progress: finish() it first")
-        self._scan()
-        first = self._seq + 1
-        for i, slot in enumerate(self._readers):
-            if slot is not None and slot.first == 0:
-                slot.first = first
-                self._admit_word(i)[0] = first
+        self._slots.admit(self._seq + 1)
         self._stream = None
         # Host staging copies synchronously; a stream matters there only for torch CUDA sources.
         if self._kind == "device" or (stream is not None and "torch" in sys.modules):
@@ -471,7 +399,7 @@ class StreamPublisher:
 
     def _open_bucket(self) -> _Bucket:
         seq = self._seq + 1
-        self._wait_for_slot(seq)
+        self._slots.wait_for_slot(seq)
         self._bucket = _Bucket(seq, seq % self._nbuckets, self._index)
         self._index += 1
         self._seq = seq
@@ -618,32 +546,32 @@ class StreamPublisher:
                 f"version={self._version}>")
 
 
+def _signature_of(cls: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Gives the decorated factory the parameters of ``cls`` (as help() and inspect show them): it passes them on."""
+
+    def wrap(factory: Callable[..., Any]) -> Callable[..., Any]:
+        factory.__signature__ = inspect.signature(cls).replace(  # type: ignore[attr-defined]
+            return_annotation=inspect.signature(factory).return_annotation)
+        return factory
+
+    return wrap
+
+
 def _forget(seen: Dict[str, Any], key: str, ref: Any) -> None:
     """Drops what a publisher remembered of a tensor that is gone (its bytes view would keep its memory)."""
     if seen.get(key, (None,))[0] is ref:
         del seen[key]
 
 
-def stream_publisher(
-    name: str,
-    bucket_bytes: int = 1 << 30,
-    buckets: int = 2,
-    *,
-    readers: int = 4,
-    device: int = 0,
-    kind: Optional[str] = None,
-    checksum: bool = False,
-    mode: int = 0o600,
-    reader_timeout: Optional[float] = None,
-) -> StreamPublisher:
+@_signature_of(StreamPublisher)
+def stream_publisher(*args: Any, **kwargs: Any) -> StreamPublisher:
     """Creates stream ``name``: ``buckets`` staging buffers of ``bucket_bytes`` (rounded up to 256) in a pool
     ``NAME.pool`` of ``kind`` ("device", the default, on GPU ``device``; or "host"), and room for ``readers``
     reader slots. checksum: a sum per bucket that readers verify (costs a host sync per bucket on both sides).
     reader_timeout: seconds the publisher waits for one reader to consume a bucket before evicting it (None: wait
     while it lives; a dead reader is dropped at once). mode: permission bits of every name (readers need read and
     write: they join the pool and create their slot). Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
-    return StreamPublisher(name, bucket_bytes, buckets, readers=readers, device=device, kind=kind, checksum=checksum,
-                           mode=mode, reader_timeout=reader_timeout).init()
+    return StreamPublisher(*args, **kwargs).init()
 
 
 # Reader -----------------------------------------------------------------------------------------------------------------
@@ -652,13 +580,5 @@ def stream_publisher(
 def unlink_stream(name: str) -> None:
     """Removes the names of stream ``name`` (NAME, NAME.pool, NAME.filled, NAME.reader.*) after its publisher died
     without closing. Raises NotFound when none exists."""
-    found = False
-    for unlink, n in ((Segment.unlink, name), (Pool.unlink, name + ".pool"), (Semaphore.unlink, name + ".filled"),
-                      *((Semaphore.unlink, _slot_name(name, i)) for i in range(_MAX_READERS))):
-        try:
-            unlink(n)
-            found = True
-        except NotFound:
-            pass
-    if not found:
-        raise NotFound(f"no stream named {name!r}")
+    unlink_names(((Segment.unlink, name), (Pool.unlink, name + ".pool"), (Semaphore.unlink, name + ".filled"),
+                  *((Semaphore.unlink, _slot_name(name, i)) for i in range(_MAX_READERS))), f"no stream named {name!r}")

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _gpuipc, _index
 from ._dtypes import dlpack_of_name, dtype_of
+from ._names import unlink_names
 from ._tensorinfo import DL_CUDA, TensorInfo, describe
 from .errors import AlreadyExists, Error, InvalidArgument, NotFound, PeerDied
 from .pool import Block, BlockRef, Pool, find_block
@@ -277,15 +278,8 @@ def share_tensors(name: str, tensors: Mapping[str, Any], *, mode: int = 0o600, k
 def unlink_tensors(name: str) -> None:
     """Removes the names a share_tensors or publish_tensors of ``name`` made (NAME, NAME.pool, NAME.version) after
     its owner died without closing. Raises NotFound when none of them exists."""
-    found = False
-    for unlink, n in ((Segment.unlink, name), (Pool.unlink, name + ".pool"), (_gpuipc.Semaphore.unlink, name + ".version")):
-        try:
-            unlink(n)
-            found = True
-        except NotFound:
-            pass
-    if not found:
-        raise NotFound(f"no shared tensors named {name!r}")
+    unlink_names(((Segment.unlink, name), (Pool.unlink, name + ".pool"), (_gpuipc.Semaphore.unlink, name + ".version")),
+                 f"no shared tensors named {name!r}")
 
 
 # Opening --------------------------------------------------------------------------------------------------------------

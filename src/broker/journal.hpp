@@ -16,21 +16,28 @@
 
 namespace gpuipc::broker {
 
-/// A linked name as the journal records it.
-struct JournalEntry {
-  std::string name;
+/// What a name stands for: the attributes the registry keeps of a segment (SegmentRecord) and the journal records.
+struct SegmentAttributes {
+  std::string name;  ///< in the registry: empty once unlinked
   proto::Kind kind = proto::Kind::Host;
   std::uint16_t mode = 0;
   std::uint64_t size = 0;
   proto::Uuid device{};
   uid_t owner_uid = 0;
   gid_t owner_gid = 0;
-  std::uint32_t flags = 0;
+  std::uint32_t flags = 0;  ///< proto::kFlagSemaphore, kFlagChannel, kFlagPool, kFlagCounting or 0
   std::uint64_t created_unix_ns = 0;
+  std::uint64_t view_offset = 0;  ///< adopted VMM memory: Create.view_offset / view_size
+  std::uint64_t view_size = 0;
+
+  SegmentAttributes& attributes() noexcept { return *this; }
+  const SegmentAttributes& attributes() const noexcept { return *this; }
+};
+
+/// A linked name as the journal records it.
+struct JournalEntry : SegmentAttributes {
   std::uint64_t file_dev = 0;  ///< host kinds: the memfd's identity (st_dev, st_ino); 0 for device kinds
   std::uint64_t file_ino = 0;
-  std::uint64_t view_offset = 0;
-  std::uint64_t view_size = 0;
 };
 
 class Journal {

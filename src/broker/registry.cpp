@@ -1,4 +1,6 @@
-#include "base/format.hpp"
+// The Registry's own state: the status page, connections, the request dispatch, Create, Close, Unlink and Join,
+// quotas, and the end of a segment. Opens, stat and list live in access.cpp, holders and heartbeats in holders.cpp,
+// what comes back after a broker restart in restore.cpp.
 #include "broker/registry.hpp"
 
 #include <fcntl.h>
@@ -8,16 +10,16 @@
 #include <chrono>
 #include <set>
 
+#include "base/format.hpp"
 #include "base/log.hpp"
+#include "os/identity.hpp"
 #include "os/memfd.hpp"
-#include "os/module.hpp"
 #include "os/process.hpp"
 #include "proto/shm.hpp"
 #include "proto/status_page.hpp"
 
 namespace gpuipc::broker {
 namespace {
-
 
 std::string_view kind_name(proto::Kind k) {
   switch (k) {
@@ -29,12 +31,14 @@ std::string_view kind_name(proto::Kind k) {
   return "?";
 }
 
-std::uint64_t unix_now_ns() {
+}  // namespace
+
+std::uint64_t unix_now_ns() noexcept {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
-Outgoing reply(ConnId conn, std::uint32_t rid, proto::Body body, os::UniqueFd fd = {}) {
+Outgoing reply(ConnId conn, std::uint32_t rid, proto::Body body, os::UniqueFd fd) {
   Outgoing o;
   o.conn = conn;
   o.msg.request_id = rid;
@@ -43,19 +47,10 @@ Outgoing reply(ConnId conn, std::uint32_t rid, proto::Body body, os::UniqueFd fd
   return o;
 }
 
-}  // namespace
-
 std::uint32_t SegmentRecord::total_refs() const noexcept {
   std::uint32_t n = 0;
   for (const auto& [conn, count] : refs) n += count;
   return n;
-}
-
-unsigned permission_bits(const os::Credentials& creds, std::uint16_t mode, uid_t owner_uid, gid_t owner_gid) noexcept {
-  if (creds.uid == 0) return 7;
-  if (creds.uid == owner_uid) return (mode >> 6) & 7;
-  if (creds.in_group(owner_gid)) return (mode >> 3) & 7;
-  return mode & 7;
 }
 
 proto::Message error_reply(std::uint32_t request_id, ErrorCode code, std::string message, int sys_errno) {
@@ -302,143 +297,60 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
   }
   SegmentRecord seg;
   seg.id = m_next_id++;
-  seg.name = req.name;
-  seg.kind = req.kind;
-  seg.mode = req.mode;
-  seg.size = req.size;
-  seg.device = req.device;
-  seg.owner_uid = caller.creds.uid;
-  seg.owner_gid = caller.creds.gid;
-  seg.created_unix_ns = unix_now_ns();
-  seg.flags = req.flags;
+  seg.attributes() = {.name = req.name,
+                      .kind = req.kind,
+                      .mode = req.mode,
+                      .size = req.size,
+                      .device = req.device,
+                      .owner_uid = caller.creds.uid,
+                      .owner_gid = caller.creds.gid,
+                      .flags = req.flags,
+                      .created_unix_ns = unix_now_ns(),
+                      .view_offset = req.view_offset,
+                      .view_size = req.view_size};
   seg.creator = caller.conn;
-  seg.view_offset = req.view_offset;
-  seg.view_size = req.view_size;
   if (record) seg.control = std::move(record);
+  // The creator fills the block in before Create: a name is never visible over a half-made object.
   if (req.flags != 0) {
-    try {
-      seg.control = os::Mapping::map(fds[0].get(), req.size, true);
-    } catch (const Error& e) {
-      fail(e.code(), fmt::format("segment '{}': cannot map its control block: {}", req.name, e.what()));
-      return;
-    }
-    seg.block = ControlBlock{seg.control.data(), seg.control.size(), req.flags, {}};
-    // The creator fills the block in before Create: a name is never visible over a half-made object.
-    if (auto why = check_control(seg.block); !why.empty()) {
-      fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': {}", req.name, why));
+    ErrorCode code{};
+    if (auto why = map_control(seg, fds[0].get(), true, code); !why.empty()) {
+      fail(code, std::move(why));
       return;
     }
   }
   seg.memory = std::move(fds[0]);
   seg.refs[caller.conn] = 1;
   seg.writers.insert(caller.conn);
-  const std::uint64_t id = seg.id;
-  auto& stored = m_segments.emplace(id, std::move(seg)).first->second;
-  m_names[req.name] = id;
-  ++m_segments_per_uid[caller.creds.uid];
-  m_bytes_per_uid[caller.creds.uid] += req.size;
-  GPUIPC_LOG_INFO("created segment '{}' id {} ({} {}) for uid {} pid {}", req.name, id, kind_name(req.kind),
+  auto& stored = link(std::move(seg));
+  GPUIPC_LOG_INFO("created segment '{}' id {} ({} {}) for uid {} pid {}", req.name, stored.id, kind_name(req.kind),
                   human_bytes(req.size), caller.creds.uid, caller.creds.pid);
   out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(stored)}));
-
-  journal_linked(stored);
   wake_waiting(stored, out);
 }
 
-void Registry::wake_waiting(SegmentRecord& seg, std::vector<Outgoing>& out) {
-  std::vector<std::uint64_t> waiting;
-  for (auto [it, end] = m_pending_by_name.equal_range(seg.name); it != end; ++it) waiting.push_back(it->second);
-  for (auto pid : waiting) {
-    Pending p = unpark(pid);
-    open_existing(seg, p.conn, p.creds, p.request_id, p.request.access, out);
-  }
-}
-
-void Registry::park(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
-                    std::vector<Outgoing>& out) {
-  auto& info = m_connections[caller.conn];
-  if (info.pending.size() >= m_quotas.pending_opens_per_connection) {
-    out.push_back(reply(caller.conn, rid,
-                        error_reply(rid, ErrorCode::QuotaExceeded,
-                                    fmt::format("no segment named '{}', and this connection already waits for {} "
-                                                "names, the most it may; wait for fewer at once",
-                                                req.name, info.pending.size()))
-                            .body));
-    return;
-  }
-  const std::uint64_t id = m_next_pending++;
-  const std::int64_t deadline = now_ns + static_cast<std::int64_t>(req.wait_ms) * 1'000'000;
-  Pending p{caller.conn, rid, req, caller.creds, m_pending_by_deadline.emplace(deadline, id),
-            m_pending_by_name.emplace(req.name, id)};
-  m_pending.emplace(id, std::move(p));
-  info.pending.insert(id);
-}
-
-Registry::Pending Registry::unpark(std::uint64_t id) {
-  auto it = m_pending.find(id);
-  Pending p = std::move(it->second);
-  m_pending.erase(it);
-  m_pending_by_deadline.erase(p.by_deadline);
-  m_pending_by_name.erase(p.by_name);
-  if (auto c = m_connections.find(p.conn); c != m_connections.end()) c->second.pending.erase(id);
-  return p;
-}
-
-void Registry::open(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
-                    std::vector<Outgoing>& out) {
-  auto it = m_names.find(req.name);
-  if (it == m_names.end()) {
-    if (req.wait_ms > 0) {
-      park(caller, rid, req, now_ns, out);
-      return;
-    }
-    const bool held_over = m_restore.count(req.name) != 0;
-    out.push_back(reply(caller.conn, rid,
-                        error_reply(rid, ErrorCode::NotFound,
-                                    held_over ? fmt::format("segment '{}' was linked when the previous broker died; "
-                                                            "none of the processes that map it has announced it to "
-                                                            "this broker yet (pass a wait timeout to wait for them)",
-                                                            req.name)
-                                              : fmt::format("no segment named '{}' (gpuipc ls lists them; pass a "
-                                                            "wait timeout to wait for its creator)",
-                                                            req.name))
-                            .body));
-    return;
-  }
-  open_existing(m_segments.at(it->second), caller.conn, caller.creds, rid, req.access, out);
-}
-
-void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credentials& creds, std::uint32_t rid,
-                             proto::Access access, std::vector<Outgoing>& out) {
-  const unsigned have = permission_bits(creds, seg.mode, seg.owner_uid, seg.owner_gid);
-  const unsigned need = access == proto::Access::ReadOnly ? 4U : 6U;
-  if ((have & need) != need) {
-    out.push_back(reply(
-        conn, rid,
-        error_reply(rid, ErrorCode::PermissionDenied,
-                    fmt::format("segment '{}' is mode {:04o} owned by uid {} gid {}; you are uid {} gid {} and need {} "
-                                "permission{}",
-                                seg.name, seg.mode, seg.owner_uid, seg.owner_gid, creds.uid, creds.gid,
-                                need == 4U ? "read (r)" : "read and write (rw)",
-                                (need == 6U && (have & 4U) != 0) ? "; open it read-only instead" : ""))
-            .body));
-    return;
-  }
-  os::UniqueFd fd;
+std::string map_control(SegmentRecord& seg, int fd, bool fresh, ErrorCode& code) {
   try {
-    // A read-only opener of host memory gets a read-only file description: it cannot map it writable at all.
-    // A device_ipc record is the exporter's to write: every opener gets it read-only.
-    const bool read_only = (access == proto::Access::ReadOnly && seg.kind != proto::Kind::Device) ||
-                           seg.kind == proto::Kind::DeviceIpc;
-    fd = read_only ? os::reopen_readonly(seg.memory.get()) : os::dup_fd(seg.memory.get(), "segment");
+    seg.control = os::Mapping::map(fd, seg.size, true);
   } catch (const Error& e) {
-    out.push_back(reply(conn, rid, error_reply(rid, e.code(), fmt::format("segment '{}': {}", seg.name, e.what()), e.sys_errno()).body));
-    return;
+    code = e.code();
+    return fmt::format("segment '{}': cannot map its control block: {}", seg.name, e.what());
   }
-  const bool first = ++seg.refs[conn] == 1;
-  if (access == proto::Access::ReadWrite) seg.writers.insert(conn);
-  out.push_back(reply(conn, rid, proto::OpenReply{info_of(seg)}, std::move(fd)));
-  if (first) notify(seg, proto::EventKind::Joined, holder_of(seg, conn), conn, out);
+  seg.block = ControlBlock{seg.control.data(), seg.control.size(), seg.flags, {}};
+  if (auto why = check_control(seg.block, fresh); !why.empty()) {
+    code = ErrorCode::InvalidArgument;
+    return fmt::format("segment '{}': {}", seg.name, why);
+  }
+  return {};
+}
+
+SegmentRecord& Registry::link(SegmentRecord seg) {
+  const std::uint64_t id = seg.id;
+  auto& stored = m_segments.emplace(id, std::move(seg)).first->second;
+  m_names[stored.name] = id;
+  ++m_segments_per_uid[stored.owner_uid];
+  m_bytes_per_uid[stored.owner_uid] += stored.size;
+  journal_linked(stored);
+  return stored;
 }
 
 void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close& req, std::vector<Outgoing>& out) {
@@ -510,62 +422,6 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
   maybe_destroy(id);
 }
 
-bool Registry::visible_to(const os::Credentials& creds, const SegmentRecord& seg) noexcept {
-  return creds.uid == 0 || creds.uid == seg.owner_uid ||
-         (permission_bits(creds, seg.mode, seg.owner_uid, seg.owner_gid) & 4U) != 0;
-}
-
-void Registry::stat(const Caller& caller, std::uint32_t rid, const proto::Stat& req, std::vector<Outgoing>& out) {
-  auto it = m_names.find(req.name);
-  // A name the caller may not open is not there for it, as with a directory entry it cannot read.
-  if (it == m_names.end() || !visible_to(caller.creds, m_segments.at(it->second))) {
-    out.push_back(reply(caller.conn, rid,
-                        error_reply(rid, ErrorCode::NotFound, fmt::format("no segment named '{}'", req.name)).body));
-    return;
-  }
-  out.push_back(reply(caller.conn, rid, proto::StatReply{info_of(m_segments.at(it->second))}));
-}
-
-void Registry::list(const Caller& caller, std::uint32_t rid, const proto::List& req, std::vector<Outgoing>& out) {
-  proto::ListReply r;
-  for (auto it = m_segments.upper_bound(req.after_id); it != m_segments.end(); ++it) {
-    if (!visible_to(caller.creds, it->second)) continue;
-    if (r.entries.size() == proto::kMaxListEntries) {
-      r.more = true;
-      break;
-    }
-    r.entries.push_back(info_of(it->second));
-  }
-  out.push_back(reply(caller.conn, rid, std::move(r)));
-}
-
-proto::SegmentInfo Registry::info_of(const SegmentRecord& seg) const {
-  proto::SegmentInfo info;
-  info.id = seg.id;
-  info.name = seg.name;
-  info.kind = seg.kind;
-  info.mode = seg.mode;
-  info.size = seg.size;
-  info.device = seg.device;
-  info.view_offset = seg.view_offset;
-  info.view_size = seg.view_size;
-  info.owner_uid = seg.owner_uid;
-  info.owner_gid = seg.owner_gid;
-  info.created_unix_ns = seg.created_unix_ns;
-  info.references = seg.total_refs();
-  info.mapper_count = static_cast<std::uint32_t>(seg.refs.size());
-  std::set<std::uint32_t> pids;
-  for (const auto& [conn, count] : seg.refs) {
-    auto c = m_connections.find(conn);
-    if (c != m_connections.end()) pids.insert(static_cast<std::uint32_t>(c->second.creds.pid));
-  }
-  for (auto pid : pids) {
-    if (info.mapper_pids.size() == proto::kMaxMapperPids) break;
-    info.mapper_pids.push_back(pid);
-  }
-  return info;
-}
-
 void Registry::maybe_destroy(std::uint64_t id) {
   auto it = m_segments.find(id);
   if (it == m_segments.end() || !it->second.name.empty() || !it->second.refs.empty()) return;
@@ -609,130 +465,6 @@ std::optional<std::int64_t> Registry::next_deadline() const {
     }
   }
   return d;
-}
-
-proto::HolderInfo Registry::holder_of(const SegmentRecord& seg, ConnId conn) const {
-  proto::HolderInfo h;
-  if (auto c = m_connections.find(conn); c != m_connections.end()) {
-    h.pid = static_cast<std::uint32_t>(c->second.creds.pid);
-    h.uid = c->second.creds.uid;
-  }
-  if (auto r = seg.refs.find(conn); r != seg.refs.end()) h.references = r->second;
-  h.access =
-      static_cast<std::uint8_t>(seg.writers.count(conn) != 0 ? proto::Access::ReadWrite : proto::Access::ReadOnly);
-  h.creator = seg.creator == conn ? 1 : 0;
-  for (auto [it, end] = seg.joined.equal_range(conn); it != end; ++it) {
-    const auto role = static_cast<unsigned>(it->second.role);
-    if (role < 8) h.roles = static_cast<std::uint8_t>(h.roles | (1U << role));
-  }
-  if (auto b = seg.beats.find(conn); b != seg.beats.end()) {
-    h.beat = static_cast<std::uint8_t>(b->second.hung ? proto::Beat::Hung : proto::Beat::Alive);
-    h.beat_ms = b->second.ms;
-  }
-  return h;
-}
-
-void Registry::notify(const SegmentRecord& seg, proto::EventKind kind, const proto::HolderInfo& holder, ConnId conn,
-                      std::vector<Outgoing>& out) {
-  if (seg.watchers.empty()) return;
-  proto::Event e;
-  e.kind = static_cast<std::uint8_t>(kind);
-  e.id = seg.id;
-  e.name = seg.name;
-  e.holder = holder;
-  e.unix_ns = unix_now_ns();
-  for (const ConnId w : seg.watchers) {
-    if (w == conn) continue;
-    out.push_back(reply(w, 0, e));
-  }
-}
-
-void Registry::expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out) {
-  for (auto it = m_beating.begin(); it != m_beating.end();) {
-    auto seg = m_segments.find(*it);
-    if (seg == m_segments.end() || seg->second.beats.empty()) {
-      it = m_beating.erase(it);
-      continue;
-    }
-    for (auto& [conn, b] : seg->second.beats) {
-      if (b.hung || b.deadline_ns > now_ns) continue;
-      b.hung = true;
-      notify(seg->second, proto::EventKind::Hung, holder_of(seg->second, conn), conn, out);
-    }
-    ++it;
-  }
-}
-
-void Registry::holders(const Caller& caller, std::uint32_t rid, const proto::Holders& req, std::vector<Outgoing>& out) {
-  auto it = m_names.find(req.name);
-  if (it == m_names.end() || !visible_to(caller.creds, m_segments.at(it->second))) {
-    out.push_back(reply(caller.conn, rid,
-                        error_reply(rid, ErrorCode::NotFound, fmt::format("no segment named '{}'", req.name)).body));
-    return;
-  }
-  const auto& seg = m_segments.at(it->second);
-  proto::HoldersReply r;
-  for (const auto& [conn, count] : seg.refs) {
-    if (r.entries.size() == proto::kMaxHolders) {
-      r.more = true;
-      break;
-    }
-    r.entries.push_back(holder_of(seg, conn));
-  }
-  std::sort(r.entries.begin(), r.entries.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
-  out.push_back(reply(caller.conn, rid, std::move(r)));
-}
-
-void Registry::watch(const Caller& caller, std::uint32_t rid, const proto::Watch& req, std::vector<Outgoing>& out) {
-  auto it = m_names.find(req.name);
-  if (it == m_names.end() || !visible_to(caller.creds, m_segments.at(it->second))) {
-    out.push_back(reply(caller.conn, rid,
-                        error_reply(rid, ErrorCode::NotFound,
-                                    fmt::format("no segment named '{}' to watch (gpuipc ls lists them)", req.name))
-                            .body));
-    return;
-  }
-  auto& info = m_connections[caller.conn];
-  constexpr std::size_t kMaxWatched = 64;
-  if (info.watching.count(it->second) == 0 && info.watching.size() >= kMaxWatched) {
-    out.push_back(reply(caller.conn, rid,
-                        error_reply(rid, ErrorCode::QuotaExceeded,
-                                    fmt::format("this connection already watches {} names, the most it may; watch "
-                                                "'{}' from another connection",
-                                                kMaxWatched, req.name))
-                            .body));
-    return;
-  }
-  info.watching.insert(it->second);
-  m_segments.at(it->second).watchers.insert(caller.conn);
-  out.push_back(reply(caller.conn, rid, proto::OkReply{}));
-}
-
-void Registry::heartbeat(const Caller& caller, std::uint32_t rid, const proto::Heartbeat& req, std::int64_t now_ns,
-                         std::vector<Outgoing>& out) {
-  auto it = m_names.find(req.name);
-  if (it == m_names.end() || m_segments.at(it->second).refs.count(caller.conn) == 0) {
-    out.push_back(reply(caller.conn, rid,
-                        error_reply(rid, ErrorCode::InvalidArgument,
-                                    fmt::format("Heartbeat for '{}': this process holds no reference to a segment of "
-                                                "that name; open it first",
-                                                req.name))
-                            .body));
-    return;
-  }
-  auto& seg = m_segments.at(it->second);
-  if (req.deadline_ms == 0) {
-    seg.beats.erase(caller.conn);
-  } else {
-    auto& b = seg.beats[caller.conn];
-    const bool was_hung = b.hung;
-    b.deadline_ns = now_ns + static_cast<std::int64_t>(req.deadline_ms) * 1'000'000;
-    b.ms = req.deadline_ms;
-    b.hung = false;
-    m_beating.insert(seg.id);
-    if (was_hung) notify(seg, proto::EventKind::Alive, holder_of(seg, caller.conn), caller.conn, out);
-  }
-  out.push_back(reply(caller.conn, rid, proto::OkReply{}));
 }
 
 void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& req, std::vector<Outgoing>& out) {

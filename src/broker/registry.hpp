@@ -10,9 +10,8 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <vector>
-
 #include <set>
+#include <vector>
 
 #include "broker/journal.hpp"
 #include "broker/repair.hpp"
@@ -51,18 +50,9 @@ struct Outgoing {
   os::UniqueFd fd;
 };
 
-/// One registered segment.
-struct SegmentRecord {
+/// One registered segment: its attributes (journal.hpp) and what the broker holds of it.
+struct SegmentRecord : SegmentAttributes {
   std::uint64_t id = 0;
-  std::string name;  ///< empty once unlinked
-  proto::Kind kind = proto::Kind::Host;
-  std::uint16_t mode = 0;
-  std::uint64_t size = 0;
-  proto::Uuid device{};
-  uid_t owner_uid = 0;
-  gid_t owner_gid = 0;
-  std::uint64_t created_unix_ns = 0;
-  std::uint32_t flags = 0;                  ///< proto::kFlagSemaphore / kFlagChannel
   os::UniqueFd memory;                      ///< keeps the memory alive while registered
   os::Mapping control;                      ///< semaphores and channels: the broker's view, for repairs
   ControlBlock block;                       ///< over `control`, with the geometry read once at Create
@@ -70,8 +60,6 @@ struct SegmentRecord {
   std::set<ConnId> writers;                 ///< connections holding a read-write reference
   std::multimap<ConnId, Joined> joined;     ///< member entries each connection joined (Join)
   ConnId creator = 0;                       ///< the connection that created it
-  std::uint64_t view_offset = 0;            ///< adopted VMM memory: Create.view_offset / view_size
-  std::uint64_t view_size = 0;
   std::set<ConnId> watchers;  ///< connections that watch it (Watch)
   struct Beat {
     std::int64_t deadline_ns = 0;  ///< the next Heartbeat is due by then
@@ -86,6 +74,17 @@ struct SegmentRecord {
 /// `req`; exporter_gone clear) and maps it read-write into `out` for exporter_left. Returns an empty string when
 /// valid, else why not. Defined in broker/adopted.cpp.
 std::string adopt_device_ipc_record(const proto::Create& req, int fd, os::Mapping& out);
+
+/// Maps the control block of a semaphore, channel, pool or counting semaphore (`seg.flags` != 0, `seg.size` bytes)
+/// from `fd` into `seg.control` and checks it (check_control; `fresh`: at Create, else a name given back after a
+/// broker restart). Returns an empty string when valid, else the error to send, with its code in `code`.
+std::string map_control(SegmentRecord& seg, int fd, bool fresh, ErrorCode& code);
+
+/// One message to `conn` answering `rid` (0: an Event), with an optional fd.
+Outgoing reply(ConnId conn, std::uint32_t rid, proto::Body body, os::UniqueFd fd = {});
+
+/// The wall clock in nanoseconds since the Unix epoch (creation times, Events).
+std::uint64_t unix_now_ns() noexcept;
 
 class Registry {
  public:
@@ -179,12 +178,17 @@ class Registry {
   void expire_restores(std::int64_t now_ns);
   /// Checks the memory fd of a Create for its kind; empty, or what is wrong.
   std::string check_memory(const proto::Create& req, int fd);
+  /// Registers `seg` (its id, memory and first reference set): its name, the owner's quota use, the journal.
+  /// Returns the stored record.
+  SegmentRecord& link(SegmentRecord seg);
   void park(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
             std::vector<Outgoing>& out);
   /// Removes parked open `id` from every index; returns it.
   Pending unpark(std::uint64_t id);
   /// Whether `creds` may see `seg` in stat and list: root, the owner, or read permission (like a directory entry).
   static bool visible_to(const os::Credentials& creds, const SegmentRecord& seg) noexcept;
+  /// The segment linked under `name` if `creds` may see it, else nullptr (as if there were none).
+  SegmentRecord* find_visible(const os::Credentials& creds, const std::string& name);
   proto::SegmentInfo info_of(const SegmentRecord& seg) const;
   /// Removes the segment if it is unlinked and nobody references it.
   void maybe_destroy(std::uint64_t id);

@@ -15,14 +15,6 @@
 namespace gpuipc::broker {
 namespace {
 
-Outgoing answer(ConnId conn, std::uint32_t rid, proto::Body body) {
-  Outgoing o;
-  o.conn = conn;
-  o.msg.request_id = rid;
-  o.msg.body = std::move(body);
-  return o;
-}
-
 bool host_kind(proto::Kind k) { return k == proto::Kind::Host || k == proto::Kind::HostPinned; }
 
 }  // namespace
@@ -41,17 +33,7 @@ void Registry::open_journal(const std::string& path, std::int64_t now_ns, std::i
 void Registry::journal_linked(const SegmentRecord& seg) noexcept {
   if (!m_journal || seg.kind == proto::Kind::DeviceIpc || seg.name.empty()) return;
   JournalEntry e;
-  e.name = seg.name;
-  e.kind = seg.kind;
-  e.mode = seg.mode;
-  e.size = seg.size;
-  e.device = seg.device;
-  e.owner_uid = seg.owner_uid;
-  e.owner_gid = seg.owner_gid;
-  e.flags = seg.flags;
-  e.created_unix_ns = seg.created_unix_ns;
-  e.view_offset = seg.view_offset;
-  e.view_size = seg.view_size;
+  e.attributes() = seg;
   if (host_kind(seg.kind)) {
     try {
       const auto id = os::file_id(seg.memory.get());
@@ -79,7 +61,7 @@ void Registry::expire_restores(std::int64_t now_ns) {
 void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::Announce& req,
                         std::vector<os::UniqueFd>& fds, std::vector<Outgoing>& out) {
   auto fail = [&](ErrorCode code, std::string msg) {
-    out.push_back(answer(caller.conn, rid, error_reply(rid, code, std::move(msg)).body));
+    out.push_back(reply(caller.conn, rid, error_reply(rid, code, std::move(msg)).body));
   };
   if (fds.size() != 1 || !fds[0]) {
     fail(ErrorCode::Protocol, "Announce must carry exactly one fd (the segment's memory)");
@@ -104,7 +86,7 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
     }
     ++seg.refs[caller.conn];
     if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
-    out.push_back(answer(caller.conn, rid, proto::OpenReply{info_of(seg)}));
+    out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(seg)}));
     return;
   }
   auto r = m_restore.find(req.name);
@@ -152,43 +134,22 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
   }
   SegmentRecord seg;
   seg.id = m_next_id++;
-  seg.name = e.name;
-  seg.kind = e.kind;
-  seg.mode = e.mode;
-  seg.size = e.size;
-  seg.device = e.device;
-  seg.owner_uid = e.owner_uid;
-  seg.owner_gid = e.owner_gid;
-  seg.created_unix_ns = e.created_unix_ns;
-  seg.flags = e.flags;
-  seg.view_offset = e.view_offset;
-  seg.view_size = e.view_size;
+  seg.attributes() = e;
   if (seg.flags != 0) {
-    try {
-      seg.control = os::Mapping::map(memory.get(), seg.size, true);
-    } catch (const Error& err) {
-      fail(err.code(), fmt::format("segment '{}': cannot map its control block: {}", req.name, err.what()));
-      return;
-    }
-    seg.block = ControlBlock{seg.control.data(), seg.control.size(), seg.flags, {}};
-    if (auto why = check_control(seg.block, false); !why.empty()) {
-      fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': {}", req.name, why));
+    ErrorCode code{};
+    if (auto why = map_control(seg, memory.get(), false, code); !why.empty()) {
+      fail(code, std::move(why));
       return;
     }
   }
   seg.memory = std::move(memory);
   seg.refs[caller.conn] = 1;
   if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
-  const std::uint64_t id = seg.id;
-  auto& stored = m_segments.emplace(id, std::move(seg)).first->second;
-  m_names[stored.name] = id;
-  ++m_segments_per_uid[stored.owner_uid];
-  m_bytes_per_uid[stored.owner_uid] += stored.size;
   m_restore.erase(r);
-  journal_linked(stored);
+  auto& stored = link(std::move(seg));
   GPUIPC_LOG_INFO("segment '{}' ({}) given back by pid {} after the broker restart: id {}", stored.name,
-                  human_bytes(stored.size), caller.creds.pid, id);
-  out.push_back(answer(caller.conn, rid, proto::OpenReply{info_of(stored)}));
+                  human_bytes(stored.size), caller.creds.pid, stored.id);
+  out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(stored)}));
   wake_waiting(stored, out);
 }
 
@@ -202,14 +163,14 @@ void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejo
     why = check_rejoin(it->second.block, joined);
   }
   if (!why.empty()) {
-    out.push_back(answer(caller.conn, rid,
+    out.push_back(reply(caller.conn, rid,
                          error_reply(rid, ErrorCode::InvalidArgument,
                                      fmt::format("Rejoin of member {} of segment id {}: {}", req.member, req.id, why))
                              .body));
     return;
   }
   it->second.joined.emplace(caller.conn, joined);
-  out.push_back(answer(caller.conn, rid, proto::OkReply{}));
+  out.push_back(reply(caller.conn, rid, proto::OkReply{}));
 }
 
 }  // namespace gpuipc::broker

@@ -10,7 +10,7 @@
 #include "base/log.hpp"
 #include "gpuipc/version.hpp"
 #include "os/memfd.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "os/process.hpp"
 #include "proto/messages.hpp"
 
@@ -85,7 +85,7 @@ Server::Server(ServerOptions options)
   m_epoll.add(m_listen.get(), EPOLLIN, kListenKey);
   m_epoll.add(m_signals.get(), EPOLLIN, kSignalKey);
   m_epoll.add(m_wakeup.get(), EPOLLIN, kWakeupKey);
-  std::signal(SIGPIPE, SIG_IGN);  // NOLINT(cert-err33-c): sends use MSG_NOSIGNAL; this is belt and braces
+  os::ignore_signal(SIGPIPE);  // sends use MSG_NOSIGNAL; this is belt and braces
   GPUIPC_LOG_INFO("gpuipcd {} pid {} ({}) serving {} (fd limit {}: {} connections, {} segments)", GPUIPC_VERSION_STRING,
                   os::current_pid(), proto::broker_mode_name(m_options.mode), m_socket_path, limit,
                   m_options.max_connections, q.fds);
@@ -300,7 +300,7 @@ bool Server::handle_message(ConnId id, Connection& c, std::span<const std::byte>
     // Hello's pid is only shown; membership and identity come from SO_PEERCRED and broker-chosen tokens.
     m_registry.add_connection(id, c.creds);
     proto::HelloReply r;
-    r.broker_pid = static_cast<std::uint32_t>(::getpid());
+    r.broker_pid = static_cast<std::uint32_t>(os::current_pid());
     r.uid = c.creds.uid;
     r.gid = c.creds.gid;
     r.broker_version = GPUIPC_VERSION_STRING;

@@ -15,7 +15,7 @@
 #include "cuda/context.hpp"
 #include "cuda/stream_ops.hpp"
 #include "cuda/trace.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "proto/messages.hpp"
 #include "shm/channel_ring.hpp"
 

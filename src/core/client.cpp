@@ -11,7 +11,8 @@
 #include "base/log.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/version.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
+#include "os/path.hpp"
 #include "os/process.hpp"
 #include "os/socket.hpp"
 

@@ -10,7 +10,7 @@
 #include "core/client.hpp"
 #include "cuda/trace.hpp"
 #include "os/epoll.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "os/process.hpp"
 #include "os/socket.hpp"
 #include "proto/messages.hpp"

@@ -20,7 +20,6 @@
 #include "cuda/host_registration.hpp"
 #include "cuda/stream_ops.hpp"
 #include "cuda/trace.hpp"
-#include "os/module.hpp"
 #include "proto/messages.hpp"
 #include "shm/pool_block.hpp"
 
@@ -210,11 +209,7 @@ void Pool::unlink(std::string_view name) {
   for (const auto& info : Segment::list()) {
     if (info.name.rfind(prefix, 0) != 0 || info.name.size() == prefix.size()) continue;
     if (info.name.find_first_not_of("0123456789", prefix.size()) != std::string::npos) continue;
-    try {
-      Segment::unlink(info.name);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::NotFound) throw;
-    }
+    pool_detail::unlink_if_present(info.name);
   }
 }
 
@@ -373,7 +368,7 @@ void Pool::hold(const BlockRef& ref) {
   if (im.block.pause_info().state != shm::PauseState::Active) throw im.paused_error("hold");
   const shm::PoolStatus st = im.add_hold(loc, [&] { return im.block.hold(im.member, loc, kLockTimeout); });
   if (st == shm::PoolStatus::LockTimeout) {
-    throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "hold");
+    throw im.lock_busy_error("hold");
   }
   if (st == shm::PoolStatus::Paused) throw im.paused_error("hold");
   if (st != shm::PoolStatus::Ok) im.throw_bad_ref(ref, "hold", im.check_ref(ref) + " (freed meanwhile)");
@@ -388,222 +383,9 @@ void Pool::release(const BlockRef& ref) {
     im.throw_bad_ref(ref, "release", "this process holds no reference to it (a release without hold, or twice)");
   }
   if (st == shm::PoolStatus::LockTimeout) {
-    throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "release");
+    throw im.lock_busy_error("release");
   }
   if (st != shm::PoolStatus::Ok) im.throw_bad_ref(ref, "release", im.check_ref(ref));
-}
-
-namespace {
-
-/// The chunks that exist (Ready) now.
-std::vector<std::uint32_t> ready_chunks(const shm::PoolBlock& b) {
-  std::vector<std::uint32_t> out;
-  for (std::uint32_t c = 0; c < b.geometry().max_chunks; ++c) {
-    if (atomic(b.header().chunks[c].state).load() == static_cast<std::uint32_t>(shm::ChunkState::Ready))
-      out.push_back(c);
-  }
-  return out;
-}
-
-void check_writer(const Pool::Impl& im, std::string_view call) {
-  if (im.access != Access::ReadWrite) {
-    throw Error(ErrorCode::PermissionDenied,
-                fmt::format("pool '{}': {} refused: this handle maps the pool read-only; only a member with write "
-                            "access may pause or resume it (open it with access ReadWrite)",
-                            im.name, call),
-                std::string(call));
-  }
-}
-
-}  // namespace
-
-void Pool::pause(const PauseOptions& options) {
-  GPUIPC_TRACE("gpuipc::Pool::pause");
-  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "pause on an empty Pool handle", "pause");
-  auto& im = *m_impl;
-  check_writer(im, "pause");
-  if (im.kind == SegmentKind::HostPinned) {
-    throw Error(ErrorCode::Unsupported,
-                fmt::format("pool '{}': host_pinned pools cannot be paused: their pages are pinned "
-                            "(cuMemHostRegister) in every member that maps them, so releasing them would not return "
-                            "the memory; use a device or host pool",
-                            im.name),
-                "pause");
-  }
-  std::lock_guard pause_lock(im.pause_mutex);
-  const auto pid = static_cast<std::uint32_t>(os::current_pid());
-  switch (im.block.begin_pause(im.member, pid, kLockTimeout)) {
-    case shm::PoolStatus::Ok:
-      break;
-    case shm::PoolStatus::LockTimeout:
-      throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "pause");
-    case shm::PoolStatus::Paused:
-      throw im.paused_error("pause");
-    default:
-      throw Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': cannot pause", im.name), "pause");
-  }
-  bool released = false;
-  try {
-    const std::vector<std::uint32_t> ready = ready_chunks(im.block);
-    const bool device = im.kind == SegmentKind::Device;
-    std::lock_guard chunks_lock(im.chunks_mutex);
-    for (const std::uint32_t c : ready) im.map_chunk_locked(c);
-    std::optional<cuda::ScopedContext> scope;
-    if (device) {
-      scope.emplace(im.ctx.get());
-      cuda::synchronize_context("waiting for this process's work before pausing the pool");
-    }
-    im.drop_saved();
-    if (options.keep_contents) {
-      std::vector<shm::OccupiedRange> ranges;
-      ranges.reserve(im.geo().max_records);
-      if (!im.block.occupied(ranges)) {
-        throw Error(ErrorCode::System, fmt::format("pool '{}': cannot list its blocks", im.name), "pause");
-      }
-      std::uint64_t total = 0;
-      for (const auto& r : ranges) {
-        if (im.bases[r.chunk].load() == nullptr) continue;  // not a ready chunk (a record a repair has yet to undo)
-        im.saved.push_back({r.chunk, r.begin, r.end - r.begin, total});
-        total += r.end - r.begin;
-      }
-      if (total > 0 && device) {
-        try {
-          im.saved_pinned = std::make_unique<cuda::PinnedHostBuffer>(total);
-        } catch (const Error& e) {
-          GPUIPC_LOG_INFO("pool '{}': no pinned host memory for the {} paused (saving in pageable memory): {}", im.name,
-                          human_bytes(total), e.what());
-        }
-      }
-      if (total > 0 && !im.saved_pinned) im.saved_host = os::Mapping::anonymous(total);
-      std::byte* dst = im.saved_data();
-      for (const auto& r : im.saved) {
-        const std::byte* src = im.bases[r.chunk].load() + r.offset;
-        if (device) {
-          cuda::copy_to_host(dst + r.at, reinterpret_cast<CUdeviceptr>(src), r.size);
-        } else {
-          std::memcpy(dst + r.at, src, r.size);
-        }
-      }
-    }
-    for (const std::uint32_t c : ready) {
-      if (device) {
-        // The broker's fd goes with the name once no process has the segment open; ours with the mapping.
-        try {
-          Segment::unlink(chunk_name(im.name, c));
-        } catch (const Error& e) {
-          if (e.code() != ErrorCode::NotFound) throw;
-        }
-        released = true;
-        im.unmap_chunk_locked(c);
-      } else {
-        released = true;
-        os::discard_pages(im.chunks[c].data(), im.chunks[c].size());
-      }
-    }
-  } catch (...) {
-    if (!released) im.drop_saved();
-    im.block.end_pause(im.member, released);
-    throw;
-  }
-  im.block.end_pause(im.member, true);
-}
-
-void Pool::resume() {
-  GPUIPC_TRACE("gpuipc::Pool::resume");
-  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "resume on an empty Pool handle", "resume");
-  auto& im = *m_impl;
-  check_writer(im, "resume");
-  std::lock_guard pause_lock(im.pause_mutex);
-  const auto pid = static_cast<std::uint32_t>(os::current_pid());
-  switch (im.block.begin_resume(im.member, pid, kLockTimeout)) {
-    case shm::PoolStatus::Ok:
-      break;
-    case shm::PoolStatus::LockTimeout:
-      throw Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", im.name), "resume");
-    case shm::PoolStatus::NotPaused: {
-      const auto p = im.block.pause_info();
-      if (p.state == shm::PauseState::Active) {
-        throw Error(ErrorCode::InvalidState, fmt::format("pool '{}': resume refused: it is not paused", im.name),
-                    "resume");
-      }
-      throw Error(
-          ErrorCode::InvalidState,
-          fmt::format("pool '{}': resume refused: it is {} by another process (pid {}); only that process "
-                      "may resume it (any writer may once it is gone)",
-                      im.name, p.state == shm::PauseState::Paused ? "paused" : "being paused or resumed", p.pid),
-          "resume");
-    }
-    default:
-      throw Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': cannot resume", im.name), "resume");
-  }
-  const bool device = im.kind == SegmentKind::Device;
-  std::vector<std::uint32_t> made;  // device chunks this attempt backed with new memory
-  try {
-    const std::uint64_t epoch = im.block.pause_info().epoch;
-    std::lock_guard chunks_lock(im.chunks_mutex);
-    std::optional<cuda::ScopedContext> scope;
-    if (device) scope.emplace(im.ctx.get());
-    for (const std::uint32_t c : ready_chunks(im.block)) {
-      if (device) {
-        im.unmap_chunk_locked(c);  // a mapping of released memory (this process did not pause the pool)
-        im.create_chunk_locked(c, epoch);
-        made.push_back(c);
-      } else if (im.bases[c].load() != nullptr) {
-        im.mapped_epoch[c].store(epoch);  // the memfd stayed; only its pages went
-      }
-    }
-    const std::byte* src = im.saved_data();
-    for (const auto& r : im.saved) {
-      std::byte* dst = im.map_chunk_locked(r.chunk) + r.offset;
-      if (device) {
-        cuda::copy_to_device(reinterpret_cast<CUdeviceptr>(dst), src + r.at, r.size);
-      } else {
-        std::memcpy(dst, src + r.at, r.size);
-      }
-    }
-  } catch (...) {
-    // Back to paused, so the new memory goes too (a paused pool holds none; a later resume makes it again).
-    try {
-      std::lock_guard chunks_lock(im.chunks_mutex);
-      std::optional<cuda::ScopedContext> scope;
-      if (device && !made.empty()) scope.emplace(im.ctx.get());
-      for (const std::uint32_t c : made) {
-        try {
-          Segment::unlink(chunk_name(im.name, c));
-        } catch (const Error& e) {
-          if (e.code() != ErrorCode::NotFound) throw;
-        }
-        im.unmap_chunk_locked(c);
-      }
-    } catch (const std::exception& e) {
-      GPUIPC_LOG_WARN("pool '{}': memory made by a failed resume stays until the next resume: {}", im.name, e.what());
-    }
-    im.block.end_resume(im.member, false);
-    throw;
-  }
-  im.drop_saved();
-  im.block.end_resume(im.member, true);
-}
-
-bool Pool::paused() const noexcept { return m_impl && m_impl->block.pause_info().state != shm::PauseState::Active; }
-
-void Pool::refresh() {
-  GPUIPC_TRACE("gpuipc::Pool::refresh");
-  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "refresh on an empty Pool handle", "refresh");
-  auto& im = *m_impl;
-  std::lock_guard chunks_lock(im.chunks_mutex);
-  const auto p = im.block.pause_info();
-  const bool active = p.state == shm::PauseState::Active;
-  for (std::uint32_t c = 0; c < im.geo().max_chunks; ++c) {
-    const std::uint64_t mapped = im.mapped_epoch[c].load();
-    if (im.bases[c].load() == nullptr || mapped == pool_detail::kUnmapped || mapped == p.epoch) continue;
-    if (im.kind == SegmentKind::Device) {
-      im.unmap_chunk_locked(c);  // frees the old memory, once no other process maps it
-      if (active) im.map_chunk_locked(c);
-    } else {
-      im.mapped_epoch[c].store(active ? p.epoch : pool_detail::kUnmapped);
-    }
-  }
 }
 
 PoolStats Pool::stats() const noexcept { return m_impl ? m_impl->block.counts() : PoolStats{}; }

@@ -1,5 +1,5 @@
 // Pool::Impl: one process's membership of a pool — the control block, the chunks it mapped, and the references
-// (Blocks and holds) it has — shared by src/core/pool.cpp.
+// (Blocks and holds) it has — shared by src/core/pool.cpp and src/core/pool_pause.cpp.
 #pragma once
 
 #include <fmt/format.h>
@@ -39,6 +39,16 @@ inline constexpr std::uint64_t kUnmapped = UINT64_MAX;
 
 inline shm::BlockLocation location_of(const BlockRef& r) noexcept {
   return shm::BlockLocation{r.chunk, r.index, r.offset, r.size, r.generation};
+}
+
+/// Segment::unlink(name), where a name already gone is no error (a pause, a failed resume, or Pool::unlink after
+/// another member or an earlier attempt removed it).
+inline void unlink_if_present(const std::string& name) {
+  try {
+    Segment::unlink(name);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::NotFound) throw;
+  }
 }
 
 }  // namespace pool_detail
@@ -234,6 +244,11 @@ struct Pool::Impl {
     std::lock_guard lock(chunks_mutex);
     const std::uint64_t epoch = block.pause_info().epoch;
     create_chunk_locked(c, epoch);
+  }
+
+  /// The Timeout error of `call` when the pool lock stayed busy for kLockTimeout.
+  Error lock_busy_error(std::string_view call) const {
+    return Error(ErrorCode::Timeout, fmt::format("pool '{}': the pool lock stayed busy", name), std::string(call));
   }
 
   /// The InvalidState error of `call` on a pool that is not active now.

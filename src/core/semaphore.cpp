@@ -13,7 +13,6 @@
 #include "cuda/context.hpp"
 #include "cuda/stream_ops.hpp"
 #include "cuda/trace.hpp"
-#include "os/module.hpp"
 #include "shm/semaphore_block.hpp"
 
 namespace gpuipc {

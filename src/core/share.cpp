@@ -13,7 +13,7 @@
 #include "cuda/pointer.hpp"
 #include "cuda/trace.hpp"
 #include "cuda/vmm.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 
 namespace gpuipc {
 namespace {

@@ -15,7 +15,7 @@
 #include "base/config.hpp"
 #include "base/log.hpp"
 #include "os/dynamic_library.hpp"
-#include "os/module.hpp"
+#include "os/path.hpp"
 
 namespace gpuipc::cuda {
 namespace {

@@ -20,12 +20,13 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <ctime>
 
 #include "base/errors.hpp"
 #include "os/memfd.hpp"
-#include "os/module.hpp"
+#include "os/path.hpp"
 #include "os/socket.hpp"
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -64,6 +65,14 @@ bool pidfd_wait_exit(int pidfd, int timeout_ms) { return wait_readable(pidfd, ti
 bool process_alive(pid_t pid) noexcept {
   if (pid <= 0) return false;  // kill(0 or -n, 0) would probe a process group
   return ::kill(pid, 0) == 0 || errno == EPERM;
+}
+
+void send_signal(pid_t pid, int sig) {
+  if (::kill(pid, sig) != 0) throw_system("kill", fmt::format("signal {} to pid {}", sig, pid));
+}
+
+void ignore_signal(int sig) noexcept {
+  std::signal(sig, SIG_IGN);  // NOLINT(cert-err33-c): the previous disposition is of no use to the caller
 }
 
 UniqueFd signal_fd(const std::vector<int>& signals) {

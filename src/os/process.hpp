@@ -24,6 +24,12 @@ bool pidfd_wait_exit(int pidfd, int timeout_ms);
 /// Whether a process with this pid exists (kill(pid, 0); EPERM counts as existing).
 bool process_alive(pid_t pid) noexcept;
 
+/// kill(pid, sig). Throws Error naming the pid.
+void send_signal(pid_t pid, int sig);
+
+/// Sets `sig`'s disposition to SIG_IGN for the whole process (signal(2)).
+void ignore_signal(int sig) noexcept;
+
 /// Blocks `signals` in the calling thread and returns a signalfd (CLOEXEC | NONBLOCK) that reports them.
 UniqueFd signal_fd(const std::vector<int>& signals);
 

@@ -11,7 +11,7 @@
 #include "commands.hpp"
 #include "core/client.hpp"
 #include "gpuipc/error.hpp"
-#include "os/module.hpp"
+#include "os/process.hpp"
 
 namespace gpuipc::cli {
 namespace {

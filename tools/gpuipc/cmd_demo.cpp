@@ -15,7 +15,7 @@
 #include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
 #include "os/child.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "os/process.hpp"
 #include "testkit/kernels/pattern.hpp"
 #if defined(GPUIPC_HAVE_KERNELS)

@@ -22,7 +22,7 @@
 #include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
-#include "os/module.hpp"
+#include "os/identity.hpp"
 #include "os/process.hpp"
 
 namespace gpuipc::cli {

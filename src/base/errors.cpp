@@ -1,10 +1,11 @@
-#include "gpuipc/error.hpp"
+// gpuipc::Error and the names of ErrorCode and Status (gpuipc/error.hpp), and the errno helpers of base/errors.hpp.
+#include "base/errors.hpp"
 
 #include <fmt/format.h>
 
 #include <cstring>
 
-#include "base/errors.hpp"
+#include "gpuipc/error.hpp"
 
 namespace gpuipc {
 

@@ -1,0 +1,104 @@
+"""The publisher's side of a stream's reader slots (streaming.py describes the format): which readers claimed a
+slot, the admit word of each, and the drop of a reader that died, closed or was evicted."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ._stream_format import _EVICTED, _ReaderSlot, _admit_offset, _slot_name
+from .errors import Closed, Error, NotFound, PeerDied, Timeout
+from .semaphore import Semaphore
+
+
+class _ReaderSlots:
+    """Reader slot ``i``: the timeline ``NAME.reader.<i>`` its reader created, and its admit word in the control
+    block (``mem``, set once the publisher made it)."""
+
+    def __init__(self, name: str, buckets: int, readers: int, device: int, reader_timeout: Optional[float]) -> None:
+        self.name = name
+        self._nbuckets = buckets
+        self._device = device
+        self._reader_timeout = reader_timeout
+        self.mem: Optional[np.ndarray] = None
+        self._readers: List[Optional[_ReaderSlot]] = [None] * readers
+        self._evicted: Dict[int, Semaphore] = {}
+
+    def close(self) -> None:
+        """Closes every reader's timeline (the names stay: the publisher removes them)."""
+        for slot in self._readers:
+            if slot is not None:
+                slot.sem.close()
+        self._readers = [None] * len(self._readers)
+        for sem in self._evicted.values():
+            sem.close()
+        self._evicted.clear()
+        self.mem = None
+
+    def _admit_word(self, i: int) -> np.ndarray:
+        assert self.mem is not None
+        off = _admit_offset(self._nbuckets) + 8 * i
+        return self.mem[off : off + 8].view("<u8")
+
+    def drop(self, i: int) -> None:
+        """Frees reader slot i (its reader died, closed, or was evicted and has gone): the same code for all."""
+        slot = self._readers[i]
+        self._readers[i] = None
+        sem = slot.sem if slot is not None else self._evicted.pop(i, None)
+        self._admit_word(i)[0] = 0
+        if sem is not None:
+            sem.close()
+        try:
+            Semaphore.unlink(_slot_name(self.name, i))
+        except Error:
+            pass
+
+    def scan(self) -> int:
+        """Finds readers that claimed a slot, and frees the slots of readers that are gone. Returns how many slots
+        are claimed now (admitted or waiting for the next version)."""
+        for i in range(len(self._readers)):
+            ev = self._evicted.get(i)
+            if ev is not None:
+                if ev.status != "ok":
+                    self.drop(i)
+                continue
+            slot = self._readers[i]
+            if slot is not None:
+                if slot.sem.status != "ok":
+                    self.drop(i)
+                continue
+            try:
+                sem = Semaphore.open(_slot_name(self.name, i), role="waiter", device=self._device)
+            except NotFound:
+                continue
+            self._readers[i] = _ReaderSlot(sem)
+            if sem.status != "ok":
+                self.drop(i)
+        return sum(1 for r in self._readers if r is not None)
+
+    def admit(self, first: int) -> None:
+        """Readers that joined since the last version read from bucket ``first`` on."""
+        self.scan()
+        for i, slot in enumerate(self._readers):
+            if slot is not None and slot.first == 0:
+                slot.first = first
+                self._admit_word(i)[0] = first
+
+    def wait_for_slot(self, seq: int) -> None:
+        """Before bucket ``seq`` overwrites ring slot seq % buckets: every admitted reader has consumed bucket
+        seq - buckets. A dead or closed reader is dropped; one slower than reader_timeout is evicted."""
+        need = seq - self._nbuckets
+        if need <= 0:
+            return
+        for i, slot in enumerate(self._readers):
+            if slot is None or slot.first == 0 or need < slot.first:
+                continue
+            try:
+                slot.sem.wait_host(need, self._reader_timeout)
+            except (PeerDied, Closed):
+                self.drop(i)
+            except Timeout:
+                self._readers[i] = None
+                self._evicted[i] = slot.sem
+                self._admit_word(i)[0] = _EVICTED

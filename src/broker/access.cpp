@@ -1,0 +1,178 @@
+// Who may open or see a name: the permission check, opens (parked until their name appears when they wait), stat
+// and list (docs/segments.md#permissions). Part of the Registry (registry.hpp).
+#include <fmt/format.h>
+
+#include <set>
+
+#include "broker/registry.hpp"
+#include "os/memfd.hpp"
+
+namespace gpuipc::broker {
+
+unsigned permission_bits(const os::Credentials& creds, std::uint16_t mode, uid_t owner_uid, gid_t owner_gid) noexcept {
+  if (creds.uid == 0) return 7;
+  if (creds.uid == owner_uid) return (mode >> 6) & 7;
+  if (creds.in_group(owner_gid)) return (mode >> 3) & 7;
+  return mode & 7;
+}
+
+void Registry::wake_waiting(SegmentRecord& seg, std::vector<Outgoing>& out) {
+  std::vector<std::uint64_t> waiting;
+  for (auto [it, end] = m_pending_by_name.equal_range(seg.name); it != end; ++it) waiting.push_back(it->second);
+  for (auto pid : waiting) {
+    Pending p = unpark(pid);
+    open_existing(seg, p.conn, p.creds, p.request_id, p.request.access, out);
+  }
+}
+
+void Registry::park(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
+                    std::vector<Outgoing>& out) {
+  auto& info = m_connections[caller.conn];
+  if (info.pending.size() >= m_quotas.pending_opens_per_connection) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::QuotaExceeded,
+                                    fmt::format("no segment named '{}', and this connection already waits for {} "
+                                                "names, the most it may; wait for fewer at once",
+                                                req.name, info.pending.size()))
+                            .body));
+    return;
+  }
+  const std::uint64_t id = m_next_pending++;
+  const std::int64_t deadline = now_ns + static_cast<std::int64_t>(req.wait_ms) * 1'000'000;
+  Pending p{caller.conn, rid, req, caller.creds, m_pending_by_deadline.emplace(deadline, id),
+            m_pending_by_name.emplace(req.name, id)};
+  m_pending.emplace(id, std::move(p));
+  info.pending.insert(id);
+}
+
+Registry::Pending Registry::unpark(std::uint64_t id) {
+  auto it = m_pending.find(id);
+  Pending p = std::move(it->second);
+  m_pending.erase(it);
+  m_pending_by_deadline.erase(p.by_deadline);
+  m_pending_by_name.erase(p.by_name);
+  if (auto c = m_connections.find(p.conn); c != m_connections.end()) c->second.pending.erase(id);
+  return p;
+}
+
+void Registry::open(const Caller& caller, std::uint32_t rid, const proto::Open& req, std::int64_t now_ns,
+                    std::vector<Outgoing>& out) {
+  auto it = m_names.find(req.name);
+  if (it == m_names.end()) {
+    if (req.wait_ms > 0) {
+      park(caller, rid, req, now_ns, out);
+      return;
+    }
+    const bool held_over = m_restore.count(req.name) != 0;
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::NotFound,
+                                    held_over ? fmt::format("segment '{}' was linked when the previous broker died; "
+                                                            "none of the processes that map it has announced it to "
+                                                            "this broker yet (pass a wait timeout to wait for them)",
+                                                            req.name)
+                                              : fmt::format("no segment named '{}' (gpuipc ls lists them; pass a "
+                                                            "wait timeout to wait for its creator)",
+                                                            req.name))
+                            .body));
+    return;
+  }
+  open_existing(m_segments.at(it->second), caller.conn, caller.creds, rid, req.access, out);
+}
+
+void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credentials& creds, std::uint32_t rid,
+                             proto::Access access, std::vector<Outgoing>& out) {
+  const unsigned have = permission_bits(creds, seg.mode, seg.owner_uid, seg.owner_gid);
+  const unsigned need = access == proto::Access::ReadOnly ? 4U : 6U;
+  if ((have & need) != need) {
+    out.push_back(reply(
+        conn, rid,
+        error_reply(rid, ErrorCode::PermissionDenied,
+                    fmt::format("segment '{}' is mode {:04o} owned by uid {} gid {}; you are uid {} gid {} and need {} "
+                                "permission{}",
+                                seg.name, seg.mode, seg.owner_uid, seg.owner_gid, creds.uid, creds.gid,
+                                need == 4U ? "read (r)" : "read and write (rw)",
+                                (need == 6U && (have & 4U) != 0) ? "; open it read-only instead" : ""))
+            .body));
+    return;
+  }
+  os::UniqueFd fd;
+  try {
+    // A read-only opener of host memory gets a read-only file description: it cannot map it writable at all.
+    // A device_ipc record is the exporter's to write: every opener gets it read-only.
+    const bool read_only = (access == proto::Access::ReadOnly && seg.kind != proto::Kind::Device) ||
+                           seg.kind == proto::Kind::DeviceIpc;
+    fd = read_only ? os::reopen_readonly(seg.memory.get()) : os::dup_fd(seg.memory.get(), "segment");
+  } catch (const Error& e) {
+    out.push_back(reply(conn, rid, error_reply(rid, e.code(), fmt::format("segment '{}': {}", seg.name, e.what()), e.sys_errno()).body));
+    return;
+  }
+  const bool first = ++seg.refs[conn] == 1;
+  if (access == proto::Access::ReadWrite) seg.writers.insert(conn);
+  out.push_back(reply(conn, rid, proto::OpenReply{info_of(seg)}, std::move(fd)));
+  if (first) notify(seg, proto::EventKind::Joined, holder_of(seg, conn), conn, out);
+}
+
+bool Registry::visible_to(const os::Credentials& creds, const SegmentRecord& seg) noexcept {
+  return creds.uid == 0 || creds.uid == seg.owner_uid ||
+         (permission_bits(creds, seg.mode, seg.owner_uid, seg.owner_gid) & 4U) != 0;
+}
+
+SegmentRecord* Registry::find_visible(const os::Credentials& creds, const std::string& name) {
+  auto it = m_names.find(name);
+  // A name the caller may not open is not there for it, as with a directory entry it cannot read.
+  if (it == m_names.end()) return nullptr;
+  SegmentRecord& seg = m_segments.at(it->second);
+  return visible_to(creds, seg) ? &seg : nullptr;
+}
+
+void Registry::stat(const Caller& caller, std::uint32_t rid, const proto::Stat& req, std::vector<Outgoing>& out) {
+  const SegmentRecord* seg = find_visible(caller.creds, req.name);
+  if (seg == nullptr) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::NotFound, fmt::format("no segment named '{}'", req.name)).body));
+    return;
+  }
+  out.push_back(reply(caller.conn, rid, proto::StatReply{info_of(*seg)}));
+}
+
+void Registry::list(const Caller& caller, std::uint32_t rid, const proto::List& req, std::vector<Outgoing>& out) {
+  proto::ListReply r;
+  for (auto it = m_segments.upper_bound(req.after_id); it != m_segments.end(); ++it) {
+    if (!visible_to(caller.creds, it->second)) continue;
+    if (r.entries.size() == proto::kMaxListEntries) {
+      r.more = true;
+      break;
+    }
+    r.entries.push_back(info_of(it->second));
+  }
+  out.push_back(reply(caller.conn, rid, std::move(r)));
+}
+
+proto::SegmentInfo Registry::info_of(const SegmentRecord& seg) const {
+  proto::SegmentInfo info;
+  info.id = seg.id;
+  info.name = seg.name;
+  info.kind = seg.kind;
+  info.mode = seg.mode;
+  info.size = seg.size;
+  info.device = seg.device;
+  info.view_offset = seg.view_offset;
+  info.view_size = seg.view_size;
+  info.owner_uid = seg.owner_uid;
+  info.owner_gid = seg.owner_gid;
+  info.created_unix_ns = seg.created_unix_ns;
+  info.references = seg.total_refs();
+  info.mapper_count = static_cast<std::uint32_t>(seg.refs.size());
+  std::set<std::uint32_t> pids;
+  for (const auto& [conn, count] : seg.refs) {
+    auto c = m_connections.find(conn);
+    if (c != m_connections.end()) pids.insert(static_cast<std::uint32_t>(c->second.creds.pid));
+  }
+  for (auto pid : pids) {
+    if (info.mapper_pids.size() == proto::kMaxMapperPids) break;
+    info.mapper_pids.push_back(pid);
+  }
+  return info;
+}
+
+}  // namespace gpuipc::broker

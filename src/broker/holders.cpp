@@ -1,0 +1,135 @@
+// Who holds a name and whether it is alive: Holders, Watch and the Events sent to watchers, heartbeats and their
+// deadlines (docs/liveness.md). Part of the Registry (registry.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "broker/registry.hpp"
+
+namespace gpuipc::broker {
+
+proto::HolderInfo Registry::holder_of(const SegmentRecord& seg, ConnId conn) const {
+  proto::HolderInfo h;
+  if (auto c = m_connections.find(conn); c != m_connections.end()) {
+    h.pid = static_cast<std::uint32_t>(c->second.creds.pid);
+    h.uid = c->second.creds.uid;
+  }
+  if (auto r = seg.refs.find(conn); r != seg.refs.end()) h.references = r->second;
+  h.access =
+      static_cast<std::uint8_t>(seg.writers.count(conn) != 0 ? proto::Access::ReadWrite : proto::Access::ReadOnly);
+  h.creator = seg.creator == conn ? 1 : 0;
+  for (auto [it, end] = seg.joined.equal_range(conn); it != end; ++it) {
+    const auto role = static_cast<unsigned>(it->second.role);
+    if (role < 8) h.roles = static_cast<std::uint8_t>(h.roles | (1U << role));
+  }
+  if (auto b = seg.beats.find(conn); b != seg.beats.end()) {
+    h.beat = static_cast<std::uint8_t>(b->second.hung ? proto::Beat::Hung : proto::Beat::Alive);
+    h.beat_ms = b->second.ms;
+  }
+  return h;
+}
+
+void Registry::notify(const SegmentRecord& seg, proto::EventKind kind, const proto::HolderInfo& holder, ConnId conn,
+                      std::vector<Outgoing>& out) {
+  if (seg.watchers.empty()) return;
+  proto::Event e;
+  e.kind = static_cast<std::uint8_t>(kind);
+  e.id = seg.id;
+  e.name = seg.name;
+  e.holder = holder;
+  e.unix_ns = unix_now_ns();
+  for (const ConnId w : seg.watchers) {
+    if (w == conn) continue;
+    out.push_back(reply(w, 0, e));
+  }
+}
+
+void Registry::expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out) {
+  for (auto it = m_beating.begin(); it != m_beating.end();) {
+    auto seg = m_segments.find(*it);
+    if (seg == m_segments.end() || seg->second.beats.empty()) {
+      it = m_beating.erase(it);
+      continue;
+    }
+    for (auto& [conn, b] : seg->second.beats) {
+      if (b.hung || b.deadline_ns > now_ns) continue;
+      b.hung = true;
+      notify(seg->second, proto::EventKind::Hung, holder_of(seg->second, conn), conn, out);
+    }
+    ++it;
+  }
+}
+
+void Registry::holders(const Caller& caller, std::uint32_t rid, const proto::Holders& req, std::vector<Outgoing>& out) {
+  const SegmentRecord* found = find_visible(caller.creds, req.name);
+  if (found == nullptr) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::NotFound, fmt::format("no segment named '{}'", req.name)).body));
+    return;
+  }
+  const SegmentRecord& seg = *found;
+  proto::HoldersReply r;
+  for (const auto& [conn, count] : seg.refs) {
+    if (r.entries.size() == proto::kMaxHolders) {
+      r.more = true;
+      break;
+    }
+    r.entries.push_back(holder_of(seg, conn));
+  }
+  std::sort(r.entries.begin(), r.entries.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
+  out.push_back(reply(caller.conn, rid, std::move(r)));
+}
+
+void Registry::watch(const Caller& caller, std::uint32_t rid, const proto::Watch& req, std::vector<Outgoing>& out) {
+  SegmentRecord* seg = find_visible(caller.creds, req.name);
+  if (seg == nullptr) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::NotFound,
+                                    fmt::format("no segment named '{}' to watch (gpuipc ls lists them)", req.name))
+                            .body));
+    return;
+  }
+  auto& info = m_connections[caller.conn];
+  constexpr std::size_t kMaxWatched = 64;
+  if (info.watching.count(seg->id) == 0 && info.watching.size() >= kMaxWatched) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::QuotaExceeded,
+                                    fmt::format("this connection already watches {} names, the most it may; watch "
+                                                "'{}' from another connection",
+                                                kMaxWatched, req.name))
+                            .body));
+    return;
+  }
+  info.watching.insert(seg->id);
+  seg->watchers.insert(caller.conn);
+  out.push_back(reply(caller.conn, rid, proto::OkReply{}));
+}
+
+void Registry::heartbeat(const Caller& caller, std::uint32_t rid, const proto::Heartbeat& req, std::int64_t now_ns,
+                         std::vector<Outgoing>& out) {
+  auto it = m_names.find(req.name);
+  if (it == m_names.end() || m_segments.at(it->second).refs.count(caller.conn) == 0) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::InvalidArgument,
+                                    fmt::format("Heartbeat for '{}': this process holds no reference to a segment of "
+                                                "that name; open it first",
+                                                req.name))
+                            .body));
+    return;
+  }
+  auto& seg = m_segments.at(it->second);
+  if (req.deadline_ms == 0) {
+    seg.beats.erase(caller.conn);
+  } else {
+    auto& b = seg.beats[caller.conn];
+    const bool was_hung = b.hung;
+    b.deadline_ns = now_ns + static_cast<std::int64_t>(req.deadline_ms) * 1'000'000;
+    b.ms = req.deadline_ms;
+    b.hung = false;
+    m_beating.insert(seg.id);
+    if (was_hung) notify(seg, proto::EventKind::Alive, holder_of(seg, caller.conn), caller.conn, out);
+  }
+  out.push_back(reply(caller.conn, rid, proto::OkReply{}));
+}
+
+}  // namespace gpuipc::broker
