@@ -14,6 +14,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "core/segment_internal.hpp"  // detail::open_segment
 #include "cuda/resources.hpp"
 #include "gpuipc/segment.hpp"
 #include "proto/shm.hpp"
