@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("--out-dir", out_dir, "directory of result files")->capture_default_str();
   app.add_flag("--quick", quick, "fewer sizes and iterations");
   app.add_flag("--no-progress", no_progress, "no progress line on stderr");
-  app.add_flag("-v,--verbose", verbose, "log at debug level (gpuipc -v bench)");
+  app.add_flag("-v,--verbose", verbose)->group("");  // gpuipc -v bench (tools/gpuipc/cmd_programs.cpp)
   app.callback([&] {
     if (verbose) set_log_level(LogLevel::Debug);
     const auto& all = bench::suites();

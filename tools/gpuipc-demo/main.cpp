@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
   std::uint64_t frames = 0;
   std::size_t frame_mib = 0;
   bool verbose = false;
-  cmd->add_flag("-v,--verbose", verbose, "log at debug level (gpuipc -v demo)");
+  cmd->add_flag("-v,--verbose", verbose)->group("");  // gpuipc -v demo (tools/gpuipc/cmd_programs.cpp)
   cmd->add_option("--frames", frames, "frames to stream (default 2000 on a GPU, 500 on the host)");
   cmd->add_option("--frame-mib", frame_mib, "frame size in MiB (default 8 on a GPU, 1 on the host)");
   cmd->add_option("--slots", o.slots, "channel slots (frames in flight)")->capture_default_str();
