@@ -1,12 +1,15 @@
-# `cmake --install build --prefix P` (docs/install.md): components runtime (libgpuipc.so, gpuipcd, the gpuipc CLI),
-# dev (headers, libgpuipc.a, the CMake package, gpuipc.pc) and doc (docs/). The Python module installs its own
+# `cmake --install build --prefix P` (docs/install.md): components runtime (libgpuipc.so, gpuipcd, the gpuipc CLI
+# and the programs it runs: gpuipc-demo, gpuipc-bench), dev (headers, libgpuipc.a, the CMake package, gpuipc.pc) and doc (docs/). The Python module installs its own
 # component (python/CMakeLists.txt); the examples go to bin/ with no component.
 include(CMakePackageConfigHelpers)
 
 install(TARGETS gpuipc_shared gpuipc_static EXPORT gpuipcTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT dev
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
-install(TARGETS gpuipcd gpuipc_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+install(TARGETS gpuipcd gpuipc_cli gpuipc-demo RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+if(TARGET gpuipc-bench)  # `gpuipc bench` runs it (tools/CMakeLists.txt)
+  install(TARGETS gpuipc-bench RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/gpuipc DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
 install(FILES ${PROJECT_BINARY_DIR}/generated/include/gpuipc/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/gpuipc
         COMPONENT dev)

@@ -69,22 +69,10 @@ struct SegmentInfo {
   std::uint32_t mapper_count = 0;
 };
 
-class Segment;
-struct CreateOptions;
 namespace detail {
 struct Mapping;
-/// Builds Segment handles from mappings (src/core: share()).
+/// Builds Segment handles from mappings (src/core/segment_internal.hpp).
 struct SegmentAccess;
-/// Segment::create with broker flags (semaphores and channels); see src/core/segment_internal.hpp. `init`
-/// (host kinds) fills the memory in before the broker registers the name, so nobody sees it half made.
-/// `place_at` (device kind): map the memory at this address of a core::VaSlot the caller keeps, and keep the
-/// mapping out of the process's cache (a pool chunk, remapped at the same address after a pause).
-Segment create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options, std::uint32_t flags,
-                       const std::function<void(void*)>& init = {}, std::uint64_t place_at = 0);
-/// Segment::open, optionally without registering a host_pinned segment with the GPU (a CUDA-free reader);
-/// `place_at` as for create_segment.
-Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
-                     std::uint64_t place_at = 0);
 }  // namespace detail
 
 /// A handle to a mapped segment. Copies share the mapping (opening the same name again in this process is a
@@ -137,10 +125,7 @@ class Segment {
   void check_alive() const;
 
  private:
-  friend Segment detail::create_segment(std::string_view, std::size_t, const CreateOptions&, std::uint32_t,
-                                        const std::function<void(void*)>&, std::uint64_t);
   friend struct detail::SegmentAccess;
-  friend Segment detail::open_segment(std::string_view, const OpenOptions&, bool, std::uint64_t);
   explicit Segment(std::shared_ptr<detail::Mapping> map) noexcept;
   std::shared_ptr<detail::Mapping> m_map;
 };

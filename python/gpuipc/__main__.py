@@ -30,7 +30,7 @@ EXIT_NOT_FOUND = 5
 EXIT_PERMISSION = 6
 EXIT_BROKER = 7
 
-#: Calls whose failure means the broker could not be reached, started or heard from (as tools/gpuipc/main.cpp).
+#: Calls whose failure means the broker could not be reached, started or heard from (as tools/common/cli.hpp).
 _BROKER_CALLS = ("connect", "hello", "send", "recv")
 
 

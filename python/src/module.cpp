@@ -5,10 +5,8 @@
 
 #include <array>
 
-#include "base/config.hpp"
-#include "core/client.hpp"
-#include "cuda/device.hpp"
-#include "cuda/driver.hpp"
+#include "gpuipc/broker.hpp"
+#include "gpuipc/device.hpp"
 #include "gpuipc/version.hpp"
 
 #include "common.hpp"
@@ -60,10 +58,10 @@ NB_MODULE(_gpuipc, m) {
         std::string device_error;
         {
           py::nb::gil_scoped_release unlocked;
-          driver = gpuipc::cuda::driver_available(&why);
+          driver = gpuipc::driver_available(&why);
           if (driver) {
             try {
-              devices = gpuipc::cuda::device_count();
+              devices = gpuipc::device_count();
             } catch (const std::exception& e) {
               device_error = e.what();
             }
@@ -71,13 +69,14 @@ NB_MODULE(_gpuipc, m) {
         }
         d["driver_available"] = driver;
         d["driver_error"] = driver ? py::nb::none() : py::nb::cast(why);
-        d["driver_version"] = driver ? py::nb::cast(gpuipc::cuda::driver().driver_version) : py::nb::none();
-        d["driver_library"] = driver ? py::nb::cast(gpuipc::cuda::driver().library) : py::nb::none();
+        const gpuipc::DriverInfo info = driver ? gpuipc::driver_info() : gpuipc::DriverInfo{};
+        d["driver_version"] = driver ? py::nb::cast(info.version) : py::nb::none();
+        d["driver_library"] = driver ? py::nb::cast(info.library) : py::nb::none();
         d["device_count"] = devices >= 0 ? py::nb::cast(devices) : py::nb::none();
         d["device_error"] = device_error.empty() ? py::nb::none() : py::nb::cast(device_error);
         try {
-          d["runtime_dir"] = gpuipc::config::runtime_dir();
-          d["socket_path"] = gpuipc::config::socket_path();
+          d["runtime_dir"] = gpuipc::runtime_dir();
+          d["socket_path"] = gpuipc::socket_path();
           d["runtime_dir_error"] = py::nb::none();
         } catch (const std::exception& e) {
           d["runtime_dir"] = py::nb::none();
@@ -88,7 +87,7 @@ NB_MODULE(_gpuipc, m) {
           bool listening = false;
           {
             py::nb::gil_scoped_release unlocked;
-            listening = gpuipc::core::BrokerClient::broker_listening();
+            listening = gpuipc::broker_listening();
           }
           d["broker_listening"] = listening;
         }
@@ -99,7 +98,7 @@ NB_MODULE(_gpuipc, m) {
       "_broker_pid",
       []() {
         py::nb::gil_scoped_release unlocked;
-        return gpuipc::core::BrokerClient::instance().broker_pid();
+        return gpuipc::broker_info().pid;
       },
       "The broker's pid (connects, starting a broker when none runs and autostart is allowed).");
   m.def(
@@ -109,6 +108,6 @@ NB_MODULE(_gpuipc, m) {
       "protocol_version", []() { return gpuipc::protocol_version(); },
       "The broker wire protocol version this module speaks.");
   m.def(
-      "_daemon_path", []() { return gpuipc::core::BrokerClient::find_daemon(); },
+      "_daemon_path", []() { return gpuipc::daemon_path(); },
       "The gpuipcd the library would start (empty when none is found).");
 }

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/pointer.hpp"
+#include "gpuipc/device.hpp"
 #include "gpuipc/pool.hpp"
 
 #include "common.hpp"
@@ -123,7 +123,7 @@ ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::u
   int device_id = 0;
   if (is_gpu(pool.kind())) {
     device_type = kDLCUDA;
-    device_id = cuda::pointer_info(static_cast<CUdeviceptr>(address)).device;
+    device_id = device_of(address);
   }
   return ArrayView::bytes(std::move(owner), address, size, readonly || pool.access() == Access::ReadOnly, device_type,
                          device_id);
@@ -155,7 +155,7 @@ std::vector<ArrayView> held_views(Pool& pool, const nb::bytes& raw, bool readonl
       device_type = kDLCUDA;
       auto it = std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.first == r.chunk; });
       if (it == devices.end()) {
-        devices.emplace_back(r.chunk, cuda::pointer_info(static_cast<CUdeviceptr>(address)).device);
+        devices.emplace_back(r.chunk, device_of(address));
         it = devices.end() - 1;
       }
       device_id = it->second;

@@ -8,9 +8,8 @@
 #include <cstring>
 #include <limits>
 
-#include "cuda/context.hpp"
-#include "cuda/stream_ops.hpp"
 #include "dlpack.hpp"
+#include "gpuipc/device.hpp"
 
 namespace gpuipc::py {
 
@@ -177,8 +176,8 @@ ArrayView typed(const ArrayView& v, std::tuple<int, int, int> element, const std
 }
 
 /// Copies `n` bytes from `src` (DLPack device type `src_type`) into `dst` after `stream` has finished its work.
-/// Host to host: memcpy. Anything with a GPU side: synchronous driver copies (cuMemcpy*), after synchronizing
-/// `stream` so the source is complete.
+/// Host to host: memcpy. Anything with a GPU side: synchronous driver copies, after synchronizing `stream` so the
+/// source is complete (gpuipc::copy_synchronous).
 void copy_bytes(const ArrayView& dst, std::uintptr_t src, int src_type, int src_id, std::size_t n,
                 std::uintptr_t stream) {
   if (dst.readonly) throw Error(ErrorCode::InvalidArgument, "cannot copy into a read-only view", "copy");
@@ -193,20 +192,8 @@ void copy_bytes(const ArrayView& dst, std::uintptr_t src, int src_type, int src_
     throw Error(ErrorCode::Unsupported, "cannot copy from DLPack device type " + std::to_string(src_type), "copy");
   }
   nb::gil_scoped_release unlocked;
-  if (!dst_gpu && !src_gpu) {
-    std::memcpy(reinterpret_cast<void*>(dst.address), reinterpret_cast<const void*>(src), n);  // NOLINT
-    return;
-  }
-  cuda::PrimaryContext ctx(dst_gpu ? dst.device_id : src_id);
-  cuda::ScopedContext current(ctx.get());
-  cuda::synchronize(static_cast<CUstream>(to_stream(stream)), "the source's stream before a copy into a channel");
-  if (dst_gpu && src_gpu) {
-    cuda::copy_device_to_device(dst.address, src, n);
-  } else if (dst_gpu) {
-    cuda::copy_to_device(dst.address, reinterpret_cast<const void*>(src), n);  // NOLINT(performance-no-int-to-ptr)
-  } else {
-    cuda::copy_to_host(reinterpret_cast<void*>(dst.address), src, n);  // NOLINT(performance-no-int-to-ptr)
-  }
+  copy_synchronous({.address = dst.address, .device = dst_gpu ? dst.device_id : -1},
+                   {.address = src, .device = src_gpu ? src_id : -1}, n, to_stream(stream));
 }
 
 /// Copies a compact (C-contiguous) DLPack tensor into `dst`. Returns (code, bits, lanes, shape, nbytes), or None

@@ -1,12 +1,4 @@
-// Small formatting helpers shared by the broker's messages and the CLI.
+// Small formatting helpers shared by the broker's messages and the CLI: the public gpuipc/format.hpp.
 #pragma once
 
-#include <cstdint>
-#include <string>
-
-namespace gpuipc {
-
-/// "512 B", "1.5 MiB", "4.0 GiB": binary units, one decimal.
-std::string human_bytes(std::uint64_t bytes);
-
-}  // namespace gpuipc
+#include "gpuipc/format.hpp"

@@ -112,3 +112,11 @@ void write(Level lvl, std::string_view message) noexcept {
 }
 
 }  // namespace gpuipc::log
+
+namespace gpuipc {
+
+LogLevel log_level() noexcept { return log::level(); }
+
+void set_log_level(LogLevel level) noexcept { log::set_level(level); }
+
+}  // namespace gpuipc

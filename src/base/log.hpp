@@ -5,9 +5,12 @@
 
 #include <string_view>
 
+#include "gpuipc/log.hpp"
+
 namespace gpuipc::log {
 
-enum class Level : int { Off = 0, Error = 1, Warn = 2, Info = 3, Debug = 4, Trace = 5 };
+/// The public gpuipc::LogLevel (include/gpuipc/log.hpp).
+using Level = ::gpuipc::LogLevel;
 
 /// The level in force (read from GPUIPC_LOG once; an unknown value falls back to warn with one warning).
 Level level() noexcept;

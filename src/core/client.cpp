@@ -10,6 +10,7 @@
 #include "base/config.hpp"
 #include "base/log.hpp"
 #include "gpuipc/error.hpp"
+#include "gpuipc/programs.hpp"
 #include "gpuipc/version.hpp"
 #include "os/identity.hpp"
 #include "os/path.hpp"
@@ -22,11 +23,6 @@ namespace {
 std::atomic<std::uint64_t> g_generations{0};
 // Process-wide, not per client: a forked child's fresh client keeps the hook its parent's library set.
 std::atomic<BrokerClient::RebindHook> g_rebind{nullptr};
-
-std::string dir_of(const std::string& path) {
-  if (path.empty()) return {};
-  return std::filesystem::path(path).parent_path().string();
-}
 
 std::chrono::milliseconds connect_timeout() {
   return config::env_ms("GPUIPC_CONNECT_TIMEOUT_MS", std::chrono::milliseconds(5000));
@@ -98,16 +94,7 @@ bool BrokerClient::broker_listening() {
 
 std::string BrokerClient::find_daemon() {
   if (auto env = config::env_raw("GPUIPC_DAEMON")) return *env;
-  std::vector<std::string> dirs{dir_of(os::self_exe_path()),
-                                dir_of(os::module_path(reinterpret_cast<const void*>(&BrokerClient::find_daemon)))};
-  for (const auto& d : dirs) {
-    if (d.empty()) continue;
-    for (const char* rel : {"/gpuipcd", "/../bin/gpuipcd", "/bin/gpuipcd"}) {
-      const std::string p = d + rel;
-      if (os::is_executable(p)) return std::filesystem::weakly_canonical(p).string();
-    }
-  }
-  return os::find_in_path("gpuipcd");
+  return program_path("gpuipcd");
 }
 
 void BrokerClient::connect_locked() {

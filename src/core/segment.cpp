@@ -321,14 +321,14 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
       cache.erase(key);
       throw detail::exporter_gone_error(n);
     }
-    if (fresh) return Segment(std::move(hit));
+    if (fresh) return detail::SegmentAccess::make(std::move(hit));
     // An unlink happened somewhere since this binding was made: is the name still this segment?
     try {
       auto st = client.request(proto::Stat{n});
       const auto* sr = std::get_if<proto::StatReply>(&st.msg.body);
       if (sr != nullptr && sr->info.id == hit->id) {
         cache.put(key, hit, client.names_generation());
-        return Segment(std::move(hit));
+        return detail::SegmentAccess::make(std::move(hit));
       }
     } catch (const Error& e) {
       if (e.code() != ErrorCode::NotFound) throw;
@@ -374,7 +374,7 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
   m->memory = std::move(reply.fds[0]);
   remember_for_restart(m);
   if (place_at == 0) cache.put(key, m, names_gen);
-  return Segment(std::move(m));
+  return detail::SegmentAccess::make(std::move(m));
 }
 
 void Segment::unlink(std::string_view name) {

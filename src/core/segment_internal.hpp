@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -58,6 +59,17 @@ struct SegmentAccess {
   static Segment register_created(std::shared_ptr<Mapping> map, const proto::Create& req, os::UniqueFd fd, int device,
                                   bool read_only_too, bool cached = true);
 };
+
+/// Segment::create with broker flags (semaphores, channels, counting semaphores, pools). `init` (host kinds) fills
+/// the memory in before the broker registers the name, so nobody sees it half made. `place_at` (device kind): map
+/// the memory at this address of a core::VaSlot the caller keeps, and keep the mapping out of the process's cache
+/// (a pool chunk, remapped at the same address after a pause).
+Segment create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options, std::uint32_t flags,
+                       const std::function<void(void*)>& init = {}, std::uint64_t place_at = 0);
+/// Segment::open, optionally without registering a host_pinned segment with the GPU (a CUDA-free reader);
+/// `place_at` as for create_segment.
+Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
+                     std::uint64_t place_at = 0);
 
 /// The checked name, or throws Error(InvalidArgument) saying which names are allowed.
 std::string check_name_or_throw(std::string_view name);

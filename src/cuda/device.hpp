@@ -10,39 +10,12 @@
 #include <string_view>
 #include <vector>
 
+#include "gpuipc/device.hpp"
+
 namespace gpuipc::cuda {
 
-/// Everything gpuipc wants to know about one device.
-struct DeviceInfo {
-  int ordinal = -1;
-  std::string name;                     ///< "NVIDIA H100 80GB HBM3"
-  std::array<std::uint8_t, 16> uuid{};  ///< cuDeviceGetUuid (v2: a MIG instance has its own)
-  std::string uuid_string;              ///< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints it
-  std::string pci_bus_id;               ///< "0000:3B:00.0" (cuDeviceGetPCIBusId)
-  std::size_t total_memory = 0;         ///< bytes (cuDeviceTotalMem)
-  std::size_t free_memory = 0;          ///< bytes (cuMemGetInfo in the primary context); 0 when not queried
-  int cc_major = 0;                     ///< compute capability
-  int cc_minor = 0;
-  int sm_count = 0;               ///< CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-  bool vmm = false;               ///< cuMemCreate / cuMemMap family (VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
-  bool posix_fd_handles = false;  ///< cuMemCreate memory exportable as a POSIX fd: device segments need it
-  bool fabric_handles = false;    ///< ... as a fabric handle (multi-node NVLink; also needs an IMEX channel)
-  bool memory_pools = false;      ///< cuMemPool* / cuMemAllocAsync (MEMORY_POOLS_SUPPORTED)
-  bool memory_pool_ipc = false;   ///< MEMPOOL_SUPPORTED_HANDLE_TYPES has the POSIX fd bit: shareable pools
-  /// cuStreamWaitValue64 / cuStreamWriteValue64 (CAN_USE_64_BIT_STREAM_MEM_OPS, the CUDA 12 attribute: since
-  /// CUDA 12 the 32-bit stream memory operations are always available, the 64-bit ones where this is set).
-  /// Semaphores need it.
-  bool stream_mem_ops_64 = false;
-  bool legacy_ipc = false;               ///< cuIpc*MemHandle works: unified addressing on Linux
-  bool ipc_events = false;               ///< cuIpc*EventHandle works (IPC_EVENT_SUPPORTED)
-  bool host_register = false;            ///< cuMemHostRegister (HOST_REGISTER_SUPPORTED): host_pinned segments need it
-  bool read_only_host_register = false;  ///< CU_MEMHOSTREGISTER_READ_ONLY (READ_ONLY_HOST_REGISTER_SUPPORTED)
-  bool unified_addressing = false;       ///< UNIFIED_ADDRESSING
-  bool mps_known = false;                ///< the driver answered CU_DEVICE_ATTRIBUTE_MPS_ENABLED (CUDA >= 12.4)
-  bool mps_enabled = false;              ///< contexts on this device are shared through MPS (valid when mps_known)
-  std::size_t granularity_min = 0;       ///< cuMemCreate granularity for exportable memory, bytes (0 without VMM)
-  std::size_t granularity_recommended = 0;
-};
+/// Everything gpuipc wants to know about one device: the public gpuipc::DeviceInfo (include/gpuipc/device.hpp).
+using DeviceInfo = ::gpuipc::DeviceInfo;
 
 /// Number of devices the driver shows (after CUDA_VISIBLE_DEVICES). Throws Error(NoDriver) without a driver;
 /// 0 is returned, not thrown, when there is none (cuInit's CUDA_ERROR_NO_DEVICE).

@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "core/segment_internal.hpp"  // detail::open_segment
 #include "cuda/context.hpp"
 #include "gpuipc/segment.hpp"
 #include "os/child.hpp"

@@ -2,29 +2,26 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <csignal>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "base/config.hpp"
-#include "broker/daemon.hpp"
 #include "commands.hpp"
-#include "core/client.hpp"
+#include "gpuipc/broker.hpp"
 #include "gpuipc/error.hpp"
-#include "os/process.hpp"
+#include "gpuipc/programs.hpp"
 
 namespace gpuipc::cli {
 namespace {
 
-std::string describe_mode(proto::BrokerMode mode) {
+std::string describe_mode(BrokerMode mode) {
   switch (mode) {
-    case proto::BrokerMode::OnDemand:
+    case BrokerMode::OnDemand:
       return "on-demand (started by the library; exits when idle)";
-    case proto::BrokerMode::SocketActivated:
+    case BrokerMode::SocketActivated:
       return "socket-activated (systemd passed its socket; it starts the broker again on the next connection)";
-    case proto::BrokerMode::Manual:
+    case BrokerMode::Manual:
       return "manual (started by hand or by a supervisor: gpuipcd, gpuipc daemon --foreground)";
-    case proto::BrokerMode::Unknown:
+    case BrokerMode::Unknown:
       break;
   }
   return "unknown (a broker older than this tool)";
@@ -40,8 +37,8 @@ std::string describe_duration(std::uint64_t seconds) {
 // `gpuipc daemon status`: never starts an on-demand broker (a socket-activated one is started by systemd when
 // this connects, as by any client).
 int daemon_status(bool json) {
-  const std::string socket = config::socket_path();
-  if (!core::BrokerClient::broker_listening()) {
+  const std::string socket = socket_path();
+  if (!broker_listening()) {
     if (json) {
       std::cout << nlohmann::json{{"running", false}, {"socket", socket}}.dump() << "\n";
     } else {
@@ -49,7 +46,7 @@ int daemon_status(bool json) {
     }
     return kExitNotFound;
   }
-  const auto s = core::BrokerClient::instance().broker_status();
+  const BrokerInfo s = broker_info();
   const auto now_ns = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count());
@@ -58,10 +55,10 @@ int daemon_status(bool json) {
       known_start && now_ns > s.started_unix_ns ? static_cast<double>(now_ns - s.started_unix_ns) / 1e9 : 0.0;
   if (json) {
     nlohmann::json j{{"running", true},
-                     {"mode", proto::broker_mode_name(s.mode)},
+                     {"mode", std::string(to_string(s.mode))},
                      {"pid", s.pid},
                      {"socket", s.socket_path},
-                     {"runtime_dir", config::runtime_dir()},
+                     {"runtime_dir", runtime_dir()},
                      {"version", s.version},
                      {"idle_timeout_ms", s.idle_timeout_ms}};
     j["started_unix_ns"] = known_start ? nlohmann::json(s.started_unix_ns) : nlohmann::json(nullptr);
@@ -81,17 +78,48 @@ int daemon_status(bool json) {
   return kExitOk;
 }
 
+/// The broker's options of `gpuipc daemon --foreground`, as given: gpuipcd parses them again (src/broker/daemon.cpp).
+struct ForegroundOptions {
+  std::string runtime_dir, idle_timeout_ms, quota_bytes, quota_segments;
+};
+
+/// Hands `--foreground` to gpuipcd, which runs the broker in this process (the same pid) with gpuipc's exit codes.
+[[noreturn]] void run_foreground(const CLI::App& cmd, const ForegroundOptions& o) {
+  const std::string daemon = daemon_path();
+  if (daemon.empty()) {
+    throw Error(ErrorCode::NotFound, "gpuipcd is not next to gpuipc nor on PATH (set GPUIPC_DAEMON)", "daemon");
+  }
+  std::vector<std::string> args{"--gpuipc-cli"};
+  const std::pair<const char*, const std::string*> given[] = {{"--runtime-dir", &o.runtime_dir},
+                                                              {"--idle-timeout-ms", &o.idle_timeout_ms},
+                                                              {"--quota-bytes", &o.quota_bytes},
+                                                              {"--quota-segments", &o.quota_segments}};
+  for (const auto& [flag, value] : given) {
+    if (cmd.count(flag) > 0) args.insert(args.end(), {flag, *value});
+  }
+  hand_over(daemon, args);
+}
+
 }  // namespace
 
 void register_daemon(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("daemon", "run or control the broker (gpuipcd) of the runtime directory");
   static bool foreground = false;
   static bool stop = false;
-  static broker::ServerOptions options;
+  static ForegroundOptions options;
   cmd->add_flag("--foreground", foreground, "run the broker in this process until SIGTERM/SIGINT");
   cmd->add_flag("--stop", stop, "ask the running broker to shut down (SIGTERM)");
-  cmd->preparse_callback([](std::size_t) { options = broker::default_options(false); });
-  broker::add_options(*cmd, options);
+  cmd->preparse_callback([](std::size_t) { options.runtime_dir = runtime_dir(); });
+  // The options of gpuipcd (src/broker/daemon.cpp add_options), checked here as it checks them.
+  cmd->add_option("--runtime-dir", options.runtime_dir, "directory of the socket and lock file (GPUIPC_RUNTIME_DIR)")
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout-ms", options.idle_timeout_ms,
+                  "exit after this long with no client and nothing registered; 0 = never")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--quota-bytes", options.quota_bytes, "bytes of segments one uid may register (GPUIPC_QUOTA_BYTES)")
+      ->check(CLI::TypeValidator<std::uint64_t>());
+  cmd->add_option("--quota-segments", options.quota_segments, "segments one uid may register (GPUIPC_QUOTA_SEGMENTS)")
+      ->check(CLI::TypeValidator<std::uint64_t>());
   auto* status = cmd->add_subcommand("status", "say how the running broker was started, its pid, uptime and socket");
   static bool json = false;
   status->add_flag("--json", json, "one JSON object instead of text");
@@ -104,41 +132,33 @@ void register_daemon(CLI::App& app, int& exit_code) {
   });
   cmd->callback([cmd, status, &exit_code] {
     if (status->parsed()) return;  // its own callback ran
-    if (foreground) {
-      const int rc = broker::run_daemon(std::move(options));
-      exit_code = rc == 0 ? kExitOk : rc == 3 ? kExitBroker : kExitFailure;
-      return;
-    }
+    if (foreground) run_foreground(*cmd, options);
     for (const char* o : {"--runtime-dir", "--idle-timeout-ms", "--quota-bytes", "--quota-segments"}) {
       if (cmd->count(o) > 0) {
         throw CLI::ValidationError(o, "applies to --foreground only; for a broker started on demand set the "
                                       "GPUIPC_* environment variables instead (docs/env/)");
       }
     }
-    auto& client = core::BrokerClient::instance();
     if (stop) {
-      if (!core::BrokerClient::broker_listening()) {
+      if (!broker_listening()) {
         std::cout << "no gpuipc broker is running\n";
         exit_code = kExitOk;
         return;
       }
-      // The kernel's pid of the process at the other end of the socket, in this PID namespace: the broker's own
-      // report (HelloReply) is a pid of its namespace, which from another namespace names some other process.
-      const auto pid = client.broker_pid_here();
+      const auto pid = stop_broker();
       if (pid == 0) {
         std::cerr << fmt::format(
             "gpuipc daemon --stop: the broker (pid {} in its own PID namespace) runs in a PID "
             "namespace this process cannot see; stop it from there (or its container)\n",
-            client.broker_pid());
+            broker_info().pid);
         exit_code = kExitFailure;
         return;
       }
-      os::send_signal(static_cast<pid_t>(pid), SIGTERM);
       std::cout << fmt::format("sent SIGTERM to gpuipcd pid {}\n", pid);
       exit_code = kExitOk;
       return;
     }
-    std::cout << fmt::format("gpuipcd pid {} serves {}\n", client.broker_pid(), options.runtime_dir);
+    std::cout << fmt::format("gpuipcd pid {} serves {}\n", broker_info().pid, options.runtime_dir);
     exit_code = kExitOk;
   });
 }

@@ -13,13 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "base/format.hpp"
-#include "base/config.hpp"
 #include "commands.hpp"
-#include "cuda/device.hpp"
-#include "cuda/driver.hpp"
+#include "gpuipc/broker.hpp"
+#include "gpuipc/device.hpp"
 #include "gpuipc/error.hpp"
-#include "os/process.hpp"
+#include "gpuipc/format.hpp"
 
 namespace gpuipc::cli {
 namespace {
@@ -28,7 +26,7 @@ namespace {
 constexpr int kJsonSchema = 1;
 
 struct DeviceReport {
-  cuda::DeviceInfo info;
+  DeviceInfo info;
   std::optional<std::string> error;  ///< query_device failed
 };
 
@@ -67,8 +65,8 @@ const char* yes_no(bool b) { return b ? "yes" : "no"; }
 RuntimeDirReport check_runtime_dir() {
   RuntimeDirReport r;
   try {
-    r.path = config::runtime_dir();
-    os::ensure_private_dir(r.path, 0755);  // the mode the broker and client use
+    r.path = runtime_dir();
+    ensure_runtime_dir();  // as the library makes it before it starts a broker
     // Writable for us: create and remove a probe file (the broker puts its socket and lock file here).
     std::random_device rd;
     const std::filesystem::path probe =
@@ -120,9 +118,9 @@ void decide_mps(Report& r) {
   }
 }
 
-bool device_segments_ok(const cuda::DeviceInfo& i) { return i.vmm && i.posix_fd_handles; }
-bool host_pinned_ok(const cuda::DeviceInfo& i) { return i.host_register; }
-bool semaphores_ok(const cuda::DeviceInfo& i) { return i.host_register && i.stream_mem_ops_64; }
+bool device_segments_ok(const DeviceInfo& i) { return i.vmm && i.posix_fd_handles; }
+bool host_pinned_ok(const DeviceInfo& i) { return i.host_register; }
+bool semaphores_ok(const DeviceInfo& i) { return i.host_register && i.stream_mem_ops_64; }
 
 void judge(Report& r) {
   if (!r.runtime_dir.usable) {
@@ -195,10 +193,10 @@ Report examine() {
   Report r;
   r.runtime_dir = check_runtime_dir();
   try {
-    const cuda::DriverApi& api = cuda::driver();
+    const DriverInfo driver = driver_info();
     r.driver_loaded = true;
-    r.driver_version = api.driver_version;
-    r.driver_library = api.library;
+    r.driver_version = driver.version;
+    r.driver_library = driver.library;
   } catch (const Error& e) {
     r.error = e.what();
     r.exit_code = e.code() == ErrorCode::NoDevice ? kExitNoDevice : kExitNoDriver;
@@ -206,7 +204,7 @@ Report examine() {
     return r;
   }
   try {
-    const int count = cuda::device_count();
+    const int count = device_count();
     if (count == 0) {
       r.error =
           "the CUDA driver reports no GPU: check nvidia-smi and CUDA_VISIBLE_DEVICES; host segments work "
@@ -219,13 +217,13 @@ Report examine() {
       DeviceReport d;
       d.info.ordinal = i;
       try {
-        d.info = cuda::query_device(i, true);
+        d.info = device_info(i, true);
       } catch (const std::exception& e) {
         d.error = e.what();
       }
       r.devices.push_back(std::move(d));
     }
-    r.peer_access = cuda::peer_access_matrix();
+    r.peer_access = peer_access_matrix();
   } catch (const std::exception& e) {
     r.problems.push_back(e.what());
   }
@@ -276,7 +274,7 @@ nlohmann::json to_json(const Report& r) {
   nlohmann::json driver = nullptr;
   if (r.driver_loaded) {
     driver = {{"version", r.driver_version},
-              {"version_string", cuda::format_driver_version(r.driver_version)},
+              {"version_string", format_driver_version(r.driver_version)},
               {"library", r.driver_library}};
   }
   nlohmann::json peer = nlohmann::json::array();
@@ -309,7 +307,7 @@ void print_text(const Report& r) {
     std::cout << "gpuipc doctor: " << *r.error << "\n";
     return;
   }
-  std::cout << fmt::format("driver:       CUDA {} ({})\n", cuda::format_driver_version(r.driver_version),
+  std::cout << fmt::format("driver:       CUDA {} ({})\n", format_driver_version(r.driver_version),
                            r.driver_library);
   for (const auto& d : r.devices) {
     const auto& i = d.info;

@@ -12,10 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "base/config.hpp"
 #include "commands.hpp"
 #include "gpuipc/error.hpp"
-#include "os/process.hpp"
+#include "gpuipc/mps.hpp"
 
 namespace gpuipc::cli {
 namespace {
@@ -24,42 +23,9 @@ using namespace std::chrono_literals;
 
 constexpr const char* kControl = "nvidia-cuda-mps-control";
 
-struct MpsDirs {
-  std::string base, pipe, log;
-  std::vector<std::string> env() const {
-    return {"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + log};
-  }
-};
-
-MpsDirs dirs_of(const std::string& dir) {
-  const std::string base = dir.empty() ? config::runtime_dir() + "/mps" : std::filesystem::absolute(dir).string();
-  return {base, base + "/pipe", base + "/log"};
+bool running(const std::string& program, const MpsDirs& d) {
+  return mps_ask(program, d, "get_server_list").has_value();
 }
-
-/// The control program, or an Error that says where it comes from.
-std::string control_program() {
-  std::string path = os::find_in_path(kControl);
-  if (path.empty()) {
-    throw Error(ErrorCode::NoDriver,
-                fmt::format("{} is not on PATH: it comes with the NVIDIA driver (on Debian and Ubuntu the "
-                            "nvidia-cuda-mps package; the driver's .run installer puts it in /usr/bin); install it or "
-                            "add its folder to PATH",
-                            kControl),
-                "mps");
-  }
-  return path;
-}
-
-/// One command to the control daemon of `d` ("get_server_list", "quit"); nullopt when none answers there.
-std::optional<std::string> ask(const std::string& program, const MpsDirs& d, const std::string& command) {
-  std::error_code ec;
-  if (!std::filesystem::exists(d.pipe + "/control", ec)) return std::nullopt;
-  const os::CapturedRun r = os::run_captured({program}, d.env(), command + "\n", 10s);
-  if (r.exit_code != 0) return std::nullopt;
-  return r.output;
-}
-
-bool running(const std::string& program, const MpsDirs& d) { return ask(program, d, "get_server_list").has_value(); }
 
 std::string shell_quote(const std::string& s) {
   if (s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:,=@") ==
@@ -87,16 +53,13 @@ bool wait_for(const std::function<bool()>& done, std::chrono::milliseconds limit
 }
 
 int mps_start(const MpsDirs& d) {
-  const std::string program = control_program();
+  const std::string program = mps_control_program();
   if (running(program, d)) {
     std::cerr << fmt::format("gpuipc mps: an MPS control daemon already runs with its pipe in {}\n", d.pipe);
     print_env(d);
     return kExitOk;
   }
-  os::ensure_private_dir(d.base, 0700);
-  os::ensure_private_dir(d.pipe, 0700);
-  os::ensure_private_dir(d.log, 0700);
-  const os::CapturedRun r = os::run_captured({program, "-d"}, d.env(), {}, 30s);
+  const MpsStart r = mps_start_daemon(program, d);
   if (r.exit_code != 0 || !wait_for([&] { return running(program, d); }, 10s)) {
     std::cerr << fmt::format("gpuipc mps: {} -d did not start a control daemon (exit {}){}{}; its log is in {}\n",
                              kControl, r.exit_code, r.output.empty() ? "" : ": ", r.output, d.log);
@@ -111,8 +74,8 @@ int mps_start(const MpsDirs& d) {
 }
 
 int mps_stop(const MpsDirs& d) {
-  const std::string program = control_program();
-  if (!ask(program, d, "quit")) {
+  const std::string program = mps_control_program();
+  if (!mps_ask(program, d, "quit")) {
     std::cout << fmt::format("no MPS control daemon runs with its pipe in {}\n", d.pipe);
     return kExitOk;
   }
@@ -129,8 +92,8 @@ int mps_stop(const MpsDirs& d) {
 }
 
 int mps_status(const MpsDirs& d, bool json) {
-  const std::string program = control_program();
-  const auto servers = ask(program, d, "get_server_list");
+  const std::string program = mps_control_program();
+  const auto servers = mps_ask(program, d, "get_server_list");
   if (json) {
     nlohmann::json j{{"running", servers.has_value()}, {"pipe_directory", d.pipe}, {"log_directory", d.log}};
     if (servers) {
@@ -170,11 +133,11 @@ void register_mps(CLI::App& app, int& exit_code) {
   auto* env = cmd->add_subcommand("env", "print the variables that put a process under it");
   for (CLI::App* sub : {start, stop, status, env}) add_dir(sub);
   status->add_flag("--json", json, "one JSON object instead of text");
-  start->callback([&exit_code] { exit_code = mps_start(dirs_of(dir)); });
-  stop->callback([&exit_code] { exit_code = mps_stop(dirs_of(dir)); });
-  status->callback([&exit_code] { exit_code = mps_status(dirs_of(dir), json); });
+  start->callback([&exit_code] { exit_code = mps_start(mps_dirs(dir)); });
+  stop->callback([&exit_code] { exit_code = mps_stop(mps_dirs(dir)); });
+  status->callback([&exit_code] { exit_code = mps_status(mps_dirs(dir), json); });
   env->callback([&exit_code] {
-    print_env(dirs_of(dir));
+    print_env(mps_dirs(dir));
     exit_code = kExitOk;
   });
 }

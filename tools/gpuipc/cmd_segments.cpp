@@ -8,9 +8,9 @@
 #include <optional>
 #include <set>
 
-#include "base/format.hpp"
 #include "commands.hpp"
 #include "gpuipc/counting_semaphore.hpp"
+#include "gpuipc/format.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -16,14 +17,13 @@
 #include <thread>
 #include <vector>
 
-#include "base/format.hpp"
 #include "commands.hpp"
+#include "gpuipc/broker.hpp"
 #include "gpuipc/channel.hpp"
+#include "gpuipc/format.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
-#include "os/identity.hpp"
-#include "os/process.hpp"
 
 namespace gpuipc::cli {
 namespace {
@@ -133,7 +133,7 @@ Sample take_sample() {
 
 /// The pids holding references, without this process (top's own read-only looks).
 std::vector<std::uint32_t> pids_of(const SegmentInfo& i) {
-  const auto self = static_cast<std::uint32_t>(os::current_pid());
+  const auto self = client_pid();
   std::vector<std::uint32_t> out;
   for (auto p : i.mapper_pids) {
     if (p != self) out.push_back(p);
@@ -143,7 +143,7 @@ std::vector<std::uint32_t> pids_of(const SegmentInfo& i) {
 
 /// Mapper processes other than this one: the broker's count, less this process when it is listed.
 std::uint32_t mapper_count_of(const SegmentInfo& i) {
-  const auto self = static_cast<std::uint32_t>(os::current_pid());
+  const auto self = client_pid();
   const bool listed = std::find(i.mapper_pids.begin(), i.mapper_pids.end(), self) != i.mapper_pids.end();
   return listed && i.mapper_count > 0 ? i.mapper_count - 1 : i.mapper_count;
 }
@@ -171,13 +171,12 @@ std::string status_name(Status s) {
 }
 
 std::string command_of(std::uint32_t pid) {
-  try {
-    std::string c = os::read_text(fmt::format("/proc/{}/comm", pid));
-    while (!c.empty() && (c.back() == '\n' || c.back() == '\r')) c.pop_back();
-    return c;
-  } catch (...) {  // NOLINT(bugprone-empty-catch): another PID namespace, or gone: no command to show
-    return "";
-  }
+  // Empty when the process is gone or in another PID namespace: no command to show.
+  std::ifstream in(fmt::format("/proc/{}/comm", pid));
+  std::string c;
+  std::getline(in, c);
+  while (!c.empty() && c.back() == '\r') c.pop_back();
+  return c;
 }
 
 /// The frame from two samples: everything in `now`, rates against `before`.

@@ -1,32 +1,31 @@
 // The gpuipc command-line tool: each subcommand registers itself on the CLI11 app.
-// Front end only: parsing, printing and exit codes; the work is done by the library.
+// Front end only: parsing, printing and exit codes; the work is done by the library, and it includes only the
+// public headers (include/gpuipc; tests/boundary checks it). `demo` and `bench` are programs of their own
+// (tools/gpuipc-demo, tools/gpuipc-bench) that the CLI hands over to.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
-namespace gpuipc::cli {
+#include <string>
+#include <string_view>
+#include <vector>
 
-/// Exit codes shared by every subcommand (docs/cli/gpuipc.md lists them).
-enum ExitCode : int {
-  kExitOk = 0,
-  kExitFailure = 1,      ///< the command ran and found a problem (doctor: something gpuipc needs is missing)
-  kExitUsage = 2,        ///< bad command line
-  kExitNoDriver = 3,     ///< no CUDA driver could be loaded
-  kExitNoDevice = 4,     ///< the driver loaded but reports no GPU
-  kExitNotFound = 5,     ///< the named object does not exist
-  kExitPermission = 6,   ///< the caller may not do this
-  kExitBroker = 7,       ///< the broker could not be reached or started
-  kExitNeedsGpu = 8,     ///< the command needs a GPU and there is none (bench)
-};
+#include "cli.hpp"
+
+namespace gpuipc::cli {
 
 /// Each register_* adds one subcommand whose callback runs the command and stores its exit code in `exit_code`.
 void register_doctor(CLI::App& app, int& exit_code);
 void register_daemon(CLI::App& app, int& exit_code);
 void register_segments(CLI::App& app, int& exit_code);  // ls, stat, rm
 void register_top(CLI::App& app, int& exit_code);
-void register_demo(CLI::App& app, int& exit_code);
-void register_bench(CLI::App& app, int& exit_code);
+void register_demo(CLI::App& app, int& exit_code);   // hands over to gpuipc-demo
+void register_bench(CLI::App& app, int& exit_code);  // hands over to gpuipc-bench
 void register_watch(CLI::App& app, int& exit_code);  // who, watch
 void register_mps(CLI::App& app, int& exit_code);    // mps start, stop, status, env
+
+/// Replaces this process with gpuipc program `path` (found with gpuipc::program_path) run with `args`, and -v
+/// first when this process logs at debug level (gpuipc -v). Returns only by throwing Error.
+[[noreturn]] void hand_over(const std::string& path, const std::vector<std::string>& args);
 
 }  // namespace gpuipc::cli

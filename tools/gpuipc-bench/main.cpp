@@ -1,32 +1,33 @@
-// gpuipc bench SUITE: runs benchmark suites (bench/*.cpp) and writes their results (docs/cli/bench.md).
+// gpuipc-bench, which `gpuipc bench SUITE...` runs: the benchmark suites (bench/) and their result files
+// (docs/cli/bench.md). A program apart from the CLI because it links the benchmark library, which measures the
+// layers themselves (gpuipc::internal), and the CLI links the public library only (docs/architecture.md#layers).
 #include <fmt/format.h>
 
 #include <iostream>
 
-#include "commands.hpp"
-#if defined(GPUIPC_HAVE_BENCH)
 #include "bench.hpp"
-#endif
+#include "cli.hpp"
+#include "gpuipc/log.hpp"
 
-namespace gpuipc::cli {
-
-void register_bench(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("bench", "run benchmark suites: gpuipc bench list | all | SUITE...");
-  static std::vector<std::string> names;
-  static std::string json_path;
-  static std::string out_dir = "bench/results";
-  static bool quick = false;
-  static bool no_progress = false;
-  cmd->add_option("SUITE", names, "suites to run ('list' shows them, 'all' runs every one)")->required();
-  cmd->add_option("--json", json_path, "write the result here (one suite only); default OUT_DIR/<suite>-<device>-<date>.json");
-  cmd->add_option("--out-dir", out_dir, "directory of result files")->capture_default_str();
-  cmd->add_flag("--quick", quick, "fewer sizes and iterations");
-  cmd->add_flag("--no-progress", no_progress, "no progress line on stderr");
-  cmd->callback([&exit_code] {
-#if !defined(GPUIPC_HAVE_BENCH)
-    std::cerr << "gpuipc bench: this build has no benchmarks (built without nvcc)\n";
-    exit_code = kExitFailure;
-#else
+int main(int argc, char** argv) {
+  using namespace gpuipc;
+  using namespace gpuipc::cli;
+  CLI::App app{"run benchmark suites: gpuipc bench list | all | SUITE...", "gpuipc bench"};
+  int exit_code = kExitOk;
+  std::vector<std::string> names;
+  std::string json_path;
+  std::string out_dir = "bench/results";
+  bool quick = false;
+  bool no_progress = false;
+  bool verbose = false;
+  app.add_option("SUITE", names, "suites to run ('list' shows them, 'all' runs every one)")->required();
+  app.add_option("--json", json_path, "write the result here (one suite only); default OUT_DIR/<suite>-<device>-<date>.json");
+  app.add_option("--out-dir", out_dir, "directory of result files")->capture_default_str();
+  app.add_flag("--quick", quick, "fewer sizes and iterations");
+  app.add_flag("--no-progress", no_progress, "no progress line on stderr");
+  app.add_flag("-v,--verbose", verbose)->group("");  // gpuipc -v bench (tools/gpuipc/cmd_programs.cpp)
+  app.callback([&] {
+    if (verbose) set_log_level(LogLevel::Debug);
     const auto& all = bench::suites();
     if (names.size() == 1 && names[0] == "list") {
       for (const auto& s : all) std::cout << fmt::format("{:<12} {}{}\n", s.name, s.description, s.needs_gpu ? "" : " (host only)");
@@ -62,8 +63,6 @@ void register_bench(CLI::App& app, int& exit_code) {
       for (const auto& [k, v] : result.metrics.items()) std::cout << fmt::format("  {:<40} {}\n", k, v.dump());
       for (const auto& note : result.notes) std::cout << "  note: " << note << "\n";
     }
-#endif
   });
+  return run(app, argc, argv, exit_code);
 }
-
-}  // namespace gpuipc::cli

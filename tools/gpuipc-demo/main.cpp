@@ -1,6 +1,8 @@
-// gpuipc demo: the README's main job. A producer process and a consumer process stream frames through a channel:
-// on GPU 0, the producer's kernel writes each frame into a slot and the consumer's kernel verifies it, all in
-// stream order; without a GPU, a host channel (clearly labelled) does the same with the CPU.
+// gpuipc-demo, which `gpuipc demo` runs (docs/cli/demo.md): the README's main job. A producer process and a consumer
+// process stream frames through a channel: on GPU 0, the producer's kernel writes each frame into a slot and the
+// consumer's kernel verifies it, all in stream order; without a GPU, a host channel (clearly labelled) does the same
+// with the CPU. A program apart from the CLI because it launches the GPU kernels (src/kernels) through src/cuda, which
+// the CLI, a front end of the public API, must not link (docs/architecture.md#layers).
 #include <fmt/format.h>
 #include <cstring>
 #include <iostream>
@@ -8,20 +10,21 @@
 #include <string>
 #include <vector>
 
-#include "commands.hpp"
-#include "cuda/context.hpp"
+#include "cli.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
+#include "cuda/context.hpp"
 #include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
+#include "gpuipc/log.hpp"
 #include "os/child.hpp"
 #include "os/identity.hpp"
 #include "os/process.hpp"
-#include "testkit/kernels/pattern.hpp"
 #if defined(GPUIPC_HAVE_KERNELS)
 #include "testkit/cuda/device_memory.hpp"
 #include "testkit/cuda/stream.hpp"
 #include "testkit/kernels/kernels.hpp"
+#include "testkit/kernels/pattern.hpp"
 #endif
 
 namespace gpuipc::cli {
@@ -212,16 +215,25 @@ nlohmann::json collect(os::ReportingChild& child) {
 
 }  // namespace
 
-void register_demo(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("demo", "stream frames between a producer and a consumer process through a channel");
-  static DemoOptions o;
-  static std::uint64_t frames = 0;
-  static std::size_t frame_mib = 0;
+}  // namespace gpuipc::cli
+
+int main(int argc, char** argv) {
+  using namespace gpuipc;
+  using namespace gpuipc::cli;
+  CLI::App app{"stream frames between a producer and a consumer process through a channel", "gpuipc demo"};
+  auto* cmd = &app;
+  int exit_code = kExitOk;
+  DemoOptions o;
+  std::uint64_t frames = 0;
+  std::size_t frame_mib = 0;
+  bool verbose = false;
+  cmd->add_flag("-v,--verbose", verbose)->group("");  // gpuipc -v demo (tools/gpuipc/cmd_programs.cpp)
   cmd->add_option("--frames", frames, "frames to stream (default 2000 on a GPU, 500 on the host)");
   cmd->add_option("--frame-mib", frame_mib, "frame size in MiB (default 8 on a GPU, 1 on the host)");
   cmd->add_option("--slots", o.slots, "channel slots (frames in flight)")->capture_default_str();
   cmd->add_flag("--host", o.host, "use a host channel even when there is a GPU");
-  cmd->callback([&exit_code] {
+  cmd->callback([&] {
+    if (verbose) set_log_level(LogLevel::Debug);
     std::string why;
     if (!o.host) {
       why = gpu_unavailable_reason();
@@ -265,6 +277,5 @@ void register_demo(CLI::App& app, int& exit_code) {
                            : fmt::format("VERIFICATION FAILED: {} words differ\n", bad));
     exit_code = bad == 0 ? kExitOk : kExitFailure;
   });
+  return run(app, argc, argv, exit_code);
 }
-
-}  // namespace gpuipc::cli
