@@ -102,6 +102,17 @@ void poison_filled(std::uint64_t& filled, std::uint64_t value) noexcept {
   }
 }
 
+/// Moves the slot from `s` (round `pos`) to `to` for `member` and `index` past `pos`. False when another member
+/// changed the slot first.
+bool take(std::atomic_ref<std::uint64_t> st, std::uint64_t s, std::uint64_t& index, std::uint64_t pos, Phase to,
+          std::uint32_t member, std::uint64_t& seq, proto::PoisonReason& gone) noexcept {
+  if (!st.compare_exchange_strong(s, proto::pack_state(pos, to, member), std::memory_order_acq_rel)) return false;
+  advance(index, pos);
+  seq = pos;
+  gone = proto::PoisonReason::None;
+  return true;
+}
+
 proto::PoisonReason reason_of(std::uint32_t word) noexcept {
   return word == static_cast<std::uint32_t>(proto::PoisonReason::Closed) ? proto::PoisonReason::Closed
                                                                          : proto::PoisonReason::PeerDied;
@@ -120,15 +131,10 @@ bool ring_try_acquire(const Ring& ring, std::uint32_t member, std::uint64_t& seq
     }
     const std::uint64_t pos = atomic(h.head).load(std::memory_order_acquire);
     auto st = atomic(ring.slot(pos).state);
-    std::uint64_t s = st.load(std::memory_order_acquire);
+    const std::uint64_t s = st.load(std::memory_order_acquire);
     const std::uint64_t round = proto::state_seq(s);
     if (round == pos && proto::state_phase(s) == Phase::Free) {
-      if (st.compare_exchange_strong(s, proto::pack_state(pos, Phase::Writing, member), std::memory_order_acq_rel)) {
-        advance(h.head, pos);
-        seq = pos;
-        gone = proto::PoisonReason::None;
-        return true;
-      }
+      if (take(st, s, h.head, pos, Phase::Writing, member, seq, gone)) return true;
       continue;
     }
     if (round >= pos) {  // claimed by another producer (or abandoned) but head not moved yet: help it along
@@ -194,16 +200,11 @@ bool ring_try_receive(const Ring& ring, std::uint32_t member, std::uint64_t& seq
   for (;;) {
     const std::uint64_t pos = atomic(h.tail).load(std::memory_order_acquire);
     auto st = atomic(ring.slot(pos).state);
-    std::uint64_t s = st.load(std::memory_order_acquire);
+    const std::uint64_t s = st.load(std::memory_order_acquire);
     const std::uint64_t round = proto::state_seq(s);
     const Phase phase = proto::state_phase(s);
     if (round == pos && phase == Phase::Published) {
-      if (st.compare_exchange_strong(s, proto::pack_state(pos, Phase::Reading, member), std::memory_order_acq_rel)) {
-        advance(h.tail, pos);
-        seq = pos;
-        gone = proto::PoisonReason::None;
-        return true;
-      }
+      if (take(st, s, h.tail, pos, Phase::Reading, member, seq, gone)) return true;
       continue;
     }
     if (round > pos || (round == pos && phase == Phase::Reading)) {

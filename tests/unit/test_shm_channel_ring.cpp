@@ -57,7 +57,17 @@ class RingBlock {
   Ring m_ring;
 };
 
-TEST(ShmChannelRing, InitAndGeometry) {
+/// A two-slot ring with producer `p` and consumer `c`, and the out-arguments of their attempts.
+class ShmChannelRing : public ::testing::Test {
+ protected:
+  RingBlock b{2, 8};
+  std::uint32_t p = b.join(10, Role::Producer);
+  std::uint32_t c = b.join(20, Role::Consumer);
+  std::uint64_t seq = 99;
+  PoisonReason gone = PoisonReason::None;
+};
+
+TEST(ShmChannelRingInit, InitAndGeometry) {
   RingBlock b(4, 16);
   EXPECT_EQ(b.ring().geometry.slots, 4U);
   EXPECT_EQ(b.ring().geometry.header_bytes, 16U);
@@ -70,12 +80,7 @@ TEST(ShmChannelRing, InitAndGeometry) {
   EXPECT_FALSE(ring_geometry(b.ring().control, sizeof(proto::ChannelHeader)));  // records outside the mapping
 }
 
-TEST(ShmChannelRing, HostRoundTrip) {
-  RingBlock b(2, 8);
-  const std::uint32_t p = b.join(10, Role::Producer);
-  const std::uint32_t c = b.join(20, Role::Consumer);
-  std::uint64_t seq = 99;
-  PoisonReason gone = PoisonReason::None;
+TEST_F(ShmChannelRing, HostRoundTrip) {
   ASSERT_FALSE(ring_try_receive(b.ring(), c, seq, gone));  // nothing published
   ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
   EXPECT_EQ(gone, PoisonReason::None);
@@ -102,12 +107,7 @@ TEST(ShmChannelRing, HostRoundTrip) {
   EXPECT_TRUE(ring_member_writes_done(b.ring(), c));
 }
 
-TEST(ShmChannelRing, FullRingAndGivingBack) {
-  RingBlock b(2, 0);
-  const std::uint32_t p = b.join(10, Role::Producer);
-  const std::uint32_t c = b.join(20, Role::Consumer);
-  std::uint64_t seq = 0;
-  PoisonReason gone = PoisonReason::None;
+TEST_F(ShmChannelRing, FullRingAndGivingBack) {
   ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
   ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
   EXPECT_FALSE(ring_try_acquire(b.ring(), p, seq, gone));  // every slot in flight
@@ -134,13 +134,9 @@ TEST(ShmChannelRing, FullRingAndGivingBack) {
   EXPECT_EQ(seq, 3U);
 }
 
-TEST(ShmChannelRing, HandBackGoesToExactlyOneOtherConsumer) {
-  RingBlock b(2, 0);
-  const std::uint32_t p = b.join(10, Role::Producer);
-  const std::uint32_t c1 = b.join(20, Role::Consumer);
+TEST_F(ShmChannelRing, HandBackGoesToExactlyOneOtherConsumer) {
+  const std::uint32_t c1 = c;
   const std::uint32_t c2 = b.join(21, Role::Consumer);
-  std::uint64_t seq = 0;
-  PoisonReason gone = PoisonReason::None;
   ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
   ring_publish(b.ring(), 0, p, {}, 0, false);
   ASSERT_TRUE(ring_try_receive(b.ring(), c1, seq, gone));
@@ -153,12 +149,7 @@ TEST(ShmChannelRing, HandBackGoesToExactlyOneOtherConsumer) {
   EXPECT_FALSE(ring_try_receive(b.ring(), c1, seq, gone));
 }
 
-TEST(ShmChannelRing, StreamWordsAndTheirRepair) {
-  RingBlock b(2, 0);
-  const std::uint32_t p = b.join(10, Role::Producer);
-  const std::uint32_t c = b.join(20, Role::Consumer);
-  std::uint64_t seq = 0;
-  PoisonReason gone = PoisonReason::None;
+TEST_F(ShmChannelRing, StreamWordsAndTheirRepair) {
   ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
   ring_publish(b.ring(), 0, p, {}, 0, true);  // a device channel: the producer's stream writes `filled`
   EXPECT_EQ(b.slot(0).filled, 0U);
