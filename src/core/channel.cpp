@@ -164,20 +164,27 @@ struct Channel::Impl {
     return reason == proto::PoisonReason::Closed ? Status::Closed : Status::PeerDied;
   }
 
-  /// One attempt to claim the next free slot. Returns true when done (claimed, or `status` says why not).
-  bool try_acquire(std::uint64_t& claimed, Status& status) const noexcept {
+  /// One attempt to claim the next free slot (a producer) or message (a consumer). Returns true when done
+  /// (claimed, or `status` says why not).
+  bool try_claim(std::uint64_t& seq, Status& status) const noexcept {
     proto::PoisonReason gone = proto::PoisonReason::None;
-    if (!shm::ring_try_acquire(ring(), member, claimed, gone)) return false;
-    status = gone_status(gone);
-    return true;
+    const bool done = role == ChannelRole::Producer ? shm::ring_try_acquire(ring(), member, seq, gone)
+                                                    : shm::ring_try_receive(ring(), member, seq, gone);
+    if (done) status = gone_status(gone);
+    return done;
   }
 
-  /// One attempt to take the next message.
-  bool try_receive(std::uint64_t& claimed, Status& status) const noexcept {
-    proto::PoisonReason gone = proto::PoisonReason::None;
-    if (!shm::ring_try_receive(ring(), member, claimed, gone)) return false;
-    status = gone_status(gone);
-    return true;
+  /// Claims the next slot or message within `timeout`, sleeping on this side's futex word: Ok with `seq`, or why
+  /// not (WouldBlock with a zero timeout, Timeout, Closed, PeerDied).
+  Status claim(std::chrono::nanoseconds timeout, std::uint64_t& seq) noexcept {
+    Status status = Status::Ok;
+    if (try_claim(seq, status)) return status;
+    if (timeout.count() == 0) return Status::WouldBlock;
+    const bool producer = role == ChannelRole::Producer;
+    const Status w = core::wait_on(
+        producer ? h->released_seq : h->published_seq, timeout, [&] { return try_claim(seq, status); },
+        producer ? &h->released_sleepers : &h->published_sleepers);
+    return w != Status::Ok ? w : status;
   }
 };
 
@@ -368,14 +375,7 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   std::uint64_t seq = 0;
-  Status status = Status::Ok;
-  if (!im.try_acquire(seq, status)) {
-    if (timeout.count() == 0) return Status::WouldBlock;
-    const Status w = core::wait_on(
-        im.h->released_seq, timeout, [&] { return im.try_acquire(seq, status); }, &im.h->released_sleepers);
-    if (w != Status::Ok) return w;
-  }
-  if (status != Status::Ok) return status;
+  if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
   auto pace = im.pace_once(stream);
   if (im.gpu() && seq >= im.n && im.ahead < im.n && im.pacing.count() > 0) {
     // Pacing also keeps this producer within `ahead` messages (half the ring by default) of the consumers'
@@ -458,14 +458,7 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   std::uint64_t seq = 0;
-  Status status = Status::Ok;
-  if (!im.try_receive(seq, status)) {
-    if (timeout.count() == 0) return Status::WouldBlock;
-    const Status w = core::wait_on(
-        im.h->published_seq, timeout, [&] { return im.try_receive(seq, status); }, &im.h->published_sleepers);
-    if (w != Status::Ok) return w;
-  }
-  if (status != Status::Ok) return status;
+  if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
   auto& s = im.slot(seq);
   // The producer's stream may not have written the slot yet; when the host sees `filled` within the pacing
   // time, it has.
