@@ -10,6 +10,7 @@
 
 #include "base/config.hpp"
 #include "core/membership.hpp"
+#include "core/owed_stream_writes.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
 #include "cuda/context.hpp"
@@ -32,49 +33,6 @@ constexpr std::uint64_t kDefaultPacingUs = 200;
 /// (GPUIPC_CHANNEL_PACING_AHEAD overrides it).
 constexpr std::uint64_t default_ahead(std::uint64_t n) noexcept { return n >= 8 ? n / 2 : n; }
 
-/// Stream writes this process owes: publish and release make a message (or a free slot) visible on the host first
-/// and enqueue the stream write of `filled` (or `freed`) after, which keeps that driver call off the handoff's
-/// critical path. A peer that sees the host-visible state at once may enqueue its stream wait for the word before
-/// the write is enqueued. Across processes that is harmless; within one process it deadlocks the GPU when the wait
-/// and the write land on streams that are ordered with each other: one stream shared by two threads (the legacy
-/// default stream of the examples' `nullptr`), or the legacy stream and a blocking stream. The write would then
-/// queue behind the wait it is meant to release, and no timeout reaches a stream wait. So a call about to enqueue a
-/// stream wait first lets every publish or release of this process that is between its two steps finish them.
-/// Every wait then comes after, in this process's enqueue order, every write it can depend on, directly or through
-/// other processes (the chain of host-visible states that let it claim the word carries the count's increment),
-/// and implicit stream order only ever points from a later enqueue to an earlier one: no cycle. The window is one
-/// driver call (~0.7 us, bench/results/channels-*.json memop_write_enqueue_us); a process with no such window open
-/// pays one atomic load.
-std::atomic<std::uint32_t> g_owed_stream_writes{0};  // NOLINT: process-wide by nature
-
-/// Held from before the host-visible store until the stream write is enqueued (or given up).
-class OwedStreamWrite {
- public:
-  explicit OwedStreamWrite(bool gpu) noexcept : m_gpu(gpu) {
-    if (m_gpu) g_owed_stream_writes.fetch_add(1, std::memory_order_seq_cst);
-  }
-  ~OwedStreamWrite() {
-    if (m_gpu) g_owed_stream_writes.fetch_sub(1, std::memory_order_release);
-  }
-  OwedStreamWrite(const OwedStreamWrite&) = delete;
-  OwedStreamWrite& operator=(const OwedStreamWrite&) = delete;
-
- private:
-  bool m_gpu;
-};
-
-/// Before a stream wait is enqueued: every owed write of this process is enqueued. Each window is one driver call,
-/// so this spins briefly, then yields (threads publishing back to back can keep the count up for a while).
-void settle_owed_stream_writes() noexcept {
-  for (unsigned i = 1; g_owed_stream_writes.load(std::memory_order_acquire) != 0; ++i) {
-    if (i < 4096) {
-      core::cpu_relax();
-    } else {
-      std::this_thread::yield();
-    }
-  }
-}
-
 }  // namespace
 
 bool MessageView::incomplete() const noexcept {
@@ -86,10 +44,8 @@ struct Channel::Impl {
   Segment control;
   Segment data;
   proto::ChannelHeader* h = nullptr;
-  std::byte* records = nullptr;
   std::uint64_t control_device = 0;  // GPU address of the control block (device channels)
   std::uint64_t n = 0;
-  std::uint32_t record_bytes = 0;
   std::uint64_t slot_bytes = 0;
   shm::RingGeometry geometry;  // read once at attach: other members can rewrite the header's words
   cuda::PrimaryContext ctx;  // device channels: made current for stream operations on threads that have none
@@ -111,14 +67,11 @@ struct Channel::Impl {
   Impl& operator=(const Impl&) = delete;
   ~Impl() { leave(); }
 
-  proto::Slot& slot(std::uint64_t seq) const noexcept {
-    return *reinterpret_cast<proto::Slot*>(records + (seq % n) * record_bytes);  // NOLINT: layout of shm.hpp
-  }
-  std::byte* header_of(std::uint64_t seq) const noexcept {
-    return records + (seq % n) * record_bytes + sizeof(proto::Slot);
-  }
+  /// The ring's shared-memory transitions (src/shm/channel_ring.hpp) work on this view.
+  shm::Ring ring() const noexcept { return shm::Ring{h, geometry}; }
+  proto::Slot& slot(std::uint64_t seq) const noexcept { return shm::ring_slot(h, geometry, seq); }
   CUdeviceptr word_device(std::uint64_t seq, std::size_t offset) const noexcept {
-    return control_device + sizeof(proto::ChannelHeader) + (seq % n) * record_bytes + offset;
+    return control_device + sizeof(proto::ChannelHeader) + (seq % n) * geometry.record_bytes + offset;
   }
   std::uint64_t data_offset(std::uint64_t seq) const noexcept { return (seq % n) * slot_bytes; }
   bool gpu() const noexcept { return kind == SegmentKind::Device; }
@@ -158,9 +111,9 @@ struct Channel::Impl {
     return cuda::stream_write_value64(static_cast<CUstream>(stream), word_device(seq, offset), value);
   }
   /// `stream`'s work after this waits until the word at `offset` of slot `seq`'s record reaches `value`.
-  /// (After any stream write this process owes: see g_owed_stream_writes.)
+  /// (After any stream write this process owes: see src/core/owed_stream_writes.hpp.)
   CUresult wait_before(StreamHandle stream, std::uint64_t seq, std::size_t offset, std::uint64_t value) noexcept {
-    settle_owed_stream_writes();
+    core::settle_owed_stream_writes();
     return cuda::stream_wait_value64(static_cast<CUstream>(stream), word_device(seq, offset), value);
   }
 
@@ -181,35 +134,13 @@ struct Channel::Impl {
     token = m.token;
   }
 
-  /// Whether this member's stream has written every `filled` (its publications) and `freed` (its releases) word
-  /// it was asked to: until then, leaving would let the process exit with those writes still queued, and a
-  /// survivor's stream would wait for them forever.
-  bool own_stream_writes_done() const noexcept {
-    for (std::uint64_t i = 0; i < n; ++i) {
-      auto& sl = slot(i);
-      const std::uint64_t st = atomic(sl.state).load(std::memory_order_acquire);
-      const std::uint64_t seq = proto::state_seq(st);
-      const Phase phase = proto::state_phase(st);
-      if (atomic(sl.publisher).load() == member) {
-        const bool current = phase == Phase::Published || phase == Phase::Reading;
-        const std::uint64_t published = current ? seq : seq - n;  // a later round holds the slot now
-        if ((current || seq >= n) && (atomic(sl.filled).load() & proto::kMaxValue) < published + 1) return false;
-      }
-      if (atomic(sl.releaser).load() == member &&
-          (atomic(sl.freed).load() & proto::kMaxValue) < atomic(sl.release_mark).load()) {
-        return false;
-      }
-    }
-    return true;
-  }
-
   /// Clean leave: give up acquired slots, hand back received messages, tell the other side if we were the last.
   /// The same transition as the broker's repair of a dead member (src/shm/channel_ring.cpp), with reason Closed.
   void leave() noexcept {
     if (member == proto::kNoMember || h == nullptr) return;
     if (gpu()) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (!own_stream_writes_done() && std::chrono::steady_clock::now() < deadline) {
+      while (!shm::ring_member_writes_done(ring(), member) && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }
@@ -221,118 +152,39 @@ struct Channel::Impl {
     token = 0;
   }
 
-  /// Gives back the newest acquired slot unpublished (its sequence is skipped, like an abandoned one). Nothing
-  /// is written to `freed`: the slot's next producer waits for the last consumer's release (release_mark),
-  /// which an abandoned round does not move.
+  /// Gives back the newest acquired slot unpublished (its sequence is skipped, like an abandoned one).
   void give_back_front() noexcept {
     const std::uint64_t seq = held[(held_first + held_count - 1) % held.size()];
     --held_count;
-    abandon(seq);
+    shm::ring_give_back(ring(), seq, member);
   }
 
-  /// Frees claimed slot `seq` for the next round without a message.
-  void abandon(std::uint64_t seq) noexcept {
-    atomic(slot(seq).state).store(proto::pack_state(seq + n, Phase::Free, proto::kNoMember), std::memory_order_release);
-    atomic(h->abandoned).fetch_add(1);
-    core::bump_and_wake(h->released_seq, &h->released_sleepers);
+  static Status gone_status(proto::PoisonReason reason) noexcept {
+    if (reason == proto::PoisonReason::None) return Status::Ok;
+    return reason == proto::PoisonReason::Closed ? Status::Closed : Status::PeerDied;
   }
 
-  /// The `freed` value the producer of `seq` waits for: the last consumer release of its slot (0: none).
-  std::uint64_t free_mark(std::uint64_t seq) const noexcept {
-    return atomic(slot(seq).release_mark).load(std::memory_order_acquire) & proto::kMaxValue;
+  /// One attempt to claim the next free slot (a producer) or message (a consumer). Returns true when done
+  /// (claimed, or `status` says why not).
+  bool try_claim(std::uint64_t& seq, Status& status) const noexcept {
+    proto::PoisonReason gone = proto::PoisonReason::None;
+    const bool done = role == ChannelRole::Producer ? shm::ring_try_acquire(ring(), member, seq, gone)
+                                                    : shm::ring_try_receive(ring(), member, seq, gone);
+    if (done) status = gone_status(gone);
+    return done;
   }
 
-  /// Moves a ring index from `from` to `from + 1` unless someone already did. (Not compare_exchange on `from`
-  /// itself: a failed exchange overwrites its expected value, and callers still need `from`.)
-  static void advance(std::atomic_ref<std::uint64_t> index, std::uint64_t from) noexcept {
-    std::uint64_t expected = from;
-    index.compare_exchange_strong(expected, from + 1, std::memory_order_acq_rel);
-  }
-
-  static Status gone_status(std::uint32_t reason) noexcept {
-    return reason == static_cast<std::uint32_t>(proto::PoisonReason::Closed) ? Status::Closed : Status::PeerDied;
-  }
-
-  /// One attempt to claim the next free slot. Returns true when done (claimed, or `status` says why not).
-  bool try_acquire(std::uint64_t& claimed, Status& status) noexcept {
-    for (;;) {
-      if (atomic(h->consumers).load() == 0) {
-        if (const auto gone = atomic(h->consumers_gone).load(); gone != 0) {
-          status = gone_status(gone);
-          return true;
-        }
-      }
-      auto head = atomic(h->head);
-      std::uint64_t pos = head.load(std::memory_order_acquire);
-      auto st = atomic(slot(pos).state);
-      std::uint64_t s = st.load(std::memory_order_acquire);
-      const std::uint64_t seq = proto::state_seq(s);
-      if (seq == pos && proto::state_phase(s) == Phase::Free) {
-        if (st.compare_exchange_strong(s, proto::pack_state(pos, Phase::Writing, member), std::memory_order_acq_rel)) {
-          advance(head, pos);
-          claimed = pos;
-          status = Status::Ok;
-          return true;
-        }
-        continue;
-      }
-      if (seq >= pos) {  // claimed by another producer (or abandoned) but head not moved yet: help it along
-        advance(head, pos);
-        continue;
-      }
-      return false;  // the slot still holds message pos - n: every slot is in flight
-    }
-  }
-
-  /// One attempt to take the next message.
-  bool try_receive(std::uint64_t& claimed, Status& status) noexcept {
-    if (const std::uint32_t orphans = atomic(h->orphans).load(std::memory_order_acquire); orphans > 0) {
-      // Messages a dead (or leaving) consumer held: behind the tail, back in the Published phase.
-      const std::uint64_t tail = atomic(h->tail).load(std::memory_order_acquire);
-      for (std::uint64_t i = 0; i < n; ++i) {
-        auto st = atomic(slot(i).state);
-        std::uint64_t s = st.load(std::memory_order_acquire);
-        if (proto::state_phase(s) != Phase::Published || proto::state_seq(s) >= tail) continue;
-        const std::uint64_t seq = proto::state_seq(s);
-        if (st.compare_exchange_strong(s, proto::pack_state(seq, Phase::Reading, member), std::memory_order_acq_rel)) {
-          atomic(h->orphans).fetch_sub(1);
-          claimed = seq;
-          status = Status::Ok;
-          return true;
-        }
-      }
-      std::uint32_t seen = orphans;
-      atomic(h->orphans).compare_exchange_strong(seen, 0U);  // all taken already
-    }
-    for (;;) {
-      auto tail = atomic(h->tail);
-      std::uint64_t pos = tail.load(std::memory_order_acquire);
-      auto st = atomic(slot(pos).state);
-      std::uint64_t s = st.load(std::memory_order_acquire);
-      const std::uint64_t seq = proto::state_seq(s);
-      const Phase phase = proto::state_phase(s);
-      if (seq == pos && phase == Phase::Published) {
-        if (st.compare_exchange_strong(s, proto::pack_state(pos, Phase::Reading, member), std::memory_order_acq_rel)) {
-          advance(tail, pos);
-          claimed = pos;
-          status = Status::Ok;
-          return true;
-        }
-        continue;
-      }
-      if (seq > pos || (seq == pos && phase == Phase::Reading)) {
-        // Taken by another consumer, or abandoned by a dead producer: move the tail past it.
-        advance(tail, pos);
-        continue;
-      }
-      if (atomic(h->producers).load() == 0) {
-        if (const auto gone = atomic(h->producers_gone).load(); gone != 0) {
-          status = gone_status(gone);
-          return true;
-        }
-      }
-      return false;
-    }
+  /// Claims the next slot or message within `timeout`, sleeping on this side's futex word: Ok with `seq`, or why
+  /// not (WouldBlock with a zero timeout, Timeout, Closed, PeerDied).
+  Status claim(std::chrono::nanoseconds timeout, std::uint64_t& seq) noexcept {
+    Status status = Status::Ok;
+    if (try_claim(seq, status)) return status;
+    if (timeout.count() == 0) return Status::WouldBlock;
+    const bool producer = role == ChannelRole::Producer;
+    const Status w = core::wait_on(
+        producer ? h->released_seq : h->published_seq, timeout, [&] { return try_claim(seq, status); },
+        producer ? &h->released_sleepers : &h->published_sleepers);
+    return w != Status::Ok ? w : status;
   }
 };
 
@@ -410,10 +262,8 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
                 "open");
   }
   impl->h = h;
-  impl->records = static_cast<std::byte*>(control.data()) + sizeof(proto::ChannelHeader);
   impl->geometry = *g;
   impl->n = g->slots;
-  impl->record_bytes = g->record_bytes;
   impl->slot_bytes = slot_bytes;
   impl->kind = data.kind();
   impl->role = role;
@@ -466,21 +316,7 @@ Channel Channel::create(std::string_view name, const ChannelOptions& options, Ch
   // The control block is filled in before the broker registers its name: an opener never sees it half made, and
   // a creator killed at any point leaves no name that neither opens nor can be created again.
   auto init = [&](void* block) {
-    auto* h = static_cast<proto::ChannelHeader*>(block);
-    h->slots = options.slots;
-    h->header_bytes = options.header_bytes;
-    h->slot_bytes = slot_bytes;
-    h->data_kind = static_cast<std::uint32_t>(options.kind);
-    h->record_bytes = proto::record_bytes(options.header_bytes);
-    auto* records = static_cast<std::byte*>(block) + sizeof(proto::ChannelHeader);
-    for (std::uint32_t i = 0; i < options.slots; ++i) {
-      auto& s = *reinterpret_cast<proto::Slot*>(records + static_cast<std::size_t>(i) * h->record_bytes);  // NOLINT
-      s.state = proto::pack_state(i, Phase::Free, proto::kNoMember);
-      s.releaser = proto::kNoMember;
-      s.publisher = proto::kNoMember;
-    }
-    h->version = proto::kChannelVersion;
-    atomic(h->magic).store(proto::kChannelMagic, std::memory_order_release);
+    shm::ring_init(block, options.slots, options.header_bytes, slot_bytes, static_cast<std::uint32_t>(options.kind));
   };
   Segment control;
   try {
@@ -539,14 +375,7 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   std::uint64_t seq = 0;
-  Status status = Status::Ok;
-  if (!im.try_acquire(seq, status)) {
-    if (timeout.count() == 0) return Status::WouldBlock;
-    const Status w = core::wait_on(
-        im.h->released_seq, timeout, [&] { return im.try_acquire(seq, status); }, &im.h->released_sleepers);
-    if (w != Status::Ok) return w;
-  }
-  if (status != Status::Ok) return status;
+  if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
   auto pace = im.pace_once(stream);
   if (im.gpu() && seq >= im.n && im.ahead < im.n && im.pacing.count() > 0) {
     // Pacing also keeps this producer within `ahead` messages (half the ring by default) of the consumers'
@@ -558,16 +387,16 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
     const std::uint64_t near = seq - im.ahead;
     if (proto::state_seq(atomic(im.slot(near).state).load(std::memory_order_acquire)) > near) {
       // (An abandoned message `near` was never released: then wait for no more than the slot's last release.)
-      (void)im.reached(im.slot(near).freed, std::min(near + 1, im.free_mark(near)), pace);
+      (void)im.reached(im.slot(near).freed, std::min(near + 1, shm::ring_free_mark(im.ring(), near)), pace);
     }
   }
-  const std::uint64_t mark = im.gpu() && seq >= im.n ? im.free_mark(seq) : 0;
+  const std::uint64_t mark = im.gpu() && seq >= im.n ? shm::ring_free_mark(im.ring(), seq) : 0;
   if (mark != 0 && !im.reached(im.slot(seq).freed, mark, pace)) {
     // The slot's last message: the consumer released it on the host; its stream may still be reading.
     // (When the host sees `freed` within the pacing time, that stream is past it and no wait is needed.)
     if (im.wait_before(stream, seq, offsetof(proto::Slot, freed), mark) != CUDA_SUCCESS) {
       // Give the slot up rather than keep a claim nobody will publish (no `freed` write is owed for it).
-      im.abandon(seq);
+      shm::ring_give_back(im.ring(), seq, im.member);
       return Status::DriverError;
     }
   }
@@ -587,26 +416,15 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   if (header.size() > im.geometry.header_bytes || bytes > im.slot_bytes) return Status::InvalidState;
   const std::uint64_t seq = im.front_held();
-  auto& s = im.slot(seq);
-  if (!header.empty()) std::memcpy(im.header_of(seq), header.data(), header.size());
-  s.header_size = static_cast<std::uint32_t>(header.size());
-  s.size = bytes;
-  atomic(s.flags).store(0);
-  atomic(s.publisher).store(im.member);
-  if (!im.gpu()) atomic(s.filled).store(seq + 1, std::memory_order_release);
-  const OwedStreamWrite owed(im.gpu());
+  const core::OwedStreamWrite owed(im.gpu());
   // The host-visible publish goes first: a consumer can claim the message (and enqueue its stream wait) while
   // this thread is still in the driver call below, which keeps that call off the handoff's critical path. The
   // consumer's stream cannot run ahead: it waits for `filled`, which only our stream writes.
-  atomic(s.state).store(proto::pack_state(seq, Phase::Published, im.member), std::memory_order_release);
+  shm::ring_publish(im.ring(), seq, im.member, header, bytes, im.gpu());
   im.pop_held();
-  atomic(im.h->published).fetch_add(1, std::memory_order_relaxed);
-  atomic(im.h->published_bytes).fetch_add(bytes, std::memory_order_relaxed);
-  core::bump_and_wake(im.h->published_seq, &im.h->published_sleepers);
   if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
     // The stream will never write it: release the consumer's stream from the host and flag the message.
-    atomic(s.flags).fetch_or(proto::kSlotIncomplete);
-    atomic(s.filled).store(proto::kPoisonBit | (seq + 1), std::memory_order_release);
+    shm::ring_mark_incomplete(im.slot(seq), seq);
     return Status::DriverError;
   }
   return Status::Ok;
@@ -640,22 +458,13 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   std::uint64_t seq = 0;
-  Status status = Status::Ok;
-  if (!im.try_receive(seq, status)) {
-    if (timeout.count() == 0) return Status::WouldBlock;
-    const Status w = core::wait_on(
-        im.h->published_seq, timeout, [&] { return im.try_receive(seq, status); }, &im.h->published_sleepers);
-    if (w != Status::Ok) return w;
-  }
-  if (status != Status::Ok) return status;
+  if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
   auto& s = im.slot(seq);
   // The producer's stream may not have written the slot yet; when the host sees `filled` within the pacing
   // time, it has.
   if (im.gpu() && !im.reached(s.filled, seq + 1, im.pace_once(stream))) {
     if (im.wait_before(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
-      atomic(s.state).store(proto::pack_state(seq, Phase::Published, proto::kNoMember));
-      atomic(im.h->orphans).fetch_add(1);
-      core::bump_and_wake(im.h->published_seq);
+      shm::ring_hand_back(im.ring(), seq, im.member);
       return Status::DriverError;
     }
   }
@@ -664,7 +473,7 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   // Sizes as the producer wrote them, bounded by this process's copy of the geometry (a member may write anything).
   out.size = std::min<std::uint64_t>(atomic(s.size).load(), im.slot_bytes);
   out.sequence = seq;
-  out.header = std::span<const std::byte>(im.header_of(seq),
+  out.header = std::span<const std::byte>(im.ring().user_header(seq),
                                           std::min<std::size_t>(atomic(s.header_size).load(), im.geometry.header_bytes));
   out.device_pointer = im.gpu() ? im.data.device_pointer() + offset : 0;
   out.data = static_cast<const std::byte*>(im.data.data()) + offset;
@@ -678,20 +487,15 @@ Status Channel::release(StreamHandle stream) noexcept {
   auto& im = *m_impl;
   if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
   const std::uint64_t seq = im.front_held();
-  auto& s = im.slot(seq);
-  if (!im.gpu()) shm::raise_to(s.freed, seq + 1);
-  atomic(s.releaser).store(im.member);
-  const OwedStreamWrite owed(im.gpu());
-  atomic(s.release_mark).store(seq + 1, std::memory_order_release);  // before the slot is Free for the next round
+  const core::OwedStreamWrite owed(im.gpu());
   // As in publish: the host-visible release first, the stream write after. A producer that reclaims the slot at
   // once makes its own stream wait for `freed`, which only our stream writes, after its reads.
-  atomic(s.state).store(proto::pack_state(seq + im.n, Phase::Free, proto::kNoMember), std::memory_order_release);
+  shm::ring_release(im.ring(), seq, im.member, im.gpu());
   im.pop_held();
-  core::bump_and_wake(im.h->released_seq, &im.h->released_sleepers);
   // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do for `freed`, but the v2 memop API we call rejects it with
   // CUDA_ERROR_INVALID_VALUE, as its documentation says.)
   if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, freed), seq + 1) != CUDA_SUCCESS) {
-    shm::raise_to(s.freed, seq + 1);  // never leave the producer's stream waiting
+    shm::raise_to(im.slot(seq).freed, seq + 1);  // never leave the producer's stream waiting
     return Status::DriverError;
   }
   return Status::Ok;

@@ -202,7 +202,7 @@ void CountingSemaphore::release(std::uint32_t n) {
                             n, s.segment.name(), held(), held() == 1 ? "" : "s"),
                 "release");
   }
-  core::bump_and_wake(s.block->wake_seq, &s.block->sleepers);
+  shm::bump_and_wake(s.block->wake_seq, &s.block->sleepers);
 }
 
 std::uint32_t CountingSemaphore::held() const noexcept {

@@ -14,6 +14,7 @@
 #include "cuda/stream_ops.hpp"
 #include "cuda/trace.hpp"
 #include "shm/semaphore_block.hpp"
+#include "shm/sync.hpp"
 
 namespace gpuipc {
 
@@ -21,13 +22,14 @@ using proto::atomic;
 
 namespace {
 
-/// Ok, or why block `b` is poisoned, given a value `v` read from it. The reason word is written before the poison
-/// bit and never cleared: it stays true even if a late stream write (from a process that died with signals
-/// queued) overwrote the value.
-Status poison_status_of(proto::SemaphoreBlock& b, std::uint64_t v) noexcept {
-  const std::uint32_t reason = atomic(b.poison_reason).load();
-  if ((v & proto::kPoisonBit) == 0 && reason == 0) return Status::Ok;
-  return reason == static_cast<std::uint32_t>(proto::PoisonReason::Closed) ? Status::Closed : Status::PeerDied;
+Status status_of(proto::PoisonReason why) noexcept {
+  if (why == proto::PoisonReason::None) return Status::Ok;
+  return why == proto::PoisonReason::Closed ? Status::Closed : Status::PeerDied;
+}
+
+/// Ok, or why block `b` is poisoned, given a value `v` read from it (shm::semaphore_poison).
+Status poison_status_of(const proto::SemaphoreBlock& b, std::uint64_t v) noexcept {
+  return status_of(shm::semaphore_poison(b, v));
 }
 
 }  // namespace
@@ -77,7 +79,7 @@ namespace {
 
 void wake_host_waiters(void* data) {
   auto* block = static_cast<proto::SemaphoreBlock*>(data);
-  core::bump_and_wake(block->wake_seq);
+  shm::bump_and_wake(block->wake_seq);
 }
 
 std::unique_ptr<Semaphore::Impl> attach(Segment seg, SemaphoreRole role) {
@@ -121,12 +123,7 @@ Semaphore Semaphore::create(std::string_view name, const SemaphoreOptions& optio
   // host_pinned segment is a memfd mapped here first, so write it, then register.
   CreateOptions co{.kind = options.kind, .device = options.device, .mode = options.mode};
   Segment seg = detail::create_segment(name, sizeof(proto::SemaphoreBlock), co, proto::kFlagSemaphore,
-                                       [&](void* block) {
-                                         auto* b = static_cast<proto::SemaphoreBlock*>(block);
-                                         atomic(b->value).store(options.initial, std::memory_order_relaxed);
-                                         b->version = proto::kSemaphoreVersion;
-                                         atomic(b->magic).store(proto::kSemaphoreMagic, std::memory_order_release);
-                                       });
+                                       [&](void* block) { shm::semaphore_init(block, options.initial); });
   return Semaphore(attach(std::move(seg), SemaphoreRole::Signaller));
 }
 
@@ -192,15 +189,7 @@ Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
 Status Semaphore::signal_host(std::uint64_t value) noexcept {
   GPUIPC_TRACE("gpuipc::Semaphore::signal_host");
   if (!m_impl || m_impl->role != SemaphoreRole::Signaller || value > kSemaphoreMaxValue) return Status::InvalidState;
-  auto v = atomic(m_impl->block->value);
-  std::uint64_t cur = v.load(std::memory_order_acquire);
-  for (;;) {
-    if (auto st = m_impl->poison_status(cur); st != Status::Ok) return st;
-    if (cur >= value) break;
-    if (v.compare_exchange_weak(cur, value, std::memory_order_acq_rel)) break;
-  }
-  core::bump_and_wake(m_impl->block->wake_seq);
-  return Status::Ok;
+  return status_of(shm::semaphore_raise(*m_impl->block, value));
 }
 
 WaitResult Semaphore::wait_host(std::uint64_t value, std::chrono::nanoseconds timeout) noexcept {

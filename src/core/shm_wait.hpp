@@ -10,8 +10,6 @@
 
 namespace gpuipc::core {
 
-using shm::bump_and_wake;
-
 /// Sleeps on `futex_word` while it still reads `seen`, at most `slice`.
 void futex_sleep(const std::uint32_t& futex_word, std::uint32_t seen, std::chrono::nanoseconds slice) noexcept;
 

@@ -1,11 +1,52 @@
-// The channel ring's transitions that more than one process makes: joining as a producer or consumer, and a
-// member's removal, whether it left cleanly (Closed) or died (PeerDied, by the broker): one function for both.
-// See sync.hpp for the layer's rules.
+// The channel ring's shared-memory protocol: every transition of a channel control block (proto::ChannelHeader and
+// its Slot records), made by the clients' host threads and by the broker's repair, CUDA-free. src/core adds the
+// stream operations (cuStreamWriteValue64 / cuStreamWaitValue64 through src/cuda) and pacing on top; the broker
+// (src/broker/repair.cpp) calls channel_join and channel_remove_member. A member leaving cleanly and the broker
+// repairing a dead one run the same channel_remove_member, with reason Closed or PeerDied (docs/channels.md, "Peer
+// death"). See sync.hpp for the layer's rules.
+//
+// Slot words only grow. No writer (a producer's or consumer's host thread, its stream, or the broker's repair)
+// moves a slot word backwards; each word has one kind of writer per round, and rounds of one slot are ordered:
+// - `state`: its sequence (state_seq) never decreases. Free(s) -> Writing(s) (ring_try_acquire, a CAS);
+//   Writing(s) -> Published(s) (ring_publish, by the claimant); Published(s) -> Reading(s) (ring_try_receive, a
+//   CAS); Reading(s) -> Free(s + slots) (ring_release, by the holder). The two ways back keep the sequence:
+//   Writing(s) -> Free(s + slots) abandons a round (ring_give_back, repair) and Reading(s) -> Published(s) hands a
+//   message back (ring_hand_back, repair).
+// - `head` and `tail` move only from x to x + 1, by CAS (advance in channel_ring.cpp).
+// - `filled` is written only for round s, after round s's claim: seq + 1 by the producer's host thread (host
+//   channels) or its stream (device channels), or kPoisonBit | (seq + 1) when that stream write cannot come (a
+//   failed enqueue, or the repair of a dead producer, also when a consumer already released the message on the
+//   host while its stream still waits): host writes raise it by CAS and never lower it (poison_filled). Masked by
+//   kMaxValue the word never decreases; the next round's producer claims the slot only after round s's consumer
+//   released it, whose stream waited for `filled` first.
+// - `freed` is written only by consumers: seq + 1 at the release of message seq, by the host thread (raise_to,
+//   host channels, or when the stream write cannot be enqueued) or the consumer's stream, or by the repair of a
+//   consumer that released on the host and died or left before its stream wrote it (raise_to the value its release
+//   announced in `release_mark`). A round that no consumer releases (given back, abandoned by a dead producer, or a
+//   failed stream-wait enqueue in acquire) writes no `freed` at all: the next producer waits for `release_mark`, the
+//   slot's last consumer release, not for seq - slots + 1. So every consumer stream write of round s comes after
+//   the write of the round released before it (the producer of the later round waited for it on its stream), and
+//   host writes use raise_to, which never lowers the word.
+// - `release_mark` (host only) is set by ring_release to seq + 1, in round order.
+// What this rests on, and does not enforce: a member that dies has no stream work left queued, and a clean leave
+// first waits (bounded, 10 s: Channel's leave in src/core/channel.cpp) for its own stream writes
+// (ring_member_writes_done; its stream then runs on, and what is still queued lands in order).
+// Known gaps, not closed here (they want a layout change and a GPU run; tests/unit/test_shm_channel_ring.cpp's
+// disabled model case finds each): the repair of a member that dies with stream work queued writes what it owed
+// at once, and only for a slot's current publisher and releaser. (1) The writes of one word are ordered by a
+// chain of stream waits (a producer's stream waits for the previous `freed` before it writes `filled`, a
+// consumer's waits for `filled` before it writes `freed`); a repair write for a stream that was itself waiting
+// cuts the chain, and the older write, landing later, lowers the word. (2) A dead member's stream that was more
+// than a round behind in a slot (its `filled` or `freed` owed for a round whose publisher or releaser was since
+// overwritten) is not written for, and the survivor's stream waiting for that word waits for ever.
+// The model test tests/unit/test_shm_channel_ring.cpp checks the rules above on every interleaving of a few steps,
+// and tests/integration/test_channel_model.cpp on random interleavings of the real Channel with deaths.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include "proto/shm.hpp"
 
@@ -23,11 +64,70 @@ struct RingGeometry {
 /// slot count, header bytes, record size, and that every record lies inside the mapping. nullopt when invalid.
 std::optional<RingGeometry> ring_geometry(const void* control, std::size_t size) noexcept;
 
+/// Fills in a new control block of `slots` records with `header_bytes` of user header each, for slots of
+/// `slot_bytes` in a data segment of kind `data_kind`: every slot Free for its first round; magic last (release).
+void ring_init(void* control, std::uint32_t slots, std::uint32_t header_bytes, std::uint64_t slot_bytes,
+               std::uint32_t data_kind) noexcept;
+
 /// Slot record `seq % slots` of a ring whose geometry was checked.
 inline proto::Slot& ring_slot(void* control, const RingGeometry& g, std::uint64_t seq) noexcept {
   auto* records = static_cast<std::byte*>(control) + sizeof(proto::ChannelHeader);
   return *reinterpret_cast<proto::Slot*>(records + (seq % g.slots) * g.record_bytes);  // NOLINT: layout of shm.hpp
 }
+
+/// A mapped control block whose geometry was checked: what the transitions below work on.
+struct Ring {
+  void* control = nullptr;
+  RingGeometry geometry;
+
+  proto::ChannelHeader& header() const noexcept { return *static_cast<proto::ChannelHeader*>(control); }
+  proto::Slot& slot(std::uint64_t seq) const noexcept { return ring_slot(control, geometry, seq); }
+  /// The inline user header of slot `seq` (geometry.header_bytes bytes after its Slot record).
+  std::byte* user_header(std::uint64_t seq) const noexcept {
+    return reinterpret_cast<std::byte*>(&slot(seq)) + sizeof(proto::Slot);  // NOLINT: layout of shm.hpp
+  }
+};
+
+/// One attempt by producer `member` to claim the next free slot. Returns false when every slot is in flight;
+/// true when done: `gone` None and `seq` the claimed sequence (its slot now Writing), or `gone` why no consumer is
+/// left (the last one's reason).
+bool ring_try_acquire(const Ring& ring, std::uint32_t member, std::uint64_t& seq, proto::PoisonReason& gone) noexcept;
+
+/// The `freed` value the producer of `seq` must see before it writes the slot: seq + 1 of the slot's last consumer
+/// release (0: none yet). An abandoned round does not move it.
+std::uint64_t ring_free_mark(const Ring& ring, std::uint64_t seq) noexcept;
+
+/// Gives back slot `seq`, claimed by producer `member` and not published: the round is skipped (`abandoned`), no
+/// `freed` is written, and producers waiting for a slot are woken.
+void ring_give_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) noexcept;
+
+/// Publishes message `seq` from its claimant `member`: copies `header` into the slot's user header (the caller
+/// checked it fits), records `bytes`, writes `filled` unless `stream_fills` (a device channel: the producer's
+/// stream writes it), makes the message visible and wakes sleeping consumers.
+void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std::span<const std::byte> header,
+                  std::uint64_t bytes, bool stream_fills) noexcept;
+
+/// Flags message `seq` incomplete and writes `filled` with the poison bit: a consumer stream waiting for the
+/// producer's stream write that will never come is released (a failed enqueue, or a dead producer).
+void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept;
+
+/// One attempt by consumer `member` to take the next message: a handed-back one first, then the one at the tail.
+/// Returns false when there is none; true when done: `gone` None and `seq` the message taken (its slot now
+/// Reading), or `gone` why no producer is left and nothing is queued.
+bool ring_try_receive(const Ring& ring, std::uint32_t member, std::uint64_t& seq, proto::PoisonReason& gone) noexcept;
+
+/// Hands message `seq`, taken by consumer `member`, back to the queue for another consumer (receive could not
+/// enqueue its stream wait) and wakes sleeping consumers.
+void ring_hand_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) noexcept;
+
+/// Releases message `seq`, taken by consumer `member`: records the `freed` value the slot's next producer waits
+/// for, writes `freed` unless `stream_frees` (a device channel: the consumer's stream writes it), frees the slot
+/// for the next round and wakes sleeping producers.
+void ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees) noexcept;
+
+/// Whether the stream writes of `member` have landed: every `filled` of a message it published and every `freed`
+/// its releases announced. Until then a clean leave would let survivors' streams wait for writes still queued.
+bool ring_member_writes_done(const Ring& ring, std::uint32_t member) noexcept;
 
 /// Claims a member entry for `token` as a producer or consumer and counts it (broker, answering Join). Returns
 /// the entry's index, or proto::kNoMember when the table is full or the role is neither.
