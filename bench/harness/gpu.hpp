@@ -1,5 +1,5 @@
 // What a benchmark or GPU-test worker sets up first: GPU `ordinal`'s primary context made current on this thread, a
-// stream, and the kernels (src/kernels). The one definition of it: the suites use it, and so do the GPU tests
+// stream, and the kernels (testkit/kernels). The one definition of it: the suites use it, and so do the GPU tests
 // (tests/support/gpu_worker.hpp). Needs the kernels library, so only where nvcc built it.
 #pragma once
 

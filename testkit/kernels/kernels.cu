@@ -76,7 +76,7 @@ extern "C" __global__ void gpuipc_write_fill(uint4* p, unsigned long long n, uns
 
 /// read_sum that also records when it ran: stamp[0] = the earliest block start, stamp[1] = ~(the latest block end)
 /// (%globaltimer ns, the same clock in every process; the caller fills both with ~0 first, one memset).
-/// For GPU timelines of streaming (bench/suite_ordering.cpp).
+/// For GPU timelines of streaming (bench/suites/suite_ordering.cpp).
 extern "C" __global__ void gpuipc_read_sum_timed(const uint4* p, unsigned long long n, unsigned long long* out,
                                                  unsigned long long* stamp) {
   if (threadIdx.x == 0) atomicMin(&stamp[0], global_timer_ns());
@@ -135,7 +135,7 @@ extern "C" __global__ void gpuipc_write_flag(volatile unsigned long long* flag, 
   __threadfence_system();
 }
 
-// ---- the coherence study (bench/suite_coherence.cpp) ----------------------------------------------------------
+// ---- the coherence study (bench/suites/suite_coherence.cpp) ----------------------------------------------------------
 // A writer kernel in one process and a reader kernel in another hand data over through a flag in shared (IPC)
 // memory, trial after trial: block b of the writer writes its chunk of data[] = i and then flags[b] = i; block b of
 // the reader waits for flags[b] >= i, reads the chunk, counts the words older than the flag (stale data after the

@@ -52,7 +52,7 @@ class Kernels {
   /// processes after the stream's earlier work).
   void write_flag(CUstream stream, CUdeviceptr flag, std::uint64_t value) const;
 
-  // ---- the coherence study (bench/suite_coherence.cpp; see kernels.cu) ----
+  // ---- the coherence study (bench/suites/suite_coherence.cpp; see kernels.cu) ----
   /// Flag protocols of coherence_writer / coherence_reader.
   enum class FlagProtocol : unsigned { Plain = 0, Fence = 1, ReleaseAcquire = 2 };
   /// u64 words between two blocks' flags (and acknowledgements) in the flag and acknowledgement arrays.

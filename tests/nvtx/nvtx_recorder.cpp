@@ -1,4 +1,4 @@
-// An NVTX injection library for tests/unit/test_trace.cpp: loaded by NVTX through NVTX_INJECTION64_PATH, it
+// An NVTX injection library for tests/integration/test_trace.cpp: loaded by NVTX through NVTX_INJECTION64_PATH, it
 // records the domains created and the ranges pushed and popped, which the test reads through
 // gpuipc_nvtx_recorded(). What nsys does with the same calls, without nsys.
 #include <nvtx3/nvToolsExt.h>

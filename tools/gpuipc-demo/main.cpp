@@ -1,7 +1,7 @@
 // gpuipc-demo, which `gpuipc demo` runs (docs/cli/demo.md): the README's main job. A producer process and a consumer
 // process stream frames through a channel: on GPU 0, the producer's kernel writes each frame into a slot and the
 // consumer's kernel verifies it, all in stream order; without a GPU, a host channel (clearly labelled) does the same
-// with the CPU. A program apart from the CLI because it launches the GPU kernels (src/kernels) through src/cuda, which
+// with the CPU. A program apart from the CLI because it launches the GPU kernels (testkit/kernels) through src/cuda, which
 // the CLI, a front end of the public API, must not link (docs/architecture.md#layers).
 #include <fmt/format.h>
 #include <cstring>
