@@ -27,6 +27,7 @@
 #include <variant>
 
 #include "core/client.hpp"
+#include "gpuipc/broker.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/pool.hpp"
@@ -504,9 +505,10 @@ TEST(BrokerFuzz, RandomRequestsFromDyingClientsLeaveTheBrokerAsItWas) {
       if (pid > 0 && ::kill(pid, SIGKILL) == 0) wait_child(pid, 10s);
     }
   } stop_broker{broker};
-  ASSERT_TRUE(wait_until([&] { return ::access(dir.file("broker.sock").c_str(), F_OK) == 0; }, 10s)) << broker_log();
   ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);
   ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);
+  // Listening, not only bound: broker.sock exists from bind(2), a moment before listen(2).
+  ASSERT_TRUE(wait_until([] { return gpuipc::broker_listening(); }, 10s)) << broker_log();
   ASSERT_EQ(BrokerEnvironment::broker_pid(), broker);
 
   Shared<Tally> replies(std::variant_size_v<proto::Body>);
