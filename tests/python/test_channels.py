@@ -363,8 +363,8 @@ def test_a_closed_channel_raises_closed(name):
 CTRL_C = """
 import sys, gpuipc
 rx = gpuipc.Channel.create(sys.argv[1], kind="host", role="consumer")
-print("waiting", flush=True)
-try:
+try:  # "waiting" inside the try: a SIGINT that comes before recv() waits is a KeyboardInterrupt here too
+    print("waiting", flush=True)
     rx.recv()  # forever
 except KeyboardInterrupt:
     print("interrupted", flush=True)

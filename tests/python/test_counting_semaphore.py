@@ -92,9 +92,10 @@ def test_a_waiter_in_another_process(name, start):
 
 def test_ctrl_c_interrupts_an_acquire(name):
     with gpuipc.CountingSemaphore.create(name, initial=0, max_count=1) as sem:
-        threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT)).start()
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
+            # Started inside the raises: however late the timer fires, its KeyboardInterrupt lands here.
+            threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT)).start()
             sem.acquire(1)
         assert time.monotonic() - t0 < 10
         assert sem.waiting == 0  # it left the queue
