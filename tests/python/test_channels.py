@@ -361,7 +361,8 @@ def test_a_closed_channel_raises_closed(name):
 
 
 CTRL_C = """
-import sys, gpuipc
+import signal, sys, gpuipc
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even where it was started with SIGINT ignored (nohup, &)
 rx = gpuipc.Channel.create(sys.argv[1], kind="host", role="consumer")
 try:  # "waiting" inside the try: a SIGINT that comes before recv() waits is a KeyboardInterrupt here too
     print("waiting", flush=True)

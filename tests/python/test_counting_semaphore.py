@@ -91,6 +91,15 @@ def test_a_waiter_in_another_process(name, start):
 
 
 def test_ctrl_c_interrupts_an_acquire(name):
+    # Python's own SIGINT handler, even where pytest was started with SIGINT ignored (nohup, a background job).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_an_acquire(name)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_an_acquire(name):
     with gpuipc.CountingSemaphore.create(name, initial=0, max_count=1) as sem:
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
