@@ -9,25 +9,29 @@
 #include <thread>
 
 #include "cuda/context.hpp"
+#include "gpuipc/error.hpp"
+#include "gpuipc/mps.hpp"
 #include "workers.hpp"
 
 namespace gpuipc::bench {
 
+// The MPS calls of the public library (include/gpuipc/mps.hpp, what `gpuipc mps` runs), in a private folder.
 MpsDaemon::MpsDaemon() {
   char tmpl[] = "/tmp/gpuipc-mps-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) return;
   m_dir = tmpl;
-  std::filesystem::create_directories(m_dir + "/pipe");
-  std::filesystem::create_directories(m_dir + "/log");
-  const std::string cmd = fmt::format("{} nvidia-cuda-mps-control -d >/dev/null 2>&1", prefix());
-  m_started = std::system(cmd.c_str()) == 0;  // NOLINT(cert-env33-c): a fixed command line of our own
+  try {
+    m_program = mps_control_program();
+    m_started = mps_start_daemon(m_program, mps_dirs(m_dir)).exit_code == 0;
+  } catch (const Error&) {
+    m_started = false;  // no nvidia-cuda-mps-control here: the caller notes it
+  }
   if (m_started) std::this_thread::sleep_for(std::chrono::milliseconds(500));
 }
 
 MpsDaemon::~MpsDaemon() {
   if (m_started) {
-    const std::string cmd = fmt::format("echo quit | {} nvidia-cuda-mps-control >/dev/null 2>&1", prefix());
-    [[maybe_unused]] int rc = std::system(cmd.c_str());  // NOLINT(cert-env33-c)
+    [[maybe_unused]] auto answer = mps_ask(m_program, mps_dirs(m_dir), "quit");
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (!m_dir.empty()) {
@@ -37,11 +41,8 @@ MpsDaemon::~MpsDaemon() {
 }
 
 std::vector<std::pair<std::string, std::string>> MpsDaemon::env() const {
-  return {{"CUDA_MPS_PIPE_DIRECTORY", m_dir + "/pipe"}, {"CUDA_MPS_LOG_DIRECTORY", m_dir + "/log"}};
-}
-
-std::string MpsDaemon::prefix() const {
-  return fmt::format("CUDA_MPS_PIPE_DIRECTORY={0}/pipe CUDA_MPS_LOG_DIRECTORY={0}/log", m_dir);
+  const MpsDirs dirs = mps_dirs(m_dir);
+  return {{"CUDA_MPS_PIPE_DIRECTORY", dirs.pipe}, {"CUDA_MPS_LOG_DIRECTORY", dirs.log}};
 }
 
 bool mps_active(const std::vector<std::pair<std::string, std::string>>& env) {

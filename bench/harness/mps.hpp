@@ -23,8 +23,8 @@ class MpsDaemon {
   std::vector<std::pair<std::string, std::string>> env() const;
 
  private:
-  std::string prefix() const;
   std::string m_dir;
+  std::string m_program;  // nvidia-cuda-mps-control, when found on PATH
   bool m_started = false;
 };
 
