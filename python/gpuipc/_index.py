@@ -4,20 +4,33 @@ reads. Its format is defined here and only here (docs/torch.md describes it).
 Layout, little-endian::
 
     0   8 bytes  magic b"GPUIPCTS"
-    8   u32      FORMAT (1)
+    8   u32      FORMAT (2)
     12  u32      json_bytes
     16  u32      slots: 1 (share_tensors, publish_tensors(versions=1)) or 2 (versions=2)
     20  u32      storages: number of storages
     24  u64      slot_offset: where slot 0 starts (a multiple of 64)
-    32  json_bytes of UTF-8 JSON: {"format": 1, "tensors": [...], "storages": [...], "versioning": null | {...}}
+    32  json_bytes of UTF-8 JSON (below)
     slot_offset + k * slot_bytes(storages): slot k:
         u64 stamp: the version whose refs the slot holds; 0 while the publisher rewrites it
         u64 reserved (0)
         storages x 40 bytes: the BlockRef of each storage (gpuipc::encode_block_ref)
 
-A tensor: {"name", "dtype" (e.g. "float32", "bfloat16"), "shape", "strides" (elements), "offset" (elements into
-its storage), "storage" (index; -1 for an empty tensor), "framework" ("numpy", "torch", "dlpack")}. A storage:
-{"pool": pool name, "nbytes", "device": "cpu" | "cuda"}. Versioning: {"semaphore": name, "versions": 1 | 2}.
+The JSON is by columns, so that a reader of a few hundred tensors decodes it in a fraction of a millisecond (a list of
+one object per tensor took 0.5-1.2 ms for 291 tensors on an H200 machine)::
+
+    {"format": 2,
+     "names": [tensor name, ...],
+     "dtypes": [dtype name, ...]        distinct names ("float32", "bfloat16", ...), referred to by index
+     "frameworks": [framework, ...]     distinct ("numpy", "torch", "dlpack"), referred to by index
+     "tensors": [int, ...]              per tensor: storage (-1: empty), dtype, framework, offset (elements into its
+                                        storage), ndim, shape[ndim], strides[ndim] (elements)
+     "pools": [pool name, ...]          distinct, referred to by index
+     "storages": [int, ...]             per storage: pool, nbytes, offset (bytes from the start of its block), device
+                                        (0 "cpu", 1 "cuda")
+     "versioning": null | {"semaphore": name, "versions": 1 | 2}}
+
+A storage is a range of one pool block: a whole packed copy (offset 0), or for memory shared by reference the range of
+the block that one framework storage (a torch storage) covers, so that several storages can lie in one block.
 A reader of version v uses slot v % slots; it checks the stamp before and after reading the refs (a seqlock).
 """
 
@@ -25,7 +38,6 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -34,7 +46,7 @@ from .errors import InvalidArgument
 from .pool import BlockRef
 
 MAGIC = b"GPUIPCTS"
-FORMAT = 1
+FORMAT = 2
 _HEADER = struct.Struct("<8sIIIIQ")
 _REF_BYTES = 40
 _SLOT_HEADER = 16
@@ -45,29 +57,119 @@ def slot_bytes(storages: int) -> int:
     return (_SLOT_HEADER + storages * _REF_BYTES + 63) // 64 * 64
 
 
-@dataclass
-class Index:
-    """A decoded index."""
+_DEVICES = ("cpu", "cuda")
 
-    tensors: List[Dict[str, Any]]
-    storages: List[Dict[str, Any]]
-    versioning: Optional[Dict[str, Any]]
-    slots: int
-    slot_offset: int
+
+class Index:
+    """A decoded (or to be encoded) index: the columns of the JSON, and ``tensors`` / ``storages`` as one dict per
+    record ({"name", "dtype", "shape", "strides", "offset", "storage", "framework"} and {"pool", "nbytes",
+    "offset", "device"}), made on first use (the fast open path reads the columns)."""
+
+    def __init__(self, body: Dict[str, Any], slots: int, slot_offset: int, name: str = "") -> None:
+        self.name = name
+        self.body = body
+        self.names: List[str] = body["names"]
+        self.dtypes: List[str] = body["dtypes"]
+        self.frameworks: List[str] = body["frameworks"]
+        self.flat: List[int] = body["tensors"]
+        self.pools: List[str] = body["pools"]
+        self.storage_flat: List[int] = body["storages"]
+        self.versioning: Optional[Dict[str, Any]] = body.get("versioning")
+        self.slots = slots
+        self.slot_offset = slot_offset
+        self._tensors: Optional[List[Dict[str, Any]]] = None
+        self._storages: Optional[List[Dict[str, Any]]] = None
+
+    @classmethod
+    def of(cls, tensors: List[Dict[str, Any]], storages: List[Dict[str, Any]], versioning: Optional[Dict[str, Any]],
+           slots: int) -> "Index":
+        """The index of these records (as ``tensors`` and ``storages`` give them back)."""
+        dtypes: Dict[str, int] = {}
+        frameworks: Dict[str, int] = {}
+        pools: Dict[str, int] = {}
+        flat: List[int] = []
+        for t in tensors:
+            d = dtypes.setdefault(t["dtype"], len(dtypes))
+            f = frameworks.setdefault(t["framework"], len(frameworks))
+            flat += [t["storage"], d, f, t["offset"], len(t["shape"]), *t["shape"], *t["strides"]]
+        sflat: List[int] = []
+        for st in storages:
+            sflat += [pools.setdefault(st["pool"], len(pools)), st["nbytes"], st.get("offset", 0), _DEVICES.index(st["device"])]
+        body = {"format": FORMAT, "names": [t["name"] for t in tensors], "dtypes": list(dtypes),
+                "frameworks": list(frameworks), "tensors": flat, "pools": list(pools), "storages": sflat,
+                "versioning": versioning}
+        return cls(body, slots, 0)
+
+    @property
+    def tensor_count(self) -> int:
+        return len(self.names)
+
+    @property
+    def storage_count(self) -> int:
+        return len(self.storage_flat) // 4
+
+    @property
+    def tensors(self) -> List[Dict[str, Any]]:
+        """One dict per tensor, checked (InvalidArgument for a malformed record)."""
+        if self._tensors is None:
+            out, flat, k, n = [], self.flat, 0, self.storage_count
+            try:
+                for i, name in enumerate(self.names):
+                    s, d, f, off, nd = flat[k : k + 5]
+                    shape, strides = flat[k + 5 : k + 5 + nd], flat[k + 5 + nd : k + 5 + 2 * nd]
+                    if not (-1 <= s < n and 0 <= d < len(self.dtypes) and 0 <= f < len(self.frameworks) and off >= 0
+                            and 0 <= nd <= 64 and len(strides) == nd and min(shape + strides, default=0) >= 0
+                            and all(type(x) is int for x in shape + strides)):
+                        raise _malformed(self.name, f"tensor {i}")
+                    out.append({"name": name, "dtype": self.dtypes[d], "shape": shape, "strides": strides, "offset": off,
+                                "storage": s, "framework": self.frameworks[f]})
+                    k += 5 + 2 * nd
+            except (TypeError, ValueError):
+                raise _malformed(self.name, "tensor records") from None
+            if k != len(flat):
+                raise _malformed(self.name, "tensor records")
+            self._tensors = out
+        return self._tensors
+
+    @property
+    def storages(self) -> List[Dict[str, Any]]:
+        """One dict per storage, checked (InvalidArgument for a malformed record)."""
+        if self._storages is None:
+            f, out = self.storage_flat, []
+            for i in range(0, len(f), 4):
+                p, nbytes, off, dev = f[i : i + 4]
+                if not (type(p) is int and 0 <= p < len(self.pools) and type(nbytes) is int and nbytes >= 0
+                        and type(off) is int and off >= 0 and dev in (0, 1)):
+                    raise _malformed(self.name, f"storage {i // 4}")
+                out.append({"pool": self.pools[p], "nbytes": nbytes, "offset": off, "device": _DEVICES[dev]})
+            self._storages = out
+        return self._storages
 
     def encode(self) -> bytes:
         """Header and JSON (slots follow at slot_offset; the caller writes them)."""
-        body = json.dumps(
-            {"format": FORMAT, "tensors": self.tensors, "storages": self.storages, "versioning": self.versioning},
-            separators=(",", ":"),
-        ).encode()
+        body = json.dumps(self.body, separators=(",", ":")).encode()
         self.slot_offset = (_HEADER.size + len(body) + 63) // 64 * 64
-        head = _HEADER.pack(MAGIC, FORMAT, len(body), self.slots, len(self.storages), self.slot_offset)
+        head = _HEADER.pack(MAGIC, FORMAT, len(body), self.slots, self.storage_count, self.slot_offset)
         return head + body
 
     @property
     def total_bytes(self) -> int:
-        return self.slot_offset + self.slots * slot_bytes(len(self.storages))
+        return self.slot_offset + self.slots * slot_bytes(self.storage_count)
+
+
+def _malformed(name: str, why: str) -> InvalidArgument:
+    return InvalidArgument(f"tensor index {name!r} is malformed ({why})")
+
+
+def _check(name: str, body: Any, storages: int) -> None:
+    """InvalidArgument unless the columns are there and the storage column has ``storages`` records. The records
+    themselves are checked where they are read (Index.tensors, Index.storages, and in C++ by Pool.tensors_of_index)."""
+    if not isinstance(body, dict):
+        raise _malformed(name, "not an object")
+    if any(not isinstance(body.get(k), list) for k in ("names", "dtypes", "frameworks", "tensors", "pools", "storages")):
+        raise _malformed(name, "missing columns")
+    if len(body["storages"]) != 4 * storages:
+        raise _malformed(name, "storage count")
 
 
 def decode(name: str, mem: np.ndarray) -> Index:
@@ -76,19 +178,24 @@ def decode(name: str, mem: np.ndarray) -> Index:
         raise InvalidArgument(f"segment {name!r} is not a gpuipc tensor index (made by share_tensors)")
     magic, fmt, json_bytes, slots, storages, slot_offset = _HEADER.unpack(bytes(mem[: _HEADER.size]))
     if fmt != FORMAT:
-        raise InvalidArgument(f"tensor index {name!r} has format {fmt}; this gpuipc reads format {FORMAT}: upgrade")
+        raise InvalidArgument(
+            f"tensor index {name!r} has format {fmt}; this gpuipc reads format {FORMAT}: publisher and reader need the "
+            "same gpuipc version"
+        )
     end = _HEADER.size + json_bytes
     if slots not in (1, 2) or end > slot_offset or slot_offset + slots * slot_bytes(storages) > mem.nbytes:
         raise InvalidArgument(f"tensor index {name!r} is malformed (sizes out of range)")
-    body = json.loads(bytes(mem[_HEADER.size : end]).decode())
-    if len(body.get("storages", ())) != storages:
-        raise InvalidArgument(f"tensor index {name!r} is malformed (storage count)")
-    return Index(body["tensors"], body["storages"], body.get("versioning"), slots, slot_offset)
+    try:
+        body = json.loads(bytes(mem[_HEADER.size : end]))
+    except ValueError as e:
+        raise InvalidArgument(f"tensor index {name!r} is malformed ({e})") from None
+    _check(name, body, storages)
+    return Index(body, slots, slot_offset, name)
 
 
 def _slot(index: Index, mem: np.ndarray, k: int) -> np.ndarray:
-    start = index.slot_offset + k * slot_bytes(len(index.storages))
-    return mem[start : start + slot_bytes(len(index.storages))]
+    start = index.slot_offset + k * slot_bytes(index.storage_count)
+    return mem[start : start + slot_bytes(index.storage_count)]
 
 
 def read_stamp(index: Index, mem: np.ndarray, k: int) -> int:
@@ -97,9 +204,9 @@ def read_stamp(index: Index, mem: np.ndarray, k: int) -> int:
 
 def read_refs(index: Index, mem: np.ndarray, k: int) -> List[BlockRef]:
     """The refs of slot k, decoded without validation (a stale or torn read fails in hold, and the stamp check)."""
-    raw = bytes(_slot(index, mem, k)[_SLOT_HEADER : _SLOT_HEADER + len(index.storages) * _REF_BYTES])
+    raw = bytes(_slot(index, mem, k)[_SLOT_HEADER : _SLOT_HEADER + index.storage_count * _REF_BYTES])
     out = []
-    for i in range(len(index.storages)):
+    for i in range(index.storage_count):
         pool, gen, off, size, chunk, idx = struct.unpack_from("<QQQQII", raw, i * _REF_BYTES)
         out.append(BlockRef(pool=pool, chunk=chunk, offset=off, size=size, generation=gen, index=idx))
     return out
@@ -107,7 +214,7 @@ def read_refs(index: Index, mem: np.ndarray, k: int) -> List[BlockRef]:
 
 def read_refs_raw(index: Index, mem: np.ndarray, k: int) -> bytes:
     """The refs of slot k as they lie (40 bytes each, in storage order), for Pool views_of."""
-    return bytes(_slot(index, mem, k)[_SLOT_HEADER : _SLOT_HEADER + len(index.storages) * _REF_BYTES])
+    return bytes(_slot(index, mem, k)[_SLOT_HEADER : _SLOT_HEADER + index.storage_count * _REF_BYTES])
 
 
 def write_slot(index: Index, mem: np.ndarray, k: int, version: int, refs: "List[BlockRef] | bytes") -> None:

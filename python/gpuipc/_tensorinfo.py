@@ -27,6 +27,7 @@ class TensorInfo:
     shape: Tuple[int, ...]
     strides: Tuple[int, ...]  #: in elements, all >= 0
     framework: str  #: "torch", "numpy" or "dlpack" (what open_tensors gives back)
+    storage: Optional[Tuple[int, int]] = None  #: torch: the bytes of the tensor's storage [start, end)
 
     @property
     def is_cuda(self) -> bool:
@@ -87,7 +88,10 @@ def _from_torch(what: str, t: Any) -> TensorInfo:
     strides = tuple(int(s) for s in t.stride())
     if any(s < 0 for s in strides):
         raise InvalidArgument(f"{what} has a negative stride; pass t.contiguous()")
-    return TensorInfo(int(t.data_ptr()), dtype, did, dt, tuple(int(n) for n in t.shape), strides, "torch")
+    st = t.untyped_storage()
+    start = int(st.data_ptr())
+    return TensorInfo(int(t.data_ptr()), dtype, did, dt, tuple(int(n) for n in t.shape), strides, "torch",
+                      (start, start + int(st.nbytes())))
 
 
 def _from_numpy(what: str, a: np.ndarray) -> TensorInfo:

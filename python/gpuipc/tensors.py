@@ -31,12 +31,17 @@ _ALIGN = 64
 
 @dataclass
 class _Storage:
-    lo: int  #: first byte (the block's start for adopted blocks)
+    lo: int  #: first byte
     hi: int
     device_type: int
     device_id: int
     block: Optional[Block] = None  #: a Block of this process the tensors already live in (shared by ref)
     members: List[int] = field(default_factory=list)
+
+    @property
+    def block_offset(self) -> int:
+        """Where the storage starts in its block (0 for packed copies, which fill theirs)."""
+        return self.lo - self.block.address if self.block is not None else 0
 
 
 @dataclass
@@ -59,7 +64,8 @@ def _plan(tensors: Mapping[str, Any], adopt: bool) -> _Plan:
             raise InvalidArgument(f"tensor {key!r} is not aligned to its {info.dtype.itemsize}-byte elements; pass a copy")
         infos.append((key, info))
     storages: List[_Storage] = []
-    by_block: Dict[int, int] = {}
+    adopted: Dict[int, List[Tuple[int, int, int]]] = {}  # block address -> (lo, hi, tensor) of its tensors
+    blocks: Dict[int, Any] = {}
     loose: List[int] = []
     for i, (_, info) in enumerate(infos):
         if info.empty:
@@ -68,13 +74,24 @@ def _plan(tensors: Mapping[str, Any], adopt: bool) -> _Plan:
         if block is None:
             loose.append(i)
             continue
-        if id(block) not in by_block:
-            by_block[id(block)] = len(storages)
-            storages.append(_Storage(block.address, block.address + block.size, info.device_type, info.device_id, block))
-        storages[by_block[id(block)]].members.append(i)
+        blocks.setdefault(block.address, block)
+        adopted.setdefault(block.address, []).append((*_adopted_range(info, block), i))
+    # In a block, a storage is what one framework storage covers (torch's caching allocator puts several tensors,
+    # each its own storage, in one block); overlapping ranges (views, tied weights) make one storage.
+    for address, ranges in adopted.items():
+        block = blocks[address]
+        current: Optional[_Storage] = None
+        for lo, hi, i in sorted(ranges):
+            info = infos[i][1]
+            if current is not None and lo < current.hi:
+                current.hi = max(current.hi, hi)
+            else:
+                current = _Storage(lo, hi, info.device_type, info.device_id, block)
+                storages.append(current)
+            current.members.append(i)
     # Tensors whose bytes overlap share a storage: one copy each, and views of one storage stay views of one.
     loose.sort(key=lambda i: (infos[i][1].is_cuda, infos[i][1].device_id, infos[i][1].address))
-    current: Optional[_Storage] = None
+    current = None
     for i in loose:
         info = infos[i][1]
         lo, hi = info.address, info.address + info.extent
@@ -91,6 +108,16 @@ def _plan(tensors: Mapping[str, Any], adopt: bool) -> _Plan:
             placement[i] = (s, (info.address - st.lo) // info.dtype.itemsize)
     frameworks = {info.framework for _, info in infos}
     return _Plan(infos, storages, placement, "torch" if "torch" in frameworks else "numpy")
+
+
+def _adopted_range(info: TensorInfo, block: Any) -> Tuple[int, int]:
+    """The bytes of ``block`` that the tensor's storage covers: its framework storage (a torch storage) where that
+    lies in the block, else from the tensor's first byte (rounded down to _ALIGN, not before the block) to its
+    last."""
+    lo, hi = info.address, info.address + info.extent
+    if info.storage is not None and info.storage[0] <= lo and hi <= info.storage[1]:
+        return max(info.storage[0], block.address), min(info.storage[1], block.address + block.size)
+    return max(block.address, lo - lo % _ALIGN), hi
 
 
 def _pool_kind(plan: _Plan, kind: Optional[str]) -> Tuple[str, int]:
@@ -167,7 +194,7 @@ class SharedTensors:
                     _gpuipc._copy_to_view(block.view(), 0, st.lo, st.device_type, st.device_id, st.hi - st.lo, stream)
                     self._blocks[i] = block
             self._setup_extra()
-            index = _index.Index(self._tensor_meta(), self._storage_meta(), self._versioning(), self._slots(), 0)
+            index = _index.Index.of(self._tensor_meta(), self._storage_meta(), self._versioning(), self._slots())
             head = index.encode()
             try:
                 self._index_seg = Segment.create(name, index.total_bytes, kind="host", mode=mode)
@@ -208,12 +235,13 @@ class SharedTensors:
         out = []
         for st, b in zip(self._plan.storages, self._blocks):
             assert b is not None
-            out.append({"pool": b.pool.name, "nbytes": st.hi - st.lo, "device": "cuda" if b.is_cuda else "cpu"})
+            out.append({"pool": b.pool.name, "nbytes": st.hi - st.lo, "offset": st.block_offset,
+                        "device": "cuda" if b.is_cuda else "cpu"})
         return out
 
     def _views(self, blocks: List[Optional[Block]]) -> Dict[str, Any]:
         """Writable views of this process's copies (the framework of the tensors given)."""
-        return build(self._index.tensors, [b.view() if b is not None else None for b in blocks], False)
+        return build(self._index.tensors, storage_views(blocks, self._index.storages), False)
 
     @property
     def pool(self) -> Optional[Pool]:
@@ -282,10 +310,21 @@ def unlink_tensors(name: str) -> None:
                  f"no shared tensors named {name!r}")
 
 
+def storage_views(blocks: List[Any], storages: List[Dict[str, Any]]) -> List[Any]:
+    """Bytes views of each storage: its block's view (Blocks, or ArrayViews of blocks) cut to the storage's range."""
+    out = []
+    for b, st in zip(blocks, storages):
+        v = b if b is None or isinstance(b, _gpuipc.ArrayView) else b.view()
+        if v is not None and (st["offset"] or st["nbytes"] != v.nbytes):
+            v = v.as_strided((1, 8, 1), "|u1", [st["nbytes"]], [1], st["offset"])
+        out.append(v)
+    return out
+
+
 # Opening --------------------------------------------------------------------------------------------------------------
-def _torch_if_all(tensors: List[Dict[str, Any]]) -> Any:
+def _torch_if_all(index: _index.Index) -> Any:
     """torch, when every tensor record came from torch and torch is importable; else None."""
-    if not tensors or any(t.get("framework") != "torch" for t in tensors):
+    if not index.names or index.frameworks != ["torch"]:
         return None
     try:
         import torch
@@ -348,7 +387,8 @@ def build_torch(
 ) -> Dict[str, Any]:
     """torch tensors for the records from one DLPack import per chunk (``_Opened.spans``): each storage is a slice
     of its chunk's storage (a storage of its own, which keeps the chunk's alive), each tensor a ``set_`` over its
-    storage, so storage offsets and shared storage are as they were shared."""
+    storage, so storage offsets and shared storage are as they were shared. ``offset``: each storage's block's
+    byte offset in its chunk (the storage's own offset in its block is added here)."""
     chunks = [torch.from_dlpack(c) for c in capsules]
     whole = [c.untyped_storage() for c in chunks]
     devices = [c.device for c in chunks]
@@ -366,7 +406,7 @@ def build_torch(
             continue
         st = sliced.get(s)
         if st is None:
-            k, first = span[s], offset[s]
+            k, first = span[s], offset[s] + storages[s]["offset"]
             st = sliced[s] = whole[k][first : first + storages[s]["nbytes"]]
         out[t["name"]] = torch.empty(0, dtype=tdt, device=devices[span[s]]).set_(st, t["offset"], t["shape"], t["strides"])
     return out
@@ -383,32 +423,6 @@ def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment,
     return _index.decode(name, mem), seg, mem
 
 
-class _FastPlan:
-    """Which storages hold exactly one tensor, at their start (Pool.tensors_of makes those, each a storage of its
-    own holding the tensor's bytes): for each storage, the tensor's index and its layout ((code, bits, lanes),
-    typestr, shape, strides, 0), or None. An adopted block may be larger than its tensor (the allocator rounds)."""
-
-    def __init__(self, tensors: List[Dict[str, Any]], storages: List[Dict[str, Any]]) -> None:
-        users = [0] * len(storages)
-        for t in tensors:
-            if t["storage"] >= 0:
-                users[t["storage"]] += 1
-        self.layout: List[Any] = [None] * len(storages)
-        self.tensor_of: List[int] = [-1] * len(storages)
-        for i, t in enumerate(tensors):
-            s = t["storage"]
-            if s < 0 or users[s] != 1 or t["offset"] != 0:
-                continue
-            dl = dlpack_of_name(t["dtype"])
-            shape, strides = t["shape"], t["strides"]
-            if dl is None or any(x <= 0 for x in shape) or any(x < 0 for x in strides):
-                continue
-            extent = (1 + sum((n - 1) * st for n, st in zip(shape, strides))) * ((dl[0][1] * dl[0][2] + 7) // 8)
-            if extent <= storages[s]["nbytes"]:
-                self.layout[s] = (dl[0], dl[1], list(shape), list(strides), 0)
-                self.tensor_of[s] = i
-
-
 class _Opened:
     """The pools of one index, opened once each."""
 
@@ -417,83 +431,88 @@ class _Opened:
         self.index = index
         self.readonly = readonly
         self.pools: Dict[str, Pool] = {}
-        self._plan: Optional[_FastPlan] = None
-        for st in index.storages:
-            if st["pool"] not in self.pools:
-                try:
-                    self.pools[st["pool"]] = Pool.open(st["pool"], readonly=readonly, device=device)
-                except NotFound:
-                    raise PeerDied(f"the pool {st['pool']!r} of tensors {name!r} is gone (its owner removed it)") from None
+        self._dtypes: Optional[List[Any]] = None
+        used = {index.storage_flat[i] for i in range(0, len(index.storage_flat), 4)}
+        if not all(type(k) is int and 0 <= k < len(index.pools) for k in used):
+            raise InvalidArgument(f"tensor index {name!r} is malformed (a storage's pool)")
+        for k, pool_name in enumerate(index.pools):
+            if k not in used or pool_name in self.pools:
+                continue
+            try:
+                self.pools[pool_name] = Pool.open(pool_name, readonly=readonly, device=device)
+            except NotFound:
+                raise PeerDied(f"the pool {pool_name!r} of tensors {name!r} is gone (its owner removed it)") from None
 
     def views(self, raw: bytes, dlpack: bool = False) -> List[Any]:
-        """Held views of every storage (DLPack capsules of them with ``dlpack``), from the slot's raw refs (40
-        bytes each), one call per run of storages in one pool; InvalidArgument when a ref is stale (freed)."""
+        """Held views of every storage (its range of its block; DLPack capsules of them with ``dlpack``), from the
+        slot's raw refs (40 bytes each), one call per run of storages in one pool; InvalidArgument when a ref is
+        stale (freed)."""
         out: List[Any] = []
-        for pool, refs in self._runs(raw):
-            out.extend(pool.views_of(refs, self.readonly, True, dlpack))
-        return out
-
-    def _runs(self, raw: bytes) -> Iterator[Tuple[Any, bytes]]:
-        """(pool, its refs) for each run of consecutive storages in one pool."""
         for pool, lo, hi in self._run_bounds():
-            yield pool, raw[lo * 40 : hi * 40]
+            out.extend(pool.views_of(raw[lo * 40 : hi * 40], self.readonly, True, False))
+        out = storage_views(out, self.index.storages)
+        return [v.__dlpack__() for v in out] if dlpack else out
 
     def spans(self, raw: bytes) -> Tuple[List[Any], List[int], List[int]]:
         """(capsules, span, offset): one held DLPack capsule per chunk the storages lie in, and for each storage the
-        capsule it lies in and its byte offset there, from the slot's raw refs. The holds of a chunk's storages are
-        given back together when everything made from its capsule is gone. InvalidArgument when a ref is stale."""
-        return self._spans_of(raw, list(range(len(self.index.storages))))
+        capsule it lies in and its block's byte offset there, from the slot's raw refs. The holds of a chunk's
+        storages are given back together when everything made from its capsule is gone. InvalidArgument when a ref
+        is stale."""
+        return self._spans_of(raw, list(range(self.index.storage_count)))
 
     def tensors(self, raw: bytes, readonly: bool) -> Dict[str, Any]:
         """The tensors of the index over the slot's raw refs: torch tensors when every record is torch's (see
         torch_tensors), else arrays over per-storage views."""
-        torch = _torch_if_all(self.index.tensors)
+        torch = _torch_if_all(self.index)
         if torch is not None:
             return self.torch_tensors(torch, raw)
-        return build(self.index.tensors, self.views(raw, dlpack=torch is not None), readonly)
+        return build(self.index.tensors, self.views(raw), readonly)
+
+    def _dtype_layouts(self) -> List[Any]:
+        """((code, bits, lanes), typestr) of each dtype of the index, or None where DLPack has none."""
+        if self._dtypes is None:
+            self._dtypes = [dlpack_of_name(d) for d in self.index.dtypes]
+        return self._dtypes
 
     def torch_tensors(self, torch: Any, raw: bytes) -> Dict[str, Any]:
-        """torch tensors over the slot's raw refs. A tensor alone on its storage, at its start (every parameter of
-        a MemPool-built dict but tied ones) is one DLPack import of a capsule typed in C++ (Pool.tensors_of); its
-        torch storage holds its own bytes. The others go through build_torch: one import per chunk, a storage slice
-        per storage, a set_ per tensor, so that tensors sharing a storage share one here too."""
-        plan = self._plan
-        if plan is None:
-            plan = self._plan = _FastPlan(self.index.tensors, self.index.storages)
+        """torch tensors over the slot's raw refs. A tensor alone on its storage, at its start (every tensor of a
+        dict built under gpuipc.torch.MemPool but tied ones) is one DLPack import of a capsule typed in C++
+        (Pool.tensors_of_index reads the index's columns: no Python work per tensor); its torch storage is the
+        storage's bytes. The others go through build_torch: one import per chunk, a storage slice per storage, a
+        set_ per tensor, so that tensors sharing a storage share one here too."""
+        index = self.index
         from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
-        made: Dict[int, Any] = {}
-        slow: List[int] = []  # storages for build_torch
+        made: List[Any] = [None] * index.tensor_count
+        count = 0
         for pool, lo, hi in self._run_bounds():
-            fast = [s for s in range(lo, hi) if plan.layout[s] is not None]
-            if fast:
-                refs = raw[lo * 40 : hi * 40] if len(fast) == hi - lo else b"".join(raw[s * 40 : s * 40 + 40] for s in fast)
-                caps = pool.tensors_of(refs, self.readonly, True, [plan.layout[s] for s in fast])
-                for s, c in zip(fast, caps):
-                    made[plan.tensor_of[s]] = from_dlpack(c)
-            slow.extend(s for s in range(lo, hi) if plan.layout[s] is None)
-        tensors = self.index.tensors
-        if len(made) < len(tensors):
-            rest = [t for i, t in enumerate(tensors) if i not in made]
-            if slow:
-                sub = [self.index.storages[s] for s in slow]
-                renum = {s: k for k, s in enumerate(slow)}
-                rest = [dict(t, storage=renum[t["storage"]]) if t["storage"] >= 0 else t for t in rest]
-                capsules, span, offset = self._spans_of(raw, slow)
-            else:
-                sub, capsules, span, offset = [], [], [], []
-            built = build_torch(torch, rest, sub, capsules, span, offset)
-            return {t["name"]: made[i] if i in made else built[t["name"]] for i, t in enumerate(tensors)}
-        return {t["name"]: made[i] for i, t in enumerate(tensors)}
+            for i, capsule in pool.tensors_of_index(raw[lo * 40 : hi * 40], lo, index.flat, index.storage_flat,
+                                                    self._dtype_layouts(), self.readonly, True):
+                made[i] = from_dlpack(capsule)
+                count += 1
+        if count == index.tensor_count:
+            return dict(zip(index.names, made))
+        tensors = index.tensors
+        slow = sorted({t["storage"] for i, t in enumerate(tensors) if made[i] is None and t["storage"] >= 0})
+        rest = [t for i, t in enumerate(tensors) if made[i] is None]
+        if slow:
+            renum = {s: k for k, s in enumerate(slow)}
+            rest = [dict(t, storage=renum[t["storage"]]) if t["storage"] >= 0 else t for t in rest]
+            capsules, span, offset = self._spans_of(raw, slow)
+        else:
+            capsules, span, offset = [], [], []
+        built = build_torch(torch, rest, [index.storages[s] for s in slow], capsules, span, offset)
+        return {name: made[i] if made[i] is not None else built[name] for i, name in enumerate(index.names)}
 
     def _run_bounds(self) -> Iterator[Tuple[Any, int, int]]:
         """(pool, first, end) for each run of consecutive storages in one pool."""
-        storages = self.index.storages
+        f, pools = self.index.storage_flat, self.index.pools
+        n = len(f) // 4
         i = 0
-        while i < len(storages):
+        while i < n:
             j = i
-            while j < len(storages) and storages[j]["pool"] == storages[i]["pool"]:
+            while j < n and f[4 * j] == f[4 * i]:
                 j += 1
-            yield self.pools[storages[i]["pool"]]._pool, i, j
+            yield self.pools[pools[f[4 * i]]]._pool, i, j
             i = j
 
     def _spans_of(self, raw: bytes, which: List[int]) -> Tuple[List[Any], List[int], List[int]]:

@@ -20,7 +20,7 @@ from ._tensorinfo import DL_CUDA, describe
 from .errors import AlreadyExists, Closed, Error, InvalidArgument, InvalidState, PeerDied, QuotaExceeded
 from .pool import Block
 from .semaphore import Semaphore
-from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, build, read_index
+from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, build, read_index, storage_views
 
 __all__ = ["publish_tensors", "Publisher", "Reader"]
 
@@ -166,7 +166,7 @@ class Publisher(SharedTensors):
                 raise InvalidArgument(f"update_from: {key!r} is not one of the tensors published as {self.name!r}")
         full = {t["name"] for t in self._index.tensors if t["storage"] >= 0} <= set(state_dict)
         blocks = self._blocks if self._versions == 1 else self._ensure_back(copy_front=not full)
-        views = [b.view() if b is not None else None for b in blocks]
+        views = storage_views(blocks, self._index.storages)
         handle = stream_handle(stream)
         for key, value in state_dict.items():
             meta = known[key]

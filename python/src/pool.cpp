@@ -78,6 +78,7 @@ struct HeldBlock {
 
 /// The layout of a tensor in its block (tensors_of): DLPack (code, bits, lanes), typestr, shape, strides (elements),
 /// byte offset.
+using Dtype = std::tuple<std::tuple<int, int, int>, std::string>;
 using Layout = std::tuple<std::tuple<int, int, int>, std::string, std::vector<std::int64_t>, std::vector<std::int64_t>,
                           std::size_t>;
 
@@ -131,10 +132,8 @@ ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::u
 
 /// Bytes views of the blocks that `raw` (concatenated BlockRefs) names, each resolved and (with `hold`) held, the
 /// driver asked for the device once per chunk. Releases the GIL while it works.
-std::vector<ArrayView> held_views(Pool& pool, const nb::bytes& raw, bool readonly, bool hold, const char* call) {
+std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t n, bool readonly, bool hold) {
   readonly = readonly || pool.access() == Access::ReadOnly;  // a read-only mapping never gives a writable view
-  const auto* data = static_cast<const std::byte*>(raw.data());
-  const std::size_t n = ref_count(raw, call);
   std::vector<ArrayView> views;
   views.reserve(n);
   nb::gil_scoped_release unlocked;
@@ -163,6 +162,57 @@ std::vector<ArrayView> held_views(Pool& pool, const nb::bytes& raw, bool readonl
     views.push_back(ArrayView::bytes(std::move(owner), address, r.size, readonly, device_type, device_id));
   }
   return views;
+}
+
+std::vector<ArrayView> held_views(Pool& pool, const nb::bytes& raw, bool readonly, bool hold, const char* call) {
+  return held_views(pool, static_cast<const std::byte*>(raw.data()), ref_count(raw, call), readonly, hold);
+}
+
+/// One tensor of a tensor index (gpuipc/_index.py) that is alone on its storage, at its start: it becomes one
+/// DLPack capsule whose memory is the storage's.
+struct IndexTensor {
+  std::size_t tensor;   // its position in the index
+  std::size_t storage;  // its storage, relative to the first storage of the call
+  std::size_t dtype;
+  std::vector<std::int64_t> shape, strides;
+};
+
+/// The tensors of `flat` (the index's "tensors" column: storage, dtype, framework, offset, ndim, shape, strides per
+/// tensor) that tensors_of_index makes: those alone on a storage in [first, first + count), at offset 0, of a dtype
+/// with a layout. InvalidArgument for a malformed column (a reader never trusts the index).
+std::vector<IndexTensor> index_tensors(const std::vector<std::int64_t>& flat, const std::vector<std::int64_t>& sflat,
+                                       std::size_t first, std::size_t count, std::size_t dtypes) {
+  const auto bad = [](const std::string& why) {
+    return Error(ErrorCode::InvalidArgument, "malformed tensor index: " + why, "tensors_of_index");
+  };
+  const std::size_t storages = sflat.size() / 4;
+  if (sflat.size() % 4 != 0 || first + count > storages) throw bad("storage column");
+  std::vector<std::int64_t> users(storages, 0);
+  std::vector<std::size_t> alone(storages, SIZE_MAX);  // the tensor each storage holds, when it holds one
+  std::vector<IndexTensor> out;
+  for (std::size_t k = 0, i = 0; k < flat.size(); ++i) {
+    if (flat.size() - k < 5) throw bad("tensor " + std::to_string(i));
+    const std::int64_t s = flat[k], d = flat[k + 1], offset = flat[k + 3], nd = flat[k + 4];
+    if (s < -1 || s >= static_cast<std::int64_t>(storages) || d < 0 || d >= static_cast<std::int64_t>(dtypes) ||
+        offset < 0 || nd < 0 || nd > 64 || static_cast<std::size_t>(2 * nd) > flat.size() - k - 5) {
+      throw bad("tensor " + std::to_string(i));
+    }
+    if (s >= 0 && ++users[s] == 1 && offset == 0) alone[s] = out.size();
+    if (s >= 0 && static_cast<std::size_t>(s) >= first && static_cast<std::size_t>(s) < first + count) {
+      const auto* p = flat.data() + k + 5;
+      out.push_back({i, static_cast<std::size_t>(s) - first, static_cast<std::size_t>(d),
+                     std::vector<std::int64_t>(p, p + nd), std::vector<std::int64_t>(p + nd, p + 2 * nd)});
+    } else if (s >= 0) {
+      alone[s] = SIZE_MAX;
+    }
+    k += 5 + static_cast<std::size_t>(2 * nd);
+  }
+  std::vector<IndexTensor> fast;
+  for (std::size_t j = 0; j < out.size(); ++j) {
+    const std::size_t s = out[j].storage + first;
+    if (users[s] == 1 && alone[s] == j) fast.push_back(std::move(out[j]));
+  }
+  return fast;
 }
 
 nb::dict stats_dict(const PoolStats& s) {
@@ -351,6 +401,48 @@ void bind_pool(nb::module_& m) {
           "Like views_of with dlpack, but each capsule typed: layouts[i] is ((code, bits, lanes), typestr, shape,\n"
           "strides in elements, byte offset) of the tensor in block i. Raises InvalidArgument at the first stale or\n"
           "forged ref or a layout that does not fit its block (holds taken so far are given back).")
+      .def(
+          "tensors_of_index",
+          [](PyPool& p, nb::bytes raw, std::size_t first, const std::vector<std::int64_t>& flat,
+             const std::vector<std::int64_t>& sflat, const std::vector<std::optional<Dtype>>& dtypes, bool readonly,
+             bool hold) {
+            // tensors_of for a whole tensor index (gpuipc/_index.py) without a Python loop per tensor: the tensors
+            // alone on a storage of `raw` (the refs of storages first, first + 1, ...), at its start, as (position
+            // in the index, typed DLPack capsule over the storage's range of its block).
+            const std::size_t count = ref_count(raw, "tensors_of_index");
+            std::vector<IndexTensor> fast = index_tensors(flat, sflat, first, count, dtypes.size());
+            std::erase_if(fast, [&](const IndexTensor& t) { return !dtypes[t.dtype].has_value(); });
+            std::string refs;
+            refs.reserve(fast.size() * kBlockRefBytes);
+            const auto* data = static_cast<const char*>(raw.data());
+            for (const IndexTensor& t : fast) refs.append(data + t.storage * kBlockRefBytes, kBlockRefBytes);
+            const std::vector<ArrayView> views =
+                held_views(p.get(), reinterpret_cast<const std::byte*>(refs.data()), fast.size(), readonly, hold);
+            nb::list out;
+            for (std::size_t j = 0; j < fast.size(); ++j) {
+              const IndexTensor& t = fast[j];
+              const auto& [element, typestr] = *dtypes[t.dtype];
+              const auto nbytes = static_cast<std::uint64_t>(sflat[4 * (first + t.storage) + 1]);
+              const auto offset = static_cast<std::uint64_t>(sflat[4 * (first + t.storage) + 2]);
+              if (offset > views[j].nbytes || nbytes > views[j].nbytes - offset) {
+                throw Error(ErrorCode::InvalidArgument, "malformed tensor index: a storage outside its block",
+                            "tensors_of_index");
+              }
+              ArrayView v = strided_view(views[j], element, typestr, t.shape, t.strides, offset);
+              if (v.nbytes > nbytes) {
+                throw Error(ErrorCode::InvalidArgument, "malformed tensor index: a tensor outside its storage",
+                            "tensors_of_index");
+              }
+              out.append(nb::make_tuple(t.tensor, dlpack_export(v, nb::none(), std::nullopt, std::nullopt, std::nullopt)));
+            }
+            return out;
+          },
+          "raw"_a, "first"_a, "flat"_a, "sflat"_a, "dtypes"_a, "readonly"_a, "hold"_a,
+          "The tensors of a tensor index (gpuipc/_index.py) that lie alone at the start of a storage named in\n"
+          "``raw`` (the 40-byte refs of storages ``first``, ``first + 1``, ...): [(tensor position, DLPack capsule)].\n"
+          "flat, sflat: the index's tensor and storage columns; dtypes[i]: ((code, bits, lanes), typestr) of the\n"
+          "index's dtype i, or None (those tensors are left out). Raises InvalidArgument for a malformed index or a\n"
+          "stale ref (holds taken so far are given back).")
       .def(
           "spans_of",
           [](PyPool& p, nb::bytes raw, bool readonly, bool hold, bool dlpack) {

@@ -255,14 +255,25 @@ def torch_mempool_publisher(name: str, ready: str, done: str) -> None:
 
 
 def torch_mempool_reader(name: str) -> str:
-    """Opens the shared state dict and returns the forward digest of a model built on it."""
+    """Opens the shared state dict and returns the forward digest of a model built on it, how many tensors took
+    the slow path (build_torch: a storage slice and a set_), and how many are not alone at offset 0 on a storage of
+    exactly their bytes."""
     import gpuipc
+    from gpuipc import tensors as gt
 
     torch = torch_cuda()
-    tensors = gpuipc.open_tensors(name, device=0)
+    slow = []
+    real = gt.build_torch
+    gt.build_torch = lambda torch, records, *a: (slow.extend(t["name"] for t in records), real(torch, records, *a))[1]
+    try:
+        tensors = gpuipc.open_tensors(name, device=0)
+    finally:
+        gt.build_torch = real
+    odd = [k for k, t in tensors.items()
+           if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size()]
     model = _mempool_model(torch)
     model.load_state_dict(tensors, assign=True)  # assign: the parameters become the shared views, no copy
-    return _forward_digest(torch, model)
+    return f"{_forward_digest(torch, model)} {len(slow)} {len(odd)}"
 
 
 # Streaming and stream-ordered versions -------------------------------------------------------------------------------

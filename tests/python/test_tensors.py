@@ -187,6 +187,69 @@ def test_torch_tensor_in_an_adopted_block_larger_than_itself_is_one_typed_import
         blk.free()
 
 
+def test_torch_storages_sharing_one_adopted_block_stay_apart(name, monkeypatch):
+    """Several torch storages in one pool block (torch's caching allocator puts several tensors, each its own
+    storage, in one segment of a gpuipc.torch.MemPool) are shared by ref as storages of their own (each its range of
+    the block): a tensor alone on its storage opens as one typed import at storage offset 0 over exactly its
+    storage's bytes; views of one storage stay views of one storage."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    with gpuipc.Pool.create(name + "-user", chunk_bytes=1 << 20) as pool:
+        blk = pool.allocate(4096)
+        v = blk.view()
+
+        def part(offset, nbytes):  # a torch storage of its own over bytes [offset, offset + nbytes) of the block
+            return torch.from_dlpack(v.as_strided((1, 8, 1), "|u1", [nbytes], [1], offset)).view(torch.float32)
+
+        x, y, z = part(0, 1024).reshape(16, 16), part(1024, 512), part(2048, 2048).reshape(8, 64)
+        x[:], y[:], z[:] = 1.0, 2.0, torch.arange(512, dtype=torch.float32).reshape(8, 64)
+        state = {"x": x, "y": y, "z": z, "zt": z.t(), "zr": z[2:5]}
+        with gpuipc.share_tensors(name, state) as shared, _slow_path_names(monkeypatch) as slow:
+            assert shared.pool is None  # all by ref
+            got = gpuipc.open_tensors(name, readonly=False)
+        assert slow == {"z", "zt", "zr"}  # one storage for the three
+        for k, want in state.items():
+            t = got[k]
+            assert (tuple(t.shape), t.stride(), t.storage_offset()) == (tuple(want.shape), want.stride(), want.storage_offset()), k
+            assert t.untyped_storage().nbytes() == want.untyped_storage().nbytes(), k
+            assert torch.equal(t, want), k
+        ptrs = {k: got[k].untyped_storage().data_ptr() for k in state}
+        assert ptrs["z"] == ptrs["zt"] == ptrs["zr"] and len({ptrs["x"], ptrs["y"], ptrs["z"]}) == 3
+        assert ptrs["y"] == y.data_ptr()  # no copy: the owner's bytes
+        got["y"][3] = -5.0
+        assert y[3].item() == -5.0 and x.sum().item() == 256.0  # the write stays in y's bytes
+        del got, t
+        blk.free()
+
+
+def test_malformed_index_columns_are_refused(name):
+    """A reader never trusts an index: a format it does not read, and columns out of range, are InvalidArgument."""
+    from gpuipc import _index
+
+    buf = np.arange(32.0)
+    first = (-buf.ctypes.data % 64) // 8
+    a = buf[first : first + 10]  # 64-byte aligned: alone at the start of its packed storage
+    with gpuipc.share_tensors(name, {"a": a}) as shared:
+        with gpuipc.Segment.open(name) as seg:
+            mem = seg.as_array("uint8")
+            index = _index.decode(name, mem)
+            raw = _index.read_refs_raw(index, mem, 0)
+            pool = shared.pool._pool
+            dts = [((2, 64, 1), "<f8")]
+            assert [i for i, _ in pool.tensors_of_index(raw, 0, index.flat, index.storage_flat, dts, True, False)] == [0]
+            for flat in ([5, 0, 0, 0, 1, 10, 1], [0, 3, 0, 0, 1, 10, 1], [0, 0, 0, 0, 99, 10, 1], [0, 0, 0, 0, 1, 10],
+                         [0, 0, 0, 0, 1, 99, 1]):
+                with pytest.raises(gpuipc.InvalidArgument, match="tensor|does not fit"):
+                    pool.tensors_of_index(raw, 0, flat, index.storage_flat, dts, True, False)
+            with pytest.raises(gpuipc.InvalidArgument, match="outside its block"):
+                pool.tensors_of_index(raw, 0, index.flat, [0, 80, 1 << 40, 0], dts, True, False)
+            body = dict(index.body, tensors=[0, 0, 0, -1, 1, 10, 1])
+            with pytest.raises(gpuipc.InvalidArgument, match="malformed"):
+                _index.Index(body, 1, index.slot_offset, name).tensors
+            mem[8] = 1  # format 1
+            with pytest.raises(gpuipc.InvalidArgument, match="format 1; this gpuipc reads format 2"):
+                gpuipc.open_tensors(name)
+
+
 def test_torch_cpu_layout_shared_storage_and_holds(name, monkeypatch):
     """torch tensors (host memory): a tensor alone on its storage is one typed DLPack import (h, w, s), the others
     come from one import per chunk, a storage slice per storage and a set_ per tensor; dtype, shape, strides,

@@ -19,7 +19,7 @@ import torch
 import gpuipc
 from gpuipc import _index
 from gpuipc.segment import Segment
-from gpuipc.tensors import _FastPlan, _Opened
+from gpuipc.tensors import _Opened
 
 NAME = f"open_profile_sd.{os.getppid() if len(sys.argv) > 1 else os.getpid()}"
 N = 291
@@ -50,20 +50,10 @@ def stages():
     stamp = _index.read_stamp(index, mem, 0)
     f = clock()
     t["refs_read"] = f - e
-    plan = _FastPlan(index.tensors, index.storages)
     g = clock()
-    t["plan"] = g - f
-    pool = next(iter(opened.pools.values()))._pool
-    caps = pool.tensors_of(raw, True, True, plan.layout)
-    h = clock()
-    t["tensors_of"] = h - g
-    fd = torch._C._from_dlpack
-    made = [fd(x) for x in caps]
-    i = clock()
-    t["from_dlpack"] = i - h
-    out = {tt["name"]: m for tt, m in zip(index.tensors, made)}
+    out = opened.torch_tensors(torch, raw)
     j = clock()
-    t["dict"] = j - i
+    t["torch_tensors"] = j - g
     for x in out.values():
         x.data_ptr()
     torch.cuda.current_stream().synchronize()
@@ -71,7 +61,7 @@ def stages():
     t["touch"] = k - j
     assert _index.read_stamp(index, mem, 0) == stamp
     t["total"] = k - a
-    del out, made, caps
+    del out
     opened.close()
     seg.close()
     return t
@@ -94,18 +84,20 @@ def micro():
     index = _index.decode(NAME, mem)
     opened = _Opened(NAME, index, True, 0)
     raw = _index.read_refs_raw(index, mem, 0)
-    plan = _FastPlan(index.tensors, index.storages)
     pool = next(iter(opened.pools.values()))._pool
-    r = {}
+    dts = opened._dtype_layouts()
+    fast = pool.tensors_of_index(raw, 0, index.flat, index.storage_flat, dts, True, False)
+    r = {"fast_tensors": [len(fast)], "storages": [index.storage_count]}
+    del fast
     for _ in range(3):
         a = clock()
-        caps = pool.tensors_of(raw, True, True, plan.layout)
+        caps = pool.tensors_of_index(raw, 0, index.flat, index.storage_flat, dts, True, True)
         b = clock()
         del caps
         c = clock()
-        caps = pool.tensors_of(raw, True, False, plan.layout)
+        caps = pool.tensors_of_index(raw, 0, index.flat, index.storage_flat, dts, True, False)
         d = clock()
-        made = [torch._C._from_dlpack(x) for x in caps]
+        made = [torch._C._from_dlpack(x) for _, x in caps]
         e = clock()
         del made
         f = clock()
@@ -114,25 +106,27 @@ def micro():
         chunks = [torch._C._from_dlpack(x) for x in capsules]
         whole = [x.untyped_storage() for x in chunks]
         h = clock()
-        sl = [whole[span[s]][offset[s] : offset[s] + index.storages[s]["nbytes"]] for s in range(N)]
+        ns = len(index.storages)
+        sl = [whole[span[s]][offset[s] + index.storages[s]["offset"] : offset[s] + index.storages[s]["offset"] + index.storages[s]["nbytes"]] for s in range(ns)]
         i = clock()
-        ts = [torch.empty(0, dtype=torch.bfloat16, device="cuda:0").set_(sl[s], 0, index.tensors[s]["shape"], index.tensors[s]["strides"]) for s in range(N)]
+        ts = [torch.empty(0, dtype=torch.bfloat16, device="cuda:0").set_(sl[tt["storage"]], tt["offset"], tt["shape"], tt["strides"]) for tt in index.tensors]
         j = clock()
         byte = chunks[0].view(torch.bfloat16) if chunks[0].numel() % 2 == 0 else None
         k = clock()
+        on0 = [tt for tt in index.tensors if span[tt["storage"]] == 0]
         if byte is not None:
-            asd = [byte.as_strided(index.tensors[s]["shape"], index.tensors[s]["strides"], offset[s] // 2) for s in range(N) if span[s] == 0]
+            asd = [byte.as_strided(tt["shape"], tt["strides"], (offset[tt["storage"]] + index.storages[tt["storage"]]["offset"]) // 2 + tt["offset"]) for tt in on0]
         l_ = clock()
-        nas = sum(1 for s in range(N) if span[s] == 0)
+        nas = len(on0)
         del ts, sl, whole, chunks, capsules
         m = clock()
-        js = json.dumps({"t": index.tensors, "s": index.storages})
+        js = json.dumps(index.body)
         n = clock()
         json.loads(js)
         o = clock()
-        for key, v in (("tensors_of_hold", b - a), ("release_291", c - b), ("tensors_of_nohold", d - c),
-                       ("from_dlpack_291", e - d), ("spans_of", g - f), ("chunk_import", h - g),
-                       ("storage_slices_291", i - h), ("empty_set_291", j - i),
+        for key, v in (("tensors_of_index_hold", b - a), ("release", c - b), ("tensors_of_index_nohold", d - c),
+                       ("from_dlpack", e - d), ("spans_of", g - f), ("chunk_import", h - g),
+                       ("storage_slices", i - h), ("empty_set_all", j - i),
                        (f"as_strided_{nas}", l_ - k), ("release_spans", m - l_), ("json_loads", o - n),
                        ("json_bytes", len(js))):
             r.setdefault(key, []).append(v)
