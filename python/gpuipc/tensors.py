@@ -485,7 +485,7 @@ class _Opened:
         made: List[Any] = [None] * index.tensor_count
         count = 0
         for pool, lo, hi in self._run_bounds():
-            for i, capsule in pool.tensors_of_index(raw[lo * 40 : hi * 40], lo, index.flat, index.storage_flat,
+            for i, capsule in pool.tensors_of_index(raw[lo * 40 : hi * 40], lo, index.flat_bytes, index.storage_bytes,
                                                     self._dtype_layouts(), self.readonly, True):
                 made[i] = from_dlpack(capsule)
                 count += 1

@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <span>
 #include <tuple>
@@ -166,6 +167,17 @@ std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t
 
 std::vector<ArrayView> held_views(Pool& pool, const nb::bytes& raw, bool readonly, bool hold, const char* call) {
   return held_views(pool, static_cast<const std::byte*>(raw.data()), ref_count(raw, call), readonly, hold);
+}
+
+/// Little-endian int64 words of `b` (a column of a tensor index); InvalidArgument when its size is not whole words.
+std::vector<std::int64_t> int64_words(const nb::bytes& b) {
+  if (b.size() % 8 != 0) {
+    throw Error(ErrorCode::InvalidArgument, "malformed tensor index: a column of partial words", "tensors_of_index");
+  }
+  static_assert(std::endian::native == std::endian::little, "the index's columns are little-endian");
+  std::vector<std::int64_t> out(b.size() / 8);
+  if (!out.empty()) std::memcpy(out.data(), b.data(), b.size());
+  return out;
 }
 
 /// One tensor of a tensor index (gpuipc/_index.py) that is alone on its storage, at its start: it becomes one
@@ -403,13 +415,13 @@ void bind_pool(nb::module_& m) {
           "forged ref or a layout that does not fit its block (holds taken so far are given back).")
       .def(
           "tensors_of_index",
-          [](PyPool& p, nb::bytes raw, std::size_t first, const std::vector<std::int64_t>& flat,
-             const std::vector<std::int64_t>& sflat, const std::vector<std::optional<Dtype>>& dtypes, bool readonly,
-             bool hold) {
+          [](PyPool& p, nb::bytes raw, std::size_t first, nb::bytes flat_bytes, nb::bytes sflat_bytes,
+             const std::vector<std::optional<Dtype>>& dtypes, bool readonly, bool hold) {
             // tensors_of for a whole tensor index (gpuipc/_index.py) without a Python loop per tensor: the tensors
             // alone on a storage of `raw` (the refs of storages first, first + 1, ...), at its start, as (position
             // in the index, typed DLPack capsule over the storage's range of its block).
             const std::size_t count = ref_count(raw, "tensors_of_index");
+            const std::vector<std::int64_t> flat = int64_words(flat_bytes), sflat = int64_words(sflat_bytes);
             std::vector<IndexTensor> fast = index_tensors(flat, sflat, first, count, dtypes.size());
             std::erase_if(fast, [&](const IndexTensor& t) { return !dtypes[t.dtype].has_value(); });
             std::string refs;
@@ -440,7 +452,7 @@ void bind_pool(nb::module_& m) {
           "raw"_a, "first"_a, "flat"_a, "sflat"_a, "dtypes"_a, "readonly"_a, "hold"_a,
           "The tensors of a tensor index (gpuipc/_index.py) that lie alone at the start of a storage named in\n"
           "``raw`` (the 40-byte refs of storages ``first``, ``first + 1``, ...): [(tensor position, DLPack capsule)].\n"
-          "flat, sflat: the index's tensor and storage columns; dtypes[i]: ((code, bits, lanes), typestr) of the\n"
+          "flat, sflat: the index's tensor and storage columns (little-endian int64); dtypes[i]: ((code, bits, lanes), typestr) of the\n"
           "index's dtype i, or None (those tensors are left out). Raises InvalidArgument for a malformed index or a\n"
           "stale ref (holds taken so far are given back).")
       .def(

@@ -235,16 +235,24 @@ def test_malformed_index_columns_are_refused(name):
             raw = _index.read_refs_raw(index, mem, 0)
             pool = shared.pool._pool
             dts = [((2, 64, 1), "<f8")]
-            assert [i for i, _ in pool.tensors_of_index(raw, 0, index.flat, index.storage_flat, dts, True, False)] == [0]
+            words = lambda xs: np.asarray(xs, dtype="<i8").tobytes()  # noqa: E731
+            assert [i for i, _ in pool.tensors_of_index(raw, 0, index.flat_bytes, index.storage_bytes, dts, True, False)] == [0]
             for flat in ([5, 0, 0, 0, 1, 10, 1], [0, 3, 0, 0, 1, 10, 1], [0, 0, 0, 0, 99, 10, 1], [0, 0, 0, 0, 1, 10],
                          [0, 0, 0, 0, 1, 99, 1]):
                 with pytest.raises(gpuipc.InvalidArgument, match="tensor|does not fit"):
-                    pool.tensors_of_index(raw, 0, flat, index.storage_flat, dts, True, False)
+                    pool.tensors_of_index(raw, 0, words(flat), index.storage_bytes, dts, True, False)
             with pytest.raises(gpuipc.InvalidArgument, match="outside its block"):
-                pool.tensors_of_index(raw, 0, index.flat, [0, 80, 1 << 40, 0], dts, True, False)
-            body = dict(index.body, tensors=[0, 0, 0, -1, 1, 10, 1])
+                pool.tensors_of_index(raw, 0, index.flat_bytes, words([0, 80, 1 << 40, 0]), dts, True, False)
+            with pytest.raises(gpuipc.InvalidArgument, match="partial words"):
+                pool.tensors_of_index(raw, 0, index.flat_bytes[:-1], index.storage_bytes, dts, True, False)
+            bad = _index.Index(index.body, words([0, 0, 0, -1, 1, 10, 1]), index.storage_bytes, 1, index.slot_offset, name)
             with pytest.raises(gpuipc.InvalidArgument, match="malformed"):
-                _index.Index(body, 1, index.slot_offset, name).tensors
+                bad.tensors
+            json_bytes = int(mem[12])
+            mem[12] = 255  # the JSON's size (low byte) now runs into the columns
+            with pytest.raises(gpuipc.InvalidArgument, match="malformed"):
+                gpuipc.open_tensors(name)
+            mem[12] = json_bytes
             mem[8] = 1  # format 1
             with pytest.raises(gpuipc.InvalidArgument, match="format 1; this gpuipc reads format 2"):
                 gpuipc.open_tensors(name)

@@ -86,16 +86,16 @@ def micro():
     raw = _index.read_refs_raw(index, mem, 0)
     pool = next(iter(opened.pools.values()))._pool
     dts = opened._dtype_layouts()
-    fast = pool.tensors_of_index(raw, 0, index.flat, index.storage_flat, dts, True, False)
+    fast = pool.tensors_of_index(raw, 0, index.flat_bytes, index.storage_bytes, dts, True, False)
     r = {"fast_tensors": [len(fast)], "storages": [index.storage_count]}
     del fast
     for _ in range(3):
         a = clock()
-        caps = pool.tensors_of_index(raw, 0, index.flat, index.storage_flat, dts, True, True)
+        caps = pool.tensors_of_index(raw, 0, index.flat_bytes, index.storage_bytes, dts, True, True)
         b = clock()
         del caps
         c = clock()
-        caps = pool.tensors_of_index(raw, 0, index.flat, index.storage_flat, dts, True, False)
+        caps = pool.tensors_of_index(raw, 0, index.flat_bytes, index.storage_bytes, dts, True, False)
         d = clock()
         made = [torch._C._from_dlpack(x) for _, x in caps]
         e = clock()
@@ -147,6 +147,60 @@ def consumer(runs):
                       "open_tensors_warm_us": whole_fresh_proc_second, "micro": micro()}), flush=True)
 
 
+def parts():
+    """The first calls of a fresh process one by one: the broker connection (a stat), a second round trip, the
+    index's open (a host segment), the pool's control segment opened unregistered (Pool.stat) and registered
+    (Segment.open: host_pinned memory is registered with CUDA), Pool.open (the join, over the cached mapping), the
+    first tensors_of_index (maps the chunks) and a second one. Microseconds."""
+    torch.cuda.set_device(0)
+    x = torch.zeros(64, device="cuda:0")
+    torch._C._from_dlpack(x.__dlpack__())
+    torch.cuda.synchronize()
+    pool_name = NAME + ".weights"
+    t = {}
+    a = clock()
+    Segment.stat(NAME)
+    b = clock()
+    t["first_stat_connect"] = b - a
+    Segment.stat(NAME)
+    c = clock()
+    t["second_stat"] = c - b
+    seg = Segment.open(NAME, readonly=True)
+    d = clock()
+    t["index_open"] = d - c
+    gpuipc.Pool.stat(pool_name)
+    e = clock()
+    t["pool_stat_unregistered"] = e - d
+    ctrl = Segment.open(pool_name)
+    f = clock()
+    t["pool_control_open_registered"] = f - e
+    pool = gpuipc.Pool.open(pool_name, readonly=True, device=0)
+    g = clock()
+    t["pool_open_after"] = g - f
+    mem = seg.as_array("uint8")
+    index = _index.decode(NAME, mem)
+    raw = _index.read_refs_raw(index, mem, 0)
+    dts = [_dl(d) for d in index.dtypes]
+    h = clock()
+    caps = pool._pool.tensors_of_index(raw, 0, index.flat_bytes, index.storage_bytes, dts, True, True)
+    i = clock()
+    t["tensors_of_index_first_maps_chunks"] = i - h
+    caps2 = pool._pool.tensors_of_index(raw, 0, index.flat_bytes, index.storage_bytes, dts, True, True)
+    j = clock()
+    t["tensors_of_index_second"] = j - i
+    del caps, caps2
+    pool.close()
+    ctrl.close()
+    seg.close()
+    print(json.dumps({"parts": t}), flush=True)
+
+
+def _dl(name):
+    from gpuipc._dtypes import dlpack_of_name
+
+    return dlpack_of_name(name)
+
+
 def fresh_whole():
     torch.cuda.set_device(0)
     x = torch.zeros(64, device="cuda:0")
@@ -157,7 +211,7 @@ def fresh_whole():
 
 def main():
     if len(sys.argv) > 1:
-        return consumer(5) if sys.argv[1] == "consumer" else fresh_whole()
+        return {"consumer": lambda: consumer(5), "parts": parts}.get(sys.argv[1], fresh_whole)()
     import gpuipc.torch as gt
 
     pool = gt.MemPool(NAME + ".weights", device=0)
@@ -168,7 +222,7 @@ def main():
     print("dict bytes", sum(t.numel() * 2 for t in sd.values()), flush=True)
     pub = gpuipc.publish_tensors(NAME, sd, versions=1)
     try:
-        for mode in ("whole", "whole", "whole", "consumer", "consumer"):
+        for mode in ("whole", "whole", "whole", "parts", "parts", "consumer", "consumer"):
             subprocess.run([sys.executable, __file__, mode], check=True)
     finally:
         pub.close()
