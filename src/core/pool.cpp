@@ -73,8 +73,10 @@ std::shared_ptr<Pool::Impl> attach(Segment control, const std::string& name, Acc
   impl->mapped_epoch = std::make_unique<std::atomic<std::uint64_t>[]>(impl->block.geometry().max_chunks);
   for (std::uint32_t c = 0; c < impl->block.geometry().max_chunks; ++c) impl->mapped_epoch[c] = pool_detail::kUnmapped;
   if (impl->stream_ordered()) {
+    // A creator's control block is registered; an opener's is registered at its first stream-ordered free, with
+    // the GPU it would have been registered with here (OpenOptions::device, else 0).
     impl->control_device = control.device_pointer();
-    impl->ctx = cuda::PrimaryContext(control.device());
+    impl->ctx = cuda::PrimaryContext(control.device() >= 0 ? control.device() : (device < 0 ? 0 : device));
   }
   impl->scratch.reserve(impl->block.geometry().max_records);
   impl->control = std::move(control);
@@ -194,7 +196,10 @@ Pool Pool::open(std::string_view name, const OpenOptions& options) {
   GPUIPC_TRACE("gpuipc::Pool::open");
   check_pool_name(name);
   // Members update the control block (holds), whatever access they map the chunks with.
-  Segment control = Segment::open(name, {.access = Access::ReadWrite, .wait = options.wait, .device = options.device});
+  // Unregistered: pinning the control block costs about 1 ms (4 MiB for 65536 blocks) that a member pays only when
+  // it first frees with a stream (Impl::control_gpu).
+  Segment control = detail::open_segment(
+      name, {.access = Access::ReadWrite, .wait = options.wait, .device = options.device}, false);
   for (int i = 0; i < 1000 && atomic(static_cast<shm::PoolHeader*>(control.data())->magic).load() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));  // the creator is filling it in
   }
@@ -317,12 +322,20 @@ void Pool::free(Block&& block, StreamHandle stream) {
   CUresult rc = CUDA_SUCCESS;
   if (im.stream_ordered()) {
     // The memory is reused once the stream has written the block's generation to its `released` word.
-    const std::uint64_t word = im.control_device + shm::pool_control_bytes(0) +
+    std::uint64_t base = 0;
+    try {
+      base = im.control_gpu();
+    } catch (const Error&) {  // cannot register the control block: rc below says so
+      rc = CUDA_ERROR_NOT_MAPPED;
+    }
+    const std::uint64_t word = base + shm::pool_control_bytes(0) +
                                static_cast<std::uint64_t>(ref.index) * sizeof(shm::BlockRecord) +
                                offsetof(shm::BlockRecord, released);
-    rc = cuda::ensure_current(im.ctx.get()) ? cuda::stream_write_value64(static_cast<CUstream>(stream), word,
-                                                                          ref.generation)
-                                            : CUDA_ERROR_INVALID_CONTEXT;
+    if (base != 0) {
+      rc = cuda::ensure_current(im.ctx.get()) ? cuda::stream_write_value64(static_cast<CUstream>(stream), word,
+                                                                            ref.generation)
+                                              : CUDA_ERROR_INVALID_CONTEXT;
+    }
     pending = rc == CUDA_SUCCESS;
   }
   const shm::PoolStatus st = im.drop_local(loc, true, pending);

@@ -61,8 +61,10 @@ struct Pool::Impl {
   SegmentKind kind = SegmentKind::Host;
   Access access = Access::ReadWrite;
   int open_device = -1;              // OpenOptions::device for chunks
-  std::uint64_t control_device = 0;  // GPU address of the control block (device, host_pinned)
-  cuda::PrimaryContext ctx;          // stream writes of `released` on threads without a current context
+  // GPU address of the control block (device, host_pinned); 0 until the first stream-ordered free of a member that
+  // opened the pool (control_gpu registers it then: readers that never free with a stream never pin it).
+  std::atomic<std::uint64_t> control_device{0};
+  cuda::PrimaryContext ctx;  // stream writes of `released` on threads without a current context
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;  // the broker's token in our member entry
 
@@ -124,6 +126,16 @@ struct Pool::Impl {
 
   const shm::PoolGeometry& geo() const noexcept { return block.geometry(); }
   bool stream_ordered() const noexcept { return kind != SegmentKind::Host; }
+
+  /// The control block's GPU address, registering it with the pool's GPU the first time (stream_ordered pools).
+  std::uint64_t control_gpu() {
+    std::uint64_t v = control_device.load(std::memory_order_acquire);
+    if (v == 0) {
+      v = detail::register_pinned_later(control, ctx.ordinal());
+      control_device.store(v, std::memory_order_release);
+    }
+    return v;
+  }
 
   // Membership: the broker claims the entry (src/core/membership.hpp) and removes it when this process goes.
   void join() {

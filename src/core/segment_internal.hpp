@@ -71,6 +71,11 @@ Segment create_segment(std::string_view name, std::size_t bytes, const CreateOpt
 Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
                      std::uint64_t place_at = 0);
 
+/// Registers a host_pinned mapping that open_segment left unregistered with GPU `ordinal` (once, thread-safe) and
+/// returns its device pointer; a registered one's pointer at once. Registering pins every page (about 1 ms for the
+/// 4 MiB control block of a 65536-block pool), so pool members do it only when a stream first writes to it.
+std::uint64_t register_pinned_later(const Segment& segment, int ordinal);
+
 /// The checked name, or throws Error(InvalidArgument) saying which names are allowed.
 std::string check_name_or_throw(std::string_view name);
 
