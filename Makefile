@@ -6,7 +6,7 @@ GPUIPC := build/bin/gpuipc
 
 SOAK_SECONDS ?= 600
 
-.PHONY: all deps build demo test gpu-test soak bench study asan tsan fuzz fuzz-build fuzz-short format tidy clean
+.PHONY: all deps build demo test wheel gpu-test soak bench study asan tsan fuzz fuzz-build fuzz-short format tidy clean
 
 all: build
 
@@ -25,12 +25,15 @@ demo: build
 test: build
 	ctest --preset default
 	$(MAKE) --no-print-directory fuzz-short
-	@# The Python module (python/): a virtual environment kept between runs, the wheel rebuilt incrementally in
-	@# build-py/ (pyproject.toml), then pytest. nanobind is pinned: tests/python/test_stubs.py compares its stubs.
-	test -f .venv/.gpuipc-test-deps || (python3 -m venv .venv && \
-	  .venv/bin/pip install -q nanobind==3.1.0 'scikit-build-core>=0.10' pytest numpy && touch .venv/.gpuipc-test-deps)
-	.venv/bin/pip install -q --no-build-isolation ./
-	.venv/bin/pytest -p no:cacheprovider tests/python -q
+	@# The Python module (python/): the sdist and the manylinux wheel built from it (incrementally, in build-py/sdist/),
+	@# installed into a fresh virtual environment where tests/python runs, with python -m gpuipc's checks.
+	scripts/build_wheel.sh build-py/ci
+	tests/package/check_wheel.sh build-py/ci
+
+## The Python distributions in build-py/wheelhouse: the manylinux wheel and the sdist (docs/install.md#python).
+## PYTHON=python3.12 (or later) for the cp312-abi3 wheel that the GPU machine's Python takes.
+wheel: deps
+	scripts/build_wheel.sh
 
 ## The gpu-labelled tests, for a machine with a GPU.
 gpu-test: build

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after scripts/gpu_bundle.sh here: every GPU check and benchmark of a release, in one go.
-# Needs .gpu (the bundle) and build-py/wheelhouse (the cp312 wheel) carried. Results: $OUT/results.tar.gz with
-# quick/ (gpuipc bench all --quick), full/ (segments, channels, python, pools at full length) and logs/.
+# Needs .gpu (the bundle) and build-py/wheelhouse (the cp312 wheel of `PYTHON=python3.12 make wheel`; WHEEL=path for
+# another) carried. Results: $OUT/results.tar.gz with quick/ (gpuipc bench all --quick), full/ (segments, channels,
+# python, pools at full length) and logs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpuipc-out}
@@ -10,8 +11,8 @@ mkdir -p "$work/quick" "$work/full" "$work/logs"
 python=${PYTHON:-/opt/torch/.venv/bin/python3}
 # The Python module, for the python suite and the Python GPU tests.
 site=$(mktemp -d)
-"$python" -m pip install -q --no-index --no-deps --target "$site" build-py/wheelhouse/gpuipc-*.whl
-(OUT="$work/logs" PYTHON="$python" timeout 300 bash python/run_gpu_tests.sh -q -rs > /dev/null 2>&1)
+"$python" -m pip install -q --no-index --no-deps --target "$site" "${WHEEL:-$(ls build-py/wheelhouse/gpuipc-*.whl)}"
+(OUT="$work/logs" PYTHON="$python" WHEEL="${WHEEL:-}" timeout 300 bash python/run_gpu_tests.sh -q -rs > /dev/null 2>&1)
 echo "python GPU tests: $(tail -n 1 "$work/logs/pytest-python.log")"
 scripts/gpu_check.sh doctor tests demo | tail -n 4
 start=$(date +%s)
