@@ -179,7 +179,7 @@ VaSlot::~VaSlot() = default;
 std::uint64_t VaSlot::address() const noexcept { return m_range ? m_range->range.ptr() : 0; }
 std::size_t VaSlot::size() const noexcept { return m_range ? m_range->size : 0; }
 
-CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t at) {
+CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t at, int also_for) {
   const auto info = cuda::query_device(ordinal, false);
   if (!info.vmm || !info.posix_fd_handles) {
     throw Error(ErrorCode::Unsupported,
@@ -195,7 +195,8 @@ CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t
   out.uuid = info.uuid;
   auto handle = cuda::create_exportable(ordinal, out.size);
   out.exported = cuda::export_fd(handle);
-  const int access[] = {ordinal};
+  const int both[] = {ordinal, also_for};
+  const std::span<const int> access(both, also_for >= 0 && also_for != ordinal ? 2 : 1);
   out.memory = make_device_memory(ordinal, std::move(handle), out.size, access, false, at);
   return out;
 }

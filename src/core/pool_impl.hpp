@@ -242,6 +242,17 @@ struct Pool::Impl {
                 "allocate");
   }
 
+  /// Device pools: the GPU of this process that maps chunks (as opening one would choose: open_device, else the
+  /// current context's, else the chunks' GPU); a chunk this member creates is mapped for it as well as for the
+  /// GPU it lives on. -1 for host kinds and pools made before the UUID was kept.
+  int chunk_mapper() const {
+    const auto& uuid = geo().device_uuid;
+    if (kind != SegmentKind::Device || std::all_of(uuid.begin(), uuid.end(), [](auto b) { return b == 0; })) {
+      return -1;
+    }
+    return core::mapping_ordinal(uuid, open_device);
+  }
+
   /// Creates (exports) chunk `c`, reserved for this member by the allocator (or backing it again on resume). A
   /// chunk segment left behind by a creator that died after creating it is adopted. Under chunks_mutex.
   std::byte* create_chunk_locked(std::uint32_t c, std::uint64_t epoch) {
@@ -250,7 +261,7 @@ struct Pool::Impl {
     Segment seg;
     try {
       seg = detail::create_segment(n, geo().chunk_bytes, {.kind = kind, .device = chunk_device(), .mode = control_mode()},
-                                   0, {}, at);
+                                   0, {}, at, chunk_mapper());
     } catch (const Error& e) {
       if (e.code() != ErrorCode::AlreadyExists) throw;
       seg = detail::open_segment(n, {.access = Access::ReadWrite, .wait = {}, .device = open_device}, true, at);
