@@ -2,6 +2,7 @@
 # On the GPU machine: unpack the bundle made by scripts/gpu_bundle.sh and run GPU checks, logs under $OUT
 # (at most 8 files come back: env.log, doctor.json, gpu-tests.log, demo.log, bench.log, <suite>-*.json).
 #   scripts/gpu_check.sh [doctor] [tests [REGEX]] [demo] [bench SUITE...]
+# On two GPUs: scripts/gpu_check.sh doctor tests MultiGpu bench multigpu (docs/multigpu.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpuipc-out}
@@ -13,7 +14,8 @@ fi
 src=$(cat build/SOURCE_DIR)
 if [ "$src" != "$(pwd)" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$(pwd)" "$src"; fi
 export GPUIPC_DAEMON=$(pwd)/build/bin/gpuipcd
-{ nvidia-smi; nvidia-smi -q | grep -i -E "compute mode|mig mode" ; uname -a; } > "$OUT/env.log" 2>&1
+# The GPU-to-GPU links too (NVLink, PCIe): the multigpu tests and suite depend on them; gpuipc doctor reports them.
+{ nvidia-smi; nvidia-smi -q | grep -i -E "compute mode|mig mode" ; nvidia-smi topo -m; uname -a; } > "$OUT/env.log" 2>&1
 rc=0
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -137,6 +137,12 @@ nlohmann::json values_json(const std::vector<double>& v) {
   return a;
 }
 
+std::vector<double> gbs_of(const std::vector<double>& ms, double bytes) {
+  std::vector<double> v;
+  for (double t : ms) v.push_back(t > 0 ? bytes / (t * 1e-3) / 1e9 : 0.0);
+  return v;
+}
+
 std::vector<double> values_of(const nlohmann::json& j, const char* key) {
   std::vector<double> v;
   for (const auto& x : j.at(key)) v.push_back(x.get<double>());

@@ -45,6 +45,7 @@ struct Suite {
   std::string description;
   bool needs_gpu = true;
   std::function<Result(const Options&, const DeviceMeta&)> run;
+  int min_gpus = 1;  ///< with fewer GPUs (DeviceMeta::devices) it is skipped, saying why
 };
 
 /// Registers a suite (call from a static initializer in the suite's file via GPUIPC_BENCH_SUITE).
@@ -67,6 +68,8 @@ double us_since(std::int64_t t0_ns) noexcept;
 
 /// `v` as a JSON array, each value rounded to 1e-3 (the nanosecond, for microseconds): short messages and files.
 nlohmann::json values_json(const std::vector<double>& v);
+/// GB/s (1e9 bytes per second) of moving `bytes` in each of `ms` milliseconds (0 for a non-positive time).
+std::vector<double> gbs_of(const std::vector<double>& ms, double bytes);
 /// The numbers of array `j[key]`.
 std::vector<double> values_of(const nlohmann::json& j, const char* key);
 /// One `samples` entry: {"name", "unit", summary of `v`, `extra`'s keys, and (keep_values) "values"}.

@@ -91,16 +91,16 @@ class CallTimes {
 }  // namespace
 
 json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed,
-                    std::optional<std::chrono::nanoseconds> pacing) {
+                    std::optional<std::chrono::nanoseconds> pacing, FrameGpus gpus) {
   const SyncPage page;
   Sync* sync = page.get();
   const std::string name = unique("stream");
   const auto results = run_workers(
       {[&]() -> json {
-         Gpu g;
+         Gpu g(gpus.producer);
          FrameKernels k(timed ? frames : 0);
          auto ch = Channel::create(name, {.slots = slots, .slot_bytes = kFrameBytes, .header_bytes = 0,
-                                          .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+                                          .kind = SegmentKind::Device, .device = gpus.producer, .mode = 0600},
                                    ChannelRole::Producer);
          if (pacing) ch.set_pacing(*pacing);
          sync->a_ready = 1;
@@ -121,10 +121,10 @@ json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed,
          return json{{"stamps", k.stamps()}, {"host", t.summary({"acquire_us", "launch_us", "publish_us"})}};
        },
        [&]() -> json {
-         Gpu g;
+         Gpu g(gpus.consumer);
          FrameKernels k(timed ? frames : 0);
          await([&] { return sync->a_ready.load() == 1; }, "the channel");
-         auto ch = Channel::open(name, ChannelRole::Consumer);
+         auto ch = Channel::open(name, ChannelRole::Consumer, {.wait = {}, .device = gpus.consumer});
          if (pacing) ch.set_pacing(*pacing);
          sync->b_ready = 1;
          CallTimes t;

@@ -54,11 +54,19 @@ class FrameKernels {
   int m_frames = 0;
 };
 
+/// Which GPU each side of a two-process stream runs on (ordinals of the worker processes, which see every GPU).
+/// The channel's slots live on the producer's GPU; the consumer maps them from its own (a peer mapping when they
+/// differ).
+struct FrameGpus {
+  int producer = 0;
+  int consumer = 0;
+};
+
 /// A producer kernel writes and a consumer kernel reads `frames` 8 MiB frames in two processes through a device
-/// channel of `slots` slots. {"fps": the consumer's frames per second from the common start}; timed, also
+/// channel of `slots` slots, the two on `gpus`. {"fps": the consumer's frames per second from the common start}; timed, also
 /// {"timeline": timeline_stats(...)}. `pacing`: Channel::set_pacing on both sides, else the default.
 nlohmann::json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed = false,
-                              std::optional<std::chrono::nanoseconds> pacing = std::nullopt);
+                              std::optional<std::chrono::nanoseconds> pacing = std::nullopt, FrameGpus gpus = {});
 
 /// How the one-process version orders its two streams.
 enum class LocalOrder : std::uint8_t {

@@ -305,12 +305,6 @@ class Importer {
   Segment m_kept;  // the warm-up segment, open for the whole run
 };
 
-std::vector<double> gbs_of(const std::vector<double>& ms, double bytes) {
-  std::vector<double> v;
-  for (double t : ms) v.push_back(t > 0 ? bytes / (t * 1e-3) / 1e9 : 0.0);
-  return v;
-}
-
 Result run_segments(const Options& options, const DeviceMeta& meta) {
   const int opens = options.quick ? 10 : 50;
   const std::size_t cached = options.quick ? 20'000 : 100'000;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpuipc/stream.hpp"
@@ -73,6 +74,46 @@ DeviceInfo device_info(int ordinal, bool include_free_memory = true);
 
 /// matrix[i][j]: device i can map memory of device j (cuDeviceCanAccessPeer; true on the diagonal).
 std::vector<std::vector<bool>> peer_access_matrix();
+
+/// The ordinal, in this process, of the GPU with UUID `uuid` ("GPU-…" as DeviceInfo::uuid_string and
+/// SegmentInfo::device_uuid give it; the prefix and case are optional), or -1 when this process does not see it
+/// (CUDA_VISIBLE_DEVICES). Ordinals differ between processes that see the GPUs in other orders; UUIDs do not.
+/// Creates no context. Throws Error(InvalidArgument) for a malformed UUID, Error(NoDriver).
+int device_ordinal(std::string_view uuid);
+
+/// How GPU `from` reaches the memory of GPU `to` (`gpuipc doctor`'s topology).
+struct PeerLink {
+  int from = -1;  ///< ordinals in this process
+  int to = -1;
+  /// cuDeviceCanAccessPeer(from, to): the driver allows `from` to map `to`'s memory. Device segments, channels
+  /// and pools of `to` opened from `from` need it (else Segment::open throws Unsupported).
+  bool peer_access = false;
+  /// Whether a mapping was tried (peer_links(true)): memory made on `to`, mapped for `from` as Segment::open maps
+  /// it (cuMemSetAccess). `mapping_works` is its outcome and `mapping_error` the driver's reason when it failed.
+  bool mapping_tried = false;
+  bool mapping_works = false;
+  std::string mapping_error;
+  int performance_rank = -1;     ///< CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK (lower is faster); -1 unknown
+  bool native_atomics = false;   ///< CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
+  bool array_access = false;     ///< CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED
+  /// "nvlink", "pcie" or "unknown". From NVML where it loads (link_source "nvml"); else inferred from the driver:
+  /// native peer atomics go over NVLink and not over PCIe (link_source "cuda"); "none" when nothing said.
+  std::string link = "unknown";
+  std::string link_source = "none";
+  int nvlinks = -1;       ///< active NVLinks from `from` whose far end is `to` (NVML); -1 unknown
+  std::string pcie_path;  ///< NVML's common PCIe ancestor: board, switch, switches, host_bridge, numa_node, system
+};
+
+/// Every ordered pair of distinct GPUs this process sees, from the driver (cuDeviceCanAccessPeer,
+/// cuDeviceGetP2PAttribute) and NVML (loaded at run time, not linked; absent is fine: `nvml_error` says why).
+/// With `try_mapping`, each pair with peer access is also tried for real (a 2 MiB allocation on `to` mapped for
+/// `from`; creates both primary contexts). Throws Error(NoDriver).
+struct Topology {
+  std::vector<PeerLink> links;
+  bool nvml = false;       ///< NVML loaded and answered
+  std::string nvml_error;  ///< why not
+};
+Topology topology(bool try_mapping = false);
 
 /// The ordinal of the device that GPU address `address` was allocated on or registered with, -1 for an address the
 /// driver does not know. Throws Error(NoDriver), Error(Cuda) when the query fails.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os as _os
 
 from . import _gpuipc
+from ._devices import device_ordinal
 from .channel import Channel, ChannelStats, Message, Slot
 from . import errors as _errors
 from .errors import (
@@ -96,6 +97,7 @@ __all__ = [
     "StreamReader",
     "StreamItem",
     "daemon_path",
+    "device_ordinal",
     *_errors.__all__,
 ]
 

@@ -555,5 +555,10 @@ def version() -> str:
 def protocol_version() -> int:
     """The broker wire protocol version this module speaks."""
 
+def device_ordinal(uuid: str) -> int:
+    """
+    The ordinal, in this process, of the GPU with this UUID ("GPU-..."), or -1 when this process does not see it (CUDA_VISIBLE_DEVICES). Raises InvalidArgument (malformed UUID), NoDriver.
+    """
+
 def _daemon_path() -> str:
     """The gpuipcd the library would start (empty when none is found)."""

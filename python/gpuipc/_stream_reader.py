@@ -25,6 +25,7 @@ from .errors import (
     QuotaExceeded,
     Timeout,
 )
+from ._devices import device_ordinal, resolve as _device
 from .pool import Pool
 from .segment import Segment
 from .semaphore import Semaphore
@@ -71,6 +72,16 @@ class StreamItem(tuple):
         return self
 
 
+def _staging_device(name: str, head: Any) -> int:
+    """This process's ordinal of the GPU the staging pool lives on (device staging), else 0. The header's
+    ``device`` is the publisher's ordinal, which names another GPU here when CUDA_VISIBLE_DEVICES differs: the
+    pool's first chunk names it by UUID. A GPU this process does not see: its first GPU maps the pool (peer)."""
+    if not head.device_staging:
+        return 0
+    ordinal = device_ordinal(Segment.stat(name + ".pool.chunk.0").device_uuid)
+    return ordinal if ordinal >= 0 else 0
+
+
 class StreamReader:
     """A reader of stream ``name`` (:func:`stream_reader`): :meth:`receive` or :meth:`receive_iter` per version.
     A context manager (``with`` closes)."""
@@ -104,7 +115,7 @@ class StreamReader:
                 time.sleep(0.001)
             self._mem = mem
             self._head = h = _read_header(name, mem)
-            self._device = device if device is not None else h.device
+            self._device = _device(device) if device is not None else _staging_device(name, h)
             try:
                 self._pool = Pool.open(name + ".pool", readonly=True, device=self._device if h.device_staging else None)
             except NotFound:

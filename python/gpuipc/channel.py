@@ -29,6 +29,7 @@ from typing import Any, Iterator, Optional, Tuple
 import numpy as np
 
 from . import _gpuipc
+from ._devices import Device, resolve as _device
 from ._array_header import (
     ABORTED_HEADER,
     ARRAY_HEADER_MAGIC,
@@ -87,7 +88,7 @@ class Channel:
         slot_bytes: int = 1 << 20,
         header_bytes: int = 256,
         kind: str = "device",
-        device: int = 0,
+        device: Device = 0,
         mode: int = 0o600,
         role: str = "producer",
         pacing: Optional[float] = None,
@@ -108,7 +109,7 @@ class Channel:
                 slot_bytes=slot_bytes,
                 header_bytes=header_bytes,
                 kind=kind,
-                device=device,
+                device=_device(device),
                 mode=mode,
                 role=role,
                 pacing=pacing,
@@ -123,7 +124,7 @@ class Channel:
         role: str,
         *,
         wait: Optional[float] = None,
-        device: Optional[int] = None,
+        device: Optional[Device] = None,
         pacing: Optional[float] = None,
         pacing_ahead: Optional[int] = None,
     ) -> "Channel":
@@ -136,7 +137,7 @@ class Channel:
         """
         return cls(
             _gpuipc.Channel.open(
-                name, role=role, wait=wait, device=device, pacing=pacing, pacing_ahead=pacing_ahead
+                name, role=role, wait=wait, device=_device(device), pacing=pacing, pacing_ahead=pacing_ahead
             )
         )
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _gpuipc
+from ._devices import Device, resolve as _device
 from ._arrays import Array, Shape, make_array
 from ._streams import stream_handle
 from .errors import InvalidArgument
@@ -266,7 +267,7 @@ class Pool:
         name: str,
         *,
         kind: str = "host",
-        device: int = 0,
+        device: Device = 0,
         mode: int = 0o600,
         chunk_bytes: int = 64 << 20,
         max_bytes: int = 1 << 30,
@@ -285,7 +286,7 @@ class Pool:
             _gpuipc.Pool.create(
                 name,
                 kind=kind,
-                device=device,
+                device=_device(device),
                 mode=mode,
                 chunk_bytes=chunk_bytes,
                 max_bytes=max_bytes,
@@ -297,12 +298,12 @@ class Pool:
 
     @classmethod
     def open(
-        cls, name: str, *, readonly: bool = False, wait: Optional[float] = None, device: Optional[int] = None
+        cls, name: str, *, readonly: bool = False, wait: Optional[float] = None, device: Optional[Device] = None
     ) -> "Pool":
         """Opens and joins pool ``name``. readonly: map its chunks read-only (joining still needs read and write
         permission: holds are written to the pool). wait: seconds to wait for it to be created. Raises NotFound,
         Timeout, PermissionDenied, InvalidArgument (not a pool), QuotaExceeded (64 members)."""
-        return cls(_gpuipc.Pool.open(name, readonly=readonly, wait=wait, device=device), readonly)
+        return cls(_gpuipc.Pool.open(name, readonly=readonly, wait=wait, device=_device(device)), readonly)
 
     @staticmethod
     def unlink(name: str) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 from . import _gpuipc
+from ._devices import Device, resolve as _device
 from ._arrays import Array, Shape, make_array
 from .errors import InvalidArgument
 
@@ -48,7 +49,7 @@ class Segment:
 
     # Construction ------------------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, size: int, *, kind: str = "host", device: int = 0, mode: int = 0o600) -> "Segment":
+    def create(cls, name: str, size: int, *, kind: str = "host", device: Device = 0, mode: int = 0o600) -> "Segment":
         """Creates segment ``name`` of at least ``size`` bytes and maps it read-write.
 
         kind: "host" (pageable memory; no GPU needed), "device" (GPU memory of ``device``) or "host_pinned"
@@ -56,11 +57,11 @@ class Segment:
         group may open it read-only). Raises AlreadyExists, QuotaExceeded, InvalidArgument, NoDriver, NoDevice,
         Unsupported, CudaError.
         """
-        return cls(_gpuipc.Segment.create(name, size, kind=kind, device=device, mode=mode))
+        return cls(_gpuipc.Segment.create(name, size, kind=kind, device=_device(device), mode=mode))
 
     @classmethod
     def open(
-        cls, name: str, *, readonly: bool = False, wait: Optional[float] = None, device: Optional[int] = None
+        cls, name: str, *, readonly: bool = False, wait: Optional[float] = None, device: Optional[Device] = None
     ) -> "Segment":
         """Opens segment ``name``.
 
@@ -69,7 +70,7 @@ class Segment:
         device: device segments: the GPU whose context maps it (None: the current context's device, else the
         one the memory lives on). Raises NotFound, Timeout, PermissionDenied, Unsupported, NoDriver, CudaError.
         """
-        return cls(_gpuipc.Segment.open(name, readonly=readonly, wait=wait, device=device))
+        return cls(_gpuipc.Segment.open(name, readonly=readonly, wait=wait, device=_device(device)))
 
     @staticmethod
     def unlink(name: str) -> None:

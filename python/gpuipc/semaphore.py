@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _gpuipc
+from ._devices import Device, resolve as _device
 from ._streams import stream_handle
 
 __all__ = ["Semaphore", "MAX_VALUE"]
@@ -30,25 +31,25 @@ class Semaphore:
 
     @classmethod
     def create(
-        cls, name: str, *, initial: int = 0, kind: str = "host_pinned", device: int = 0, mode: int = 0o600
+        cls, name: str, *, initial: int = 0, kind: str = "host_pinned", device: Device = 0, mode: int = 0o600
     ) -> "Semaphore":
         """Creates semaphore ``name`` at ``initial``; this process is a signaller.
 
         kind: "host_pinned" (GPU streams and host threads; needs a driver) or "host" (host threads only).
         mode: r lets a process wait, w lets it signal. Raises AlreadyExists, InvalidArgument, NoDriver, ...
         """
-        return cls(_gpuipc.Semaphore.create(name, initial=initial, kind=kind, device=device, mode=mode))
+        return cls(_gpuipc.Semaphore.create(name, initial=initial, kind=kind, device=_device(device), mode=mode))
 
     @classmethod
     def open(
-        cls, name: str, *, role: str = "waiter", wait: Optional[float] = None, device: int = 0
+        cls, name: str, *, role: str = "waiter", wait: Optional[float] = None, device: Device = 0
     ) -> "Semaphore":
         """Opens semaphore ``name`` as a "signaller" (needs write permission) or a "waiter" (read).
 
         wait: seconds to wait for it to be created (None: fail at once with NotFound). Raises NotFound, Timeout,
         PermissionDenied, InvalidArgument (not a semaphore).
         """
-        return cls(_gpuipc.Semaphore.open(name, role=role, wait=wait, device=device))
+        return cls(_gpuipc.Semaphore.open(name, role=role, wait=wait, device=_device(device)))
 
     @staticmethod
     def unlink(name: str) -> None:

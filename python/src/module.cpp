@@ -2,6 +2,7 @@
 // python/gpuipc/*.py turn these objects into the documented Python API (keyword options, NumPy/DLPack arrays,
 // send/recv, the exception classes).
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 
 #include <array>
 
@@ -107,6 +108,15 @@ NB_MODULE(_gpuipc, m) {
   m.def(
       "protocol_version", []() { return gpuipc::protocol_version(); },
       "The broker wire protocol version this module speaks.");
+  m.def(
+      "device_ordinal",
+      [](std::string_view uuid) {
+        py::nb::gil_scoped_release unlocked;
+        return gpuipc::device_ordinal(uuid);
+      },
+      py::nb::arg("uuid"),
+      "The ordinal, in this process, of the GPU with this UUID (\"GPU-...\"), or -1 when this process does not see "
+      "it (CUDA_VISIBLE_DEVICES). Raises InvalidArgument (malformed UUID), NoDriver.");
   m.def(
       "_daemon_path", []() { return gpuipc::daemon_path(); },
       "The gpuipcd the library would start (empty when none is found).");

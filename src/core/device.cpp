@@ -2,6 +2,8 @@
 // the Python views use for DLPack sources.
 #include "gpuipc/device.hpp"
 
+#include <fmt/format.h>
+
 #include <cstring>
 
 #include "cuda/context.hpp"
@@ -10,6 +12,7 @@
 #include "cuda/host_registration.hpp"
 #include "cuda/pointer.hpp"
 #include "cuda/stream_ops.hpp"
+#include "cuda/topology.hpp"
 
 namespace gpuipc {
 
@@ -29,6 +32,52 @@ DeviceInfo device_info(int ordinal, bool include_free_memory) {
 }
 
 std::vector<std::vector<bool>> peer_access_matrix() { return cuda::peer_access_matrix(); }
+
+int device_ordinal(std::string_view uuid) {
+  const auto parsed = cuda::parse_uuid(uuid);
+  if (!parsed) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("'{}' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L "
+                            "prints it)",
+                            uuid),
+                "device_ordinal");
+  }
+  return cuda::find_device(*parsed).value_or(-1);
+}
+
+Topology topology(bool try_mapping) {
+  Topology t;
+  const int count = cuda::device_count();
+  std::vector<cuda::NvmlGpu> gpus;
+  for (int i = 0; i < count; ++i) {
+    const DeviceInfo info = cuda::query_device(i, false);
+    gpus.push_back({.uuid = info.uuid_string, .pci_bus_id = info.pci_bus_id});
+  }
+  if (count < 2) return t;
+  const auto peers = cuda::peer_access_matrix();
+  const cuda::NvmlTopology nvml = cuda::nvml_topology(gpus);
+  t.nvml = nvml.loaded;
+  t.nvml_error = nvml.error;
+  for (int i = 0; i < count; ++i) {
+    for (int j = 0; j < count; ++j) {
+      if (i == j) continue;
+      const auto si = static_cast<std::size_t>(i);
+      const auto sj = static_cast<std::size_t>(j);
+      PeerLink link;
+      link.from = i;
+      link.to = j;
+      link.peer_access = peers[si][sj];
+      cuda::classify_link(link, cuda::p2p_attributes(i, j), nvml.loaded ? nvml.links[si][sj] : std::nullopt);
+      if (try_mapping && link.peer_access) {
+        link.mapping_tried = true;
+        link.mapping_error = cuda::try_peer_mapping(j, i);
+        link.mapping_works = link.mapping_error.empty();
+      }
+      t.links.push_back(std::move(link));
+    }
+  }
+  return t;
+}
 
 int device_of(std::uint64_t address) { return cuda::pointer_info(static_cast<CUdeviceptr>(address)).device; }
 

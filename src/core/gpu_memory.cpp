@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/log.hpp"
+#include "core/device_choice.hpp"
 #include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
@@ -178,7 +179,7 @@ VaSlot::~VaSlot() = default;
 std::uint64_t VaSlot::address() const noexcept { return m_range ? m_range->range.ptr() : 0; }
 std::size_t VaSlot::size() const noexcept { return m_range ? m_range->size : 0; }
 
-CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t at) {
+CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t at, int also_for) {
   const auto info = cuda::query_device(ordinal, false);
   if (!info.vmm || !info.posix_fd_handles) {
     throw Error(ErrorCode::Unsupported,
@@ -194,45 +195,39 @@ CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t
   out.uuid = info.uuid;
   auto handle = cuda::create_exportable(ordinal, out.size);
   out.exported = cuda::export_fd(handle);
-  const int access[] = {ordinal};
+  const int both[] = {ordinal, also_for};
+  const std::span<const int> access(both, also_for >= 0 && also_for != ordinal ? 2 : 1);
   out.memory = make_device_memory(ordinal, std::move(handle), out.size, access, false, at);
   return out;
 }
 
 int mapping_ordinal(const proto::Uuid& owner, int requested) {
-  const auto owner_ordinal = cuda::find_device(owner);
-  int ordinal = requested;
-  if (ordinal < 0) {
-    ordinal = cuda::current_context() != nullptr ? cuda::current_ordinal() : owner_ordinal.value_or(-1);
-  }
-  if (ordinal < 0) {
-    throw Error(ErrorCode::NoDevice,
-                fmt::format("the segment lives on {}, which this process does not see (check CUDA_VISIBLE_DEVICES), "
-                            "and no device was requested",
-                            cuda::format_uuid(owner)),
-                "open");
-  }
-  if (owner_ordinal && *owner_ordinal != ordinal) {
-    const auto peers = cuda::peer_access_matrix();
-    if (!peers.at(static_cast<std::size_t>(ordinal)).at(static_cast<std::size_t>(*owner_ordinal))) {
-      throw Error(ErrorCode::Unsupported,
-                  fmt::format("GPU {} cannot access memory of GPU {} ({}): no peer access between them; open the "
-                              "segment from a context on GPU {}",
-                              ordinal, *owner_ordinal, cuda::format_uuid(owner), *owner_ordinal),
-                  "open");
-    }
-  }
-  return ordinal;
+  DeviceChoice in;
+  in.owner_uuid = cuda::format_uuid(owner);
+  in.owner = cuda::find_device(owner);
+  in.requested = requested;
+  if (cuda::current_context() != nullptr) in.current = cuda::current_ordinal();
+  in.device_count = cuda::device_count();
+  return choose_mapping_device(in, [](int from, int to) {
+    return cuda::peer_access_matrix().at(static_cast<std::size_t>(from)).at(static_cast<std::size_t>(to));
+  });
 }
 
 std::unique_ptr<GpuMemory> import_device_memory(int fd, std::size_t size, const proto::Uuid& owner, int requested,
                                                 bool read_only, std::uint64_t at) {
   const int ordinal = mapping_ordinal(owner, requested);
-  cuda::PrimaryContext ctx(ordinal);
-  cuda::ScopedContext scope(ctx.get());
-  auto handle = cuda::import_fd(fd);
-  const int access[] = {ordinal};
-  return make_device_memory(ordinal, std::move(handle), size, access, read_only, at);
+  try {
+    cuda::PrimaryContext ctx(ordinal);
+    cuda::ScopedContext scope(ctx.get());
+    auto handle = cuda::import_fd(fd);
+    const int access[] = {ordinal};
+    return make_device_memory(ordinal, std::move(handle), size, access, read_only, at);
+  } catch (const Error& e) {
+    // Memory of a GPU hidden by CUDA_VISIBLE_DEVICES: whether the driver maps it depends on the driver; say why
+    // it may have failed.
+    if (cuda::find_device(owner)) throw;
+    throw Error(e.code(), invisible_owner_message(cuda::format_uuid(owner), ordinal, e.what()), "open");
+  }
 }
 
 std::unique_ptr<GpuMemory> borrow_device_memory(std::uint64_t ptr, int ordinal) {

@@ -53,8 +53,9 @@ class VaSlot {
 };
 
 /// Allocates `bytes` (rounded up to the granularity) on device `ordinal`, exports it once, maps it read-write:
-/// at `at` (a VaSlot's address, large enough) when not 0, else in the VA arena.
-CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t at = 0);
+/// at `at` (a VaSlot's address, large enough) when not 0, else in the VA arena; for `also_for` too when it is
+/// another device (>= 0) of this process (peer access required).
+CreatedDevice create_device_memory(int ordinal, std::size_t bytes, std::uint64_t at = 0, int also_for = -1);
 
 /// Imports an exported allocation of `size` bytes living on the device with `owner`'s UUID and maps it for device
 /// `requested` (-1: the current context's device, else the owner), at `at` (a VaSlot's address) when not 0.

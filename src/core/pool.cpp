@@ -17,6 +17,7 @@
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
 #include "cuda/context.hpp"
+#include "cuda/device.hpp"
 #include "cuda/host_registration.hpp"
 #include "cuda/stream_ops.hpp"
 #include "cuda/trace.hpp"
@@ -116,6 +117,8 @@ shm::PoolGeometry geometry_for(std::string_view name, const PoolOptions& o) {
   } else {
     throw bad("unknown pool_mode");
   }
+  // Chunks made later, by any member, go to this GPU: named by UUID, the same in every process.
+  if (o.kind == SegmentKind::Device) g.device_uuid = cuda::query_device(o.device, false).uuid;
   std::random_device rd;
   while (g.pool_id == 0) g.pool_id = (std::uint64_t{rd()} << 32) ^ rd();
   return g;

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
 #include "cuda/context.hpp"
+#include "cuda/device.hpp"
 #include "cuda/host_registration.hpp"
 #include "gpuipc/pool.hpp"
 #include "os/memfd.hpp"
@@ -235,6 +237,34 @@ struct Pool::Impl {
     if (c < chunks.size()) chunks[c] = Segment();
   }
 
+  /// The ordinal, in this process, of the GPU a new chunk is made on: device pools find it by the UUID the creator
+  /// wrote (ordinals differ between processes that see the GPUs in other orders: CUDA_VISIBLE_DEVICES); pools
+  /// made before the UUID was kept, and host kinds, use the creator's ordinal. Throws Error(NoDevice) when this
+  /// process does not see that GPU.
+  int chunk_device() const {
+    const auto& uuid = geo().device_uuid;
+    if (kind != SegmentKind::Device || std::all_of(uuid.begin(), uuid.end(), [](auto b) { return b == 0; })) {
+      return geo().device;
+    }
+    if (const auto ordinal = cuda::find_device(uuid)) return *ordinal;
+    throw Error(ErrorCode::NoDevice,
+                fmt::format("pool '{}' lives on {}, which this process does not see (CUDA_VISIBLE_DEVICES): it "
+                            "cannot add memory to it; make that GPU visible",
+                            name, cuda::format_uuid(uuid)),
+                "allocate");
+  }
+
+  /// Device pools: the GPU of this process that maps chunks (as opening one would choose: open_device, else the
+  /// current context's, else the chunks' GPU); a chunk this member creates is mapped for it as well as for the
+  /// GPU it lives on. -1 for host kinds and pools made before the UUID was kept.
+  int chunk_mapper() const {
+    const auto& uuid = geo().device_uuid;
+    if (kind != SegmentKind::Device || std::all_of(uuid.begin(), uuid.end(), [](auto b) { return b == 0; })) {
+      return -1;
+    }
+    return core::mapping_ordinal(uuid, open_device);
+  }
+
   /// Creates (exports) chunk `c`, reserved for this member by the allocator (or backing it again on resume). A
   /// chunk segment left behind by a creator that died after creating it is adopted. Under chunks_mutex.
   std::byte* create_chunk_locked(std::uint32_t c, std::uint64_t epoch) {
@@ -242,8 +272,8 @@ struct Pool::Impl {
     const std::uint64_t at = slot_address(c);
     Segment seg;
     try {
-      seg = detail::create_segment(n, geo().chunk_bytes, {.kind = kind, .device = geo().device, .mode = control_mode()},
-                                   0, {}, at);
+      seg = detail::create_segment(n, geo().chunk_bytes, {.kind = kind, .device = chunk_device(), .mode = control_mode()},
+                                   0, {}, at, chunk_mapper());
     } catch (const Error& e) {
       if (e.code() != ErrorCode::AlreadyExists) throw;
       seg = detail::open_segment(n, {.access = Access::ReadWrite, .wait = {}, .device = open_device}, true, at);

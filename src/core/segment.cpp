@@ -230,7 +230,8 @@ Segment Segment::create(std::string_view name, std::size_t bytes, const CreateOp
 }
 
 Segment detail::create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options,
-                               std::uint32_t flags, const std::function<void(void*)>& init, std::uint64_t place_at) {
+                               std::uint32_t flags, const std::function<void(void*)>& init, std::uint64_t place_at,
+                               int also_map_for) {
   std::string n = check_name_or_throw(name);
   if (bytes == 0 || bytes > proto::kMaxSegmentSize) {
     throw Error(ErrorCode::InvalidArgument,
@@ -259,7 +260,7 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
   req.flags = flags;
   os::UniqueFd fd;
   if (options.kind == SegmentKind::Device) {
-    auto created = core::create_device_memory(options.device, bytes, place_at);
+    auto created = core::create_device_memory(options.device, bytes, place_at, also_map_for);
     m->size = created.size;
     m->gpu = std::move(created.memory);
     fd = std::move(created.exported);

@@ -64,8 +64,11 @@ struct SegmentAccess {
 /// the memory in before the broker registers the name, so nobody sees it half made. `place_at` (device kind): map
 /// the memory at this address of a core::VaSlot the caller keeps, and keep the mapping out of the process's cache
 /// (a pool chunk, remapped at the same address after a pause).
+/// `also_map_for`: device kinds, a second GPU of this process given access to the mapping (a pool member whose
+/// chunks live on another GPU than the one it maps them from); -1 for none.
 Segment create_segment(std::string_view name, std::size_t bytes, const CreateOptions& options, std::uint32_t flags,
-                       const std::function<void(void*)>& init = {}, std::uint64_t place_at = 0);
+                       const std::function<void(void*)>& init = {}, std::uint64_t place_at = 0,
+                       int also_map_for = -1);
 /// Segment::open, optionally without registering a host_pinned segment with the GPU (a CUDA-free reader);
 /// `place_at` as for create_segment.
 Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,

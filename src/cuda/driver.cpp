@@ -115,6 +115,8 @@ static_assert(std::is_same_v<decltype(&::cuMemPoolSetAccess), PFN_cuMemPoolSetAc
 static_assert(std::is_same_v<decltype(&::cuMemAllocFromPoolAsync), PFN_cuMemAllocFromPoolAsync_v11020>);
 static_assert(std::is_same_v<decltype(&::cuMemFreeAsync), PFN_cuMemFreeAsync_v11020>);
 static_assert(std::is_same_v<decltype(&::cuMemAllocManaged), PFN_cuMemAllocManaged_v6000>);
+static_assert(std::is_same_v<decltype(&::cuDeviceGetP2PAttribute), PFN_cuDeviceGetP2PAttribute_v8000>);
+static_assert(std::is_same_v<decltype(&::cuMemcpyPeerAsync), PFN_cuMemcpyPeerAsync_v4000>);
 // Below its ABI version the driver returns an older ABI of cuEventElapsedTime, of the same type.
 static_assert(std::is_same_v<decltype(&::cuEventElapsedTime), PFN_cuEventElapsedTime_v2000>);
 

@@ -114,7 +114,9 @@ namespace gpuipc::cuda {
   X(cuMemPoolSetAccess, 11020)                 \
   X(cuMemAllocFromPoolAsync, 11020)            \
   X(cuMemFreeAsync, 11020)                     \
-  X(cuMemAllocManaged, 6000)
+  X(cuMemAllocManaged, 6000)                   \
+  X(cuDeviceGetP2PAttribute, 8000)             \
+  X(cuMemcpyPeerAsync, 4000)
 
 /// The driver's entry points, fetched once. Call them as `driver().cuMemCreate(...)`: the member names go through
 /// the same cuda.h macros as the declarations (cuMemGetInfo -> cuMemGetInfo_v2), so they match.

@@ -1,6 +1,7 @@
 #include "shm/pool_block.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "os/futex.hpp"
@@ -63,6 +64,7 @@ bool read_geometry(const void* control, std::size_t size, PoolGeometry& out) noe
   g.mode = static_cast<PoolMode>(load(h.mode));
   g.kind = load(h.kind);
   g.device = load(h.device);
+  std::memcpy(g.device_uuid.data(), h.device_uuid, sizeof h.device_uuid);  // written once, before the magic
   g.max_chunks = load(h.max_chunks);
   g.chunk_bytes = load(h.chunk_bytes);
   g.block_bytes = load(h.block_bytes);
@@ -85,6 +87,7 @@ void init_pool(void* control, const PoolGeometry& g) noexcept {
   h.mode = static_cast<std::uint32_t>(g.mode);
   h.kind = g.kind;
   h.device = g.device;
+  std::memcpy(h.device_uuid, g.device_uuid.data(), sizeof h.device_uuid);
   h.max_chunks = g.max_chunks;
   h.chunk_bytes = g.chunk_bytes;
   h.block_bytes = g.block_bytes;

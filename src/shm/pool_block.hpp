@@ -7,6 +7,7 @@
 // std::atomic_ref, and never loops without a bound: whatever the memory holds, it returns.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -78,7 +79,9 @@ struct alignas(64) PoolHeader {
   std::uint64_t block_bytes;  ///< fixed mode: bytes of every block (record i is at offset i * block_bytes)
   std::uint32_t max_records;  ///< 1..kMaxRecords
   std::uint32_t pad0;
-  std::uint64_t pad1[2];
+  /// device kinds: the UUID of the GPU every chunk lives on (ordinals differ between processes that see the GPUs
+  /// in other orders: CUDA_VISIBLE_DEVICES). All zero in pools made before it was kept (use `device` then).
+  std::uint8_t device_uuid[16];
   alignas(64) std::uint32_t lock;   ///< 0, or the holder's member index + 1 (kRepairOwner + 1: the repair)
   std::uint32_t wake_seq;           ///< futex word: bumped when memory or a chunk becomes available
   std::uint32_t record_hint;        ///< where the search for an unused record starts
@@ -98,6 +101,8 @@ struct alignas(64) PoolHeader {
 };
 static_assert(sizeof(PoolHeader) % 64 == 0);
 static_assert(offsetof(PoolHeader, members) == 192, "the pause words fill the lock's cache line: layout unchanged");
+static_assert(offsetof(PoolHeader, device_uuid) == 56 && offsetof(PoolHeader, lock) == 128,
+              "the device UUID took the place of padding: layout unchanged");
 
 /// PoolHeader::pause, bits 0-7. Pools start (and pools of earlier releases read as) Active.
 enum class PauseState : std::uint32_t {
@@ -128,6 +133,7 @@ struct PoolGeometry {
   PoolMode mode = PoolMode::Variable;
   std::uint32_t kind = 0;
   std::int32_t device = 0;
+  std::array<std::uint8_t, 16> device_uuid{};  ///< PoolHeader::device_uuid
   std::uint32_t max_chunks = 0;
   std::uint64_t chunk_bytes = 0;
   std::uint64_t block_bytes = 0;

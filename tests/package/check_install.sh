@@ -29,7 +29,7 @@ echo "SONAME: $soname"
 # Only the public API is exported: every defined dynamic symbol is in namespace gpuipc (its type info and vtables
 # too) and none is of a layer under the API, fmt or the C++ runtime.
 exports=$(nm -D --defined-only "$so" | awk '{print $3}' | c++filt)
-bad=$(echo "$exports" | grep -v -E '^(gpuipc::[A-Z]|gpuipc::(to_string|share|holders|heartbeat|encode_block_ref|decode_block_ref|version|protocol_version|human_bytes|log_level|set_log_level|runtime_dir|socket_path|ensure_runtime_dir|daemon_path|broker_listening|broker_info|stop_broker|client_pid|program_path|exec_program|driver_available|driver_info|format_driver_version|device_count|device_info|device_of|peer_access_matrix|copy_synchronous|mps_[a-z_]+)(\[abi:cxx11\])?\(|(typeinfo|typeinfo name|vtable) for gpuipc::[A-Z]|GPUIPC_0$)' || true)
+bad=$(echo "$exports" | grep -v -E '^(gpuipc::[A-Z]|gpuipc::(to_string|share|holders|heartbeat|encode_block_ref|decode_block_ref|version|protocol_version|human_bytes|log_level|set_log_level|runtime_dir|socket_path|ensure_runtime_dir|daemon_path|broker_listening|broker_info|stop_broker|client_pid|program_path|exec_program|driver_available|driver_info|format_driver_version|device_count|device_info|device_of|peer_access_matrix|device_ordinal|topology|copy_synchronous|mps_[a-z_]+)(\[abi:cxx11\])?\(|(typeinfo|typeinfo name|vtable) for gpuipc::[A-Z]|GPUIPC_0$)' || true)
 if [ -n "$bad" ]; then
   echo "libgpuipc.so exports symbols outside the public API:" >&2
   echo "$bad" | head -n 20 >&2

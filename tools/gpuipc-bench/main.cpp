@@ -3,6 +3,7 @@
 // layers themselves (gpuipc::internal), and the CLI links the public library only (docs/architecture.md#layers).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "bench.hpp"
@@ -53,6 +54,12 @@ int main(int argc, char** argv) {
       if (s->needs_gpu && !meta.ok) {
         std::cerr << fmt::format("gpuipc bench {}: needs a GPU: {}\n", s->name, meta.error);
         exit_code = kExitNeedsGpu;
+        continue;
+      }
+      if (s->needs_gpu && meta.devices < s->min_gpus) {
+        std::cerr << fmt::format("gpuipc bench {}: skipped: needs {} GPUs, this machine shows {}\n", s->name,
+                                 s->min_gpus, meta.devices);
+        if (std::find(names.begin(), names.end(), "all") == names.end()) exit_code = kExitNeedsGpu;
         continue;
       }
       const auto t0 = bench::now_ns();

@@ -53,6 +53,8 @@ struct Report {
   std::string driver_library;
   std::vector<DeviceReport> devices;
   std::vector<std::vector<bool>> peer_access;
+  Topology topology;                          ///< links between every ordered pair of GPUs (2 GPUs or more)
+  std::optional<std::string> topology_error;  ///< the topology query failed
   MpsReport mps;
   RuntimeDirReport runtime_dir;
   std::vector<std::string> problems;  ///< something gpuipc needs is missing (exit code 1)
@@ -180,6 +182,19 @@ void judge(Report& r) {
       }
     }
   }
+  for (const auto& l : r.topology.links) {
+    if (l.peer_access && l.mapping_tried && !l.mapping_works) {
+      r.advice.push_back(fmt::format(
+          "GPU {} has peer access to GPU {} but mapping its memory failed ({}): device segments of GPU {} cannot be "
+          "opened from GPU {}",
+          l.from, l.to, l.mapping_error, l.to, l.from));
+    } else if (l.peer_access && l.link == "pcie" && l.from < l.to) {
+      r.advice.push_back(fmt::format(
+          "GPUs {} and {} are joined by PCIe, not NVLink: reading a segment of one from the other runs at PCIe "
+          "speed",
+          l.from, l.to));
+    }
+  }
   if (!r.mps.active) {
     r.advice.push_back(
         "without MPS, kernels of different processes take turns on a GPU: a semaphore round trip takes 12 us (~6 us "
@@ -224,6 +239,11 @@ Report examine() {
       r.devices.push_back(std::move(d));
     }
     r.peer_access = peer_access_matrix();
+    try {
+      r.topology = topology(true);
+    } catch (const std::exception& e) {
+      r.topology_error = e.what();
+    }
   } catch (const std::exception& e) {
     r.problems.push_back(e.what());
   }
@@ -279,6 +299,41 @@ nlohmann::json to_json(const Report& r) {
   }
   nlohmann::json peer = nlohmann::json::array();
   for (const auto& row : r.peer_access) peer.push_back(row);
+  nlohmann::json links = nlohmann::json::array();
+  auto uuid_of = [&](int ordinal) {
+    for (const auto& d : r.devices) {
+      if (d.info.ordinal == ordinal) return d.info.uuid_string;
+    }
+    return std::string();
+  };
+  for (const auto& l : r.topology.links) {
+    links.push_back({
+        {"from", l.from},
+        {"to", l.to},
+        {"from_uuid", uuid_of(l.from)},
+        {"to_uuid", uuid_of(l.to)},
+        {"peer_access", l.peer_access},
+        {"mapping_tried", l.mapping_tried},
+        {"mapping_works", l.mapping_tried ? nlohmann::json(l.mapping_works) : nlohmann::json(nullptr)},
+        {"mapping_error", l.mapping_error.empty() ? nlohmann::json(nullptr) : nlohmann::json(l.mapping_error)},
+        {"link", l.link},
+        {"link_source", l.link_source},
+        {"nvlinks", l.nvlinks >= 0 ? nlohmann::json(l.nvlinks) : nlohmann::json(nullptr)},
+        {"pcie_path", l.pcie_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(l.pcie_path)},
+        {"performance_rank", l.performance_rank >= 0 ? nlohmann::json(l.performance_rank) : nlohmann::json(nullptr)},
+        {"native_atomics", l.native_atomics},
+        {"array_access", l.array_access},
+    });
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe): single-threaded CLI
+  const nlohmann::json topology_json = {
+      {"cuda_visible_devices", visible != nullptr ? nlohmann::json(visible) : nlohmann::json(nullptr)},
+      {"nvml", r.topology.nvml},
+      {"nvml_error", r.topology.nvml || r.topology.nvml_error.empty() ? nlohmann::json(nullptr)
+                                                                     : nlohmann::json(r.topology.nvml_error)},
+      {"error", optional_json(r.topology_error)},
+      {"links", links},
+  };
   return {
       {"schema", kJsonSchema},
       {"exit_code", r.exit_code},
@@ -287,6 +342,7 @@ nlohmann::json to_json(const Report& r) {
       {"driver", driver},
       {"devices", devices},
       {"peer_access", peer},
+      {"topology", topology_json},
       {"mps",
        {{"active", r.mps.active},
         {"method", r.mps.method},
@@ -345,6 +401,24 @@ void print_text(const Report& r) {
         std::cout << fmt::format(" {:<5}", i == j ? "-" : yes_no(r.peer_access[i][j]));
       }
       std::cout << "\n";
+    }
+  }
+  if (!r.topology.links.empty() || r.topology_error) {
+    std::cout << fmt::format("topology:     {}\n",
+                             r.topology_error ? "cannot be queried: " + *r.topology_error
+                             : r.topology.nvml ? std::string("links from the driver and NVML")
+                                               : "links from the driver only (NVML: " + r.topology.nvml_error + ")");
+    for (const auto& l : r.topology.links) {
+      std::string how = l.link == "nvlink" ? "NVLink" : l.link == "pcie" ? "PCIe" : "link unknown";
+      if (l.nvlinks > 0) how += fmt::format(" x{}", l.nvlinks);
+      if (!l.pcie_path.empty() && l.link != "nvlink") how += fmt::format(" ({})", l.pcie_path);
+      if (l.link_source == "cuda") how += " (inferred from peer atomics)";
+      std::string mapping = !l.peer_access ? "no peer access"
+                            : !l.mapping_tried ? "peer access"
+                            : l.mapping_works ? "peer mapping works"
+                                              : "peer mapping FAILS: " + l.mapping_error;
+      std::cout << fmt::format("  GPU{} -> GPU{}:  {}; {}; performance rank {}, native atomics {}\n", l.from, l.to,
+                               how, mapping, l.performance_rank, yes_no(l.native_atomics));
     }
   }
   std::cout << fmt::format("MPS:          {} ({})\n", r.mps.active ? "active" : "not active", r.mps.detail);

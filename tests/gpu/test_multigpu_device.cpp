@@ -1,0 +1,438 @@
+// Two GPUs of one node (issue 15): device segments opened on another GPU than their owner's (read-write, and
+// read-only with a write that faults only the writer), channels and pools across GPUs, a semaphore signalled from
+// GPU 1's stream and waited on by GPU 0's, processes whose CUDA_VISIBLE_DEVICES differ mapping the same physical
+// GPU (devices are named by UUID), and Unsupported where two GPUs have no peer access. Every test skips, saying
+// why, on a machine with fewer than two GPUs. All CUDA work runs in forked children, which set
+// CUDA_VISIBLE_DEVICES themselves before their first CUDA call (the test process never initialises CUDA).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "gpuipc/channel.hpp"
+#include "gpuipc/device.hpp"
+#include "gpuipc/pool.hpp"
+#include "gpuipc/segment.hpp"
+#include "gpuipc/semaphore.hpp"
+#include "support/broker_env.hpp"
+#include "support/gpu.hpp"
+#include "support/gpu_worker.hpp"
+#include "support/support.hpp"
+#include "testkit/kernels/kernels.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+constexpr std::size_t kBytes = 64ULL << 20;
+constexpr std::size_t kWords = kBytes / 4;
+
+/// In a child, before its first CUDA call: which of the test process's GPUs it sees, in which order.
+void see_gpus(std::initializer_list<int> ordinals) {
+  ::setenv("CUDA_VISIBLE_DEVICES", visible_devices(ordinals).c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
+}
+
+/// A device segment on GPU `owner` filled with pattern `seed`, kept by a child until `done` is notified; then
+/// the child checks that the contents are pattern `expect_after` (the same seed: untouched).
+pid_t start_owner(const std::string& name, int owner, std::uint64_t seed, std::uint64_t expect_after,
+                  const SyncPipe& created, const SyncPipe& done) {
+  return start_child([&, owner, seed, expect_after] {
+    Gpu g(owner);
+    auto seg = Segment::create(name, kBytes, {.kind = SegmentKind::Device, .device = owner, .mode = 0600});
+    GPUIPC_CHILD_CHECK(seg.device() == owner);
+    GPUIPC_CHILD_CHECK(Segment::stat(name).device_uuid == device_info(owner, false).uuid_string);
+    g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords, seed);
+    g.stream.synchronize();
+    created.notify();
+    GPUIPC_CHILD_CHECK(done.wait(120s));
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, expect_after) == 0);
+    return 0;
+  });
+}
+
+TEST(MultiGpu, SegmentOfGpu1OpenedReadWriteFromGpu0) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("peer-rw");
+  SyncPipe created, done;
+  const pid_t owner = start_owner(name, 1, 1, 2, created, done);
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              Gpu g(0);
+              auto seg = Segment::open(name, {.access = Access::ReadWrite, .wait = {}, .device = 0});
+              GPUIPC_CHILD_CHECK(seg.device() == 0);  // mapped by GPU 0's context: a peer mapping
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 1) == 0);
+              g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords, 2);  // GPU 0 writes GPU 1's memory
+              g.stream.synchronize();
+              // With GPU 0's context current and no device asked for, the current context maps it too.
+              auto current = Segment::open(name);
+              GPUIPC_CHILD_CHECK(current.device() == 0);
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), current.device_pointer(), kWords, 2) == 0);
+              return 0;
+            }),
+            0);
+  done.notify();
+  EXPECT_EQ(wait_child(owner), 0);  // GPU 1 sees what GPU 0 wrote
+  Segment::unlink(name);
+}
+
+TEST(MultiGpu, WriteThroughReadOnlyPeerMappingFaultsOnlyTheWriter) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("peer-ro");
+  SyncPipe created, done;
+  const pid_t owner = start_owner(name, 1, 3, 3, created, done);
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t broker = BrokerEnvironment::broker_pid();
+  const int writer = run_child([&] {
+    Gpu g(0);
+    auto seg = Segment::open(name, {.access = Access::ReadOnly, .wait = {}, .device = 0});
+    GPUIPC_CHILD_CHECK(seg.device() == 0 && seg.access() == Access::ReadOnly);
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 3) == 0);  // reads work
+    g.k.write_one(g.stream.get(), seg.device_pointer() + 4096, 0xdeadbeef);
+    try {
+      g.stream.synchronize();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "GPU 0 faulted writing GPU 1's read-only mapping, as expected: %s\n", e.what());
+      return 42;  // the fault, confined to this process
+    }
+    return 1;
+  });
+  EXPECT_EQ(writer, 42);
+  // The broker and this process are unharmed; the faulting process's reference is gone; another process still
+  // reads the segment from GPU 0; the owner (on GPU 1) sees its data unchanged and keeps working.
+  EXPECT_GT(broker, 0);
+  EXPECT_EQ(::kill(broker, 0), 0) << "the broker died with the faulting process";
+  EXPECT_EQ(BrokerEnvironment::broker_pid(), broker);
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::references_of(name) == 1; }, 10s, 50ms))
+      << "references of " << name << ": " << BrokerEnvironment::references_of(name);
+  EXPECT_EQ(run_child([&] {
+              Gpu g(0);
+              auto seg = Segment::open(name, {.access = Access::ReadOnly, .wait = {}, .device = 0});
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 3) == 0);
+              return 0;
+            }),
+            0);
+  done.notify();
+  EXPECT_EQ(wait_child(owner), 0);
+  Segment::unlink(name);
+}
+
+struct Header {
+  std::uint32_t index;
+  std::uint32_t pad;
+  std::uint64_t seed;
+};
+constexpr std::size_t kSlotBytes = 4 << 20;
+constexpr std::size_t kSlotWords = kSlotBytes / 4;
+constexpr std::uint32_t kMessages = 64;
+
+/// Creates channel `name` on GPU `slots_on` (this process's ordinal) and publishes kMessages checked patterns from
+/// a stream of GPU `producer_gpu`, once the consumer has joined; returns when the consumer is done.
+int produce_across(const std::string& name, int slots_on, int producer_gpu, const SyncPipe& created,
+                   const SyncPipe& joined, const SyncPipe& consumed) {
+  Gpu g(producer_gpu);
+  auto ch = Channel::create(name, {.slots = 4, .slot_bytes = kSlotBytes, .header_bytes = sizeof(Header),
+                                   .kind = SegmentKind::Device, .device = slots_on, .mode = 0600},
+                            ChannelRole::Producer);
+  created.notify();
+  GPUIPC_CHILD_CHECK(joined.wait(60s));
+  for (std::uint32_t i = 0; i < kMessages; ++i) {
+    SlotView slot;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 30s, slot) == Status::Ok);
+    const Header h{i, 0, 1000 + i};
+    g.k.fill_pattern(g.stream.get(), slot.device_pointer, kSlotWords, h.seed);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), std::as_bytes(std::span(&h, 1)), kSlotBytes) == Status::Ok);
+  }
+  g.stream.synchronize();
+  GPUIPC_CHILD_CHECK(consumed.wait(120s));
+  return 0;
+}
+
+/// Opens channel `name` for GPU `consumer_gpu` and checks every message on that GPU.
+int consume_across(const std::string& name, int consumer_gpu, const SyncPipe& joined, const SyncPipe& consumed) {
+  Gpu g(consumer_gpu);
+  auto ch = Channel::open(name, ChannelRole::Consumer, {.wait = 10s, .device = consumer_gpu});
+  GPUIPC_CHILD_CHECK(ch.device() == consumer_gpu);
+  joined.notify();
+  for (std::uint32_t i = 0; i < kMessages; ++i) {
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    Header h{};
+    std::memcpy(&h, m.header.data(), sizeof h);
+    GPUIPC_CHILD_CHECK(h.index == i && m.size == kSlotBytes);
+    // The consumer's stream waited for the producer's (another GPU's) stream: the slot is complete.
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), m.device_pointer, kSlotWords, h.seed) == 0);
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+  }
+  g.stream.synchronize();
+  consumed.notify();
+  return 0;
+}
+
+TEST(MultiGpu, ChannelFromAProducerOnGpu1ToAConsumerOnGpu0) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("xgpu-ch");
+  SyncPipe created, joined, consumed;
+  const pid_t producer = start_child([&] { return produce_across(name, 1, 1, created, joined, consumed); });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] { return consume_across(name, 0, joined, consumed); }), 0);
+  EXPECT_EQ(wait_child(producer), 0);
+  Channel::unlink(name);
+}
+
+TEST(MultiGpu, PoolOnGpu1UsedFromGpu0AndItsNewChunksStayOnGpu1) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("xgpu-pool");
+  const std::string gpu1 = gpu_uuids().at(1);
+  Shared<BlockRef> refs(2);
+  SyncPipe created, b_done, a_done;
+  constexpr std::size_t kBlock = 3 << 20;  // two blocks do not fit one 4 MiB chunk: the second adds a chunk
+  const pid_t a = start_child([&] {
+    Gpu g(1);
+    auto pool = Pool::create(name, {.kind = SegmentKind::Device, .device = 1, .mode = 0600,
+                                    .pool_mode = PoolMode::Variable, .chunk_bytes = 4 << 20, .max_bytes = 16 << 20});
+    Block b = pool.allocate(kBlock);
+    g.k.fill_pattern(g.stream.get(), reinterpret_cast<CUdeviceptr>(b.data()), kBlock / 4, 31);
+    g.stream.synchronize();
+    refs[0] = b.ref();
+    created.notify();
+    GPUIPC_CHILD_CHECK(b_done.wait(120s));
+    // The block GPU 0's process allocated (in the chunk it added) resolves here and holds its pattern.
+    const auto* other = pool.resolve(refs[1]);
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), reinterpret_cast<CUdeviceptr>(other), kBlock / 4, 32) == 0);
+    a_done.notify();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              Gpu g(0);
+              auto pool = Pool::open(name, {.access = Access::ReadWrite, .wait = {}, .device = 0});
+              const auto* mine = pool.resolve(refs[0]);
+              GPUIPC_CHILD_CHECK(
+                  g.k.count_mismatches(g.stream.get(), reinterpret_cast<CUdeviceptr>(mine), kBlock / 4, 31) == 0);
+              Block b = pool.allocate(kBlock);  // made by this process, mapped for GPU 0, living on GPU 1
+              GPUIPC_CHILD_CHECK(b.ref().chunk == 1);
+              GPUIPC_CHILD_CHECK(Segment::stat(name + ".chunk.1").device_uuid == gpu1);
+              g.k.fill_pattern(g.stream.get(), reinterpret_cast<CUdeviceptr>(b.data()), kBlock / 4, 32);
+              g.stream.synchronize();
+              refs[1] = b.ref();
+              b_done.notify();
+              GPUIPC_CHILD_CHECK(a_done.wait(120s));
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(wait_child(a), 0);
+  Pool::unlink(name);
+}
+
+TEST(MultiGpu, SemaphoreSignalledFromGpu1StreamReleasesGpu0Stream) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto data = unique_name("xgpu-data");
+  const auto sem = unique_name("xgpu-sem");
+  SyncPipe ready, waiting, done;
+  const pid_t signaller = start_child([&] {
+    Gpu g(1);
+    auto seg = Segment::create(data, kBytes, {.kind = SegmentKind::Device, .device = 1, .mode = 0600});
+    auto s = Semaphore::create(sem, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 1, .mode = 0600});
+    ready.notify();
+    GPUIPC_CHILD_CHECK(waiting.wait(60s));
+    // GPU 0's stream is blocked on the semaphore now. GPU 1 writes the data, then signals in stream order.
+    g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords, 41);
+    GPUIPC_CHILD_CHECK(s.signal(g.stream.get(), 1) == Status::Ok);
+    g.stream.synchronize();
+    GPUIPC_CHILD_CHECK(done.wait(60s));
+    return 0;
+  });
+  ASSERT_TRUE(ready.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              Gpu g(0);
+              auto seg = Segment::open(data, {.access = Access::ReadOnly, .wait = {}, .device = 0});
+              auto s = Semaphore::open(sem, {.role = SemaphoreRole::Waiter, .wait = {}, .device = 0});
+              GPUIPC_CHILD_CHECK(s.wait(g.stream.get(), 1) == Status::Ok);
+              // Nothing has signalled: GPU 0's stream must still be waiting.
+              std::this_thread::sleep_for(200ms);
+              GPUIPC_CHILD_CHECK(!g.stream.query());
+              waiting.notify();
+              // Enqueued behind the wait: reads GPU 1's memory only after GPU 1's stream signalled.
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 41) == 0);
+              GPUIPC_CHILD_CHECK(s.value() == 1);
+              done.notify();
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(wait_child(signaller), 0);
+  Semaphore::unlink(sem);
+  Segment::unlink(data);
+}
+
+/// Exit codes of the child that sees only GPU 0 while the memory lives on GPU 1 (a driver-dependent outcome).
+constexpr int kHiddenOwnerMapped = 0;
+constexpr int kHiddenOwnerRefused = 10;
+
+TEST(MultiGpu, ProcessesWithOtherCudaVisibleDevicesMapTheSamePhysicalGpu) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("cvd-seg");
+  const std::string gpu0 = gpu_uuids().at(0);
+  const std::string gpu1 = gpu_uuids().at(1);
+  SyncPipe created, done;
+  const pid_t owner = start_child([&] {
+    see_gpus({0, 1});
+    Gpu g(1);
+    auto seg = Segment::create(name, kBytes, {.kind = SegmentKind::Device, .device = 1, .mode = 0600});
+    GPUIPC_CHILD_CHECK(Segment::stat(name).device_uuid == gpu1);
+    g.k.fill_pattern(g.stream.get(), seg.device_pointer(), kWords, 51);
+    g.stream.synchronize();
+    created.notify();
+    GPUIPC_CHILD_CHECK(done.wait(120s));
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  // "1,0": its GPU 0 is the owner's GPU 1. With no context and no device asked for, the owner's GPU maps it.
+  EXPECT_EQ(run_child([&] {
+              see_gpus({1, 0});
+              GPUIPC_CHILD_CHECK(device_info(0, false).uuid_string == gpu1);
+              GPUIPC_CHILD_CHECK(device_ordinal(gpu1) == 0 && device_ordinal(gpu0) == 1);
+              auto seg = Segment::open(name, {.access = Access::ReadOnly});
+              GPUIPC_CHILD_CHECK(seg.device() == 0);
+              Gpu g(0);
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 51) == 0);
+              // Its GPU 1 (the physical GPU 0) maps it as a peer.
+              auto peer = Segment::open(name, {.access = Access::ReadOnly, .wait = {}, .device = 1});
+              GPUIPC_CHILD_CHECK(peer.device() == 1);
+              Gpu g1(1);
+              GPUIPC_CHILD_CHECK(g1.k.count_mismatches(g1.stream.get(), peer.device_pointer(), kWords, 51) == 0);
+              return 0;
+            }),
+            0);
+  // "1": the only GPU it sees is the owner's.
+  EXPECT_EQ(run_child([&] {
+              see_gpus({1});
+              GPUIPC_CHILD_CHECK(device_count() == 1 && device_ordinal(gpu1) == 0 && device_ordinal(gpu0) == -1);
+              auto seg = Segment::open(name, {.access = Access::ReadOnly});
+              GPUIPC_CHILD_CHECK(seg.device() == 0);
+              Gpu g(0);
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 51) == 0);
+              return 0;
+            }),
+            0);
+  // "0": the owner's GPU is hidden. Without a device it is NoDevice naming the UUID; from its GPU 0 the driver
+  // decides (it may map memory of a GPU this process does not see); a refusal must name the UUID.
+  const int hidden = run_child([&] {
+    see_gpus({0});
+    try {
+      (void)Segment::open(name, {.access = Access::ReadOnly});
+      return 1;
+    } catch (const Error& e) {
+      GPUIPC_CHILD_CHECK(e.code() == ErrorCode::NoDevice);
+      GPUIPC_CHILD_CHECK(std::string(e.what()).find(gpu1) != std::string::npos);
+    }
+    Gpu g(0);
+    try {
+      auto seg = Segment::open(name, {.access = Access::ReadOnly, .wait = {}, .device = 0});
+      GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 51) == 0);
+      std::fprintf(stderr, "hidden owner: GPU 0 mapped memory of %s, which it does not see\n", gpu1.c_str());
+      return kHiddenOwnerMapped;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "hidden owner: refused: %s\n", e.what());
+      GPUIPC_CHILD_CHECK(std::string(e.what()).find(gpu1) != std::string::npos);
+      return kHiddenOwnerRefused;
+    }
+  });
+  EXPECT_TRUE(hidden == kHiddenOwnerMapped || hidden == kHiddenOwnerRefused) << "exit " << hidden;
+  done.notify();
+  EXPECT_EQ(wait_child(owner), 0);
+  Segment::unlink(name);
+}
+
+TEST(MultiGpu, PoolChunksGoToThePoolsGpuWhateverTheOrderAMemberSees) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("cvd-pool");
+  const std::string gpu1 = gpu_uuids().at(1);
+  Shared<BlockRef> refs(1);
+  SyncPipe created, done, checked;
+  constexpr std::size_t kBlock = 3 << 20;
+  const pid_t a = start_child([&] {
+    see_gpus({0, 1});
+    Gpu g(1);
+    auto pool = Pool::create(name, {.kind = SegmentKind::Device, .device = 1, .mode = 0600,
+                                    .pool_mode = PoolMode::Variable, .chunk_bytes = 4 << 20, .max_bytes = 16 << 20});
+    Block b = pool.allocate(kBlock);
+    created.notify();
+    GPUIPC_CHILD_CHECK(done.wait(120s));
+    const auto* other = pool.resolve(refs[0]);
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), reinterpret_cast<CUdeviceptr>(other), kBlock / 4, 61) == 0);
+    checked.notify();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  // Sees the GPUs the other way round: the pool creator's GPU 1 is its GPU 0. Its new chunk must go to that
+  // physical GPU, not to its own ordinal 1.
+  EXPECT_EQ(run_child([&] {
+              see_gpus({1, 0});
+              auto pool = Pool::open(name);
+              Block b = pool.allocate(kBlock);
+              GPUIPC_CHILD_CHECK(b.ref().chunk == 1);
+              GPUIPC_CHILD_CHECK(Segment::stat(name + ".chunk.1").device_uuid == gpu1);
+              Gpu g(0);
+              g.k.fill_pattern(g.stream.get(), reinterpret_cast<CUdeviceptr>(b.data()), kBlock / 4, 61);
+              g.stream.synchronize();
+              refs[0] = b.ref();
+              done.notify();
+              GPUIPC_CHILD_CHECK(checked.wait(120s));  // the block stays allocated until A has read it
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(wait_child(a), 0);
+  Pool::unlink(name);
+}
+
+TEST(MultiGpu, ChannelBetweenAProcessSeeingOneGpuAndOneSeeingBoth) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("cvd-ch");
+  SyncPipe created, joined, consumed;
+  // The producer sees only GPU 1 (its GPU 0); the consumer sees both and reads from GPU 0, a peer of the slots.
+  const pid_t producer = start_child([&] {
+    see_gpus({1});
+    return produce_across(name, 0, 0, created, joined, consumed);
+  });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              see_gpus({0, 1});
+              return consume_across(name, 0, joined, consumed);
+            }),
+            0);
+  EXPECT_EQ(wait_child(producer), 0);
+  Channel::unlink(name);
+}
+
+TEST(MultiGpu, NoPeerAccessIsUnsupportedWithAMessage) {
+  GPUIPC_REQUIRE_GPU();
+  if (!two_gpus_without_peer_access()) {
+    GTEST_SKIP() << "needs two GPUs without peer access between them (tests/unit/test_device_choice.cpp checks the "
+                    "decision without a GPU)";
+  }
+  const auto name = unique_name("no-peer");
+  SyncPipe created, done;
+  const pid_t owner = start_owner(name, 1, 71, 71, created, done);
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              try {
+                (void)Segment::open(name, {.access = Access::ReadOnly, .wait = {}, .device = 0});
+              } catch (const Error& e) {
+                GPUIPC_CHILD_CHECK(e.code() == ErrorCode::Unsupported);
+                GPUIPC_CHILD_CHECK(std::string(e.what()).find("no peer access") != std::string::npos);
+                return 0;
+              }
+              return 1;
+            }),
+            0);
+  done.notify();
+  EXPECT_EQ(wait_child(owner), 0);
+  Segment::unlink(name);
+}
+
+}  // namespace
+}  // namespace gpuipc::test
