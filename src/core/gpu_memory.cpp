@@ -208,8 +208,11 @@ int mapping_ordinal(const proto::Uuid& owner, int requested) {
   in.requested = requested;
   if (cuda::current_context() != nullptr) in.current = cuda::current_ordinal();
   in.device_count = cuda::device_count();
-  return choose_mapping_device(in, [](int from, int to) {
-    return cuda::peer_access_matrix().at(static_cast<std::size_t>(from)).at(static_cast<std::size_t>(to));
+  // -> bool: the matrix is a temporary, and vector<bool>::at gives a proxy into it; returning the proxy (the
+  // deduced type) read freed memory after the return and said "no peer access" on an NVLink pair.
+  return choose_mapping_device(in, [](int from, int to) -> bool {
+    const auto peers = cuda::peer_access_matrix();
+    return peers.at(static_cast<std::size_t>(from)).at(static_cast<std::size_t>(to));
   });
 }
 
