@@ -191,6 +191,9 @@ class Pool {
   PoolStats stats() const noexcept;
   const std::string& name() const noexcept;
   SegmentKind kind() const noexcept;
+  /// Device pools: the GPU (ordinal in this process) whose context maps the chunks here, the one that can use the
+  /// pool's addresses (OpenOptions::device; for memory of another GPU, a peer mapping). -1 for host kinds.
+  int mapping_device() const noexcept;
   /// How this handle maps the chunks: ReadOnly for a pool opened read-only (its memory must not be written).
   Access access() const noexcept;
   /// The pool's id (BlockRef::pool).

@@ -125,20 +125,22 @@ ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::u
   int device_id = 0;
   if (is_gpu(pool.kind())) {
     device_type = kDLCUDA;
-    device_id = device_of(address);
+    device_id = pool.mapping_device();  // a peer mapping is used from the GPU that mapped it, not the owner's
   }
   return ArrayView::bytes(std::move(owner), address, size, readonly || pool.access() == Access::ReadOnly, device_type,
                          device_id);
 }
 
-/// Bytes views of the blocks that `raw` (concatenated BlockRefs) names, each resolved and (with `hold`) held, the
-/// driver asked for the device once per chunk. Releases the GIL while it works.
+/// Bytes views of the blocks that `raw` (concatenated BlockRefs) names, each resolved and (with `hold`) held.
+/// Releases the GIL while it works.
 std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t n, bool readonly, bool hold) {
   readonly = readonly || pool.access() == Access::ReadOnly;  // a read-only mapping never gives a writable view
   std::vector<ArrayView> views;
   views.reserve(n);
   nb::gil_scoped_release unlocked;
-  std::vector<std::pair<std::uint32_t, int>> devices;  // chunk -> device id, for device kinds
+  // A peer mapping is used from the GPU that mapped it, not the owner's (cuPointerGetAttribute's ordinal).
+  const bool gpu = is_gpu(pool.kind());
+  const int device = pool.mapping_device();
   for (std::size_t i = 0; i < n; ++i) {
     const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
     std::shared_ptr<const void> owner;
@@ -149,18 +151,8 @@ std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t
       owner = std::make_shared<const Pool>(pool);
     }
     const auto address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
-    int device_type = kDLCPU;
-    int device_id = 0;
-    if (is_gpu(pool.kind())) {
-      device_type = kDLCUDA;
-      auto it = std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.first == r.chunk; });
-      if (it == devices.end()) {
-        devices.emplace_back(r.chunk, device_of(address));
-        it = devices.end() - 1;
-      }
-      device_id = it->second;
-    }
-    views.push_back(ArrayView::bytes(std::move(owner), address, r.size, readonly, device_type, device_id));
+    views.push_back(ArrayView::bytes(std::move(owner), address, r.size, readonly, gpu ? kDLCUDA : kDLCPU,
+                                     gpu ? device : 0));
   }
   return views;
 }

@@ -373,7 +373,8 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
   GPUIPC_TRACE("gpuipc::Channel::acquire");
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == m_impl->n) return Status::InvalidState;
   auto& im = *m_impl;
-  if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  if (!context.ok()) return Status::DriverError;
   std::uint64_t seq = 0;
   if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
   auto pace = im.pace_once(stream);
@@ -413,7 +414,8 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   GPUIPC_TRACE("gpuipc::Channel::publish");
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == 0) return Status::InvalidState;
   auto& im = *m_impl;
-  if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  if (!context.ok()) return Status::DriverError;
   if (header.size() > im.geometry.header_bytes || bytes > im.slot_bytes) return Status::InvalidState;
   const std::uint64_t seq = im.front_held();
   const core::OwedStreamWrite owed(im.gpu());
@@ -456,7 +458,8 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   GPUIPC_TRACE("gpuipc::Channel::receive");
   if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == m_impl->n) return Status::InvalidState;
   auto& im = *m_impl;
-  if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  if (!context.ok()) return Status::DriverError;
   std::uint64_t seq = 0;
   if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
   auto& s = im.slot(seq);
@@ -485,7 +488,8 @@ Status Channel::release(StreamHandle stream) noexcept {
   GPUIPC_TRACE("gpuipc::Channel::release");
   if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == 0) return Status::InvalidState;
   auto& im = *m_impl;
-  if (im.gpu() && !cuda::ensure_current(im.ctx.get())) return Status::DriverError;
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  if (!context.ok()) return Status::DriverError;
   const std::uint64_t seq = im.front_held();
   const core::OwedStreamWrite owed(im.gpu());
   // As in publish: the host-visible release first, the stream write after. A producer that reclaims the slot at

@@ -335,9 +335,9 @@ void Pool::free(Block&& block, StreamHandle stream) {
                                static_cast<std::uint64_t>(ref.index) * sizeof(shm::BlockRecord) +
                                offsetof(shm::BlockRecord, released);
     if (base != 0) {
-      rc = cuda::ensure_current(im.ctx.get()) ? cuda::stream_write_value64(static_cast<CUstream>(stream), word,
-                                                                            ref.generation)
-                                              : CUDA_ERROR_INVALID_CONTEXT;
+      const cuda::StreamContextScope context(im.ctx.get(), static_cast<CUstream>(stream));
+      rc = context.ok() ? cuda::stream_write_value64(static_cast<CUstream>(stream), word, ref.generation)
+                        : CUDA_ERROR_INVALID_CONTEXT;
     }
     pending = rc == CUDA_SUCCESS;
   }
@@ -410,6 +410,9 @@ const std::string& Pool::name() const noexcept {
   return m_impl ? m_impl->name : kEmpty;
 }
 SegmentKind Pool::kind() const noexcept { return m_impl ? m_impl->kind : SegmentKind::Host; }
+int Pool::mapping_device() const noexcept {
+  return m_impl && m_impl->kind == SegmentKind::Device ? m_impl->ctx.ordinal() : -1;
+}
 Access Pool::access() const noexcept { return m_impl ? m_impl->access : Access::ReadOnly; }
 std::uint64_t Pool::id() const noexcept { return m_impl ? m_impl->geo().pool_id : 0; }
 PoolMode Pool::pool_mode() const noexcept {

@@ -164,7 +164,8 @@ Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_hos
     return st;
   }
   auto s = static_cast<CUstream>(stream);
-  if (!cuda::ensure_current(m_impl->ctx.get())) return Status::DriverError;
+  const cuda::StreamContextScope context(m_impl->ctx.get(), s);
+  if (!context.ok()) return Status::DriverError;
   if (cuda::stream_write_value64(s, m_impl->device_value, value) != CUDA_SUCCESS) return Status::DriverError;
   m_impl->stream_signalled = std::max(m_impl->stream_signalled, value);
   if (wake_host && cuda::launch_host_func(s, wake_host_waiters, m_impl->block) != CUDA_SUCCESS) {
@@ -179,7 +180,8 @@ Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
   if (auto st = m_impl->poison_status(atomic(m_impl->block->value).load(std::memory_order_acquire)); st != Status::Ok) {
     return st;
   }
-  if (!cuda::ensure_current(m_impl->ctx.get())) return Status::DriverError;
+  const cuda::StreamContextScope context(m_impl->ctx.get(), static_cast<CUstream>(stream));
+  if (!context.ok()) return Status::DriverError;
   if (cuda::stream_wait_value64(static_cast<CUstream>(stream), m_impl->device_value, value) != CUDA_SUCCESS) {
     return Status::DriverError;
   }

@@ -72,4 +72,21 @@ bool ensure_current(CUcontext ctx) noexcept {
   return current != nullptr || api->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
 }
 
+StreamContextScope::StreamContextScope(CUcontext ctx, CUstream stream) noexcept {
+  if (ctx == nullptr) return;
+  const DriverApi* api = loaded_driver();
+  if (api == nullptr || api->cuCtxGetCurrent(&m_saved) != CUDA_SUCCESS) {
+    m_ok = false;
+    return;
+  }
+  if (m_saved == ctx || (stream != nullptr && m_saved != nullptr)) return;
+  m_ok = api->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+  // A thread with no context keeps the one made current (ensure_current's behaviour); another one gets its back.
+  m_restore = m_ok && m_saved != nullptr;
+}
+
+StreamContextScope::~StreamContextScope() {
+  if (m_restore) (void)loaded_driver()->cuCtxSetCurrent(m_saved);
+}
+
 }  // namespace gpuipc::cuda

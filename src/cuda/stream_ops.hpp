@@ -48,4 +48,23 @@ CUresult launch_host_func(CUstream stream, void (*fn)(void*), void* data) noexce
 /// first call). Hot path: no exception; returns false when it could not.
 bool ensure_current(CUcontext ctx) noexcept;
 
+/// A stream operation's context, for the scope of the operation: for the legacy default stream (0), `ctx` (the
+/// null stream of the GPU whose memory the operation touches, not of whatever context the caller has current, say
+/// torch's cuda:0 for a channel on GPU 1), restored on exit; for other streams (they carry their context) as
+/// ensure_current. Nothing for a null `ctx` (host memory). Hot path: no exception; ok() false when the driver
+/// refused.
+class StreamContextScope {
+ public:
+  StreamContextScope(CUcontext ctx, CUstream stream) noexcept;
+  ~StreamContextScope();
+  StreamContextScope(const StreamContextScope&) = delete;
+  StreamContextScope& operator=(const StreamContextScope&) = delete;
+  bool ok() const noexcept { return m_ok; }
+
+ private:
+  CUcontext m_saved = nullptr;
+  bool m_restore = false;
+  bool m_ok = true;
+};
+
 }  // namespace gpuipc::cuda
