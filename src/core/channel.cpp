@@ -439,6 +439,9 @@ Status Channel::send(StreamHandle stream, const void* source, std::size_t bytes,
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count != 0) return Status::InvalidState;
   auto& im = *m_impl;
   if (header.size() > im.geometry.header_bytes || bytes > im.slot_bytes) return Status::InvalidState;
+  // The copy too: on the legacy default stream it runs in the channel's context, whose GPU maps the slot.
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  if (!context.ok()) return Status::DriverError;
   SlotView slot;
   if (const Status st = acquire(stream, timeout, slot); st != Status::Ok) return st;
   if (bytes > 0) {
