@@ -38,6 +38,7 @@ struct Nvml {
   nvmlReturn_t (*common_ancestor)(nvmlDevice_t, nvmlDevice_t, int*) = nullptr;
   nvmlReturn_t (*nvlink_state)(nvmlDevice_t, unsigned, int*) = nullptr;
   nvmlReturn_t (*nvlink_remote_pci)(nvmlDevice_t, unsigned, PciInfo*) = nullptr;
+  nvmlReturn_t (*nvlink_remote_type)(nvmlDevice_t, unsigned, int*) = nullptr;  // nvmlIntNvLinkDeviceType_t
   std::string error;  // why NVML is unusable; empty when it works
 };
 
@@ -65,6 +66,7 @@ const Nvml& nvml() {
     fetch(lib, "nvmlDeviceGetTopologyCommonAncestor", n.common_ancestor);
     fetch(lib, "nvmlDeviceGetNvLinkState", n.nvlink_state);
     fetch(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2", n.nvlink_remote_pci);
+    fetch(lib, "nvmlDeviceGetNvLinkRemoteDeviceType", n.nvlink_remote_type);
     if (n.init == nullptr || n.by_uuid == nullptr) {
       n.error = "libnvidia-ml.so.1 lacks nvmlInit_v2 or nvmlDeviceGetHandleByUUID";
       return;
@@ -84,20 +86,32 @@ std::optional<std::array<unsigned, 3>> parse_bus_id(const std::string& s) {
   return std::array<unsigned, 3>{domain, bus, device};
 }
 
+/// Active NVLinks from `from` that reach the GPU `to_bus_id`: those whose far end is that GPU, or, on machines whose
+/// GPUs are joined through NVSwitches (HGX H100/H200: every link of a GPU ends at a switch), the active links to
+/// switches, which is what `nvidia-smi topo -m` reports (NV18 on a two-H200 machine, where counting far ends that are
+/// the other GPU gave 0). -1 when NVML cannot say.
 int count_nvlinks(const Nvml& n, nvmlDevice_t from, const std::string& to_bus_id) {
   if (n.nvlink_state == nullptr || n.nvlink_remote_pci == nullptr) return -1;
   const auto target = parse_bus_id(to_bus_id);
   if (!target) return -1;
-  int count = 0;
+  constexpr int kRemoteSwitch = 2;  // NVML_NVLINK_DEVICE_TYPE_SWITCH
+  int direct = 0;
+  int to_switches = 0;
   for (unsigned link = 0; link < kMaxNvlinks; ++link) {
     int active = 0;
     if (n.nvlink_state(from, link, &active) != kNvmlSuccess) continue;  // no such link, or not supported
     if (active != kFeatureEnabled) continue;
+    int type = -1;
+    if (n.nvlink_remote_type != nullptr && n.nvlink_remote_type(from, link, &type) == kNvmlSuccess &&
+        type == kRemoteSwitch) {
+      ++to_switches;
+      continue;
+    }
     PciInfo pci{};
     if (n.nvlink_remote_pci(from, link, &pci) != kNvmlSuccess) continue;
-    if (pci.domain == (*target)[0] && pci.bus == (*target)[1] && pci.device == (*target)[2]) ++count;
+    if (pci.domain == (*target)[0] && pci.bus == (*target)[1] && pci.device == (*target)[2]) ++direct;
   }
-  return count;
+  return direct > 0 ? direct : to_switches;
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ namespace gpuipc::cuda {
 /// The link between two GPUs as NVML reports it.
 struct NvmlLink {
   bool nvlink = false;  ///< nvmlDeviceGetP2PStatus(NVLINK) is OK: they are joined by NVLink
-  int nvlinks = -1;     ///< active NVLinks whose remote end is the other GPU (-1: NVML did not say)
+  int nvlinks = -1;     ///< active NVLinks to the other GPU, direct or through NVSwitches (-1: NVML did not say)
   /// nvmlDeviceGetTopologyCommonAncestor: "board", "switch", "switches", "host_bridge", "numa_node", "system";
   /// empty when NVML did not say.
   std::string pcie_path;
