@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from typing import List, Tuple
 
@@ -289,3 +291,29 @@ def counting_acquire(name: str, n: int, timeout: float) -> int:
     with gpuipc.CountingSemaphore.open(name, wait=10) as sem:
         sem.acquire(n, timeout=timeout)
         return sem.held
+
+
+_GPU_PROBE = """
+import ctypes, sys
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+except OSError:
+    print("0 no CUDA driver (libcuda.so.1)"); sys.exit()
+rc = cuda.cuInit(0)
+if rc != 0:
+    print(f"0 cuInit failed ({rc})"); sys.exit()
+n = ctypes.c_int(0)
+cuda.cuDeviceGetCount(ctypes.byref(n))
+print(n.value, "GPUs visible")
+"""
+
+
+def gpus_missing(need: int = 1) -> str:
+    """"" when at least ``need`` GPUs are visible, else why not. A child counts them, so that this process never
+    initialises CUDA (a process forked after that could not use it)."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _GPU_PROBE], capture_output=True, text=True, timeout=60).stdout
+        count, why = out.split(" ", 1)
+        return "" if int(count) >= need else f"{count} {why.strip()}"
+    except Exception as e:  # noqa: BLE001 - the reason a test skips
+        return f"GPU probe failed: {e}"

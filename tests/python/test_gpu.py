@@ -17,32 +17,7 @@ import gpuipc
 import gpu_helpers
 import helpers
 
-_PROBE = """
-import ctypes, sys
-try:
-    cuda = ctypes.CDLL("libcuda.so.1")
-except OSError:
-    print("0 no CUDA driver (libcuda.so.1)"); sys.exit()
-rc = cuda.cuInit(0)
-if rc != 0:
-    print(f"0 cuInit failed ({rc})"); sys.exit()
-n = ctypes.c_int(0)
-cuda.cuDeviceGetCount(ctypes.byref(n))
-print(n.value, "devices")
-"""
-
-
-def _probe() -> str:
-    """Asks a child (so this process never initialises CUDA) how many GPUs there are: "" when some, else why not."""
-    try:
-        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60).stdout
-        count, why = out.split(" ", 1)
-        return "" if int(count) > 0 else why.strip()
-    except Exception as e:  # noqa: BLE001
-        return f"GPU probe failed: {e}"
-
-
-_NO_GPU = _probe()
+_NO_GPU = helpers.gpus_missing(1)
 pytestmark = pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
 
 N = gpu_helpers.N

@@ -14,33 +14,9 @@ import textwrap
 import pytest
 
 import gpuipc
+import helpers
 
-_PROBE = """
-import ctypes, sys
-try:
-    cuda = ctypes.CDLL("libcuda.so.1")
-except OSError:
-    print("0 no CUDA driver (libcuda.so.1)"); sys.exit()
-rc = cuda.cuInit(0)
-if rc != 0:
-    print(f"0 cuInit failed ({rc})"); sys.exit()
-n = ctypes.c_int(0)
-cuda.cuDeviceGetCount(ctypes.byref(n))
-print(n.value, "GPUs visible")
-"""
-
-
-def _probe() -> str:
-    """Asks a child (this process never initialises CUDA first) how many GPUs there are: "" when two or more."""
-    try:
-        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60).stdout
-        count, why = out.split(" ", 1)
-        return "" if int(count) >= 2 else f"{count} {why.strip()}"
-    except Exception as e:  # noqa: BLE001
-        return f"GPU probe failed: {e}"
-
-
-_NO_TWO_GPUS = _probe()
+_NO_TWO_GPUS = helpers.gpus_missing(2)
 pytestmark = pytest.mark.skipif(bool(_NO_TWO_GPUS), reason=f"needs two GPUs: {_NO_TWO_GPUS}")
 
 N = 1 << 20  # float32 elements
