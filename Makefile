@@ -53,11 +53,13 @@ soak: build
 bench: build
 	scripts/run_bench.sh
 
-## The CUDA IPC study (docs/study.md) from the result files in bench/results/: plots (docs/img), then the page.
+## The CUDA IPC study (docs/study.md) from the result files in bench/results/: plots (docs/img), then the page; and
+## the README's table of figures (bench/analysis/readme_table.py).
 ## Needs python3 with matplotlib; run the benchmarks first (gpuipc bench all) on a GPU machine.
 study:
 	python3 bench/analysis/plot.py bench/results --out docs/img
 	python3 bench/analysis/study.py bench/results --img docs/img --out docs/study.md
+	python3 bench/analysis/readme_table.py
 
 ## ASan + UBSan build of the CPU test suite.
 asan: deps
