@@ -74,10 +74,11 @@ std::shared_ptr<Pool::Impl> attach(Segment control, const std::string& name, Acc
   impl->mapped_epoch = std::make_unique<std::atomic<std::uint64_t>[]>(impl->block.geometry().max_chunks);
   for (std::uint32_t c = 0; c < impl->block.geometry().max_chunks; ++c) impl->mapped_epoch[c] = pool_detail::kUnmapped;
   if (impl->stream_ordered()) {
-    // A creator's control block is registered; an opener's is registered at its first stream-ordered free, with
-    // the GPU it would have been registered with here (OpenOptions::device, else 0).
+    // A creator's control block is registered; an opener's is registered at its first stream-ordered free. The
+    // context is the one this handle asked for (PoolOptions/OpenOptions::device, else 0), never the control
+    // mapping's: that mapping is cached per process, and another handle may have registered it for another GPU.
     impl->control_device = control.device_pointer();
-    impl->ctx = cuda::PrimaryContext(control.device() >= 0 ? control.device() : (device < 0 ? 0 : device));
+    impl->ctx = cuda::PrimaryContext(device < 0 ? 0 : device);
   }
   impl->scratch.reserve(impl->block.geometry().max_records);
   impl->control = std::move(control);
