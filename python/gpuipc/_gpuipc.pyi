@@ -399,13 +399,6 @@ class Pool:
         are given back).
         """
 
-    def tensors_of(self, raw: bytes, readonly: bool, hold: bool, layouts: Sequence[tuple[tuple[int, int, int], str, Sequence[int], Sequence[int], int]]) -> list:
-        """
-        Like views_of with dlpack, but each capsule typed: layouts[i] is ((code, bits, lanes), typestr, shape,
-        strides in elements, byte offset) of the tensor in block i. Raises InvalidArgument at the first stale or
-        forged ref or a layout that does not fit its block (holds taken so far are given back).
-        """
-
     def tensors_of_index(self, raw: bytes, first: int, flat: bytes, sflat: bytes, dtypes: Sequence[tuple[tuple[int, int, int], str] | None], readonly: bool, hold: bool) -> list:
         """
         The tensors of a tensor index (gpuipc/_index.py) that lie alone at the start of a storage named in

@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "gpuipc/device.hpp"
 #include "gpuipc/pool.hpp"
 
 #include "common.hpp"
@@ -77,11 +76,8 @@ struct HeldBlock {
   }
 };
 
-/// The layout of a tensor in its block (tensors_of): DLPack (code, bits, lanes), typestr, shape, strides (elements),
-/// byte offset.
+/// An element type as tensors_of_index takes it: DLPack (code, bits, lanes) and the array-interface typestr.
 using Dtype = std::tuple<std::tuple<int, int, int>, std::string>;
-using Layout = std::tuple<std::tuple<int, int, int>, std::string, std::vector<std::int64_t>, std::vector<std::int64_t>,
-                          std::size_t>;
 
 /// Holds on several blocks of one pool, given back together (spans_of).
 struct HeldBlocks {
@@ -138,9 +134,6 @@ std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t
   std::vector<ArrayView> views;
   views.reserve(n);
   nb::gil_scoped_release unlocked;
-  // A peer mapping is used from the GPU that mapped it, not the owner's (cuPointerGetAttribute's ordinal).
-  const bool gpu = is_gpu(pool.kind());
-  const int device = pool.mapping_device();
   for (std::size_t i = 0; i < n; ++i) {
     const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
     std::shared_ptr<const void> owner;
@@ -151,8 +144,7 @@ std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t
       owner = std::make_shared<const Pool>(pool);
     }
     const auto address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
-    views.push_back(ArrayView::bytes(std::move(owner), address, r.size, readonly, gpu ? kDLCUDA : kDLCPU,
-                                     gpu ? device : 0));
+    views.push_back(block_view(pool, std::move(owner), address, r.size, readonly));
   }
   return views;
 }
@@ -383,33 +375,10 @@ void bind_pool(nb::module_& m) {
           "of each instead of a view. Raises InvalidArgument at the first stale or forged ref (holds taken so far\n"
           "are given back).")
       .def(
-          "tensors_of",
-          [](PyPool& p, nb::bytes raw, bool readonly, bool hold, const std::vector<Layout>& layouts) {
-            // views_of with each view typed as the tensor that fills its block: a framework makes each tensor with
-            // one DLPack import, its storage the block (no per-tensor view or set_ call in Python).
-            if (layouts.size() != raw.size() / kBlockRefBytes) {
-              throw Error(ErrorCode::InvalidArgument,
-                          fmt::format("{} layouts for {} BlockRefs", layouts.size(), raw.size() / kBlockRefBytes),
-                          "tensors_of");
-            }
-            const std::vector<ArrayView> views = held_views(p.get(), raw, readonly, hold, "tensors_of");
-            nb::list out;
-            for (std::size_t i = 0; i < views.size(); ++i) {
-              const auto& [element, typestr, shape, strides, offset] = layouts[i];
-              out.append(dlpack_export(strided_view(views[i], element, typestr, shape, strides, offset), nb::none(),
-                                       std::nullopt, std::nullopt, std::nullopt));
-            }
-            return out;
-          },
-          "raw"_a, "readonly"_a, "hold"_a, "layouts"_a,
-          "Like views_of with dlpack, but each capsule typed: layouts[i] is ((code, bits, lanes), typestr, shape,\n"
-          "strides in elements, byte offset) of the tensor in block i. Raises InvalidArgument at the first stale or\n"
-          "forged ref or a layout that does not fit its block (holds taken so far are given back).")
-      .def(
           "tensors_of_index",
           [](PyPool& p, nb::bytes raw, std::size_t first, nb::bytes flat_bytes, nb::bytes sflat_bytes,
              const std::vector<std::optional<Dtype>>& dtypes, bool readonly, bool hold) {
-            // tensors_of for a whole tensor index (gpuipc/_index.py) without a Python loop per tensor: the tensors
+            // A typed DLPack capsule per tensor of a tensor index (gpuipc/_index.py), without a Python loop: the tensors
             // alone on a storage of `raw` (the refs of storages first, first + 1, ...), at its start, as (position
             // in the index, typed DLPack capsule over the storage's range of its block).
             const std::size_t count = ref_count(raw, "tensors_of_index");

@@ -30,7 +30,7 @@ def clock():
 
 
 def stages():
-    """One open, split: broker + map of the index, JSON decode, pool joins, refs read, tensors_of (holds,
+    """One open, split: broker + map of the index, JSON decode, pool joins, refs read, tensors_of_index (holds,
     resolves, capsules), DLPack imports, dict, touch. Microseconds."""
     t = {}
     a = clock()
@@ -77,7 +77,7 @@ def whole():
 
 
 def micro():
-    """Per-call costs with the pool joined: tensors_of with and without holds, views_of, one import per chunk,
+    """Per-call costs with the pool joined: tensors_of_index with and without holds, views_of, one import per chunk,
     from_dlpack alone, torch.empty+set_, UntypedStorage slices, as_strided."""
     seg = Segment.open(NAME, readonly=True)
     mem = seg.as_array("uint8")
