@@ -22,6 +22,8 @@ def unpack(sdist: str, dest: str) -> int:
             if not m.isfile():
                 continue
             rel = m.name.split("/", 1)[1]  # below the sdist's top folder, gpuipc-<version>/
+            if os.path.isabs(rel) or ".." in rel.split("/"):
+                raise SystemExit(f"unpack_sdist: {sdist} holds {m.name!r}, outside its folder")
             kept.add(rel)
             data = t.extractfile(m).read()
             path = os.path.join(dest, rel)

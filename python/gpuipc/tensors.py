@@ -487,6 +487,8 @@ class _Opened:
         for pool, lo, hi in self._run_bounds():
             for i, capsule in pool.tensors_of_index(raw[lo * 40 : hi * 40], lo, index.flat_bytes, index.storage_bytes,
                                                     self._dtype_layouts(), self.readonly, True):
+                if i >= len(made):  # more records than names: the index is malformed
+                    raise InvalidArgument(f"tensor index {self.name!r} is malformed (tensor records)")
                 made[i] = from_dlpack(capsule)
                 count += 1
         if count == index.tensor_count:
