@@ -60,7 +60,8 @@ class Semaphore:
         """Stream-ordered: when ``stream`` reaches this point the value becomes ``value``.
 
         stream: None (legacy default stream), an int handle, torch/cupy streams or ``__cuda_stream__`` objects.
-        wake_host: also wake host waiters at once (else within 1 ms). Raises PeerDied/Closed (poisoned),
+        wake_host: also wake host waiters at once (else within 1 ms); on an idle stream the value is then raised
+        from the host at once, as signal_host does. Raises PeerDied/Closed (poisoned),
         InvalidState (a waiter, a host-kind semaphore, value > MAX_VALUE), CudaError.
         """
         self._sem.signal(value, stream_handle(stream), wake_host)

@@ -52,6 +52,11 @@ bool stream_busy(CUstream stream) noexcept {
   return api != nullptr && api->cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
 }
 
+bool stream_idle(CUstream stream) noexcept {
+  const DriverApi* api = loaded_driver();
+  return api != nullptr && api->cuStreamQuery(stream) == CUDA_SUCCESS;
+}
+
 CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept {
   const DriverApi* api = loaded_driver();
   if (api == nullptr) return CUDA_ERROR_NOT_INITIALIZED;

@@ -35,6 +35,9 @@ CUresult stream_wait_value64(CUstream stream, CUdeviceptr addr, std::uint64_t va
 /// Whether `stream` still has work to do (cuStreamQuery says CUDA_ERROR_NOT_READY). Hot path: false on any other
 /// answer, including errors.
 bool stream_busy(CUstream stream) noexcept;
+/// Whether everything enqueued on `stream` so far has finished (cuStreamQuery says CUDA_SUCCESS). Hot path: false
+/// on any other answer, including errors, so a caller that takes a shortcut on true never takes it by mistake.
+bool stream_idle(CUstream stream) noexcept;
 /// cuMemcpyAsync in `stream` order (unified addresses: host or device on either side). Hot path: returns the
 /// CUresult, no exception.
 CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept;

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <optional>
@@ -399,6 +400,42 @@ TEST(SemaphoresDevice, StreamsSignalAndWaitAcrossProcesses) {
             0);
   EXPECT_EQ(wait_child(a, 60s), 0);
   Semaphore::unlink(name);
+}
+
+TEST(SemaphoresDevice, WakeHostSignalKeepsStreamOrderAndIsImmediateOnAnIdleStream) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("wsem");
+  const auto gate_name = unique_name("wgate");
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+              auto gate =
+                  Semaphore::create(gate_name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+              // An idle stream: the value is raised before signal returns (from the host, no host callback).
+              GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
+              GPUIPC_CHILD_CHECK(sem.signal(g.stream.get(), 1, true) == Status::Ok);
+              GPUIPC_CHILD_CHECK(sem.value() == 1);
+              // A busy stream (blocked on the gate): the signal stays behind the stream's work.
+              GPUIPC_CHILD_CHECK(gate.wait(g.stream.get(), 1) == Status::Ok);
+              GPUIPC_CHILD_CHECK(sem.signal(g.stream.get(), 2, true) == Status::Ok);
+              WaitResult woke;
+              std::atomic<bool> returned{false};
+              std::thread host_waiter([&] {
+                woke = sem.wait_host(2, std::chrono::seconds(10), {});
+                returned.store(true);
+              });
+              std::this_thread::sleep_for(300ms);
+              GPUIPC_CHILD_CHECK(sem.value() == 1);
+              GPUIPC_CHILD_CHECK(!returned.load());
+              GPUIPC_CHILD_CHECK(gate.signal_host(1) == Status::Ok);
+              host_waiter.join();
+              GPUIPC_CHILD_CHECK(woke.status == Status::Ok && woke.value == 2);
+              GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
+              return 0;
+            }),
+            0);
+  Semaphore::unlink(name);
+  Semaphore::unlink(gate_name);
 }
 
 TEST(SemaphoresDevice, PoisonReleasesAStreamBlockedOnADeadSignaller) {
