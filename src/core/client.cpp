@@ -201,7 +201,8 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
   }
   // The wait is bounded: a broker that stops answering becomes an error, not a hang.
   const int wait_ms = static_cast<int>(std::max<std::int64_t>(timeout.count(), connect_timeout().count()));
-  std::vector<std::byte> buffer(proto::kMaxMessageSize);
+  if (!m_reply_buffer) m_reply_buffer = std::make_unique_for_overwrite<std::byte[]>(proto::kMaxMessageSize);
+  const std::span<std::byte> buffer(m_reply_buffer.get(), proto::kMaxMessageSize);
   for (;;) {
     if (!os::wait_readable(m_sock.get(), wait_ms)) {
       m_sock.reset();

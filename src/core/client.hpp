@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -92,6 +93,7 @@ class BrokerClient {
   std::atomic<std::uint64_t> m_generation{0};
   std::atomic<const proto::StatusPage*> m_status{nullptr};
   std::vector<os::Mapping> m_status_maps;  // kept for the process's life: lock-free readers may hold old pointers
+  std::unique_ptr<std::byte[]> m_reply_buffer;  // one reply's bytes (kMaxMessageSize), reused: no 60 KB zeroed per call
   std::uint32_t m_next_request = 1;
   std::uint32_t m_broker_pid = 0;
   std::string m_broker_version;
