@@ -52,7 +52,7 @@ def _open_ack(gpuipc, name, procs, results):
 SPIN_S = 0.05
 
 
-def update_reader(name, ack_name, spec_path, spins, results):
+def update_reader(name, ack_name, floor_name, spec_path, spins, floor_rounds, results):
     try:
         torch = cuda_init()
         import gpuipc
@@ -60,6 +60,7 @@ def update_reader(name, ack_name, spec_path, spins, results):
         spec = load_spec(spec_path)
         ack = gpuipc.Semaphore.create(ack_name, initial=0, kind="host")
         r = gpuipc.open_tensors(name, versioned=True, device=0, wait=TIMEOUT)
+        floor = gpuipc.Semaphore.open(floor_name, role="waiter", wait=TIMEOUT)
         v = r.version
         t1, seen = [], []
         for i, spin in enumerate(spins):
@@ -68,6 +69,12 @@ def update_reader(name, ack_name, spec_path, spins, results):
             t1.append(time.monotonic_ns())
             seen.append(got)
             v += 1
+        # The floor: the same wait (20 us of polling, then a futex) on a plain host semaphore the publisher raises.
+        for k in range(floor_rounds):
+            ack.signal_host(len(spins) + k + 1)
+            floor.wait_host(k + 1, timeout=TIMEOUT)
+            t1.append(time.monotonic_ns())
+        floor.close()
         with r.pin() as p:  # the latest version, read through its index slot (untimed)
             check(torch, p.tensors, spec)
         results.put(("done", 0, {"t1_ns": t1, "seen": seen}))
@@ -85,7 +92,9 @@ def measure_updates(torch, gpuipc, pub, name, versions, updates, copies, source,
     spins = [spin for _, _, spin in modes for _ in range(WARMUP_UPDATES + updates)]
     rounds = len(spins)
     ack_name = name + ".ack"
-    _, results, procs = _spawn(update_reader, [(name, ack_name, spec_path, spins)])
+    floor = gpuipc.Semaphore.create(name + ".floor", initial=0, kind="host")
+    floor_rounds = WARMUP_UPDATES + updates
+    _, results, procs = _spawn(update_reader, [(name, ack_name, floor.name, spec_path, spins, floor_rounds)])
     ok = False
     out = {"signal": "stream-ordered" if pub._sem_kind == "host_pinned" else "host (update(stream=...) does not "
            "order the signal after the stream: the version semaphore is host-kind)"}
@@ -105,6 +114,13 @@ def measure_updates(torch, gpuipc, pub, name, versions, updates, copies, source,
                 t1 = time.monotonic_ns()
                 t0s.append(t0)
                 call_us.append((t1 - t0) / 1e3)
+        floor_t0 = []
+        for k in range(floor_rounds):
+            i += 1
+            ack.wait_host(i, timeout=TIMEOUT)
+            time.sleep(0.002)
+            floor_t0.append(time.monotonic_ns())
+            floor.signal_host(k + 1)
         kind, _, payload = _get(results, time.monotonic() + TIMEOUT, procs, "the reader's timestamps")
         if kind == "error":
             raise PeerFailed(payload)
@@ -112,9 +128,16 @@ def measure_updates(torch, gpuipc, pub, name, versions, updates, copies, source,
         ok = True
     finally:
         _stop(procs, 60 if ok else 2)
+        floor.close()
+        gpuipc.Semaphore.unlink(floor.name)
+    floor_us = [(t1 - t0) / 1e3 for t0, t1 in zip(floor_t0, payload["t1_ns"][rounds:])]
+    out["floor"] = {"visible_us": floor_us[WARMUP_UPDATES:],
+                    "what": "a plain host-kind gpuipc Semaphore: signal_host() to the same reader's wait_host() "
+                            "(20 us of polling, then a futex), timed the same way: the machine's cost of waking a "
+                            "process that sleeps"}
     if payload["seen"] != list(range(payload["seen"][0], payload["seen"][0] + rounds)):
         raise RuntimeError(f"the reader saw versions {payload['seen'][:5]}... : not each version in turn")
-    visible = [(t1 - t0) / 1e3 for t0, t1 in zip(t0s, payload["t1_ns"])]
+    visible = [(t1 - t0) / 1e3 for t0, t1 in zip(t0s, payload["t1_ns"][:rounds])]
     n = WARMUP_UPDATES + updates
     for m, (mode, _, _) in enumerate(modes):
         lo = m * n + WARMUP_UPDATES

@@ -207,7 +207,8 @@ void measure_updates(Result& r, const Options& o, const Specs& specs) {
             "weights_update_visible_v2_p99_us", "weights_update_visible_host_us", "weights_update_visible_v2_host_us",
             "weights_update_visible_spin_us", "weights_update_visible_spin_p99_us",
             "weights_update_visible_host_spin_us", "weights_update_visible_v2_spin_us",
-            "weights_update_visible_v2_spin_p99_us", "weights_update_visible_v2_host_spin_us", "weights_update_copy_ms",
+            "weights_update_visible_v2_spin_p99_us", "weights_update_visible_v2_host_spin_us",
+            "weights_update_wake_floor_us", "weights_update_wake_floor_v2_us", "weights_update_copy_ms",
             "weights_update_copy_p99_ms", "weights_update_copy_v2_ms", "weights_update_copy_v2_p99_ms"});
     r.notes.push_back("weights_update_visible_us: " + why + ". Target <= 20 us: not judged.");
     return;
@@ -228,6 +229,11 @@ void measure_updates(Result& r, const Options& o, const Specs& specs) {
         keep(r, "weights_update_visible" + sfx + "_host_spin_us", values_of(d.at("host_spin"), "visible_us"), "us");
     r.metrics["weights_update_visible" + sfx + "_host_spin_us"] = host_spin.median;
     const Summary call = keep(r, "weights_update_call" + sfx + "_us", values_of(d.at("stream"), "call_us"), "us");
+    // Older part scripts did not measure the floor.
+    const Summary floor = d.contains("floor") ? keep(r, "weights_update_wake_floor" + sfx + "_us",
+                                                     values_of(d.at("floor"), "visible_us"), "us")
+                                              : Summary{};
+    r.metrics["weights_update_wake_floor" + sfx + "_us"] = d.contains("floor") ? json(floor.median) : json(nullptr);
     const Summary copy = put(r, "weights_update_copy" + sfx + "_ms", "weights_update_copy" + sfx + "_p99_ms",
                              values_of(d, "copy_ms"), "ms");
     r.notes.push_back(fmt::format(
@@ -237,10 +243,12 @@ void measure_updates(Result& r, const Options& o, const Specs& specs) {
         "update(stream=None), a host signal: {:.1f} us p50. Target <= 20 us {} for a sleeping reader. A reader "
         "that polls (wait_version(spin=...), a CPU core while it waits) sees the stream-ordered update in {:.1f} us "
         "p50 (p99 {:.1f}) and the host signal in {:.1f} us: target {}. Apart: update_from of the whole {} bytes "
-        "(the copy in, then the update, until its stream finished) {:.2f} ms p50 (p99 {:.2f}).",
+        "(the copy in, then the update, until its stream finished) {:.2f} ms p50 (p99 {:.2f}). The floor, {:.1f} us "
+        "p50 (p99 {:.1f}): a plain host semaphore raised by the publisher, waited for the same way (20 us of "
+        "polling, then a futex) by the same reader: what waking a sleeping process costs on this machine.",
         v[1], vis.n, vis.median, vis.p99, call.median, d.value("signal", std::string("?")), host.median,
         verdict(vis.median <= 20.0), spin.median, spin.p99, host_spin.median, verdict(spin.median <= 20.0),
-        j.value("bytes", std::uint64_t{0}), copy.median, copy.p99));
+        j.value("bytes", std::uint64_t{0}), copy.median, copy.p99, floor.median, floor.p99));
   }
 }
 
