@@ -97,6 +97,63 @@ json sem_rtt(const Env& env, int batches, int per_batch) {
   return results[0];
 }
 
+/// The same ping-pong with both sides in one process and one context, on two streams: no context switch between
+/// them, so what is left is the GPU's own cost of a memop write reaching a memop wait (the breakdown in
+/// docs/channels.md sets it against sem_rtt_us).
+json sem_rtt_one_context(int batches, int per_batch) {
+  const std::string name = unique("sem1");
+  const auto results = run_workers({[&]() -> json {
+    Gpu g;
+    const cuda::Stream other = cuda::Stream::create();
+    auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    std::vector<double> per_rtt_us;
+    for (int b = 0; b <= batches; ++b) {  // batch 0 warms up
+      const std::uint64_t base = static_cast<std::uint64_t>(b) * 2 * per_batch;
+      const auto t0 = now_ns();
+      for (int i = 0; i < per_batch; ++i) {
+        check_status(sem.signal(g.stream.get(), base + 2 * i + 1), "signal");
+        check_status(sem.wait(g.stream.get(), base + 2 * i + 2), "wait");
+        check_status(sem.wait(other.get(), base + 2 * i + 1), "wait");
+        check_status(sem.signal(other.get(), base + 2 * i + 2), "signal");
+      }
+      g.stream.synchronize();
+      other.synchronize();
+      if (b > 0) per_rtt_us.push_back(static_cast<double>(now_ns() - t0) / 1e3 / per_batch);
+    }
+    return json{{"rtt_us", to_json(summarize(per_rtt_us))}};
+  }});
+  Semaphore::unlink(name);
+  return results[0];
+}
+
+/// Host to GPU and back, one process: a stream waits for v (enqueued first, so it is blocked), then writes v + 1;
+/// the host raises the value to v and polls until it reads v + 1. What a wait released by the host and a GPU write
+/// seen by the host cost together, with no second context.
+json host_gpu_rtt(int iterations) {
+  const std::string name = unique("hg");
+  const auto results = run_workers({[&]() -> json {
+    Gpu g;
+    auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    std::vector<double> us;
+    for (int i = 0; i < iterations + 20; ++i) {
+      const std::uint64_t v = 2 * static_cast<std::uint64_t>(i) + 1;
+      check_status(sem.wait(g.stream.get(), v), "wait");
+      check_status(sem.signal(g.stream.get(), v + 1), "signal");
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // the stream is blocked in its wait by now
+      const auto t0 = now_ns();
+      check_status(sem.signal_host(v), "signal_host");
+      while (sem.value() < v + 1) {
+        if (now_ns() - t0 > 5'000'000'000) throw std::runtime_error("host_gpu_rtt: the stream did not answer in 5 s");
+      }
+      if (i >= 20) us.push_back(static_cast<double>(now_ns() - t0) / 1e3);
+    }
+    g.stream.synchronize();
+    return json{{"rtt_us", to_json(summarize(us))}};
+  }});
+  Semaphore::unlink(name);
+  return results[0];
+}
+
 // --- IPC event ping-pong --------------------------------------------------------------------------------------
 // cuStreamWaitEvent waits for the event's most recent record *at the time of the call*, so a peer cannot enqueue
 // its wait before the record happened: the host has to relay every step.
@@ -246,6 +303,14 @@ Result run(const Options& o, const DeviceMeta& meta) {
   r.metrics["ipc_event_rtt_us"] = ev["rtt_us"]["median"];
   r.samples.push_back({{"what", "sem_rtt_us"}, {"summary", sem["rtt_us"]}});
   r.samples.push_back({{"what", "sem_host_sync_rtt_us"}, {"summary", sem["host_sync_rtt_us"]}});
+  progress(o, "channels: semaphore ping-pong in one context, and host to GPU and back");
+  const auto sem1 = sem_rtt_one_context(batches, per_batch);
+  r.metrics["sem_rtt_one_context_us"] = sem1["rtt_us"]["median"];
+  r.samples.push_back({{"what", "sem_rtt_one_context_us"}, {"summary", sem1["rtt_us"]}});
+  const auto hg = host_gpu_rtt(o.quick ? 200 : 1000);
+  r.metrics["host_gpu_rtt_us"] = hg["rtt_us"]["median"];
+  r.metrics["host_gpu_rtt_p99_us"] = hg["rtt_us"]["p99"];
+  r.samples.push_back({{"what", "host_gpu_rtt_us"}, {"summary", hg["rtt_us"]}});
   r.samples.push_back({{"what", "ipc_event_rtt_us"}, {"summary", ev["rtt_us"]}});
 
   for (const std::size_t mib : {1, 64}) {
