@@ -92,9 +92,10 @@ def measure_updates(torch, gpuipc, pub, name, versions, updates, copies, source,
     spins = [spin for _, _, spin in modes for _ in range(WARMUP_UPDATES + updates)]
     rounds = len(spins)
     ack_name = name + ".ack"
-    floor = gpuipc.Semaphore.create(name + ".floor", initial=0, kind="host")
+    floor_name = name + ".floor"
+    floor = gpuipc.Semaphore.create(floor_name, initial=0, kind="host")
     floor_rounds = WARMUP_UPDATES + updates
-    _, results, procs = _spawn(update_reader, [(name, ack_name, floor.name, spec_path, spins, floor_rounds)])
+    _, results, procs = _spawn(update_reader, [(name, ack_name, floor_name, spec_path, spins, floor_rounds)])
     ok = False
     out = {"signal": "stream-ordered" if pub._sem_kind == "host_pinned" else "host (update(stream=...) does not "
            "order the signal after the stream: the version semaphore is host-kind)"}
@@ -129,7 +130,7 @@ def measure_updates(torch, gpuipc, pub, name, versions, updates, copies, source,
     finally:
         _stop(procs, 60 if ok else 2)
         floor.close()
-        gpuipc.Semaphore.unlink(floor.name)
+        gpuipc.Semaphore.unlink(floor_name)
     floor_us = [(t1 - t0) / 1e3 for t0, t1 in zip(floor_t0, payload["t1_ns"][rounds:])]
     out["floor"] = {"visible_us": floor_us[WARMUP_UPDATES:],
                     "what": "a plain host-kind gpuipc Semaphore: signal_host() to the same reader's wait_host() "
