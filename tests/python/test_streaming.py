@@ -1,6 +1,8 @@
 """Bucketed streaming, host kind (NumPy): stream_publisher / stream_reader with several reader processes, tensors
 split across buckets, receive_iter, checksums (a corrupted bucket), an abandoned version, a SIGKILLed publisher
-mid-version (PeerDied, never a torn version, never a hang), a SIGKILLed or stalled reader (the publisher goes on)."""
+mid-version (PeerDied, never a torn version, never a hang), a SIGKILLed or stalled reader (the publisher goes on);
+reference pieces from host pool blocks (mixed with staged ones, no handle opened in steady state, finish() and
+wait_consumed ordering, eviction, a SIGKILLed reader, checksums), and a control block of another format."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -422,3 +425,17 @@ def test_format_mismatch_is_refused(name):
             pub._mem[8:12] = np.frombuffer(np.uint32(other).tobytes(), dtype=np.uint8)
             with pytest.raises(gpuipc.InvalidArgument, match=f"has format {other}; this gpuipc reads format {FORMAT} only"):
                 gpuipc.stream_reader(name)
+
+
+def test_the_weights_bench_finds_by_reference():
+    """bench/suites/_weights_versions.py measures the by-reference path only where stream_publisher takes
+    by_reference (else it reports it missing): it must find it in this gpuipc."""
+    suites = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "suites")
+    if not os.path.exists(os.path.join(suites, "_weights_versions.py")):
+        pytest.skip("no bench/suites here (an installed package without the repository)")
+    sys.path.insert(0, suites)
+    try:
+        import _weights_versions
+    finally:
+        sys.path.remove(suites)
+    assert _weights_versions._has_by_reference(gpuipc)
