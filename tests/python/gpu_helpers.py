@@ -295,26 +295,39 @@ def torch_stream_state(torch, v: int) -> dict:
     }
 
 
-def torch_stream_reader(name: str, versions: int) -> list:
-    """Joins stream `name` and receives `versions` versions on a side stream: receive() for odd turns,
-    receive_iter() (copying each piece itself) for even ones. Returns [(version, every tensor right)]."""
+def torch_stream_reader(name: str, versions: int, how: str = "alternate", hold: float = 0.0,
+                        count: bool = False) -> list:
+    """Joins stream `name` and receives `versions` versions on a side stream, with receive() ("receive"),
+    receive_iter() copying each piece itself ("iter"; `hold`: seconds it sleeps before each copy), or the two in
+    turn ("alternate": receive first). Returns [(version, every tensor right)], and with `count` the calls that
+    opened or resolved a handle during each receive (helpers.count_handle_calls) as a third item."""
+    import helpers
+
     torch = torch_cuda()
     s = torch.cuda.Stream()
     out = []
     with gpuipc.stream_reader(name, wait=30) as rd:
         into = {k: torch.empty_like(x) for k, x in torch_stream_state(torch, 0).items()}
         torch.cuda.synchronize()
+        counts = helpers.count_handle_calls() if count else {}
         for turn in range(versions):
-            if turn % 2 == 0:
+            for k in counts:
+                counts[k] = 0
+            if how == "receive" or (how == "alternate" and turn % 2 == 0):
                 v = rd.receive(into, stream=s, timeout=60)
             else:
                 for item in rd.receive_iter(stream=s, timeout=60):
+                    time.sleep(hold)
                     with torch.cuda.stream(s):
                         into[item.name].view(-1)[item.start : item.start + item.count].copy_(item.view.reshape(-1))
+                    if hold:
+                        sync_within(s)
                 v = rd.version
+            calls = {k: n for k, n in counts.items() if n}
             sync_within(s)
             want = torch_stream_state(torch, v)
-            out.append((v, all(torch.equal(into[k], want[k]) for k in want)))
+            ok = all(torch.equal(into[k], want[k]) for k in want)
+            out.append((v, ok, calls) if count else (v, ok))
     return out
 
 
@@ -404,7 +417,7 @@ def torch_mempool_pause_resume(name: str) -> dict:
     return out
 
 
-# Bucketed streaming by reference (a publisher's gpuipc.torch.MemPool tensors) --------------------------------------------
+# Bucketed streaming by reference (a publisher's gpuipc.torch.MemPool tensors) -----------------------------------------
 def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed: bool) -> list:
     """Builds torch_stream_state(1) under gpuipc.torch.MemPool (with `mixed`, "b" outside it: staged) and publishes
     `versions` versions on a side stream s (by_reference True, or "auto" with `mixed`), writing the next version's
@@ -438,62 +451,6 @@ def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed
     torch.cuda.synchronize()
     gt.detach(0)
     return out
-
-
-def torch_stream_reader_slow(name: str, versions: int, hold: float) -> list:
-    """Receives `versions` versions with receive_iter, sleeping `hold` seconds before copying each piece (the
-    publisher writes the next version right after publish()). Returns [(version, every tensor right)]."""
-    torch = torch_cuda()
-    s = torch.cuda.Stream()
-    out = []
-    with gpuipc.stream_reader(name, wait=30) as rd:
-        into = {k: torch.empty_like(x) for k, x in torch_stream_state(torch, 0).items()}
-        torch.cuda.synchronize()
-        for _ in range(versions):
-            for item in rd.receive_iter(stream=s, timeout=60):
-                time.sleep(hold)
-                with torch.cuda.stream(s):
-                    into[item.name].view(-1)[item.start : item.start + item.count].copy_(item.view.reshape(-1))
-                sync_within(s)
-            v = rd.version
-            want = torch_stream_state(torch, v)
-            out.append((v, all(torch.equal(into[k], want[k]) for k in want)))
-    return out
-
-
-def torch_stream_reader_counting(name: str, versions: int) -> list:
-    """Receives `versions` versions with receive() on a side stream, counting the calls that open or resolve a
-    handle (helpers.count_handle_calls) per version. Returns [(version, every tensor right, calls)]."""
-    import helpers
-
-    torch = torch_cuda()
-    s = torch.cuda.Stream()
-    out = []
-    with gpuipc.stream_reader(name, wait=30) as rd:
-        into = {k: torch.empty_like(x) for k, x in torch_stream_state(torch, 0).items()}
-        torch.cuda.synchronize()
-        counts = helpers.count_handle_calls()
-        for _ in range(versions):
-            for k in counts:
-                counts[k] = 0
-            v = rd.receive(into, stream=s, timeout=60)
-            calls = {k: n for k, n in counts.items() if n}
-            sync_within(s)
-            want = torch_stream_state(torch, v)
-            out.append((v, all(torch.equal(into[k], want[k]) for k in want), calls))
-    return out
-
-
-def torch_stream_reader_holds_first(name: str, ready: str) -> None:
-    """Takes the first piece of the first version and never lets its bucket go; creates `ready`, sleeps until
-    killed."""
-    torch_cuda()
-    rd = gpuipc.stream_reader(name, wait=30)
-    it = rd.receive_iter(timeout=60)
-    next(it)
-    keep = gpuipc.Segment.create(ready, 4096)
-    time.sleep(600)
-    del rd, it, keep
 
 
 def torch_mempool_stream_publish_held(name: str, published: str) -> dict:

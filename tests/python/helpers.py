@@ -259,7 +259,7 @@ def stream_reader_stalls(name: str, ready: str) -> None:
     del rd, it, keep
 
 
-# Reference pieces (a publisher's host pool memory) ---------------------------------------------------------------------
+# Reference pieces (a publisher's host pool memory) --------------------------------------------------------------------
 #: The calls of the extension that open or resolve a handle (a pool join, a block resolve, a segment or semaphore open).
 _HANDLE_CALLS = (("Pool", "open"), ("Pool", "views_of"), ("Pool", "view"), ("Pool", "spans_of"), ("Pool", "resolve"),
                  ("Segment", "open"), ("Semaphore", "open"))
@@ -323,9 +323,13 @@ def stream_receive_slowly(name: str, hold: float) -> dict:
     return {"got": got, "items": items, "done": done}
 
 
-def stream_reader_holds_first(name: str, ready: str) -> None:
+def stream_reader_holds_first(name: str, ready: str, cuda: bool = False) -> None:
     """Takes the first piece of the first version and never lets its bucket go; creates `ready` and sleeps until
-    killed."""
+    killed. cuda: a torch CUDA context first (device staging)."""
+    if cuda:
+        import torch
+
+        torch.zeros(1, device="cuda")
     rd = gpuipc.stream_reader(name, wait=30)
     it = rd.receive_iter(timeout=60)
     next(it)

@@ -133,7 +133,8 @@ def test_stream_by_reference_from_a_mempool(name, start, mixed):
     staged beside the others); readers receive with receive and receive_iter; the reader that counts its handle
     calls resolves the blocks in version 1 and opens nothing later."""
     _torch()
-    readers = [start(gpu_helpers.torch_stream_reader, name, 3), start(gpu_helpers.torch_stream_reader_counting, name, 3)]
+    readers = [start(gpu_helpers.torch_stream_reader, name, 3),
+               start(gpu_helpers.torch_stream_reader, name, 3, "receive", 0.0, True)]
     pub = start(gpu_helpers.torch_mempool_stream_publisher, name, 3, 2, mixed)
     pieces = pub.result(timeout=120)
     want = {"w": "reference", "b": "staged" if mixed else "reference", "i": "reference"}
@@ -149,7 +150,7 @@ def test_stream_by_reference_finish_orders_the_next_write(name, start):
     """The publisher writes the next version into its MemPool tensors on its stream right after publish(); a reader
     that takes 0.3 s per piece still gets each version whole, because finish() made that stream wait for it."""
     _torch()
-    reader = start(gpu_helpers.torch_stream_reader_slow, name, 2, 0.3)
+    reader = start(gpu_helpers.torch_stream_reader, name, 2, "iter", 0.3)
     pub = start(gpu_helpers.torch_mempool_stream_publisher, name, 2, 1, False)
     assert len(pub.result(timeout=120)) == 2
     assert reader.result(timeout=60) == [(1, True), (2, True)]
@@ -158,7 +159,7 @@ def test_stream_by_reference_finish_orders_the_next_write(name, start):
 def test_stream_by_reference_wait_released_when_the_reader_dies(name, start):
     _torch()
     ctx = multiprocessing.get_context("spawn")
-    holder = ctx.Process(target=gpu_helpers.torch_stream_reader_holds_first, args=(name, name + "-ready"))
+    holder = ctx.Process(target=helpers.stream_reader_holds_first, args=(name, name + "-ready", True))
     holder.start()
     try:
         pub = start(gpu_helpers.torch_mempool_stream_publish_held, name, name + "-published")

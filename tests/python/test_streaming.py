@@ -376,6 +376,25 @@ def test_wait_consumed_timeout_and_eviction(name):
                 rd.receive(helpers.ref_layout(0), timeout=5)
 
 
+def test_reader_close_lets_the_publishers_blocks_go(name):
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host") as pub:
+        block, state = _ref_sources(pool, 1)
+        rd = gpuipc.stream_reader(name)
+        pub.wait_readers(1, timeout=10)
+        into = {k: np.zeros_like(x) for k, x in helpers.ref_layout(0).items()}
+        got = []
+        t = threading.Thread(target=lambda: got.append(rd.receive(into, timeout=10)))
+        t.start()
+        assert pub.publish(state) == 1  # returns once the reader (a thread here) copied the references
+        t.join(10)
+        assert got == [1] and np.array_equal(into["w"], state["w"])
+        block.free()
+        assert pool.stats()["live_blocks"] == 1  # the reader still holds it, and would copy from it
+        rd.close()
+        assert pool.stats()["live_blocks"] == 0
+
+
 def test_killed_reader_does_not_hold_finish(name):
     ctx = multiprocessing.get_context("spawn")
     with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
@@ -423,7 +442,7 @@ def test_format_mismatch_is_refused(name):
     with gpuipc.stream_publisher(name, 4096, 2, kind="host") as pub:
         for other in (1, FORMAT + 1):
             pub._mem[8:12] = np.frombuffer(np.uint32(other).tobytes(), dtype=np.uint8)
-            with pytest.raises(gpuipc.InvalidArgument, match=f"has format {other}; this gpuipc reads format {FORMAT} only"):
+            with pytest.raises(gpuipc.InvalidArgument, match=f"format {other}; this gpuipc reads format {FORMAT} only"):
                 gpuipc.stream_reader(name)
 
 
