@@ -251,7 +251,7 @@ class StreamReader:
             pool, ref = d.blocks[k]
             return pool, bytes.fromhex(ref)
         except (IndexError, TypeError, ValueError):
-            raise ProtocolError(f"stream {self.name!r}: bucket {d.seq} names block {k!r}, not one of its table") from None
+            raise ProtocolError(f"stream {self.name!r}: bucket {d.seq} names block {k!r}, not in its table") from None
 
     def _ref_block(self, d: _Desc, k: Any) -> HeldBlock:
         """The publisher's block of entry ``k``, resolved and held the first time a version names it."""

@@ -513,7 +513,7 @@ class StreamPublisher:
         meta = [key, info.dtype.name, list(info.shape)]
         mlen = len(json.dumps(meta, separators=(",", ":")))
         if mlen + 40 + (ref.entry_len if ref is not None else 0) > DESC_BYTES - _DESC.size - len(_EMPTY_BODY):
-            raise InvalidArgument(f"tensor name {key[:40]!r}... (or its pool's name) is too long for a bucket descriptor")
+            raise InvalidArgument(f"tensor name {key[:40]!r}... (or its pool's) is too long for a bucket descriptor")
         if torch_src and t is source:  # contiguous as given: remembered for the next version, while it lives
             wref = weakref.ref(t)
             if seen is None or seen[0] is not wref:  # one finalizer per tensor, however often its storage changes
@@ -528,8 +528,9 @@ class StreamPublisher:
         if info.empty:
             return None
         why = None
-        block = shared_block(info) if _contiguous(info) else None
-        if not _contiguous(info):
+        contiguous = _contiguous(info)
+        block = shared_block(info) if contiguous else None
+        if not contiguous:
             why = "it is strided (a reference is one byte range): pass a contiguous tensor"
         elif block is None:
             why = ("it is not in gpuipc pool memory (a block of a gpuipc.Pool, or a tensor allocated under "
