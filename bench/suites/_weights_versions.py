@@ -1,5 +1,7 @@
 """The parts of bench/suites/weights.py that hand a dict over again and again: update (pub.update() -> a reader's
-wait_version returns) and stream (bucketed streaming to a reader process, beside a local device-to-device copy)."""
+wait_version returns) and stream (bucketed streaming to a reader process, staged and by reference, beside a local
+device-to-device copy)."""
+import inspect
 import os
 import time
 import traceback
@@ -228,12 +230,20 @@ def stream_reader_proc(name, ack_name, spec_path, rounds, results):
         _report_error(results, 0)
 
 
-def measure_stream(torch, gpuipc, sd, spec_path, reps):
+def _has_by_reference(gpuipc):
+    return "by_reference" in inspect.signature(gpuipc.stream_publisher).parameters
+
+
+def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None):
+    """publish(sd) to a reader process, reps + 1 times (the first unmeasured). by_reference: passed to
+    stream_publisher when not None (False: the staged path, True: every tensor by reference)."""
     name = tag()
     ack_name = name + ".ack"
     s = torch.cuda.current_stream()
     items = list(sd.items())
-    pub = gpuipc.stream_publisher(name, bucket_bytes=BUCKET_BYTES, buckets=BUCKETS, device=0)
+    kw = {} if by_reference is None else {"by_reference": by_reference}
+    pub = gpuipc.stream_publisher(name, bucket_bytes=BUCKET_BYTES, buckets=BUCKETS, device=0, **kw)
+    ring_bytes = pub.bucket_bytes
     ok = False
     try:
         _, results, procs = _spawn(stream_reader_proc, [(name, ack_name, spec_path, reps + 1)])
@@ -263,7 +273,8 @@ def measure_stream(torch, gpuipc, sd, spec_path, reps):
             close()
     ms = [(t1 - t0) / 1e6 for t0, t1 in zip(t0s, payload["t1_ns"])][1:]
     return {"ms": ms, "publish_call_ms": call_ms[1:], "first_ms": (payload["t1_ns"][0] - t0s[0]) / 1e6,
-            "versions_published": versions, "versions_received": payload["versions"]}
+            "versions_published": versions, "versions_received": payload["versions"], "by_reference": by_reference,
+            "bucket_bytes": ring_bytes}
 
 
 def measure_local(torch, sd, reps):
@@ -303,12 +314,37 @@ def measure_local(torch, sd, reps):
             "flat_bytes": flat_bytes, "flat_ms": flat_ms}
 
 
+def measure_stream_byref(torch, gpuipc, spec, spec_path, nbytes, reps):
+    """The by-reference path: the same dict built under gpuipc.torch.MemPool, published with by_reference=True (the
+    reader copies straight from it: one copy, no staging). Returns {"stream_byref": ...}, or why it has no figure
+    ("stream_byref_missing", "stream_byref_skipped", "stream_byref_error")."""
+    if not _has_by_reference(gpuipc):
+        return {"stream_byref_missing": f"this gpuipc ({getattr(gpuipc, '__version__', '?')}) has no "
+                                        "stream_publisher(by_reference=...): streaming by reference is not built in it"}
+    # Now: the MemPool dict (rounded up to the pool's 1 GiB chunks), the reader's targets and its context; the
+    # staged run's dict and ring, and the local copy's second dict, are gone by then.
+    why = fits(torch, 2 * nbytes + GiB + CONTEXT_BYTES, f"streaming a {nbytes / GiB:.1f} GiB MemPool dict by reference")
+    if why:
+        return {"stream_byref_skipped": why}
+    import gpuipc.torch as gt
+
+    try:
+        pool = gt.MemPool(tag() + ".weights", device=0)
+        with torch.cuda.use_mem_pool(pool):
+            sd = make_dict(torch, spec)
+        return {"stream_byref": measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=True)}
+    except Exception as e:  # noqa: BLE001 - the staged figures stand; the suite reports the failure
+        traceback.print_exc()
+        return {"stream_byref_error": f"{type(e).__name__}: {e}"}
+
+
 def part_stream(a):
     torch = cuda_init()
     import gpuipc
 
     out = {"bucket_bytes": BUCKET_BYTES, "buckets": BUCKETS, "reps": a.reps, "skipped_sizes": []}
-    # The reader's targets and this process's dict, the ring, and a second dict for the local copy afterwards.
+    # The reader's targets and this process's dict, the ring, and a second dict for the local copy afterwards. The
+    # by-reference run comes last, once this dict is freed, and checks its own fit then (measure_stream_byref).
     chosen = None
     for path, label in ((a.spec_large, "large"), (a.spec, "small")):
         if not path:
@@ -331,10 +367,16 @@ def part_stream(a):
                                  "has no stream_publisher / stream_reader: bucketed streaming is not built in it")
     else:
         try:
-            out["stream"] = measure_stream(torch, gpuipc, sd, path, a.reps)
+            # the staged path: every byte copied into a bucket, then out of it
+            out["stream"] = measure_stream(torch, gpuipc, sd, path, a.reps,
+                                           by_reference=False if _has_by_reference(gpuipc) else None)
         except Exception as e:  # noqa: BLE001 - the local copy is still measured; the suite reports the failure
             traceback.print_exc()
             out["stream_error"] = f"{type(e).__name__}: {e}"
     torch.cuda.synchronize()
     out["local"] = measure_local(torch, sd, a.reps)
+    if "stream_missing" not in out:
+        del sd
+        torch.cuda.empty_cache()
+        out.update(measure_stream_byref(torch, gpuipc, spec, path, nbytes, a.reps))
     return out

@@ -259,11 +259,14 @@ void measure_stream(Result& r, const Options& o, const Specs& specs) {
   const json j = run_part(o, "bucketed streaming to another process vs a local device-to-device copy",
                           fmt::format("--part stream --spec '{}'{} --reps {}", specs.small.string(), large_arg, reps));
   r.samples.push_back({{"name", "weights_stream"}, {"result", j}});
-  const auto all = {"weights_stream_gbs", "weights_stream_p99_gbs", "local_d2d_gbs",       "local_d2d_p99_gbs",
-                    "local_d2d_flat_gbs", "weights_stream_ratio",   "weights_stream_bytes"};
+  const auto all = {"weights_stream_gbs",        "weights_stream_p99_gbs",   "local_d2d_gbs",
+                    "local_d2d_p99_gbs",         "local_d2d_flat_gbs",       "weights_stream_ratio",
+                    "weights_stream_bytes",      "weights_stream_byref_gbs", "weights_stream_byref_p99_gbs",
+                    "weights_stream_byref_ratio"};
   if (const auto why = why_not(j); !why.empty()) {
     for (const char* n : all) r.metrics[n] = nullptr;
-    r.notes.push_back("weights_stream_gbs: " + why + ". Target weights_stream_ratio >= 0.8: not judged.");
+    r.notes.push_back("weights_stream_gbs, weights_stream_byref_gbs: " + why +
+                      ". Targets weights_stream_ratio, weights_stream_byref_ratio >= 0.8: not judged.");
     return;
   }
   const auto bytes = j.value("bytes", std::uint64_t{0});
@@ -290,28 +293,57 @@ void measure_stream(Result& r, const Options& o, const Specs& specs) {
       "{} bytes at {:.1f} GB/s.",
       dict, local.value("method", std::string("?")), gbs(l.median), local.value("flat_bytes", std::uint64_t{0}),
       flat_gbs));
-  if (j.contains("stream")) {
-    const json& st = j.at("stream");
-    const Summary s = keep(r, "weights_stream_ms", values_of(st, "ms"), "ms", {{"bytes", bytes}});
-    r.metrics["weights_stream_gbs"] = gbs(s.median);
-    r.metrics["weights_stream_p99_gbs"] = gbs(s.p99);
+  // A streaming run's times (`st`) as a sample NAME_ms and metrics NAME_gbs, NAME_p99_gbs and NAME_ratio (to the
+  // local copy); returns the note's figures and its verdict on the target.
+  const auto figures = [&](const json& st, const std::string& name) {
+    const Summary s = keep(r, name + "_ms", values_of(st, "ms"), "ms", {{"bytes", bytes}});
+    r.metrics[name + "_gbs"] = gbs(s.median);
+    r.metrics[name + "_p99_gbs"] = gbs(s.p99);
     const double ratio = l.median > 0 && s.median > 0 ? l.median / s.median : 0.0;
-    r.metrics["weights_stream_ratio"] = ratio;
-    r.notes.push_back(fmt::format(
-        "Bucketed streaming (gpuipc.stream_publisher, {} buckets of {} bytes) of {} to a reader process that receives "
-        "into its own tensors: {:.1f} GB/s p50 ({:.1f} ms from publish() to the reader's receive() returning and its "
-        "stream synchronized; p99 {:.1f} ms) over {} publishes after one more; the first took {:.1f} ms. Target "
-        "weights_stream_ratio >= 0.8 of the local copy {}: {:.2f}.",
-        j.value("buckets", 0), j.value("bucket_bytes", std::uint64_t{0}), dict, gbs(s.median), s.median, s.p99, s.n,
-        num(st, "first_ms"), verdict(ratio >= 0.8), ratio));
+    r.metrics[name + "_ratio"] = ratio;
+    return fmt::format(
+        "{:.1f} GB/s p50 ({:.1f} ms from publish() to the reader's receive() returning and its stream synchronized; "
+        "p99 {:.1f} ms) over {} publishes after one more; the first took {:.1f} ms. Target {}_ratio >= 0.8 of the "
+        "local copy {}: {:.2f}.",
+        gbs(s.median), s.median, s.p99, s.n, num(st, "first_ms"), name, verdict(ratio >= 0.8), ratio);
+  };
+  // No figures for NAME: null metrics, and why in a note.
+  const auto no_figures = [&](const std::string& name, const std::string& what, const std::string& why) {
+    for (const char* m : {"_gbs", "_p99_gbs", "_ratio"}) r.metrics[name + m] = nullptr;
+    r.notes.push_back(name + "_gbs (" + what + "): " + why + ". Target " + name + "_ratio >= 0.8: not judged.");
+  };
+  const auto failed = [&](const char* key) {
+    return "it failed: " + j[key].get<std::string>() + " (its log is in samples)";
+  };
+  if (j.contains("stream")) {
+    r.notes.push_back(
+        fmt::format("Bucketed streaming, staged (weights_stream_gbs, weights_stream_ratio: gpuipc.stream_publisher "
+                    "with by_reference=False, {} buckets of {} bytes; every byte is copied twice, into a bucket by "
+                    "the publisher and out of it by the reader, two processes that take turns on the GPU without "
+                    "MPS) of {} (torch's own allocator) to a reader process that receives into its own tensors: ",
+                    j.value("buckets", 0), j.value("bucket_bytes", std::uint64_t{0}), dict) +
+        figures(j.at("stream"), "weights_stream"));
   } else {
-    set_null(r, {"weights_stream_gbs", "weights_stream_p99_gbs", "weights_stream_ratio"});
-    const std::string why = j.contains("stream_missing") ? j["stream_missing"].get<std::string>()
-                            : j.contains("stream_error")
-                                ? "it failed: " + j["stream_error"].get<std::string>() + " (its log is in samples)"
-                                : std::string("no figure");
-    r.notes.push_back("weights_stream_gbs (bucketed streaming): " + why +
-                      ". Target weights_stream_ratio >= 0.8: not judged.");
+    no_figures("weights_stream", "bucketed streaming, staged",
+               j.contains("stream_missing") ? j["stream_missing"].get<std::string>()
+               : j.contains("stream_error") ? failed("stream_error")
+                                            : std::string("no figure"));
+  }
+  if (j.contains("stream_byref")) {
+    const json& st = j.at("stream_byref");
+    r.notes.push_back(
+        fmt::format("Bucketed streaming by reference (weights_stream_byref_gbs, weights_stream_byref_ratio): {} "
+                    "built under gpuipc.torch.MemPool and published with by_reference=True, so nothing is staged "
+                    "(ring buckets of {} bytes carry descriptors only) and the reader copies every tensor straight "
+                    "from the publisher's memory into its own: one copy, in one process. ",
+                    dict, st.value("bucket_bytes", std::uint64_t{0})) +
+        figures(st, "weights_stream_byref"));
+  } else {
+    no_figures("weights_stream_byref", "bucketed streaming by reference from a MemPool dict",
+               j.contains("stream_byref_missing")   ? j["stream_byref_missing"].get<std::string>()
+               : j.contains("stream_byref_skipped") ? "skipped: " + j["stream_byref_skipped"].get<std::string>()
+               : j.contains("stream_byref_error")   ? failed("stream_byref_error")
+                                                    : std::string("no figure (this gpuipc has no bucketed streaming)"));
   }
 }
 

@@ -25,8 +25,10 @@ last element of every tensor, outside the timed windows.
   whole dict (the copy in, then update), until its stream has finished.
 * stream: gpuipc.stream_publisher / stream_reader (bucketed streaming; null with the reason when this gpuipc has
   none) from this process to a reader process that receives into its own tensors: from publish() to the reader's
-  return from receive() plus a synchronize of its stream. Beside it, in this process: the same bytes copied
-  device to device into a second dict (torch._foreach_copy_), and one flat copy.
+  return from receive() plus a synchronize of its stream. Twice: staged ("stream": a dict in torch's allocator,
+  by_reference=False, every byte copied into a bucket and out of it) and by reference ("stream_byref": the same dict
+  built under gpuipc.torch.MemPool, by_reference=True, the reader copies straight from it). Beside them, in this
+  process: the same bytes copied device to device into a second dict (torch._foreach_copy_), and one flat copy.
 
 Each run uses its own broker (a private GPUIPC_RUNTIME_DIR) and stops it at the end. Prints one JSON line last:
 {"impl": "weights-PART", ...} with the raw samples; {"impl", "skipped": why} when torch, a GPU or GPU memory is

@@ -8,7 +8,7 @@ import math
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -26,7 +26,8 @@ from .semaphore import Semaphore
 
 
 MAGIC = b"GPUIPCSB"
-FORMAT = 1
+#: 2: descriptors carry reference pieces and a table of blocks (1: staged pieces only, a JSON list).
+FORMAT = 2
 _HEAD = struct.Struct("<8sIIQIIIIiI")
 _DESC = struct.Struct("<QQIIQQII")
 _REF_BYTES = 40
@@ -37,6 +38,7 @@ _ALIGN = 256
 _F_CHECKSUM, _F_DEVICE = 1, 2
 _D_LAST, _D_ABORT = 1, 2
 _EVICTED = (1 << 64) - 1
+_MASK64 = (1 << 64) - 1  #: checksums are sums of bytes modulo 2**64
 _MAX_READERS = 64
 
 
@@ -161,7 +163,10 @@ def _read_header(name: str, mem: np.ndarray) -> _Header:
         raise InvalidArgument(f"segment {name!r} is not a gpuipc stream (made by stream_publisher)")
     _, fmt, buckets, bucket_bytes, readers, desc_bytes, flags, mode, device, _ = _HEAD.unpack(bytes(mem[: _HEAD.size]))
     if fmt != FORMAT:
-        raise InvalidArgument(f"stream {name!r} has format {fmt}; this gpuipc reads format {FORMAT}: upgrade")
+        raise InvalidArgument(
+            f"stream {name!r} has format {fmt}; this gpuipc reads format {FORMAT} only (format 1 is bucketed "
+            "streaming before reference pieces): run the same gpuipc version in the publisher and its readers"
+        )
     if not (1 <= buckets <= 1024 and 1 <= readers <= _MAX_READERS and desc_bytes == DESC_BYTES) or mem.nbytes < _control_bytes(buckets, readers):
         raise InvalidArgument(f"stream {name!r} is malformed (sizes out of range)")
     raw = bytes(mem[64 : 64 + _REF_BYTES * buckets])
@@ -178,6 +183,17 @@ class _Desc:
     used: int
     checksum: int
     pieces: List[List[Any]]
+    blocks: List[List[str]]  #: [pool name, BlockRef in hex] of each reference piece's block
+
+
+#: Fields of a staged piece and of a reference piece (which adds the index of its block in the descriptor's table).
+_STAGED, _REFERENCE = 6, 7
+#: The JSON of a descriptor with no pieces; _body writes it with them.
+_EMPTY_BODY = b'{"pieces":[],"blocks":[]}'
+
+
+def _body(pieces: List[List[Any]], blocks: List[List[str]]) -> bytes:
+    return json.dumps({"pieces": pieces, "blocks": blocks}, separators=(",", ":")).encode()
 
 
 def _desc_view(mem: np.ndarray, buckets: int, readers: int, slot: int) -> np.ndarray:
@@ -193,14 +209,20 @@ def _read_desc(mem: np.ndarray, buckets: int, readers: int, slot: int, layouts: 
     if jlen > DESC_BYTES - _DESC.size:
         raise ProtocolError(f"a bucket descriptor claims {jlen} bytes of layout")
     body = bytes(d[_DESC.size : _DESC.size + jlen])
-    pieces = layouts.get(body) if layouts is not None else None
-    if pieces is None:
-        pieces = json.loads(body.decode()) if jlen else []
+    layout = layouts.get(body) if layouts is not None else None
+    if layout is None:
+        try:
+            doc = json.loads(body.decode()) if jlen else {"pieces": [], "blocks": []}
+            layout = (doc["pieces"], doc["blocks"])
+        except (ValueError, TypeError, KeyError):
+            raise ProtocolError(f"a bucket descriptor's layout is not format {FORMAT} JSON") from None
+        if not all(len(p) in (_STAGED, _REFERENCE) for p in layout[0]):
+            raise ProtocolError("a bucket descriptor has a piece of neither shape (staged or reference)")
         if layouts is not None:
             if len(layouts) >= 4096:
                 layouts.clear()
-            layouts[body] = pieces
-    return _Desc(seq, version, index, flags, used, checksum, pieces)
+            layouts[body] = layout
+    return _Desc(seq, version, index, flags, used, checksum, layout[0], layout[1])
 
 
 # Publisher --------------------------------------------------------------------------------------------------------------
@@ -217,7 +239,31 @@ class _Bucket:
     index: int
     cursor: int = 0
     pieces: List[List[Any]] = field(default_factory=list)
-    json_len: int = 2  # "[]"
+    json_len: int = len(_EMPTY_BODY)
+    # the table of blocks its reference pieces name: [pool name, ref hex], and each one's index in it
+    blocks: List[List[str]] = field(default_factory=list)
+    block_index: Dict[Tuple[str, str], int] = field(default_factory=dict)
+    # checksum: the bytes of its reference pieces (NumPy arrays or torch tensors), summed when it is published
+    ref_bytes: List[Any] = field(default_factory=list)
     # torch copies into the bucket not yet enqueued (destinations, sources): run together when it is published
     dsts: List[Any] = field(default_factory=list)
     srcs: List[Any] = field(default_factory=list)
+
+
+@dataclass
+class _Ref:
+    """Where a tensor sent by reference lies: its block's pool name and BlockRef (hex of the 40 bytes), and the byte
+    offset of its first byte in the block."""
+
+    pool: str
+    hex: str
+    offset: int
+    block: Any  #: the publisher's Block (or gpuipc.torch.MemPool block): the checksum reads the bytes through it
+    entry_len: int = 0  #: the length of its entry in a descriptor's table of blocks
+
+    def __post_init__(self) -> None:
+        self.entry_len = len(json.dumps([self.pool, self.hex], separators=(",", ":")))
+
+    @property
+    def key(self) -> Tuple[str, str]:
+        return (self.pool, self.hex)

@@ -29,12 +29,16 @@ from ._devices import device_ordinal, resolve as _device
 from .pool import Pool
 from .segment import Segment
 from .semaphore import Semaphore
+from .tensors import HeldBlock, HeldBlocks
 
 from ._stream_format import (
     _D_ABORT,
     _D_LAST,
     _Desc,
     _EVICTED,
+    _MASK64,
+    _REFERENCE,
+    _STAGED,
     _admit_offset,
     _checksum_np,
     _checksum_torch,
@@ -105,6 +109,10 @@ class StreamReader:
         # last one, into the same tensors, costs a check per tensor and one copy call per bucket. Holds views of
         # those tensors.
         self._plans: Dict[Tuple[int, int], Any] = {}
+        # The publisher's blocks that reference pieces named (pools joined, blocks resolved and held), kept while
+        # versions keep naming them; and those the version being read named (what is kept after it).
+        self._held: Optional[HeldBlocks] = None
+        self._used: set = set()
         #: Names the last receive() skipped (sent, but not in its ``into``).
         self.skipped: List[str] = []
         self._seg = Segment.open(name, readonly=True, wait=wait)
@@ -121,6 +129,7 @@ class StreamReader:
             except NotFound:
                 raise PeerDied(f"stream {name!r}: its pool is gone (the publisher closed or died)") from None
             self._views = [self._pool._pool.view(r._tuple(), True, True) for r in h.refs]  # held: mapped once
+            self._held = HeldBlocks(True, self._device if h.device_staging else None, f"stream {name!r}")
             self._filled = Semaphore.open(name + ".filled", role="waiter", wait=wait, device=self._device)
             self._slot = self._claim(wait)
         except BaseException:
@@ -236,15 +245,54 @@ class StreamReader:
             self._stage_torch = [torch.from_dlpack(v.__dlpack__()) for v in self._views]
         return self._stage_torch[slot]
 
+    def _block_key(self, d: _Desc, k: Any) -> Tuple[str, bytes]:
+        """(pool name, encoded BlockRef) of entry ``k`` of the descriptor's table of blocks."""
+        try:
+            pool, ref = d.blocks[k]
+            return pool, bytes.fromhex(ref)
+        except (IndexError, TypeError, ValueError):
+            raise ProtocolError(f"stream {self.name!r}: bucket {d.seq} names block {k!r}, not in its table") from None
+
+    def _ref_block(self, d: _Desc, k: Any) -> HeldBlock:
+        """The publisher's block of entry ``k``, resolved and held the first time a version names it."""
+        assert self._held is not None
+        key = self._block_key(d, k)
+        self._used.add(key)
+        try:
+            return self._held.get(*key)
+        except InvalidArgument as e:
+            raise InvalidState(
+                f"stream {self.name!r}: version {d.version} names a block of pool {key[0]!r} that is no longer there "
+                f"({e}): the publisher freed or replaced a tensor before its readers had copied it"
+            ) from None
+
+    def _src(self, d: _Desc, piece: List[Any], slot: int, as_torch: bool) -> Any:
+        """The bytes a piece lies in, from its first: the staging bucket, or the publisher's block (reference
+        pieces), as a uint8 torch tensor or NumPy array."""
+        if len(piece) == _STAGED:
+            return self._stage(slot) if as_torch else self._host(slot)
+        held = self._ref_block(d, piece[6])
+        what = "torch" if as_torch else "numpy"
+        arr = held.made.get(what)
+        if arr is None:
+            arr = held.made[what] = _torch().from_dlpack(held.view.__dlpack__()) if as_torch else np.asarray(held.view)
+        return arr
+
     def _verify(self, d: _Desc, slot: int, stream_obj: Any) -> None:
+        """The bucket's checksum: its used staging bytes and the bytes each reference piece names, read now, before
+        they are copied."""
         if not self._head.checksum:
             return
-        if self._head.device_staging:
+        device = self._head.device_staging
+        refs = [self._src(d, p, slot, device)[p[5] : p[5] + p[4]] for p in d.pieces if len(p) == _REFERENCE and p[4]]
+        if device:
             torch = _torch()
             with torch.cuda.stream(stream_obj):
-                got = _checksum_torch(self._stage(slot)[: d.used])
+                got = _checksum_torch(self._stage(slot)[: d.used]) if d.used else 0
+                got += sum(_checksum_torch(x) for x in refs)
         else:
-            got = _checksum_np(self._host(slot)[: d.used])
+            got = _checksum_np(self._host(slot)[: d.used]) + sum(_checksum_np(x) for x in refs)
+        got &= _MASK64
         if got != d.checksum:
             names = sorted({p[0] for p in d.pieces})
             raise ChecksumMismatch(
@@ -270,13 +318,16 @@ class StreamReader:
         """Receives the next version into the tensors of ``into`` (name to tensor, contiguous, of the dtype and
         shape sent) and returns its number once every bucket has arrived and been applied. Device staging: torch
         tensors, copied on ``stream`` (None: torch's current stream) and returned before the copies ran: use the
-        tensors on that stream or synchronize it. Host staging: NumPy arrays or torch tensors. Names sent that
-        ``into`` lacks are skipped (listed in :attr:`skipped`).
+        tensors on that stream or synchronize it. Host staging: NumPy arrays or torch tensors. Reference pieces are
+        copied the same way, straight from the publisher's memory (its pool joined and the block held the first
+        time, kept while later versions name it). Names sent that ``into`` lacks are skipped (listed in
+        :attr:`skipped`).
 
-        Raises Timeout, PeerDied (the publisher died: ``into`` may hold part of the new version, never reported as
-        received), Closed, ChecksumMismatch (naming the bucket), InvalidState (the publisher abandoned the version,
-        or evicted this reader), InvalidArgument (dtype, shape or kind of a tensor). After an error in the middle
-        of a version the next call skips what is left of it."""
+        Raises Timeout, PeerDied (the publisher died, or a reference piece's pool is gone: ``into`` may hold part of
+        the new version, never reported as received), Closed, ChecksumMismatch (naming the bucket), InvalidState
+        (the publisher abandoned the version, evicted this reader, or freed a tensor it sent by reference before
+        this reader copied it), InvalidArgument (dtype, shape or kind of a tensor). After an error in the middle of
+        a version the next call skips what is left of it."""
         if not isinstance(into, Mapping):
             raise InvalidArgument(f"receive takes a mapping of names to tensors, not a {type(into).__name__}")
         deadline, s, sig = self._begin(timeout, stream)
@@ -291,10 +342,11 @@ class StreamReader:
                         with torch.cuda.stream(s):
                             _copy_all(torch, outs, ins, non_blocking=True)
                     continue
-                for key, dtype, shape, pos, n, off in d.pieces:
+                for piece in d.pieces:
+                    key, dtype, shape, pos, n, off = piece[:_STAGED]
                     dst = self._lookup(key, into, dsts, dtype, shape)
                     if dst is not None and n:
-                        self._copy_out(slot, off, dst, pos, n)
+                        self._copy_out(self._src(d, piece, slot, False)[off : off + n], dst, pos, n)
         return self._version
 
     def _lookup(self, key: str, into: Mapping[str, Any], dsts: Dict[str, Any], dtype: str, shape: List[int]) -> Any:
@@ -314,13 +366,15 @@ class StreamReader:
         cache_key = (id(d.pieces), slot)
         plan = self._plans.get(cache_key)
         if plan is not None and plan[0] is d.pieces:
-            _, names, objs, layout, outs, ins, skipped = plan
+            _, names, objs, layout, outs, ins, skipped, blocks = plan
             same = all(into.get(k) is o and (o.data_ptr(), o.shape, o.stride(), o.dtype) == w for k, o, w in zip(names, objs, layout))
             if same and not any(k in into for k in skipped):
                 self.skipped.extend(k for k in skipped if k not in self.skipped)
+                self._used.update(blocks)  # the publisher's blocks its reference pieces copy from, still held
                 return outs, ins
-        outs, ins, names, objs, skipped = [], [], [], [], []
-        for key, dtype, shape, pos, n, off in d.pieces:
+        outs, ins, names, objs, skipped, blocks = [], [], [], [], [], set()
+        for piece in d.pieces:
+            key, dtype, shape, pos, n, off = piece[:_STAGED]
             dst = self._lookup(key, into, dsts, dtype, shape)
             if dst is None:
                 skipped.append(key)
@@ -330,11 +384,13 @@ class StreamReader:
                 objs.append(into[key])
             if n:
                 outs.append(dst[1][pos : pos + n])
-                ins.append(self._stage(slot)[off : off + n])
+                ins.append(self._src(d, piece, slot, True)[off : off + n])
+                if len(piece) == _REFERENCE:
+                    blocks.add(self._block_key(d, piece[6]))
         if len(self._plans) >= 256:
             self._plans.clear()
         layout = [(o.data_ptr(), o.shape, o.stride(), o.dtype) for o in objs]
-        self._plans[cache_key] = (d.pieces, names, objs, layout, outs, ins, skipped)
+        self._plans[cache_key] = (d.pieces, names, objs, layout, outs, ins, skipped, blocks)
         return outs, ins
 
     def _buckets(self, deadline: Optional[float], s: Any, sig: Any, abandoned: str) -> Iterator[Tuple[_Desc, int]]:
@@ -343,6 +399,8 @@ class StreamReader:
         moves past it (or stops). Sets :attr:`version` after the last one."""
         while True:
             d = self._next_bucket(deadline)
+            if not self._in_version:
+                self._used = set()
             self._in_version = True
             slot = d.seq % self._head.buckets
             try:
@@ -356,6 +414,10 @@ class StreamReader:
                     self._in_version = False
             if d.flags & _D_LAST:
                 self._version = d.version
+                # the publisher's blocks this version did not name are let go (their holds, and plans using them)
+                assert self._held is not None
+                if self._held.retain(self._used):
+                    self._plans.clear()
                 return
 
     def _destination(self, key: str, t: Any, dtype: str, shape: List[int]) -> Any:
@@ -377,31 +439,34 @@ class StreamReader:
             "arrays and torch tensors (host staging); use receive_iter for other frameworks"
         )
 
-    def _copy_out(self, slot: int, off: int, dst: Tuple[str, Any], pos: int, n: int) -> None:
-        """One piece out of host staging (device staging copies go together: receive)."""
+    def _copy_out(self, src: np.ndarray, dst: Tuple[str, Any], pos: int, n: int) -> None:
+        """One piece's ``n`` bytes ``src`` (out of host staging, or a publisher's host block) into bytes ``pos`` on
+        of a destination (device staging copies go together: receive)."""
         how, out = dst
         if how == "numpy":
-            out[pos : pos + n] = self._host(slot)[off : off + n]
+            out[pos : pos + n] = src
             return
         with warnings.catch_warnings():  # into a torch tensor: a synchronous copy
-            warnings.simplefilter("ignore")  # the staging is mapped read-only; torch only reads it
-            src = _torch().from_numpy(self._host(slot)[off : off + n])
-        out[pos : pos + n].copy_(src)
+            warnings.simplefilter("ignore")  # the source is mapped read-only; torch only reads it
+            t = _torch().from_numpy(src)
+        out[pos : pos + n].copy_(t)
 
     def receive_iter(self, stream: Any = None, timeout: Optional[float] = None) -> Iterator[StreamItem]:
-        """Yields the next version piece by piece, as :class:`StreamItem` ``(name, view)`` over the staging bucket
-        (read-only; torch tensors for device staging, NumPy arrays for host staging): copy each before asking for
-        the next, on ``stream`` (device staging; None: torch's current stream), since the bucket goes back to the
-        publisher when the iterator moves past it. Ends after the version's last bucket (:attr:`version` is then
+        """Yields the next version piece by piece, as :class:`StreamItem` ``(name, view)`` over the staging bucket,
+        or over the publisher's own memory for a reference piece (read-only; torch tensors for device staging, NumPy
+        arrays for host staging): copy each before asking for the next, on ``stream`` (device staging; None: torch's
+        current stream), since the bucket goes back to the publisher when the iterator moves past it (and after the
+        last one the publisher may change its tensors). Ends after the version's last bucket (:attr:`version` is then
         that version). Raises what :meth:`receive` raises. Leaving the loop early skips the rest of the version at
         the next call."""
         deadline, s, sig = self._begin(timeout, stream)
         with contextlib.closing(self._buckets(deadline, s, sig, "")) as buckets:
             for d, slot in buckets:
-                for key, dtype, shape, pos, n, off in d.pieces:
-                    yield self._item(slot, key, dtype, shape, pos, n, off)
+                for piece in d.pieces:
+                    yield self._item(d, slot, piece)
 
-    def _item(self, slot: int, key: str, dtype: str, shape: List[int], pos: int, n: int, off: int) -> StreamItem:
+    def _item(self, d: _Desc, slot: int, piece: List[Any]) -> StreamItem:
+        key, dtype, shape, pos, n, off = piece[:_STAGED]
         dt = dtype_of(dtype)
         full = tuple(shape)
         count = n // dt.itemsize
@@ -416,7 +481,8 @@ class StreamReader:
                 if view is not None:
                     view.flags.writeable = False  # like every other view of a bucket
             return StreamItem(key, view, start, 0, full, dtype)
-        typed = make_array(self._views[slot], dt, dims, off)
+        base = self._views[slot] if len(piece) == _STAGED else self._ref_block(d, piece[6]).view
+        typed = make_array(base, dt, dims, off)
         if self._head.device_staging:
             typed = _torch().from_dlpack(typed.__dlpack__())
         return StreamItem(key, typed, start, count, full, dtype)
@@ -430,6 +496,8 @@ class StreamReader:
         self._stage_torch = []
         self._stage_np = []
         self._views = []
+        if self._held is not None:
+            self._held.close()
         for sem in (self._slot_sem, self._filled):
             if sem is not None:
                 sem.close()

@@ -3,7 +3,8 @@ slot, the admit word of each, and the drop of a reader that died, closed or was 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -88,17 +89,45 @@ class _ReaderSlots:
     def wait_for_slot(self, seq: int) -> None:
         """Before bucket ``seq`` overwrites ring slot seq % buckets: every admitted reader has consumed bucket
         seq - buckets. A dead or closed reader is dropped; one slower than reader_timeout is evicted."""
-        need = seq - self._nbuckets
+        self.wait_consumed(seq - self._nbuckets)
+
+    def _waited(self, need: int) -> Iterator[Tuple[int, _ReaderSlot]]:
+        """The admitted readers that read bucket ``need``."""
+        for i, slot in enumerate(self._readers):
+            if slot is not None and slot.first != 0 and need >= slot.first:
+                yield i, slot
+
+    def wait_consumed(self, need: int, timeout: Optional[float] = None) -> None:
+        """On the host, until every admitted reader has consumed bucket ``need`` (signalled its slot after its
+        copies out of it). A dead or closed reader is dropped; one that takes longer than reader_timeout is evicted.
+        Raises Timeout, naming the slot, when ``timeout`` (seconds for the whole call) passes first."""
         if need <= 0:
             return
-        for i, slot in enumerate(self._readers):
-            if slot is None or slot.first == 0 or need < slot.first:
-                continue
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for i, slot in list(self._waited(need)):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            bound = self._reader_timeout
+            evicts = bound is not None and (left is None or bound <= left)
             try:
-                slot.sem.wait_host(need, self._reader_timeout)
+                slot.sem.wait_host(need, bound if evicts else left)
             except (PeerDied, Closed):
                 self.drop(i)
             except Timeout:
+                if not evicts:
+                    raise Timeout(f"stream {self.name!r}: the reader in slot {i} has not consumed bucket {need} "
+                                  f"within {timeout:g} s") from None
                 self._readers[i] = None
                 self._evicted[i] = slot.sem
                 self._admit_word(i)[0] = _EVICTED
+
+    def wait_on_stream(self, need: int, stream: Any) -> None:
+        """Stream-ordered: work enqueued on ``stream`` after this runs once every admitted reader has consumed
+        bucket ``need``. A reader already dead or closed is dropped; one that dies or closes later releases the
+        stream (the broker's poison of its slot, or its close)."""
+        if need <= 0:
+            return
+        for i, slot in list(self._waited(need)):
+            try:
+                slot.sem.wait(need, stream)
+            except (PeerDied, Closed):
+                self.drop(i)

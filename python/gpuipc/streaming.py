@@ -5,6 +5,12 @@ buffers of ``bucket_bytes`` each, all in one gpuipc pool that every reader maps 
 bucket carries its own layout (names, dtypes, shapes, byte ranges), so readers need no prior knowledge, and a
 version is committed by its last bucket: a reader reports a version only once every bucket has arrived.
 
+A tensor that already lives in gpuipc pool memory (a block of a :class:`gpuipc.Pool`, or a tensor allocated under
+``gpuipc.torch.MemPool``: what :func:`gpuipc.share_tensors` shares with no copy) travels as a *reference piece*
+instead (``by_reference``): the descriptor names its block and readers copy straight out of the publisher's
+memory, one copy in one process instead of two. Readers keep what they resolved (pool joins, chunk mappings, block
+holds) while versions keep naming the same blocks.
+
 Names made by ``stream_publisher(NAME)``:
 
 * ``NAME``: a host segment, the control block (format below, defined only here);
@@ -13,15 +19,18 @@ Names made by ``stream_publisher(NAME)``:
   its copy into the staging buffer is done (stream-ordered for device pools); bucket ``s`` lives in ring slot
   ``s % buckets``;
 * ``NAME.reader.<i>``: one timeline per reader slot ``i < readers``, created by the reader that claims the slot
-  (so that its death poisons it), signalled with ``s`` once that reader's copies out of bucket ``s`` are done.
+  (so that its death poisons it), signalled with ``s`` once that reader's copies out of bucket ``s`` are done,
+  reference pieces included.
 
 Before it overwrites ring slot ``s % buckets`` with bucket ``s`` the publisher waits until every admitted reader has
 consumed bucket ``s - buckets``: with two buckets, its copy of bucket k+1 overlaps the readers' load of bucket k.
+After the last bucket of a version that sent reference pieces, :meth:`StreamPublisher.finish` waits (on its stream
+for device staging, on the host for host staging) until every admitted reader has consumed that bucket.
 
 Control block, little-endian::
 
     0    8 bytes  magic b"GPUIPCSB"
-    8    u32      FORMAT (1)
+    8    u32      FORMAT (2; 1 was staged pieces only, a JSON list per descriptor)
     12   u32      buckets
     16   u64      bucket_bytes
     24   u32      readers (slots)
@@ -35,8 +44,21 @@ Control block, little-endian::
          of the first bucket the reader in slot i reads; 2**64 - 1: evicted (too slow, see reader_timeout)
     D = align64(A + 8 * readers): buckets x desc_bytes descriptors, one per ring slot:
          u64 seq, u64 version, u32 index (of the bucket in its version), u32 flags (1 last, 2 aborted),
-         u64 used bytes, u64 checksum (sum of the used bytes, as unsigned bytes), u32 json bytes, u32 reserved,
-         then JSON: [[name, dtype, shape, first byte in the tensor, bytes, offset in the bucket], ...]
+         u64 used bytes (of staging), u64 checksum, u32 json bytes, u32 reserved, then the JSON layout:
+         {"pieces": [piece, ...], "blocks": [[pool name, BlockRef], ...]}
+
+A piece is one of:
+
+==========  ================================================================================================
+staged      ``[name, dtype, shape, first byte in the tensor, bytes, offset in the bucket]``
+reference   ``[name, dtype, shape, first byte in the tensor, bytes, offset in the block, block]``: the bytes lie
+            at that offset of entry ``block`` of ``blocks``, whose BlockRef is the 40-byte encoding in hex
+==========  ================================================================================================
+
+A reference piece uses no staging bytes: a bucket of reference pieces only has ``used`` 0, and exists for its
+descriptor (many pieces take several buckets, each closing when its 128 KiB descriptor is full). The checksum is the
+sum, modulo 2**64, of the used staging bytes and of the bytes every reference piece names, as unsigned bytes, read
+by the publisher when it sends the bucket and by a reader before it copies them.
 """
 
 from __future__ import annotations
@@ -65,11 +87,13 @@ from .errors import (
 from .pool import Block, Pool
 from .segment import Segment
 from .semaphore import Semaphore
+from .tensors import shared_block
 
 from ._names import unlink_names
 from ._stream_format import (
     _D_ABORT,
     _D_LAST,
+    _EMPTY_BODY,
     _F_CHECKSUM,
     _F_DEVICE,
     DESC_BYTES,
@@ -80,8 +104,11 @@ from ._stream_format import (
     _copy_all,
     _DESC,
     _HEAD,
+    _MASK64,
     _MAX_READERS,
+    _Ref,
     _align,
+    _body,
     _checksum_np,
     _checksum_torch,
     _contiguous,
@@ -102,9 +129,10 @@ __all__ = ["stream_publisher", "stream_reader", "unlink_stream", "StreamPublishe
 
 
 class StreamPublisher:
-    """Streams versions of named tensors to readers through a ring of staging buckets; see
-    :func:`stream_publisher`. One version at a time: :meth:`publish`, or :meth:`start`, :meth:`update` (any number
-    of times), :meth:`finish`. A context manager (``with`` closes)."""
+    """Streams versions of named tensors to readers through a ring of staging buckets, or by reference to the
+    tensors where they live in gpuipc pool memory; see :func:`stream_publisher`. One version at a time:
+    :meth:`publish`, or :meth:`start`, :meth:`update` (any number of times), :meth:`finish`; :meth:`wait_consumed`.
+    A context manager (``with`` closes)."""
 
     def __init__(
         self,
@@ -118,9 +146,12 @@ class StreamPublisher:
         checksum: bool = False,
         mode: int = 0o600,
         reader_timeout: Optional[float] = None,
+        by_reference: Any = "auto",
     ) -> None:
         """Checks the arguments; :meth:`init` makes the names (:func:`stream_publisher` does both)."""
         kind = "device" if kind is None else kind
+        if not (by_reference is True or by_reference is False or by_reference == "auto"):
+            raise InvalidArgument(f"stream_publisher: by_reference must be 'auto', True or False, not {by_reference!r}")
         if kind not in ("device", "host"):
             raise InvalidArgument(f"stream_publisher: kind must be 'device' or 'host', not {kind!r}")
         if not isinstance(bucket_bytes, int) or bucket_bytes < _ALIGN:
@@ -132,7 +163,10 @@ class StreamPublisher:
         if reader_timeout is not None and reader_timeout <= 0:
             raise InvalidArgument(f"stream_publisher: reader_timeout must be > 0 or None, not {reader_timeout!r}")
         self.name = name
-        self._bucket_bytes = _align(bucket_bytes, _ALIGN)
+        # by_reference=True stages nothing (an empty tensor takes no bytes): the ring carries descriptors only
+        self._bucket_bytes = _ALIGN if by_reference is True else _align(bucket_bytes, _ALIGN)
+        self._by_reference = by_reference
+        self._reader_timeout = reader_timeout
         self._nbuckets = buckets
         self._nreaders = readers
         self._device = device
@@ -148,6 +182,8 @@ class StreamPublisher:
         self._slots = _ReaderSlots(name, buckets, readers, device, reader_timeout)
         self._seq = 0  # the last bucket filled
         self._version = 0  # the last version committed
+        self._committed_seq = 0  # the last bucket of that version
+        self._referenced = False  # the version in progress sent a reference piece
         self._next_version = 1
         self._current: Optional[int] = None  # the version being written
         self._bucket: Optional[_Bucket] = None
@@ -341,14 +377,17 @@ class StreamPublisher:
         self._bucket = None
         self._index = 0
         self._names = set()
+        self._referenced = False
         return self._current
 
     def update(self, named_tensors: Any) -> None:
         """Adds tensors to the version in progress: an iterable of (name, tensor) pairs or a mapping. Each is copied
         into the staging buckets at once (stream-ordered on the version's stream); a tensor larger than the room
         left is split across buckets. Contiguous tensors only travel as they are; others are copied contiguous
-        first. Raises InvalidState (no version in progress), InvalidArgument (a name twice, a name too long for a
-        descriptor), Unsupported (element types)."""
+        first. A tensor in gpuipc pool memory goes by reference instead (by_reference "auto" or True): readers copy
+        it from where it lies, so it must not change before :meth:`finish`'s wait. Raises InvalidState (no version
+        in progress), InvalidArgument (a name twice, a name too long for a descriptor; by_reference=True and a
+        tensor that cannot go by reference, named), Unsupported (element types)."""
         self._require()
         if self._current is None:
             raise InvalidState(f"stream {self.name!r}: no version in progress: start() first")
@@ -358,7 +397,12 @@ class StreamPublisher:
 
     def finish(self) -> int:
         """Sends the last bucket of the version in progress and returns its number: readers commit it once they
-        have it. Raises InvalidState (no version in progress)."""
+        have it. When the version sent reference pieces, readers copy from the tensors themselves, so they must
+        not change before every reader is done: device staging makes the version's stream wait (stream-ordered:
+        work enqueued on it after finish() runs once every admitted reader has consumed the last bucket; with
+        ``reader_timeout`` set, a host wait that evicts a reader slower than that instead); host staging waits on
+        the host. A reader that dies or closes does not hold it. Writes on other streams must wait for the
+        version's stream. Raises InvalidState (no version in progress)."""
         self._require()
         if self._current is None:
             raise InvalidState(f"stream {self.name!r}: no version in progress: start() first")
@@ -366,7 +410,22 @@ class StreamPublisher:
             self._open_bucket()
         self._flush(_D_LAST)
         self._version = self._current
+        self._committed_seq = self._seq
         self._current = None
+        if self._referenced:
+            if self._kind == "device" and self._reader_timeout is None:
+                self._slots.wait_on_stream(self._seq, self._stream)
+            else:
+                self._slots.wait_consumed(self._seq)
+        return self._version
+
+    def wait_consumed(self, timeout: Optional[float] = None) -> int:
+        """Waits on the host until every admitted reader has consumed the last committed version (its copies out
+        of the last bucket, reference pieces included, ran) and returns that version (0 before the first). A
+        reader that dies or closes meanwhile is dropped; one that takes longer than ``reader_timeout`` is
+        evicted. Raises Timeout, naming the reader's slot, when ``timeout`` seconds pass first."""
+        self._require()
+        self._slots.wait_consumed(self._committed_seq, timeout)
         return self._version
 
     def abort(self) -> None:
@@ -379,6 +438,7 @@ class StreamPublisher:
                 self._open_bucket()
             b = self._bucket
             b.pieces, b.cursor, b.dsts, b.srcs = [], 0, [], []  # copies not enqueued yet are dropped
+            b.blocks, b.ref_bytes = [], []
             self._flush(_D_ABORT)
         finally:
             self._current = None
@@ -422,15 +482,17 @@ class StreamPublisher:
             raise InvalidArgument(f"stream {self.name!r}: tensor {key!r} twice in version {self._current}")
         self._names.add(key)
         seen = self._seen.get(key)
-        if seen is not None and seen[0]() is t and seen[1] == (t.data_ptr(), t.shape, t.stride(), t.dtype):
+        if (seen is not None and seen[0]() is t and seen[1] == (t.data_ptr(), t.shape, t.stride(), t.dtype)
+                and (seen[6] is None or not seen[6].block.freed)):
             self._keep_for_copy(t)
-            self._add_pieces(key, seen[2], seen[3], seen[4], seen[5], None, True)
+            self._add_pieces(key, seen[2], seen[3], seen[4], seen[5], None, True, seen[6])
             return
         source = t
         info = describe(t, f"tensor {key!r}")
         torch_src = _is_torch(t)
         src: Any = None
-        if not _contiguous(info):
+        ref = self._reference(key, info) if self._by_reference is not False else None
+        if ref is None and not _contiguous(info):
             if torch_src:
                 if self._stream is not None:
                     with _torch().cuda.stream(self._stream):
@@ -445,19 +507,46 @@ class StreamPublisher:
         total = _nbytes(info)
         if torch_src:
             src = _torch_bytes(t)
-            self._keep_for_copy(t)
+            self._keep_for_copy(t)  # reference pieces too: its memory is not reused before finish()'s wait
         elif isinstance(t, np.ndarray):
             src = _numpy_bytes(t)
         meta = [key, info.dtype.name, list(info.shape)]
         mlen = len(json.dumps(meta, separators=(",", ":")))
-        if mlen + 1 + 24 + 8 > DESC_BYTES - _DESC.size - 2:
-            raise InvalidArgument(f"tensor name {key[:40]!r}... is too long for a bucket descriptor")
+        if mlen + 40 + (ref.entry_len if ref is not None else 0) > DESC_BYTES - _DESC.size - len(_EMPTY_BODY):
+            raise InvalidArgument(f"tensor name {key[:40]!r}... (or its pool's) is too long for a bucket descriptor")
         if torch_src and t is source:  # contiguous as given: remembered for the next version, while it lives
-            ref = weakref.ref(t)
-            if seen is None or seen[0] is not ref:  # one finalizer per tensor, however often its storage changes
-                weakref.finalize(t, _forget, self._seen, key, ref)
-            self._seen[key] = (ref, (t.data_ptr(), t.shape, t.stride(), t.dtype), meta, mlen, total, src)
-        self._add_pieces(key, meta, mlen, total, src, info, torch_src)
+            wref = weakref.ref(t)
+            if seen is None or seen[0] is not wref:  # one finalizer per tensor, however often its storage changes
+                weakref.finalize(t, _forget, self._seen, key, wref)
+            self._seen[key] = (wref, (t.data_ptr(), t.shape, t.stride(), t.dtype), meta, mlen, total, src, ref)
+        self._add_pieces(key, meta, mlen, total, src, info, torch_src, ref)
+
+    def _reference(self, key: str, info: TensorInfo) -> Optional[_Ref]:
+        """Where tensor ``key`` lies in gpuipc pool memory that readers can copy from (what share_tensors shares by
+        reference), or None: by_reference="auto" stages it, by_reference=True raises InvalidArgument saying why. An
+        empty tensor has nothing to copy: a staged piece of no bytes."""
+        if info.empty:
+            return None
+        why = None
+        contiguous = _contiguous(info)
+        block = shared_block(info) if contiguous else None
+        if not contiguous:
+            why = "it is strided (a reference is one byte range): pass a contiguous tensor"
+        elif block is None:
+            why = ("it is not in gpuipc pool memory (a block of a gpuipc.Pool, or a tensor allocated under "
+                   "gpuipc.torch.MemPool)")
+        elif bool(block.is_cuda) != (self._kind == "device"):
+            why = (f"its block is {'GPU' if block.is_cuda else 'host'} memory and this stream's staging is "
+                   f"{self._kind} kind")
+        elif block.is_cuda and info.device_id != self._device:
+            why = f"it lives on GPU {info.device_id}, the stream on GPU {self._device}"
+        if why is None:
+            assert block is not None
+            return _Ref(block.pool.name, bytes(block.ref).hex(), info.address - block.address, block)
+        if self._by_reference is True:
+            raise InvalidArgument(f"stream {self.name!r}: tensor {key!r} cannot be sent by reference "
+                                  f"(by_reference=True): {why}")
+        return None
 
     def _keep_for_copy(self, t: Any) -> None:
         if t.is_cuda and self._stream is not None:
@@ -466,9 +555,13 @@ class StreamPublisher:
             except Exception:  # noqa: BLE001 - memory torch's allocator does not own: the caller keeps it
                 pass
 
-    def _add_pieces(self, key: str, meta: List[Any], mlen: int, total: int, src: Any, info: Optional[TensorInfo], torch_src: bool) -> None:
+    def _add_pieces(self, key: str, meta: List[Any], mlen: int, total: int, src: Any, info: Optional[TensorInfo],
+                    torch_src: bool, ref: Optional[_Ref] = None) -> None:
         """Lays tensor ``key`` (``total`` bytes of ``src``; ``info`` where it is not torch's) into buckets,
-        splitting it where one is full."""
+        splitting it where one is full; or, with ``ref``, one reference piece."""
+        if ref is not None:
+            self._add_reference(meta, mlen, total, src, ref)
+            return
         pos = 0
         while True:
             b = self._bucket if self._bucket is not None else self._open_bucket()
@@ -487,6 +580,36 @@ class StreamPublisher:
             pos += n
             if pos >= total:
                 return
+
+    def _add_reference(self, meta: List[Any], mlen: int, total: int, src: Any, ref: _Ref) -> None:
+        """One reference piece: no staging bytes, only its descriptor entry (and its block's, once per bucket)."""
+        while True:
+            b = self._bucket if self._bucket is not None else self._open_bucket()
+            k = b.block_index.get(ref.key)
+            kk = len(b.blocks) if k is None else k
+            # the JSON of [*meta, 0, total, offset, kk] (total <= 20 digits), its comma; a new block's entry and comma
+            plen = mlen + len(str(ref.offset)) + len(str(kk)) + 32
+            extra = 0 if k is not None else ref.entry_len + 1
+            if b.json_len + plen + extra > DESC_BYTES - _DESC.size:
+                self._flush(0)
+                continue
+            if k is None:
+                b.block_index[ref.key] = kk
+                b.blocks.append([ref.pool, ref.hex])
+                b.json_len += extra
+            b.pieces.append([*meta, 0, total, ref.offset, kk])
+            b.json_len += plen
+            if self._checksum:
+                b.ref_bytes.append(src[:total] if src is not None else self._block_bytes(ref, total))
+            self._referenced = True
+            return
+
+    def _block_bytes(self, ref: _Ref, n: int) -> Any:
+        """The ``n`` bytes a reference piece names, as a uint8 array (host) or torch tensor (device)."""
+        whole = ref.block.view()
+        if self._kind == "device":
+            return _torch().from_dlpack(whole.__dlpack__())[ref.offset : ref.offset + n]
+        return np.asarray(whole)[ref.offset : ref.offset + n]
 
     def _copy_in(self, slot: int, off: int, src: Any, info: Optional[TensorInfo], pos: int, n: int, torch_src: bool) -> None:
         if torch_src:  # enqueued with the bucket's other copies when it is published (_flush)
@@ -521,14 +644,17 @@ class StreamPublisher:
         if self._checksum:
             if self._kind == "device":
                 with _torch().cuda.stream(self._stream):
-                    checksum = _checksum_torch(self._stage_tensor(b.slot)[:used])
+                    checksum = _checksum_torch(self._stage_tensor(b.slot)[:used]) if used else 0
+                    checksum += sum(_checksum_torch(x) for x in b.ref_bytes)
             else:
                 if self._stream is not None:
                     self._stream.synchronize()  # torch CUDA sources copied into host staging
                 stage = self._stage_np[b.slot]
                 assert stage is not None
                 checksum = _checksum_np(stage[:used])
-        body = json.dumps(b.pieces, separators=(",", ":")).encode()
+                checksum += sum(_checksum_torch(x) if _is_torch(x) else _checksum_np(x) for x in b.ref_bytes)
+            checksum &= _MASK64
+        body = _body(b.pieces, b.blocks)
         d = _desc_view(self._mem, self._nbuckets, self._nreaders, b.slot)
         d[: _DESC.size] = np.frombuffer(
             _DESC.pack(b.seq, self._current, b.index, flags, used, checksum, len(body), 0), dtype=np.uint8)
@@ -570,7 +696,15 @@ def stream_publisher(*args: Any, **kwargs: Any) -> StreamPublisher:
     reader slots. checksum: a sum per bucket that readers verify (costs a host sync per bucket on both sides).
     reader_timeout: seconds the publisher waits for one reader to consume a bucket before evicting it (None: wait
     while it lives; a dead reader is dropped at once). mode: permission bits of every name (readers need read and
-    write: they join the pool and create their slot). Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
+    write: they join the pool and create their slot).
+
+    by_reference: "auto" (the default) sends a contiguous tensor that lies in a gpuipc pool block of this process
+    (a :class:`gpuipc.Block`'s memory, a tensor allocated under ``gpuipc.torch.MemPool``), on the staging's side
+    (GPU ``device`` for device staging, host memory for host staging), as a reference piece: readers copy it
+    straight from there, and :meth:`StreamPublisher.finish` then orders later writes after the readers' copies.
+    Other tensors are staged. True: every non-empty tensor must go by reference (InvalidArgument names the one
+    that cannot, and why); nothing is staged, so the buckets are 256 bytes whatever ``bucket_bytes`` says. False:
+    always stage. Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
     return StreamPublisher(*args, **kwargs).init()
 
 

@@ -70,7 +70,7 @@ def _plan(tensors: Mapping[str, Any], adopt: bool) -> _Plan:
     for i, (_, info) in enumerate(infos):
         if info.empty:
             continue
-        block = find_block(info.address, info.extent) if adopt else None
+        block = shared_block(info) if adopt else None
         if block is None:
             loose.append(i)
             continue
@@ -108,6 +108,15 @@ def _plan(tensors: Mapping[str, Any], adopt: bool) -> _Plan:
             placement[i] = (s, (info.address - st.lo) // info.dtype.itemsize)
     frameworks = {info.framework for _, info in infos}
     return _Plan(infos, storages, placement, "torch" if "torch" in frameworks else "numpy")
+
+
+def shared_block(info: TensorInfo) -> Optional[Any]:
+    """The block of a gpuipc pool of this process that holds every byte of the tensor (a :class:`Block`, or a
+    block of a gpuipc.torch.MemPool): what share_tensors and bucketed streaming send by BlockRef, with no copy.
+    None when there is none (an empty tensor has none)."""
+    if info.empty:
+        return None
+    return find_block(info.address, info.extent)
 
 
 def _adopted_range(info: TensorInfo, block: Any) -> Tuple[int, int]:
@@ -423,6 +432,70 @@ def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment,
     return _index.decode(name, mem), seg, mem
 
 
+def join_pool(pool_name: str, readonly: bool, device: Optional[int], owner: str) -> Pool:
+    """Joins the pool that another process's tensors live in. Raises PeerDied when it is gone (``owner`` names what
+    the tensors belong to), and what Pool.open raises."""
+    try:
+        return Pool.open(pool_name, readonly=readonly, device=device)
+    except NotFound:
+        raise PeerDied(f"the pool {pool_name!r} of {owner} is gone (its owner removed it)") from None
+
+
+@dataclass
+class HeldBlock:
+    """A block of another process, resolved and held by :class:`HeldBlocks`."""
+
+    view: Any  #: the block's bytes (an ArrayView); it holds the block, so its memory is not reused while it lives
+    made: Dict[str, Any] = field(default_factory=dict)  #: what the user made of the view (arrays), dropped with it
+
+
+class HeldBlocks:
+    """Blocks of other processes by (pool name, encoded BlockRef), each resolved and held once, with each pool joined
+    once (:func:`join_pool`): for a reader that meets the same refs again and again and keeps them between uses
+    (bucketed streaming's reference pieces). :meth:`retain` drops the blocks no longer named (their holds go back:
+    the owner's frees take effect) and the pools left without blocks; :meth:`close` drops everything."""
+
+    def __init__(self, readonly: bool, device: Optional[int], owner: str) -> None:
+        self._readonly = readonly
+        self._device = device
+        self._owner = owner
+        self._pools: Dict[str, Pool] = {}
+        self._blocks: Dict[Tuple[str, bytes], HeldBlock] = {}
+
+    def get(self, pool_name: str, ref: bytes) -> HeldBlock:
+        """The held block ``ref`` (40 bytes) of pool ``pool_name``, resolved the first time only. Raises
+        InvalidArgument when the ref is stale (the block was freed) or forged, PeerDied when the pool is gone,
+        InvalidState while it is paused."""
+        key = (pool_name, ref)
+        held = self._blocks.get(key)
+        if held is not None:
+            return held
+        pool = self._pools.get(pool_name)
+        if pool is not None and pool.id != BlockRef.from_bytes(ref).pool:  # the name was made again: another pool
+            pool.close()  # the blocks held in it keep it joined until retain drops them
+            pool = None
+        if pool is None:
+            pool = self._pools[pool_name] = join_pool(pool_name, self._readonly, self._device, self._owner)
+        # the one call open_tensors resolves and holds blocks with (_Opened.views)
+        held = self._blocks[key] = HeldBlock(pool._pool.views_of(ref, self._readonly, True, False)[0])
+        return held
+
+    def retain(self, keys: Any) -> int:
+        """Keeps only the blocks whose (pool name, ref) is in ``keys`` and the pools they lie in; returns how many
+        blocks were dropped."""
+        gone = [k for k in self._blocks if k not in keys]
+        for k in gone:
+            del self._blocks[k]
+        if gone:
+            left = {name for name, _ in self._blocks}
+            for name in [n for n in self._pools if n not in left]:
+                self._pools.pop(name).close()
+        return len(gone)
+
+    def close(self) -> None:
+        self.retain(())
+
+
 class _Opened:
     """The pools of one index, opened once each."""
 
@@ -438,10 +511,7 @@ class _Opened:
         for k, pool_name in enumerate(index.pools):
             if k not in used or pool_name in self.pools:
                 continue
-            try:
-                self.pools[pool_name] = Pool.open(pool_name, readonly=readonly, device=device)
-            except NotFound:
-                raise PeerDied(f"the pool {pool_name!r} of tensors {name!r} is gone (its owner removed it)") from None
+            self.pools[pool_name] = join_pool(pool_name, readonly, device, f"tensors {name!r}")
 
     def views(self, raw: bytes, dlpack: bool = False) -> List[Any]:
         """Held views of every storage (its range of its block; DLPack capsules of them with ``dlpack``), from the

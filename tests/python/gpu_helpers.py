@@ -295,26 +295,39 @@ def torch_stream_state(torch, v: int) -> dict:
     }
 
 
-def torch_stream_reader(name: str, versions: int) -> list:
-    """Joins stream `name` and receives `versions` versions on a side stream: receive() for odd turns,
-    receive_iter() (copying each piece itself) for even ones. Returns [(version, every tensor right)]."""
+def torch_stream_reader(name: str, versions: int, how: str = "alternate", hold: float = 0.0,
+                        count: bool = False) -> list:
+    """Joins stream `name` and receives `versions` versions on a side stream, with receive() ("receive"),
+    receive_iter() copying each piece itself ("iter"; `hold`: seconds it sleeps before each copy), or the two in
+    turn ("alternate": receive first). Returns [(version, every tensor right)], and with `count` the calls that
+    opened or resolved a handle during each receive (helpers.count_handle_calls) as a third item."""
+    import helpers
+
     torch = torch_cuda()
     s = torch.cuda.Stream()
     out = []
     with gpuipc.stream_reader(name, wait=30) as rd:
         into = {k: torch.empty_like(x) for k, x in torch_stream_state(torch, 0).items()}
         torch.cuda.synchronize()
+        counts = helpers.count_handle_calls() if count else {}
         for turn in range(versions):
-            if turn % 2 == 0:
+            for k in counts:
+                counts[k] = 0
+            if how == "receive" or (how == "alternate" and turn % 2 == 0):
                 v = rd.receive(into, stream=s, timeout=60)
             else:
                 for item in rd.receive_iter(stream=s, timeout=60):
+                    time.sleep(hold)
                     with torch.cuda.stream(s):
                         into[item.name].view(-1)[item.start : item.start + item.count].copy_(item.view.reshape(-1))
+                    if hold:
+                        sync_within(s)
                 v = rd.version
+            calls = {k: n for k, n in counts.items() if n}
             sync_within(s)
             want = torch_stream_state(torch, v)
-            out.append((v, all(torch.equal(into[k], want[k]) for k in want)))
+            ok = all(torch.equal(into[k], want[k]) for k in want)
+            out.append((v, ok, calls) if count else (v, ok))
     return out
 
 
@@ -399,6 +412,68 @@ def torch_mempool_pause_resume(name: str) -> dict:
     }
     del model, big, before, after, x
     del pool
+    torch.cuda.synchronize()
+    gt.detach(0)
+    return out
+
+
+# Bucketed streaming by reference (a publisher's gpuipc.torch.MemPool tensors) -----------------------------------------
+def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed: bool) -> list:
+    """Builds torch_stream_state(1) under gpuipc.torch.MemPool (with `mixed`, "b" outside it: staged) and publishes
+    `versions` versions on a side stream s (by_reference True, or "auto" with `mixed`), writing the next version's
+    values into the same tensors on s right after each publish(): finish() made s wait for the readers' copies.
+    Returns, per version, each tensor's piece ("reference" or "staged") in the last bucket."""
+    torch = torch_cuda()
+    import gpuipc.torch as gt
+    from gpuipc._stream_format import _read_desc
+
+    pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        state = torch_stream_state(torch, 1)
+    if mixed:
+        state["b"] = torch_stream_state(torch, 1)["b"].clone()  # torch's own allocator: staged
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    out = []
+    with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference="auto" if mixed else True) as pub:
+        pub.wait_readers(readers, timeout=60)
+        for v in range(1, versions + 1):
+            assert pub.publish(state, stream=s) == v
+            d = _read_desc(pub._mem, pub.buckets, pub._nreaders, pub._seq % pub.buckets)
+            out.append({p[0]: "reference" if len(p) == 7 else "staged" for p in d.pieces})
+            with torch.cuda.stream(s):  # made and written on s: after finish()'s wait for the readers
+                nxt = torch_stream_state(torch, v + 1)
+                for k in state:
+                    state[k].copy_(nxt[k])
+        assert pub.wait_consumed(timeout=60) == versions
+        sync_within(s)
+    del state, pool
+    torch.cuda.synchronize()
+    gt.detach(0)
+    return out
+
+
+def torch_mempool_stream_publish_held(name: str, published: str) -> dict:
+    """Publishes torch_stream_state(1), built under gpuipc.torch.MemPool, by reference on a side stream to one
+    reader, creates `published`, and waits (60 s at most) for that stream. Returns whether the stream was still
+    blocked 0.5 s after publish() returned, and whether it finished."""
+    torch = torch_cuda()
+    import gpuipc.torch as gt
+
+    pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        state = torch_stream_state(torch, 1)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference=True) as pub:
+        pub.wait_readers(1, timeout=60)
+        pub.publish(state, stream=s)
+        time.sleep(0.5)
+        blocked = not s.query()
+        with gpuipc.Segment.create(published, 4096):
+            sync_within(s, 60)  # released when the reader is killed (the broker poisons its slot)
+        out = {"blocked": blocked, "finished": s.query(), "readers": pub.readers}
+    del state, pool
     torch.cuda.synchronize()
     gt.detach(0)
     return out

@@ -259,6 +259,99 @@ def stream_reader_stalls(name: str, ready: str) -> None:
     del rd, it, keep
 
 
+# Reference pieces (a publisher's host pool memory) --------------------------------------------------------------------
+#: The calls of the extension that open or resolve a handle (a pool join, a block resolve, a segment or semaphore open).
+_HANDLE_CALLS = (("Pool", "open"), ("Pool", "views_of"), ("Pool", "view"), ("Pool", "spans_of"), ("Pool", "resolve"),
+                 ("Segment", "open"), ("Semaphore", "open"))
+
+
+def count_handle_calls() -> dict:
+    """Counts, from now on in this process, every call of _gpuipc that opens or resolves a handle: returns the dict
+    of counters (by "Class.method") that the calls bump."""
+    from gpuipc import _gpuipc
+
+    counts = {f"{c}.{m}": 0 for c, m in _HANDLE_CALLS}
+    for c, m in _HANDLE_CALLS:
+        cls = getattr(_gpuipc, c)
+        orig = getattr(cls, m)
+        key = f"{c}.{m}"
+
+        def counted(*args, _orig=orig, _key=key, **kwargs):
+            counts[_key] += 1
+            return _orig(*args, **kwargs)
+
+        setattr(cls, m, staticmethod(counted) if m == "open" else counted)
+    return counts
+
+
+def ref_layout(v: int) -> dict:
+    """Version v of what test_streaming's reference tests send: "w" and "i" (views of the publisher's pool block),
+    "p" (a plain array: staged), "z" (empty)."""
+    return {
+        "w": np.arange(8000, dtype=np.float32) + v,
+        "i": np.full((4, 4), v, dtype=np.int64),
+        "p": np.full(5, -v, dtype=np.float64),
+        "z": np.zeros((0, 3), dtype=np.float32),
+    }
+
+
+def stream_receive_counting(name: str, layout: dict, versions: int) -> list:
+    """Joins stream `name` and receives `versions` versions into zeroed arrays shaped like `layout` (name to array).
+    Returns, per version: (version, the arrays received, the handle calls (count_handle_calls) made by receive)."""
+    out = []
+    with gpuipc.stream_reader(name, wait=30) as rd:
+        into = {k: np.zeros_like(x) for k, x in layout.items()}
+        counts = count_handle_calls()
+        for _ in range(versions):
+            for k in counts:
+                counts[k] = 0
+            v = rd.receive(into, timeout=60)
+            out.append((v, {k: x.copy() for k, x in into.items()}, {k: n for k, n in counts.items() if n}))
+    return out
+
+
+def stream_receive_slowly(name: str, hold: float) -> dict:
+    """Receives one version with receive_iter, holding each piece `hold` seconds before copying it. Returns what it
+    copied (name to array), each item's (dtype, shape, complete), and when it let the last bucket go."""
+    got, items = {}, {}
+    with gpuipc.stream_reader(name, wait=30) as rd:
+        for item in rd.receive_iter(timeout=60):
+            time.sleep(hold)
+            got[item.name] = np.array(item.view)
+            items[item.name] = (item.dtype, item.shape, item.complete, item.view.flags.writeable)
+        done = time.monotonic()
+    return {"got": got, "items": items, "done": done}
+
+
+def stream_reader_holds_first(name: str, ready: str, cuda: bool = False) -> None:
+    """Takes the first piece of the first version and never lets its bucket go; creates `ready` and sleeps until
+    killed. cuda: a torch CUDA context first (device staging)."""
+    if cuda:
+        import torch
+
+        torch.zeros(1, device="cuda")
+    rd = gpuipc.stream_reader(name, wait=30)
+    it = rd.receive_iter(timeout=60)
+    next(it)
+    keep = gpuipc.Segment.create(ready, 4096)
+    time.sleep(600)
+    del rd, it, keep
+
+
+def stream_receive_after(name: str, go: str, layout: dict) -> list:
+    """Joins stream `name`, waits for the name `go`, then receives twice into arrays shaped like `layout`: returns
+    [what the first receive raised (class name, message) or its version, the second's (version, arrays)]."""
+    with gpuipc.stream_reader(name, wait=30) as rd:
+        into = {k: np.zeros_like(x) for k, x in layout.items()}
+        wait_for_name(go, timeout=60)
+        try:
+            first: object = rd.receive(into, timeout=60)
+        except gpuipc.Error as e:
+            first = (type(e).__name__, str(e))
+        v = rd.receive(into, timeout=60)
+        return [first, (v, {k: x.copy() for k, x in into.items()})]
+
+
 def pool_paused_report(name: str, raw_ref: bytes) -> dict:
     """Opens pool `name` (paused by another process) and reports what resolve, hold and allocate raise."""
     ref = gpuipc.BlockRef.from_bytes(raw_ref)

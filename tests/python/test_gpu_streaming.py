@@ -1,6 +1,7 @@
 """GPU tests of bucketed streaming (device staging, torch, a side stream; receive and receive_iter, with and
-without checksums), stream-ordered Reader.wait_version (and its release when the publisher is SIGKILLed), and
-gpuipc.cupy.set_allocator. Skipped (with the reason) where there is no GPU, torch or CuPy."""
+without checksums; by reference from a gpuipc.torch.MemPool dict, and finish()'s stream wait), stream-ordered
+Reader.wait_version (and its release when the publisher is SIGKILLed), and gpuipc.cupy.set_allocator. Skipped (with
+the reason) where there is no GPU, torch or CuPy."""
 
 from __future__ import annotations
 
@@ -123,3 +124,51 @@ def test_cupy_allocator(name):
             time.sleep(0.01)
         assert pool.stats()["live_blocks"] == 0, "CuPy's frees did not reach the pool"
         assert np.isfinite(float(b.sum()))
+
+
+# By reference: a publisher's gpuipc.torch.MemPool tensors, copied straight into the readers' tensors
+@pytest.mark.parametrize("mixed", [False, True])
+def test_stream_by_reference_from_a_mempool(name, start, mixed):
+    """A dict built under gpuipc.torch.MemPool goes by reference (with `mixed`, one tensor outside the pool is
+    staged beside the others); readers receive with receive and receive_iter; the reader that counts its handle
+    calls resolves the blocks in version 1 and opens nothing later."""
+    _torch()
+    readers = [start(gpu_helpers.torch_stream_reader, name, 3),
+               start(gpu_helpers.torch_stream_reader, name, 3, "receive", 0.0, True)]
+    pub = start(gpu_helpers.torch_mempool_stream_publisher, name, 3, 2, mixed)
+    pieces = pub.result(timeout=120)
+    want = {"w": "reference", "b": "staged" if mixed else "reference", "i": "reference"}
+    assert all(p == want for p in pieces), pieces
+    assert readers[0].result(timeout=60) == [(1, True), (2, True), (3, True)]
+    counted = readers[1].result(timeout=60)
+    assert [(v, ok) for v, ok, _ in counted] == [(1, True), (2, True), (3, True)]
+    assert counted[0][2].get("Pool.open") == 1, counted  # the MemPool's pool, joined once
+    assert counted[1][2] == counted[2][2] == {}, counted  # steady state: no handle opened or resolved
+
+
+def test_stream_by_reference_finish_orders_the_next_write(name, start):
+    """The publisher writes the next version into its MemPool tensors on its stream right after publish(); a reader
+    that takes 0.3 s per piece still gets each version whole, because finish() made that stream wait for it."""
+    _torch()
+    reader = start(gpu_helpers.torch_stream_reader, name, 2, "iter", 0.3)
+    pub = start(gpu_helpers.torch_mempool_stream_publisher, name, 2, 1, False)
+    assert len(pub.result(timeout=120)) == 2
+    assert reader.result(timeout=60) == [(1, True), (2, True)]
+
+
+def test_stream_by_reference_wait_released_when_the_reader_dies(name, start):
+    _torch()
+    ctx = multiprocessing.get_context("spawn")
+    holder = ctx.Process(target=helpers.stream_reader_holds_first, args=(name, name + "-ready", True))
+    holder.start()
+    try:
+        pub = start(gpu_helpers.torch_mempool_stream_publish_held, name, name + "-published")
+        helpers.wait_for_name(name + "-ready", timeout=120)
+        helpers.wait_for_name(name + "-published", timeout=120)
+        os.kill(holder.pid, signal.SIGKILL)
+        r = pub.result(timeout=120)
+    finally:
+        holder.kill()
+        holder.join()
+    assert r["blocked"], "finish() did not make the publisher's stream wait for the reader"
+    assert r["finished"], r

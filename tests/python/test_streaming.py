@@ -1,6 +1,8 @@
 """Bucketed streaming, host kind (NumPy): stream_publisher / stream_reader with several reader processes, tensors
 split across buckets, receive_iter, checksums (a corrupted bucket), an abandoned version, a SIGKILLed publisher
-mid-version (PeerDied, never a torn version, never a hang), a SIGKILLed or stalled reader (the publisher goes on)."""
+mid-version (PeerDied, never a torn version, never a hang), a SIGKILLed or stalled reader (the publisher goes on);
+reference pieces from host pool blocks (mixed with staged ones, no handle opened in steady state, finish() and
+wait_consumed ordering, eviction, a SIGKILLed reader, checksums), and a control block of another format."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -219,3 +222,239 @@ def test_publisher_follows_torch_tensors_changed_between_versions(name):
         del gone
         gc.collect()
         assert "gone" not in pub._seen
+
+
+# Reference pieces: tensors that live in gpuipc pool memory go by reference (readers copy from the publisher's block)
+def _ref_sources(pool: "gpuipc.Pool", v: int) -> tuple:
+    """A block of `pool` holding "w" and "i" of helpers.ref_layout(v) (views of it), and the dict to publish."""
+    block = pool.allocate(64 << 10)
+    want = helpers.ref_layout(v)
+    w = block.numpy("float32", (8000,))
+    i = block.numpy("int64", (4, 4), offset=32768)
+    w[...], i[...] = want["w"], want["i"]
+    return block, {"w": w, "i": i, "p": want["p"], "z": want["z"]}
+
+
+def _descriptor(pub: "gpuipc.StreamPublisher", seq: int):
+    from gpuipc._stream_format import _read_desc
+
+    return _read_desc(pub._mem, pub.buckets, pub._nreaders, seq % pub.buckets)
+
+
+def _wait_live_blocks(pool: "gpuipc.Pool", n: int) -> int:
+    deadline = time.monotonic() + 10
+    while pool.stats()["live_blocks"] != n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pool.stats()["live_blocks"]
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+def test_reference_pieces_mixed_and_steady_state(name, start, checksum):
+    """Host pool views travel as reference pieces beside staged ones; the reader joins the source pool and resolves
+    its block once (version 1), opens nothing in later versions while the block stays, resolves the new block when
+    the publisher replaces it, and lets the old one go (its hold, so the publisher's free takes effect)."""
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host", checksum=checksum) as pub:
+        fut = start(helpers.stream_receive_counting, name, helpers.ref_layout(0), 5)
+        assert pub.wait_readers(1, timeout=60) == 1
+        block, state = _ref_sources(pool, 1)
+        for v in (1, 2, 3, 4, 5):
+            if v == 4:  # the publisher's blocks change: the old one is freed, the new one lives elsewhere
+                old = block
+                block, state = _ref_sources(pool, 4)
+                old.free()
+                assert pool.stats()["live_blocks"] == 2  # the reader holds the freed block
+            elif v > 1:
+                state["w"][...], state["i"][...] = helpers.ref_layout(v)["w"], helpers.ref_layout(v)["i"]
+                state["p"] = helpers.ref_layout(v)["p"]
+            assert pub.publish(state) == v  # host staging: returns once the reader copied the references
+            d = _descriptor(pub, pub._seq)
+            shapes = {p[0]: len(p) for p in d.pieces}
+            assert shapes == {"w": 7, "i": 7, "p": 6, "z": 6}  # references, staged, an empty tensor (0 bytes)
+            assert len(d.blocks) == 1 and d.blocks[0] == [pool.name, bytes(block.ref).hex()]
+            assert d.used == 256  # only "p" took staging bytes
+            if v == 4:  # the reader, still there, let the freed block go once version 4 no longer named it
+                assert _wait_live_blocks(pool, 1) == 1
+        got = fut.result(timeout=60)
+        assert [v for v, _, _ in got] == [1, 2, 3, 4, 5]
+        for v, arrays, _ in got:
+            want = helpers.ref_layout(v)
+            assert all(arrays[k].dtype == want[k].dtype and arrays[k].shape == want[k].shape for k in want)
+            assert all(np.array_equal(arrays[k], want[k]) for k in want), v
+        calls = [c for _, _, c in got]
+        assert calls[0] == {"Pool.open": 1, "Pool.views_of": 1}, calls  # joins the source pool, holds its block
+        assert calls[1] == calls[2] == {}, calls  # steady state: no handle opened or resolved
+        assert calls[3] == {"Pool.views_of": 1}, calls  # the new block, in the pool already joined
+        assert calls[4] == {}, calls
+
+
+def test_by_reference_true_false_and_auto(name):
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool:
+        _, state = _ref_sources(pool, 1)
+        with pytest.raises(gpuipc.InvalidArgument, match="by_reference"):
+            gpuipc.stream_publisher(name, 4096, 2, kind="host", by_reference="yes")
+        with gpuipc.stream_publisher(name, 1 << 20, 2, kind="host", by_reference=True) as pub:
+            assert pub.bucket_bytes == 256  # nothing is staged
+            with pytest.raises(gpuipc.InvalidArgument, match=r"tensor 'p' .*not in gpuipc pool memory"):
+                pub.publish(state)
+            with pytest.raises(gpuipc.InvalidArgument, match=r"tensor 'ws' .*strided"):
+                pub.publish({"w": state["w"], "ws": state["w"][::2]})
+            assert pub.publish({"w": state["w"], "i": state["i"], "z": state["z"]}) == 3
+            assert [len(p) for p in _descriptor(pub, pub._seq).pieces] == [7, 7, 6]
+        with gpuipc.stream_publisher(name, 1 << 20, 2, kind="host", by_reference=False) as pub:
+            assert pub.publish(state) == 1
+            d = _descriptor(pub, pub._seq)
+            assert [len(p) for p in d.pieces] == [6, 6, 6, 6] and d.blocks == []
+
+
+def test_many_reference_pieces_take_descriptor_only_buckets(name, start):
+    """3000 references with long names do not fit one 128 KiB descriptor: the version takes several buckets of
+    descriptors only (no staging bytes), through a ring of two, and arrives whole."""
+    n = 3000
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host") as pub:
+        block = pool.allocate(n * 64)
+        state = {f"model.layers.{k}.self_attn.q_proj.weight.shard_{'x' * 40}": block.numpy("int64", (8,), offset=64 * k)
+                 for k in range(n)}
+        for k, a in enumerate(state.values()):
+            a[...] = k
+        fut = start(helpers.stream_receive_counting, name, state, 1)
+        assert pub.wait_readers(1, timeout=60) == 1
+        assert pub.publish(state) == 1
+        assert pub._seq >= 2
+        for seq in range(pub._seq - 1, pub._seq + 1):  # the two buckets still in the ring
+            d = _descriptor(pub, seq)
+            assert d.used == 0 and d.pieces and all(len(p) == 7 for p in d.pieces) and len(d.blocks) == 1
+        [(v, arrays, calls)] = fut.result(timeout=60)
+        assert v == 1 and all(np.array_equal(arrays[k], state[k]) for k in state)
+        assert calls == {"Pool.open": 1, "Pool.views_of": 1}  # one block, resolved once for every bucket
+
+
+def test_source_changed_after_wait_consumed_is_not_seen(name, start):
+    """finish() (host staging) returns only after the reader has copied the references out of the last bucket, so
+    the publisher may write its tensors once publish() returns; wait_consumed() then returns at once."""
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host") as pub:
+        _, state = _ref_sources(pool, 1)
+        hold = 0.4
+        fut = start(helpers.stream_receive_slowly, name, hold)
+        assert pub.wait_readers(1, timeout=60) == 1
+        t0 = time.monotonic()
+        assert pub.publish(state) == 1
+        assert time.monotonic() - t0 >= 3 * hold  # it waited for the reader's copies (4 pieces, `hold` each)
+        t1 = time.monotonic()
+        assert pub.wait_consumed(timeout=10) == 1 and time.monotonic() - t1 < 1
+        state["w"][...] = -1.0  # the next version's values, written in place
+        state["i"][...] = -1
+        r = fut.result(timeout=60)
+        assert np.array_equal(r["got"]["w"], helpers.ref_layout(1)["w"])
+        assert np.array_equal(r["got"]["i"], helpers.ref_layout(1)["i"])
+        assert r["items"]["w"] == ("float32", (8000,), True, False)  # whole, read-only, over the publisher's block
+        assert r["items"]["i"] == ("int64", (4, 4), True, False)
+
+
+def test_wait_consumed_timeout_and_eviction(name):
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool:
+        _, state = _ref_sources(pool, 1)
+        with gpuipc.stream_publisher(name, 4096, 8, kind="host") as pub, gpuipc.stream_reader(name) as rd:
+            assert pub.wait_consumed(timeout=0) == 0  # nothing committed yet
+            pub.wait_readers(1, timeout=10)
+            assert pub.publish({"p": state["p"]}) == 1  # staged only: finish() does not wait
+            with pytest.raises(gpuipc.Timeout, match="slot 0"):
+                pub.wait_consumed(timeout=0.2)
+            assert rd.receive({"p": np.zeros(5)}, timeout=10) == 1
+            assert pub.wait_consumed(timeout=5) == 1
+        # a reader that stays alive but does not read is evicted after reader_timeout, by finish()'s wait too
+        with gpuipc.stream_publisher(name, 4096, 8, kind="host", reader_timeout=0.3) as pub, \
+                gpuipc.stream_reader(name) as rd:
+            pub.wait_readers(1, timeout=10)
+            t0 = time.monotonic()
+            assert pub.publish(state) == 1
+            assert 0.25 < time.monotonic() - t0 < 10
+            assert pub.wait_consumed(timeout=1) == 1  # the evicted reader is not waited for
+            with pytest.raises(gpuipc.InvalidState, match="evicted"):
+                rd.receive(helpers.ref_layout(0), timeout=5)
+
+
+def test_reader_close_lets_the_publishers_blocks_go(name):
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host") as pub:
+        block, state = _ref_sources(pool, 1)
+        rd = gpuipc.stream_reader(name)
+        pub.wait_readers(1, timeout=10)
+        into = {k: np.zeros_like(x) for k, x in helpers.ref_layout(0).items()}
+        got = []
+        t = threading.Thread(target=lambda: got.append(rd.receive(into, timeout=10)))
+        t.start()
+        assert pub.publish(state) == 1  # returns once the reader (a thread here) copied the references
+        t.join(10)
+        assert got == [1] and np.array_equal(into["w"], state["w"])
+        block.free()
+        assert pool.stats()["live_blocks"] == 1  # the reader still holds it, and would copy from it
+        rd.close()
+        assert pool.stats()["live_blocks"] == 0
+
+
+def test_killed_reader_does_not_hold_finish(name):
+    ctx = multiprocessing.get_context("spawn")
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host") as pub:
+        _, state = _ref_sources(pool, 1)
+        p = ctx.Process(target=helpers.stream_reader_holds_first, args=(name, name + "-ready"))
+        p.start()
+        try:
+            assert pub.wait_readers(1, timeout=60) == 1
+            killer = _kill_when(name + "-ready", p.pid)
+            t0 = time.monotonic()
+            assert pub.publish(state) == 1  # finish() waits for the reader until it is killed
+            assert time.monotonic() - t0 < 30
+            killer.join(10)
+        finally:
+            p.kill()
+            p.join()
+        assert pub.wait_consumed(timeout=5) == 1
+        assert pub.readers == 0
+
+
+def test_checksum_covers_reference_pieces(name, start):
+    """A tensor sent by reference that changes after its bucket was sent (a publisher breaking the rule) fails the
+    reader's checksum, which sums the bytes it is about to copy; the next version arrives whole."""
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host", checksum=True) as pub:
+        _, state = _ref_sources(pool, 1)
+        layout = {"w": state["w"], "pad": np.zeros(2000, dtype=np.float32)}
+        fut = start(helpers.stream_receive_after, name, name + "-go", layout)
+        assert pub.wait_readers(1, timeout=60) == 1
+        pub.start()
+        pub.update({"w": state["w"], "pad": layout["pad"]})  # "pad" fills bucket 1 (sent), and goes on in bucket 2
+        state["w"][0] += 1  # after bucket 1 and its checksum were sent
+        with gpuipc.Segment.create(name + "-go", 4096):
+            assert pub.finish() == 1  # waits until the reader skipped the rest of version 1
+            assert pub.publish(layout) == 2
+            first, (v, arrays) = fut.result(timeout=60)
+        assert first[0] == "ChecksumMismatch" and "version 1" in first[1] and "'w'" in first[1]
+        assert v == 2 and np.array_equal(arrays["w"], state["w"])
+
+
+def test_format_mismatch_is_refused(name):
+    from gpuipc._stream_format import FORMAT
+
+    with gpuipc.stream_publisher(name, 4096, 2, kind="host") as pub:
+        for other in (1, FORMAT + 1):
+            pub._mem[8:12] = np.frombuffer(np.uint32(other).tobytes(), dtype=np.uint8)
+            with pytest.raises(gpuipc.InvalidArgument, match=f"format {other}; this gpuipc reads format {FORMAT} only"):
+                gpuipc.stream_reader(name)
+
+
+def test_the_weights_bench_finds_by_reference():
+    """bench/suites/_weights_versions.py measures the by-reference path only where stream_publisher takes
+    by_reference (else it reports it missing): it must find it in this gpuipc."""
+    suites = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "suites")
+    if not os.path.exists(os.path.join(suites, "_weights_versions.py")):
+        pytest.skip("no bench/suites here (an installed package without the repository)")
+    sys.path.insert(0, suites)
+    try:
+        import _weights_versions
+    finally:
+        sys.path.remove(suites)
+    assert _weights_versions._has_by_reference(gpuipc)
