@@ -61,12 +61,8 @@ struct Channel::Impl {
   std::chrono::nanoseconds pacing{0};
   // How many messages a pacing producer may run ahead of the consumers' streams (n: the whole ring).
   std::uint64_t ahead = 0;
-  // The stream of this handle's last publish (producer) or release (consumer), when it had nothing queued just
-  // before that call's own `filled`/`freed` write: then, at the next acquire or receive, that write is all the
-  // stream may still have to run, and it is not work to pace behind (see pace_once). Null otherwise.
-  CUstream idle_before_own_write = nullptr;
-  // Until when note_before_own_write takes a stream it found busy to be still busy without asking the driver again:
-  // a streaming handle (its stream always busy) then pays one cuStreamQuery per window, not one per message.
+  // Until when own_write_now takes a stream it found busy to be still busy without asking the driver again: a
+  // streaming handle (its stream always busy) then pays one query per window, not one per message.
   std::chrono::steady_clock::time_point assume_busy_until{};
 
   Impl() = default;
@@ -105,39 +101,34 @@ struct Channel::Impl {
   /// returns at once (a handoff between idle GPUs stays a host round trip).
   bool pace(CUstream stream) const noexcept { return pacing.count() > 0 && cuda::stream_busy(stream); }
 
-  /// pace(stream), asked at most once (a driver call) and only when first needed. A stream whose only queued work
-  /// may be this handle's own last `filled`/`freed` write (idle_before_own_write) is not paced: that write takes
-  /// microseconds, and watching for the peer's word behind it turned an idle handoff into a GPU round trip (the
-  /// channels suite's handoff_rtt: 1.6 us at 724fdb2 on an H200, 8.7 us once pacing came). Consumed by the call.
-  auto pace_once(StreamHandle stream) noexcept {
-    const bool own_write_only = idle_before_own_write != nullptr && idle_before_own_write == static_cast<CUstream>(stream);
-    idle_before_own_write = nullptr;
-    return [this, stream, own_write_only, known = -1]() mutable {
-      if (known < 0) known = !own_write_only && pace(static_cast<CUstream>(stream)) ? 1 : 0;
+  /// pace(stream), asked at most once (a driver call) and only when first needed.
+  auto pace_once(StreamHandle stream) const noexcept {
+    return [this, stream, known = -1]() mutable {
+      if (known < 0) known = pace(static_cast<CUstream>(stream)) ? 1 : 0;
       return known == 1;
     };
   }
 
-  /// Before a publish's or release's own stream write (and after its host-visible step, off the handoff's
-  /// critical path): notes whether the stream had nothing queued, for the next pace_once.
-  void note_before_own_write(StreamHandle stream) noexcept {
-    idle_before_own_write = nullptr;
-    if (pacing.count() <= 0) return;
-    // A query costs ~1 us; one per message took a one-process stream of 8 MiB frames from 145k to 103k frames a
-    // second on an H200. A stream seen busy is taken to stay busy for a while (idle handoffs are unaffected).
+  /// Whether a write enqueued on `stream` now would land at once (cuda::stream_reached_now: never for the legacy
+  /// default stream). A query costs ~1 us; one per message took a one-process stream of 8 MiB frames from 145k to
+  /// 103k frames a second on an H200, so a stream seen busy is taken to stay busy for 100 us.
+  bool own_write_now(StreamHandle stream) noexcept {
     constexpr auto kBusyWindow = std::chrono::microseconds(100);
     const auto now = std::chrono::steady_clock::now();
-    if (now < assume_busy_until) return;
-    const auto s = static_cast<CUstream>(stream);
-    if (cuda::stream_idle(s)) {
-      idle_before_own_write = s;
-    } else {
-      assume_busy_until = now + kBusyWindow;
-    }
+    if (now < assume_busy_until) return false;
+    if (cuda::stream_reached_now(static_cast<CUstream>(stream))) return true;
+    assume_busy_until = now + kBusyWindow;
+    return false;
   }
 
-  /// The word at `offset` of slot `seq`'s record reaches `value` once `stream`'s work so far is done.
+  /// The word at `offset` of slot `seq`'s record reaches `value` once `stream`'s work so far is done. When the stream
+  /// has nothing left to run, that is now: the host writes it (no stream operation, and the peer's host sees it at
+  /// once, so it enqueues no stream wait either, and a handoff between idle GPUs stays a host round trip).
   CUresult write_after(StreamHandle stream, std::uint64_t seq, std::size_t offset, std::uint64_t value) noexcept {
+    if (own_write_now(stream)) {
+      shm::raise_to(*reinterpret_cast<std::uint64_t*>(reinterpret_cast<std::byte*>(&slot(seq)) + offset), value);
+      return CUDA_SUCCESS;
+    }
     return cuda::stream_write_value64(static_cast<CUstream>(stream), word_device(seq, offset), value);
   }
   /// `stream`'s work after this waits until the word at `offset` of slot `seq`'s record reaches `value`.
@@ -454,7 +445,6 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   // consumer's stream cannot run ahead: it waits for `filled`, which only our stream writes.
   shm::ring_publish(im.ring(), seq, im.member, header, bytes, im.gpu());
   im.pop_held();
-  if (im.gpu()) im.note_before_own_write(stream);
   if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
     // The stream will never write it: release the consumer's stream from the host and flag the message.
     shm::ring_mark_incomplete(im.slot(seq), seq);
@@ -530,7 +520,6 @@ Status Channel::release(StreamHandle stream) noexcept {
   // once makes its own stream wait for `freed`, which only our stream writes, after its reads.
   shm::ring_release(im.ring(), seq, im.member, im.gpu());
   im.pop_held();
-  if (im.gpu()) im.note_before_own_write(stream);
   // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do for `freed`, but the v2 memop API we call rejects it with
   // CUDA_ERROR_INVALID_VALUE, as its documentation says.)
   if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, freed), seq + 1) != CUDA_SUCCESS) {

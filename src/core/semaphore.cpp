@@ -43,11 +43,23 @@ struct Semaphore::Impl {
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;             // the broker's token in our member entry
   std::uint64_t stream_signalled = 0;  // highest value handed to a stream: leave() waits for it to land
+  CUevent legacy_probe = nullptr;      // made at the first signal(wake_host) on the legacy default stream
 
   Impl() = default;
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
-  ~Impl() { leave(); }
+  ~Impl() {
+    leave();
+    if (legacy_probe != nullptr) cuda::destroy_event(legacy_probe);
+  }
+
+  /// Whether a write enqueued on `s` now would land at once (see signal): the stream and whatever it would wait
+  /// for are done.
+  bool reached_now(CUstream s) noexcept {
+    if (s != nullptr && s != CU_STREAM_LEGACY) return cuda::stream_reached_now(s);
+    if (legacy_probe == nullptr) legacy_probe = cuda::create_probe_event();
+    return cuda::legacy_stream_reached_now(legacy_probe, std::chrono::microseconds(20));
+  }
 
   void join() {
     if (role != SemaphoreRole::Signaller) return;
@@ -166,10 +178,10 @@ Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_hos
   auto s = static_cast<CUstream>(stream);
   const cuda::StreamContextScope context(m_impl->ctx.get(), s);
   if (!context.ok()) return Status::DriverError;
-  if (wake_host && cuda::stream_idle(s)) {
-    // Everything enqueued on the stream so far has finished, so the stream's next step would be this write: do it
-    // from here. Host waiters then wake at once, without a host callback (one costs ~20 us to enqueue and runs
-    // ~100 us after the stream reaches it).
+  if (wake_host && m_impl->reached_now(s)) {
+    // Everything the write would wait for has finished, so the stream's next step would be this write: do it from
+    // here. Host waiters then wake at once, without a host callback (one costs ~20 us to enqueue and runs ~100 us
+    // after the stream reaches it).
     return status_of(shm::semaphore_raise(*m_impl->block, value));
   }
   if (cuda::stream_write_value64(s, m_impl->device_value, value) != CUDA_SUCCESS) return Status::DriverError;

@@ -74,6 +74,7 @@ namespace gpuipc::cuda {
   X(cuStreamDestroy, 4000)                   \
   X(cuStreamSynchronize, 2000)               \
   X(cuStreamQuery, 2000)                     \
+  X(cuStreamGetFlags, 5050)                  \
   X(cuStreamWaitValue32, 11070)              \
   X(cuStreamWaitValue64, 11070)              \
   X(cuStreamWriteValue32, 11070)             \

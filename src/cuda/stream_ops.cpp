@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "cuda/driver.hpp"
 
 namespace gpuipc::cuda {
@@ -52,9 +54,40 @@ bool stream_busy(CUstream stream) noexcept {
   return api != nullptr && api->cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
 }
 
-bool stream_idle(CUstream stream) noexcept {
+bool stream_reached_now(CUstream stream) noexcept {
   const DriverApi* api = loaded_driver();
-  return api != nullptr && api->cuStreamQuery(stream) == CUDA_SUCCESS;
+  if (api == nullptr || stream == nullptr || stream == CU_STREAM_LEGACY) return false;
+  if (api->cuStreamQuery(stream) != CUDA_SUCCESS) return false;
+  unsigned flags = 0;
+  if (stream != CU_STREAM_PER_THREAD) {
+    if (api->cuStreamGetFlags(stream, &flags) != CUDA_SUCCESS) return false;
+    if ((flags & CU_STREAM_NON_BLOCKING) != 0) return true;
+  }
+  return api->cuStreamQuery(CU_STREAM_LEGACY) == CUDA_SUCCESS;
+}
+
+CUevent create_probe_event() noexcept {
+  const DriverApi* api = loaded_driver();
+  CUevent event = nullptr;
+  if (api == nullptr || api->cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+  return event;
+}
+
+void destroy_event(CUevent event) noexcept {
+  const DriverApi* api = loaded_driver();
+  if (api != nullptr && event != nullptr) (void)api->cuEventDestroy(event);
+}
+
+bool legacy_stream_reached_now(CUevent probe, std::chrono::nanoseconds spin) noexcept {
+  const DriverApi* api = loaded_driver();
+  if (api == nullptr || probe == nullptr || api->cuStreamQuery(CU_STREAM_LEGACY) != CUDA_SUCCESS) return false;
+  if (api->cuEventRecord(probe, CU_STREAM_LEGACY) != CUDA_SUCCESS) return false;
+  const auto deadline = std::chrono::steady_clock::now() + spin;
+  for (;;) {
+    const CUresult r = api->cuEventQuery(probe);
+    if (r == CUDA_SUCCESS) return true;
+    if (r != CUDA_ERROR_NOT_READY || std::chrono::steady_clock::now() >= deadline) return false;
+  }
 }
 
 CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept {

@@ -7,6 +7,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
 #include <string_view>
 
@@ -35,9 +36,22 @@ CUresult stream_wait_value64(CUstream stream, CUdeviceptr addr, std::uint64_t va
 /// Whether `stream` still has work to do (cuStreamQuery says CUDA_ERROR_NOT_READY). Hot path: false on any other
 /// answer, including errors.
 bool stream_busy(CUstream stream) noexcept;
-/// Whether everything enqueued on `stream` so far has finished (cuStreamQuery says CUDA_SUCCESS). Hot path: false
-/// on any other answer, including errors, so a caller that takes a shortcut on true never takes it by mistake.
-bool stream_idle(CUstream stream) noexcept;
+/// Whether an operation enqueued on `stream` now would run at once: everything enqueued on it so far has finished
+/// (cuStreamQuery), and so has everything such an operation would wait for implicitly. A non-blocking stream waits
+/// for nothing else; a blocking stream, and the per-thread default stream, also wait for the legacy default stream,
+/// which must then be idle too. An operation on the legacy default stream (0 or CU_STREAM_LEGACY) waits for every
+/// blocking stream of its context, which no query can list: false for it (see legacy_stream_reached_now). Hot
+/// path: false on any error, so a caller that takes a shortcut on true never takes it by mistake.
+bool stream_reached_now(CUstream stream) noexcept;
+/// The same for the legacy default stream of the current context, by recording `probe` (an event of that context)
+/// on it and querying the event for up to `spin` (an idle GPU completes it within microseconds). False when the
+/// stream has work queued (one cuStreamQuery, no record), on any error, or when `spin` passed.
+bool legacy_stream_reached_now(CUevent probe, std::chrono::nanoseconds spin) noexcept;
+/// A CU_EVENT_DISABLE_TIMING event of the current context for legacy_stream_reached_now; null when the driver
+/// refuses. Hot path: no exception.
+CUevent create_probe_event() noexcept;
+/// cuEventDestroy; errors ignored.
+void destroy_event(CUevent event) noexcept;
 /// cuMemcpyAsync in `stream` order (unified addresses: host or device on either side). Hot path: returns the
 /// CUresult, no exception.
 CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream) noexcept;

@@ -416,6 +416,52 @@ TEST(CudaLayer, HostRegistrationSeesStreamMemoryOperations) {
   stream.synchronize();
 }
 
+TEST(CudaLayer, StreamReachedNowCountsWhatAWriteWouldWaitFor) {
+  GPUIPC_REQUIRE_GPU();
+  const cuda::DeviceInfo info = cuda::query_device(0, false);
+  if (!info.host_register) GTEST_SKIP() << info.name << " cannot register host memory";
+  if (!info.stream_mem_ops_64) GTEST_SKIP() << info.name << " lacks 64-bit stream memory operations";
+  const cuda::PrimaryContext context(0);
+  context.make_current();
+  const std::size_t page = os::page_size();
+  const os::UniqueFd memfd = os::memfd_create("gpuipc-test-reached", page);
+  const os::Mapping view = os::Mapping::map(memfd.get(), page, true);
+  auto* words = static_cast<std::uint64_t*>(view.data());
+  const cuda::HostRegistration registration = cuda::HostRegistration::register_memory(view.data(), page);
+  const CUdeviceptr device_words = registration.device_pointer();
+  const cuda::Stream non_blocking = cuda::Stream::create(true);
+  const cuda::Stream blocking = cuda::Stream::create(false);
+  const CUevent probe = cuda::create_probe_event();
+  ASSERT_NE(probe, nullptr);
+  auto all_reached = [&] {
+    return cuda::stream_reached_now(non_blocking.get()) && cuda::stream_reached_now(blocking.get()) &&
+           cuda::legacy_stream_reached_now(probe, 1ms);
+  };
+  EXPECT_TRUE(test::wait_until(all_reached, 10s));
+  // The legacy default stream is never answered by a stream query: what a write there waits for cannot be listed.
+  EXPECT_FALSE(cuda::stream_reached_now(nullptr));
+  EXPECT_FALSE(cuda::stream_reached_now(CU_STREAM_LEGACY));
+
+  // The legacy stream blocked on a host word: a write on the blocking stream would wait for it, one on the
+  // non-blocking stream would not.
+  ASSERT_EQ(cuda::stream_wait_value64(CU_STREAM_LEGACY, device_words, 1), CUDA_SUCCESS);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(cuda::stream_reached_now(non_blocking.get()));
+  EXPECT_FALSE(cuda::stream_reached_now(blocking.get()));
+  EXPECT_FALSE(cuda::legacy_stream_reached_now(probe, 1ms));
+  // The non-blocking stream with its own work queued.
+  ASSERT_EQ(cuda::stream_wait_value64(non_blocking.get(), device_words + 8, 1), CUDA_SUCCESS);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(cuda::stream_reached_now(non_blocking.get()));
+  std::atomic_ref<std::uint64_t>(words[0]).store(1);  // released even when a check above failed
+  std::atomic_ref<std::uint64_t>(words[1]).store(1);
+  non_blocking.synchronize();
+  cuda::synchronize(CU_STREAM_LEGACY, "the legacy stream");
+  EXPECT_TRUE(test::wait_until(all_reached, 10s));
+  cuda::synchronize_context("the probe's last record");
+  cuda::destroy_event(probe);
+}
+
 TEST(CudaLayer, KernelsFillVerifyAndBandwidthKernels) {
   GPUIPC_REQUIRE_GPU();
   const cuda::PrimaryContext context(0);
