@@ -58,7 +58,7 @@ struct Semaphore::Impl {
   bool reached_now(CUstream s) noexcept {
     if (s != nullptr && s != CU_STREAM_LEGACY) return cuda::stream_reached_now(s);
     if (legacy_probe == nullptr) legacy_probe = cuda::create_probe_event();
-    return cuda::legacy_stream_reached_now(legacy_probe, std::chrono::microseconds(20));
+    return cuda::legacy_stream_reached_now(legacy_probe, std::chrono::microseconds(100));
   }
 
   void join() {
