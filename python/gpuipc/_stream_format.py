@@ -260,10 +260,8 @@ class _Ref:
     offset: int
     block: Any  #: the publisher's Block (or gpuipc.torch.MemPool block): the checksum reads the bytes through it
     entry_len: int = 0  #: the length of its entry in a descriptor's table of blocks
+    key: Tuple[str, str] = ("", "")  #: (pool, hex): its block's entry in a bucket's table
 
     def __post_init__(self) -> None:
         self.entry_len = len(json.dumps([self.pool, self.hex], separators=(",", ":")))
-
-    @property
-    def key(self) -> Tuple[str, str]:
-        return (self.pool, self.hex)
+        self.key = (self.pool, self.hex)

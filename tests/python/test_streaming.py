@@ -288,6 +288,52 @@ def test_reference_pieces_mixed_and_steady_state(name, start, checksum):
         assert calls[4] == {}, calls
 
 
+def test_repeat_versions_skip_describing_and_finding_blocks(name, start, monkeypatch):
+    """The same arrays again (same objects, shapes, strides and dtypes): the publisher neither describes them nor
+    looks their blocks up; a new array under a name, and one reshaped in place, are looked at again. The reader gets
+    every version right (values written in place between versions)."""
+    import gpuipc.streaming as streaming
+
+    calls: dict = {"describe": [], "shared_block": []}
+
+    def counted(what, orig):
+        def call(*args, **kwargs):
+            calls[what].append(args[1] if what == "describe" else args[0].shape)
+            return orig(*args, **kwargs)
+
+        return call
+
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host") as pub:
+        fut = start(helpers.stream_receive_counting, name, helpers.ref_layout(0), 3)
+        assert pub.wait_readers(1, timeout=60) == 1
+        _, state = _ref_sources(pool, 1)
+        assert pub.publish(state) == 1
+        monkeypatch.setattr(streaming, "describe", counted("describe", streaming.describe))
+        monkeypatch.setattr(streaming, "shared_block", counted("shared_block", streaming.shared_block))
+        for v in (2, 3):
+            want = helpers.ref_layout(v)
+            state["w"][...], state["i"][...] = want["w"], want["i"]
+            if v == 2:
+                state["p"][...] = want["p"]  # every object as in version 1
+            else:
+                state["p"] = want["p"]  # a new array under the name
+            calls["describe"].clear(), calls["shared_block"].clear()
+            assert pub.publish(state) == v  # returns once the reader copied the references
+            assert calls == ({"describe": [], "shared_block": []} if v == 2 else
+                             {"describe": ["tensor 'p'"], "shared_block": [(5,)]}), v
+        got = fut.result(timeout=60)
+        assert [v for v, _, _ in got] == [1, 2, 3]
+        for v, arrays, _ in got:
+            want = helpers.ref_layout(v)
+            assert all(np.array_equal(arrays[k], want[k]) for k in want), v
+        state["i"].shape = (2, 8)  # in place: the same object, another shape
+        calls["describe"].clear()
+        assert pub.publish(state) == 4
+        assert calls["describe"] == ["tensor 'i'"]
+        assert [p[2] for p in _descriptor(pub, pub._seq).pieces if p[0] == "i"] == [[2, 8]]
+
+
 def test_by_reference_true_false_and_auto(name):
     with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool:
         _, state = _ref_sources(pool, 1)
