@@ -243,6 +243,7 @@ class _Bucket:
     # the table of blocks its reference pieces name: [pool name, ref hex], and each one's index in it
     blocks: List[List[str]] = field(default_factory=list)
     block_index: Dict[Tuple[str, str], int] = field(default_factory=dict)
+    referenced: int = 0  #: bytes its reference pieces name (it is sent early past the publisher's bound)
     # checksum: the bytes of its reference pieces (NumPy arrays or torch tensors), summed when it is published
     ref_bytes: List[Any] = field(default_factory=list)
     # torch copies into the bucket not yet enqueued (destinations, sources): run together when it is published

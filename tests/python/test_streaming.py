@@ -376,6 +376,35 @@ def test_many_reference_pieces_take_descriptor_only_buckets(name, start):
         assert calls == {"Pool.open": 1, "Pool.views_of": 1}  # one block, resolved once for every bucket
 
 
+def test_references_are_sent_in_buckets_of_bucket_bytes(name, start):
+    """by_reference=True: a bucket goes out once its reference pieces name bucket_bytes (64 KiB here), before the
+    publisher has walked the rest of the dict; 12 arrays of 16 KiB take three buckets through a ring of two, and
+    arrive whole over two versions."""
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 64 << 10, 2, kind="host", by_reference=True) as pub:
+        block = pool.allocate(12 * 16384)
+        state = {f"t{k:02}": block.numpy("float32", (4096,), offset=16384 * k) for k in range(12)}
+        fut = start(helpers.stream_receive_counting, name, state, 2)
+        assert pub.wait_readers(1, timeout=60) == 1
+        for v in (1, 2):
+            for k, a in enumerate(state.values()):
+                a[...] = 100 * v + k
+            first = pub._seq + 1
+            assert pub.start() == v
+            pub.update(list(state.items())[:6])
+            assert pub._filled.value == first  # the first 4 (64 KiB) are out already
+            pub.update(list(state.items())[6:])
+            assert pub.finish() == v
+            assert pub._seq == first + 2
+            for i in (1, 2):  # the two buckets still in the ring: 4 pieces each
+                d = _descriptor(pub, first + i)
+                assert d.used == 0 and [p[0] for p in d.pieces] == [f"t{k:02}" for k in range(4 * i, 4 * i + 4)]
+        got = fut.result(timeout=60)
+        assert [v for v, _, _ in got] == [1, 2]
+        for v, arrays, _ in got:
+            assert all(np.all(arrays[k] == 100 * v + i) for i, k in enumerate(state)), v
+
+
 def test_source_changed_after_wait_consumed_is_not_seen(name, start):
     """finish() (host staging) returns only after the reader has copied the references out of the last bucket, so
     the publisher may write its tensors once publish() returns; wait_consumed() then returns at once."""
