@@ -405,6 +405,36 @@ def test_references_are_sent_in_buckets_of_bucket_bytes(name, start):
             assert all(np.all(arrays[k] == 100 * v + i) for i, k in enumerate(state)), v
 
 
+def test_descriptor_only_buckets_go_back_once_read(name, start):
+    """A bucket with no staged bytes that is not the last of its version goes back to the publisher once the reader
+    has read it, before its copies: three buckets of one reference each pass a ring of two while the reader still
+    holds the first piece (until update() has returned: no deadlock, no eviction). The last bucket is still waited
+    for: finish() returns after the reader's copies, and the reader has the version's values, not those written
+    right after finish()."""
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host", by_reference=True, reader_timeout=20) as pub:
+        block = pool.allocate(3 * 16384)
+        state = {k: block.numpy("float32", (4096,), offset=16384 * i) for i, k in enumerate("abc")}
+        for i, a in enumerate(state.values()):
+            a[...] = i + 1
+        hold = 0.3
+        fut = start(helpers.stream_receive_slowly, name, hold, name + "-go")
+        assert pub.wait_readers(1, timeout=60) == 1
+        assert pub.start() == 1
+        t0 = time.monotonic()
+        pub.update(state)  # bucket 3 waits for the reader to give bucket 1 back: it does, holding its piece
+        assert time.monotonic() - t0 < 10 and pub._seq == 3
+        with gpuipc.Segment.create(name + "-go", 4096):
+            t1 = time.monotonic()
+            assert pub.finish() == 1
+            assert time.monotonic() - t1 >= 2 * hold  # the reader's copies of the three pieces, `hold` each
+            for a in state.values():
+                a[...] = -1
+            r = fut.result(timeout=60)  # not evicted: an evicted reader raises InvalidState
+        assert {k: float(v[0]) for k, v in r["got"].items()} == {"a": 1.0, "b": 2.0, "c": 3.0}
+        assert all(np.all(r["got"][k] == r["got"][k][0]) for k in "abc")
+
+
 def test_source_changed_after_wait_consumed_is_not_seen(name, start):
     """finish() (host staging) returns only after the reader has copied the references out of the last bucket, so
     the publisher may write its tensors once publish() returns; wait_consumed() then returns at once."""
