@@ -105,10 +105,10 @@ class StreamReader:
         self._stream_released = 0  # the last bucket given back on a stream (device staging)
         self._version = 0
         self._layouts: Dict[bytes, Any] = {}  # bucket layouts seen (descriptor bodies), decoded once
-        # receive's copy plans: (id of a layout's pieces, ring slot) -> (pieces, names, their tensors, their (data
-        # pointer, shape, dtype), destination views, staging views, skipped names): a version laid out like the
-        # last one, into the same tensors, costs a check per tensor and one copy call per bucket. Holds views of
-        # those tensors.
+        # receive's copy plans: (id of a layout's pieces, ring slot) -> (pieces, names, their tensors, their data
+        # pointers, destination views, source views, skipped names, the publisher's blocks it copies from): a
+        # version laid out like the last one, into the same tensors, costs a check per tensor and one copy call per
+        # bucket. Holds views of those tensors.
         self._plans: Dict[Tuple[int, int], Any] = {}
         # The publisher's blocks that reference pieces named (pools joined, blocks resolved and held), kept while
         # versions keep naming them; and those the version being read named (what is kept after it).
@@ -374,8 +374,15 @@ class StreamReader:
         cache_key = (id(d.pieces), slot)
         plan = self._plans.get(cache_key)
         if plan is not None and plan[0] is d.pieces:
-            _, names, objs, layout, outs, ins, skipped, blocks = plan
-            same = all(into.get(k) is o and (o.data_ptr(), o.shape, o.stride(), o.dtype) == w for k, o, w in zip(names, objs, layout))
+            _, names, objs, ptrs, outs, ins, skipped, blocks = plan
+            # The same tensor objects at the same addresses: one torch call a tensor (with its shape, strides and
+            # dtype, four: a few us a tensor every version). That sees what moves a tensor's bytes: a new tensor
+            # under a name, its storage replaced (t.data = ..., set_: the plan's views keep the old storage alive,
+            # so the new one lies elsewhere) or grown (resize_). It does not see a tensor reshaped in place at the
+            # same address (t_(), as_strided_, a resize_ that shrinks it, t.data = a view of its own bytes): the
+            # bytes then land in its memory as planned, never outside the storage the plan's views hold. Weights
+            # are loaded into, not reshaped; docs/torch.md says to pass a new tensor instead.
+            same = all(into.get(k) is o and o.data_ptr() == p for k, o, p in zip(names, objs, ptrs))
             if same and not any(k in into for k in skipped):
                 self.skipped.extend(k for k in skipped if k not in self.skipped)
                 self._used.update(blocks)  # the publisher's blocks its reference pieces copy from, still held
@@ -397,8 +404,7 @@ class StreamReader:
                     blocks.add(self._block_key(d, piece[6]))
         if len(self._plans) >= 256:
             self._plans.clear()
-        layout = [(o.data_ptr(), o.shape, o.stride(), o.dtype) for o in objs]
-        self._plans[cache_key] = (d.pieces, names, objs, layout, outs, ins, skipped, blocks)
+        self._plans[cache_key] = (d.pieces, names, objs, [o.data_ptr() for o in objs], outs, ins, skipped, blocks)
         return outs, ins
 
     def _buckets(self, deadline: Optional[float], s: Any, sig: Any, abandoned: str) -> Iterator[Tuple[_Desc, int]]:
