@@ -9,7 +9,9 @@ A tensor that already lives in gpuipc pool memory (a block of a :class:`gpuipc.P
 ``gpuipc.torch.MemPool``: what :func:`gpuipc.share_tensors` shares with no copy) travels as a *reference piece*
 instead (``by_reference``): the descriptor names its block and readers copy straight out of the publisher's
 memory, one copy in one process instead of two. Readers keep what they resolved (pool joins, chunk mappings, block
-holds) while versions keep naming the same blocks.
+holds) while versions keep naming the same blocks. A bucket is sent once its reference pieces name 128 MiB
+(``by_reference=True``: ``bucket_bytes``, at most that), so readers copy while the publisher walks the rest, and a
+reader gives a bucket with no staged bytes back as soon as it has read it (below).
 
 Names made by ``stream_publisher(NAME)``:
 
@@ -20,12 +22,17 @@ Names made by ``stream_publisher(NAME)``:
   ``s % buckets``;
 * ``NAME.reader.<i>``: one timeline per reader slot ``i < readers``, created by the reader that claims the slot
   (so that its death poisons it), signalled with ``s`` once that reader's copies out of bucket ``s`` are done,
-  reference pieces included.
+  reference pieces included (stream-ordered for device pools). A bucket with no staged bytes (``used`` 0) that is
+  not the last of its version holds nothing to copy out of the ring: it is signalled as soon as the reader has read
+  its descriptor (from the host, where the reader's stream has passed its last stream-ordered signal: the value
+  only says "every bucket up to s", and a stream's write would lower it). Its reference pieces are copied later,
+  from the publisher's blocks, which stay as they are until the version's last bucket is consumed.
 
 Before it overwrites ring slot ``s % buckets`` with bucket ``s`` the publisher waits until every admitted reader has
 consumed bucket ``s - buckets``: with two buckets, its copy of bucket k+1 overlaps the readers' load of bucket k.
 After the last bucket of a version that sent reference pieces, :meth:`StreamPublisher.finish` waits (on its stream
-for device staging, on the host for host staging) until every admitted reader has consumed that bucket.
+for device staging, on the host for host staging) until every admitted reader has consumed that bucket, which a
+reader signals only after all its copies of the version (they run in order on one stream).
 
 Control block, little-endian::
 
@@ -56,7 +63,8 @@ reference   ``[name, dtype, shape, first byte in the tensor, bytes, offset in th
 ==========  ================================================================================================
 
 A reference piece uses no staging bytes: a bucket of reference pieces only has ``used`` 0, and exists for its
-descriptor (many pieces take several buckets, each closing when its 128 KiB descriptor is full). The checksum is the
+descriptor. A version takes several such buckets: one closes when the next tensor comes once its pieces name
+128 MiB (``bucket_bytes`` for ``by_reference=True``), or when its 128 KiB descriptor is full. The checksum is the
 sum, modulo 2**64, of the used staging bytes and of the bytes every reference piece names, as unsigned bytes, read
 by the publisher when it sends the bucket and by a reader before it copies them.
 """
@@ -803,8 +811,8 @@ def stream_publisher(*args: Any, **kwargs: Any) -> StreamPublisher:
     (GPU ``device`` for device staging, host memory for host staging), as a reference piece: readers copy it
     straight from there, and :meth:`StreamPublisher.finish` then orders later writes after the readers' copies.
     Other tensors are staged. True: every non-empty tensor must go by reference (InvalidArgument names the one
-    that cannot, and why); nothing is staged, so the buckets are 256 bytes whatever ``bucket_bytes`` says. False:
-    always stage. Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
+    that cannot, and why); nothing is staged, so the buckets are 256 bytes, and ``bucket_bytes`` (at most 128 MiB)
+    is how many bytes a bucket's reference pieces name before it is sent (128 MiB for "auto"). False: always stage. Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
     return StreamPublisher(*args, **kwargs).init()
 
 
