@@ -812,7 +812,8 @@ def stream_publisher(*args: Any, **kwargs: Any) -> StreamPublisher:
     straight from there, and :meth:`StreamPublisher.finish` then orders later writes after the readers' copies.
     Other tensors are staged. True: every non-empty tensor must go by reference (InvalidArgument names the one
     that cannot, and why); nothing is staged, so the buckets are 256 bytes, and ``bucket_bytes`` (at most 128 MiB)
-    is how many bytes a bucket's reference pieces name before it is sent (128 MiB for "auto"). False: always stage. Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
+    is how many bytes a bucket's reference pieces name before it is sent (128 MiB for "auto"). False: always stage.
+    Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
     return StreamPublisher(*args, **kwargs).init()
 
 
