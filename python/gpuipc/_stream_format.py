@@ -243,6 +243,7 @@ class _Bucket:
     # the table of blocks its reference pieces name: [pool name, ref hex], and each one's index in it
     blocks: List[List[str]] = field(default_factory=list)
     block_index: Dict[Tuple[str, str], int] = field(default_factory=dict)
+    referenced: int = 0  #: bytes its reference pieces name (it is sent early past the publisher's bound)
     # checksum: the bytes of its reference pieces (NumPy arrays or torch tensors), summed when it is published
     ref_bytes: List[Any] = field(default_factory=list)
     # torch copies into the bucket not yet enqueued (destinations, sources): run together when it is published
@@ -260,10 +261,8 @@ class _Ref:
     offset: int
     block: Any  #: the publisher's Block (or gpuipc.torch.MemPool block): the checksum reads the bytes through it
     entry_len: int = 0  #: the length of its entry in a descriptor's table of blocks
+    key: Tuple[str, str] = ("", "")  #: (pool, hex): its block's entry in a bucket's table
 
     def __post_init__(self) -> None:
         self.entry_len = len(json.dumps([self.pool, self.hex], separators=(",", ":")))
-
-    @property
-    def key(self) -> Tuple[str, str]:
-        return (self.pool, self.hex)
+        self.key = (self.pool, self.hex)

@@ -102,12 +102,13 @@ class StreamReader:
         self._token = 0  # the first bucket this reader reads (its admit word), 0 until admitted
         self._next = 0  # the next bucket to read
         self._in_version = False  # a version was left half read (error, timeout): skip its rest first
+        self._stream_released = 0  # the last bucket given back on a stream (device staging)
         self._version = 0
         self._layouts: Dict[bytes, Any] = {}  # bucket layouts seen (descriptor bodies), decoded once
-        # receive's copy plans: (id of a layout's pieces, ring slot) -> (pieces, names, their tensors, their (data
-        # pointer, shape, dtype), destination views, staging views, skipped names): a version laid out like the
-        # last one, into the same tensors, costs a check per tensor and one copy call per bucket. Holds views of
-        # those tensors.
+        # receive's copy plans: (id of a layout's pieces, ring slot) -> (pieces, names, their tensors, their data
+        # pointers, destination views, source views, skipped names, the publisher's blocks it copies from): a
+        # version laid out like the last one, into the same tensors, costs a check per tensor and one copy call per
+        # bucket. Holds views of those tensors.
         self._plans: Dict[Tuple[int, int], Any] = {}
         # The publisher's blocks that reference pieces named (pools joined, blocks resolved and held), kept while
         # versions keep naming them; and those the version being read named (what is kept after it).
@@ -218,12 +219,19 @@ class StreamReader:
             raise ProtocolError(f"stream {self.name!r}: bucket {e} is bucket {d.index} of a version, not its first")
         return d
 
-    def _release(self, seq: int, stream: Any) -> None:
+    def _release(self, seq: int, stream: Any, early: bool = False) -> None:
+        """Gives bucket ``seq`` back to the publisher: from the host for host staging (its copies ran), on
+        ``stream`` after the copies enqueued so far for device staging. ``early``: a bucket with no staged bytes that
+        is not the last of its version, whose ring slot holds nothing left to read: from the host at once for device
+        staging too, where the stream has passed this reader's last stream-ordered signal. The value says every
+        bucket up to ``seq`` is consumed (and a stream's write sets it, lowering a larger value signalled from the
+        host), so before that it goes on the stream, still ahead of its own copies."""
         assert self._slot_sem is not None
-        if self._head.device_staging:
-            self._slot_sem.signal(seq, stream, wake_host=True)
-        else:
+        if not self._head.device_staging or (early and self._slot_sem.value >= self._stream_released):
             self._slot_sem.signal_host(seq)
+        else:
+            self._slot_sem.signal(seq, stream, wake_host=True)
+            self._stream_released = seq
         self._next = seq + 1
 
     def _drain(self, deadline: Optional[float], stream: Any) -> None:
@@ -366,8 +374,15 @@ class StreamReader:
         cache_key = (id(d.pieces), slot)
         plan = self._plans.get(cache_key)
         if plan is not None and plan[0] is d.pieces:
-            _, names, objs, layout, outs, ins, skipped, blocks = plan
-            same = all(into.get(k) is o and (o.data_ptr(), o.shape, o.stride(), o.dtype) == w for k, o, w in zip(names, objs, layout))
+            _, names, objs, ptrs, outs, ins, skipped, blocks = plan
+            # The same tensor objects at the same addresses: one torch call a tensor (with its shape, strides and
+            # dtype, four: a few us a tensor every version). That sees what moves a tensor's bytes: a new tensor
+            # under a name, its storage replaced (t.data = ..., set_: the plan's views keep the old storage alive,
+            # so the new one lies elsewhere) or grown (resize_). It does not see a tensor reshaped in place at the
+            # same address (t_(), as_strided_, a resize_ that shrinks it, t.data = a view of its own bytes): the
+            # bytes then land in its memory as planned, never outside the storage the plan's views hold. Weights
+            # are loaded into, not reshaped; docs/torch.md says to pass a new tensor instead.
+            same = all(into.get(k) is o and o.data_ptr() == p for k, o, p in zip(names, objs, ptrs))
             if same and not any(k in into for k in skipped):
                 self.skipped.extend(k for k in skipped if k not in self.skipped)
                 self._used.update(blocks)  # the publisher's blocks its reference pieces copy from, still held
@@ -389,27 +404,34 @@ class StreamReader:
                     blocks.add(self._block_key(d, piece[6]))
         if len(self._plans) >= 256:
             self._plans.clear()
-        layout = [(o.data_ptr(), o.shape, o.stride(), o.dtype) for o in objs]
-        self._plans[cache_key] = (d.pieces, names, objs, layout, outs, ins, skipped, blocks)
+        self._plans[cache_key] = (d.pieces, names, objs, [o.data_ptr() for o in objs], outs, ins, skipped, blocks)
         return outs, ins
 
     def _buckets(self, deadline: Optional[float], s: Any, sig: Any, abandoned: str) -> Iterator[Tuple[_Desc, int]]:
         """The buckets of the next version, each with its ring slot, checked (abandoned versions raise
         InvalidState, `abandoned` ends the message; checksums) and given back to the publisher once the caller
-        moves past it (or stops). Sets :attr:`version` after the last one."""
+        moves past it (or stops), or at once for a bucket of no staged bytes that is not the version's last. Sets
+        :attr:`version` after the last one."""
         while True:
             d = self._next_bucket(deadline)
             if not self._in_version:
                 self._used = set()
             self._in_version = True
             slot = d.seq % self._head.buckets
+            # Only a descriptor, read now: its reference pieces are copied from the publisher's blocks, which stay
+            # as they are until every reader consumed the version's last bucket (finish() waits for that one, and
+            # it goes back after all of this reader's copies of the version, on their stream)
+            early = d.used == 0 and not d.flags & (_D_LAST | _D_ABORT)
             try:
                 if d.flags & _D_ABORT:
                     raise InvalidState(f"stream {self.name!r}: the publisher abandoned version {d.version}{abandoned}")
+                if early:
+                    self._release(d.seq, sig, True)
                 self._verify(d, slot, s)
                 yield d, slot
             finally:
-                self._release(d.seq, sig)
+                if not early:
+                    self._release(d.seq, sig)
                 if d.flags & (_D_LAST | _D_ABORT):
                     self._in_version = False
             if d.flags & _D_LAST:

@@ -9,7 +9,9 @@ A tensor that already lives in gpuipc pool memory (a block of a :class:`gpuipc.P
 ``gpuipc.torch.MemPool``: what :func:`gpuipc.share_tensors` shares with no copy) travels as a *reference piece*
 instead (``by_reference``): the descriptor names its block and readers copy straight out of the publisher's
 memory, one copy in one process instead of two. Readers keep what they resolved (pool joins, chunk mappings, block
-holds) while versions keep naming the same blocks.
+holds) while versions keep naming the same blocks. A bucket is sent once its reference pieces name 128 MiB
+(``by_reference=True``: ``bucket_bytes``, at most that), so readers copy while the publisher walks the rest, and a
+reader gives a bucket with no staged bytes back as soon as it has read it (below).
 
 Names made by ``stream_publisher(NAME)``:
 
@@ -20,12 +22,17 @@ Names made by ``stream_publisher(NAME)``:
   ``s % buckets``;
 * ``NAME.reader.<i>``: one timeline per reader slot ``i < readers``, created by the reader that claims the slot
   (so that its death poisons it), signalled with ``s`` once that reader's copies out of bucket ``s`` are done,
-  reference pieces included.
+  reference pieces included (stream-ordered for device pools). A bucket with no staged bytes (``used`` 0) that is
+  not the last of its version holds nothing to copy out of the ring: it is signalled as soon as the reader has read
+  its descriptor (from the host, where the reader's stream has passed its last stream-ordered signal: the value
+  only says "every bucket up to s", and a stream's write would lower it). Its reference pieces are copied later,
+  from the publisher's blocks, which stay as they are until the version's last bucket is consumed.
 
 Before it overwrites ring slot ``s % buckets`` with bucket ``s`` the publisher waits until every admitted reader has
 consumed bucket ``s - buckets``: with two buckets, its copy of bucket k+1 overlaps the readers' load of bucket k.
 After the last bucket of a version that sent reference pieces, :meth:`StreamPublisher.finish` waits (on its stream
-for device staging, on the host for host staging) until every admitted reader has consumed that bucket.
+for device staging, on the host for host staging) until every admitted reader has consumed that bucket, which a
+reader signals only after all its copies of the version (they run in order on one stream).
 
 Control block, little-endian::
 
@@ -56,7 +63,8 @@ reference   ``[name, dtype, shape, first byte in the tensor, bytes, offset in th
 ==========  ================================================================================================
 
 A reference piece uses no staging bytes: a bucket of reference pieces only has ``used`` 0, and exists for its
-descriptor (many pieces take several buckets, each closing when its 128 KiB descriptor is full). The checksum is the
+descriptor. A version takes several such buckets: one closes when the next tensor comes once its pieces name
+128 MiB (``bucket_bytes`` for ``by_reference=True``), or when its 128 KiB descriptor is full. The checksum is the
 sum, modulo 2**64, of the used staging bytes and of the bytes every reference piece names, as unsigned bytes, read
 by the publisher when it sends the bucket and by a reader before it copies them.
 """
@@ -66,8 +74,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import operator
 import sys
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -128,6 +138,60 @@ from ._stream_slots import _ReaderSlots
 __all__ = ["stream_publisher", "stream_reader", "unlink_stream", "StreamPublisher", "StreamReader", "StreamItem"]
 
 
+#: A bucket whose reference pieces name this many bytes is sent when the next tensor comes instead of when its
+#: descriptor is full, so that readers copy while the publisher still walks the dict. 128 MiB: the reader's work per
+#: bucket (its wake, the descriptor, the plan check, one _foreach_copy_ launch, its signal: tens of us) stays below
+#: the copy it enqueues (about 100 us at the ~1.3 TB/s of a device-to-device copy on an H200, 2 GiB in 1.6 ms), so
+#: its stream does not run dry; the first copy starts after some 17 tensors of a model of 7 MiB tensors (291 in
+#: 2 GiB); and what nothing overlaps, the last bucket's copy after finish(), stays about 100 us.
+_REF_BUCKET_BYTES = 128 << 20
+
+
+def _numpy_buffer_fixed() -> bool:
+    """Whether a NumPy array keeps its buffer for its lifetime (NumPy 2 refuses ``a.data = ...``; older NumPy
+    only warns)."""
+    a = np.zeros(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a.data = np.zeros(1).data  # type: ignore[misc]
+    except Exception:  # noqa: BLE001 - refused (AttributeError in NumPy 2): the buffer stays
+        return True
+    return False
+
+
+_NUMPY_BUFFER_FIXED = _numpy_buffer_fixed()
+
+
+def _identity(t: Any, torch_src: bool) -> Tuple[Any, ...]:
+    """What must stay the same for a remembered tensor to be sent as before: its address (a torch tensor's storage
+    is replaced in place by ``t.data = ...``), shape, strides (``as_strided_`` keeps the address) and dtype. A NumPy
+    array's address is read only where its buffer can move: ``__array_interface__`` costs about 1 us an array."""
+    if torch_src:
+        return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+    if _NUMPY_BUFFER_FIXED:
+        return (t.shape, t.strides, t.dtype)
+    return (t.__array_interface__["data"][0], t.shape, t.strides, t.dtype)
+
+
+class _Seen:
+    """What the publisher learnt of a torch tensor or NumPy array it sent, kept while that object lives: given the
+    same object again with the same _identity, it skips describing it, finding its block and laying out its
+    reference piece."""
+
+    __slots__ = ("wref", "torch", "key", "info", "meta", "mlen", "total", "src", "ref", "piece", "plen", "stream")
+
+    def __init__(self, wref: Any, torch_src: bool, key: Tuple[Any, ...], info: TensorInfo, meta: List[Any], mlen: int,
+                 total: int, src: Any, ref: Optional[_Ref]) -> None:
+        self.wref, self.torch, self.key, self.info = wref, torch_src, key, info
+        self.meta, self.mlen, self.total = meta, mlen, total
+        self.src = src  #: its bytes as a uint8 torch view (None for NumPy: a view would keep the array alive)
+        self.ref = ref  #: where it lies in pool memory, when it goes by reference
+        self.piece: Optional[List[Any]] = None  #: its last reference piece, and that piece's JSON length
+        self.plen = 0
+        self.stream: Optional[int] = None  #: the stream record_stream was called with for it (its CUstream)
+
+
 class StreamPublisher:
     """Streams versions of named tensors to readers through a ring of staging buckets, or by reference to the
     tensors where they live in gpuipc pool memory; see :func:`stream_publisher`. One version at a time:
@@ -163,8 +227,11 @@ class StreamPublisher:
         if reader_timeout is not None and reader_timeout <= 0:
             raise InvalidArgument(f"stream_publisher: reader_timeout must be > 0 or None, not {reader_timeout!r}")
         self.name = name
-        # by_reference=True stages nothing (an empty tensor takes no bytes): the ring carries descriptors only
+        # by_reference=True stages nothing (an empty tensor takes no bytes): the ring carries descriptors only, and
+        # bucket_bytes bounds the bytes a bucket's reference pieces name instead (at most _REF_BUCKET_BYTES)
         self._bucket_bytes = _ALIGN if by_reference is True else _align(bucket_bytes, _ALIGN)
+        self._ref_bucket_bytes = min(_align(bucket_bytes, _ALIGN), _REF_BUCKET_BYTES) if by_reference is True else \
+            _REF_BUCKET_BYTES
         self._by_reference = by_reference
         self._reader_timeout = reader_timeout
         self._nbuckets = buckets
@@ -193,10 +260,12 @@ class StreamPublisher:
         self._last_stream: Any = None
         self._stage_torch: List[Any] = []
         self._stage_np: List[Optional[np.ndarray]] = []
-        # What _add learnt of each torch tensor it was given: name -> (weak reference, (data pointer, shape,
-        # dtype), descriptor entry, its JSON length, bytes, its bytes as a uint8 view): the same tensor again skips
+        # What _add learnt of each torch tensor and NumPy array it was given, by name: the same one again skips
         # describing it. An entry goes when its tensor does.
-        self._seen: Dict[str, Any] = {}
+        self._seen: Dict[str, _Seen] = {}
+        self._stream_handle: Optional[int] = None  # the CUstream of self._stream
+        # The last descriptor body sent for each bucket of a version, by its index: (pieces, blocks, JSON)
+        self._bodies: Dict[int, Tuple[List[Any], List[List[str]], bytes]] = {}
         self._closed = False
         self._initialised = False
 
@@ -271,6 +340,7 @@ class StreamPublisher:
         self._stage_torch = []
         self._stage_np = []
         self._seen.clear()
+        self._bodies.clear()
         self._slots.close()
         if self._filled is not None:
             self._filled.close()
@@ -362,7 +432,7 @@ class StreamPublisher:
         if self._current is not None:
             raise InvalidState(f"stream {self.name!r}: version {self._current} is in progress: finish() it first")
         self._slots.admit(self._seq + 1)
-        self._stream = None
+        self._stream = self._stream_handle = None
         # Host staging copies synchronously; a stream matters there only for torch CUDA sources.
         if self._kind == "device" or (stream is not None and "torch" in sys.modules):
             s = _torch_stream(stream, self._device)
@@ -372,6 +442,7 @@ class StreamPublisher:
             if self._last_stream is not None and self._last_stream != s:
                 s.wait_stream(self._last_stream)  # the ring's earlier copies ran there
             self._stream = self._last_stream = s
+            self._stream_handle = int(s.cuda_stream)
         self._current = self._next_version
         self._next_version += 1
         self._bucket = None
@@ -482,10 +553,14 @@ class StreamPublisher:
             raise InvalidArgument(f"stream {self.name!r}: tensor {key!r} twice in version {self._current}")
         self._names.add(key)
         seen = self._seen.get(key)
-        if (seen is not None and seen[0]() is t and seen[1] == (t.data_ptr(), t.shape, t.stride(), t.dtype)
-                and (seen[6] is None or not seen[6].block.freed)):
-            self._keep_for_copy(t)
-            self._add_pieces(key, seen[2], seen[3], seen[4], seen[5], None, True, seen[6])
+        if (seen is not None and seen.wref() is t and seen.key == _identity(t, seen.torch)
+                and (seen.ref is None or not seen.ref.block.freed)):
+            if seen.torch:
+                self._keep_for_copy(t, seen)
+                src = seen.src
+            else:  # a NumPy array's bytes view would keep the array alive: made again where it is read
+                src = _numpy_bytes(t) if seen.ref is None or self._checksum else None
+            self._add_pieces(key, seen.meta, seen.mlen, seen.total, src, seen.info, seen.torch, seen.ref, seen)
             return
         source = t
         info = describe(t, f"tensor {key!r}")
@@ -505,21 +580,24 @@ class StreamPublisher:
                 raise InvalidArgument(f"tensor {key!r} is strided: pass a contiguous copy")
             info = describe(t, f"tensor {key!r}")
         total = _nbytes(info)
+        entry = None
         if torch_src:
             src = _torch_bytes(t)
-            self._keep_for_copy(t)  # reference pieces too: its memory is not reused before finish()'s wait
         elif isinstance(t, np.ndarray):
             src = _numpy_bytes(t)
         meta = [key, info.dtype.name, list(info.shape)]
         mlen = len(json.dumps(meta, separators=(",", ":")))
         if mlen + 40 + (ref.entry_len if ref is not None else 0) > DESC_BYTES - _DESC.size - len(_EMPTY_BODY):
             raise InvalidArgument(f"tensor name {key[:40]!r}... (or its pool's) is too long for a bucket descriptor")
-        if torch_src and t is source:  # contiguous as given: remembered for the next version, while it lives
+        if (torch_src or isinstance(t, np.ndarray)) and t is source:  # contiguous as given: remembered, while it lives
             wref = weakref.ref(t)
-            if seen is None or seen[0] is not wref:  # one finalizer per tensor, however often its storage changes
+            if seen is None or seen.wref is not wref:  # one finalizer per tensor, however often its storage changes
                 weakref.finalize(t, _forget, self._seen, key, wref)
-            self._seen[key] = (wref, (t.data_ptr(), t.shape, t.stride(), t.dtype), meta, mlen, total, src, ref)
-        self._add_pieces(key, meta, mlen, total, src, info, torch_src, ref)
+            entry = self._seen[key] = _Seen(wref, torch_src, _identity(t, torch_src), info, meta, mlen, total,
+                                            src if torch_src else None, ref)
+        if torch_src:
+            self._keep_for_copy(t, entry)  # reference pieces too: its memory is not reused before finish()'s wait
+        self._add_pieces(key, meta, mlen, total, src, info, torch_src, ref, entry)
 
     def _reference(self, key: str, info: TensorInfo) -> Optional[_Ref]:
         """Where tensor ``key`` lies in gpuipc pool memory that readers can copy from (what share_tensors shares by
@@ -548,19 +626,28 @@ class StreamPublisher:
                                   f"(by_reference=True): {why}")
         return None
 
-    def _keep_for_copy(self, t: Any) -> None:
+    def _keep_for_copy(self, t: Any, seen: Optional[_Seen] = None) -> None:
         if t.is_cuda and self._stream is not None:
+            # Once per tensor and stream: the allocator keeps the streams recorded on a block until it is freed
+            if seen is not None and seen.stream == self._stream_handle:
+                return
             try:
                 t.record_stream(self._stream)  # the caching allocator keeps it until the copy ran
             except Exception:  # noqa: BLE001 - memory torch's allocator does not own: the caller keeps it
                 pass
+            if seen is not None:
+                seen.stream = self._stream_handle
 
     def _add_pieces(self, key: str, meta: List[Any], mlen: int, total: int, src: Any, info: Optional[TensorInfo],
-                    torch_src: bool, ref: Optional[_Ref] = None) -> None:
+                    torch_src: bool, ref: Optional[_Ref] = None, seen: Optional[_Seen] = None) -> None:
         """Lays tensor ``key`` (``total`` bytes of ``src``; ``info`` where it is not torch's) into buckets,
-        splitting it where one is full; or, with ``ref``, one reference piece."""
+        splitting it where one is full; or, with ``ref``, one reference piece (``seen``: what the publisher
+        remembers of the tensor, where its last piece is kept)."""
+        b = self._bucket
+        if b is not None and b.referenced >= self._ref_bucket_bytes:
+            self._flush(0)  # readers copy from it while the rest is laid out
         if ref is not None:
-            self._add_reference(meta, mlen, total, src, ref)
+            self._add_reference(meta, mlen, total, src, ref, seen)
             return
         pos = 0
         while True:
@@ -581,15 +668,23 @@ class StreamPublisher:
             if pos >= total:
                 return
 
-    def _add_reference(self, meta: List[Any], mlen: int, total: int, src: Any, ref: _Ref) -> None:
-        """One reference piece: no staging bytes, only its descriptor entry (and its block's, once per bucket)."""
+    def _add_reference(self, meta: List[Any], mlen: int, total: int, src: Any, ref: _Ref,
+                       seen: Optional[_Seen] = None) -> None:
+        """One reference piece: no staging bytes, only its descriptor entry (and its block's, once per bucket).
+        The piece a tensor sent last time is sent again where its block has the same index in the table."""
         while True:
             b = self._bucket if self._bucket is not None else self._open_bucket()
             k = b.block_index.get(ref.key)
             kk = len(b.blocks) if k is None else k
-            # the JSON of [*meta, 0, total, offset, kk] (total <= 20 digits), its comma; a new block's entry and comma
-            plen = mlen + len(str(ref.offset)) + len(str(kk)) + 32
-            extra = 0 if k is not None else ref.entry_len + 1
+            if seen is not None and seen.piece is not None and seen.piece[-1] == kk:
+                piece, plen = seen.piece, seen.plen
+            else:
+                piece = [*meta, 0, total, ref.offset, kk]
+                # the JSON of the piece (total <= 20 digits) and its comma
+                plen = mlen + len(str(ref.offset)) + len(str(kk)) + 32
+                if seen is not None:
+                    seen.piece, seen.plen = piece, plen
+            extra = 0 if k is not None else ref.entry_len + 1  # a new block's entry and its comma
             if b.json_len + plen + extra > DESC_BYTES - _DESC.size:
                 self._flush(0)
                 continue
@@ -597,8 +692,9 @@ class StreamPublisher:
                 b.block_index[ref.key] = kk
                 b.blocks.append([ref.pool, ref.hex])
                 b.json_len += extra
-            b.pieces.append([*meta, 0, total, ref.offset, kk])
+            b.pieces.append(piece)
             b.json_len += plen
+            b.referenced += total
             if self._checksum:
                 b.ref_bytes.append(src[:total] if src is not None else self._block_bytes(ref, total))
             self._referenced = True
@@ -654,7 +750,7 @@ class StreamPublisher:
                 checksum = _checksum_np(stage[:used])
                 checksum += sum(_checksum_torch(x) if _is_torch(x) else _checksum_np(x) for x in b.ref_bytes)
             checksum &= _MASK64
-        body = _body(b.pieces, b.blocks)
+        body = self._body_of(b)
         d = _desc_view(self._mem, self._nbuckets, self._nreaders, b.slot)
         d[: _DESC.size] = np.frombuffer(
             _DESC.pack(b.seq, self._current, b.index, flags, used, checksum, len(body), 0), dtype=np.uint8)
@@ -666,6 +762,17 @@ class StreamPublisher:
                 self._stream.synchronize()
             self._filled.signal_host(b.seq)
         self._bucket = None
+
+    def _body_of(self, b: _Bucket) -> bytes:
+        """The JSON of bucket ``b``'s descriptor: the one sent for the same bucket of the last version again when its
+        pieces are the same objects (reference pieces of tensors sent as before) and its table of blocks the same."""
+        last = self._bodies.get(b.index)
+        if (last is not None and len(last[0]) == len(b.pieces) and last[1] == b.blocks
+                and all(map(operator.is_, last[0], b.pieces))):
+            return last[2]
+        body = _body(b.pieces, b.blocks)
+        self._bodies[b.index] = (b.pieces, b.blocks, body)
+        return body
 
     def __repr__(self) -> str:
         return (f"<gpuipc.StreamPublisher {self.name!r} {self._nbuckets} x {self._bucket_bytes} B {self._kind} "
@@ -683,9 +790,10 @@ def _signature_of(cls: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]
     return wrap
 
 
-def _forget(seen: Dict[str, Any], key: str, ref: Any) -> None:
+def _forget(seen: Dict[str, "_Seen"], key: str, ref: Any) -> None:
     """Drops what a publisher remembered of a tensor that is gone (its bytes view would keep its memory)."""
-    if seen.get(key, (None,))[0] is ref:
+    entry = seen.get(key)
+    if entry is not None and entry.wref is ref:
         del seen[key]
 
 
@@ -703,8 +811,9 @@ def stream_publisher(*args: Any, **kwargs: Any) -> StreamPublisher:
     (GPU ``device`` for device staging, host memory for host staging), as a reference piece: readers copy it
     straight from there, and :meth:`StreamPublisher.finish` then orders later writes after the readers' copies.
     Other tensors are staged. True: every non-empty tensor must go by reference (InvalidArgument names the one
-    that cannot, and why); nothing is staged, so the buckets are 256 bytes whatever ``bucket_bytes`` says. False:
-    always stage. Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
+    that cannot, and why); nothing is staged, so the buckets are 256 bytes, and ``bucket_bytes`` (at most 128 MiB)
+    is how many bytes a bucket's reference pieces name before it is sent (128 MiB for "auto"). False: always stage.
+    Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
     return StreamPublisher(*args, **kwargs).init()
 
 

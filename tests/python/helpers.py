@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -310,12 +310,15 @@ def stream_receive_counting(name: str, layout: dict, versions: int) -> list:
     return out
 
 
-def stream_receive_slowly(name: str, hold: float) -> dict:
-    """Receives one version with receive_iter, holding each piece `hold` seconds before copying it. Returns what it
-    copied (name to array), each item's (dtype, shape, complete), and when it let the last bucket go."""
+def stream_receive_slowly(name: str, hold: float, go: Optional[str] = None) -> dict:
+    """Receives one version with receive_iter, holding each piece `hold` seconds before copying it (and the first one
+    until the name `go` exists, if given). Returns what it copied (name to array), each item's (dtype, shape,
+    complete), and when it let the last bucket go."""
     got, items = {}, {}
     with gpuipc.stream_reader(name, wait=30) as rd:
         for item in rd.receive_iter(timeout=60):
+            if go is not None and not got:
+                wait_for_name(go, timeout=60)
             time.sleep(hold)
             got[item.name] = np.array(item.view)
             items[item.name] = (item.dtype, item.shape, item.complete, item.view.flags.writeable)

@@ -288,6 +288,52 @@ def test_reference_pieces_mixed_and_steady_state(name, start, checksum):
         assert calls[4] == {}, calls
 
 
+def test_repeat_versions_skip_describing_and_finding_blocks(name, start, monkeypatch):
+    """The same arrays again (same objects, shapes, strides and dtypes): the publisher neither describes them nor
+    looks their blocks up; a new array under a name, and one reshaped in place, are looked at again. The reader gets
+    every version right (values written in place between versions)."""
+    import gpuipc.streaming as streaming
+
+    calls: dict = {"describe": [], "shared_block": []}
+
+    def counted(what, orig):
+        def call(*args, **kwargs):
+            calls[what].append(args[1] if what == "describe" else args[0].shape)
+            return orig(*args, **kwargs)
+
+        return call
+
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host") as pub:
+        fut = start(helpers.stream_receive_counting, name, helpers.ref_layout(0), 3)
+        assert pub.wait_readers(1, timeout=60) == 1
+        _, state = _ref_sources(pool, 1)
+        assert pub.publish(state) == 1
+        monkeypatch.setattr(streaming, "describe", counted("describe", streaming.describe))
+        monkeypatch.setattr(streaming, "shared_block", counted("shared_block", streaming.shared_block))
+        for v in (2, 3):
+            want = helpers.ref_layout(v)
+            state["w"][...], state["i"][...] = want["w"], want["i"]
+            if v == 2:
+                state["p"][...] = want["p"]  # every object as in version 1
+            else:
+                state["p"] = want["p"]  # a new array under the name
+            calls["describe"].clear(), calls["shared_block"].clear()
+            assert pub.publish(state) == v  # returns once the reader copied the references
+            assert calls == ({"describe": [], "shared_block": []} if v == 2 else
+                             {"describe": ["tensor 'p'"], "shared_block": [(5,)]}), v
+        got = fut.result(timeout=60)
+        assert [v for v, _, _ in got] == [1, 2, 3]
+        for v, arrays, _ in got:
+            want = helpers.ref_layout(v)
+            assert all(np.array_equal(arrays[k], want[k]) for k in want), v
+        state["i"].shape = (2, 8)  # in place: the same object, another shape
+        calls["describe"].clear()
+        assert pub.publish(state) == 4
+        assert calls["describe"] == ["tensor 'i'"]
+        assert [p[2] for p in _descriptor(pub, pub._seq).pieces if p[0] == "i"] == [[2, 8]]
+
+
 def test_by_reference_true_false_and_auto(name):
     with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool:
         _, state = _ref_sources(pool, 1)
@@ -328,6 +374,65 @@ def test_many_reference_pieces_take_descriptor_only_buckets(name, start):
         [(v, arrays, calls)] = fut.result(timeout=60)
         assert v == 1 and all(np.array_equal(arrays[k], state[k]) for k in state)
         assert calls == {"Pool.open": 1, "Pool.views_of": 1}  # one block, resolved once for every bucket
+
+
+def test_references_are_sent_in_buckets_of_bucket_bytes(name, start):
+    """by_reference=True: a bucket goes out once its reference pieces name bucket_bytes (64 KiB here), before the
+    publisher has walked the rest of the dict; 12 arrays of 16 KiB take three buckets through a ring of two, and
+    arrive whole over two versions."""
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 64 << 10, 2, kind="host", by_reference=True) as pub:
+        block = pool.allocate(12 * 16384)
+        state = {f"t{k:02}": block.numpy("float32", (4096,), offset=16384 * k) for k in range(12)}
+        fut = start(helpers.stream_receive_counting, name, state, 2)
+        assert pub.wait_readers(1, timeout=60) == 1
+        for v in (1, 2):
+            for k, a in enumerate(state.values()):
+                a[...] = 100 * v + k
+            first = pub._seq + 1
+            assert pub.start() == v
+            pub.update(list(state.items())[:6])
+            assert pub._filled.value == first  # the first 4 (64 KiB) are out already
+            pub.update(list(state.items())[6:])
+            assert pub.finish() == v
+            assert pub._seq == first + 2
+            for i in (1, 2):  # the two buckets still in the ring: 4 pieces each
+                d = _descriptor(pub, first + i)
+                assert d.used == 0 and [p[0] for p in d.pieces] == [f"t{k:02}" for k in range(4 * i, 4 * i + 4)]
+        got = fut.result(timeout=60)
+        assert [v for v, _, _ in got] == [1, 2]
+        for v, arrays, _ in got:
+            assert all(np.all(arrays[k] == 100 * v + i) for i, k in enumerate(state)), v
+
+
+def test_descriptor_only_buckets_go_back_once_read(name, start):
+    """A bucket with no staged bytes that is not the last of its version goes back to the publisher once the reader
+    has read it, before its copies: three buckets of one reference each pass a ring of two while the reader still
+    holds the first piece (until update() has returned: no deadlock, no eviction). The last bucket is still waited
+    for: finish() returns after the reader's copies, and the reader has the version's values, not those written
+    right after finish()."""
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \
+            gpuipc.stream_publisher(name, 4096, 2, kind="host", by_reference=True, reader_timeout=20) as pub:
+        block = pool.allocate(3 * 16384)
+        state = {k: block.numpy("float32", (4096,), offset=16384 * i) for i, k in enumerate("abc")}
+        for i, a in enumerate(state.values()):
+            a[...] = i + 1
+        hold = 0.3
+        fut = start(helpers.stream_receive_slowly, name, hold, name + "-go")
+        assert pub.wait_readers(1, timeout=60) == 1
+        assert pub.start() == 1
+        t0 = time.monotonic()
+        pub.update(state)  # bucket 3 waits for the reader to give bucket 1 back: it does, holding its piece
+        assert time.monotonic() - t0 < 10 and pub._seq == 3
+        with gpuipc.Segment.create(name + "-go", 4096):
+            t1 = time.monotonic()
+            assert pub.finish() == 1
+            assert time.monotonic() - t1 >= 2 * hold  # the reader's copies of the three pieces, `hold` each
+            for a in state.values():
+                a[...] = -1
+            r = fut.result(timeout=60)  # not evicted: an evicted reader raises InvalidState
+        assert {k: float(v[0]) for k, v in r["got"].items()} == {"a": 1.0, "b": 2.0, "c": 3.0}
+        assert all(np.all(r["got"][k] == r["got"][k][0]) for k in "abc")
 
 
 def test_source_changed_after_wait_consumed_is_not_seen(name, start):
