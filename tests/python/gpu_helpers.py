@@ -422,10 +422,10 @@ def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed
     """Builds torch_stream_state(1) under gpuipc.torch.MemPool (with `mixed`, "b" outside it: staged) and publishes
     `versions` versions on a side stream s (by_reference True, or "auto" with `mixed`), writing the next version's
     values into the same tensors on s right after each publish(): finish() made s wait for the readers' copies.
-    Returns, per version, each tensor's piece ("reference" or "staged") in the last bucket."""
+    Returns, per version, each tensor's piece ("reference" or "staged") in the buckets the version sent (reference
+    pieces go out in buckets of bucket_bytes as the publisher walks the dict, so every bucket is looked at)."""
     torch = torch_cuda()
     import gpuipc.torch as gt
-    from gpuipc._stream_format import _read_desc
 
     pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
     with torch.cuda.use_mem_pool(pool):
@@ -437,10 +437,18 @@ def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed
     out = []
     with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference="auto" if mixed else True) as pub:
         pub.wait_readers(readers, timeout=60)
+        sent: list = []
+        flush = pub._flush
+
+        def recording_flush(flags: int) -> None:
+            sent.extend(pub._bucket.pieces)  # the bucket about to go out
+            flush(flags)
+
+        pub._flush = recording_flush
         for v in range(1, versions + 1):
             assert pub.publish(state, stream=s) == v
-            d = _read_desc(pub._mem, pub.buckets, pub._nreaders, pub._seq % pub.buckets)
-            out.append({p[0]: "reference" if len(p) == 7 else "staged" for p in d.pieces})
+            out.append({p[0]: "reference" if len(p) == 7 else "staged" for p in sent})
+            sent.clear()
             with torch.cuda.stream(s):  # made and written on s: after finish()'s wait for the readers
                 nxt = torch_stream_state(torch, v + 1)
                 for k in state:
