@@ -38,21 +38,25 @@ class Row:
     note: str = ""
 
 
+#: Ten `gpuipc bench channels --quick` runs at one commit on one H100 (two files of five); the H200's five runs at that
+#: commit are in channels-quick-d521362-h200-run*-20261126.log (docs/channels.md#latency-where-a-handoffs-time-goes).
+CHANNELS_RUNS = ["channels-quick-d521362-h100-5runs-20261126.json", "channels-quick-d521362-h100-5runs-b-20261126.json"]
+
 ROWS: List[Row] = [
     Row("1 MiB buffer handoff round trip, C++ channel (p50)", "handoff_rtt_p50_us_1MiB", "us",
-        ["channels-h100-20261121.json"],
+        CHANNELS_RUNS,
         [("torch.multiprocessing", "torch_handoff_rtt_p50_us_1MiB", "us"),
          ("cuda.core IPC pool", "cudacore_handoff_rtt_p50_us_1MiB", "us")]),
     Row("1 MiB torch tensor handoff from Python (p50)", "py_handoff_rtt_p50_us_1MiB", "us",
         ["python-h100-20261121.json"],
         [("torch.multiprocessing", "torch_handoff_rtt_p50_us_1MiB", "us"),
          ("cuda.core", "cudacore_handoff_rtt_p50_us_1MiB", "us")]),
-    Row("stream-ordered cross-process round trip (semaphore)", "sem_rtt_us", "us", ["channels-h100-20261121.json"],
+    Row("stream-ordered cross-process round trip (semaphore)", "sem_rtt_us", "us", CHANNELS_RUNS,
         [("IPC events", "ipc_event_rtt_us", "us"),
          ("IPC events under MPS", "ipc_event_rtt_us_mps", "us", "sem_rtt_us_mps")],
         also=[("under MPS", "sem_rtt_us_mps")]),
     Row("8 MiB frames streamed between two processes, frame rate against one process", "stream_throughput_ratio", "x",
-        ["channels-h100-20261121.json"],
+        CHANNELS_RUNS,
         [("one process", "stream_fps_one_process", "fps")],
         also=[("under MPS", "stream_throughput_ratio_mps")],
         note="the one-process reference moves between runs: [channels.md](docs/channels.md#throughput)"),
@@ -64,7 +68,7 @@ ROWS: List[Row] = [
         "statedict_open_ms", "ms", ["pools-h100-20261123.json", "pools-quick-h100-20261123.json"],
         [("torch.multiprocessing", "torch_mp_statedict_ms", "ms")]),
     Row("the same from Python: `gpuipc.open_tensors` to 291 torch tensors", "weights_open_ms", "ms",
-        ["weights-quick-f326c9e-h200-20261126.json", "weights-quick-922e127-h200x2-20261126.json"],
+        ["weights-quick-d521362-h200-20261126.json", "weights-quick-d521362-h100-20261126.json"],
         [("torch.multiprocessing", "torch_mp_weights_open_ms", "ms")],
         note="target 1 ms, not met: [torch.md](docs/torch.md#where-it-stands-measured) says where the time goes"),
     Row("`Pool::resolve` of a block in a chunk this process has mapped", "pool_resolve_cached_p50_us", "us",
@@ -100,9 +104,11 @@ def _cell(values: List[float], unit: str) -> str:
     return text
 
 
-def _load(results: str, name: str) -> Dict:
+def _load(results: str, name: str) -> List[Dict]:
+    """The runs of a result file: one, or each of a file of several runs ({"runs": [...]})."""
     with open(os.path.join(results, name)) as f:
-        return json.load(f)
+        doc = json.load(f)
+    return list(doc["runs"]) if isinstance(doc.get("runs"), list) else [doc]
 
 
 def _values(docs: List[Dict], metric: str) -> List[float]:
@@ -113,7 +119,7 @@ def render(results: str) -> str:
     """The table, markers included."""
     lines = [BEGIN, "| what | gpuipc | baseline (same runs) | files |", "|---|---|---|---|"]
     for row in ROWS:
-        docs = [_load(results, f) for f in row.files]
+        docs = [d for f in row.files for d in _load(results, f)]
         mine = _values(docs, row.metric)
         if not mine:
             raise SystemExit(f"readme_table: no {row.metric} in {', '.join(row.files)}")
