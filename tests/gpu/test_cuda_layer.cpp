@@ -379,26 +379,39 @@ TEST(CudaLayer, ForkedChildOfAnInitialisedParentIsTold) {
   EXPECT_EQ(rc, 0);
 }
 
-TEST(CudaLayer, HostRegistrationSeesStreamMemoryOperations) {
-  GPUIPC_REQUIRE_GPU();
-  const cuda::DeviceInfo info = cuda::query_device(0, false);
-  if (!info.host_register) GTEST_SKIP() << info.name << " cannot register host memory";
-  if (!info.stream_mem_ops_64) GTEST_SKIP() << info.name << " lacks 64-bit stream memory operations";
-  const cuda::PrimaryContext context(0);
-  context.make_current();
+/// A page of a memfd with two CPU views: the GPU writes through the registered one, a test reads the other, as
+/// another process would.
+struct RegisteredPage {
+  explicit RegisteredPage(const char* name)
+      : memfd(os::memfd_create(name, os::page_size())),
+        registered_view(os::Mapping::map(memfd.get(), os::page_size(), true)),
+        other_view(os::Mapping::map(memfd.get(), os::page_size(), true)),
+        registration(cuda::HostRegistration::register_memory(registered_view.data(), os::page_size())) {}
+  std::uint64_t* words() const { return static_cast<std::uint64_t*>(other_view.data()); }
+  CUdeviceptr device_words() const { return registration.device_pointer(); }
 
-  const std::size_t page = os::page_size();
-  const os::UniqueFd memfd = os::memfd_create("gpuipc-test-semaphore", page);
-  // Two CPU views of the same page: the GPU writes through the registered one, the test reads the other, as
-  // another process would.
-  const os::Mapping registered_view = os::Mapping::map(memfd.get(), page, true);
-  const os::Mapping other_view = os::Mapping::map(memfd.get(), page, true);
-  auto* words = static_cast<std::uint64_t*>(other_view.data());
+  os::UniqueFd memfd;
+  os::Mapping registered_view, other_view;
+  cuda::HostRegistration registration;
+};
+
+/// Skips unless GPU 0 can register host memory and run 64-bit stream memory operations; then makes its primary
+/// context current.
+#define GPUIPC_REQUIRE_STREAM_MEMOPS(context)                                                                \
+  GPUIPC_REQUIRE_GPU();                                                                                      \
+  const cuda::DeviceInfo info = cuda::query_device(0, false);                                                \
+  if (!info.host_register) GTEST_SKIP() << info.name << " cannot register host memory";                      \
+  if (!info.stream_mem_ops_64) GTEST_SKIP() << info.name << " lacks 64-bit stream memory operations";        \
+  const cuda::PrimaryContext context(0);                                                                     \
+  context.make_current()
+
+TEST(CudaLayer, HostRegistrationSeesStreamMemoryOperations) {
+  GPUIPC_REQUIRE_STREAM_MEMOPS(context);
+  const RegisteredPage page("gpuipc-test-semaphore");
+  auto* words = page.words();
   std::atomic_ref<std::uint64_t> counter(words[0]);
   std::atomic_ref<std::uint64_t> echo(words[1]);
-
-  const cuda::HostRegistration registration = cuda::HostRegistration::register_memory(registered_view.data(), page);
-  const CUdeviceptr device_words = registration.device_pointer();
+  const CUdeviceptr device_words = page.device_words();
   const cuda::Stream stream = cuda::Stream::create();
 
   // GPU -> CPU.
@@ -417,18 +430,10 @@ TEST(CudaLayer, HostRegistrationSeesStreamMemoryOperations) {
 }
 
 TEST(CudaLayer, StreamReachedNowCountsWhatAWriteWouldWaitFor) {
-  GPUIPC_REQUIRE_GPU();
-  const cuda::DeviceInfo info = cuda::query_device(0, false);
-  if (!info.host_register) GTEST_SKIP() << info.name << " cannot register host memory";
-  if (!info.stream_mem_ops_64) GTEST_SKIP() << info.name << " lacks 64-bit stream memory operations";
-  const cuda::PrimaryContext context(0);
-  context.make_current();
-  const std::size_t page = os::page_size();
-  const os::UniqueFd memfd = os::memfd_create("gpuipc-test-reached", page);
-  const os::Mapping view = os::Mapping::map(memfd.get(), page, true);
-  auto* words = static_cast<std::uint64_t*>(view.data());
-  const cuda::HostRegistration registration = cuda::HostRegistration::register_memory(view.data(), page);
-  const CUdeviceptr device_words = registration.device_pointer();
+  GPUIPC_REQUIRE_STREAM_MEMOPS(context);
+  const RegisteredPage page("gpuipc-test-reached");
+  auto* words = page.words();
+  const CUdeviceptr device_words = page.device_words();
   const cuda::Stream non_blocking = cuda::Stream::create(true);
   const cuda::Stream blocking = cuda::Stream::create(false);
   const CUevent probe = cuda::create_probe_event();
