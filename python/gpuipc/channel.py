@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -72,11 +72,13 @@ class Channel:
     receives it. When the last consumer is gone, producers get PeerDied/Closed.
     """
 
-    __slots__ = ("_ch", "__weakref__")
+    __slots__ = ("_ch", "_tensors", "__weakref__")
 
     def __init__(self, _handle: _gpuipc.Channel) -> None:
         """Internal: use :meth:`create` or :meth:`open`."""
         self._ch = _handle
+        # Message.tensor's torch tensors, by (slot address, dtype, shape): made once, handed out again
+        self._tensors: Dict[Tuple[int, str, Tuple[int, ...]], Any] = {}
 
     # Construction ------------------------------------------------------------------------------------------------
     @classmethod
@@ -321,6 +323,7 @@ class Channel:
         """Leaves (idempotent): acquired slots are given up, held messages go back to the queue, and the last
         producer (or consumer) leaving tells the other side (Closed). Views of slots stay mapped."""
         self._ch.close()
+        self._tensors.clear()
 
     def __enter__(self) -> "Channel":
         return self
@@ -448,6 +451,29 @@ class Message:
         info = self._require_info()
         self._check_held()
         return make_array(self._view, info.dtype, info.shape)
+
+    def tensor(self) -> Any:
+        """:attr:`array` as a torch tensor, zero-copy (device channels: on the channel's GPU; host channels: CPU).
+
+        The tensor is made once per slot, dtype and shape and handed out again for later messages in that slot:
+        ``torch.from_dlpack`` costs some 7 us a call (bench/results/python-quick-*.json, ``from_dlpack_us``), a
+        cached tensor one dictionary lookup and a check that it still has its address and shape. So the tensor
+        is the slot's memory: valid until :meth:`release`, like :attr:`array`, and the next message in the slot
+        reuses the same object. Do not resize it or change its shape in place. Needs torch."""
+        info = self._require_info()
+        self._check_held()
+        key = (self._view.address, info.dtype.name, info.shape)
+        cache = self._channel._tensors
+        t = cache.get(key)
+        if t is not None and t.data_ptr() == key[0] and tuple(t.shape) == info.shape:
+            return t
+        import torch  # noqa: PLC0415 - only for this call
+
+        t = torch.from_dlpack(make_array(self._view, info.dtype, info.shape))
+        if len(cache) >= 4 * max(self._channel.slots, 1):  # a channel whose messages change shape: start again
+            cache.clear()
+        cache[key] = t
+        return t
 
     @property
     def dtype(self) -> Optional[np.dtype]:

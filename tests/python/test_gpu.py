@@ -122,6 +122,26 @@ def test_torch_channel_across_processes(name, start):
             assert torch.equal(x, want), i
 
 
+def test_message_tensor_is_made_once_per_slot_and_shape(name):
+    """Message.tensor() hands out one torch tensor per slot, dtype and shape (torch.from_dlpack once), holding each
+    message's values."""
+    torch = _torch()
+    with gpuipc.Channel.create(name, slots=2, slot_bytes=1 << 16, kind="device", role="consumer") as ch:
+        with gpuipc.Channel.open(name, "producer") as producer:
+            seen, kept = {}, []
+            for i in range(8):
+                shape = (4, 8) if i < 4 else (8, 4)
+                producer.send(torch.full(shape, float(i), device="cuda:0"), timeout=10)
+                with ch.recv(timeout=10) as msg:
+                    t = msg.tensor()
+                    torch.cuda.synchronize()
+                    assert t.is_cuda and tuple(t.shape) == shape and t.data_ptr() == msg.data.address
+                    assert bool((t == i).all()), i
+                    seen.setdefault((msg.data.address, shape), set()).add(id(t))
+                    kept.append(t)
+    assert len(seen) == 4 and all(len(ids) == 1 for ids in seen.values()), seen  # 2 slots x 2 shapes
+
+
 def test_cupy_channel_and_torch_consumer(name, start):
     torch = _torch()
     _cupy()
