@@ -48,7 +48,7 @@ ROWS: List[Row] = [
         [("torch.multiprocessing", "torch_handoff_rtt_p50_us_1MiB", "us"),
          ("cuda.core IPC pool", "cudacore_handoff_rtt_p50_us_1MiB", "us")]),
     Row("1 MiB torch tensor handoff from Python (p50)", "py_handoff_rtt_p50_us_1MiB", "us",
-        ["python-h100-20261121.json"],
+        ["python-quick-5c64f00-h200-5runs-20261126.json"],
         [("torch.multiprocessing", "torch_handoff_rtt_p50_us_1MiB", "us"),
          ("cuda.core", "cudacore_handoff_rtt_p50_us_1MiB", "us")]),
     Row("stream-ordered cross-process round trip (semaphore)", "sem_rtt_us", "us", CHANNELS_RUNS,
