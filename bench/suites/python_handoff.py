@@ -245,35 +245,6 @@ def run(nbytes, iters, host, which_stream):
     return out
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def stop_broker(runtime_dir):
-    """SIGTERMs the broker of ``runtime_dir`` (SIGKILL after 5 s) so that nothing is left running."""
-    try:
-        with open(os.path.join(runtime_dir, "broker.pid")) as f:
-            pid = int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return
-    if pid <= 0:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return
-            time.sleep(0.01)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bytes", type=int, default=1 << 20)
@@ -304,6 +275,8 @@ def main():
         traceback.print_exc()
         out["error"] = f"{type(e).__name__}: {e}"
     finally:
+        from gpuipc._broker import stop_broker
+
         stop_broker(runtime_dir)
         shutil.rmtree(runtime_dir, ignore_errors=True)
     print(json.dumps(out), flush=True)

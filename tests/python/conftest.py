@@ -12,10 +12,8 @@ import gc
 import multiprocessing
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Iterator
@@ -24,35 +22,6 @@ import pytest
 
 #: No test may take longer than this (seconds): a hang dumps every thread's stack and ends the run.
 TEST_TIMEOUT = 120
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def stop_broker(runtime_dir: str) -> None:
-    """SIGTERM the broker of ``runtime_dir`` and wait (5 s) for it to go; SIGKILL after that."""
-    try:
-        with open(os.path.join(runtime_dir, "broker.pid")) as f:
-            pid = int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return
-    if pid <= 0:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return
-            time.sleep(0.01)
 
 
 @pytest.fixture(autouse=True)
@@ -68,6 +37,8 @@ def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     finally:
         faulthandler.cancel_dump_traceback_later()
         gc.collect()  # drop this test's objects while their broker is still there
+        from gpuipc._broker import stop_broker
+
         stop_broker(d)
         shutil.rmtree(d, ignore_errors=True)
 
