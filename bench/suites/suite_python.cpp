@@ -71,8 +71,8 @@ Result run(const Options& o, const DeviceMeta& meta) {
         "handing a 1 MiB torch CUDA tensor to another process through a gpuipc device Channel from Python "
         "(send, recv + {}, release, ack through a host gpuipc Semaphore) takes {:.1f} us p50, "
         "{:.1f} us p99; target <= 50 us: {}; issue 17's <= 10 us: {}",
-        py.value("view", std::string("torch.from_dlpack(msg.array)")), p50, num(r.metrics, "py_handoff_rtt_p99_us_1MiB"),
-        p50 <= 50 ? "met" : "MISSED", p50 <= 10 ? "met" : "not met"));
+        py.value("view", std::string("torch.from_dlpack(msg.array)")), p50,
+        num(r.metrics, "py_handoff_rtt_p99_us_1MiB"), p50 <= 50 ? "met" : "MISSED", p50 <= 10 ? "met" : "not met"));
     if (torch > 0) {
       r.notes.push_back(
           fmt::format("torch.multiprocessing hands the same tensor over in {:.1f} us p50: gpuipc from "

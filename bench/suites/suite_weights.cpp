@@ -202,14 +202,14 @@ void measure_updates(Result& r, const Options& o, const Specs& specs) {
       fmt::format("--part update --spec '{}' --updates {} --copies {}", specs.small.string(), updates, copies));
   r.samples.push_back({{"name", "weights_update"}, {"result", j}});
   if (const auto why = why_not(j); !why.empty()) {
-    set_null(
-        r, {"weights_update_visible_us", "weights_update_visible_p99_us", "weights_update_visible_v2_us",
-            "weights_update_visible_v2_p99_us", "weights_update_visible_host_us", "weights_update_visible_v2_host_us",
-            "weights_update_visible_spin_us", "weights_update_visible_spin_p99_us",
-            "weights_update_visible_host_spin_us", "weights_update_visible_v2_spin_us",
-            "weights_update_visible_v2_spin_p99_us", "weights_update_visible_v2_host_spin_us",
-            "weights_update_wake_floor_us", "weights_update_wake_floor_v2_us", "weights_update_copy_ms",
-            "weights_update_copy_p99_ms", "weights_update_copy_v2_ms", "weights_update_copy_v2_p99_ms"});
+    set_null(r,
+             {"weights_update_visible_us", "weights_update_visible_p99_us", "weights_update_visible_v2_us",
+              "weights_update_visible_v2_p99_us", "weights_update_visible_host_us", "weights_update_visible_v2_host_us",
+              "weights_update_visible_spin_us", "weights_update_visible_spin_p99_us",
+              "weights_update_visible_host_spin_us", "weights_update_visible_v2_spin_us",
+              "weights_update_visible_v2_spin_p99_us", "weights_update_visible_v2_host_spin_us",
+              "weights_update_wake_floor_us", "weights_update_wake_floor_v2_us", "weights_update_copy_ms",
+              "weights_update_copy_p99_ms", "weights_update_copy_v2_ms", "weights_update_copy_v2_p99_ms"});
     r.notes.push_back("weights_update_visible_us: " + why + ". Target <= 20 us: not judged.");
     return;
   }

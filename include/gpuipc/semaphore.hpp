@@ -76,8 +76,10 @@ class Semaphore {
 
   /// Stream-ordered: once `stream` reaches this point, the value becomes `value` (cuStreamWriteValue64). With
   /// `wake_host`, a host function then wakes host waiters at once (otherwise they notice within their polling
-  /// interval, at most 1 ms); if the stream has nothing left to run (cuStreamQuery), the value is raised from the
-  /// host instead, as signal_host does, which wakes host waiters some 100 us sooner. Returns Ok, PeerDied/Closed (poisoned), InvalidState (a waiter, a host-kind
+  /// interval, at most 1 ms). With `wake_host`, when a write enqueued now would land at once (the stream and what
+  /// it implicitly waits for are idle; on the legacy default stream, an event recorded there completes within
+  /// 100 us), the value is raised from the host instead, as signal_host does, which wakes host waiters some 100 us
+  /// sooner (docs/semaphores.md). Returns Ok, PeerDied/Closed (poisoned), InvalidState (a waiter, a host-kind
   /// semaphore, or value > kSemaphoreMaxValue). Does not allocate or throw.
   Status signal(StreamHandle stream, std::uint64_t value, bool wake_host = false) noexcept;
   /// Stream-ordered: work enqueued on `stream` after this waits until the value reaches `value`

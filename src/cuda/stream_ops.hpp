@@ -6,8 +6,8 @@
 
 #include <cuda.h>
 
-#include <cstddef>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 

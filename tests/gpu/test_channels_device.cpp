@@ -408,9 +408,10 @@ TEST(SemaphoresDevice, WakeHostSignalKeepsStreamOrderAndIsImmediateOnAnIdleStrea
   const auto gate_name = unique_name("wgate");
   EXPECT_EQ(run_child([&] {
               Gpu g;
-              auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
-              auto gate =
-                  Semaphore::create(gate_name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+              auto sem =
+                  Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+              auto gate = Semaphore::create(gate_name,
+                                            {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
               // An idle stream: the value is raised before signal returns (from the host, no host callback).
               GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
               GPUIPC_CHILD_CHECK(sem.signal(g.stream.get(), 1, true) == Status::Ok);

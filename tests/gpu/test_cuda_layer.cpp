@@ -397,12 +397,12 @@ struct RegisteredPage {
 
 /// Skips unless GPU 0 can register host memory and run 64-bit stream memory operations; then makes its primary
 /// context current.
-#define GPUIPC_REQUIRE_STREAM_MEMOPS(context)                                                                \
-  GPUIPC_REQUIRE_GPU();                                                                                      \
-  const cuda::DeviceInfo info = cuda::query_device(0, false);                                                \
-  if (!info.host_register) GTEST_SKIP() << info.name << " cannot register host memory";                      \
-  if (!info.stream_mem_ops_64) GTEST_SKIP() << info.name << " lacks 64-bit stream memory operations";        \
-  const cuda::PrimaryContext context(0);                                                                     \
+#define GPUIPC_REQUIRE_STREAM_MEMOPS(context)                                                         \
+  GPUIPC_REQUIRE_GPU();                                                                               \
+  const cuda::DeviceInfo info = cuda::query_device(0, false);                                         \
+  if (!info.host_register) GTEST_SKIP() << info.name << " cannot register host memory";               \
+  if (!info.stream_mem_ops_64) GTEST_SKIP() << info.name << " lacks 64-bit stream memory operations"; \
+  const cuda::PrimaryContext context(0);                                                              \
   context.make_current()
 
 TEST(CudaLayer, HostRegistrationSeesStreamMemoryOperations) {
