@@ -50,7 +50,6 @@ for _p in (HERE, os.path.join(HERE, "..", "analysis", "baselines")):
         sys.path.insert(0, _p)
 
 import report  # noqa: E402  (bench/analysis/baselines/report.py)
-from python_handoff import stop_broker  # noqa: E402
 from _weights_common import (  # noqa: E402  (the limits, the dict and the processes every part shares)
     CONTEXT_BYTES,
     STARTUP,
@@ -238,6 +237,8 @@ def main():
     try:
         return report.finish(out, body)
     finally:
+        from gpuipc._broker import stop_broker
+
         stop_broker(runtime_dir)
         shutil.rmtree(runtime_dir, ignore_errors=True)
 
