@@ -251,10 +251,6 @@ class StreamPublisher:
         self._version = 0  # the last version committed
         self._committed_seq = 0  # the last bucket of that version
         self._referenced = False  # the version in progress sent a reference piece
-        # Device staging: the version's stream was seen past a filled signal of this version (the work that wrote
-        # its tensors is done), and the last filled value handed to the stream; see _signal_filled.
-        self._reached = False
-        self._stream_seq = 0
         self._next_version = 1
         self._current: Optional[int] = None  # the version being written
         self._bucket: Optional[_Bucket] = None
@@ -453,7 +449,6 @@ class StreamPublisher:
         self._index = 0
         self._names = set()
         self._referenced = False
-        self._reached = False
         return self._current
 
     def update(self, named_tensors: Any) -> None:
@@ -735,7 +730,6 @@ class StreamPublisher:
         """Publishes the open bucket: its descriptor, then the filled signal (after the copies, in stream order)."""
         b = self._bucket
         assert b is not None and self._mem is not None and self._filled is not None and self._current is not None
-        copies = bool(b.dsts)
         if b.dsts:
             torch = _torch()
             with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
@@ -762,29 +756,12 @@ class StreamPublisher:
             _DESC.pack(b.seq, self._current, b.index, flags, used, checksum, len(body), 0), dtype=np.uint8)
         d[_DESC.size : _DESC.size + len(body)] = np.frombuffer(body, dtype=np.uint8)
         if self._kind == "device":
-            self._signal_filled(b.seq, copies or bool(used))
+            self._filled.signal(b.seq, self._stream, wake_host=True)
         else:
             if self._stream is not None and not self._checksum:
                 self._stream.synchronize()
             self._filled.signal_host(b.seq)
         self._bucket = None
-
-    def _signal_filled(self, seq: int, staged: bool) -> None:
-        """Device staging: bucket ``seq`` is filled once the version's stream has run what was enqueued before it
-        (the copies into the bucket, and the work that wrote the tensors it names). A bucket of reference pieces
-        only, once the stream was seen past a filled signal of this version and every value handed to the stream
-        has landed, is raised from the host: nothing on the stream is left for it to wait for, and on the legacy
-        default stream each stream-ordered signal costs an event probe of 10-40 us (docs/semaphores.md)."""
-        assert self._filled is not None
-        if not staged and not self._checksum and self._reached and self._filled.value >= self._stream_seq:
-            self._filled.signal_host(seq)
-            return
-        self._filled.signal(seq, self._stream, wake_host=True)
-        self._stream_seq = seq
-        # Read at once: the value is there when the stream had nothing left to run (raised from the host) or got
-        # there already; either way the work before this version's first bucket is done.
-        if self._filled.value >= seq:
-            self._reached = True
 
     def _body_of(self, b: _Bucket) -> bytes:
         """The JSON of bucket ``b``'s descriptor: the one sent for the same bucket of the last version again when its
