@@ -447,8 +447,7 @@ def test_source_changed_after_wait_consumed_is_not_seen(name, start):
         t0 = time.monotonic()
         assert pub.publish(state) == 1
         assert time.monotonic() - t0 >= 3 * hold  # it waited for the reader's copies (4 pieces, `hold` each)
-        t1 = time.monotonic()
-        assert pub.wait_consumed(timeout=10) == 1 and time.monotonic() - t1 < 1
+        assert pub.wait_consumed(timeout=0) == 1  # already consumed: no waiting at all
         state["w"][...] = -1.0  # the next version's values, written in place
         state["i"][...] = -1
         r = fut.result(timeout=60)
