@@ -60,12 +60,13 @@ struct PyBlock {
 
 bool is_gpu(SegmentKind kind) noexcept { return kind == SegmentKind::Device || kind == SegmentKind::DeviceIpc; }
 
-/// A hold on a block that views own: given back when the last view (or DLPack export) of it goes, on whatever
-/// thread that happens (DLPack deleters may run without the GIL: no Python here).
+/// A hold on a block that views own: taken by the constructor, given back when the last view (or DLPack export) of
+/// it goes, on whatever thread that happens (DLPack deleters may run without the GIL: no Python here). Made with
+/// make_shared, the memory comes first, so a failed allocation leaves no hold behind.
 struct HeldBlock {
   Pool pool;
   BlockRef ref;
-  HeldBlock(Pool p, const BlockRef& r) : pool(std::move(p)), ref(r) {}
+  HeldBlock(Pool p, const BlockRef& r) : pool(std::move(p)), ref(r) { pool.hold(ref); }
   HeldBlock(const HeldBlock&) = delete;
   HeldBlock& operator=(const HeldBlock&) = delete;
   ~HeldBlock() {
@@ -138,7 +139,6 @@ std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t
     const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
     std::shared_ptr<const void> owner;
     if (hold) {
-      pool.hold(r);
       owner = std::make_shared<const HeldBlock>(pool, r);
     } else {
       owner = std::make_shared<const Pool>(pool);
@@ -341,7 +341,6 @@ void bind_pool(nb::module_& m) {
             {
               nb::gil_scoped_release unlocked;
               if (hold) {
-                pool.hold(r);
                 owner = std::make_shared<const HeldBlock>(pool, r);
               } else {
                 owner = std::make_shared<const Pool>(pool);
