@@ -319,6 +319,9 @@ void Pool::free(Block&& block, StreamHandle stream) {
                 "free");
   }
   const BlockRef ref = block.m_ref;
+  // A member registers the control block at its first stream-ordered free. When that fails, the free fails and the
+  // caller keeps the Block: freeing it at once could hand its memory out while the stream still uses it.
+  const std::uint64_t base = im.stream_ordered() ? im.control_gpu() : 0;
   block.m_pool.reset();
   block.m_data = nullptr;
   const auto loc = location_of(ref);
@@ -326,20 +329,12 @@ void Pool::free(Block&& block, StreamHandle stream) {
   CUresult rc = CUDA_SUCCESS;
   if (im.stream_ordered()) {
     // The memory is reused once the stream has written the block's generation to its `released` word.
-    std::uint64_t base = 0;
-    try {
-      base = im.control_gpu();
-    } catch (const Error&) {  // cannot register the control block: rc below says so
-      rc = CUDA_ERROR_NOT_MAPPED;
-    }
     const std::uint64_t word = base + shm::pool_control_bytes(0) +
                                static_cast<std::uint64_t>(ref.index) * sizeof(shm::BlockRecord) +
                                offsetof(shm::BlockRecord, released);
-    if (base != 0) {
-      const cuda::StreamContextScope context(im.ctx.get(), static_cast<CUstream>(stream));
-      rc = context.ok() ? cuda::stream_write_value64(static_cast<CUstream>(stream), word, ref.generation)
-                        : CUDA_ERROR_INVALID_CONTEXT;
-    }
+    const cuda::StreamContextScope context(im.ctx.get(), static_cast<CUstream>(stream));
+    rc = context.ok() ? cuda::stream_write_value64(static_cast<CUstream>(stream), word, ref.generation)
+                      : CUDA_ERROR_INVALID_CONTEXT;
     pending = rc == CUDA_SUCCESS;
   }
   const shm::PoolStatus st = im.drop_local(loc, true, pending);
