@@ -379,17 +379,18 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
 }
 
 std::uint64_t detail::register_pinned_later(const Segment& segment, int ordinal) {
-  static std::mutex mutex;  // the mapping may be cached and shared; its registration is made once
   const auto& m = SegmentAccess::mapping(segment);
   if (!m || m->kind != SegmentKind::HostPinned) {
     throw Error(ErrorCode::InvalidArgument, "not a host_pinned segment", "register_pinned_later");
   }
-  std::lock_guard lock(mutex);
-  if (!m->gpu) {
-    m->gpu = core::register_host_memory(m->host.data(), m->size, ordinal < 0 ? 0 : ordinal,
-                                        m->access == Access::ReadOnly);
-  }
-  return m->gpu->device_pointer() + m->view_offset;
+  if (m->gpu) return m->gpu->device_pointer() + m->view_offset;  // registered before it was shared
+  // The mapping may be cached and shared by other handles: registered once (a throw lets the next call try again),
+  // into late_gpu, never into `gpu`, which other threads read without a lock.
+  std::call_once(m->late_once, [&] {
+    m->late_gpu = core::register_host_memory(m->host.data(), m->size, ordinal < 0 ? 0 : ordinal,
+                                             m->access == Access::ReadOnly);
+  });
+  return m->late_gpu->device_pointer() + m->view_offset;
 }
 
 void Segment::unlink(std::string_view name) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/gpu_memory.hpp"
@@ -30,7 +31,12 @@ struct Mapping {
   std::uint64_t broker_size = 0;        // SegmentInfo::size as the broker registered it (for Announce)
   os::UniqueFd memory;                  // the memory's fd, kept to give the name back to a restarted broker
   os::Mapping host;                     // host kinds; device_ipc: its record (proto::DeviceIpcRecord)
-  std::unique_ptr<core::GpuMemory> gpu; // device kinds, and the registration of host_pinned
+  std::unique_ptr<core::GpuMemory> gpu; // device kinds, and the registration of host_pinned; set before the
+                                        // mapping is shared, never after (readers take it without a lock)
+  // A host_pinned mapping opened unregistered: its registration, made once by register_pinned_later (late_once
+  // orders it with every later reader of late_gpu, which goes through register_pinned_later too).
+  std::once_flag late_once;
+  std::unique_ptr<core::GpuMemory> late_gpu;
 
   Mapping() = default;
   Mapping(const Mapping&) = delete;
