@@ -229,7 +229,8 @@ std::unique_ptr<GpuMemory> import_device_memory(int fd, std::size_t size, const 
     // Memory of a GPU hidden by CUDA_VISIBLE_DEVICES: whether the driver maps it depends on the driver; say why
     // it may have failed.
     if (cuda::find_device(owner)) throw;
-    throw Error(e.code(), invisible_owner_message(cuda::format_uuid(owner), ordinal, e.what()), "open");
+    throw Error(e.code(), invisible_owner_message(cuda::format_uuid(owner), ordinal, e.what()), e.call(),
+                e.sys_errno(), e.cu_result());
   }
 }
 
