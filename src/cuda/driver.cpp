@@ -76,6 +76,7 @@ static_assert(std::is_same_v<decltype(&::cuStreamDestroy), PFN_cuStreamDestroy_v
 static_assert(std::is_same_v<decltype(&::cuStreamSynchronize), PFN_cuStreamSynchronize_v2000>);
 static_assert(std::is_same_v<decltype(&::cuStreamQuery), PFN_cuStreamQuery_v2000>);
 static_assert(std::is_same_v<decltype(&::cuStreamGetFlags), PFN_cuStreamGetFlags_v5050>);
+static_assert(std::is_same_v<decltype(&::cuStreamGetCtx), PFN_cuStreamGetCtx_v9020>);
 static_assert(std::is_same_v<decltype(&::cuStreamWaitValue32), PFN_cuStreamWaitValue32_v11070>);
 static_assert(std::is_same_v<decltype(&::cuStreamWaitValue64), PFN_cuStreamWaitValue64_v11070>);
 static_assert(std::is_same_v<decltype(&::cuStreamWriteValue32), PFN_cuStreamWriteValue32_v11070>);

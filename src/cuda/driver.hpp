@@ -75,6 +75,7 @@ namespace gpuipc::cuda {
   X(cuStreamSynchronize, 2000)               \
   X(cuStreamQuery, 2000)                     \
   X(cuStreamGetFlags, 5050)                  \
+  X(cuStreamGetCtx, 9020)                    \
   X(cuStreamWaitValue32, 11070)              \
   X(cuStreamWaitValue64, 11070)              \
   X(cuStreamWriteValue32, 11070)             \

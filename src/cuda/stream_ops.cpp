@@ -58,6 +58,14 @@ bool stream_reached_now(CUstream stream) noexcept {
   const DriverApi* api = loaded_driver();
   if (api == nullptr || stream == nullptr || stream == CU_STREAM_LEGACY) return false;
   if (api->cuStreamQuery(stream) != CUDA_SUCCESS) return false;
+  // The legacy stream asked below is the current context's: it must be the stream's (a blocking stream of another
+  // GPU waits for that GPU's legacy stream, which this thread cannot ask without switching).
+  CUcontext own = nullptr;
+  CUcontext current = nullptr;
+  if (api->cuStreamGetCtx(stream, &own) != CUDA_SUCCESS || api->cuCtxGetCurrent(&current) != CUDA_SUCCESS ||
+      own != current) {
+    return false;
+  }
   unsigned flags = 0;
   if (stream != CU_STREAM_PER_THREAD) {
     if (api->cuStreamGetFlags(stream, &flags) != CUDA_SUCCESS) return false;
@@ -102,14 +110,6 @@ CUresult launch_host_func(CUstream stream, void (*fn)(void*), void* data) noexce
   return api->cuLaunchHostFunc(stream, fn, data);
 }
 
-bool ensure_current(CUcontext ctx) noexcept {
-  const DriverApi* api = loaded_driver();
-  if (api == nullptr || ctx == nullptr) return false;
-  CUcontext current = nullptr;
-  if (api->cuCtxGetCurrent(&current) != CUDA_SUCCESS) return false;
-  return current != nullptr || api->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
-}
-
 StreamContextScope::StreamContextScope(CUcontext ctx, CUstream stream) noexcept {
   if (ctx == nullptr) return;
   const DriverApi* api = loaded_driver();
@@ -119,7 +119,7 @@ StreamContextScope::StreamContextScope(CUcontext ctx, CUstream stream) noexcept 
   }
   if (m_saved == ctx || (stream != nullptr && m_saved != nullptr)) return;
   m_ok = api->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
-  // A thread with no context keeps the one made current (ensure_current's behaviour); another one gets its back.
+  // A thread with no context keeps the one made current (as the runtime's first call would); another gets its back.
   m_restore = m_ok && m_saved != nullptr;
 }
 

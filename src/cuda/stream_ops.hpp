@@ -39,7 +39,8 @@ bool stream_busy(CUstream stream) noexcept;
 /// Whether an operation enqueued on `stream` now would run at once: everything enqueued on it so far has finished
 /// (cuStreamQuery), and so has everything such an operation would wait for implicitly. A non-blocking stream waits
 /// for nothing else; a blocking stream, and the per-thread default stream, also wait for the legacy default stream,
-/// which must then be idle too. An operation on the legacy default stream (0 or CU_STREAM_LEGACY) waits for every
+/// which must then be idle too (false for a stream of another context than the current one: its legacy stream
+/// is not the one a query here would ask). An operation on the legacy default stream (0 or CU_STREAM_LEGACY) waits for every
 /// blocking stream of its context, which no query can list: false for it (see legacy_stream_reached_now). Hot
 /// path: false on any error, so a caller that takes a shortcut on true never takes it by mistake.
 bool stream_reached_now(CUstream stream) noexcept;
@@ -61,14 +62,10 @@ CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream
 /// it and must not call CUDA.
 CUresult launch_host_func(CUstream stream, void (*fn)(void*), void* data) noexcept;
 
-/// Makes `ctx` current on the calling thread if no context is (as the CUDA runtime does implicitly on a thread's
-/// first call). Hot path: no exception; returns false when it could not.
-bool ensure_current(CUcontext ctx) noexcept;
-
 /// A stream operation's context, for the scope of the operation: for the legacy default stream (0), `ctx` (the
 /// null stream of the GPU whose memory the operation touches, not of whatever context the caller has current, say
-/// torch's cuda:0 for a channel on GPU 1), restored on exit; for other streams (they carry their context) as
-/// ensure_current. Nothing for a null `ctx` (host memory). Hot path: no exception; ok() false when the driver
+/// torch's cuda:0 for a channel on GPU 1), restored on exit; for other streams (they carry their context), `ctx`
+/// only on a thread with no context current (as the CUDA runtime does on a thread's first call). Nothing for a null `ctx` (host memory). Hot path: no exception; ok() false when the driver
 /// refused.
 class StreamContextScope {
  public:
