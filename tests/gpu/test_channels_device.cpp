@@ -432,6 +432,14 @@ TEST(SemaphoresDevice, WakeHostSignalKeepsStreamOrderAndIsImmediateOnAnIdleStrea
               host_waiter.join();
               GPUIPC_CHILD_CHECK(woke.status == Status::Ok && woke.value == 2);
               GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
+              // The legacy default stream busy (blocked on the gate): its event probe must not take the shortcut.
+              GPUIPC_CHILD_CHECK(gate.wait(nullptr, 2) == Status::Ok);
+              GPUIPC_CHILD_CHECK(sem.signal(nullptr, 3, true) == Status::Ok);
+              std::this_thread::sleep_for(300ms);
+              const bool held_back = sem.value() == 2;
+              GPUIPC_CHILD_CHECK(gate.signal_host(2) == Status::Ok);  // released whatever the check above said
+              GPUIPC_CHILD_CHECK(held_back);
+              GPUIPC_CHILD_CHECK(sem.wait_host(3, std::chrono::seconds(10), {}).status == Status::Ok);
               return 0;
             }),
             0);

@@ -436,7 +436,11 @@ TEST(CudaLayer, StreamReachedNowCountsWhatAWriteWouldWaitFor) {
   const CUdeviceptr device_words = page.device_words();
   const cuda::Stream non_blocking = cuda::Stream::create(true);
   const cuda::Stream blocking = cuda::Stream::create(false);
-  const CUevent probe = cuda::create_probe_event();
+  struct Probe {
+    CUevent event = cuda::create_probe_event();
+    ~Probe() { cuda::destroy_event(event); }
+  } owned;
+  const CUevent probe = owned.event;
   ASSERT_NE(probe, nullptr);
   auto all_reached = [&] {
     return cuda::stream_reached_now(non_blocking.get()) && cuda::stream_reached_now(blocking.get()) &&
@@ -449,13 +453,14 @@ TEST(CudaLayer, StreamReachedNowCountsWhatAWriteWouldWaitFor) {
 
   // The legacy stream blocked on a host word: a write on the blocking stream would wait for it, one on the
   // non-blocking stream would not.
-  ASSERT_EQ(cuda::stream_wait_value64(CU_STREAM_LEGACY, device_words, 1), CUDA_SUCCESS);
+  // From here no ASSERT: the words are released below whatever fails, so no stream stays blocked.
+  EXPECT_EQ(cuda::stream_wait_value64(CU_STREAM_LEGACY, device_words, 1), CUDA_SUCCESS);
   std::this_thread::sleep_for(20ms);
   EXPECT_TRUE(cuda::stream_reached_now(non_blocking.get()));
   EXPECT_FALSE(cuda::stream_reached_now(blocking.get()));
   EXPECT_FALSE(cuda::legacy_stream_reached_now(probe, 1ms));
   // The non-blocking stream with its own work queued.
-  ASSERT_EQ(cuda::stream_wait_value64(non_blocking.get(), device_words + 8, 1), CUDA_SUCCESS);
+  EXPECT_EQ(cuda::stream_wait_value64(non_blocking.get(), device_words + 8, 1), CUDA_SUCCESS);
   std::this_thread::sleep_for(20ms);
   EXPECT_FALSE(cuda::stream_reached_now(non_blocking.get()));
   std::atomic_ref<std::uint64_t>(words[0]).store(1);  // released even when a check above failed
@@ -464,7 +469,6 @@ TEST(CudaLayer, StreamReachedNowCountsWhatAWriteWouldWaitFor) {
   cuda::synchronize(CU_STREAM_LEGACY, "the legacy stream");
   EXPECT_TRUE(test::wait_until(all_reached, 10s));
   cuda::synchronize_context("the probe's last record");
-  cuda::destroy_event(probe);
 }
 
 TEST(CudaLayer, KernelsFillVerifyAndBandwidthKernels) {

@@ -70,8 +70,30 @@ TEST(DeviceChoice, NoPeerAccessIsUnsupportedWithAMessage) {
   EXPECT_THROW(core::choose_mapping_device(two_gpus(1, -1, 0), kNoPeers), Error);
 }
 
+/// Sets an environment variable for a scope, and puts back what was there (or its absence) on the way out.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : m_name(name) {
+    if (const char* old = std::getenv(name)) m_old = old;
+    ::setenv(name, value, 1);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    if (m_old) {
+      ::setenv(m_name, m_old->c_str(), 1);
+    } else {
+      ::unsetenv(m_name);
+    }
+  }
+
+ private:
+  const char* m_name;
+  std::optional<std::string> m_old;
+};
+
 TEST(DeviceChoice, HiddenOwnerWithoutADeviceIsNoDeviceNamingTheUuid) {
-  ::setenv("CUDA_VISIBLE_DEVICES", "1", 1);  // only for the message; nothing loads the driver here
+  const ScopedEnv visible("CUDA_VISIBLE_DEVICES", "1");  // only for the message; nothing loads the driver here
   try {
     core::choose_mapping_device(hidden_owner(-1, 1), kAllPeers);
     FAIL() << "expected NoDevice";
@@ -81,7 +103,6 @@ TEST(DeviceChoice, HiddenOwnerWithoutADeviceIsNoDeviceNamingTheUuid) {
     EXPECT_NE(m.find(kOwner), std::string::npos) << m;
     EXPECT_NE(m.find("CUDA_VISIBLE_DEVICES \"1\""), std::string::npos) << m;
   }
-  ::unsetenv("CUDA_VISIBLE_DEVICES");
 }
 
 TEST(DeviceChoice, HiddenOwnerWithARequestedDeviceIsLeftToTheDriver) {
