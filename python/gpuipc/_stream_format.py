@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ._dtypes import dtype_of
 from ._streams import stream_handle
 from ._tensorinfo import TensorInfo
 from .errors import (
@@ -201,9 +202,43 @@ def _desc_view(mem: np.ndarray, buckets: int, readers: int, slot: int) -> np.nda
     return mem[start : start + DESC_BYTES]
 
 
-def _read_desc(mem: np.ndarray, buckets: int, readers: int, slot: int, layouts: Optional[Dict[bytes, Any]] = None) -> _Desc:
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check_pieces(pieces: List[Any], blocks: List[Any], bucket_bytes: int) -> None:
+    """ProtocolError unless every piece's bytes lie inside its tensor and inside its source: the staging bucket
+    (``bucket_bytes``), or the block its table names (a BlockRef's size, bytes 24-31). A reader never trusts what a
+    publisher wrote: a range past its source would copy less than it says, or broadcast one byte over a tensor."""
+    sizes = []
+    for entry in blocks:
+        try:
+            sizes.append(struct.unpack_from("<Q", bytes.fromhex(entry[1]), 24)[0])
+        except (TypeError, ValueError, IndexError, struct.error):
+            raise ProtocolError("a bucket descriptor's table of blocks holds something that is no block") from None
+    for p in pieces:
+        key, dtype, shape, pos, n, off = p[:_STAGED]
+        try:
+            total = math.prod(shape) * dtype_of(dtype).itemsize
+        except (TypeError, ValueError):
+            raise ProtocolError(f"a bucket descriptor's piece {key!r} has no valid dtype and shape") from None
+        if not (isinstance(key, str) and all(_is_count(x) for x in (*shape, pos, n, off)) and pos + n <= total):
+            raise ProtocolError(f"a bucket descriptor's piece {key!r} lies outside its tensor")
+        if len(p) == _STAGED:
+            limit = bucket_bytes
+        elif isinstance(p[6], int) and not isinstance(p[6], bool) and 0 <= p[6] < len(sizes):
+            limit = sizes[p[6]]
+        else:
+            raise ProtocolError(f"a bucket descriptor's piece {key!r} names a block not in its table")
+        if off + n > limit:
+            raise ProtocolError(f"a bucket descriptor's piece {key!r} lies outside its source")
+
+
+def _read_desc(mem: np.ndarray, buckets: int, readers: int, slot: int, layouts: Optional[Dict[bytes, Any]] = None,
+               bucket_bytes: Optional[int] = None) -> _Desc:
     """The descriptor in ring slot ``slot``. ``layouts`` (body bytes to pieces) spares decoding a layout seen
-    before: a publisher that sends the same tensors every version sends the same bodies."""
+    before: a publisher that sends the same tensors every version sends the same bodies. With ``bucket_bytes``
+    (what readers pass), every piece is checked against its tensor and its source (_check_pieces)."""
     d = _desc_view(mem, buckets, readers, slot)
     seq, version, index, flags, used, checksum, jlen, _ = _DESC.unpack(bytes(d[: _DESC.size]))
     if jlen > DESC_BYTES - _DESC.size:
@@ -216,8 +251,10 @@ def _read_desc(mem: np.ndarray, buckets: int, readers: int, slot: int, layouts: 
             layout = (doc["pieces"], doc["blocks"])
         except (ValueError, TypeError, KeyError):
             raise ProtocolError(f"a bucket descriptor's layout is not format {FORMAT} JSON") from None
-        if not all(len(p) in (_STAGED, _REFERENCE) for p in layout[0]):
+        if not all(isinstance(p, list) and len(p) in (_STAGED, _REFERENCE) for p in layout[0]):
             raise ProtocolError("a bucket descriptor has a piece of neither shape (staged or reference)")
+        if bucket_bytes is not None:
+            _check_pieces(layout[0], layout[1], bucket_bytes)
         if layouts is not None:
             if len(layouts) >= 4096:
                 layouts.clear()

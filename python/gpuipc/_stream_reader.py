@@ -211,7 +211,8 @@ class StreamReader:
         e = self._next
         self._wait_filled(e, deadline, f"waiting for bucket {e}")
         self._check_evicted()
-        d = _read_desc(self._mem, self._head.buckets, self._head.readers, e % self._head.buckets, self._layouts)
+        d = _read_desc(self._mem, self._head.buckets, self._head.readers, e % self._head.buckets, self._layouts,
+                       self._head.bucket_bytes)
         self._check_evicted()
         if d.seq != e:
             raise ProtocolError(f"stream {self.name!r}: ring slot {e % self._head.buckets} holds bucket {d.seq}, not {e}")

@@ -562,3 +562,29 @@ def test_the_weights_bench_finds_by_reference():
     finally:
         sys.path.remove(suites)
     assert _weights_versions._has_by_reference(gpuipc)
+
+
+def test_pieces_outside_their_tensor_or_source_are_refused():
+    """A reader checks every piece of a descriptor it decodes: within its tensor, within the staging bucket or the
+    block its table names, the table index real (a publisher's bytes are never trusted)."""
+    from gpuipc._stream_format import _check_pieces
+
+    ref = gpuipc.BlockRef(pool=1, generation=1, offset=0, size=4096, chunk=0, index=0)
+    blocks = [["p", bytes(ref).hex()]]
+    good = [["a", "float32", [4], 0, 16, 0], ["b", "int64", [2, 2], 0, 32, 4000 - 32, 0]]
+    _check_pieces(good, blocks, 1024)  # as a publisher writes them
+    bad = [
+        [["a", "float32", [4], 0, 17, 0]],  # more bytes than its tensor has
+        [["a", "float32", [4], -4, 16, 0]],  # a negative position
+        [["a", "float32", [4], 0, 16, 1020]],  # past the staging bucket
+        [["b", "int64", [2, 2], 0, 32, 4080, 0]],  # past its block
+        [["b", "int64", [2, 2], 0, 32, 0, 1]],  # a block not in the table
+        [["b", "int64", [2, 2], 0, 32, 0, -1]],  # not even with a negative index
+        [["b", "int64", [2, 2], 0, 32, 0, True]],
+        [["a", "no-such-type", [4], 0, 16, 0]],
+    ]
+    for pieces in bad:
+        with pytest.raises(gpuipc.ProtocolError):
+            _check_pieces(pieces, blocks, 1024)
+    with pytest.raises(gpuipc.ProtocolError):
+        _check_pieces(good, [["p", "zz"]], 1024)
