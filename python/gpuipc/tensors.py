@@ -8,6 +8,7 @@ one copy per storage. The index is the host segment NAME (format: gpuipc/_index.
 
 from __future__ import annotations
 
+import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -567,6 +568,11 @@ class _Opened:
         slow = sorted({t["storage"] for i, t in enumerate(tensors) if made[i] is None and t["storage"] >= 0})
         rest = [t for i, t in enumerate(tensors) if made[i] is None]
         if slow:
+            for s in slow:  # a storage lies inside its block (the typed path checks this in C++)
+                st = index.storages[s]
+                block_bytes = struct.unpack_from("<Q", raw, 40 * s + 24)[0]  # BlockRef.size
+                if not (0 <= st["offset"] and 0 <= st["nbytes"] and st["offset"] + st["nbytes"] <= block_bytes):
+                    raise InvalidArgument(f"tensor index {self.name!r} is malformed (storage {s} outside its block)")
             renum = {s: k for k, s in enumerate(slow)}
             rest = [dict(t, storage=renum[t["storage"]]) if t["storage"] >= 0 else t for t in rest]
             capsules, span, offset = self._spans_of(raw, slow)
