@@ -587,7 +587,9 @@ class StreamPublisher:
             src = _numpy_bytes(t)
         meta = [key, info.dtype.name, list(info.shape)]
         mlen = len(json.dumps(meta, separators=(",", ":")))
-        if mlen + 40 + (ref.entry_len if ref is not None else 0) > DESC_BYTES - _DESC.size - len(_EMPTY_BODY):
+        # The most a piece of it can take in an empty bucket: two numbers of up to 20 digits, the separators (at
+        # most 33) and its block's entry; below that a too-long name would flush empty buckets for ever.
+        if mlen + 73 + (ref.entry_len + 1 if ref is not None else 0) > DESC_BYTES - _DESC.size - len(_EMPTY_BODY):
             raise InvalidArgument(f"tensor name {key[:40]!r}... (or its pool's) is too long for a bucket descriptor")
         if (torch_src or isinstance(t, np.ndarray)) and t is source:  # contiguous as given: remembered, while it lives
             wref = weakref.ref(t)
