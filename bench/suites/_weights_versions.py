@@ -234,6 +234,38 @@ def _has_by_reference(gpuipc):
     return "by_reference" in inspect.signature(gpuipc.stream_publisher).parameters
 
 
+class _PublishProfile:
+    """cProfile of one publish() call, written as text (by own time, then cumulative) to ``path``."""
+
+    def __init__(self, path):
+        import cProfile  # noqa: PLC0415 - only when asked for
+
+        self.path = path
+        self.profile = cProfile.Profile()
+        self.enable, self.disable = self.profile.enable, self.profile.disable
+
+    def write(self):
+        import io  # noqa: PLC0415
+        import pstats  # noqa: PLC0415
+
+        out = io.StringIO()
+        for key in ("tottime", "cumulative"):
+            pstats.Stats(self.profile, stream=out).sort_stats(key).print_stats(40)
+        with open(self.path, "w") as f:
+            f.write(out.getvalue())
+
+
+def _publish_profiler(by_reference):
+    """A profiler of the last measured publish() when $GPUIPC_BENCH_PROFILE_PUBLISH names a directory (one file per
+    staging mode: publish-staged.txt, publish-byref.txt, publish-auto.txt), else None. The figures of that call then
+    include the profiler's own cost; the other calls are not profiled."""
+    where = os.environ.get("GPUIPC_BENCH_PROFILE_PUBLISH")
+    if not where:
+        return None
+    mode = "auto" if by_reference is None else ("byref" if by_reference else "staged")
+    return _PublishProfile(os.path.join(where, f"publish-{mode}.txt"))
+
+
 def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None):
     """publish(sd) to a reader process, reps + 1 times (the first unmeasured). by_reference: passed to
     stream_publisher when not None (False: the staged path, True: every tensor by reference)."""
@@ -254,9 +286,16 @@ def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None):
                 torch.cuda.synchronize()
                 ack.wait_host(i + 1, timeout=TIMEOUT)
                 time.sleep(0.005)  # the reader is blocked in receive by now
+                profile = _publish_profiler(by_reference) if i == reps else None
                 t0 = time.monotonic_ns()
+                if profile is not None:
+                    profile.enable()
                 versions.append(pub.publish(items, stream=s))
+                if profile is not None:
+                    profile.disable()
                 t1 = time.monotonic_ns()
+                if profile is not None:
+                    profile.write()
                 t0s.append(t0)
                 call_ms.append((t1 - t0) / 1e6)
                 s.synchronize()

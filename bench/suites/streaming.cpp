@@ -90,52 +90,64 @@ class CallTimes {
 
 }  // namespace
 
-json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed,
-                    std::optional<std::chrono::nanoseconds> pacing, FrameGpus gpus) {
+json channel_stream(const Env& env, int frames, std::uint32_t slots, const StreamShape& shape) {
   const SyncPage page;
   Sync* sync = page.get();
   const std::string name = unique("stream");
+  const bool timed = shape.timed;
+  const int batch = static_cast<int>(std::clamp<std::uint32_t>(shape.batch, 1, slots));
   const auto results = run_workers(
       {[&]() -> json {
-         Gpu g(gpus.producer);
+         Gpu g(shape.gpus.producer);
          FrameKernels k(timed ? frames : 0);
          auto ch = Channel::create(name, {.slots = slots, .slot_bytes = kFrameBytes, .header_bytes = 0,
-                                          .kind = SegmentKind::Device, .device = gpus.producer, .mode = 0600},
+                                          .kind = SegmentKind::Device, .device = shape.gpus.producer, .mode = 0600},
                                    ChannelRole::Producer);
-         if (pacing) ch.set_pacing(*pacing);
+         if (shape.pacing) ch.set_pacing(*shape.pacing);
+         if (shape.ahead) ch.set_pacing_ahead(*shape.ahead);
          sync->a_ready = 1;
          await([&] { return sync->b_ready.load() == 1; }, "the consumer");
          sync->t0 = now_ns();
          CallTimes t;
-         for (int f = 0; f < frames; ++f) {
-           SlotView s;
+         std::vector<CUdeviceptr> slot(static_cast<std::size_t>(batch));
+         for (int f = 0; f < frames; f += batch) {
+           const int n = std::min(batch, frames - f);
            t.start();
-           check_status(ch.acquire(g.stream.get(), std::chrono::seconds(30), s), "acquire");
+           for (int i = 0; i < n; ++i) {
+             SlotView s;
+             check_status(ch.acquire(g.stream.get(), std::chrono::seconds(30), s), "acquire");
+             slot[static_cast<std::size_t>(i)] = s.device_pointer;
+           }
            t.lap(0);
-           k.write(g.stream.get(), s.device_pointer, f);
+           for (int i = 0; i < n; ++i) k.write(g.stream.get(), slot[static_cast<std::size_t>(i)], f + i);
            t.lap(1);
-           check_status(ch.publish(g.stream.get(), {}, kFrameBytes), "publish");
+           for (int i = 0; i < n; ++i) check_status(ch.publish(g.stream.get(), {}, kFrameBytes), "publish");
            t.lap(2);
          }
          g.stream.synchronize();
          return json{{"stamps", k.stamps()}, {"host", t.summary({"acquire_us", "launch_us", "publish_us"})}};
        },
        [&]() -> json {
-         Gpu g(gpus.consumer);
+         Gpu g(shape.gpus.consumer);
          FrameKernels k(timed ? frames : 0);
          await([&] { return sync->a_ready.load() == 1; }, "the channel");
-         auto ch = Channel::open(name, ChannelRole::Consumer, {.wait = {}, .device = gpus.consumer});
-         if (pacing) ch.set_pacing(*pacing);
+         auto ch = Channel::open(name, ChannelRole::Consumer, {.wait = {}, .device = shape.gpus.consumer});
+         if (shape.pacing) ch.set_pacing(*shape.pacing);
          sync->b_ready = 1;
          CallTimes t;
-         for (int f = 0; f < frames; ++f) {
-           MessageView m;
+         std::vector<CUdeviceptr> message(static_cast<std::size_t>(batch));
+         for (int f = 0; f < frames; f += batch) {
+           const int n = std::min(batch, frames - f);
            t.start();
-           check_status(ch.receive(g.stream.get(), std::chrono::seconds(30), m), "receive");
+           for (int i = 0; i < n; ++i) {
+             MessageView m;
+             check_status(ch.receive(g.stream.get(), std::chrono::seconds(30), m), "receive");
+             message[static_cast<std::size_t>(i)] = m.device_pointer;
+           }
            t.lap(0);
-           k.read(g.stream.get(), m.device_pointer, f);
+           for (int i = 0; i < n; ++i) k.read(g.stream.get(), message[static_cast<std::size_t>(i)], f + i);
            t.lap(1);
-           check_status(ch.release(g.stream.get()), "release");
+           for (int i = 0; i < n; ++i) check_status(ch.release(g.stream.get()), "release");
            t.lap(2);
          }
          g.stream.synchronize();
@@ -253,11 +265,22 @@ json timeline_stats(const json& producer, const json& consumer) {
   if (edges.empty()) return json{{"error", "no stamped frames"}};
   std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.t < b.t || (a.t == b.t && a.delta < b.delta); });
   double by_running[3] = {0, 0, 0};
+  // Stretches with neither kernel running longer than 20 us: where the GPU switches between the processes'
+  // contexts (or waits for a host), as opposed to the few microseconds between back-to-back kernels.
+  constexpr double kLongGapNs = 20e3;
+  std::vector<double> long_gaps;
   int running = 0;
   for (std::size_t i = 0; i + 1 < edges.size(); ++i) {
     running += edges[i].delta;
-    by_running[std::clamp(running, 0, 2)] += static_cast<double>(edges[i + 1].t - edges[i].t);
+    const auto gap = static_cast<double>(edges[i + 1].t - edges[i].t);
+    by_running[std::clamp(running, 0, 2)] += gap;
+    if (running <= 0 && gap > kLongGapNs) long_gaps.push_back(gap / 1e3);
   }
+  auto p90 = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() * 9 / 10];
+  };
   const double span = static_cast<double>(edges.back().t - edges.front().t);
   auto median = [](std::vector<double> v) { return v.empty() ? 0.0 : summarize(std::move(v)).median; };
   return json{{"frames", p_kernel.size()},
@@ -269,7 +292,11 @@ json timeline_stats(const json& producer, const json& consumer) {
               {"write_end_to_read_start_us", median(handoff)},
               {"share_none_running", by_running[0] / span},
               {"share_one_running", by_running[1] / span},
-              {"share_both_running", by_running[2] / span}};
+              {"share_both_running", by_running[2] / span},
+              {"producer_idle_p90_us", p90(p_idle)},
+              {"consumer_idle_p90_us", p90(c_idle)},
+              {"long_gaps_per_100_frames", 100.0 * static_cast<double>(long_gaps.size()) / static_cast<double>(p_kernel.size())},
+              {"long_gap_median_us", median(long_gaps)}};
 }
 
 }  // namespace gpuipc::bench

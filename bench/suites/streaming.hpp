@@ -62,11 +62,22 @@ struct FrameGpus {
   int consumer = 0;
 };
 
+/// How a two-process stream runs, beyond its ring's size.
+struct StreamShape {
+  bool timed = false;                                 ///< stamp every kernel (timeline_stats)
+  std::optional<std::chrono::nanoseconds> pacing{};  ///< Channel::set_pacing on both sides, else the default
+  std::optional<std::uint32_t> ahead{};               ///< the producer's Channel::set_pacing_ahead, else the default
+  /// Frames each side claims before it launches their kernels, and launches before it hands them on: the producer
+  /// acquires `batch` slots, writes them, publishes them; the consumer receives `batch` messages, reads them,
+  /// releases them (a batch of frames per wake-up of each side; at most the ring's size).
+  std::uint32_t batch = 1;
+  FrameGpus gpus{};
+};
+
 /// A producer kernel writes and a consumer kernel reads `frames` 8 MiB frames in two processes through a device
-/// channel of `slots` slots, the two on `gpus`. {"fps": the consumer's frames per second from the common start}; timed, also
-/// {"timeline": timeline_stats(...)}. `pacing`: Channel::set_pacing on both sides, else the default.
-nlohmann::json channel_stream(const Env& env, int frames, std::uint32_t slots, bool timed = false,
-                              std::optional<std::chrono::nanoseconds> pacing = std::nullopt, FrameGpus gpus = {});
+/// channel of `slots` slots, shaped by `shape`. {"fps": the consumer's frames per second from the common start,
+/// "producer_host"/"consumer_host": the host time of each side's calls}; timed, also {"timeline": timeline_stats(...)}.
+nlohmann::json channel_stream(const Env& env, int frames, std::uint32_t slots, const StreamShape& shape = {});
 
 /// How the one-process version orders its two streams.
 enum class LocalOrder : std::uint8_t {

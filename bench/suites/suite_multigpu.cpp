@@ -212,11 +212,10 @@ Result run_multigpu(const Options& options, const DeviceMeta& /*meta*/) {
   std::vector<double> xgpu_gbs, same_gbs;
   for (int r = 0; r < repeats; ++r) {  // alternated, so that neither always runs on a warmer machine
     progress(options, fmt::format("multigpu: 8 MiB frames GPU 1 -> GPU 0, run {} of {}", r + 1, repeats));
-    const double xf = channel_stream({}, frames, kStreamSlots, false, std::nullopt, {.producer = kOwnerGpu,
-                                                                                   .consumer = kReaderGpu})["fps"]
+    const double xf = channel_stream({}, frames, kStreamSlots, {.gpus = {.producer = kOwnerGpu, .consumer = kReaderGpu}})["fps"]
                           .get<double>();
     const double sf =
-        channel_stream({}, frames, kStreamSlots, false, std::nullopt, {.producer = 0, .consumer = 0})["fps"].get<double>();
+        channel_stream({}, frames, kStreamSlots, {.gpus = {.producer = 0, .consumer = 0}})["fps"].get<double>();
     xgpu_gbs.push_back(xf * static_cast<double>(kFrameBytes) / 1e9);
     same_gbs.push_back(sf * static_cast<double>(kFrameBytes) / 1e9);
   }

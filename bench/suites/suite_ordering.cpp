@@ -384,7 +384,7 @@ void study(const Options& o, const Env& env, const char* suffix, Result& r) {
       std::vector<double> runs;
       json last;
       for (int rep = 0; rep < repetitions; ++rep) {
-        last = channel_stream(variant_env, frames, slots, false, pacing);
+        last = channel_stream(variant_env, frames, slots, {.pacing = pacing});
         runs.push_back(last["fps"].get<double>());
       }
       const double fps = summarize(runs).median;
@@ -415,8 +415,8 @@ void study(const Options& o, const Env& env, const char* suffix, Result& r) {
   progress(o, fmt::format("ordering{}: GPU timelines", suffix));
   json timelines;
   timelines["one_process_events"] = guarded([&] { return local_stream(env, frames, slots, LocalOrder::Events, true); });
-  timelines["channel"] = guarded([&] { return channel_stream(env, frames, slots, true); });
-  timelines["channel_pacing_0us"] = guarded([&] { return channel_stream(env, frames, slots, true, std::chrono::nanoseconds(0)); });
+  timelines["channel"] = guarded([&] { return channel_stream(env, frames, slots, {.timed = true}); });
+  timelines["channel_pacing_0us"] = guarded([&] { return channel_stream(env, frames, slots, {.timed = true, .pacing = std::chrono::nanoseconds(0)}); });
   for (const char* name : {"host_words", "host_paced_words", "host_paced_words_lag2", "none"}) {
     timelines[name] = guarded([&] { return raw_stream(env, frames, slots, ordering_named(name), true); });
   }
