@@ -6,6 +6,8 @@
 // the python runner); this file writes the dicts' specs (bench/suites/statedict.cpp), runs the parts, and judges the
 // targets. The interpreter is python3 from PATH, or $GPUIPC_BENCH_PYTHON; it needs torch and gpuipc.
 #include <fmt/format.h>
+
+#include <cstdlib>
 #include <unistd.h>
 
 #include <chrono>
@@ -468,20 +470,28 @@ Result run_weights(const Options& o, const DeviceMeta& meta) {
        {"dict_2GiB", {{"tensors", specs.small_count}, {"bytes", specs.small_bytes}}},
        {"dict_16GiB", {{"tensors", specs.large_count}, {"bytes", specs.large_bytes}, {"layers", kLargeLayers}}}});
 
-  const double open_ms = measure_open(r, o, specs.small, "2 GiB", "", consumers);
-  measure_segments(r, o, specs, consumers, open_ms);
-  measure_torch(r, o, specs.small, "2 GiB", "", o.quick ? 5 : 20, open_ms);
-  measure_updates(r, o, specs);
-  measure_stream(r, o, specs);
+  // $GPUIPC_BENCH_WEIGHTS_PARTS (open, update, stream, pause; comma-separated) runs only those, for experiments:
+  // "open" is the open of both dicts with its baselines (torch.multiprocessing, one segment per tensor).
+  const char* env = std::getenv("GPUIPC_BENCH_WEIGHTS_PARTS");  // NOLINT(concurrency-mt-unsafe): no threads yet
+  const std::string parts = env != nullptr && *env != 0 ? fmt::format(",{},", env) : ",open,update,stream,pause,";
+  auto wanted = [&](const char* part) { return parts.find(fmt::format(",{},", part)) != std::string::npos; };
+  if (parts != ",open,update,stream,pause,") r.notes.push_back(fmt::format("only the parts {}", env));
+  if (wanted("open")) {
+    const double open_ms = measure_open(r, o, specs.small, "2 GiB", "", consumers);
+    measure_segments(r, o, specs, consumers, open_ms);
+    measure_torch(r, o, specs.small, "2 GiB", "", o.quick ? 5 : 20, open_ms);
+  }
+  if (wanted("update")) measure_updates(r, o, specs);
+  if (wanted("stream")) measure_stream(r, o, specs);
   if (o.quick) {
     r.notes.push_back(
         "--quick: the 16 GiB dict is not opened (weights_open_ms_16GiB and its baseline are left out) "
         "and the 2 GiB dict is streamed.");
-  } else {
+  } else if (wanted("open")) {
     const double big_ms = measure_open(r, o, specs.large, "16 GiB", "_16GiB", 5);
     measure_torch(r, o, specs.large, "16 GiB", "_16GiB", 10, big_ms);
   }
-  measure_pause(r, o);
+  if (wanted("pause")) measure_pause(r, o);
   return r;
 }
 
