@@ -266,15 +266,16 @@ def _publish_profiler(by_reference):
     return _PublishProfile(os.path.join(where, f"publish-{mode}.txt"))
 
 
-def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None):
+def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None, bucket_bytes=BUCKET_BYTES):
     """publish(sd) to a reader process, reps + 1 times (the first unmeasured). by_reference: passed to
-    stream_publisher when not None (False: the staged path, True: every tensor by reference)."""
+    stream_publisher when not None (False: the staged path, True: every tensor by reference, in buckets whose pieces
+    name bucket_bytes)."""
     name = tag()
     ack_name = name + ".ack"
     s = torch.cuda.current_stream()
     items = list(sd.items())
     kw = {} if by_reference is None else {"by_reference": by_reference}
-    pub = gpuipc.stream_publisher(name, bucket_bytes=BUCKET_BYTES, buckets=BUCKETS, device=0, **kw)
+    pub = gpuipc.stream_publisher(name, bucket_bytes=bucket_bytes, buckets=BUCKETS, device=0, **kw)
     ring_bytes = pub.bucket_bytes
     ok = False
     try:
@@ -313,7 +314,7 @@ def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None):
     ms = [(t1 - t0) / 1e6 for t0, t1 in zip(t0s, payload["t1_ns"])][1:]
     return {"ms": ms, "publish_call_ms": call_ms[1:], "first_ms": (payload["t1_ns"][0] - t0s[0]) / 1e6,
             "versions_published": versions, "versions_received": payload["versions"], "by_reference": by_reference,
-            "bucket_bytes": ring_bytes}
+            "bucket_bytes": ring_bytes, "bucket_bytes_asked": bucket_bytes}
 
 
 def measure_local(torch, sd, reps):
@@ -367,11 +368,18 @@ def measure_stream_byref(torch, gpuipc, spec, spec_path, nbytes, reps):
         return {"stream_byref_skipped": why}
     import gpuipc.torch as gt
 
+    # $GPUIPC_BENCH_REF_BUCKET_MIB (comma-separated MiB): the bytes a bucket's reference pieces name, one run each
+    # ("stream_byref" is the first, the others "stream_byref_<MiB>"); else bucket_bytes as the staged run's.
+    sizes = [int(x) << 20 for x in os.environ.get("GPUIPC_BENCH_REF_BUCKET_MIB", "").split(",") if x.strip()]
     try:
         pool = gt.MemPool(tag() + ".weights", device=0)
         with torch.cuda.use_mem_pool(pool):
             sd = make_dict(torch, spec)
-        return {"stream_byref": measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=True)}
+        out = {}
+        for i, size in enumerate(sizes or [BUCKET_BYTES]):
+            key = "stream_byref" if i == 0 else f"stream_byref_{size >> 20}"
+            out[key] = measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=True, bucket_bytes=size)
+        return out
     except Exception as e:  # noqa: BLE001 - the staged figures stand; the suite reports the failure
         traceback.print_exc()
         return {"stream_byref_error": f"{type(e).__name__}: {e}"}

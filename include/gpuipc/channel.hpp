@@ -37,7 +37,7 @@ struct ChannelOptions {
   /// The creator's handle: its pacing time (Channel::set_pacing); nullopt: GPUIPC_CHANNEL_PACING_US (200 us).
   std::optional<std::chrono::nanoseconds> pacing{};
   /// The creator's handle: how far it may run ahead while pacing (Channel::set_pacing_ahead); nullopt:
-  /// GPUIPC_CHANNEL_PACING_AHEAD, else half the ring for 8 slots or more, else the whole ring.
+  /// GPUIPC_CHANNEL_PACING_AHEAD, else the whole ring without MPS, half the ring for 8 slots or more under MPS.
   std::optional<std::uint32_t> pacing_ahead{};
 };
 
@@ -48,8 +48,8 @@ struct ChannelOpenOptions {
   int device = -1;                    ///< device kind: the context that maps the slots (see OpenOptions::device)
   /// This handle's pacing time (Channel::set_pacing); nullopt: GPUIPC_CHANNEL_PACING_US (200 us).
   std::optional<std::chrono::nanoseconds> pacing{};
-  /// This handle's lead while pacing (Channel::set_pacing_ahead); nullopt: GPUIPC_CHANNEL_PACING_AHEAD, else half
-  /// the ring for 8 slots or more, else the whole ring.
+  /// This handle's lead while pacing (Channel::set_pacing_ahead); nullopt: GPUIPC_CHANNEL_PACING_AHEAD, else the
+  /// whole ring without MPS, half the ring for 8 slots or more under MPS.
   std::optional<std::uint32_t> pacing_ahead{};
 };
 
@@ -158,8 +158,9 @@ class Channel {
   std::chrono::nanoseconds pacing() const noexcept;
   /// While pacing, a producer also watches for the release of the message `messages` back to reach the GPU, so
   /// it stays at most that far ahead of the consumers' streams (docs/channels.md#pacing). Clamped to 1..slots();
-  /// slots() lets it fill the ring. The default is GPUIPC_CHANNEL_PACING_AHEAD, else slots()/2 for rings of 8 or
-  /// more, else slots(). Per handle; not thread-safe against this handle's other calls.
+  /// slots() lets it fill the ring. The default is GPUIPC_CHANNEL_PACING_AHEAD, else slots() where the GPU's
+  /// contexts time-slice (no MPS), else slots()/2 for rings of 8 or more. Per handle; not thread-safe against this
+  /// handle's other calls.
   void set_pacing_ahead(std::uint32_t messages) noexcept;
   std::uint32_t pacing_ahead() const noexcept;
   ChannelStats stats() const noexcept;

@@ -281,8 +281,6 @@ class _Bucket:
     blocks: List[List[str]] = field(default_factory=list)
     block_index: Dict[Tuple[str, str], int] = field(default_factory=dict)
     referenced: int = 0  #: bytes its reference pieces name (it is sent early past the publisher's bound)
-    #: the bytes of reference pieces at which it is sent early, when the ring has a free slot then
-    send_at: int = 0
     # checksum: the bytes of its reference pieces (NumPy arrays or torch tensors), summed when it is published
     ref_bytes: List[Any] = field(default_factory=list)
     # torch copies into the bucket not yet enqueued (destinations, sources): run together when it is published

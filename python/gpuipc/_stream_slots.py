@@ -97,11 +97,6 @@ class _ReaderSlots:
             if slot is not None and slot.first != 0 and need >= slot.first:
                 yield i, slot
 
-    def consumed_now(self, need: int) -> bool:
-        """Whether every admitted reader has consumed bucket ``need`` already (no wait; a reader gone is not
-        noticed here, only by the waits)."""
-        return need <= 0 or all(slot.sem.value >= need for _, slot in self._waited(need))
-
     def wait_consumed(self, need: int, timeout: Optional[float] = None) -> None:
         """On the host, until every admitted reader has consumed bucket ``need`` (signalled its slot after its
         copies out of it). A dead or closed reader is dropped; one that takes longer than reader_timeout is evicted.

@@ -307,7 +307,8 @@ class Channel:
     def pacing_ahead(self) -> int:
         """How many messages this handle, a pacing producer, may run ahead of the consumers' streams (1 to
         :attr:`slots`; ``slots`` lets it fill the ring; larger values are clamped). Settable; the default is
-        ``GPUIPC_CHANNEL_PACING_AHEAD``, else half the ring for 8 slots or more, else the whole ring."""
+        ``GPUIPC_CHANNEL_PACING_AHEAD``, else the whole ring where the GPU time-slices the processes (no MPS), half
+        the ring for 8 slots or more under MPS."""
         return self._ch.pacing_ahead
 
     @pacing_ahead.setter

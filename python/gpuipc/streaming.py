@@ -10,9 +10,8 @@ A tensor that already lives in gpuipc pool memory (a block of a :class:`gpuipc.P
 instead (``by_reference``): the descriptor names its block and readers copy straight out of the publisher's
 memory, one copy in one process instead of two. Readers keep what they resolved (pool joins, chunk mappings, block
 holds) while versions keep naming the same blocks. A bucket is sent once its reference pieces name 128 MiB
-(``by_reference=True``: ``bucket_bytes``, at most that) if the ring has a free slot for the next one (else it grows,
-rather than wait for a reader), so readers copy while the publisher walks the rest, and a reader gives a bucket
-with no staged bytes back as soon as it has read it (below).
+(``by_reference=True``: ``bucket_bytes``, at most that), so readers copy while the publisher walks the rest, and a
+reader gives a bucket with no staged bytes back as soon as it has read it (below).
 
 Names made by ``stream_publisher(NAME)``:
 
@@ -65,8 +64,7 @@ reference   ``[name, dtype, shape, first byte in the tensor, bytes, offset in th
 
 A reference piece uses no staging bytes: a bucket of reference pieces only has ``used`` 0, and exists for its
 descriptor. A version takes several such buckets: one closes when the next tensor comes once its pieces name
-128 MiB (``bucket_bytes`` for ``by_reference=True``) and every reader has consumed the bucket the next one replaces
-in the ring (asked again each quarter of that bound), or when its 128 KiB descriptor is full. The checksum is the
+128 MiB (``bucket_bytes`` for ``by_reference=True``), or when its 128 KiB descriptor is full. The checksum is the
 sum, modulo 2**64, of the used staging bytes and of the bytes every reference piece names, as unsigned bytes, read
 by the publisher when it sends the bucket and by a reader before it copies them.
 """
@@ -145,9 +143,7 @@ __all__ = ["stream_publisher", "stream_reader", "unlink_stream", "StreamPublishe
 #: bucket (its wake, the descriptor, the plan check, one _foreach_copy_ launch, its signal: tens of us) stays below
 #: the copy it enqueues (about 100 us at the ~1.3 TB/s of a device-to-device copy on an H200, 2 GiB in 1.6 ms), so
 #: its stream does not run dry; the first copy starts after some 17 tensors of a model of 7 MiB tensors (291 in
-#: 2 GiB); and what nothing overlaps, the last bucket's copy after finish(), stays about 100 us. Only when the next
-#: ring slot is free at that point: a publisher that waited there for a reader would pay a round trip through the
-#: reader's process per bucket.
+#: 2 GiB); and what nothing overlaps, the last bucket's copy after finish(), stays about 100 us.
 _REF_BUCKET_BYTES = 128 << 20
 
 
@@ -232,10 +228,9 @@ class StreamPublisher:
             raise InvalidArgument(f"stream_publisher: reader_timeout must be > 0 or None, not {reader_timeout!r}")
         self.name = name
         # by_reference=True stages nothing (an empty tensor takes no bytes): the ring carries descriptors only, and
-        # bucket_bytes bounds the bytes a bucket's reference pieces name instead (at most _REF_BUCKET_BYTES)
+        # bucket_bytes bounds the bytes a bucket's reference pieces name instead
         self._bucket_bytes = _ALIGN if by_reference is True else _align(bucket_bytes, _ALIGN)
-        self._ref_bucket_bytes = min(_align(bucket_bytes, _ALIGN), _REF_BUCKET_BYTES) if by_reference is True else \
-            _REF_BUCKET_BYTES
+        self._ref_bucket_bytes = _align(bucket_bytes, _ALIGN) if by_reference is True else _REF_BUCKET_BYTES
         self._by_reference = by_reference
         self._reader_timeout = reader_timeout
         self._nbuckets = buckets
@@ -535,7 +530,7 @@ class StreamPublisher:
     def _open_bucket(self) -> _Bucket:
         seq = self._seq + 1
         self._slots.wait_for_slot(seq)
-        self._bucket = _Bucket(seq, seq % self._nbuckets, self._index, send_at=self._ref_bucket_bytes)
+        self._bucket = _Bucket(seq, seq % self._nbuckets, self._index)
         self._index += 1
         self._seq = seq
         return self._bucket
@@ -650,15 +645,8 @@ class StreamPublisher:
         splitting it where one is full; or, with ``ref``, one reference piece (``seen``: what the publisher
         remembers of the tensor, where its last piece is kept)."""
         b = self._bucket
-        if b is not None and b.referenced >= b.send_at:
-            # Sent early, so readers copy from it while the rest is laid out; but only when the next bucket's ring
-            # slot is free now. Otherwise opening the next bucket would wait for a reader to consume one (a round
-            # trip through its process per bucket: with 2 slots, 14 of them for 2 GiB of 128 MiB buckets), so this
-            # bucket grows instead, and is asked again a quarter of the bound later.
-            if self._slots.consumed_now(b.seq + 1 - self._nbuckets):
-                self._flush(0)
-            else:
-                b.send_at = b.referenced + max(self._ref_bucket_bytes // 4, 1)
+        if b is not None and b.referenced >= self._ref_bucket_bytes:
+            self._flush(0)  # readers copy from it while the rest is laid out
         if ref is not None:
             self._add_reference(meta, mlen, total, src, ref, seen)
             return
@@ -825,8 +813,7 @@ def stream_publisher(*args: Any, **kwargs: Any) -> StreamPublisher:
     straight from there, and :meth:`StreamPublisher.finish` then orders later writes after the readers' copies.
     Other tensors are staged. True: every non-empty tensor must go by reference (InvalidArgument names the one
     that cannot, and why); nothing is staged, so the buckets are 256 bytes, and ``bucket_bytes`` (at most 128 MiB)
-    is how many bytes a bucket's reference pieces name before it is sent when the ring has room (128 MiB for "auto";
-    with every ring slot still being read, the bucket grows instead of waiting). False: always stage.
+    is how many bytes a bucket's reference pieces name before it is sent (128 MiB for "auto"). False: always stage.
     Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
     return StreamPublisher(*args, **kwargs).init()
 

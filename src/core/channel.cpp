@@ -14,6 +14,7 @@
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
 #include "cuda/context.hpp"
+#include "cuda/device.hpp"
 #include "cuda/stream_ops.hpp"
 #include "cuda/trace.hpp"
 #include "os/identity.hpp"
@@ -30,8 +31,14 @@ namespace {
 /// GPUIPC_CHANNEL_PACING_US when unset (docs/env/GPUIPC_CHANNEL_PACING_US.md says why this value).
 constexpr std::uint64_t kDefaultPacingUs = 200;
 /// How many messages pacing lets a producer run ahead of the consumers' streams by default, for a ring of n
-/// (GPUIPC_CHANNEL_PACING_AHEAD overrides it).
-constexpr std::uint64_t default_ahead(std::uint64_t n) noexcept { return n >= 8 ? n / 2 : n; }
+/// (GPUIPC_CHANNEL_PACING_AHEAD overrides it): half a ring of 8 or more where the processes share the GPU through
+/// MPS (the consumer then reads what the producer wrote recently, from L2: docs/channels.md#pacing), the whole ring
+/// where their contexts time-slice (no MPS). There each switch between the processes' contexts leaves the GPU idle
+/// for 150-200 us, and a producer's turn covers about the messages it may run ahead: 16 slots of 8 MiB frames
+/// streamed 0.28 of one process with the whole ring and 0.24 with half (bench/results/depth-*.json).
+constexpr std::uint64_t default_ahead(std::uint64_t n, bool time_sliced) noexcept {
+  return n >= 8 && !time_sliced ? n / 2 : n;
+}
 
 }  // namespace
 
@@ -264,8 +271,9 @@ std::chrono::nanoseconds initial_pacing(const std::optional<std::chrono::nanosec
   if (pacing) return std::max(*pacing, std::chrono::nanoseconds(0));
   return std::chrono::microseconds(config::env_u64("GPUIPC_CHANNEL_PACING_US", kDefaultPacingUs));
 }
-std::uint64_t initial_ahead(const std::optional<std::uint32_t>& ahead, std::uint64_t n) {
-  const std::uint64_t v = ahead ? *ahead : config::env_u64("GPUIPC_CHANNEL_PACING_AHEAD", default_ahead(n));
+std::uint64_t initial_ahead(const std::optional<std::uint32_t>& ahead, std::uint64_t n, bool time_sliced) {
+  const std::uint64_t v =
+      ahead ? *ahead : config::env_u64("GPUIPC_CHANNEL_PACING_AHEAD", default_ahead(n, time_sliced));
   return std::clamp<std::uint64_t>(v, 1, n);
 }
 
@@ -294,7 +302,8 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
   }
   impl->held.assign(impl->n, 0);
   impl->pacing = initial_pacing(pacing);
-  impl->ahead = initial_ahead(ahead, impl->n);
+  // Time-sliced: the driver says this process's contexts on the slots' GPU are not shared through MPS.
+  impl->ahead = initial_ahead(ahead, impl->n, impl->gpu() && cuda::mps_enabled(data.device()) == false);
   impl->control = std::move(control);
   impl->data = std::move(data);
   impl->join();

@@ -106,6 +106,18 @@ DeviceInfo query_device(int ordinal, bool include_free_memory) {
   return info;
 }
 
+std::optional<bool> mps_enabled(int ordinal) noexcept {
+#if CUDA_VERSION >= 12040
+  const DriverApi* api = loaded_driver();
+  CUdevice device = 0;
+  if (api == nullptr || api->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS) return std::nullopt;
+  if (const auto mps = attribute(*api, device, CU_DEVICE_ATTRIBUTE_MPS_ENABLED)) return *mps != 0;
+#else
+  (void)ordinal;
+#endif
+  return std::nullopt;
+}
+
 std::optional<int> find_device(const std::array<std::uint8_t, 16>& uuid) {
   const int count = device_count();
   if (count == 0) return std::nullopt;

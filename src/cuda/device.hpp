@@ -26,6 +26,11 @@ int device_count();
 /// no context is touched. Throws Error(NoDevice) for a bad ordinal, Error(NoDriver) without a driver.
 DeviceInfo query_device(int ordinal, bool include_free_memory = true);
 
+/// Whether contexts this process makes on device `ordinal` are shared through MPS
+/// (CU_DEVICE_ATTRIBUTE_MPS_ENABLED); nullopt when the driver does not say (CUDA < 12.4) or the ordinal is bad.
+/// No context is created, nothing is thrown.
+std::optional<bool> mps_enabled(int ordinal) noexcept;
+
 /// The ordinal of the device with this UUID, or nullopt. No context is created.
 std::optional<int> find_device(const std::array<std::uint8_t, 16>& uuid);
 

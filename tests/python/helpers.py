@@ -295,14 +295,11 @@ def ref_layout(v: int) -> dict:
     }
 
 
-def stream_receive_counting(name: str, layout: dict, versions: int, go: Optional[str] = None) -> list:
-    """Joins stream `name` and receives `versions` versions into zeroed arrays shaped like `layout` (name to array),
-    once the name `go` exists, if given. Returns, per version: (version, the arrays received, the handle calls
-    (count_handle_calls) made by receive)."""
+def stream_receive_counting(name: str, layout: dict, versions: int) -> list:
+    """Joins stream `name` and receives `versions` versions into zeroed arrays shaped like `layout` (name to array).
+    Returns, per version: (version, the arrays received, the handle calls (count_handle_calls) made by receive)."""
     out = []
     with gpuipc.stream_reader(name, wait=30) as rd:
-        if go is not None:
-            wait_for_name(go, timeout=60)
         into = {k: np.zeros_like(x) for k, x in layout.items()}
         counts = count_handle_calls()
         for _ in range(versions):
