@@ -153,24 +153,25 @@ TEST(ChannelsDevice, EightSlotsWithAndWithoutPacingEveryMessageChecked) {
 TEST(ChannelsDevice, DefaultLeadIsTheWholeRingWhenTheGpuTimeSlices) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("lead");
-  EXPECT_EQ(run_child([&] {
-    ::unsetenv("GPUIPC_CHANNEL_PACING_AHEAD");
-    Gpu g;
-    const std::optional<bool> mps = cuda::mps_enabled(0);
-    if (!mps) return 0;  // a driver before CUDA 12.4 does not say: the default stays half a ring
-    const ChannelOptions o{.slots = 8, .slot_bytes = 4096, .header_bytes = 0, .kind = SegmentKind::Device,
-                           .device = 0, .mode = 0600};
-    auto ch = Channel::create(name, o, ChannelRole::Producer);
-    GPUIPC_CHILD_CHECK(ch.pacing_ahead() == (*mps ? 4U : 8U));
-    auto consumer = Channel::open(name, ChannelRole::Consumer, {.pacing_ahead = 3});
-    GPUIPC_CHILD_CHECK(consumer.pacing_ahead() == 3U);
-    ::setenv("GPUIPC_CHANNEL_PACING_AHEAD", "2", 1);
-    auto other = Channel::open(name, ChannelRole::Producer);
-    GPUIPC_CHILD_CHECK(other.pacing_ahead() == 2U);
-    Channel::unlink(name);
-    return 0;
-  }),
-            0);
+  EXPECT_EQ(
+      run_child([&] {
+        ::unsetenv("GPUIPC_CHANNEL_PACING_AHEAD");
+        Gpu g;
+        const std::optional<bool> mps = cuda::mps_enabled(0);
+        if (!mps) return 0;  // a driver before CUDA 12.4 does not say: the default stays half a ring
+        const ChannelOptions o{
+            .slots = 8, .slot_bytes = 4096, .header_bytes = 0, .kind = SegmentKind::Device, .device = 0, .mode = 0600};
+        auto ch = Channel::create(name, o, ChannelRole::Producer);
+        GPUIPC_CHILD_CHECK(ch.pacing_ahead() == (*mps ? 4U : 8U));
+        auto consumer = Channel::open(name, ChannelRole::Consumer, {.pacing_ahead = 3});
+        GPUIPC_CHILD_CHECK(consumer.pacing_ahead() == 3U);
+        ::setenv("GPUIPC_CHANNEL_PACING_AHEAD", "2", 1);
+        auto other = Channel::open(name, ChannelRole::Producer);
+        GPUIPC_CHILD_CHECK(other.pacing_ahead() == 2U);
+        Channel::unlink(name);
+        return 0;
+      }),
+      0);
 }
 
 /// Channel::send: the source buffer is refilled right after each send on the same stream (the copy is stream-
