@@ -266,7 +266,7 @@ def _publish_profiler(by_reference):
     return _PublishProfile(os.path.join(where, f"publish-{mode}.txt"))
 
 
-def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None, bucket_bytes=BUCKET_BYTES):
+def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None, bucket_bytes=BUCKET_BYTES, buckets=BUCKETS):
     """publish(sd) to a reader process, reps + 1 times (the first unmeasured). by_reference: passed to
     stream_publisher when not None (False: the staged path, True: every tensor by reference, in buckets whose pieces
     name bucket_bytes)."""
@@ -275,7 +275,7 @@ def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None, bucket
     s = torch.cuda.current_stream()
     items = list(sd.items())
     kw = {} if by_reference is None else {"by_reference": by_reference}
-    pub = gpuipc.stream_publisher(name, bucket_bytes=bucket_bytes, buckets=BUCKETS, device=0, **kw)
+    pub = gpuipc.stream_publisher(name, bucket_bytes=bucket_bytes, buckets=buckets, device=0, **kw)
     ring_bytes = pub.bucket_bytes
     ok = False
     try:
@@ -314,7 +314,7 @@ def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None, bucket
     ms = [(t1 - t0) / 1e6 for t0, t1 in zip(t0s, payload["t1_ns"])][1:]
     return {"ms": ms, "publish_call_ms": call_ms[1:], "first_ms": (payload["t1_ns"][0] - t0s[0]) / 1e6,
             "versions_published": versions, "versions_received": payload["versions"], "by_reference": by_reference,
-            "bucket_bytes": ring_bytes, "bucket_bytes_asked": bucket_bytes}
+            "bucket_bytes": ring_bytes, "bucket_bytes_asked": bucket_bytes, "buckets": buckets}
 
 
 def measure_local(torch, sd, reps):
@@ -370,15 +370,21 @@ def measure_stream_byref(torch, gpuipc, spec, spec_path, nbytes, reps):
 
     # $GPUIPC_BENCH_REF_BUCKET_MIB (comma-separated MiB): the bytes a bucket's reference pieces name, one run each
     # ("stream_byref" is the first, the others "stream_byref_<MiB>"); else bucket_bytes as the staged run's.
+    # $GPUIPC_BENCH_REF_RINGS (comma-separated): ring sizes to run each of those with ("_ring<N>" appended but for
+    # the first), else BUCKETS.
     sizes = [int(x) << 20 for x in os.environ.get("GPUIPC_BENCH_REF_BUCKET_MIB", "").split(",") if x.strip()]
+    rings = [int(x) for x in os.environ.get("GPUIPC_BENCH_REF_RINGS", "").split(",") if x.strip()] or [BUCKETS]
     try:
         pool = gt.MemPool(tag() + ".weights", device=0)
         with torch.cuda.use_mem_pool(pool):
             sd = make_dict(torch, spec)
         out = {}
         for i, size in enumerate(sizes or [BUCKET_BYTES]):
-            key = "stream_byref" if i == 0 else f"stream_byref_{size >> 20}"
-            out[key] = measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=True, bucket_bytes=size)
+            for j, ring in enumerate(rings):
+                key = "stream_byref" if i == 0 and j == 0 else \
+                    f"stream_byref_{size >> 20}" + (f"_ring{ring}" if j else "")
+                out[key] = measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=True, bucket_bytes=size,
+                                          buckets=ring)
         return out
     except Exception as e:  # noqa: BLE001 - the staged figures stand; the suite reports the failure
         traceback.print_exc()
