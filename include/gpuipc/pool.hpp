@@ -117,8 +117,10 @@ class Pool {
   /// Creates pool `name` (a control segment `name` and chunk segments `name`.chunk.<i>) with its first chunk, and
   /// joins it. Throws Error like Segment::create, and InvalidArgument for bad options (names up to 117 characters).
   static Pool create(std::string_view name, const PoolOptions& options = {});
-  /// Opens and joins pool `name`; chunks are mapped with `options.access` as blocks in them are resolved.
-  /// Throws Error like Segment::open; InvalidArgument when `name` is not a pool; QuotaExceeded with 64 members.
+  /// Opens and joins pool `name`; chunks are mapped with `options.access` as blocks in them are resolved. Device
+  /// pools: the GPU that maps them (mapping_device()) is chosen here, once, as Segment::open chooses
+  /// (`options.device`, else the current context's GPU, else the pool's). Throws Error like Segment::open (NoDevice,
+  /// Unsupported for that choice); InvalidArgument when `name` is not a pool; QuotaExceeded with 64 members.
   static Pool open(std::string_view name, const OpenOptions& options = {});
   /// Unlinks the control segment and every chunk. Throws Error(NotFound, PermissionDenied).
   static void unlink(std::string_view name);
@@ -192,7 +194,9 @@ class Pool {
   const std::string& name() const noexcept;
   SegmentKind kind() const noexcept;
   /// Device pools: the GPU (ordinal in this process) whose context maps the chunks here, the one that can use the
-  /// pool's addresses (OpenOptions::device; for memory of another GPU, a peer mapping). -1 for host kinds.
+  /// pool's addresses (for memory of another GPU, a peer mapping): chosen when the handle was made
+  /// (PoolOptions::device; OpenOptions::device, else the context current at open, else the pool's GPU) and the
+  /// same for every chunk whatever context is current when it is mapped. -1 for host kinds.
   int mapping_device() const noexcept;
   /// How this handle maps the chunks: ReadOnly for a pool opened read-only (its memory must not be written).
   Access access() const noexcept;

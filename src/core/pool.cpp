@@ -75,10 +75,14 @@ std::shared_ptr<Pool::Impl> attach(Segment control, const std::string& name, Acc
   for (std::uint32_t c = 0; c < impl->block.geometry().max_chunks; ++c) impl->mapped_epoch[c] = pool_detail::kUnmapped;
   if (impl->stream_ordered()) {
     // A creator's control block is registered; an opener's is registered at its first stream-ordered free. The
-    // context is the one this handle asked for (PoolOptions/OpenOptions::device, else 0), never the control
-    // mapping's: that mapping is cached per process, and another handle may have registered it for another GPU.
+    // context is this handle's mapping GPU, never the control mapping's: that mapping is cached per process, and
+    // another handle may have registered it for another GPU. A device pool's mapping GPU is chosen here, once, by
+    // the rule a chunk's open would apply (the GPU asked for, else the current context's, else the pool's), so
+    // that mapping_device() names the GPU every chunk is mapped for even when another context is current at a
+    // later resolve or allocate. Older pools without a UUID, and host_pinned pools: the GPU asked for, else 0.
     impl->control_device = control.device_pointer();
-    impl->ctx = cuda::PrimaryContext(device < 0 ? 0 : device);
+    if (impl->gpu_named()) impl->mapper = core::mapping_ordinal(impl->geo().device_uuid, device);
+    impl->ctx = cuda::PrimaryContext(impl->mapper >= 0 ? impl->mapper : device < 0 ? 0 : device);
   }
   impl->scratch.reserve(impl->block.geometry().max_records);
   impl->control = std::move(control);

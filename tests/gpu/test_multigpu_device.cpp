@@ -1,7 +1,8 @@
 // Two GPUs of one node (issue 15): device segments opened on another GPU than their owner's (read-write, and
-// read-only with a write that faults only the writer), channels and pools across GPUs, a semaphore signalled from
-// GPU 1's stream and waited on by GPU 0's, processes whose CUDA_VISIBLE_DEVICES differ mapping the same physical
-// GPU (devices are named by UUID), and Unsupported where two GPUs have no peer access. Every test skips, saying
+// read-only with a write that faults only the writer), channels and pools across GPUs, a pool opened without a
+// device mapping every chunk for the GPU current at open, a semaphore signalled from GPU 1's stream and waited on by
+// GPU 0's, processes whose CUDA_VISIBLE_DEVICES differ mapping the same physical GPU (devices are named by UUID),
+// and Unsupported where two GPUs have no peer access. Every test skips, saying
 // why, on a machine with fewer than two GPUs. All CUDA work runs in forked children, which set
 // CUDA_VISIBLE_DEVICES themselves before their first CUDA call (the test process never initialises CUDA).
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 #include <cstring>
 #include <thread>
 
+#include "cuda/context.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/device.hpp"
 #include "gpuipc/pool.hpp"
@@ -266,6 +269,74 @@ TEST(MultiGpu, SemaphoreSignalledFromGpu1StreamReleasesGpu0Stream) {
   EXPECT_EQ(wait_child(signaller), 0);
   Semaphore::unlink(sem);
   Segment::unlink(data);
+}
+
+TEST(MultiGpu, PoolOpenedWithoutADeviceMapsEveryChunkForTheGpuCurrentAtOpen) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("cur-pool");
+  Shared<BlockRef> refs(2);
+  SyncPipe created, written;
+  constexpr std::size_t kBlock = 3 << 20;  // one block per 4 MiB chunk
+  const pid_t owner = start_child([&] {
+    Gpu g(0);
+    auto pool = Pool::create(name, {.kind = SegmentKind::Device,
+                                    .device = 0,
+                                    .mode = 0600,
+                                    .pool_mode = PoolMode::Variable,
+                                    .chunk_bytes = 4 << 20,
+                                    .max_bytes = 16 << 20});
+    Block a = pool.allocate(kBlock);
+    Block b = pool.allocate(kBlock);
+    GPUIPC_CHILD_CHECK(a.ref().chunk == 0 && b.ref().chunk == 1);
+    const auto pa = reinterpret_cast<CUdeviceptr>(a.data());
+    const auto pb = reinterpret_cast<CUdeviceptr>(b.data());
+    g.k.fill_pattern(g.stream.get(), pa, kBlock / 4, 91);
+    g.k.fill_pattern(g.stream.get(), pb, kBlock / 4, 92);
+    g.stream.synchronize();
+    refs[0] = a.ref();
+    refs[1] = b.ref();
+    created.notify();
+    GPUIPC_CHILD_CHECK(written.wait(120s));
+    // What the other process wrote from GPU 1 through its peer mappings.
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), pa, kBlock / 4, 93) == 0);
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), pb, kBlock / 4, 94) == 0);
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              // GPU 1's context current (as torch.cuda.set_device(1) makes it), and no device asked for.
+              Gpu g1(1);
+              auto pool = Pool::open(name);
+              GPUIPC_CHILD_CHECK(pool.mapping_device() == 1);
+              const auto a = reinterpret_cast<CUdeviceptr>(pool.resolve(refs[0]));
+              GPUIPC_CHILD_CHECK(g1.k.count_mismatches(g1.stream.get(), a, kBlock / 4, 91) == 0);
+              g1.k.fill_pattern(g1.stream.get(), a, kBlock / 4, 93);
+              g1.stream.synchronize();
+              // GPU 0's context current now: the chunk this handle maps next, and the one it adds, are mapped for
+              // GPU 1 all the same, the GPU mapping_device() names.
+              const cuda::PrimaryContext gpu0(0);
+              gpu0.make_current();
+              const auto b = reinterpret_cast<CUdeviceptr>(pool.resolve(refs[1]));
+              Block c = pool.allocate(kBlock);
+              GPUIPC_CHILD_CHECK(c.ref().chunk == 2);
+              GPUIPC_CHILD_CHECK(pool.mapping_device() == 1);
+              g1.ctx.make_current();
+              GPUIPC_CHILD_CHECK(g1.k.count_mismatches(g1.stream.get(), b, kBlock / 4, 92) == 0);
+              g1.k.fill_pattern(g1.stream.get(), b, kBlock / 4, 94);
+              const auto cp = reinterpret_cast<CUdeviceptr>(c.data());
+              g1.k.fill_pattern(g1.stream.get(), cp, kBlock / 4, 95);
+              GPUIPC_CHILD_CHECK(g1.k.count_mismatches(g1.stream.get(), cp, kBlock / 4, 95) == 0);
+              // A synchronous copy in GPU 1's context reads the block too.
+              g1.stream.synchronize();
+              std::uint32_t first = 0;
+              cuda::copy_to_host(&first, b, sizeof first);
+              GPUIPC_CHILD_CHECK(first == kernels::pattern_word(94, 0));
+              written.notify();
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(wait_child(owner), 0);
+  Pool::unlink(name);
 }
 
 /// Exit codes of the child that sees only GPU 0 while the memory lives on GPU 1 (a driver-dependent outcome).
