@@ -145,8 +145,10 @@ class Pool {
   /// created.
   Status try_allocate(std::size_t bytes, std::size_t alignment, Block& out) noexcept;
   /// Frees `block`. For device and host_pinned pools the memory is reused only after `stream` has passed this
-  /// point (like cudaFreeAsync); host pools free at once. Memory that other processes still hold is reused after
-  /// they release it. Throws Error(InvalidArgument) for an empty (already freed, moved-from) block or one of another
+  /// point (like cudaFreeAsync); host pools free at once. `stream` nullptr: the legacy default stream of the calling
+  /// thread's current context (on a thread with none, this handle's GPU's: mapping_device() for device pools, the
+  /// `device` asked for, else 0, for host_pinned ones). Memory that other processes still hold is reused after they
+  /// release it. Throws Error(InvalidArgument) for an empty (already freed, moved-from) block or one of another
   /// pool; Cuda when the stream write fails (the block is then freed when the call returns).
   void free(Block&& block, StreamHandle stream = nullptr);
 

@@ -332,11 +332,14 @@ void Pool::free(Block&& block, StreamHandle stream) {
   bool pending = false;
   CUresult rc = CUDA_SUCCESS;
   if (im.stream_ordered()) {
-    // The memory is reused once the stream has written the block's generation to its `released` word.
+    // The memory is reused once the stream has written the block's generation to its `released` word. That word is
+    // on the control page, registered portable and device-mapped in ctx: with unified addressing its GPU address is
+    // valid in every context (cuMemHostRegister), so stream 0 is the caller's legacy stream, behind the work that
+    // used the block there.
     const std::uint64_t word = base + shm::pool_control_bytes(0) +
                                static_cast<std::uint64_t>(ref.index) * sizeof(shm::BlockRecord) +
                                offsetof(shm::BlockRecord, released);
-    const cuda::StreamContextScope context(im.ctx.get(), static_cast<CUstream>(stream));
+    const cuda::StreamContextScope context(im.ctx.get(), static_cast<CUstream>(stream), cuda::StreamTarget::HostWords);
     rc = context.ok() ? cuda::stream_write_value64(static_cast<CUstream>(stream), word, ref.generation)
                       : CUDA_ERROR_INVALID_CONTEXT;
     pending = rc == CUDA_SUCCESS;
