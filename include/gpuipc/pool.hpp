@@ -117,8 +117,10 @@ class Pool {
   /// Creates pool `name` (a control segment `name` and chunk segments `name`.chunk.<i>) with its first chunk, and
   /// joins it. Throws Error like Segment::create, and InvalidArgument for bad options (names up to 117 characters).
   static Pool create(std::string_view name, const PoolOptions& options = {});
-  /// Opens and joins pool `name`; chunks are mapped with `options.access` as blocks in them are resolved.
-  /// Throws Error like Segment::open; InvalidArgument when `name` is not a pool; QuotaExceeded with 64 members.
+  /// Opens and joins pool `name`; chunks are mapped with `options.access` as blocks in them are resolved. Device
+  /// pools: the GPU that maps them (mapping_device()) is chosen here, once, as Segment::open chooses
+  /// (`options.device`, else the current context's GPU, else the pool's). Throws Error like Segment::open (NoDevice,
+  /// Unsupported for that choice); InvalidArgument when `name` is not a pool; QuotaExceeded with 64 members.
   static Pool open(std::string_view name, const OpenOptions& options = {});
   /// Unlinks the control segment and every chunk. Throws Error(NotFound, PermissionDenied).
   static void unlink(std::string_view name);
@@ -143,8 +145,10 @@ class Pool {
   /// created.
   Status try_allocate(std::size_t bytes, std::size_t alignment, Block& out) noexcept;
   /// Frees `block`. For device and host_pinned pools the memory is reused only after `stream` has passed this
-  /// point (like cudaFreeAsync); host pools free at once. Memory that other processes still hold is reused after
-  /// they release it. Throws Error(InvalidArgument) for an empty (already freed, moved-from) block or one of another
+  /// point (like cudaFreeAsync); host pools free at once. `stream` nullptr: the legacy default stream of the calling
+  /// thread's current context (on a thread with none, this handle's GPU's: mapping_device() for device pools, the
+  /// `device` asked for, else 0, for host_pinned ones). Memory that other processes still hold is reused after they
+  /// release it. Throws Error(InvalidArgument) for an empty (already freed, moved-from) block or one of another
   /// pool; Cuda when the stream write fails (the block is then freed when the call returns).
   void free(Block&& block, StreamHandle stream = nullptr);
 
@@ -192,7 +196,9 @@ class Pool {
   const std::string& name() const noexcept;
   SegmentKind kind() const noexcept;
   /// Device pools: the GPU (ordinal in this process) whose context maps the chunks here, the one that can use the
-  /// pool's addresses (OpenOptions::device; for memory of another GPU, a peer mapping). -1 for host kinds.
+  /// pool's addresses (for memory of another GPU, a peer mapping): chosen when the handle was made
+  /// (PoolOptions::device; OpenOptions::device, else the context current at open, else the pool's GPU) and the
+  /// same for every chunk whatever context is current when it is mapped. -1 for host kinds.
   int mapping_device() const noexcept;
   /// How this handle maps the chunks: ReadOnly for a pool opened read-only (its memory must not be written).
   Access access() const noexcept;

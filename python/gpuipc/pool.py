@@ -301,8 +301,11 @@ class Pool:
         cls, name: str, *, readonly: bool = False, wait: Optional[float] = None, device: Optional[Device] = None
     ) -> "Pool":
         """Opens and joins pool ``name``. readonly: map its chunks read-only (joining still needs read and write
-        permission: holds are written to the pool). wait: seconds to wait for it to be created. Raises NotFound,
-        Timeout, PermissionDenied, InvalidArgument (not a pool), QuotaExceeded (64 members)."""
+        permission: holds are written to the pool). wait: seconds to wait for it to be created. device (device
+        pools): the GPU that maps every chunk, which block views (and tensors made from them) are on; None: the
+        current context's GPU at this call (say torch's current device), else the pool's. Raises NotFound, Timeout,
+        PermissionDenied, InvalidArgument (not a pool), QuotaExceeded (64 members), NoDevice and Unsupported (that
+        GPU cannot map the pool)."""
         return cls(_gpuipc.Pool.open(name, readonly=readonly, wait=wait, device=_device(device)), readonly)
 
     @staticmethod

@@ -403,7 +403,8 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
   GPUIPC_TRACE("gpuipc::Channel::acquire");
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == m_impl->n) return Status::InvalidState;
   auto& im = *m_impl;
-  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
+                                         cuda::StreamTarget::GpuMemory);
   if (!context.ok()) return Status::DriverError;
   std::uint64_t seq = 0;
   if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
@@ -444,7 +445,8 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   GPUIPC_TRACE("gpuipc::Channel::publish");
   if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == 0) return Status::InvalidState;
   auto& im = *m_impl;
-  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
+                                         cuda::StreamTarget::GpuMemory);
   if (!context.ok()) return Status::DriverError;
   if (header.size() > im.geometry.header_bytes || bytes > im.slot_bytes) return Status::InvalidState;
   const std::uint64_t seq = im.front_held();
@@ -470,7 +472,8 @@ Status Channel::send(StreamHandle stream, const void* source, std::size_t bytes,
   auto& im = *m_impl;
   if (header.size() > im.geometry.header_bytes || bytes > im.slot_bytes) return Status::InvalidState;
   // The copy too: on the legacy default stream it runs in the channel's context, whose GPU maps the slot.
-  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
+                                         cuda::StreamTarget::GpuMemory);
   if (!context.ok()) return Status::DriverError;
   SlotView slot;
   if (const Status st = acquire(stream, timeout, slot); st != Status::Ok) return st;
@@ -491,7 +494,8 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   GPUIPC_TRACE("gpuipc::Channel::receive");
   if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == m_impl->n) return Status::InvalidState;
   auto& im = *m_impl;
-  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
+                                         cuda::StreamTarget::GpuMemory);
   if (!context.ok()) return Status::DriverError;
   std::uint64_t seq = 0;
   if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
@@ -521,7 +525,8 @@ Status Channel::release(StreamHandle stream) noexcept {
   GPUIPC_TRACE("gpuipc::Channel::release");
   if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == 0) return Status::InvalidState;
   auto& im = *m_impl;
-  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream));
+  const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
+                                         cuda::StreamTarget::GpuMemory);
   if (!context.ok()) return Status::DriverError;
   const std::uint64_t seq = im.front_held();
   const core::OwedStreamWrite owed(im.gpu());

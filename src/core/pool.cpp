@@ -75,10 +75,14 @@ std::shared_ptr<Pool::Impl> attach(Segment control, const std::string& name, Acc
   for (std::uint32_t c = 0; c < impl->block.geometry().max_chunks; ++c) impl->mapped_epoch[c] = pool_detail::kUnmapped;
   if (impl->stream_ordered()) {
     // A creator's control block is registered; an opener's is registered at its first stream-ordered free. The
-    // context is the one this handle asked for (PoolOptions/OpenOptions::device, else 0), never the control
-    // mapping's: that mapping is cached per process, and another handle may have registered it for another GPU.
+    // context is this handle's mapping GPU, never the control mapping's: that mapping is cached per process, and
+    // another handle may have registered it for another GPU. A device pool's mapping GPU is chosen here, once, by
+    // the rule a chunk's open would apply (the GPU asked for, else the current context's, else the pool's), so
+    // that mapping_device() names the GPU every chunk is mapped for even when another context is current at a
+    // later resolve or allocate. Older pools without a UUID, and host_pinned pools: the GPU asked for, else 0.
     impl->control_device = control.device_pointer();
-    impl->ctx = cuda::PrimaryContext(device < 0 ? 0 : device);
+    if (impl->gpu_named()) impl->mapper = core::mapping_ordinal(impl->geo().device_uuid, device);
+    impl->ctx = cuda::PrimaryContext(impl->mapper >= 0 ? impl->mapper : device < 0 ? 0 : device);
   }
   impl->scratch.reserve(impl->block.geometry().max_records);
   impl->control = std::move(control);
@@ -328,11 +332,14 @@ void Pool::free(Block&& block, StreamHandle stream) {
   bool pending = false;
   CUresult rc = CUDA_SUCCESS;
   if (im.stream_ordered()) {
-    // The memory is reused once the stream has written the block's generation to its `released` word.
+    // The memory is reused once the stream has written the block's generation to its `released` word. That word is
+    // on the control page, registered portable and device-mapped in ctx: with unified addressing its GPU address is
+    // valid in every context (cuMemHostRegister), so stream 0 is the caller's legacy stream, behind the work that
+    // used the block there.
     const std::uint64_t word = base + shm::pool_control_bytes(0) +
                                static_cast<std::uint64_t>(ref.index) * sizeof(shm::BlockRecord) +
                                offsetof(shm::BlockRecord, released);
-    const cuda::StreamContextScope context(im.ctx.get(), static_cast<CUstream>(stream));
+    const cuda::StreamContextScope context(im.ctx.get(), static_cast<CUstream>(stream), cuda::StreamTarget::HostWords);
     rc = context.ok() ? cuda::stream_write_value64(static_cast<CUstream>(stream), word, ref.generation)
                       : CUDA_ERROR_INVALID_CONTEXT;
     pending = rc == CUDA_SUCCESS;

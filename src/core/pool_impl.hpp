@@ -62,11 +62,17 @@ struct Pool::Impl {
   std::string name;
   SegmentKind kind = SegmentKind::Host;
   Access access = Access::ReadWrite;
-  int open_device = -1;              // OpenOptions::device for chunks
+  int open_device = -1;  // OpenOptions::device (PoolOptions::device for the creator)
+  // Device pools with a UUID: the GPU of this process that maps the chunks, chosen once when the handle is made
+  // (core::mapping_ordinal: open_device, else the current context's GPU, else the chunks'), so that every chunk is
+  // mapped for the GPU mapping_device() names, whatever context is current later. -1 otherwise.
+  int mapper = -1;
   // GPU address of the control block (device, host_pinned); 0 until the first stream-ordered free of a member that
   // opened the pool (control_gpu registers it then: readers that never free with a stream never pin it).
   std::atomic<std::uint64_t> control_device{0};
-  cuda::PrimaryContext ctx;  // stream writes of `released` on threads without a current context
+  // The mapping GPU's context (`mapper`; else open_device, else 0): stream writes of `released` on threads without
+  // a current context, the registration of the control block, and the VaSlots, pause and resume of device pools.
+  cuda::PrimaryContext ctx;
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;  // the broker's token in our member entry
 
@@ -127,6 +133,12 @@ struct Pool::Impl {
   }
 
   const shm::PoolGeometry& geo() const noexcept { return block.geometry(); }
+  /// Whether this is a device pool whose control block names its GPU by UUID (every pool made since the UUID was
+  /// kept).
+  bool gpu_named() const noexcept {
+    const auto& uuid = geo().device_uuid;
+    return kind == SegmentKind::Device && std::any_of(uuid.begin(), uuid.end(), [](auto b) { return b != 0; });
+  }
   bool stream_ordered() const noexcept { return kind != SegmentKind::Host; }
 
   /// The control block's GPU address, registering it with the pool's GPU the first time (stream_ordered pools).
@@ -198,8 +210,9 @@ struct Pool::Impl {
       }
       unmap_chunk_locked(c);  // device memory a pause released: map the chunk's memory of now instead
     }
-    Segment seg = detail::open_segment(pool_detail::chunk_name(name, c),
-                                       {.access = access, .wait = {}, .device = open_device}, true, slot_address(c));
+    Segment seg =
+        detail::open_segment(pool_detail::chunk_name(name, c),
+                             {.access = access, .wait = {}, .device = mapping_request()}, true, slot_address(c));
     if (seg.size() < geo().chunk_bytes || seg.kind() != kind) {
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("pool '{}': segment '{}' is not a chunk of it ({} of {} bytes)", name, seg.name(),
@@ -243,9 +256,7 @@ struct Pool::Impl {
   /// process does not see that GPU.
   int chunk_device() const {
     const auto& uuid = geo().device_uuid;
-    if (kind != SegmentKind::Device || std::all_of(uuid.begin(), uuid.end(), [](auto b) { return b == 0; })) {
-      return geo().device;
-    }
+    if (!gpu_named()) return geo().device;
     if (const auto ordinal = cuda::find_device(uuid)) return *ordinal;
     throw Error(ErrorCode::NoDevice,
                 fmt::format("pool '{}' lives on {}, which this process does not see (CUDA_VISIBLE_DEVICES): it "
@@ -254,16 +265,14 @@ struct Pool::Impl {
                 "allocate");
   }
 
-  /// Device pools: the GPU of this process that maps chunks (as opening one would choose: open_device, else the
-  /// current context's, else the chunks' GPU); a chunk this member creates is mapped for it as well as for the
-  /// GPU it lives on. -1 for host kinds and pools made before the UUID was kept.
-  int chunk_mapper() const {
-    const auto& uuid = geo().device_uuid;
-    if (kind != SegmentKind::Device || std::all_of(uuid.begin(), uuid.end(), [](auto b) { return b == 0; })) {
-      return -1;
-    }
-    return core::mapping_ordinal(uuid, open_device);
-  }
+  /// Device pools: the GPU of this process that maps chunks (`mapper`, chosen at open as opening a chunk would
+  /// choose: open_device, else the current context's, else the chunks' GPU); a chunk this member creates is mapped
+  /// for it as well as for the GPU it lives on. -1 for host kinds and pools made before the UUID was kept.
+  int chunk_mapper() const noexcept { return mapper; }
+
+  /// OpenOptions::device for opening a chunk: the mapping GPU where it was chosen at open, else open_device (host
+  /// kinds; device pools made before the UUID was kept, whose chunks name their GPU themselves).
+  int mapping_request() const noexcept { return mapper >= 0 ? mapper : open_device; }
 
   /// Creates (exports) chunk `c`, reserved for this member by the allocator (or backing it again on resume). A
   /// chunk segment left behind by a creator that died after creating it is adopted. Under chunks_mutex.
@@ -276,7 +285,7 @@ struct Pool::Impl {
                                    0, {}, at, chunk_mapper());
     } catch (const Error& e) {
       if (e.code() != ErrorCode::AlreadyExists) throw;
-      seg = detail::open_segment(n, {.access = Access::ReadWrite, .wait = {}, .device = open_device}, true, at);
+      seg = detail::open_segment(n, {.access = Access::ReadWrite, .wait = {}, .device = mapping_request()}, true, at);
       if (seg.size() < geo().chunk_bytes || seg.kind() != kind) throw;
     }
     return install(c, std::move(seg), epoch);

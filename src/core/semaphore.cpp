@@ -37,13 +37,19 @@ Status poison_status_of(const proto::SemaphoreBlock& b, std::uint64_t v) noexcep
 struct Semaphore::Impl {
   Segment segment;
   proto::SemaphoreBlock* block = nullptr;
-  std::uint64_t device_value = 0;  // GPU address of block->value (host_pinned); 0 for host kind
-  cuda::PrimaryContext ctx;        // host_pinned: made current for stream operations on threads that have none
+  // GPU address of block->value (host_pinned); 0 for host kind. Registered in `ctx`'s context but valid in every
+  // context of this process: the page is registered CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP, and with unified
+  // addressing (on in every 64-bit process) the pointer cuMemHostGetDevicePointer gives is "suitable for use on all
+  // devices" (cuMemHostRegister's documentation), so a stream of whatever context the caller has current can write
+  // and wait on it (tests/gpu/test_multigpu_device.cpp, Stream0 tests).
+  std::uint64_t device_value = 0;
+  cuda::PrimaryContext ctx;  // host_pinned: made current for stream operations on threads that have none
   SemaphoreRole role = SemaphoreRole::Waiter;
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;             // the broker's token in our member entry
   std::uint64_t stream_signalled = 0;  // highest value handed to a stream: leave() waits for it to land
-  CUevent legacy_probe = nullptr;      // made at the first signal(wake_host) on the legacy default stream
+  CUevent legacy_probe = nullptr;      // made at the first signal(wake_host) on the legacy default stream,
+  CUcontext probe_ctx = nullptr;       // in this context (made again when the caller's current context is another)
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -54,10 +60,17 @@ struct Semaphore::Impl {
   }
 
   /// Whether a write enqueued on `s` now would land at once (see signal): the stream and whatever it would wait
-  /// for are done.
+  /// for are done. Asked in the context the write goes to (the current one: see StreamTarget::HostWords), whose
+  /// legacy stream the probe is recorded on; an event records only on streams of its own context.
   bool reached_now(CUstream s) noexcept {
     if (s != nullptr && s != CU_STREAM_LEGACY) return cuda::stream_reached_now(s);
-    if (legacy_probe == nullptr) legacy_probe = cuda::create_probe_event();
+    const CUcontext current = cuda::current_context_or_null();
+    if (current == nullptr) return false;
+    if (legacy_probe == nullptr || probe_ctx != current) {
+      if (legacy_probe != nullptr) cuda::destroy_event(legacy_probe);
+      legacy_probe = cuda::create_probe_event();
+      probe_ctx = legacy_probe != nullptr ? current : nullptr;
+    }
     return cuda::legacy_stream_reached_now(legacy_probe, std::chrono::microseconds(100));
   }
 
@@ -176,7 +189,8 @@ Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_hos
     return st;
   }
   auto s = static_cast<CUstream>(stream);
-  const cuda::StreamContextScope context(m_impl->ctx.get(), s);
+  // Host words: stream 0 is the caller's legacy stream, after the work it queued there (on any GPU).
+  const cuda::StreamContextScope context(m_impl->ctx.get(), s, cuda::StreamTarget::HostWords);
   if (!context.ok()) return Status::DriverError;
   if (wake_host && m_impl->reached_now(s)) {
     // Everything the write would wait for has finished, so the stream's next step would be this write: do it from
@@ -198,7 +212,8 @@ Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
   if (auto st = m_impl->poison_status(atomic(m_impl->block->value).load(std::memory_order_acquire)); st != Status::Ok) {
     return st;
   }
-  const cuda::StreamContextScope context(m_impl->ctx.get(), static_cast<CUstream>(stream));
+  const cuda::StreamContextScope context(m_impl->ctx.get(), static_cast<CUstream>(stream),
+                                         cuda::StreamTarget::HostWords);
   if (!context.ok()) return Status::DriverError;
   if (cuda::stream_wait_value64(static_cast<CUstream>(stream), m_impl->device_value, value) != CUDA_SUCCESS) {
     return Status::DriverError;

@@ -44,6 +44,13 @@ CUcontext current_context() {
   return ctx;
 }
 
+CUcontext current_context_or_null() noexcept {
+  const DriverApi* api = loaded_driver();
+  CUcontext ctx = nullptr;
+  if (api == nullptr || api->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) return nullptr;
+  return ctx;
+}
+
 int current_ordinal() {
   const DriverApi& api = driver();
   CUdevice device = 0;

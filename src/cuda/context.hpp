@@ -56,6 +56,8 @@ class ScopedContext {
 /// The context current on the calling thread (nullptr when none): what an owner remembers at creation. Throws
 /// Error(NoDriver).
 CUcontext current_context();
+/// The same on hot paths: nullptr also without a driver or when the driver refuses. No exception.
+CUcontext current_context_or_null() noexcept;
 
 /// The ordinal of the device of the current context. Throws Error(Cuda) when no context is current.
 int current_ordinal();

@@ -110,14 +110,15 @@ CUresult launch_host_func(CUstream stream, void (*fn)(void*), void* data) noexce
   return api->cuLaunchHostFunc(stream, fn, data);
 }
 
-StreamContextScope::StreamContextScope(CUcontext ctx, CUstream stream) noexcept {
+StreamContextScope::StreamContextScope(CUcontext ctx, CUstream stream, StreamTarget target) noexcept {
   if (ctx == nullptr) return;
   const DriverApi* api = loaded_driver();
   if (api == nullptr || api->cuCtxGetCurrent(&m_saved) != CUDA_SUCCESS) {
     m_ok = false;
     return;
   }
-  if (m_saved == ctx || (stream != nullptr && m_saved != nullptr)) return;
+  const bool keep_callers = stream != nullptr || target == StreamTarget::HostWords;
+  if (m_saved == ctx || (keep_callers && m_saved != nullptr)) return;
   m_ok = api->cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
   // A thread with no context keeps the one made current (as the runtime's first call would); another gets its back.
   m_restore = m_ok && m_saved != nullptr;

@@ -62,14 +62,25 @@ CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream
 /// it and must not call CUDA.
 CUresult launch_host_func(CUstream stream, void (*fn)(void*), void* data) noexcept;
 
-/// A stream operation's context, for the scope of the operation: for the legacy default stream (0), `ctx` (the
-/// null stream of the GPU whose memory the operation touches, not of whatever context the caller has current, say
-/// torch's cuda:0 for a channel on GPU 1), restored on exit; for other streams (they carry their context), `ctx`
-/// only on a thread with no context current (as the CUDA runtime does on a thread's first call). Nothing for a null `ctx` (host memory). Hot path: no exception; ok() false when the driver
+/// What a stream operation touches, which decides the context it runs in on the legacy default stream (0).
+enum class StreamTarget : unsigned char {
+  /// Memory of one GPU (a channel's slots and words): stream 0 is that GPU's legacy stream, `ctx`'s, not the
+  /// caller's (say torch's cuda:0 current for a channel on GPU 1).
+  GpuMemory,
+  /// Words of host memory registered portable and device-mapped (semaphores, a pool's `released` words): valid in
+  /// every context, so stream 0 is the legacy stream of the caller's current context, ordered after the work the
+  /// caller queued there; `ctx` only on a thread with no context current.
+  HostWords,
+};
+
+/// A stream operation's context, for the scope of the operation: for the legacy default stream (0) of a
+/// GpuMemory operation, `ctx`, restored on exit; otherwise (other streams carry their context; HostWords operations
+/// take the caller's) `ctx` only on a thread with no context current, which keeps it (as the CUDA runtime does on a
+/// thread's first call). Nothing for a null `ctx` (host memory). Hot path: no exception; ok() false when the driver
 /// refused.
 class StreamContextScope {
  public:
-  StreamContextScope(CUcontext ctx, CUstream stream) noexcept;
+  StreamContextScope(CUcontext ctx, CUstream stream, StreamTarget target) noexcept;
   ~StreamContextScope();
   StreamContextScope(const StreamContextScope&) = delete;
   StreamContextScope& operator=(const StreamContextScope&) = delete;

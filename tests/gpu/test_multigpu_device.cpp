@@ -1,17 +1,22 @@
 // Two GPUs of one node (issue 15): device segments opened on another GPU than their owner's (read-write, and
-// read-only with a write that faults only the writer), channels and pools across GPUs, a semaphore signalled from
-// GPU 1's stream and waited on by GPU 0's, processes whose CUDA_VISIBLE_DEVICES differ mapping the same physical
-// GPU (devices are named by UUID), and Unsupported where two GPUs have no peer access. Every test skips, saying
+// read-only with a write that faults only the writer), channels and pools across GPUs, a pool opened without a
+// device mapping every chunk for the GPU current at open, a semaphore signalled from GPU 1's stream and waited on by
+// GPU 0's, stream 0 of semaphores and pool frees meaning the caller's GPU's legacy stream, processes whose
+// CUDA_VISIBLE_DEVICES differ mapping the same physical GPU (devices are named by UUID), and Unsupported where two
+// GPUs have no peer access. Every test skips, saying
 // why, on a machine with fewer than two GPUs. All CUDA work runs in forked children, which set
 // CUDA_VISIBLE_DEVICES themselves before their first CUDA call (the test process never initialises CUDA).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "cuda/context.hpp"
+#include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/device.hpp"
 #include "gpuipc/pool.hpp"
@@ -266,6 +271,192 @@ TEST(MultiGpu, SemaphoreSignalledFromGpu1StreamReleasesGpu0Stream) {
   EXPECT_EQ(wait_child(signaller), 0);
   Semaphore::unlink(sem);
   Segment::unlink(data);
+}
+
+TEST(MultiGpu, PoolOpenedWithoutADeviceMapsEveryChunkForTheGpuCurrentAtOpen) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("cur-pool");
+  Shared<BlockRef> refs(2);
+  SyncPipe created, written;
+  constexpr std::size_t kBlock = 3 << 20;  // one block per 4 MiB chunk
+  const pid_t owner = start_child([&] {
+    Gpu g(0);
+    auto pool = Pool::create(name, {.kind = SegmentKind::Device,
+                                    .device = 0,
+                                    .mode = 0600,
+                                    .pool_mode = PoolMode::Variable,
+                                    .chunk_bytes = 4 << 20,
+                                    .max_bytes = 16 << 20});
+    Block a = pool.allocate(kBlock);
+    Block b = pool.allocate(kBlock);
+    GPUIPC_CHILD_CHECK(a.ref().chunk == 0 && b.ref().chunk == 1);
+    const auto pa = reinterpret_cast<CUdeviceptr>(a.data());
+    const auto pb = reinterpret_cast<CUdeviceptr>(b.data());
+    g.k.fill_pattern(g.stream.get(), pa, kBlock / 4, 91);
+    g.k.fill_pattern(g.stream.get(), pb, kBlock / 4, 92);
+    g.stream.synchronize();
+    refs[0] = a.ref();
+    refs[1] = b.ref();
+    created.notify();
+    GPUIPC_CHILD_CHECK(written.wait(120s));
+    // What the other process wrote from GPU 1 through its peer mappings.
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), pa, kBlock / 4, 93) == 0);
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), pb, kBlock / 4, 94) == 0);
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              // GPU 1's context current (as torch.cuda.set_device(1) makes it), and no device asked for.
+              Gpu g1(1);
+              auto pool = Pool::open(name);
+              GPUIPC_CHILD_CHECK(pool.mapping_device() == 1);
+              const auto a = reinterpret_cast<CUdeviceptr>(pool.resolve(refs[0]));
+              GPUIPC_CHILD_CHECK(g1.k.count_mismatches(g1.stream.get(), a, kBlock / 4, 91) == 0);
+              g1.k.fill_pattern(g1.stream.get(), a, kBlock / 4, 93);
+              g1.stream.synchronize();
+              // GPU 0's context current now: the chunk this handle maps next, and the one it adds, are mapped for
+              // GPU 1 all the same, the GPU mapping_device() names.
+              const cuda::PrimaryContext gpu0(0);
+              gpu0.make_current();
+              const auto b = reinterpret_cast<CUdeviceptr>(pool.resolve(refs[1]));
+              Block c = pool.allocate(kBlock);
+              GPUIPC_CHILD_CHECK(c.ref().chunk == 2);
+              GPUIPC_CHILD_CHECK(pool.mapping_device() == 1);
+              g1.ctx.make_current();
+              GPUIPC_CHILD_CHECK(g1.k.count_mismatches(g1.stream.get(), b, kBlock / 4, 92) == 0);
+              g1.k.fill_pattern(g1.stream.get(), b, kBlock / 4, 94);
+              const auto cp = reinterpret_cast<CUdeviceptr>(c.data());
+              g1.k.fill_pattern(g1.stream.get(), cp, kBlock / 4, 95);
+              GPUIPC_CHILD_CHECK(g1.k.count_mismatches(g1.stream.get(), cp, kBlock / 4, 95) == 0);
+              // A synchronous copy in GPU 1's context reads the block too.
+              g1.stream.synchronize();
+              std::uint32_t first = 0;
+              cuda::copy_to_host(&first, b, sizeof first);
+              GPUIPC_CHILD_CHECK(first == kernels::pattern_word(94, 0));
+              written.notify();
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(wait_child(owner), 0);
+  Pool::unlink(name);
+}
+
+/// A word of pinned host memory (a host_pinned segment) that a kernel spins on until the test opens the gate, with
+/// the kernel's timed-out word beside it. Opened on destruction too, so that no stream stays blocked whatever
+/// check fails first.
+struct HostGate {
+  explicit HostGate(const std::string& name)
+      : seg(Segment::create(name, 4096, {.kind = SegmentKind::HostPinned, .device = 1, .mode = 0600})) {}
+  HostGate(const HostGate&) = delete;
+  HostGate& operator=(const HostGate&) = delete;
+  ~HostGate() {
+    open();
+    try {
+      Segment::unlink(seg.name());
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor; the broker drops the name with the process
+    }
+  }
+  /// Word `i` (u64) on the host and on the GPU: 0 the gate, 1 the kernel's timed-out word, from 2 free for tests.
+  std::atomic_ref<std::uint64_t> word(std::size_t i) const {
+    return std::atomic_ref(static_cast<std::uint64_t*>(seg.data())[i]);
+  }
+  CUdeviceptr device_word(std::size_t i) const { return seg.device_pointer() + 8 * i; }
+  CUdeviceptr flag() const { return device_word(0); }
+  CUdeviceptr timed_out() const { return device_word(1); }
+  void open() const { word(0).store(1); }
+  bool kernel_timed_out() const { return word(1).load() != 0; }
+  Segment seg;
+};
+
+/// How long a gate kernel spins at most (it ends by itself if a test never opens its gate).
+constexpr std::uint64_t kGateLimitNs = 30'000'000'000ULL;
+
+TEST(MultiGpu, SemaphoreSignalOnStream0FollowsTheCurrentGpusLegacyStream) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("s0-sig");
+  const auto gate_name = unique_name("s0-sgate");
+  EXPECT_EQ(run_child([&] {
+              Gpu g(1);
+              // Registered by GPU 0's context; the caller works on GPU 1.
+              auto sem =
+                  Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+              const HostGate gate(gate_name);
+              // GPU 1's legacy default stream is busy with a kernel until the gate opens.
+              g.k.spin_until(nullptr, gate.flag(), 1, kGateLimitNs, gate.timed_out());
+              const Status plain = sem.signal(nullptr, 1);
+              const Status woken = sem.signal(nullptr, 2, true);  // its event probe must ask GPU 1's legacy stream
+              std::this_thread::sleep_for(300ms);
+              const std::uint64_t seen = sem.value();
+              const bool still_gpu1 = cuda::current_context() == g.ctx.get();
+              gate.open();
+              GPUIPC_CHILD_CHECK(plain == Status::Ok && woken == Status::Ok);
+              GPUIPC_CHILD_CHECK(seen == 0);  // both writes wait behind GPU 1's kernel
+              GPUIPC_CHILD_CHECK(still_gpu1);
+              GPUIPC_CHILD_CHECK(sem.wait_host(2, 10s).status == Status::Ok);
+              cuda::synchronize(nullptr, "GPU 1's legacy stream");
+              GPUIPC_CHILD_CHECK(!gate.kernel_timed_out());
+              return 0;
+            }),
+            0);
+  Semaphore::unlink(name);
+}
+
+TEST(MultiGpu, SemaphoreWaitOnStream0HoldsTheCurrentGpusLegacyStream) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("s0-wait");
+  const auto flag_name = unique_name("s0-wflag");
+  EXPECT_EQ(run_child([&] {
+              Gpu g(1);
+              auto sem =
+                  Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+              const HostGate page(flag_name);  // its word 2: written by GPU 1's kernel
+              const Status waited = sem.wait(nullptr, 1);
+              g.k.write_flag(nullptr, page.device_word(2), 7);  // enqueued behind the wait on GPU 1's legacy stream
+              std::this_thread::sleep_for(300ms);
+              const std::uint64_t early = page.word(2).load();
+              GPUIPC_CHILD_CHECK(sem.signal_host(1) == Status::Ok);  // released whatever the checks say
+              GPUIPC_CHILD_CHECK(waited == Status::Ok);
+              GPUIPC_CHILD_CHECK(early == 0);  // GPU 1's stream waited for the semaphore
+              GPUIPC_CHILD_CHECK(wait_until([&] { return page.word(2).load() == 7; }, 10s));
+              cuda::synchronize(nullptr, "GPU 1's legacy stream");
+              return 0;
+            }),
+            0);
+  Semaphore::unlink(name);
+}
+
+TEST(MultiGpu, PoolFreeOnStream0WaitsForTheCurrentGpusLegacyStream) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("s0-pool");
+  const auto gate_name = unique_name("s0-pgate");
+  EXPECT_EQ(run_child([&] {
+              Gpu g(1);
+              // One block; the control block registered by GPU 0's context (the pool's), the caller on GPU 1.
+              auto pool = Pool::create(name, {.kind = SegmentKind::HostPinned,
+                                              .device = 0,
+                                              .mode = 0600,
+                                              .pool_mode = PoolMode::Fixed,
+                                              .block_bytes = 4096,
+                                              .block_count = 1});
+              const HostGate gate(gate_name);
+              Block b = pool.allocate(4096);
+              // GPU 1's legacy stream still uses the block (a kernel that runs until the gate opens).
+              g.k.spin_until(nullptr, gate.flag(), 1, kGateLimitNs, gate.timed_out());
+              pool.free(std::move(b), nullptr);
+              std::this_thread::sleep_for(300ms);
+              Block again;
+              const Status early = pool.try_allocate(4096, 256, again);
+              const std::uint32_t draining = pool.stats().draining_blocks;
+              gate.open();
+              GPUIPC_CHILD_CHECK(early == Status::WouldBlock);  // not reused while the kernel runs
+              GPUIPC_CHILD_CHECK(draining == 1);
+              GPUIPC_CHILD_CHECK(wait_until([&] { return pool.try_allocate(4096, 256, again) == Status::Ok; }, 10s));
+              cuda::synchronize(nullptr, "GPU 1's legacy stream");
+              GPUIPC_CHILD_CHECK(!gate.kernel_timed_out());
+              return 0;
+            }),
+            0);
+  Pool::unlink(name);
 }
 
 /// Exit codes of the child that sees only GPU 0 while the memory lives on GPU 1 (a driver-dependent outcome).

@@ -1,8 +1,9 @@
 """Two GPUs of one node from Python (issue 15): a segment of GPU 1 read and written from GPU 0, a read-only peer
-mapping whose write faults only the writer, a channel from GPU 1 to GPU 0, a pool used across GPUs, and
-processes whose CUDA_VISIBLE_DEVICES differ ("1,0", "1") opening the same physical GPU, also by UUID
-(``device="GPU-..."``). Children are fresh interpreters started with their own CUDA_VISIBLE_DEVICES. Skipped,
-with the reason, below two GPUs or without PyTorch."""
+mapping whose write faults only the writer, a channel from GPU 1 to GPU 0, a pool used across GPUs (and one opened
+without a device while cuda:1 is current, whose tensors are on cuda:1), and processes whose CUDA_VISIBLE_DEVICES
+differ ("1,0", "1") opening the same physical GPU, also by UUID (``device="GPU-..."``). Children are fresh
+interpreters started with their own CUDA_VISIBLE_DEVICES. Skipped, with the reason, below two GPUs or without
+PyTorch."""
 
 from __future__ import annotations
 
@@ -161,6 +162,45 @@ def test_pool_on_gpu1_blocks_resolved_on_gpu0(name):
         """)
         assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
         pool.free(block)
+    finally:
+        pool.close()
+        gpuipc.Pool.unlink(name)
+
+
+def test_pool_opened_without_a_device_gives_tensors_on_the_current_gpu(name):
+    # Pool.open(device=None) with torch on cuda:1: the chunks are mapped for GPU 1, so the block views (and the tensors
+    # open_tensors makes over pool memory) are on cuda:1, also for a chunk first mapped while cuda:0 is current.
+    torch = _torch()
+    pool = gpuipc.Pool.create(name, kind="device", device=0, chunk_bytes=4 << 20, max_bytes=16 << 20)
+    try:
+        blocks = [pool.allocate(3 << 20) for _ in range(2)]  # one per chunk
+        for i, block in enumerate(blocks):
+            assert block.ref.chunk == i
+            torch.from_dlpack(block.view()).view(torch.float32).fill_(float(i + 1))
+        torch.cuda.synchronize(0)
+        refs = [bytes(b.ref) for b in blocks]
+        r = _child(f"""
+            import torch, gpuipc
+            torch.cuda.set_device(1)
+            torch.zeros(1, device="cuda")  # GPU 1's context current
+            pool = gpuipc.Pool.open({name!r})
+            a = torch.from_dlpack(pool.resolve(gpuipc.BlockRef.from_bytes({refs[0]!r})).view()).view(torch.float32)
+            assert a.device == torch.device("cuda", 1), a.device
+            assert bool((a == 1.0).all())
+            torch.cuda.set_device(0)
+            torch.zeros(1, device="cuda")  # GPU 0's context current
+            b = torch.from_dlpack(pool.resolve(gpuipc.BlockRef.from_bytes({refs[1]!r})).view()).view(torch.float32)
+            assert b.device == torch.device("cuda", 1), b.device
+            with torch.cuda.device(1):
+                assert bool((b == 2.0).all())
+                b.fill_(3.0)
+                torch.cuda.synchronize(1)
+            print("ok")
+        """)
+        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+        assert bool((torch.from_dlpack(blocks[1].view()).view(torch.float32) == 3.0).all())
+        for block in blocks:
+            pool.free(block)
     finally:
         pool.close()
         gpuipc.Pool.unlink(name)
