@@ -16,6 +16,9 @@ CONTEXT_BYTES = 3 << 28
 GiB = 1 << 30
 BUCKET_BYTES = 1 << 30
 BUCKETS = 2
+#: The by-reference run's bucket_bytes (by_reference=True: the bytes a bucket's reference pieces name): the
+#: library's default bound for by_reference="auto" (gpuipc.streaming._REF_BUCKET_BYTES).
+REF_BUCKET_BYTES = 512 << 20
 #: Unmeasured rounds before the measured ones.
 WARMUP_UPDATES = 20
 WARMUP_COPIES = 2

@@ -8,6 +8,7 @@ import traceback
 
 from _weights_common import (
     BUCKET_BYTES,
+    REF_BUCKET_BYTES,
     BUCKETS,
     CONTEXT_BYTES,
     STARTUP,
@@ -369,7 +370,7 @@ def measure_stream_byref(torch, gpuipc, spec, spec_path, nbytes, reps):
     import gpuipc.torch as gt
 
     # $GPUIPC_BENCH_REF_BUCKET_MIB (comma-separated MiB): the bytes a bucket's reference pieces name, one run each
-    # ("stream_byref" is the first, the others "stream_byref_<MiB>"); else bucket_bytes as the staged run's.
+    # ("stream_byref" is the first, the others "stream_byref_<MiB>"); else REF_BUCKET_BYTES.
     # $GPUIPC_BENCH_REF_RINGS (comma-separated): ring sizes to run each of those with ("_ring<N>" appended but for
     # the first), else BUCKETS.
     sizes = [int(x) << 20 for x in os.environ.get("GPUIPC_BENCH_REF_BUCKET_MIB", "").split(",") if x.strip()]
@@ -379,7 +380,7 @@ def measure_stream_byref(torch, gpuipc, spec, spec_path, nbytes, reps):
         with torch.cuda.use_mem_pool(pool):
             sd = make_dict(torch, spec)
         out = {}
-        for i, size in enumerate(sizes or [BUCKET_BYTES]):
+        for i, size in enumerate(sizes or [REF_BUCKET_BYTES]):
             for j, ring in enumerate(rings):
                 key = "stream_byref" if i == 0 and j == 0 else \
                     f"stream_byref_{size >> 20}" + (f"_ring{ring}" if j else "")

@@ -9,8 +9,8 @@ A tensor that already lives in gpuipc pool memory (a block of a :class:`gpuipc.P
 ``gpuipc.torch.MemPool``: what :func:`gpuipc.share_tensors` shares with no copy) travels as a *reference piece*
 instead (``by_reference``): the descriptor names its block and readers copy straight out of the publisher's
 memory, one copy in one process instead of two. Readers keep what they resolved (pool joins, chunk mappings, block
-holds) while versions keep naming the same blocks. A bucket is sent once its reference pieces name 128 MiB
-(``by_reference=True``: ``bucket_bytes``, at most that), so readers copy while the publisher walks the rest, and a
+holds) while versions keep naming the same blocks. A bucket is sent once its reference pieces name 512 MiB
+(``by_reference=True``: ``bucket_bytes``), so readers copy while the publisher walks the rest, and a
 reader gives a bucket with no staged bytes back as soon as it has read it (below).
 
 Names made by ``stream_publisher(NAME)``:
@@ -64,7 +64,7 @@ reference   ``[name, dtype, shape, first byte in the tensor, bytes, offset in th
 
 A reference piece uses no staging bytes: a bucket of reference pieces only has ``used`` 0, and exists for its
 descriptor. A version takes several such buckets: one closes when the next tensor comes once its pieces name
-128 MiB (``bucket_bytes`` for ``by_reference=True``), or when its 128 KiB descriptor is full. The checksum is the
+512 MiB (``bucket_bytes`` for ``by_reference=True``), or when its 128 KiB descriptor is full. The checksum is the
 sum, modulo 2**64, of the used staging bytes and of the bytes every reference piece names, as unsigned bytes, read
 by the publisher when it sends the bucket and by a reader before it copies them.
 """
@@ -139,12 +139,12 @@ __all__ = ["stream_publisher", "stream_reader", "unlink_stream", "StreamPublishe
 
 
 #: A bucket whose reference pieces name this many bytes is sent when the next tensor comes instead of when its
-#: descriptor is full, so that readers copy while the publisher still walks the dict. 128 MiB: the reader's work per
-#: bucket (its wake, the descriptor, the plan check, one _foreach_copy_ launch, its signal: tens of us) stays below
-#: the copy it enqueues (about 100 us at the ~1.3 TB/s of a device-to-device copy on an H200, 2 GiB in 1.6 ms), so
-#: its stream does not run dry; the first copy starts after some 17 tensors of a model of 7 MiB tensors (291 in
-#: 2 GiB); and what nothing overlaps, the last bucket's copy after finish(), stays about 100 us.
-_REF_BUCKET_BYTES = 128 << 20
+#: descriptor is full, so that readers copy while the publisher still walks the dict. 512 MiB: a reader's work per
+#: bucket (its wake, the descriptor, the plan check, one _foreach_copy_ launch, its signal) stays well below the copy
+#: it enqueues (about 0.4 ms at the ~1.3 TB/s of a device-to-device copy on an H200), and a ring of 2 makes the
+#: publisher wait for a reader's reading once per bucket. 16 GiB (3063 tensors) streamed in 19.7 ms with 512 MiB
+#: and 21.9 ms with 128 MiB on an H200 (medians of 5; 2 GiB: 3.7 and 3.4 ms, 2 each: bench/results/weights-*).
+_REF_BUCKET_BYTES = 512 << 20
 
 
 def _numpy_buffer_fixed() -> bool:
@@ -812,8 +812,8 @@ def stream_publisher(*args: Any, **kwargs: Any) -> StreamPublisher:
     (GPU ``device`` for device staging, host memory for host staging), as a reference piece: readers copy it
     straight from there, and :meth:`StreamPublisher.finish` then orders later writes after the readers' copies.
     Other tensors are staged. True: every non-empty tensor must go by reference (InvalidArgument names the one
-    that cannot, and why); nothing is staged, so the buckets are 256 bytes, and ``bucket_bytes`` (at most 128 MiB)
-    is how many bytes a bucket's reference pieces name before it is sent (128 MiB for "auto"). False: always stage.
+    that cannot, and why); nothing is staged, so the buckets are 256 bytes, and ``bucket_bytes`` is how many bytes a
+    bucket's reference pieces name before it is sent (512 MiB for "auto"). False: always stage.
     Raises AlreadyExists, InvalidArgument, NoDriver, ..."""
     return StreamPublisher(*args, **kwargs).init()
 
