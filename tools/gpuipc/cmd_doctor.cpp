@@ -198,7 +198,8 @@ void judge(Report& r) {
   if (!r.mps.active) {
     r.advice.push_back(
         "without MPS, kernels of different processes take turns on a GPU: a semaphore round trip takes 12 us (~6 us "
-        "under MPS) and a pipeline of processes keeps a fraction of one process's frame rate; "
+        "under MPS) and a pipeline of processes keeps a fraction of one process's frame rate (each switch between "
+        "their contexts idles the GPU 150-240 us; rings of 64 slots or more amortise it: docs/channels.md#without-mps); "
         "`eval \"$(gpuipc mps start)\"` runs a private MPS control daemon for your processes (docs/mps.md)");
   }
   if (!r.problems.empty()) r.exit_code = kExitFailure;
