@@ -555,10 +555,13 @@ class StreamPublisher:
         if (seen is not None and seen.wref() is t and seen.key == _identity(t, seen.torch)
                 and (seen.ref is None or not seen.ref.block.freed)):
             if seen.torch:
-                self._keep_for_copy(t, seen)
+                if self._stream is not None and seen.stream != self._stream_handle:
+                    self._keep_for_copy(t, seen)
                 src = seen.src
             else:  # a NumPy array's bytes view would keep the array alive: made again where it is read
                 src = _numpy_bytes(t) if seen.ref is None or self._checksum else None
+            if seen.ref is not None and self._add_reference_again(seen):
+                return
             self._add_pieces(key, seen.meta, seen.mlen, seen.total, src, seen.info, seen.torch, seen.ref, seen)
             return
         source = t
@@ -700,6 +703,25 @@ class StreamPublisher:
                 b.ref_bytes.append(src[:total] if src is not None else self._block_bytes(ref, total))
             self._referenced = True
             return
+
+    def _add_reference_again(self, seen: _Seen) -> bool:
+        """The common case of a version like the last, in one step (a tensor's Python cost, times thousands of
+        tensors, is on the path of every version): the reference piece ``seen`` sent last time goes into the open
+        bucket as it is, when that bucket is not due to be sent, already names the tensor's block at the same index
+        of its table, has room, and no checksum is kept. Returns False to take the general way
+        (:meth:`_add_pieces`), which handles every other case."""
+        b = self._bucket
+        piece = seen.piece
+        if b is None or piece is None or self._checksum or b.referenced >= self._ref_bucket_bytes:
+            return False
+        assert seen.ref is not None
+        if b.block_index.get(seen.ref.key) != piece[-1] or b.json_len + seen.plen > DESC_BYTES - _DESC.size:
+            return False
+        b.pieces.append(piece)
+        b.json_len += seen.plen
+        b.referenced += seen.total
+        self._referenced = True
+        return True
 
     def _block_bytes(self, ref: _Ref, n: int) -> Any:
         """The ``n`` bytes a reference piece names, as a uint8 array (host) or torch tensor (device)."""
