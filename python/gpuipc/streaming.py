@@ -142,8 +142,10 @@ __all__ = ["stream_publisher", "stream_reader", "unlink_stream", "StreamPublishe
 #: descriptor is full, so that readers copy while the publisher still walks the dict. 512 MiB: a reader's work per
 #: bucket (its wake, the descriptor, the plan check, one _foreach_copy_ launch, its signal) stays well below the copy
 #: it enqueues (about 0.4 ms at the ~1.3 TB/s of a device-to-device copy on an H200), and a ring of 2 makes the
-#: publisher wait for a reader's reading once per bucket. 16 GiB (3063 tensors) streamed in 19.7 ms with 512 MiB
-#: and 21.9 ms with 128 MiB on an H200 (medians of 5; 2 GiB: 3.7 and 3.4 ms, 2 each: bench/results/weights-*).
+#: publisher wait for a reader's reading once per bucket. Over three runs of the 16 GiB dict (3063 tensors; H200
+#: and H100, five versions each: bench/results/weights-stream-92abd6b-*, experiments/weights-stream-refsweep-*) the
+#: two bounds' medians were within 11% of each other either way, but with 128 MiB the first measured version took
+#: 121-135 ms in all three, with 512 MiB 20-22 ms.
 _REF_BUCKET_BYTES = 512 << 20
 
 

@@ -34,8 +34,8 @@ constexpr std::uint64_t kDefaultPacingUs = 200;
 /// (GPUIPC_CHANNEL_PACING_AHEAD overrides it): half a ring of 8 or more where the processes share the GPU through
 /// MPS (the consumer then reads what the producer wrote recently, from L2: docs/channels.md#pacing), the whole ring
 /// where their contexts time-slice (no MPS). There each switch between the processes' contexts leaves the GPU idle
-/// for 150-200 us, and a producer's turn covers about the messages it may run ahead: 16 slots of 8 MiB frames
-/// streamed 0.28 of one process with the whole ring and 0.24 with half (bench/results/depth-*.json).
+/// for 150-240 us, and a longer lead gives each turn more messages: 16 slots of 8 MiB frames streamed 0.27 (H100)
+/// and 0.30 (H200) of one process with the whole ring, 0.23 and 0.25 with half (bench/results/depth-92abd6b-*).
 constexpr std::uint64_t default_ahead(std::uint64_t n, bool time_sliced) noexcept {
   return n >= 8 && !time_sliced ? n / 2 : n;
 }
