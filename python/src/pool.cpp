@@ -356,7 +356,7 @@ void bind_pool(nb::module_& m) {
           "views_of",
           [](PyPool& p, nb::bytes raw, bool readonly, bool hold, bool dlpack) {
             // One call for a whole index: decodes the 40-byte refs, holds and resolves each, and makes its view
-            // (or, with dlpack, its legacy DLPack capsule), asking the driver for the device once per chunk.
+            // (or, with dlpack, its legacy DLPack capsule) on the pool's mapping GPU (Pool::mapping_device).
             const std::vector<ArrayView> views = held_views(p.get(), raw, readonly, hold, "views_of");
             nb::list out;
             for (const ArrayView& v : views) {
