@@ -158,7 +158,8 @@ TEST(ChannelsDevice, DefaultLeadIsTheWholeRingWhenTheGpuTimeSlices) {
         ::unsetenv("GPUIPC_CHANNEL_PACING_AHEAD");
         Gpu g;
         const std::optional<bool> mps = cuda::mps_enabled(0);
-        if (!mps) return 0;  // a driver before CUDA 12.4 does not say: the default stays half a ring
+        // Only a driver before CUDA 12.4 may not say (then the default stays half a ring); a newer one must.
+    if (!mps) return cuda::driver_version() >= 12040 ? 1 : 0;
         const ChannelOptions o{
             .slots = 8, .slot_bytes = 4096, .header_bytes = 0, .kind = SegmentKind::Device, .device = 0, .mode = 0600};
         auto ch = Channel::create(name, o, ChannelRole::Producer);
