@@ -318,41 +318,69 @@ def measure_stream(torch, gpuipc, sd, spec_path, reps, by_reference=None, bucket
             "bucket_bytes": ring_bytes, "bucket_bytes_asked": bucket_bytes, "buckets": buckets}
 
 
-def measure_local(torch, sd, reps):
-    """The same bytes copied device to device in this process: into a second dict (one fused call), and flat."""
-    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
-    src = list(sd.values())
-    dst = [torch.empty_like(t) for t in src]
-    foreach = hasattr(torch, "_foreach_copy_")
+#: The local copy's way of copying large tensors one by one, as the stream reader does (gpuipc._stream_format).
+MEMCPY_BYTES = 32 << 20
+
+
+def _wide_copy(torch, dst, src):
+    """The copies the stream reader enqueues, over the same tensors: tensors of MEMCPY_BYTES or more one
+    Tensor.copy_ each, the rest in one torch._foreach_copy_ over int64 views (bf16 tensors whose bytes are a multiple
+    of 8; others in one more call as they are). torch's _foreach_copy_ moves 2-byte elements with 8-byte loads, int64
+    ones with 32-byte loads: bench/results/experiments/copy-methods-*."""
+    single = [(d, s) for d, s in zip(dst, src) if d.numel() * d.element_size() >= MEMCPY_BYTES]
+    rest = [(d, s) for d, s in zip(dst, src) if d.numel() * d.element_size() < MEMCPY_BYTES]
+    wide = [(d.view(-1).view(torch.int64), s.view(-1).view(torch.int64))
+            for d, s in rest if (d.numel() * d.element_size()) % 8 == 0]
+    other = [(d, s) for d, s in rest if (d.numel() * d.element_size()) % 8]
+    lists = [([d for d, _ in x], [s for _, s in x]) for x in (wide, other) if x]
+
+    def run():
+        for d, s in single:
+            d.copy_(s, non_blocking=True)
+        for ds, ss in lists:
+            torch._foreach_copy_(ds, ss)
+
+    return run
+
+
+def _timed_ms(torch, fn, reps):
+    """fn() 1 + reps times, each until the device is idle; the last reps times in ms."""
     ms = []
     for j in range(1 + reps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        if foreach:
-            torch._foreach_copy_(dst, src)
-        else:
-            for d, t in zip(dst, src):
-                d.copy_(t, non_blocking=True)
+        fn()
         torch.cuda.synchronize()
         if j > 0:
             ms.append((time.perf_counter() - t0) * 1e3)
+    return ms
+
+
+def measure_local(torch, sd, reps):
+    """The same bytes copied device to device in this process, into a second dict: in one fused call over the tensors
+    as they are ("ms"), and the way the stream reader copies ("wide_ms", where torch has _foreach_copy_); and one flat
+    copy ("flat_ms")."""
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    src = list(sd.values())
+    dst = [torch.empty_like(t) for t in src]
+    foreach = hasattr(torch, "_foreach_copy_")
+    if foreach:
+        ms = _timed_ms(torch, lambda d=dst: torch._foreach_copy_(d, src), reps)
+        wide_ms = _timed_ms(torch, _wide_copy(torch, dst, src), reps)
+    else:
+        ms = _timed_ms(torch, lambda ds=dst: [d.copy_(t, non_blocking=True) for d, t in zip(ds, src)], reps)
+        wide_ms = []
     del dst
     torch.cuda.empty_cache()
     flat_bytes = min(nbytes, 2 * GiB)
     a = torch.empty(flat_bytes, dtype=torch.uint8, device="cuda:0")
     b = torch.empty_like(a)
-    flat_ms = []
-    for j in range(1 + reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        b.copy_(a)
-        torch.cuda.synchronize()
-        if j > 0:
-            flat_ms.append((time.perf_counter() - t0) * 1e3)
+    flat_ms = _timed_ms(torch, lambda x=a, y=b: y.copy_(x), reps)
     del a, b
     torch.cuda.empty_cache()
-    return {"ms": ms, "method": "torch._foreach_copy_" if foreach else "Tensor.copy_ per tensor",
-            "flat_bytes": flat_bytes, "flat_ms": flat_ms}
+    return {"ms": ms, "method": "torch._foreach_copy_" if foreach else "Tensor.copy_ per tensor", "wide_ms": wide_ms,
+            "wide_method": f"Tensor.copy_ for tensors of {MEMCPY_BYTES} bytes or more, torch._foreach_copy_ over "
+                           "int64 views for the rest", "flat_bytes": flat_bytes, "flat_ms": flat_ms}
 
 
 def measure_stream_byref(torch, gpuipc, spec, spec_path, nbytes, reps):

@@ -43,7 +43,7 @@ from ._stream_format import (
     _checksum_np,
     _checksum_torch,
     _contiguous,
-    _copy_all,
+    _Copies,
     _is_torch,
     _numpy_bytes,
     _raise_poisoned,
@@ -345,11 +345,11 @@ class StreamReader:
         with contextlib.closing(self._buckets(deadline, s, sig, "; the tensors given may hold part of it")) as buckets:
             for d, slot in buckets:
                 if self._head.device_staging:
-                    outs, ins = self._plan(d, slot, into, dsts)
-                    if outs:  # before the bucket is given back (_buckets signals after them, on the same stream)
+                    copies = self._plan(d, slot, into, dsts)
+                    if copies:  # before the bucket is given back (_buckets signals after them, on the same stream)
                         torch = _torch()
                         with torch.cuda.stream(s):
-                            _copy_all(torch, outs, ins, non_blocking=True)
+                            copies.run(torch, non_blocking=True)
                     continue
                 for piece in d.pieces:
                     key, dtype, shape, pos, n, off = piece[:_STAGED]
@@ -369,13 +369,14 @@ class StreamReader:
             dst = dsts[key] = self._destination(key, into[key], dtype, shape)
         return dst
 
-    def _plan(self, d: _Desc, slot: int, into: Mapping[str, Any], dsts: Dict[str, Any]) -> Tuple[List[Any], List[Any]]:
-        """Device staging: the bucket's (destination views, staging views), from the plan of the last bucket laid
-        out the same way in the same slot when ``into`` still holds the same tensors at the same addresses."""
+    def _plan(self, d: _Desc, slot: int, into: Mapping[str, Any], dsts: Dict[str, Any]) -> _Copies:
+        """Device staging: the bucket's copies (into the destinations' bytes, from staging or the publisher's blocks),
+        from the plan of the last bucket laid out the same way in the same slot when ``into`` still holds the same
+        tensors at the same addresses."""
         cache_key = (id(d.pieces), slot)
         plan = self._plans.get(cache_key)
         if plan is not None and plan[0] is d.pieces:
-            _, names, objs, ptrs, outs, ins, skipped, blocks = plan
+            _, names, objs, ptrs, copies, skipped, blocks = plan
             # The same tensor objects at the same addresses: one torch call a tensor (with its shape, strides and
             # dtype, four: a few us a tensor every version). That sees what moves a tensor's bytes: a new tensor
             # under a name, its storage replaced (t.data = ..., set_: the plan's views keep the old storage alive,
@@ -387,7 +388,7 @@ class StreamReader:
             if same and not any(k in into for k in skipped):
                 self.skipped.extend(k for k in skipped if k not in self.skipped)
                 self._used.update(blocks)  # the publisher's blocks its reference pieces copy from, still held
-                return outs, ins
+                return copies
         outs, ins, names, objs, skipped, blocks = [], [], [], [], [], set()
         for piece in d.pieces:
             key, dtype, shape, pos, n, off = piece[:_STAGED]
@@ -405,8 +406,9 @@ class StreamReader:
                     blocks.add(self._block_key(d, piece[6]))
         if len(self._plans) >= 256:
             self._plans.clear()
-        self._plans[cache_key] = (d.pieces, names, objs, [o.data_ptr() for o in objs], outs, ins, skipped, blocks)
-        return outs, ins
+        copies = _Copies(_torch(), outs, ins)
+        self._plans[cache_key] = (d.pieces, names, objs, [o.data_ptr() for o in objs], copies, skipped, blocks)
+        return copies
 
     def _buckets(self, deadline: Optional[float], s: Any, sig: Any, abandoned: str) -> Iterator[Tuple[_Desc, int]]:
         """The buckets of the next version, each with its ring slot, checked (abandoned versions raise

@@ -111,7 +111,7 @@ from ._stream_format import (
     MAGIC,
     _ALIGN,
     _Bucket,
-    _copy_all,
+    _Copies,
     _DESC,
     _HEAD,
     _MASK64,
@@ -758,7 +758,7 @@ class StreamPublisher:
         if b.dsts:
             torch = _torch()
             with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-                _copy_all(torch, b.dsts, b.srcs, non_blocking=self._stream is not None)
+                _Copies(torch, b.dsts, b.srcs).run(torch, non_blocking=self._stream is not None)
             b.dsts, b.srcs = [], []
         used = min(b.cursor, self._bucket_bytes)
         checksum = 0

@@ -126,6 +126,30 @@ def test_cupy_allocator(name):
         assert np.isfinite(float(b.sum()))
 
 
+def test_bucket_copies_land_every_byte_whatever_the_alignment():
+    """The copies a bucket enqueues (_Copies): int64 bulks with uint8 ends, pieces at odd addresses, and a piece large
+    enough to be copied on its own all write exactly their bytes, and nothing beside them."""
+    torch = _torch()
+    from gpuipc._stream_format import _MEMCPY_BYTES, _Copies
+
+    src = torch.randint(0, 256, (_MEMCPY_BYTES + (2 << 20),), dtype=torch.uint8, device="cuda")
+    # (destination offset, source offset, bytes): aligned, aligned with an odd end, odd addresses, a few bytes, 1 MiB,
+    # and one of _MEMCPY_BYTES; the destinations do not overlap and leave gaps that must stay zero
+    cases = [(0, 0, 64), (128, 16, 61), (259, 5, 1000), (2049, 3, 7), (4096, 4096, 1 << 20),
+             ((1 << 20) + 8192, 64, _MEMCPY_BYTES)]
+    dst = torch.zeros(cases[-1][0] + _MEMCPY_BYTES + 64, dtype=torch.uint8, device="cuda")
+    want = torch.zeros_like(dst)
+    for d, s, n in cases:
+        want[d : d + n] = src[s : s + n]
+    copies = _Copies(torch, [dst[d : d + n] for d, _, n in cases], [src[s : s + n] for _, s, n in cases])
+    assert len(copies.single) == 1 and len(copies.lists) == 2  # the large piece; the int64 bulks, the uint8 rest
+    for _ in range(2):  # a plan runs any number of times
+        dst.zero_()
+        copies.run(torch, non_blocking=True)
+        torch.cuda.synchronize()
+        assert torch.equal(dst, want)
+
+
 # By reference: a publisher's gpuipc.torch.MemPool tensors, copied straight into the readers' tensors
 @pytest.mark.parametrize("mixed", [False, True])
 def test_stream_by_reference_from_a_mempool(name, start, mixed):
