@@ -403,8 +403,9 @@ def measure_stream_byref(torch, gpuipc, spec, spec_path, nbytes, reps):
     # the first), else BUCKETS.
     sizes = [int(x) << 20 for x in os.environ.get("GPUIPC_BENCH_REF_BUCKET_MIB", "").split(",") if x.strip()]
     rings = [int(x) for x in os.environ.get("GPUIPC_BENCH_REF_RINGS", "").split(",") if x.strip()] or [BUCKETS]
+    pool_name = tag() + ".weights"
     try:
-        pool = gt.MemPool(tag() + ".weights", device=0)
+        pool = gt.MemPool(pool_name, device=0)
         with torch.cuda.use_mem_pool(pool):
             sd = make_dict(torch, spec)
         out = {}
@@ -418,6 +419,13 @@ def measure_stream_byref(torch, gpuipc, spec, spec_path, nbytes, reps):
     except Exception as e:  # noqa: BLE001 - the staged figures stand; the suite reports the failure
         traceback.print_exc()
         return {"stream_byref_error": f"{type(e).__name__}: {e}"}
+    finally:
+        # A pool's names outlive its creator (the broker holds its memory): removed here, its memory goes when this
+        # process exits, not after the suite's later parts.
+        try:
+            gpuipc.Pool.unlink(pool_name)
+        except gpuipc.NotFound:
+            pass
 
 
 def part_stream(a):

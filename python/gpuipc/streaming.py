@@ -464,8 +464,32 @@ class StreamPublisher:
         if self._current is None:
             raise InvalidState(f"stream {self.name!r}: no version in progress: start() first")
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        names, seen_of, add = self._names, self._seen, self._add
+        # The common case of a version like the last, inline: a torch tensor sent by reference as before, whose
+        # piece goes into the open bucket unchanged (what _add and _add_reference_again check, in that order, with
+        # nothing they would change). A tensor's Python cost, times thousands of tensors, is on the path of every
+        # version: this one is a few attribute reads and one torch call per property of _identity. Anything else
+        # takes the general way, _add.
+        limit = DESC_BYTES - _DESC.size
+        bound = self._ref_bucket_bytes
+        handle = self._stream_handle if self._stream is not None else None
+        fast = not self._checksum
         for key, t in items:
-            self._add(key, t)
+            seen = seen_of.get(key) if fast and type(key) is str else None
+            b = self._bucket
+            if (seen is not None and b is not None and seen.torch and seen.piece is not None
+                    and b.referenced < bound and key not in names and seen.wref() is t):
+                ref, piece = seen.ref, seen.piece
+                if (ref is not None and (handle is None or seen.stream == handle) and not ref.block.freed
+                        and b.block_index.get(ref.key) == piece[-1] and b.json_len + seen.plen <= limit
+                        and (t.data_ptr(), t.shape, t.stride(), t.dtype) == seen.key):
+                    names.add(key)
+                    b.pieces.append(piece)
+                    b.json_len += seen.plen
+                    b.referenced += seen.total
+                    self._referenced = True
+                    continue
+            add(key, t)
 
     def finish(self) -> int:
         """Sends the last bucket of the version in progress and returns its number: readers commit it once they

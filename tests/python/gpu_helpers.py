@@ -461,6 +461,38 @@ def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed
     return out
 
 
+def torch_mempool_stream_publisher_writes_late(name: str, versions: int) -> int:
+    """Publishes `versions` versions of torch_stream_state, built under gpuipc.torch.MemPool, by reference on a side
+    stream s, writing version v's values on s after start() and behind a ~10 ms sleep kernel, then update() and
+    finish(): every bucket must be signalled after those writes ran. Returns the last version."""
+    torch = torch_cuda()
+    import gpuipc.torch as gt
+
+    pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        state = torch_stream_state(torch, 0)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference=True) as pub:
+        pub.wait_readers(1, timeout=60)
+        for v in range(1, versions + 1):
+            nxt = torch_stream_state(torch, v)
+            torch.cuda.synchronize()
+            pub.start(stream=s)
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(20_000_000)
+                for k in state:
+                    state[k].copy_(nxt[k])
+            pub.update(state)
+            last = pub.finish()
+        pub.wait_consumed(timeout=60)
+        sync_within(s)
+    del state, pool
+    torch.cuda.synchronize()
+    gt.detach(0)
+    return last
+
+
 def torch_mempool_stream_publish_held(name: str, published: str) -> dict:
     """Publishes torch_stream_state(1), built under gpuipc.torch.MemPool, by reference on a side stream to one
     reader, creates `published`, and waits (60 s at most) for that stream. Returns whether the stream was still

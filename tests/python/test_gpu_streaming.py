@@ -180,6 +180,15 @@ def test_stream_by_reference_finish_orders_the_next_write(name, start):
     assert reader.result(timeout=60) == [(1, True), (2, True)]
 
 
+def test_stream_by_reference_buckets_follow_writes_enqueued_after_start(name, start):
+    """Tensors written on the version's stream after start(), behind a slow kernel, then passed to update(): readers
+    get the written values (a bucket of reference pieces is signalled from the host only once that stream is idle)."""
+    _torch()
+    reader = start(gpu_helpers.torch_stream_reader, name, 3, "receive")
+    assert start(gpu_helpers.torch_mempool_stream_publisher_writes_late, name, 3).result(timeout=120) == 3
+    assert reader.result(timeout=60) == [(1, True), (2, True), (3, True)]
+
+
 def test_stream_by_reference_wait_released_when_the_reader_dies(name, start):
     _torch()
     ctx = multiprocessing.get_context("spawn")

@@ -187,6 +187,7 @@ def main():
     txt = io.StringIO()
     pstats.Stats(prof, stream=txt).sort_stats("tottime").print_stats(25)
     pub.close()
+    gpuipc.Pool.unlink(f"copies{os.getpid()}")  # its names outlive this process: the broker would keep its memory
     print(json.dumps(out, indent=1))
     print(txt.getvalue())
 
