@@ -333,7 +333,9 @@ class _Ref:
     block: Any  #: the publisher's Block (or gpuipc.torch.MemPool block): the checksum reads the bytes through it
     entry_len: int = 0  #: the length of its entry in a descriptor's table of blocks
     key: Tuple[str, str] = ("", "")  #: (pool, hex): its block's entry in a bucket's table
+    entry: List[str] = field(default_factory=list)  #: [pool, hex], that entry (shared by the tables, never changed)
 
     def __post_init__(self) -> None:
-        self.entry_len = len(json.dumps([self.pool, self.hex], separators=(",", ":")))
+        self.entry = [self.pool, self.hex]
+        self.entry_len = len(json.dumps(self.entry, separators=(",", ":")))
         self.key = (self.pool, self.hex)

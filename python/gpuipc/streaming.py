@@ -466,10 +466,9 @@ class StreamPublisher:
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         names, seen_of, add = self._names, self._seen, self._add
         # The common case of a version like the last, inline: a torch tensor sent by reference as before, whose
-        # piece goes into the open bucket unchanged (what _add and _add_reference_again check, in that order, with
-        # nothing they would change). A tensor's Python cost, times thousands of tensors, is on the path of every
-        # version: this one is a few attribute reads and one torch call per property of _identity. Anything else
-        # takes the general way, _add.
+        # piece goes into the open bucket unchanged (what _add and _add_reference check, with nothing they would
+        # change). A tensor's Python cost, times thousands of tensors, is on the path of every version: this one is
+        # a few attribute reads and one torch call per property of _identity. Anything else takes the general way.
         limit = DESC_BYTES - _DESC.size
         bound = self._ref_bucket_bytes
         handle = self._stream_handle if self._stream is not None else None
@@ -477,12 +476,22 @@ class StreamPublisher:
         for key, t in items:
             seen = seen_of.get(key) if fast and type(key) is str else None
             b = self._bucket
-            if (seen is not None and b is not None and seen.torch and seen.piece is not None
+            if (seen is not None and b is not None and seen.torch and seen.ref is not None and seen.piece is not None
                     and b.referenced < bound and key not in names and seen.wref() is t):
                 ref, piece = seen.ref, seen.piece
-                if (ref is not None and (handle is None or seen.stream == handle) and not ref.block.freed
-                        and b.block_index.get(ref.key) == piece[-1] and b.json_len + seen.plen <= limit
+                # its block's entry in the bucket's table: there already, or added now (a MemPool tensor is a block
+                # of its own), at the index its piece names
+                k = b.block_index.get(ref.key)
+                extra = 0
+                if k is None:
+                    k, extra = len(b.blocks), ref.entry_len + 1
+                if (k == piece[-1] and b.json_len + seen.plen + extra <= limit
+                        and (handle is None or seen.stream == handle) and not ref.block.freed
                         and (t.data_ptr(), t.shape, t.stride(), t.dtype) == seen.key):
+                    if extra:
+                        b.block_index[ref.key] = k
+                        b.blocks.append(ref.entry)
+                        b.json_len += extra
                     names.add(key)
                     b.pieces.append(piece)
                     b.json_len += seen.plen
@@ -586,8 +595,6 @@ class StreamPublisher:
                 src = seen.src
             else:  # a NumPy array's bytes view would keep the array alive: made again where it is read
                 src = _numpy_bytes(t) if seen.ref is None or self._checksum else None
-            if seen.ref is not None and self._add_reference_again(seen):
-                return
             self._add_pieces(key, seen.meta, seen.mlen, seen.total, src, seen.info, seen.torch, seen.ref, seen)
             return
         source = t
@@ -720,7 +727,7 @@ class StreamPublisher:
                 continue
             if k is None:
                 b.block_index[ref.key] = kk
-                b.blocks.append([ref.pool, ref.hex])
+                b.blocks.append(ref.entry)
                 b.json_len += extra
             b.pieces.append(piece)
             b.json_len += plen
@@ -729,25 +736,6 @@ class StreamPublisher:
                 b.ref_bytes.append(src[:total] if src is not None else self._block_bytes(ref, total))
             self._referenced = True
             return
-
-    def _add_reference_again(self, seen: _Seen) -> bool:
-        """The common case of a version like the last, in one step (a tensor's Python cost, times thousands of
-        tensors, is on the path of every version): the reference piece ``seen`` sent last time goes into the open
-        bucket as it is, when that bucket is not due to be sent, already names the tensor's block at the same index
-        of its table, has room, and no checksum is kept. Returns False to take the general way
-        (:meth:`_add_pieces`), which handles every other case."""
-        b = self._bucket
-        piece = seen.piece
-        if b is None or piece is None or self._checksum or b.referenced >= self._ref_bucket_bytes:
-            return False
-        assert seen.ref is not None
-        if b.block_index.get(seen.ref.key) != piece[-1] or b.json_len + seen.plen > DESC_BYTES - _DESC.size:
-            return False
-        b.pieces.append(piece)
-        b.json_len += seen.plen
-        b.referenced += seen.total
-        self._referenced = True
-        return True
 
     def _block_bytes(self, ref: _Ref, n: int) -> Any:
         """The ``n`` bytes a reference piece names, as a uint8 array (host) or torch tensor (device)."""

@@ -10,6 +10,7 @@ Prints, for the last of 4 versions, one line per bucket (ms from publish()'s sta
 processes): the publisher's flush (start, end), the time it waited for a ring slot before it, the reader's return from
 _next_bucket, its copies enqueued, and the GPU's end of those copies (a CUDA event on the reader's stream, placed on
 the host clock through an event recorded when the reader's stream was idle). Then the totals.
+$TL_PIN="P,R" pins the publisher to CPU P and the reader to CPU R (os.sched_setaffinity).
 """
 
 import json
@@ -37,6 +38,8 @@ def reader(name, layers, versions, legacy, q, go):
     import gpuipc
     from gpuipc import _stream_format
 
+    if os.environ.get("TL_PIN"):
+        os.sched_setaffinity(0, {int(os.environ["TL_PIN"].split(",")[1])})
     torch.cuda.set_device(0)
     into = {n: torch.empty(sh, dtype=torch.bfloat16, device="cuda:0") for n, sh in spec(layers)}
     s = torch.cuda.current_stream() if legacy else torch.cuda.Stream()
@@ -97,6 +100,8 @@ def main():
     ctx = mp.get_context("spawn")
     q, go = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=reader, args=(name, layers, versions, legacy, q, go))
+    if os.environ.get("TL_PIN"):
+        os.sched_setaffinity(0, {int(os.environ["TL_PIN"].split(",")[0])})
     torch.cuda.set_device(0)
     pool = gt.MemPool(name + ".w", device=0)
     with torch.cuda.use_mem_pool(pool):
