@@ -71,6 +71,13 @@ ROWS: List[Row] = [
         ["weights-quick-d521362-h200-20261126.json", "weights-quick-d521362-h100-20261126.json"],
         [("torch.multiprocessing", "torch_mp_weights_open_ms", "ms")],
         note="target 1 ms, not met: [torch.md](docs/torch.md#where-it-stands-measured) says where the time goes"),
+    Row("a 16 GiB state dict of 3063 bf16 tensors streamed by reference to another process "
+        "(`stream_publisher(by_reference=True)`), against a local copy of the dict", "weights_stream_byref_ratio", "x",
+        ["weights-stream-3ce7a49-h100-run1-20261126.json", "weights-stream-3ce7a49-h100-run2-20261126.json",
+         "weights-stream-3ce7a49-h200-run1-20261126.json", "weights-stream-3ce7a49-h200-run2-20261126.json"],
+        [("local copy", "local_d2d_gbs", "GB/s")],
+        note="two H100 and two H200 runs; the local copy is the faster of two ways: "
+             "[torch.md](docs/torch.md#where-it-stands-measured)"),
     Row("`Pool::resolve` of a block in a chunk this process has mapped", "pool_resolve_cached_p50_us", "us",
         ["pools-h100-20261123.json", "pools-quick-h100-20261123.json"]),
     Row("open of a segment this process has open (cache hit)", "open_cached_us", "us", ["segments-h200-20261121.json"]),

@@ -479,8 +479,8 @@ class StreamPublisher:
             if (seen is not None and b is not None and seen.torch and seen.ref is not None and seen.piece is not None
                     and b.referenced < bound and key not in names and seen.wref() is t):
                 ref, piece = seen.ref, seen.piece
-                # its block's entry in the bucket's table: there already, or added now (a MemPool tensor is a block
-                # of its own), at the index its piece names
+                # its block's entry in the bucket's table: there already, or added now (torch's allocator gives a
+                # large MemPool tensor an allocation, so a block, of its own), at the index its piece names
                 k = b.block_index.get(ref.key)
                 extra = 0
                 if k is None:
