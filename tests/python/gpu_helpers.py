@@ -418,6 +418,18 @@ def torch_mempool_pause_resume(name: str) -> dict:
 
 
 # Bucketed streaming by reference (a publisher's gpuipc.torch.MemPool tensors) -----------------------------------------
+def mempool_stream_state(torch, name: str, v: int) -> tuple:
+    """torch_stream_state(v) built under the gpuipc.torch.MemPool NAME.weights (64 MiB chunks, 1 GiB at most), its
+    writes finished: (pool, state)."""
+    import gpuipc.torch as gt
+
+    pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        state = torch_stream_state(torch, v)
+    torch.cuda.synchronize()
+    return pool, state
+
+
 def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed: bool) -> list:
     """Builds torch_stream_state(1) under gpuipc.torch.MemPool (with `mixed`, "b" outside it: staged) and publishes
     `versions` versions on a side stream s (by_reference True, or "auto" with `mixed`), writing the next version's
@@ -427,12 +439,10 @@ def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed
     torch = torch_cuda()
     import gpuipc.torch as gt
 
-    pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
-    with torch.cuda.use_mem_pool(pool):
-        state = torch_stream_state(torch, 1)
+    pool, state = mempool_stream_state(torch, name, 1)
     if mixed:
         state["b"] = torch_stream_state(torch, 1)["b"].clone()  # torch's own allocator: staged
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     s = torch.cuda.Stream()
     out = []
     with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference="auto" if mixed else True) as pub:
@@ -468,10 +478,7 @@ def torch_mempool_stream_publisher_writes_late(name: str, versions: int) -> int:
     torch = torch_cuda()
     import gpuipc.torch as gt
 
-    pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
-    with torch.cuda.use_mem_pool(pool):
-        state = torch_stream_state(torch, 0)
-    torch.cuda.synchronize()
+    pool, state = mempool_stream_state(torch, name, 0)
     s = torch.cuda.Stream()
     with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference=True) as pub:
         pub.wait_readers(1, timeout=60)
@@ -500,10 +507,7 @@ def torch_mempool_stream_publish_held(name: str, published: str) -> dict:
     torch = torch_cuda()
     import gpuipc.torch as gt
 
-    pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
-    with torch.cuda.use_mem_pool(pool):
-        state = torch_stream_state(torch, 1)
-    torch.cuda.synchronize()
+    pool, state = mempool_stream_state(torch, name, 1)
     s = torch.cuda.Stream()
     with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference=True) as pub:
         pub.wait_readers(1, timeout=60)

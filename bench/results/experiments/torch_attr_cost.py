@@ -13,22 +13,11 @@ for label, stmt in [("data_ptr", "t.data_ptr()"), ("shape", "t.shape"), ("stride
     s = timeit.timeit(stmt, globals=globals(), number=n)
     print(f"{label:18s} {s / n * 1e9:7.0f} ns")
 
-# The same over the 3063 tensors of the 16 GiB bench dict (torch's allocator; 3 GiB would do: empty storages of the
-# same count and shapes are what matters): loops as the publisher's walk makes them, medians of 10 passes.
+# The same over the 3063 tensors of the 16 GiB bench dict (torch's own allocator): loops as the publisher's walk
+# makes them, medians of 10 passes.
 import statistics, time  # noqa: E402
 
-
-def spec(layers):
-    h, kv, mlp, vocab = 1536, 256, 4096, 95540
-    s = [("model.embed_tokens.weight", (vocab, h))]
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        s += [(p + "input_layernorm.weight", (h,)), (p + "self_attn.q_proj.weight", (h, h)),
-              (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.v_proj.weight", (kv, h)),
-              (p + "self_attn.o_proj.weight", (h, h)), (p + "post_attention_layernorm.weight", (h,)),
-              (p + "mlp.gate_proj.weight", (mlp, h)), (p + "mlp.up_proj.weight", (mlp, h)),
-              (p + "mlp.down_proj.weight", (h, mlp))]
-    return s + [("model.norm.weight", (h,)), ("lm_head.weight", (vocab, h))]
+from _statedict_spec import spec  # noqa: E402 - this folder, beside the script
 
 
 sd = {n: torch.empty(sh, dtype=torch.bfloat16, device="cuda:0") for n, sh in spec(340)}
