@@ -331,6 +331,34 @@ def torch_stream_reader(name: str, versions: int, how: str = "alternate", hold: 
     return out
 
 
+def torch_stream_reader_plans(name: str, versions: int) -> list:
+    """Joins stream `name` and receives `versions` versions on a side stream, counting the bucket copy plans it makes
+    for each (a plan is made where none is kept for the bucket). Returns [(version, every tensor right, plans)]."""
+    from gpuipc import _stream_reader
+
+    made = [0]
+
+    class Counted(_stream_reader._Copies):
+        def __init__(self, *args) -> None:
+            made[0] += 1
+            super().__init__(*args)
+
+    _stream_reader._Copies = Counted
+    torch = torch_cuda()
+    s = torch.cuda.Stream()
+    out = []
+    with gpuipc.stream_reader(name, wait=30) as rd:
+        into = {k: torch.empty_like(x) for k, x in torch_stream_state(torch, 0).items()}
+        torch.cuda.synchronize()
+        for _ in range(versions):
+            made[0] = 0
+            v = rd.receive(into, stream=s, timeout=60)
+            sync_within(s)
+            want = torch_stream_state(torch, v)
+            out.append((v, all(torch.equal(into[k], want[k]) for k in want), made[0]))
+    return out
+
+
 def torch_stream_reader_swaps(name: str) -> list:
     """Receives 3 versions into one dict, changing it between them the ways a model does: after version 1 a
     parameter's storage is replaced in place (``.data =``, same object) and another entry becomes a new tensor;
@@ -430,9 +458,10 @@ def mempool_stream_state(torch, name: str, v: int) -> tuple:
     return pool, state
 
 
-def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed: bool) -> list:
+def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed: bool, buckets: int = 2) -> list:
     """Builds torch_stream_state(1) under gpuipc.torch.MemPool (with `mixed`, "b" outside it: staged) and publishes
-    `versions` versions on a side stream s (by_reference True, or "auto" with `mixed`), writing the next version's
+    `versions` versions, two buckets each, through a ring of `buckets` 1 MiB buckets on a side stream s
+    (by_reference True, or "auto" with `mixed`), writing the next version's
     values into the same tensors on s right after each publish(): finish() made s wait for the readers' copies.
     Returns, per version, each tensor's piece ("reference" or "staged") in the buckets the version sent (reference
     pieces go out in buckets of bucket_bytes as the publisher walks the dict, so every bucket is looked at)."""
@@ -445,7 +474,7 @@ def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed
         torch.cuda.synchronize()
     s = torch.cuda.Stream()
     out = []
-    with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference="auto" if mixed else True) as pub:
+    with gpuipc.stream_publisher(name, 1 << 20, buckets, device=0, by_reference="auto" if mixed else True) as pub:
         pub.wait_readers(readers, timeout=60)
         sent: list = []
         flush = pub._flush

@@ -180,6 +180,17 @@ def test_stream_by_reference_finish_orders_the_next_write(name, start):
     assert reader.result(timeout=60) == [(1, True), (2, True)]
 
 
+def test_stream_by_reference_reader_keeps_its_plans_as_buckets_move_round_the_ring(name, start):
+    """Two buckets a version through a ring of three: each bucket lands in another slot every version. A bucket of
+    reference pieces reads nothing from its slot, so the reader plans its copies once, in version 1."""
+    _torch()
+    reader = start(gpu_helpers.torch_stream_reader_plans, name, 4)
+    assert len(start(gpu_helpers.torch_mempool_stream_publisher, name, 4, 1, False, 3).result(timeout=120)) == 4
+    got = reader.result(timeout=60)
+    assert [(v, ok) for v, ok, _ in got] == [(1, True), (2, True), (3, True), (4, True)]
+    assert [n for _, _, n in got] == [2, 0, 0, 0], got
+
+
 def test_stream_by_reference_buckets_follow_writes_enqueued_after_start(name, start):
     """Tensors written on the version's stream after start(), behind a slow kernel, then passed to update(): readers
     get the written values (a bucket of reference pieces is signalled from the host only once that stream is idle)."""
