@@ -375,7 +375,8 @@ class StreamReader:
         ``into`` still holds the same tensors at the same addresses."""
         # A bucket of reference pieces only reads nothing from its slot, so its plan serves it in any slot: where a
         # version's bucket count is not a multiple of the ring's, a bucket lands in another slot every version (with
-        # 115 buckets in a ring of 16, every plan was made again, ~45 us a piece: 16 GiB took 127 ms instead of 16).
+        # 115 buckets in a ring of 16, every plan was made again, ~45 us a piece: 16 GiB took 81-142 ms instead of
+        # 15-16 on an H200, bench/results/experiments/byref-timeline-*-340-128-16-*).
         cache_key = (id(d.pieces), slot if d.used else -1)
         plan = self._plans.get(cache_key)
         if plan is not None and plan[0] is d.pieces:
