@@ -500,6 +500,48 @@ def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed
     return out
 
 
+def torch_mempool_stream_publisher_replays(name: str) -> list:
+    """Publishes six versions of torch_stream_state, built under gpuipc.torch.MemPool, by reference on a side stream,
+    writing version v's values in place on that stream after publish() of v - 1; before version 4 it replaces the
+    storage of "w" (w.data = a new MemPool tensor holding version 4). Returns the versions whose buckets were sent
+    again without a walk (StreamPublisher._send_again)."""
+    torch = torch_cuda()
+    import gpuipc.torch as gt
+
+    pool, state = mempool_stream_state(torch, name, 1)
+    s = torch.cuda.Stream()
+    replayed = []
+    with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference=True) as pub:
+        pub.wait_readers(1, timeout=60)
+        again = pub._send_again
+
+        def counted(rp) -> None:
+            replayed.append(pub._current)
+            again(rp)
+
+        pub._send_again = counted
+        for v in range(1, 7):
+            if v > 1:
+                nxt = torch_stream_state(torch, v)
+                torch.cuda.synchronize()
+                if v == 4:
+                    with torch.cuda.use_mem_pool(pool):
+                        fresh = nxt["w"].clone()
+                    torch.cuda.synchronize()
+                    state["w"].data = fresh
+                with torch.cuda.stream(s):  # after finish()'s wait for the readers
+                    for k in state:
+                        if not (v == 4 and k == "w"):
+                            state[k].copy_(nxt[k])
+            assert pub.publish(state, stream=s) == v
+        pub.wait_consumed(timeout=60)
+        sync_within(s)
+    del state, pool
+    torch.cuda.synchronize()
+    gt.detach(0)
+    return replayed
+
+
 def torch_mempool_stream_publisher_writes_late(name: str, versions: int) -> int:
     """Publishes `versions` versions of torch_stream_state, built under gpuipc.torch.MemPool, by reference on a side
     stream s, writing version v's values on s after start() and behind a ~10 ms sleep kernel, then update() and
