@@ -203,6 +203,9 @@ class _Replay:
 
     __slots__ = ("handle", "keys", "wrefs", "idents", "refs", "blocks", "buckets")
 
+    #: a bucket as recorded: pieces, table of blocks, its index, JSON length, bytes referenced, and the number of
+    #: the version's tensors laid out when it was sent (its last tensor's position + 1)
+
     def __init__(self, handle: Optional[int]) -> None:
         self.handle = handle  #: the version's CUstream: record_stream was called with it for every tensor
         self.keys: List[str] = []
@@ -210,7 +213,7 @@ class _Replay:
         self.idents: List[Tuple[Any, ...]] = []
         self.refs: Optional[List[_Ref]] = []  #: while recording; close() keeps their distinct blocks
         self.blocks: List[Any] = []
-        self.buckets: List[Tuple[List[Any], List[List[str]], Dict[Tuple[str, str], int], int, int]] = []
+        self.buckets: List[Tuple[List[Any], List[List[str]], Dict[Tuple[str, str], int], int, int, int]] = []
 
     def add(self, key: str, seen: _Seen) -> None:
         assert self.refs is not None and seen.ref is not None
@@ -226,15 +229,19 @@ class _Replay:
         self.refs = None
         return bool(self.keys and self.buckets)
 
-    def matches(self, items: List[Any], handle: Optional[int]) -> bool:
-        """Whether ``items`` are this version's tensors in its order, each the same object, unchanged (_identity),
-        on the same stream, their blocks not freed."""
-        if handle != self.handle or len(items) != len(self.keys):
-            return False
-        for (key, t), k, w, ident in zip(items, self.keys, self.wrefs, self.idents):
-            if key != k or w() is not t or (t.data_ptr(), t.shape, t.stride(), t.dtype) != ident:
+    def fits(self, items: List[Any], handle: Optional[int]) -> bool:
+        """Whether ``items`` may be this version again: as many tensors, the same stream, no block freed."""
+        return handle == self.handle and len(items) == len(self.keys) and not any(b.freed for b in self.blocks)
+
+    def matches(self, items: List[Any], start: int, end: int) -> bool:
+        """Whether ``items[start:end]`` are this version's tensors there, in its order, each the same object,
+        unchanged (_identity)."""
+        for i in range(start, end):
+            key, t = items[i]
+            if key != self.keys[i] or self.wrefs[i]() is not t or \
+                    (t.data_ptr(), t.shape, t.stride(), t.dtype) != self.idents[i]:
                 return False
-        return not any(b.freed for b in self.blocks)
+        return True
 
 
 class StreamPublisher:
@@ -523,9 +530,8 @@ class StreamPublisher:
             self._replaying = False
         elif self._replay is not None:
             items = list(items)
-            if self._replay.matches(items, self._stream_handle):
-                self._send_again(self._replay)
-                return
+            if self._replay.fits(items, self._stream_handle):
+                items = items[self._send_again(self._replay, items) :]
         self._walk(items)
 
     def _walk(self, items: Any) -> None:
@@ -573,20 +579,28 @@ class StreamPublisher:
             record = self._record = None
             add(key, t)
 
-    def _send_again(self, rp: _Replay) -> None:
-        """Sends the recorded version's buckets again, the last one left open for finish() (as update() leaves it):
-        what update() would send, given the same tensors in the same order, unchanged (_Replay.matches)."""
-        self._record = None
-        self._names.update(rp.keys)
+    def _send_again(self, rp: _Replay, items: List[Any]) -> int:
+        """Sends the recorded version's buckets again, each once its tensors are found the same as then
+        (_Replay.matches), the last one left open for finish() as update() leaves it: what the walk would send.
+        Checked and sent a bucket at a time, so readers copy while the rest is checked. Returns how many of
+        ``items`` it sent: all, or up to the first bucket whose tensors changed, which the walk then lays out
+        (the buckets before it were sent where the walk sends them: a bucket goes once it names ``bound`` bytes)."""
         last = len(rp.buckets) - 1
-        for i, (pieces, blocks, block_index, json_len, referenced) in enumerate(rp.buckets):
+        start = 0
+        for i, (pieces, blocks, block_index, json_len, referenced, end) in enumerate(rp.buckets):
+            if not rp.matches(items, start, end):
+                return start
+            self._record = None  # a version partly sent again is not recorded (the walk records one it lays out)
+            self._names.update(rp.keys[start:end])
             b = self._open_bucket()
             b.pieces, b.blocks, b.block_index = list(pieces), list(blocks), dict(block_index)
             b.json_len, b.referenced = json_len, referenced
+            self._referenced = True
             if i < last:
                 self._flush(0)
-        self._referenced = True
+            start = end
         self._replaying = True
+        return start
 
     def finish(self) -> int:
         """Sends the last bucket of the version in progress and returns its number: readers commit it once they
@@ -863,7 +877,8 @@ class StreamPublisher:
             if b.cursor or b.dsts or flags & _D_ABORT:  # staged bytes: copies a replay would not make
                 self._record = None
             else:
-                self._record.buckets.append((b.pieces, b.blocks, b.block_index, b.json_len, b.referenced))
+                self._record.buckets.append((b.pieces, b.blocks, b.block_index, b.json_len, b.referenced,
+                                             len(self._record.keys)))
         if b.dsts:
             torch = _torch()
             with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():

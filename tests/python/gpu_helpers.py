@@ -501,37 +501,40 @@ def torch_mempool_stream_publisher(name: str, versions: int, readers: int, mixed
 
 
 def torch_mempool_stream_publisher_replays(name: str) -> list:
-    """Publishes six versions of torch_stream_state, built under gpuipc.torch.MemPool, by reference on a side stream,
-    writing version v's values in place on that stream after publish() of v - 1; before version 4 it replaces the
-    storage of "w" (w.data = a new MemPool tensor holding version 4). Returns the versions whose buckets were sent
-    again without a walk (StreamPublisher._send_again)."""
+    """Publishes eight versions of torch_stream_state, built under gpuipc.torch.MemPool, by reference on a side stream
+    (two buckets a version: ["w"], ["b", "i"]), writing version v's values in place on that stream after publish()
+    of v - 1; before version 4 it replaces the storage of "w", before version 7 that of "i" (t.data = a new MemPool
+    tensor holding the version's values). Returns (version, tensors sent again without a walk) for each version in
+    which the publisher tried to send the last one's buckets again (StreamPublisher._send_again)."""
     torch = torch_cuda()
     import gpuipc.torch as gt
 
     pool, state = mempool_stream_state(torch, name, 1)
     s = torch.cuda.Stream()
     replayed = []
+    replace = {4: "w", 7: "i"}
     with gpuipc.stream_publisher(name, 1 << 20, 2, device=0, by_reference=True) as pub:
         pub.wait_readers(1, timeout=60)
         again = pub._send_again
 
-        def counted(rp) -> None:
-            replayed.append(pub._current)
-            again(rp)
+        def counted(rp, items) -> int:
+            n = again(rp, items)
+            replayed.append((pub._current, n))
+            return n
 
         pub._send_again = counted
-        for v in range(1, 7):
+        for v in range(1, 9):
             if v > 1:
                 nxt = torch_stream_state(torch, v)
                 torch.cuda.synchronize()
-                if v == 4:
+                if v in replace:
                     with torch.cuda.use_mem_pool(pool):
-                        fresh = nxt["w"].clone()
+                        fresh = nxt[replace[v]].clone()
                     torch.cuda.synchronize()
-                    state["w"].data = fresh
+                    state[replace[v]].data = fresh
                 with torch.cuda.stream(s):  # after finish()'s wait for the readers
                     for k in state:
-                        if not (v == 4 and k == "w"):
+                        if replace.get(v) != k:
                             state[k].copy_(nxt[k])
             assert pub.publish(state, stream=s) == v
         pub.wait_consumed(timeout=60)

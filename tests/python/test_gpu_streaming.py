@@ -191,14 +191,17 @@ def test_stream_by_reference_reader_keeps_its_plans_as_buckets_move_round_the_ri
     assert [n for _, _, n in got] == [2, 0, 0, 0], got
 
 
-def test_stream_by_reference_sends_a_version_like_the_last_again_only_when_nothing_moved(name, start):
+def test_stream_by_reference_sends_a_version_like_the_last_again_only_where_nothing_moved(name, start):
     """A version whose tensors are those of the last, in its order and unchanged, is sent as the last one's buckets
-    again (versions 3 and 6); one where a tensor's storage was replaced (version 4) is walked, and the next one
-    walked to record it. Every version arrives whole."""
+    again (versions 3 and 6: all three tensors). Where a tensor's storage was replaced, the buckets before its own
+    are sent again and the rest walked (version 4: "w" is in the first bucket, nothing sent again; version 7: "i" is
+    in the second, one tensor sent again); the version after such a one is walked, to be recorded. Every version
+    arrives whole."""
     _torch()
-    reader = start(gpu_helpers.torch_stream_reader, name, 6, "receive")
-    assert start(gpu_helpers.torch_mempool_stream_publisher_replays, name).result(timeout=120) == [3, 6]
-    assert reader.result(timeout=60) == [(v, True) for v in range(1, 7)]
+    reader = start(gpu_helpers.torch_stream_reader, name, 8, "receive")
+    got = start(gpu_helpers.torch_mempool_stream_publisher_replays, name).result(timeout=120)
+    assert got == [(3, 3), (4, 0), (6, 3), (7, 1)], got
+    assert reader.result(timeout=60) == [(v, True) for v in range(1, 9)]
 
 
 def test_stream_by_reference_buckets_follow_writes_enqueued_after_start(name, start):

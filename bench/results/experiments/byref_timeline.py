@@ -10,7 +10,8 @@ Prints, for the last of 4 versions, one line per bucket (ms from publish()'s sta
 processes): the publisher's flush (start, end), the time it waited for a ring slot before it, the reader's return from
 _next_bucket, its copies enqueued, and the GPU's end of those copies (a CUDA event on the reader's stream, placed on
 the host clock through an event recorded when the reader's stream was idle). Then the totals.
-$TL_PIN="P,R" pins the publisher to CPU P and the reader to CPU R (os.sched_setaffinity).
+$TL_PIN="P,R" pins the publisher to CPU P and the reader to CPU R (os.sched_setaffinity). $TL_NO_REPLAY=1 makes
+every version walk its tensors (the publisher forgets the version it could send again).
 """
 
 import json
@@ -122,6 +123,8 @@ def main():
         plog.clear()
         wlog.clear()
         torch.cuda.synchronize()
+        if os.environ.get("TL_NO_REPLAY"):
+            pub._replay = None
         t0 = time.monotonic_ns()
         pub.publish(items, stream=s)
         t1 = time.monotonic_ns()
