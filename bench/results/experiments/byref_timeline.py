@@ -115,7 +115,21 @@ def main():
         slot_wait(seq)
         wlog.append({"seq": seq, "slot_wait_us": (time.monotonic_ns() - t0) / 1e3})
 
+    start_fn, admit_fn = pub.start, pub._slots.admit
+    marks = {}
+
+    def timed_start(stream=None):
+        v = start_fn(stream)
+        marks["start_end"] = time.monotonic_ns()
+        return v
+
+    def timed_admit(first):
+        t = time.monotonic_ns()
+        admit_fn(first)
+        marks["admit_ns"] = time.monotonic_ns() - t
+
     pub._flush, pub._slots.wait_for_slot = timed_flush, timed_wait
+    pub.start, pub._slots.admit = timed_start, timed_admit
     runs = []
     for v in range(versions):
         go.get(timeout=120)
@@ -129,18 +143,20 @@ def main():
         pub.publish(items, stream=s)
         t1 = time.monotonic_ns()
         s.synchronize()
-        runs.append((t0, t1, list(plog), list(wlog)))
+        runs.append((t0, t1, list(plog), list(wlog), dict(marks)))
     reads = q.get(timeout=300)
     p.join(60)
     pub.close()
     gpuipc.Pool.unlink(name + ".w")  # its names outlive this process: the broker would keep its memory
     print(json.dumps({"device": torch.cuda.get_device_name(0), "layers": layers, "bucket_bytes": bucket, "ring": ring,
                       "reader_stream": "legacy" if legacy else "side", "tensors": len(items)}))
-    for (t0, t1, pl, wl), rv in zip(runs, reads):
+    for (t0, t1, pl, wl, mk), rv in zip(runs, reads):
         ms = lambda t: (t - t0) / 1e6  # noqa: E731
         waits = {w["seq"]: w["slot_wait_us"] for w in wl}
         rows = {r["seq"]: r for r in rv["buckets"]}
-        print(f"version {rv['version']}: publish() returned at {ms(t1):.2f} ms, reader synced at {ms(rv['synced']):.2f} ms")
+        print(f"version {rv['version']}: publish() returned at {ms(t1):.2f} ms, reader synced at {ms(rv['synced']):.2f} ms"
+              f" (start() returned at {ms(mk.get('start_end', t0)):.2f} ms, its admit() took "
+              f"{mk.get('admit_ns', 0) / 1e6:.2f} ms)")
         print("  seq  slot_wait_us  flush_start  flush_end  reader_woke  enqueued  gpu_done  pieces")
         for f in pl:
             r = rows.get(f["seq"], {})
