@@ -73,8 +73,8 @@ ROWS: List[Row] = [
         note="target 1 ms, not met: [torch.md](docs/torch.md#where-it-stands-measured) says where the time goes"),
     Row("a 16 GiB state dict of 3063 bf16 tensors streamed by reference to another process "
         "(`stream_publisher(by_reference=True)`), against a local copy of the dict", "weights_stream_byref_ratio", "x",
-        ["weights-stream-3ce7a49-h100-run1-20261126.json", "weights-stream-3ce7a49-h100-run2-20261126.json",
-         "weights-stream-3ce7a49-h200-run1-20261126.json", "weights-stream-3ce7a49-h200-run2-20261126.json"],
+        ["weights-stream-919ec64-h100-run1-20261126.json", "weights-stream-919ec64-h100-run2-20261126.json",
+         "weights-stream-919ec64-h200-run1-20261126.json", "weights-stream-919ec64-h200-run2-20261126.json"],
         [("local copy", "local_d2d_gbs", "GB/s")],
         note="two H100 and two H200 runs; the local copy is the faster of two ways: "
              "[torch.md](docs/torch.md#where-it-stands-measured)"),
