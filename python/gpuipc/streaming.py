@@ -198,13 +198,11 @@ class _Replay:
     """A version update() sent the common way in one call (every tensor a torch tensor sent by reference as the
     version before): its tensors in order, by name, weak reference and _identity, the distinct blocks they lie in,
     and its buckets as flushed. The next version that passes the same tensors in the same order, each unchanged,
-    sends those buckets again without walking them (a check of about 0.5 us a tensor). It holds no tensor and no
-    _Seen (whose byte views would keep a dropped tensor's memory)."""
+    sends those buckets again without walking them (StreamPublisher._send_again: 1.3-1.8 us a tensor against 2.8-4.0
+    for the walk on the H200s of bench/results/experiments/publish-walk-*). It holds no tensor and no _Seen (whose
+    byte views would keep a dropped tensor's memory)."""
 
     __slots__ = ("handle", "keys", "wrefs", "idents", "refs", "blocks", "buckets")
-
-    #: a bucket as recorded: pieces, table of blocks, its index, JSON length, bytes referenced, and the number of
-    #: the version's tensors laid out when it was sent (its last tensor's position + 1)
 
     def __init__(self, handle: Optional[int]) -> None:
         self.handle = handle  #: the version's CUstream: record_stream was called with it for every tensor
@@ -213,6 +211,8 @@ class _Replay:
         self.idents: List[Tuple[Any, ...]] = []
         self.refs: Optional[List[_Ref]] = []  #: while recording; close() keeps their distinct blocks
         self.blocks: List[Any] = []
+        #: each bucket as flushed: pieces, table of blocks, block index, JSON length, bytes referenced, and how many
+        #: of the version's tensors were laid out when it went (its last tensor's position + 1)
         self.buckets: List[Tuple[List[Any], List[List[str]], Dict[Tuple[str, str], int], int, int, int]] = []
 
     def add(self, key: str, seen: _Seen) -> None:
@@ -399,6 +399,7 @@ class StreamPublisher:
         self._stage_np = []
         self._seen.clear()
         self._bodies.clear()
+        self._replay = self._record = None
         self._slots.close()
         if self._filled is not None:
             self._filled.close()
@@ -535,6 +536,8 @@ class StreamPublisher:
         self._walk(items)
 
     def _walk(self, items: Any) -> None:
+        """Lays ``items`` into buckets (sending each once full), recording the version for _Replay while every
+        tensor takes the common way."""
         names, seen_of, add = self._names, self._seen, self._add
         # The common case of a version like the last, inline: a torch tensor sent by reference as before, whose
         # piece goes into the open bucket unchanged (what _add and _add_reference check, with nothing they would
