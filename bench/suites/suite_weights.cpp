@@ -261,11 +261,10 @@ void measure_stream(Result& r, const Options& o, const Specs& specs) {
   const json j = run_part(o, "bucketed streaming to another process vs a local device-to-device copy",
                           fmt::format("--part stream --spec '{}'{} --reps {}", specs.small.string(), large_arg, reps));
   r.samples.push_back({{"name", "weights_stream"}, {"result", j}});
-  const auto all = {"weights_stream_gbs",        "weights_stream_p99_gbs",   "local_d2d_gbs",
-                    "local_d2d_p99_gbs",         "local_d2d_flat_gbs",       "weights_stream_ratio",
-                    "local_d2d_foreach_gbs",     "local_d2d_wide_gbs",
-                    "weights_stream_bytes",      "weights_stream_byref_gbs", "weights_stream_byref_p99_gbs",
-                    "weights_stream_byref_ratio"};
+  const auto all = {"weights_stream_gbs",       "weights_stream_p99_gbs",       "local_d2d_gbs",
+                    "local_d2d_p99_gbs",        "local_d2d_flat_gbs",           "weights_stream_ratio",
+                    "local_d2d_foreach_gbs",    "local_d2d_wide_gbs",           "weights_stream_bytes",
+                    "weights_stream_byref_gbs", "weights_stream_byref_p99_gbs", "weights_stream_byref_ratio"};
   if (const auto why = why_not(j); !why.empty()) {
     for (const char* n : all) r.metrics[n] = nullptr;
     r.notes.push_back("weights_stream_gbs, weights_stream_byref_gbs: " + why +
