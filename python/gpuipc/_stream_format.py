@@ -59,6 +59,16 @@ def _control_bytes(buckets: int, readers: int) -> int:
     return _desc_offset(buckets, readers) + buckets * DESC_BYTES
 
 
+def _join_name(name: str) -> str:
+    """NAME.joins: raised by a reader once it has claimed a slot, so the publisher looks at the free slots only then."""
+    return name + ".joins"
+
+
+def _join_mode(mode: int) -> int:
+    """NAME.joins's mode: who may read the stream may raise it (a raise only makes the publisher look at its slots)."""
+    return mode | ((mode & 0o444) >> 1)
+
+
 def _slot_name(name: str, i: int) -> str:
     return f"{name}.reader.{i}"
 

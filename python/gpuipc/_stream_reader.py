@@ -17,6 +17,7 @@ from .errors import (
     AlreadyExists,
     ChecksumMismatch,
     Closed,
+    Error,
     InvalidArgument,
     InvalidState,
     NotFound,
@@ -49,6 +50,7 @@ from ._stream_format import (
     _raise_poisoned,
     _read_desc,
     _read_header,
+    _join_name,
     _slot_name,
     _torch,
     _torch_bytes,
@@ -146,15 +148,31 @@ class StreamReader:
                 try:
                     self._slot_sem = Semaphore.create(_slot_name(self.name, i), initial=0, kind=kind,
                                                       device=self._device, mode=h.mode)
-                    return i
                 except AlreadyExists:
                     continue
+                self._announce()
+                return i
             if deadline is None or time.monotonic() > deadline:
                 raise QuotaExceeded(
                     f"stream {self.name!r}: all {h.readers} reader slots are taken (readers= of stream_publisher; "
                     "slots of readers that left are freed at the publisher's next version)"
                 )
             time.sleep(0.01)
+
+    def _announce(self) -> None:
+        """Raises NAME.joins, after this reader's slot exists: the publisher's next start() then looks for it. Where
+        that cannot be done (a publisher without it, or no permission), the publisher still finds the slot within a
+        second."""
+        try:
+            joins = Semaphore.open(_join_name(self.name), role="signaller")
+        except Error:
+            return
+        try:
+            joins.signal_host(joins.value + 1)
+        except Error:
+            pass
+        finally:
+            joins.close()
 
     # ---------------------------------------------------------------------------------------------------------------
     @property

@@ -13,6 +13,10 @@ from .errors import Closed, Error, NotFound, PeerDied, Timeout
 from .semaphore import Semaphore
 
 
+#: At least this often admit() looks at every free reader slot, whatever NAME.joins says (seconds).
+_FULL_SCAN_S = 1.0
+
+
 class _ReaderSlots:
     """Reader slot ``i``: the timeline ``NAME.reader.<i>`` its reader created, and its admit word in the control
     block (``mem``, set once the publisher made it)."""
@@ -25,9 +29,16 @@ class _ReaderSlots:
         self.mem: Optional[np.ndarray] = None
         self._readers: List[Optional[_ReaderSlot]] = [None] * readers
         self._evicted: Dict[int, Semaphore] = {}
+        #: NAME.joins, which a reader raises once it has claimed a slot (_join_name); None until the publisher made it
+        self.joins: Optional[Semaphore] = None
+        self._joins_seen = -1  # its value before the last scan that looked at every free slot
+        self._full_scan_at = 0.0  # when that scan was
 
     def close(self) -> None:
         """Closes every reader's timeline (the names stay: the publisher removes them)."""
+        if self.joins is not None:
+            self.joins.close()
+            self.joins = None
         for slot in self._readers:
             if slot is not None:
                 slot.sem.close()
@@ -55,9 +66,10 @@ class _ReaderSlots:
         except Error:
             pass
 
-    def scan(self) -> int:
+    def scan(self, free: bool = True) -> int:
         """Finds readers that claimed a slot, and frees the slots of readers that are gone. Returns how many slots
-        are claimed now (admitted or waiting for the next version)."""
+        are claimed now (admitted or waiting for the next version). ``free``: also look at every free slot, one
+        broker round trip each (a reader's slot is a name it creates); else only at the slots known."""
         for i in range(len(self._readers)):
             ev = self._evicted.get(i)
             if ev is not None:
@@ -69,6 +81,8 @@ class _ReaderSlots:
                 if slot.sem.status != "ok":
                     self.drop(i)
                 continue
+            if not free:
+                continue
             try:
                 sem = Semaphore.open(_slot_name(self.name, i), role="waiter", device=self._device)
             except NotFound:
@@ -79,8 +93,19 @@ class _ReaderSlots:
         return sum(1 for r in self._readers if r is not None)
 
     def admit(self, first: int) -> None:
-        """Readers that joined since the last version read from bucket ``first`` on."""
-        self.scan()
+        """Readers that joined since the last version read from bucket ``first`` on. The free slots are looked at
+        only when NAME.joins moved since the last time they were (each costs a broker round trip: 0.35-0.64 ms for
+        three at every version on the H200s of bench/results/experiments/byref-timeline-919ec64-*-start-*), and at
+        least once a second (a reader that could not raise it: no write permission, or an older gpuipc)."""
+        joins = self.joins.value if self.joins is not None else None
+        now = time.monotonic()
+        free = joins is None or joins != self._joins_seen or now - self._full_scan_at >= _FULL_SCAN_S
+        self.scan(free)
+        if free:
+            # The value read before the scan: a reader that raises it after claimed its slot after the scan began,
+            # so the next admit() looks again.
+            self._joins_seen = joins if joins is not None else -1
+            self._full_scan_at = now
         for i, slot in enumerate(self._readers):
             if slot is not None and slot.first == 0:
                 slot.first = first

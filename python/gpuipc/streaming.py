@@ -20,6 +20,8 @@ Names made by ``stream_publisher(NAME)``:
 * ``NAME.filled``: a timeline the publisher signals with the sequence number ``s`` (1, 2, ...) of each bucket once
   its copy into the staging buffer is done (stream-ordered for device pools); bucket ``s`` lives in ring slot
   ``s % buckets``;
+* ``NAME.joins``: raised by each reader once it has claimed its slot (to the value it read plus one): the publisher
+  looks at the free reader slots (a broker round trip each) only when it moved, and at least once a second;
 * ``NAME.reader.<i>``: one timeline per reader slot ``i < readers``, created by the reader that claims the slot
   (so that its death poisons it), signalled with ``s`` once that reader's copies out of bucket ``s`` are done,
   reference pieces included (stream-ordered for device pools). A bucket with no staged bytes (``used`` 0) that is
@@ -127,6 +129,8 @@ from ._stream_format import (
     _is_torch,
     _nbytes,
     _numpy_bytes,
+    _join_mode,
+    _join_name,
     _slot_name,
     _torch,
     _torch_bytes,
@@ -367,6 +371,13 @@ class StreamPublisher:
             except AlreadyExists:
                 raise AlreadyExists(f"stream_publisher: semaphore {name + '.filled'!r} is taken: gpuipc.unlink_stream({name!r})") from None
             self._made.append(("semaphore", name + ".filled"))
+            try:
+                self._slots.joins = Semaphore.create(_join_name(name), initial=0, kind="host",
+                                                     mode=_join_mode(self._mode))
+            except AlreadyExists:
+                raise AlreadyExists(f"stream_publisher: semaphore {_join_name(name)!r} is taken: "
+                                    f"gpuipc.unlink_stream({name!r})") from None
+            self._made.append(("semaphore", _join_name(name)))
             try:
                 self._seg = Segment.create(name, _control_bytes(B, N), kind="host", mode=self._mode)
             except AlreadyExists:
@@ -973,7 +984,9 @@ def stream_publisher(*args: Any, **kwargs: Any) -> StreamPublisher:
 
 
 def unlink_stream(name: str) -> None:
-    """Removes the names of stream ``name`` (NAME, NAME.pool, NAME.filled, NAME.reader.*) after its publisher died
+    """Removes the names of stream ``name`` (NAME, NAME.pool, NAME.filled, NAME.joins, NAME.reader.*) after its
+    publisher died
     without closing. Raises NotFound when none exists."""
     unlink_names(((Segment.unlink, name), (Pool.unlink, name + ".pool"), (Semaphore.unlink, name + ".filled"),
+                  (Semaphore.unlink, _join_name(name)),
                   *((Semaphore.unlink, _slot_name(name, i)) for i in range(_MAX_READERS))), f"no stream named {name!r}")

@@ -134,6 +134,46 @@ def test_reader_slots_are_bounded_and_reused(name):
             assert rd2.receive(into, timeout=10) == 1 and into["x"].sum() == 4
 
 
+def test_start_looks_at_free_reader_slots_only_after_a_reader_joined(name, monkeypatch):
+    """A reader slot is a name its reader creates, so looking at a free one is a broker round trip. start() looks at
+    the free slots when NAME.joins moved (a reader raises it once its slot exists), and at least once a second (a
+    reader that could not raise it is admitted then)."""
+    from gpuipc._stream_reader import StreamReader
+
+    probes = []
+    real_open = gpuipc.Semaphore.open.__func__
+
+    def counting_open(cls, n, **kw):
+        if ".reader." in n:
+            probes.append(n)
+        return real_open(cls, n, **kw)
+
+    monkeypatch.setattr(gpuipc.Semaphore, "open", classmethod(counting_open))
+
+    def version(pub, v):
+        probes.clear()
+        assert pub.publish({"x": np.full(4, float(v))}) == v
+        return len(probes)
+
+    with gpuipc.stream_publisher(name, 4096, 8, readers=8, kind="host") as pub:
+        assert version(pub, 1) == 8  # the first looks at every slot
+        assert version(pub, 2) == 0
+        with gpuipc.stream_reader(name, wait=5) as rd:
+            assert version(pub, 3) == 8  # NAME.joins moved: every slot not known is looked at (the reader's found)
+            assert version(pub, 4) == 0
+            into = {"x": np.zeros(4)}
+            assert rd.receive(into, timeout=10) == 3 and rd.receive(into, timeout=10) == 4
+            monkeypatch.setattr(StreamReader, "_announce", lambda self: None)  # a reader that does not raise it
+            with gpuipc.stream_reader(name, wait=5) as quiet:
+                t = time.monotonic()
+                assert version(pub, 5) == 0
+                with pytest.raises(gpuipc.Timeout):
+                    quiet.receive(into, timeout=0.2)  # not admitted at version 5
+                time.sleep(max(0.0, 1.05 - (time.monotonic() - t)))
+                assert version(pub, 6) == 7  # a second went by: every slot but rd's looked at (quiet's found)
+                assert quiet.receive(into, timeout=10) == 6 and into["x"][0] == 6.0
+
+
 def test_slow_reader_is_evicted(name):
     with gpuipc.stream_publisher(name, 4096, 2, kind="host", reader_timeout=0.3) as pub, \
             gpuipc.stream_reader(name) as rd:
