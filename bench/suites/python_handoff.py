@@ -20,6 +20,14 @@ Two variants, each after 50 warm-up round trips:
   send queues a device copy and stream memory operations, which are drained here.
 * back to back (``nodrain_*``): no synchronisation between round trips; stream work may overlap the next one.
 
+Then the zero-copy handoff (``zc_*``), the protocol of the C++ channels suite's ``handoff_rtt`` from Python: a
+one-slot channel; the producer acquires the slot (``ch.acquire``), has its torch view (``slot.tensor()``, made once)
+and publishes it (``slot.publish_array``); the consumer receives it, makes its torch view (``msg.tensor()``) and
+releases it; the producer's next acquire returns once that release is seen. One round trip is the time from the
+producer's publish call to its next acquire's return; no bytes are copied (the producer filled the slot once, in
+the warm-up, and the consumer checks them once). Drained (``zc_p50_us``...: both streams synchronized between round
+trips, outside the timed window; the consumer says so through the semaphore) and back to back (``zc_nodrain_*``).
+
 ``--host`` runs the same protocol through a host channel with a NumPy array (no GPU, no torch: tests the script).
 ``--stream side`` uses a new torch stream on each side instead of the current (default) stream.
 
@@ -58,6 +66,100 @@ def phases(iters):
     return [("drained", True, WARMUP + iters), ("nodrain", False, WARMUP + iters)]
 
 
+ZC_FILL = 7  # the byte the zero-copy producer writes into its slot once
+
+
+def _slot_view(slot, nbytes, host):
+    return slot.as_array("uint8", (nbytes,)) if host else slot.tensor("uint8", (nbytes,))
+
+
+def _msg_view(msg, host):
+    import numpy as np
+
+    return np.asarray(msg.array) if host else msg.tensor()
+
+
+def zero_copy_producer(zc, sem, value, stream, nbytes, iters, host):
+    """The zero-copy round trips (see the module docstring), after the copying ones; returns ({"zc_p50_us", ...},
+    the acknowledgement semaphore's value)."""
+    out = {}
+    for name, drained, n in phases(iters):
+        rtt, acquire_us, view_us, publish_us = [], [], [], []
+        published = 0.0
+        for k in range(n):  # acquire k returns once message k - 1 was released: its round trip
+            a0 = time.perf_counter()
+            slot = zc.acquire(stream=stream, timeout=TIMEOUT_S)
+            a1 = time.perf_counter()
+            if k > WARMUP:
+                rtt.append((a1 - published) * 1e6)
+                acquire_us.append((a1 - a0) * 1e6)
+            buf = _slot_view(slot, nbytes, host)
+            a2 = time.perf_counter()
+            if k == 0:
+                buf.fill(ZC_FILL) if host else buf.fill_(ZC_FILL)
+            if k > WARMUP:
+                view_us.append((a2 - a1) * 1e6)
+            del buf
+            if drained:  # outside the timed window: both streams idle, the consumer done with the last one
+                if stream is not None:
+                    stream.synchronize()
+                if k > 0:
+                    value += 1
+                    sem.wait_host(value, timeout=TIMEOUT_S)
+            published = time.perf_counter()
+            slot.publish_array("uint8", (nbytes,), stream=stream)
+            if k > WARMUP:
+                publish_us.append((time.perf_counter() - published) * 1e6)
+        if drained and n > 0:
+            value += 1
+            sem.wait_host(value, timeout=TIMEOUT_S)  # the consumer drained the last message of the phase
+        prefix = "zc_" if drained else f"zc_{name}_"
+        out.update(summarize(rtt, prefix))
+        if drained:
+            out.update({"zc_acquire_call_us": statistics.median(acquire_us),
+                        "zc_slot_view_us": statistics.median(view_us),
+                        "zc_publish_call_us": statistics.median(publish_us)})
+    return out, value
+
+
+def zero_copy_consumer(zc, sem, value, stream, nbytes, iters, host):
+    """The consumer's side of zero_copy_producer; returns ({"zc_recv_wait_us", ...}, the semaphore's value)."""
+    out = {}
+    checked = False
+    for _, drained, n in phases(iters):
+        recv_us, view_us, release_us = [], [], []
+        for k in range(n):
+            r0 = time.perf_counter()
+            msg = zc.recv(timeout=TIMEOUT_S, stream=stream)
+            r1 = time.perf_counter()
+            a = _msg_view(msg, host)
+            r2 = time.perf_counter()
+            if not checked:
+                if stream is not None:
+                    stream.synchronize()
+                first, last = int(a[0]), int(a[-1])
+                if a.shape[0] != nbytes or first != ZC_FILL or last != ZC_FILL:
+                    raise RuntimeError(f"zero-copy: received {tuple(a.shape)} starting {first}, ending {last}: "
+                                       f"expected {nbytes} bytes of {ZC_FILL}")
+                checked = True
+            del a
+            msg.release(stream=stream)
+            r3 = time.perf_counter()
+            if k >= WARMUP and drained:
+                recv_us.append((r1 - r0) * 1e6)
+                view_us.append((r2 - r1) * 1e6)
+                release_us.append((r3 - r2) * 1e6)
+            if drained:
+                if stream is not None:
+                    stream.synchronize()
+                value += 1
+                sem.signal_host(value)
+        if drained:
+            out.update({"zc_recv_wait_us": statistics.median(recv_us), "zc_view_us": statistics.median(view_us),
+                        "zc_release_call_us": statistics.median(release_us)})
+    return out, value
+
+
 def _torch_cuda():
     import torch
 
@@ -74,7 +176,7 @@ def _stream(torch, which):
 
 
 # --- consumer ------------------------------------------------------------------------------------------------
-def consumer(ch_name, sem_name, nbytes, iters, host, which_stream, results):
+def consumer(ch_name, zc_name, sem_name, nbytes, iters, host, which_stream, results):
     """Receives, views, releases and acknowledges every message; puts {"recv_wait_us", ...} or {"error"} last."""
     out = {}
     try:
@@ -87,6 +189,7 @@ def consumer(ch_name, sem_name, nbytes, iters, host, which_stream, results):
             torch = _torch_cuda()
             stream = _stream(torch, which_stream)
         ch = gpuipc.Channel.open(ch_name, "consumer", wait=TIMEOUT_S)
+        zc = gpuipc.Channel.open(zc_name, "consumer", wait=TIMEOUT_S)
         sem = gpuipc.Semaphore.create(sem_name, initial=0, kind="host")
         value = 0
         recv_us, view_us, release_us = [], [], []
@@ -127,7 +230,9 @@ def consumer(ch_name, sem_name, nbytes, iters, host, which_stream, results):
                     sem.signal_host(value)  # drained: the producer may start its next timer
         if stream is not None:
             stream.synchronize()
+        zc_out, value = zero_copy_consumer(zc, sem, value, stream, nbytes, iters, host)
         results.put({
+            **zc_out,
             "recv_wait_us": statistics.median(recv_us),
             "from_dlpack_us": statistics.median(view_us),  # the torch view's cost, however it was made:
             "view": "np.asarray(msg.array)" if host else (
@@ -142,6 +247,7 @@ def consumer(ch_name, sem_name, nbytes, iters, host, which_stream, results):
         except (gpuipc.Closed, gpuipc.PeerDied):
             pass
         ch.close()
+        zc.close()
         sem.close()
         return
     except BaseException as e:  # noqa: BLE001 - reported to the producer
@@ -221,11 +327,13 @@ def run(nbytes, iters, host, which_stream):
         buf.fill_(1)
         torch.cuda.synchronize()
     tag = f"{os.getpid()}-{time.monotonic_ns() % 1000000}"
-    ch_name, sem_name = f"pyhandoff-{tag}", f"pyhandoff-ack-{tag}"
-    ch = gpuipc.Channel.create(ch_name, slots=4, slot_bytes=nbytes, kind="host" if host else "device")
+    ch_name, zc_name, sem_name = f"pyhandoff-{tag}", f"pyhandoff-zc-{tag}", f"pyhandoff-ack-{tag}"
+    kind = "host" if host else "device"
+    ch = gpuipc.Channel.create(ch_name, slots=4, slot_bytes=nbytes, kind=kind)
+    zc = gpuipc.Channel.create(zc_name, slots=1, slot_bytes=nbytes, kind=kind)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    p = ctx.Process(target=consumer, args=(ch_name, sem_name, nbytes, iters, host, which_stream, results))
+    p = ctx.Process(target=consumer, args=(ch_name, zc_name, sem_name, nbytes, iters, host, which_stream, results))
     p.start()
     out = {}
     finished = False
@@ -256,6 +364,8 @@ def run(nbytes, iters, host, which_stream):
         out["send_parts_us"] = send_parts(ch, buf, stream)
         if stream is not None:
             stream.synchronize()
+        zc_out, value = zero_copy_producer(zc, sem, value, stream, nbytes, iters, host)
+        out.update(zc_out)
         peer = results.get(timeout=TIMEOUT_S)
         if "error" in peer:
             raise ConsumerFailed(peer["error"])
@@ -274,6 +384,7 @@ def run(nbytes, iters, host, which_stream):
             raise ConsumerFailed(f"{peer['error']} (producer: {type(e).__name__}: {e})") from e
         raise
     finally:
+        zc.close()
         ch.close()  # the consumer's cue to exit
         p.join(timeout=TIMEOUT_S if finished else 2)
         if p.is_alive():

@@ -225,8 +225,10 @@ class Channel:
     def acquire(self, stream: int, timeout: float | None = None) -> tuple[ArrayView, int]:
         """Claims the next free slot: (bytes view of its capacity, sequence)."""
 
-    def publish(self, header: bytes, nbytes: int, stream: int) -> int:
-        """Publishes the oldest acquired slot; returns its sequence."""
+    def publish(self, header: bytes, nbytes: int, stream: int, slot: int | None = None) -> int:
+        """
+        Publishes the oldest acquired slot; returns its sequence. ``slot``: the sequence it must have (InvalidState otherwise: already published, or older slots are still acquired).
+        """
 
     def send_copy(self, source: int, nbytes: int, header: bytes, stream: int, timeout: float | None = None) -> int:
         """
@@ -238,8 +240,10 @@ class Channel:
         Takes the next message: (read-only bytes view of its payload, header bytes, sequence).
         """
 
-    def release(self, stream: int) -> int:
-        """Releases the oldest received message; returns its sequence."""
+    def release(self, stream: int, message: int | None = None) -> int | None:
+        """
+        Releases the oldest received message; returns its sequence. ``message``: the sequence it must have: None when that one is no longer held (released, or this handle closed), InvalidState when older ones are.
+        """
 
     def incomplete(self, sequence: int) -> bool:
         """

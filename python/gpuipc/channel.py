@@ -22,6 +22,7 @@ this module keeps no copy of it.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -72,13 +73,16 @@ class Channel:
     receives it. When the last consumer is gone, producers get PeerDied/Closed.
     """
 
-    __slots__ = ("_ch", "_tensors", "__weakref__")
+    __slots__ = ("_ch", "_tensors", "_headers", "__weakref__")
 
     def __init__(self, _handle: _gpuipc.Channel) -> None:
         """Internal: use :meth:`create` or :meth:`open`."""
         self._ch = _handle
-        # Message.tensor's torch tensors, by (slot address, dtype, shape): made once, handed out again
-        self._tensors: Dict[Tuple[int, str, Tuple[int, ...]], Any] = {}
+        # Message.tensor's and Slot.tensor's torch tensors, by (slot address, dtype, shape): made once, handed out
+        # again, with the shape they were made with
+        self._tensors: Dict[Tuple[Any, ...], Tuple[Any, Tuple[int, ...]]] = {}
+        # Slot.publish_array's (nbytes, header), by (dtype, shape, meta) as the caller spelt them
+        self._headers: Dict[Tuple[Any, Any, Any], Tuple[int, bytes]] = {}
 
     # Construction ------------------------------------------------------------------------------------------------
     @classmethod
@@ -222,14 +226,18 @@ class Channel:
     def recv(self, *, timeout: Optional[float] = None, stream: Any = None) -> "Message":
         """Receives the next message (see :meth:`receive`), skipping ones whose producer aborted them. Its
         ``.array`` is a zero-copy view when it was sent with :meth:`send`. Release it when done."""
+        handle = stream_handle(stream)
         deadline = None if timeout is None else time.monotonic() + timeout
+        left = timeout
         while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            msg = self.receive(stream=stream, timeout=left)
+            view, header, sequence = self._ch.receive(handle, left)
+            msg = Message(self, view, header, sequence)
             info = msg._info()
             if info is None or not info.aborted:
                 return msg
-            msg.release(stream=stream)
+            self._ch.release(handle, sequence)
+            if deadline is not None:
+                left = max(0.0, deadline - time.monotonic())
 
     def __iter__(self) -> Iterator["Message"]:
         """Receives messages until the producers have all closed (Closed ends the loop; PeerDied is raised).
@@ -242,6 +250,41 @@ class Channel:
                     raise
                 return
             yield msg
+
+    def _array_header(self, dtype: Any, shape: Shape, meta: Any) -> Tuple[int, bytes]:
+        """(payload bytes, array header) of an array of ``dtype`` and ``shape`` with ``meta``; remembered for the
+        next message of the same spelling (a stream of arrays mostly repeats one)."""
+        dt = dtype_of(dtype)
+        dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in (shape or ()))
+        if any(d < 0 for d in dims):
+            raise InvalidArgument(f"channel '{self.name}': negative dimension in shape {list(dims)}")
+        nbytes = math.prod(dims) * dt.itemsize
+        raw = bytes(meta)
+        self._check_fits(dt, dims, nbytes, raw)
+        out = (nbytes, pack_header(dt, dims, nbytes, raw))
+        try:
+            if len(self._headers) >= 64:  # messages that keep changing shape: start again
+                self._headers.clear()
+            self._headers[(dtype, shape, meta)] = out
+        except TypeError:  # a spelling that cannot be a key (a list shape, bytearray meta): not remembered
+            pass
+        return out
+
+    def _torch_view(self, view: _gpuipc.ArrayView, key: Tuple[Any, ...], dtype: Any, shape: Shape) -> Any:
+        """A torch tensor of ``view`` as ``dtype`` and ``shape``: made once per ``key`` (the slot's address first)
+        and handed out again while it still has that address and the shape it was made with."""
+        hit = self._tensors.get(key)
+        if hit is not None:
+            t, dims = hit
+            if t.data_ptr() == key[0] and t.shape == dims:
+                return t
+        import torch  # noqa: PLC0415 - only for this call
+
+        t = torch.from_dlpack(make_array(view, dtype, shape))
+        if len(self._tensors) >= 4 * max(self.slots, 1):  # a channel whose messages change shape: start again
+            self._tensors.clear()
+        self._tensors[key] = (t, tuple(t.shape))
+        return t
 
     def _check_fits(self, dt: DType, shape: Tuple[int, ...], nbytes: int, meta: bytes) -> None:
         need = header_bytes_needed(len(shape), len(meta))
@@ -376,37 +419,36 @@ class Slot:
         """A zero-copy, writable view of the slot (see :meth:`gpuipc.Segment.as_array`)."""
         return make_array(self._view, dtype, shape, offset)
 
+    def tensor(self, dtype: Any = "uint8", shape: Shape = None) -> Any:
+        """A zero-copy, writable torch tensor of the slot (``shape=None``: as many elements as fit): write the
+        message into it, then :meth:`publish_array` with the same dtype and shape.
+
+        Made once per slot, dtype and shape and handed out again for later acquires of that slot (like
+        :meth:`Message.tensor`): it is the slot's memory, to be written only between acquire and publish. Do not
+        resize it or change its shape in place. Needs torch."""
+        key = (self._view.address, dtype, shape if shape is None or isinstance(shape, (int, tuple)) else tuple(shape))
+        return self._channel._torch_view(self._view, key, dtype, shape)
+
     def publish(self, nbytes: int, *, header: bytes = b"", stream: Any = None) -> int:
         """Publishes this slot (it must be the oldest acquired one) with ``nbytes`` and a raw ``header``."""
-        self._check_oldest()
-        return self._channel.publish(nbytes, header=header, stream=stream)
+        return self._channel._ch.publish(bytes(header), nbytes, stream_handle(stream), self.sequence)
 
     def publish_array(self, dtype: Any, shape: Shape, *, meta: bytes = b"", stream: Any = None) -> int:
         """Publishes this slot as an array of ``dtype`` and ``shape`` written at its start (``recv().array``
         gives it back)."""
-        self._check_oldest()
-        dt = dtype_of(dtype)
-        dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in (shape or ()))
-        nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
-        meta = bytes(meta)
-        self._channel._check_fits(dt, dims, nbytes, meta)
-        return self._channel.publish(nbytes, header=pack_header(dt, dims, nbytes, meta), stream=stream)
-
-    def _check_oldest(self) -> None:
-        acquired = self._channel._ch.held
-        if not acquired or acquired[0] != self.sequence:
-            raise InvalidState(
-                f"slot {self.sequence} of channel '{self._channel.name}': "
-                + ("already published" if self.published else "publish the older acquired slots first")
-            )
+        ch = self._channel
+        try:
+            nbytes, header = ch._headers[(dtype, shape, meta)]
+        except (KeyError, TypeError):  # not seen yet, or a spelling that cannot be a key
+            nbytes, header = ch._array_header(dtype, shape, meta)
+        return ch._ch.publish(header, nbytes, stream_handle(stream), self.sequence)
 
     def __enter__(self) -> "Slot":
         return self
 
     def __exit__(self, *exc: object) -> None:
         if not self.published:  # (a closed channel gave it up already)
-            self._check_oldest()
-            self._channel.publish(0, header=ABORTED_HEADER)
+            self._channel._ch.publish(ABORTED_HEADER, 0, 0, self.sequence)
 
     def __repr__(self) -> str:
         return f"<gpuipc.Slot {self.sequence} of {self._channel.name!r} capacity={self.capacity}>"
@@ -463,18 +505,8 @@ class Message:
         reuses the same object. Do not resize it or change its shape in place. Needs torch."""
         info = self._require_info()
         self._check_held()
-        key = (self._view.address, info.dtype.name, info.shape)
-        cache = self._channel._tensors
-        t = cache.get(key)
-        if t is not None and t.data_ptr() == key[0] and tuple(t.shape) == info.shape:
-            return t
-        import torch  # noqa: PLC0415 - only for this call
-
-        t = torch.from_dlpack(make_array(self._view, info.dtype, info.shape))
-        if len(cache) >= 4 * max(self._channel.slots, 1):  # a channel whose messages change shape: start again
-            cache.clear()
-        cache[key] = t
-        return t
+        return self._channel._torch_view(self._view, (self._view.address, info.dtype.name, info.shape), info.dtype,
+                                         info.shape)
 
     @property
     def dtype(self) -> Optional[np.dtype]:
@@ -510,17 +542,7 @@ class Message:
     def release(self, *, stream: Any = None) -> None:
         """Gives the slot back in ``stream`` order (device channels: once ``stream`` has finished reading).
         Messages are released oldest first: InvalidState otherwise. Idempotent."""
-        if self._channel.closed:
-            return
-        held = self._channel._ch.held
-        if self.sequence not in held:
-            return
-        if held[0] != self.sequence:
-            raise InvalidState(
-                f"message {self.sequence} of channel '{self._channel.name}': release the older messages first "
-                f"(held: {list(held)})"
-            )
-        self._channel.release(stream=stream)
+        self._channel._ch.release(stream_handle(stream), self.sequence)
 
     def _require_info(self) -> ArrayInfo:
         info = self._info()

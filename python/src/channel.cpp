@@ -2,6 +2,7 @@
 // and the array header's layout (include/gpuipc/array_header.hpp) for python/gpuipc/_array_header.py.
 // python/gpuipc/channel.py wraps it (send/recv, message objects). What a handle holds is core's (Channel::held):
 // neither this file nor channel.py keeps a copy.
+#include <fmt/ranges.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -63,8 +64,8 @@ struct Locked {
 Locked lock(const PyChannel& c) {
   Locked g{c.state, {}};
   if (!g.state) raise_closed("channel");
-  g.lock = std::unique_lock<std::mutex>(g.state->mutex, std::defer_lock);
-  {
+  g.lock = std::unique_lock<std::mutex>(g.state->mutex, std::try_to_lock);
+  if (!g.lock.owns_lock()) {  // held by another thread: wait without the GIL (uncontended, this costs nothing)
     nb::gil_scoped_release unlocked;
     g.lock.lock();
   }
@@ -78,6 +79,14 @@ std::shared_ptr<const void> owner_of(const Locked& g, std::uintptr_t address) {
   const auto base = reinterpret_cast<std::uintptr_t>(s.data());
   if (s && address >= base && address < base + s.size()) return std::make_shared<const Segment>(s);
   return g.state;
+}
+
+/// Whether this handle holds `sequence` (an acquired slot or a received message).
+bool holds(const Channel& ch, std::uint64_t sequence) {
+  for (std::uint32_t i = 0; i < ch.held(); ++i) {
+    if (ch.held_sequence(i) == sequence) return true;
+  }
+  return false;
 }
 
 std::string role_name(ChannelRole r) { return r == ChannelRole::Producer ? "producer" : "consumer"; }
@@ -247,16 +256,26 @@ void bind_channel(nb::module_& m) {
           "stream"_a, "timeout"_a = nb::none(), "Claims the next free slot: (bytes view of its capacity, sequence).")
       .def(
           "publish",
-          [](PyChannel& c, nb::bytes header, std::size_t nbytes, std::uintptr_t stream) {
+          [](PyChannel& c, nb::bytes header, std::size_t nbytes, std::uintptr_t stream,
+             std::optional<std::uint64_t> slot) {
             const Locked g = lock(c);
-            const std::string what = "publish on channel '" + g.ch().name() + "'";
-            if (g.ch().held() == 0) throw StatusError(Status::InvalidState, what + ": no slot is acquired");
+            auto what = [&] { return "publish on channel '" + g.ch().name() + "'"; };
+            if (g.ch().held() == 0) throw StatusError(Status::InvalidState, what() + ": no slot is acquired");
             const std::uint64_t sequence = g.ch().held_sequence(0);
+            if (slot && *slot != sequence) {
+              throw StatusError(
+                  Status::InvalidState,
+                  fmt::format("slot {} of channel '{}': {}", *slot, g.ch().name(),
+                              holds(g.ch(), *slot) ? "publish the older acquired slots first" : "already published"));
+            }
             const std::span<const std::byte> h(static_cast<const std::byte*>(header.data()), header.size());
-            check_status(g.ch().publish(to_stream(stream), h, nbytes), what);
+            const Status s = g.ch().publish(to_stream(stream), h, nbytes);
+            if (s != Status::Ok) check_status(s, what());
             return sequence;
           },
-          "header"_a, "nbytes"_a, "stream"_a, "Publishes the oldest acquired slot; returns its sequence.")
+          "header"_a, "nbytes"_a, "stream"_a, "slot"_a = nb::none(),
+          "Publishes the oldest acquired slot; returns its sequence. ``slot``: the sequence it must have "
+          "(InvalidState otherwise: already published, or older slots are still acquired).")
       .def(
           "send_copy",
           [](PyChannel& c, std::uintptr_t source, std::size_t nbytes, nb::bytes header, std::uintptr_t stream,
@@ -294,15 +313,30 @@ void bind_channel(nb::module_& m) {
           "Takes the next message: (read-only bytes view of its payload, header bytes, sequence).")
       .def(
           "release",
-          [](PyChannel& c, std::uintptr_t stream) {
+          [](PyChannel& c, std::uintptr_t stream,
+             std::optional<std::uint64_t> message) -> std::optional<std::uint64_t> {
+            if (message && !c.state) return std::nullopt;  // a closed handle gave its messages back
             const Locked g = lock(c);
-            const std::string what = "release on channel '" + g.ch().name() + "'";
-            if (g.ch().held() == 0) throw StatusError(Status::InvalidState, what + ": no message is held");
+            auto what = [&] { return "release on channel '" + g.ch().name() + "'"; };
+            if (message && !holds(g.ch(), *message)) return std::nullopt;  // released already
+            if (g.ch().held() == 0) throw StatusError(Status::InvalidState, what() + ": no message is held");
             const std::uint64_t sequence = g.ch().held_sequence(0);
-            check_status(g.ch().release(to_stream(stream)), what);
+            if (message && *message != sequence) {
+              std::vector<std::uint64_t> held;
+              for (std::uint32_t i = 0; i < g.ch().held(); ++i) held.push_back(g.ch().held_sequence(i));
+              throw StatusError(Status::InvalidState,
+                                fmt::format("message {} of channel '{}': release the older messages first (held: "
+                                            "[{}])",
+                                            *message, g.ch().name(), fmt::join(held, ", ")));
+            }
+            const Status s = g.ch().release(to_stream(stream));
+            if (s != Status::Ok) check_status(s, what());
             return sequence;
           },
-          "stream"_a, "Releases the oldest received message; returns its sequence.")
+          "stream"_a, "message"_a = nb::none(),
+          "Releases the oldest received message; returns its sequence. ``message``: the sequence it must have: "
+          "None when that one is no longer held (released, or this handle closed), InvalidState when older ones "
+          "are.")
       .def(
           "incomplete",
           [](PyChannel& c, std::uint64_t sequence) {

@@ -90,6 +90,17 @@ def torch_producer(name: str, count: int) -> int:
     return count
 
 
+def torch_sums(name: str, count: int) -> list:
+    """Receives ``count`` messages and returns each one's sum (through Message.tensor)."""
+    torch_cuda()
+    sums = []
+    with gpuipc.Channel.open(name, "consumer", wait=30) as ch:
+        for _ in range(count):
+            with ch.recv(timeout=60) as msg:
+                sums.append(float(msg.tensor().sum().item()))
+    return sums
+
+
 def cupy_producer(name: str, count: int) -> int:
     import cupy
 

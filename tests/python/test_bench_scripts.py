@@ -17,3 +17,22 @@ def test_bench_script_starts(script):
     done = subprocess.run([sys.executable, path, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "usage" in done.stdout
+
+
+def test_python_handoff_runs_both_protocols_on_a_host_channel():
+    """The handoff script's whole protocol (copying send, then the zero-copy one) through a host channel: it
+    completes, the consumer's data checks pass, and every figure the suite reads is there."""
+    path = os.path.join(SUITES, "python_handoff.py")
+    if not os.path.exists(path):
+        pytest.skip("no bench/suites here (an installed package without the repository)")
+    done = subprocess.run([sys.executable, path, "--host", "--iters", "100"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    import json
+
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "error" not in out, out
+    for key in ("p50_us", "nodrain_p50_us", "send_call_us", "zc_p50_us", "zc_p99_us", "zc_nodrain_p50_us",
+                "zc_acquire_call_us", "zc_slot_view_us", "zc_publish_call_us", "zc_recv_wait_us", "zc_view_us",
+                "zc_release_call_us", "recv_wait_us", "release_call_us"):
+        assert isinstance(out.get(key), float) and out[key] > 0, (key, out.get(key))

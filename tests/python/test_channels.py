@@ -134,6 +134,45 @@ def test_zero_copy_slots_and_raw_messages(name):
                 m.array
 
 
+def test_publish_array_headers_follow_each_spelling(name):
+    """publish_array remembers each (dtype, shape, meta) spelling's header: alternating spellings, unhashable ones
+    and bad ones each give their own header or error."""
+    with _host_channel(name, slots=2, slot_bytes=4096, header_bytes=64) as tx, gpuipc.Channel.open(
+        name, "consumer"
+    ) as rx:
+        spellings = [
+            ("float32", (4, 4), b"a"),
+            ("int16", (2, 3), b""),
+            ("float32", (4, 4), b"a"),
+            (np.dtype("float64"), [3], bytearray(b"bb")),  # a list shape and bytearray meta: not remembered
+            ("uint8", 5, b""),
+            ("int16", (2, 3), b""),
+            ("float32", (16,), b"a"),
+        ]
+        for round_ in range(2):
+            for dtype, shape, meta in spellings:
+                slot = tx.acquire(timeout=1)
+                slot.publish_array(dtype, shape, meta=meta)
+                with rx.recv(timeout=1) as m:
+                    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+                    want = np.dtype(dtype)
+                    assert (m.dtype, m.shape, m.meta, m.size) == (want, dims, bytes(meta), want.itemsize * int(np.prod(dims)))
+        for bad, error, match in [
+            (("float32", (2000,), b""), gpuipc.InvalidArgument, "do not fit in a slot"),
+            (("uint8", (-1, 4), b""), gpuipc.InvalidArgument, "negative dimension"),
+            (("uint8", (1,) * 6, b""), gpuipc.InvalidArgument, "header"),
+            (("no-such-type", (1,), b""), TypeError, "element type"),
+        ]:
+            slot = tx.acquire(timeout=1)
+            for _ in range(2):  # refused the same way again (an error is not remembered)
+                with pytest.raises(error, match=match):
+                    slot.publish_array(*bad[:2], meta=bad[2])
+            assert not slot.published
+            slot.publish(0)
+            rx.recv(timeout=1).release()
+        assert tx.stats.free_slots == 2
+
+
 def test_unpublished_slot_is_skipped_by_recv(name):
     with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
         with pytest.raises(RuntimeError, match="boom"):
@@ -326,6 +365,8 @@ def test_held_state_is_the_librarys(name):
         assert tx.publish(0) == 1 and s1.published and tx._ch.held == []
         m0, m1 = rx.receive(timeout=1), rx.receive(timeout=1)
         assert rx._ch.held == [0, 1] and not m0.incomplete
+        with pytest.raises(gpuipc.InvalidState, match=r"release the older messages first \(held: \[0, 1\]\)"):
+            m1.release()
         rx.release()
         assert m0.released and not m1.released and rx._ch.held == [1]
         with pytest.raises(gpuipc.InvalidArgument, match="not held"):

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -139,6 +140,31 @@ def test_message_tensor_is_made_once_per_slot_and_shape(name):
                     assert bool((t == i).all()), i
                     seen.setdefault((msg.data.address, shape), set()).add(id(t))
                     kept.append(t)
+    assert len(seen) == 4 and all(len(ids) == 1 for ids in seen.values()), seen  # 2 slots x 2 shapes
+
+
+def test_slot_tensor_is_the_slot_made_once_per_slot_and_shape(name, start):
+    """Slot.tensor() is a writable torch tensor of the slot itself: written in place and published with
+    publish_array, it arrives in another process; one tensor per slot, dtype and shape."""
+    torch = _torch()
+    count = 8
+    with gpuipc.Channel.create(name, slots=2, slot_bytes=1 << 16, kind="device") as ch:
+        consumer = start(gpu_helpers.torch_sums, name, count)
+        deadline = time.monotonic() + 120
+        while ch.stats.consumers == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stream = torch.cuda.Stream()
+        seen = {}
+        with torch.cuda.stream(stream):
+            for i in range(count):
+                shape = (4, 8) if i < 4 else (64,)
+                slot = ch.acquire(stream=stream, timeout=120)
+                t = slot.tensor("float32", shape)
+                assert t.is_cuda and tuple(t.shape) == shape and t.data_ptr() == slot.address
+                t.fill_(float(i))  # on `stream`, after acquire's wait for the slot's last reader
+                slot.publish_array("float32", shape, stream=stream)
+                seen.setdefault((slot.address, shape), set()).add(id(t))
+        assert consumer.result(timeout=120) == [float(i) * (32 if i < 4 else 64) for i in range(count)]
     assert len(seen) == 4 and all(len(ids) == 1 for ids in seen.values()), seen  # 2 slots x 2 shapes
 
 
