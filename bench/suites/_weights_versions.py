@@ -323,10 +323,22 @@ MEMCPY_BYTES = 32 << 20
 
 
 def _wide_copy(torch, dst, src):
-    """The copies the stream reader enqueues, over the same tensors: tensors of MEMCPY_BYTES or more one
+    """The copies the stream reader enqueues, over the same tensors: the reader's own layout of them
+    (gpuipc._stream_format._Copies over uint8 views), or with a gpuipc older than it, this layout written again:
+    tensors of MEMCPY_BYTES or more one
     Tensor.copy_ each, the rest in one torch._foreach_copy_ over int64 views (bf16 tensors whose bytes are a multiple
     of 8; others in one more call as they are). torch's _foreach_copy_ moves 2-byte elements with 8-byte loads, int64
     ones with 32-byte loads: bench/results/experiments/copy-methods-*."""
+    try:
+        from gpuipc._stream_format import _Copies
+    except ImportError:
+        _Copies = None
+    if _Copies is not None:
+        flat = [t.view(-1).view(torch.uint8) for t in dst], [t.view(-1).view(torch.uint8) for t in src]
+        copies = _Copies(torch, *flat)
+        return (lambda: copies.run(torch, True)), (
+            "the stream reader's copies (gpuipc._stream_format._Copies: Tensor.copy_ for pieces of 32 MiB or more, "
+            "torch._foreach_copy_ over int64 views of the 8-byte-aligned rest, uint8 for odd ends)")
     single = [(d, s) for d, s in zip(dst, src) if d.numel() * d.element_size() >= MEMCPY_BYTES]
     rest = [(d, s) for d, s in zip(dst, src) if d.numel() * d.element_size() < MEMCPY_BYTES]
     wide = [(d.view(-1).view(torch.int64), s.view(-1).view(torch.int64))
@@ -340,7 +352,8 @@ def _wide_copy(torch, dst, src):
         for ds, ss in lists:
             torch._foreach_copy_(ds, ss)
 
-    return run
+    return run, (f"Tensor.copy_ for tensors of {MEMCPY_BYTES} bytes or more, torch._foreach_copy_ over int64 views "
+                 "for the rest")
 
 
 def _timed_ms(torch, fn, reps):
@@ -366,10 +379,11 @@ def measure_local(torch, sd, reps):
     foreach = hasattr(torch, "_foreach_copy_")
     if foreach:
         ms = _timed_ms(torch, lambda d=dst: torch._foreach_copy_(d, src), reps)
-        wide_ms = _timed_ms(torch, _wide_copy(torch, dst, src), reps)
+        wide_run, wide_method = _wide_copy(torch, dst, src)
+        wide_ms = _timed_ms(torch, wide_run, reps)
     else:
         ms = _timed_ms(torch, lambda ds=dst: [d.copy_(t, non_blocking=True) for d, t in zip(ds, src)], reps)
-        wide_ms = []
+        wide_ms, wide_method = [], None
     del dst
     torch.cuda.empty_cache()
     flat_bytes = min(nbytes, 2 * GiB)
@@ -379,8 +393,7 @@ def measure_local(torch, sd, reps):
     del a, b
     torch.cuda.empty_cache()
     return {"ms": ms, "method": "torch._foreach_copy_" if foreach else "Tensor.copy_ per tensor", "wide_ms": wide_ms,
-            "wide_method": f"Tensor.copy_ for tensors of {MEMCPY_BYTES} bytes or more, torch._foreach_copy_ over "
-                           "int64 views for the rest", "flat_bytes": flat_bytes, "flat_ms": flat_ms}
+            "wide_method": wide_method, "flat_bytes": flat_bytes, "flat_ms": flat_ms}
 
 
 def measure_stream_byref(torch, gpuipc, spec, spec_path, nbytes, reps):

@@ -229,6 +229,7 @@ class _Desc:
     checksum: int
     pieces: List[List[Any]]
     blocks: List[List[str]]  #: [pool name, BlockRef in hex] of each reference piece's block
+    staged: bool = False  #: some piece has bytes in the staging slot (read from the pieces, not from `used`)
 
 
 #: Fields of a staged piece and of a reference piece (which adds the index of its block in the descriptor's table).
@@ -292,18 +293,20 @@ def _read_desc(mem: np.ndarray, buckets: int, readers: int, slot: int, layouts: 
     if layout is None:
         try:
             doc = json.loads(body.decode()) if jlen else {"pieces": [], "blocks": []}
-            layout = (doc["pieces"], doc["blocks"])
+            pieces, blocks = doc["pieces"], doc["blocks"]
         except (ValueError, TypeError, KeyError):
             raise ProtocolError(f"a bucket descriptor's layout is not format {FORMAT} JSON") from None
-        if not all(isinstance(p, list) and len(p) in (_STAGED, _REFERENCE) for p in layout[0]):
+        shapes = (_STAGED, _REFERENCE)
+        if not isinstance(pieces, list) or not all(isinstance(p, list) and len(p) in shapes for p in pieces):
             raise ProtocolError("a bucket descriptor has a piece of neither shape (staged or reference)")
         if bucket_bytes is not None:
-            _check_pieces(layout[0], layout[1], bucket_bytes)
+            _check_pieces(pieces, blocks, bucket_bytes)
+        layout = (pieces, blocks, any(len(p) == _STAGED and p[4] != 0 for p in pieces))
         if layouts is not None:
             if len(layouts) >= 4096:
                 layouts.clear()
             layouts[body] = layout
-    return _Desc(seq, version, index, flags, used, checksum, layout[0], layout[1])
+    return _Desc(seq, version, index, flags, used, checksum, *layout)
 
 
 # Publisher --------------------------------------------------------------------------------------------------------------

@@ -394,8 +394,10 @@ class StreamReader:
         # A bucket of reference pieces only reads nothing from its slot, so its plan serves it in any slot: where a
         # version's bucket count is not a multiple of the ring's, a bucket lands in another slot every version (with
         # 115 buckets in a ring of 16, every plan was made again, ~45 us a piece: 16 GiB took 81-142 ms instead of
-        # 15-16 on an H200, bench/results/experiments/byref-timeline-*-340-128-16-*).
-        cache_key = (id(d.pieces), slot if d.used else -1)
+        # 15-16 on an H200, bench/results/experiments/byref-timeline-*-340-128-16-*). Whether it has staged bytes is
+        # read from the pieces themselves (once per layout), not from the descriptor's `used`, which a publisher could
+        # write as 0 beside staged pieces.
+        cache_key = (id(d.pieces), slot if d.staged else -1)
         plan = self._plans.get(cache_key)
         if plan is not None and plan[0] is d.pieces:
             _, names, objs, ptrs, copies, skipped, blocks = plan
@@ -446,7 +448,7 @@ class StreamReader:
             # Only a descriptor, read now: its reference pieces are copied from the publisher's blocks, which stay
             # as they are until every reader consumed the version's last bucket (finish() waits for that one, and
             # it goes back after all of this reader's copies of the version, on their stream)
-            early = d.used == 0 and not d.flags & (_D_LAST | _D_ABORT)
+            early = d.used == 0 and not d.staged and not d.flags & (_D_LAST | _D_ABORT)
             try:
                 if d.flags & _D_ABORT:
                     raise InvalidState(f"stream {self.name!r}: the publisher abandoned version {d.version}{abandoned}")

@@ -312,7 +312,7 @@ def test_reference_pieces_mixed_and_steady_state(name, start, checksum):
             shapes = {p[0]: len(p) for p in d.pieces}
             assert shapes == {"w": 7, "i": 7, "p": 6, "z": 6}  # references, staged, an empty tensor (0 bytes)
             assert len(d.blocks) == 1 and d.blocks[0] == [pool.name, bytes(block.ref).hex()]
-            assert d.used == 256  # only "p" took staging bytes
+            assert d.used == 256 and d.staged  # only "p" took staging bytes
             if v == 4:  # the reader, still there, let the freed block go once version 4 no longer named it
                 assert _wait_live_blocks(pool, 1) == 1
         got = fut.result(timeout=60)
@@ -411,6 +411,7 @@ def test_many_reference_pieces_take_descriptor_only_buckets(name, start):
         for seq in range(pub._seq - 1, pub._seq + 1):  # the two buckets still in the ring
             d = _descriptor(pub, seq)
             assert d.used == 0 and d.pieces and all(len(p) == 7 for p in d.pieces) and len(d.blocks) == 1
+            assert not d.staged
         [(v, arrays, calls)] = fut.result(timeout=60)
         assert v == 1 and all(np.array_equal(arrays[k], state[k]) for k in state)
         assert calls == {"Pool.open": 1, "Pool.views_of": 1}  # one block, resolved once for every bucket
