@@ -25,8 +25,11 @@ one-slot channel; the producer acquires the slot (``ch.acquire``), has its torch
 and publishes it (``slot.publish_array``); the consumer receives it, makes its torch view (``msg.tensor()``) and
 releases it; the producer's next acquire returns once that release is seen. One round trip is the time from the
 producer's publish call to its next acquire's return; no bytes are copied (the producer filled the slot once, in
-the warm-up, and the consumer checks them once). Drained (``zc_p50_us``...: both streams synchronized between round
-trips, outside the timed window; the consumer says so through the semaphore) and back to back (``zc_nodrain_*``).
+the warm-up, and the consumer checks them once). Each side uses a torch stream of its own (``torch.cuda.Stream()``,
+non-blocking, as the C++ suite's streams), whatever ``--stream`` says: drained (``zc_p50_us``...: both streams
+synchronized between round trips, outside the timed window; the consumer says so through the semaphore) and back to
+back (``zc_nodrain_*``). Then drained again on torch's default stream, the legacy stream (``zc_legacy_*``): it waits
+for every blocking stream, so publish and release enqueue their signal on it instead of writing it from the host.
 
 ``--host`` runs the same protocol through a host channel with a NumPy array (no GPU, no torch: tests the script).
 ``--stream side`` uses a new torch stream on each side instead of the current (default) stream.
@@ -79,11 +82,18 @@ def _msg_view(msg, host):
     return np.asarray(msg.array) if host else msg.tensor()
 
 
-def zero_copy_producer(zc, sem, value, stream, nbytes, iters, host):
+def zc_phases(iters, torch):
+    """(name, drained, round trips, stream) of the zero-copy round trips, in the order both processes run them."""
+    side = torch.cuda.Stream() if torch is not None else None
+    legacy = torch.cuda.default_stream() if torch is not None else None
+    return [(name, drained, n, side) for name, drained, n in phases(iters)] + [("legacy", True, WARMUP + iters, legacy)]
+
+
+def zero_copy_producer(zc, sem, value, torch, nbytes, iters, host):
     """The zero-copy round trips (see the module docstring), after the copying ones; returns ({"zc_p50_us", ...},
     the acknowledgement semaphore's value)."""
     out = {}
-    for name, drained, n in phases(iters):
+    for name, drained, n, stream in zc_phases(iters, torch):
         rtt, acquire_us, view_us, publish_us = [], [], [], []
         published = 0.0
         for k in range(n):  # acquire k returns once message k - 1 was released: its round trip
@@ -95,8 +105,12 @@ def zero_copy_producer(zc, sem, value, stream, nbytes, iters, host):
                 acquire_us.append((a1 - a0) * 1e6)
             buf = _slot_view(slot, nbytes, host)
             a2 = time.perf_counter()
-            if k == 0:
-                buf.fill(ZC_FILL) if host else buf.fill_(ZC_FILL)
+            if k == 0:  # once a phase, in the warm-up, on the stream acquire ordered after the slot's last reader
+                if host:
+                    buf.fill(ZC_FILL)
+                else:
+                    with torch.cuda.stream(stream):
+                        buf.fill_(ZC_FILL)
             if k > WARMUP:
                 view_us.append((a2 - a1) * 1e6)
             del buf
@@ -113,20 +127,22 @@ def zero_copy_producer(zc, sem, value, stream, nbytes, iters, host):
         if drained and n > 0:
             value += 1
             sem.wait_host(value, timeout=TIMEOUT_S)  # the consumer drained the last message of the phase
-        prefix = "zc_" if drained else f"zc_{name}_"
+        elif stream is not None:
+            stream.synchronize()
+        prefix = "zc_" if name == "drained" else f"zc_{name}_"
         out.update(summarize(rtt, prefix))
-        if drained:
+        if name == "drained":
             out.update({"zc_acquire_call_us": statistics.median(acquire_us),
                         "zc_slot_view_us": statistics.median(view_us),
                         "zc_publish_call_us": statistics.median(publish_us)})
     return out, value
 
 
-def zero_copy_consumer(zc, sem, value, stream, nbytes, iters, host):
+def zero_copy_consumer(zc, sem, value, torch, nbytes, iters, host):
     """The consumer's side of zero_copy_producer; returns ({"zc_recv_wait_us", ...}, the semaphore's value)."""
     out = {}
     checked = False
-    for _, drained, n in phases(iters):
+    for name, drained, n, stream in zc_phases(iters, torch):
         recv_us, view_us, release_us = [], [], []
         for k in range(n):
             r0 = time.perf_counter()
@@ -154,7 +170,9 @@ def zero_copy_consumer(zc, sem, value, stream, nbytes, iters, host):
                     stream.synchronize()
                 value += 1
                 sem.signal_host(value)
-        if drained:
+        if stream is not None:
+            stream.synchronize()
+        if name == "drained":
             out.update({"zc_recv_wait_us": statistics.median(recv_us), "zc_view_us": statistics.median(view_us),
                         "zc_release_call_us": statistics.median(release_us)})
     return out, value
@@ -230,7 +248,7 @@ def consumer(ch_name, zc_name, sem_name, nbytes, iters, host, which_stream, resu
                     sem.signal_host(value)  # drained: the producer may start its next timer
         if stream is not None:
             stream.synchronize()
-        zc_out, value = zero_copy_consumer(zc, sem, value, stream, nbytes, iters, host)
+        zc_out, value = zero_copy_consumer(zc, sem, value, torch, nbytes, iters, host)
         results.put({
             **zc_out,
             "recv_wait_us": statistics.median(recv_us),
@@ -364,7 +382,7 @@ def run(nbytes, iters, host, which_stream):
         out["send_parts_us"] = send_parts(ch, buf, stream)
         if stream is not None:
             stream.synchronize()
-        zc_out, value = zero_copy_producer(zc, sem, value, stream, nbytes, iters, host)
+        zc_out, value = zero_copy_producer(zc, sem, value, torch, nbytes, iters, host)
         out.update(zc_out)
         peer = results.get(timeout=TIMEOUT_S)
         if "error" in peer:

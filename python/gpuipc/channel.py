@@ -413,7 +413,7 @@ class Slot:
     @property
     def published(self) -> bool:
         """Published (or given up by closing the channel)."""
-        return self._channel.closed or self.sequence not in self._channel._ch.held
+        return not self._channel._ch.holds(self.sequence)
 
     def as_array(self, dtype: Any = "uint8", shape: Shape = None, offset: int = 0) -> Array:
         """A zero-copy, writable view of the slot (see :meth:`gpuipc.Segment.as_array`)."""
@@ -485,7 +485,7 @@ class Message:
 
     @property
     def released(self) -> bool:
-        return self._channel.closed or self.sequence not in self._channel._ch.held
+        return not self._channel._ch.holds(self.sequence)
 
     @property
     def array(self) -> Array:
@@ -553,7 +553,7 @@ class Message:
         return info
 
     def _check_held(self) -> None:
-        if self.released:
+        if not self._channel._ch.holds(self.sequence):
             raise InvalidState(f"message {self.sequence} of channel '{self._channel.name}' was released")
 
     def __enter__(self) -> "Message":

@@ -353,6 +353,14 @@ void bind_channel(nb::module_& m) {
       .def_prop_ro("header_bytes", [](PyChannel& c) { return lock(c).ch().header_bytes(); })
       .def_prop_ro("device", [](PyChannel& c) { return lock(c).ch().device(); })
       .def_prop_ro("closed", [](const PyChannel& c) { return !c.state; })
+      .def(
+          "holds",
+          [](const PyChannel& c, std::uint64_t sequence) {
+            if (!c.state) return false;
+            return holds(lock(c).ch(), sequence);
+          },
+          "sequence"_a,
+          "Whether this handle holds ``sequence`` (an acquired slot, a received message); False once closed.")
       .def_prop_ro(
           "held",
           [](PyChannel& c) {
