@@ -274,6 +274,11 @@ class Channel:
     @property
     def closed(self) -> bool: ...
 
+    def holds(self, sequence: int) -> bool:
+        """
+        Whether this handle holds ``sequence`` (an acquired slot, a received message); False once closed.
+        """
+
     @property
     def held(self) -> list[int]:
         """
