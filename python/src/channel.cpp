@@ -246,7 +246,7 @@ void bind_channel(nb::module_& m) {
             const Status s = wait_in_slices(to_timeout(timeout, "timeout"), [&](std::chrono::nanoseconds slice) {
               return g.ch().acquire(to_stream(stream), slice, slot);
             });
-            check_status(s, "acquire on channel '" + g.ch().name() + "'");
+            if (s != Status::Ok) check_status(s, "acquire on channel '" + g.ch().name() + "'");
             const bool gpu = g.ch().kind() == SegmentKind::Device;
             const std::uintptr_t address = gpu ? slot.device_pointer : reinterpret_cast<std::uintptr_t>(slot.data);
             auto view = ArrayView::bytes(owner_of(g, address), address, slot.capacity, false, gpu ? kDLCUDA : kDLCPU,
@@ -287,7 +287,7 @@ void bind_channel(nb::module_& m) {
             const Status s = wait_in_slices(to_timeout(timeout, "timeout"), [&](std::chrono::nanoseconds slice) {
               return g.ch().send(to_stream(stream), src, nbytes, h, slice, sequence);
             });
-            check_status(s, "send on channel '" + g.ch().name() + "'");
+            if (s != Status::Ok) check_status(s, "send on channel '" + g.ch().name() + "'");
             return sequence;
           },
           "source"_a, "nbytes"_a, "header"_a, "stream"_a, "timeout"_a = nb::none(),
@@ -301,7 +301,7 @@ void bind_channel(nb::module_& m) {
             const Status s = wait_in_slices(to_timeout(timeout, "timeout"), [&](std::chrono::nanoseconds slice) {
               return g.ch().receive(to_stream(stream), slice, msg);
             });
-            check_status(s, "receive on channel '" + g.ch().name() + "'");
+            if (s != Status::Ok) check_status(s, "receive on channel '" + g.ch().name() + "'");
             const bool gpu = g.ch().kind() == SegmentKind::Device;
             const std::uintptr_t address = gpu ? msg.device_pointer : reinterpret_cast<std::uintptr_t>(msg.data);
             auto view = ArrayView::bytes(owner_of(g, address), address, msg.size, true, gpu ? kDLCUDA : kDLCPU,

@@ -84,6 +84,40 @@ def test_stream_arguments():
         stream_handle(-1)
 
 
+class _TorchLike:
+    """torch.cuda.Stream's shape: the protocol and an int attribute giving the same handle."""
+
+    calls = 0
+
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+    def __cuda_stream__(self):
+        type(self).calls += 1
+        return (0, self.cuda_stream)
+
+
+class _Disagrees:
+    """An attribute that is not the handle the protocol gives: the protocol is asked every time."""
+
+    calls = 0
+    cuda_stream = 5
+
+    def __cuda_stream__(self):
+        type(self).calls += 1
+        return (0, 6)
+
+
+def test_stream_handles_of_a_type_are_read_from_its_int_attribute_once_known():
+    handles = [stream_handle(_TorchLike(h)) for h in (11, 12, 0, 13)]
+    assert handles == [11, 12, 0, 13] and _TorchLike.calls == 1  # the protocol once, the attribute after
+    late = _TorchLike(14)
+    late.cuda_stream = None  # an instance whose attribute is no handle: the protocol again, and its error
+    with pytest.raises(TypeError):
+        stream_handle(late)
+    assert [stream_handle(_Disagrees()) for _ in range(3)] == [6, 6, 6] and _Disagrees.calls == 3
+
+
 def test_cupy_module_says_what_is_missing():
     try:
         import cupy  # noqa: F401
