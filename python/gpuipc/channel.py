@@ -73,7 +73,7 @@ class Channel:
     receives it. When the last consumer is gone, producers get PeerDied/Closed.
     """
 
-    __slots__ = ("_ch", "_tensors", "_headers", "__weakref__")
+    __slots__ = ("_ch", "_tensors", "_headers", "_stream", "__weakref__")
 
     def __init__(self, _handle: _gpuipc.Channel) -> None:
         """Internal: use :meth:`create` or :meth:`open`."""
@@ -83,6 +83,9 @@ class Channel:
         self._tensors: Dict[Tuple[Any, ...], Tuple[Any, Tuple[int, ...]]] = {}
         # Slot.publish_array's (nbytes, header), by (dtype, shape, meta) as the caller spelt them
         self._headers: Dict[Tuple[Any, Any, Any], Tuple[int, bytes]] = {}
+        # The last stream object passed and its handle: a loop passes the same one every call, and asking torch for
+        # it costs 0.25-0.3 us on the GPU machines (bench/results/experiments/py-channel-calls-*)
+        self._stream: Tuple[Any, int] = (None, 0)
 
     # Construction ------------------------------------------------------------------------------------------------
     @classmethod
@@ -158,30 +161,39 @@ class Channel:
         """Removes both names; members keep working until they close."""
         _gpuipc.Channel.unlink(name)
 
+    def _handle(self, stream: Any) -> int:
+        """stream_handle(stream), remembered for the same object."""
+        last = self._stream
+        if stream is last[0]:
+            return last[1]
+        handle = stream_handle(stream)
+        self._stream = (stream, handle)
+        return handle
+
     # Producer ----------------------------------------------------------------------------------------------------
     def acquire(self, *, stream: Any = None, timeout: Optional[float] = None) -> "Slot":
         """Claims the next free slot, waiting up to ``timeout`` seconds (None: forever; 0: only look) while every
         slot is in flight. Device channels: work on ``stream`` after this waits until the slot's last reader
         released it. Raises Timeout/WouldBlock, PeerDied/Closed (no consumer left), InvalidState."""
-        view, sequence = self._ch.acquire(stream_handle(stream), timeout)
+        view, sequence = self._ch.acquire(self._handle(stream), timeout)
         return Slot(self, view, sequence)
 
     def publish(self, nbytes: int, *, header: bytes = b"", stream: Any = None) -> int:
         """Publishes the oldest acquired slot with ``nbytes`` of payload and ``header``, in ``stream`` order.
         Returns its sequence. Raises InvalidState (nothing acquired, too big), PeerDied/Closed, CudaError."""
-        return self._ch.publish(bytes(header), nbytes, stream_handle(stream))
+        return self._ch.publish(bytes(header), nbytes, self._handle(stream))
 
     # Consumer ----------------------------------------------------------------------------------------------------
     def receive(self, *, stream: Any = None, timeout: Optional[float] = None) -> "Message":
         """Takes the next message, waiting up to ``timeout`` seconds (None: forever; 0: only look; Ctrl-C
         interrupts). Device channels: work on ``stream`` after this waits for the producer's stream. Raises
         Timeout/WouldBlock, PeerDied/Closed (no producer left and nothing to drain), InvalidState."""
-        view, header, sequence = self._ch.receive(stream_handle(stream), timeout)
+        view, header, sequence = self._ch.receive(self._handle(stream), timeout)
         return Message(self, view, header, sequence)
 
     def release(self, *, stream: Any = None) -> None:
         """Releases the oldest received message in ``stream`` order (see :meth:`Message.release`)."""
-        self._ch.release(stream_handle(stream))
+        self._ch.release(self._handle(stream))
 
     # Arrays ------------------------------------------------------------------------------------------------------
     def send(self, array: Any, *, stream: Any = None, timeout: Optional[float] = None, meta: bytes = b"") -> int:
@@ -200,7 +212,7 @@ class Channel:
         """
         if self._ch.held and self.role == "producer":
             raise InvalidState(f"send on channel '{self.name}': publish the slots taken with acquire() first")
-        handle = stream_handle(stream)
+        handle = self._handle(stream)
         meta = bytes(meta)
         plan = plan_copy(array, self._ch.kind == "device", handle)
         if isinstance(plan, Source):  # contiguous bytes at a known address: one call copies and publishes
@@ -226,7 +238,7 @@ class Channel:
     def recv(self, *, timeout: Optional[float] = None, stream: Any = None) -> "Message":
         """Receives the next message (see :meth:`receive`), skipping ones whose producer aborted them. Its
         ``.array`` is a zero-copy view when it was sent with :meth:`send`. Release it when done."""
-        handle = stream_handle(stream)
+        handle = self._handle(stream)
         deadline = None if timeout is None else time.monotonic() + timeout
         left = timeout
         while True:
@@ -368,6 +380,7 @@ class Channel:
         producer (or consumer) leaving tells the other side (Closed). Views of slots stay mapped."""
         self._ch.close()
         self._tensors.clear()
+        self._stream = (None, 0)
 
     def __enter__(self) -> "Channel":
         return self
@@ -431,7 +444,7 @@ class Slot:
 
     def publish(self, nbytes: int, *, header: bytes = b"", stream: Any = None) -> int:
         """Publishes this slot (it must be the oldest acquired one) with ``nbytes`` and a raw ``header``."""
-        return self._channel._ch.publish(bytes(header), nbytes, stream_handle(stream), self.sequence)
+        return self._channel._ch.publish(bytes(header), nbytes, self._channel._handle(stream), self.sequence)
 
     def publish_array(self, dtype: Any, shape: Shape, *, meta: bytes = b"", stream: Any = None) -> int:
         """Publishes this slot as an array of ``dtype`` and ``shape`` written at its start (``recv().array``
@@ -441,7 +454,7 @@ class Slot:
             nbytes, header = ch._headers[(dtype, shape, meta)]
         except (KeyError, TypeError):  # not seen yet, or a spelling that cannot be a key
             nbytes, header = ch._array_header(dtype, shape, meta)
-        return ch._ch.publish(header, nbytes, stream_handle(stream), self.sequence)
+        return ch._ch.publish(header, nbytes, ch._handle(stream), self.sequence)
 
     def __enter__(self) -> "Slot":
         return self
@@ -542,7 +555,7 @@ class Message:
     def release(self, *, stream: Any = None) -> None:
         """Gives the slot back in ``stream`` order (device channels: once ``stream`` has finished reading).
         Messages are released oldest first: InvalidState otherwise. Idempotent."""
-        self._channel._ch.release(stream_handle(stream), self.sequence)
+        self._channel._ch.release(self._channel._handle(stream), self.sequence)
 
     def _require_info(self) -> ArrayInfo:
         info = self._info()
