@@ -42,13 +42,22 @@ class Row:
 #: commit are in channels-quick-d521362-h200-run*-20261126.log (docs/channels.md#latency-where-a-handoffs-time-goes).
 CHANNELS_RUNS = ["channels-quick-d521362-h100-5runs-20261126.json", "channels-quick-d521362-h100-5runs-b-20261126.json"]
 
+#: Ten `gpuipc bench python --quick` runs at one commit on one H100 (two files of five).
+PYTHON_RUNS = ["python-quick-13ee819-h100-5runs-20261126.json", "python-quick-13ee819-h100-5runs-b-20261126.json"]
+
 ROWS: List[Row] = [
     Row("1 MiB buffer handoff round trip, C++ channel (p50)", "handoff_rtt_p50_us_1MiB", "us",
         CHANNELS_RUNS,
         [("torch.multiprocessing", "torch_handoff_rtt_p50_us_1MiB", "us"),
          ("cuda.core IPC pool", "cudacore_handoff_rtt_p50_us_1MiB", "us")]),
-    Row("1 MiB torch tensor handoff from Python (p50)", "py_handoff_rtt_p50_us_1MiB", "us",
-        ["python-quick-5c64f00-h200-5runs-20261126.json"],
+    Row("1 MiB torch tensor handoff from Python, zero-copy (`acquire`, `slot.tensor()`, `publish_array`; `recv`, "
+        "`msg.tensor()`, `release`; p50)", "py_zero_copy_handoff_rtt_p50_us_1MiB", "us", PYTHON_RUNS,
+        [("torch.multiprocessing", "torch_handoff_rtt_p50_us_1MiB", "us"),
+         ("cuda.core", "cudacore_handoff_rtt_p50_us_1MiB", "us")],
+        also=[("on torch's default stream", "py_zero_copy_handoff_legacy_stream_rtt_p50_us_1MiB")],
+        note="[channels.md](docs/channels.md#from-python)"),
+    Row("the same with `Channel.send(tensor)`, which copies it into the slot (p50)", "py_handoff_rtt_p50_us_1MiB", "us",
+        PYTHON_RUNS,
         [("torch.multiprocessing", "torch_handoff_rtt_p50_us_1MiB", "us"),
          ("cuda.core", "cudacore_handoff_rtt_p50_us_1MiB", "us")]),
     Row("stream-ordered cross-process round trip (semaphore)", "sem_rtt_us", "us", CHANNELS_RUNS,

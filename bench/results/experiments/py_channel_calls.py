@@ -47,7 +47,12 @@ def main():
     nbytes = 1 << 20
     name = f"calls-{os.getpid()}"
     kind = "host" if a.host else "device"
-    out = {"kind": kind, "iters": a.iters, "gpuipc": gpuipc.__file__}
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = {"suite": "experiment py_channel_calls.py", "commit": commit or None,
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "kind": kind, "iters": a.iters}
     try:
         tx = gpuipc.Channel.create(name, slots=1, slot_bytes=nbytes, kind=kind)
         rx = gpuipc.Channel.open(name, "consumer")
@@ -104,6 +109,10 @@ def main():
                 if hasattr(ps, "__cuda_stream__") else None,
             }
         out["device"] = torch.cuda.get_device_name(0) if torch else "host"
+        if torch:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True)
+            out["driver"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else None
         rx.close()
         tx.close()
         gpuipc.Channel.unlink(name)
