@@ -77,7 +77,7 @@ ROWS: List[Row] = [
         "statedict_open_ms", "ms", ["pools-h100-20261123.json", "pools-quick-h100-20261123.json"],
         [("torch.multiprocessing", "torch_mp_statedict_ms", "ms")]),
     Row("the same from Python: `gpuipc.open_tensors` to 291 torch tensors", "weights_open_ms", "ms",
-        ["weights-quick-d521362-h200-20261126.json", "weights-quick-d521362-h100-20261126.json"],
+        ["weights-quick-919ec64-h100-20261126.json", "weights-quick-13ee819-h100-20261126.json"],
         [("torch.multiprocessing", "torch_mp_weights_open_ms", "ms")],
         note="target 1 ms, not met: [torch.md](docs/torch.md#where-it-stands-measured) says where the time goes"),
     Row("a 16 GiB state dict of 3063 bf16 tensors streamed by reference to another process "
