@@ -42,8 +42,9 @@ class Row:
 #: commit are in channels-quick-d521362-h200-run*-20261126.log (docs/channels.md#latency-where-a-handoffs-time-goes).
 CHANNELS_RUNS = ["channels-quick-d521362-h100-5runs-20261126.json", "channels-quick-d521362-h100-5runs-b-20261126.json"]
 
-#: Ten `gpuipc bench python --quick` runs at one commit on one H100 (two files of five).
-PYTHON_RUNS = ["python-quick-13ee819-h100-5runs-20261126.json", "python-quick-13ee819-h100-5runs-b-20261126.json"]
+#: Fifteen `gpuipc bench python --quick` runs at one commit: ten on one H100 (two files of five), five on another.
+PYTHON_RUNS = ["python-quick-13ee819-h100-5runs-20261126.json", "python-quick-13ee819-h100-5runs-b-20261126.json",
+               "python-quick-13ee819-h100-5runs-c-20261126.json"]
 
 ROWS: List[Row] = [
     Row("1 MiB buffer handoff round trip, C++ channel (p50)", "handoff_rtt_p50_us_1MiB", "us",
@@ -83,9 +84,10 @@ ROWS: List[Row] = [
     Row("a 16 GiB state dict of 3063 bf16 tensors streamed by reference to another process "
         "(`stream_publisher(by_reference=True)`), against a local copy of the dict", "weights_stream_byref_ratio", "x",
         ["weights-stream-919ec64-h100-run1-20261126.json", "weights-stream-919ec64-h100-run2-20261126.json",
-         "weights-stream-919ec64-h200-run1-20261126.json", "weights-stream-919ec64-h200-run2-20261126.json"],
+         "weights-stream-919ec64-h200-run1-20261126.json", "weights-stream-919ec64-h200-run2-20261126.json",
+         "weights-stream-13ee819-h100-20261126.json"],
         [("local copy", "local_d2d_gbs", "GB/s")],
-        note="two H100 and two H200 runs; the local copy is the faster of two ways: "
+        note="three H100 and two H200 runs; the local copy is the faster of two ways: "
              "[torch.md](docs/torch.md#where-it-stands-measured)"),
     Row("`Pool::resolve` of a block in a chunk this process has mapped", "pool_resolve_cached_p50_us", "us",
         ["pools-h100-20261123.json", "pools-quick-h100-20261123.json"]),
