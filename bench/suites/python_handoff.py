@@ -89,6 +89,16 @@ def zc_phases(iters, torch):
     return [(name, drained, n, side) for name, drained, n in phases(iters)] + [("legacy", True, WARMUP + iters, legacy)]
 
 
+def _check_received(a, nbytes, want, stream, what):
+    """RuntimeError unless ``a`` holds ``nbytes`` bytes starting and ending with ``want``, once ``stream`` is done."""
+    if stream is not None:
+        stream.synchronize()
+    first, last = int(a[0]), int(a[-1])
+    if a.shape[0] != nbytes or first != want or last != want:
+        raise RuntimeError(f"{what}received {tuple(a.shape)} starting {first}, ending {last}: expected {nbytes} "
+                           f"bytes of {want}")
+
+
 def zero_copy_producer(zc, sem, value, torch, nbytes, iters, host):
     """The zero-copy round trips (see the module docstring), after the copying ones; returns ({"zc_p50_us", ...},
     the acknowledgement semaphore's value)."""
@@ -151,12 +161,7 @@ def zero_copy_consumer(zc, sem, value, torch, nbytes, iters, host):
             a = _msg_view(msg, host)
             r2 = time.perf_counter()
             if not checked:
-                if stream is not None:
-                    stream.synchronize()
-                first, last = int(a[0]), int(a[-1])
-                if a.shape[0] != nbytes or first != ZC_FILL or last != ZC_FILL:
-                    raise RuntimeError(f"zero-copy: received {tuple(a.shape)} starting {first}, ending {last}: "
-                                       f"expected {nbytes} bytes of {ZC_FILL}")
+                _check_received(a, nbytes, ZC_FILL, stream, "zero-copy: ")
                 checked = True
             del a
             msg.release(stream=stream)
@@ -225,12 +230,7 @@ def consumer(ch_name, zc_name, sem_name, nbytes, iters, host, which_stream, resu
                     a = torch.from_dlpack(msg.array)  # zero-copy view of the slot (gpuipc before Message.tensor)
                 t2 = time.perf_counter()
                 if not checked:  # once, in the warm-up: the bytes arrived (outside any timed window)
-                    if not host:
-                        stream.synchronize()
-                    first, last = int(a[0]), int(a[-1])
-                    if a.shape[0] != nbytes or first != 1 or last != 1:
-                        raise RuntimeError(f"received {tuple(a.shape)} starting {first}, ending {last}: expected "
-                                           f"{nbytes} bytes of 1")
+                    _check_received(a, nbytes, 1, stream, "")
                     checked = True
                 del a
                 msg.release(stream=stream)
