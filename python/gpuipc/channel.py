@@ -243,10 +243,9 @@ class Channel:
         left = timeout
         while True:
             view, header, sequence = self._ch.receive(handle, left)
-            msg = Message(self, view, header, sequence)
-            info = msg._info()
+            info = unpack_header(header)
             if info is None or not info.aborted:
-                return msg
+                return Message(self, view, header, sequence, info)
             self._ch.release(handle, sequence)
             if deadline is not None:
                 left = max(0.0, deadline - time.monotonic())
@@ -473,12 +472,13 @@ class Message:
 
     __slots__ = ("_channel", "_view", "header", "sequence", "_decoded", "__weakref__")
 
-    def __init__(self, channel: Channel, view: _gpuipc.ArrayView, header: bytes, sequence: int) -> None:
+    def __init__(self, channel: Channel, view: _gpuipc.ArrayView, header: bytes, sequence: int,
+                 decoded: Any = False) -> None:
         self._channel = channel
         self._view = view
         self.header = header  #: the inline header the producer published (bytes)
         self.sequence = sequence  #: the message's position in the channel
-        self._decoded: Any = False
+        self._decoded: Any = decoded  # unpack_header(header), or False until asked
 
     def _info(self) -> Optional[ArrayInfo]:
         if self._decoded is False:
@@ -516,10 +516,14 @@ class Message:
         cached tensor one dictionary lookup and a check that it still has its address and shape. So the tensor
         is the slot's memory: valid until :meth:`release`, like :attr:`array`, and the next message in the slot
         reuses the same object. Do not resize it or change its shape in place. Needs torch."""
-        info = self._require_info()
-        self._check_held()
-        return self._channel._torch_view(self._view, (self._view.address, info.dtype.name, info.shape), info.dtype,
-                                         info.shape)
+        info = self._decoded
+        if info is False or info is None:
+            info = self._require_info()
+        ch = self._channel
+        if not ch._ch.holds(self.sequence):
+            self._check_held()  # raises, naming the message
+        view = self._view
+        return ch._torch_view(view, (view.address, info.dtype.name, info.shape), info.dtype, info.shape)
 
     @property
     def dtype(self) -> Optional[np.dtype]:

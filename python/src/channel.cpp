@@ -29,6 +29,8 @@ struct ChannelState {
   /// A second handle on the slots' mapping (Channel::slots_segment): views of slots keep it, so they stay valid
   /// after close(). Empty only for an empty channel; views then keep this state.
   Segment slots;
+  /// What a view of a slot holds: one shared handle on `slots`, made once (a view per acquire and receive).
+  std::shared_ptr<const void> slots_owner;
   Channel ch;  // declared last: leaves the channel first
 };
 
@@ -49,6 +51,7 @@ ChannelRole parse_role(std::string_view role) {
 PyChannel attach(Channel ch) {
   auto st = std::make_shared<ChannelState>();
   st->slots = ch.slots_segment();
+  if (st->slots) st->slots_owner = std::make_shared<const Segment>(st->slots);
   st->ch = std::move(ch);
   return PyChannel(std::move(st));
 }
@@ -77,7 +80,7 @@ Locked lock(const PyChannel& c) {
 std::shared_ptr<const void> owner_of(const Locked& g, std::uintptr_t address) {
   const Segment& s = g.state->slots;
   const auto base = reinterpret_cast<std::uintptr_t>(s.data());
-  if (s && address >= base && address < base + s.size()) return std::make_shared<const Segment>(s);
+  if (s && address >= base && address < base + s.size()) return g.state->slots_owner;
   return g.state;
 }
 
