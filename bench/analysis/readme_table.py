@@ -42,9 +42,8 @@ class Row:
 #: commit are in channels-quick-d521362-h200-run*-20261126.log (docs/channels.md#latency-where-a-handoffs-time-goes).
 CHANNELS_RUNS = ["channels-quick-d521362-h100-5runs-20261126.json", "channels-quick-d521362-h100-5runs-b-20261126.json"]
 
-#: Fifteen `gpuipc bench python --quick` runs at one commit: ten on one H100 (two files of five), five on another.
-PYTHON_RUNS = ["python-quick-13ee819-h100-5runs-20261126.json", "python-quick-13ee819-h100-5runs-b-20261126.json",
-               "python-quick-13ee819-h100-5runs-c-20261126.json"]
+#: Ten `gpuipc bench python --quick` runs at one commit, five on each of two H100 machines.
+PYTHON_RUNS = ["python-quick-c07ad09-h100-5runs-20261126.json", "python-quick-c07ad09-h100-5runs-b-20261126.json"]
 
 ROWS: List[Row] = [
     Row("1 MiB buffer handoff round trip, C++ channel (p50)", "handoff_rtt_p50_us_1MiB", "us",
