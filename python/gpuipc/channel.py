@@ -84,7 +84,7 @@ class Channel:
         # Slot.publish_array's (nbytes, header), by (dtype, shape, meta) as the caller spelt them
         self._headers: Dict[Tuple[Any, Any, Any], Tuple[int, bytes]] = {}
         # The last stream object passed and its handle: a loop passes the same one every call, and asking torch for
-        # it costs 0.25-0.3 us on the GPU machines (bench/results/experiments/py-channel-calls-*)
+        # it costs 0.13-0.30 us on the GPU machines (bench/results/experiments/py-channel-calls-*)
         self._stream: Tuple[Any, int] = (None, 0)
 
     # Construction ------------------------------------------------------------------------------------------------
