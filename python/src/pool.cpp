@@ -170,12 +170,13 @@ struct IndexTensor {
   std::size_t tensor;   // its position in the index
   std::size_t storage;  // its storage, relative to the first storage of the call
   std::size_t dtype;
-  std::vector<std::int64_t> shape, strides;
+  std::span<const std::int64_t> shape, strides;  // in the tensors column
 };
 
 /// The tensors of `flat` (the index's "tensors" column: storage, dtype, framework, offset, ndim, shape, strides per
 /// tensor) that tensors_of_index makes: those alone on a storage in [first, first + count), at offset 0, of a dtype
-/// with a layout. InvalidArgument for a malformed column (a reader never trusts the index).
+/// with a layout. Their shapes and strides point into `flat`. InvalidArgument for a malformed column (a reader never
+/// trusts the index).
 std::vector<IndexTensor> index_tensors(const std::vector<std::int64_t>& flat, const std::vector<std::int64_t>& sflat,
                                        std::size_t first, std::size_t count, std::size_t dtypes) {
   const auto bad = [](const std::string& why) {
@@ -195,9 +196,9 @@ std::vector<IndexTensor> index_tensors(const std::vector<std::int64_t>& flat, co
     }
     if (s >= 0 && ++users[s] == 1 && offset == 0) alone[s] = out.size();
     if (s >= 0 && static_cast<std::size_t>(s) >= first && static_cast<std::size_t>(s) < first + count) {
-      const auto* p = flat.data() + k + 5;
-      out.push_back({i, static_cast<std::size_t>(s) - first, static_cast<std::size_t>(d),
-                     std::vector<std::int64_t>(p, p + nd), std::vector<std::int64_t>(p + nd, p + 2 * nd)});
+      const auto n = static_cast<std::size_t>(nd);
+      const std::span<const std::int64_t> dims(flat.data() + k + 5, 2 * n);
+      out.push_back({i, static_cast<std::size_t>(s) - first, static_cast<std::size_t>(d), dims.first(n), dims.last(n)});
     } else if (s >= 0) {
       alone[s] = SIZE_MAX;
     }
@@ -206,7 +207,7 @@ std::vector<IndexTensor> index_tensors(const std::vector<std::int64_t>& flat, co
   std::vector<IndexTensor> fast;
   for (std::size_t j = 0; j < out.size(); ++j) {
     const std::size_t s = out[j].storage + first;
-    if (users[s] == 1 && alone[s] == j) fast.push_back(std::move(out[j]));
+    if (users[s] == 1 && alone[s] == j) fast.push_back(out[j]);
   }
   return fast;
 }
@@ -377,35 +378,54 @@ void bind_pool(nb::module_& m) {
           "tensors_of_index",
           [](PyPool& p, nb::bytes raw, std::size_t first, nb::bytes flat_bytes, nb::bytes sflat_bytes,
              const std::vector<std::optional<Dtype>>& dtypes, bool readonly, bool hold) {
-            // A typed DLPack capsule per tensor of a tensor index (gpuipc/_index.py), without a Python loop: the tensors
-            // alone on a storage of `raw` (the refs of storages first, first + 1, ...), at its start, as (position
-            // in the index, typed DLPack capsule over the storage's range of its block).
+            // A typed DLPack capsule per tensor of a tensor index (gpuipc/_index.py), without a Python loop: the
+            // tensors alone on a storage of `raw` (the refs of storages first, first + 1, ...), at its start, as
+            // (position in the index, typed DLPack capsule over the storage's range of its block). A state dict's open
+            // makes one per tensor, so each costs one hold, one export and its capsule: no intermediate views.
             const std::size_t count = ref_count(raw, "tensors_of_index");
             const std::vector<std::int64_t> flat = int64_words(flat_bytes), sflat = int64_words(sflat_bytes);
             std::vector<IndexTensor> fast = index_tensors(flat, sflat, first, count, dtypes.size());
             std::erase_if(fast, [&](const IndexTensor& t) { return !dtypes[t.dtype].has_value(); });
-            std::string refs;
-            refs.reserve(fast.size() * kBlockRefBytes);
-            const auto* data = static_cast<const char*>(raw.data());
-            for (const IndexTensor& t : fast) refs.append(data + t.storage * kBlockRefBytes, kBlockRefBytes);
-            const std::vector<ArrayView> views =
-                held_views(p.get(), reinterpret_cast<const std::byte*>(refs.data()), fast.size(), readonly, hold);
+            Pool& pool = p.get();
+            const bool ro = readonly || pool.access() == Access::ReadOnly;
+            const int device_type = is_gpu(pool.kind()) ? kDLCUDA : kDLCPU;
+            const int device_id = is_gpu(pool.kind()) ? pool.mapping_device() : 0;
+            const auto bad = [](const char* why) {
+              return Error(ErrorCode::InvalidArgument, std::string("malformed tensor index: ") + why,
+                           "tensors_of_index");
+            };
+            struct Made {
+              std::shared_ptr<const void> owner;  // the hold (or the pool) the capsule keeps
+              std::uintptr_t address;
+              ElementType element;
+            };
+            std::vector<Made> made;
+            made.reserve(fast.size());
+            {
+              nb::gil_scoped_release unlocked;
+              // Without holds, one handle on the pool keeps it joined for every capsule.
+              const std::shared_ptr<const void> joined = hold ? nullptr : std::make_shared<const Pool>(pool);
+              const auto* data = static_cast<const std::byte*>(raw.data());
+              for (const IndexTensor& t : fast) {
+                const BlockRef r = decode_block_ref(std::span(data + t.storage * kBlockRefBytes, kBlockRefBytes));
+                std::shared_ptr<const void> owner = hold ? std::make_shared<const HeldBlock>(pool, r) : joined;
+                const auto address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
+                const auto nbytes = static_cast<std::uint64_t>(sflat[4 * (first + t.storage) + 1]);
+                const auto offset = static_cast<std::uint64_t>(sflat[4 * (first + t.storage) + 2]);
+                if (offset > r.size || nbytes > r.size - offset) throw bad("a storage outside its block");
+                const ElementType element = element_type(std::get<0>(*dtypes[t.dtype]));
+                if (offset % element.itemsize() != 0) throw bad("a storage not aligned to its elements");
+                if (strided_span(t.shape, t.strides, element.itemsize()) > nbytes)
+                  throw bad("a tensor outside its storage");
+                made.push_back({std::move(owner), address + offset, element});
+              }
+            }
             nb::list out;
             for (std::size_t j = 0; j < fast.size(); ++j) {
               const IndexTensor& t = fast[j];
-              const auto& [element, typestr] = *dtypes[t.dtype];
-              const auto nbytes = static_cast<std::uint64_t>(sflat[4 * (first + t.storage) + 1]);
-              const auto offset = static_cast<std::uint64_t>(sflat[4 * (first + t.storage) + 2]);
-              if (offset > views[j].nbytes || nbytes > views[j].nbytes - offset) {
-                throw Error(ErrorCode::InvalidArgument, "malformed tensor index: a storage outside its block",
-                            "tensors_of_index");
-              }
-              ArrayView v = strided_view(views[j], element, typestr, t.shape, t.strides, offset);
-              if (v.nbytes > nbytes) {
-                throw Error(ErrorCode::InvalidArgument, "malformed tensor index: a tensor outside its storage",
-                            "tensors_of_index");
-              }
-              out.append(nb::make_tuple(t.tensor, dlpack_export(v, nb::none(), std::nullopt, std::nullopt, std::nullopt)));
+              Made& m = made[j];
+              out.append(nb::make_tuple(t.tensor, dlpack_capsule(std::move(m.owner), m.address, device_type, device_id,
+                                                                 m.element, t.shape, t.strides, ro, false)));
             }
             return out;
           },

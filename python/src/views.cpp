@@ -5,6 +5,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <cstring>
 #include <limits>
 
@@ -21,8 +22,8 @@ namespace {
 struct Exported {
   dlpack::ManagedTensorVersioned versioned{};
   dlpack::ManagedTensor legacy{};
-  std::vector<std::int64_t> shape;
-  std::vector<std::int64_t> strides;
+  std::array<std::int64_t, 8> small{};  // shape then strides, up to 4 dimensions (no second allocation)
+  std::vector<std::int64_t> large;      // more dimensions
   std::shared_ptr<const void> owner;
   LiveCount<Live::DLPackExport> counted;
 };
@@ -52,32 +53,33 @@ std::string device_name(int type, int id) {
 
 }  // namespace
 
-nb::object dlpack_export(const ArrayView& v, nb::handle /*stream*/, std::optional<std::tuple<int, int>> max_version,
-                         std::optional<std::tuple<int, int>> dl_device, std::optional<bool> copy) {
-  if (copy.value_or(false)) buffer_error("gpuipc views are zero-copy: __dlpack__(copy=True) is not supported");
-  if (dl_device && (std::get<0>(*dl_device) != v.device_type || std::get<1>(*dl_device) != v.device_id)) {
-    buffer_error("this view lives on " + device_name(v.device_type, v.device_id) +
-                 "; __dlpack__(dl_device=...) cannot move it (copy it with your framework instead)");
-  }
+nb::object dlpack_capsule(std::shared_ptr<const void> owner, std::uintptr_t address, int device_type, int device_id,
+                          ElementType dtype, std::span<const std::int64_t> shape, std::span<const std::int64_t> strides,
+                          bool readonly, bool versioned) {
   auto e = std::make_unique<Exported>();
-  e->shape = v.shape;
-  e->strides = v.strides;
-  e->owner = v.owner;
+  const std::size_t nd = shape.size();
+  std::int64_t* dims = e->small.data();
+  if (nd + strides.size() > e->small.size()) {
+    e->large.resize(nd + strides.size());
+    dims = e->large.data();
+  }
+  std::copy(shape.begin(), shape.end(), dims);
+  std::copy(strides.begin(), strides.end(), dims + nd);
+  e->owner = std::move(owner);
   dlpack::Tensor t{};
-  t.data = reinterpret_cast<void*>(v.address);  // NOLINT(performance-no-int-to-ptr)
-  t.device = {v.device_type, v.device_id};
-  t.ndim = static_cast<std::int32_t>(e->shape.size());
-  t.dtype = {v.dtype.code, v.dtype.bits, v.dtype.lanes};
-  t.shape = e->shape.data();
-  t.strides = e->strides.empty() ? nullptr : e->strides.data();
+  t.data = reinterpret_cast<void*>(address);  // NOLINT(performance-no-int-to-ptr)
+  t.device = {device_type, device_id};
+  t.ndim = static_cast<std::int32_t>(nd);
+  t.dtype = {dtype.code, dtype.bits, dtype.lanes};
+  t.shape = dims;
+  t.strides = strides.empty() ? nullptr : dims + nd;
   t.byte_offset = 0;
-  const bool versioned = max_version && std::get<0>(*max_version) >= 1;
   PyObject* capsule = nullptr;
   if (versioned) {
     e->versioned.version = {dlpack::kMajorVersion, dlpack::kMinorVersion};
     e->versioned.manager_ctx = e.get();
     e->versioned.deleter = delete_versioned;
-    e->versioned.flags = v.readonly ? dlpack::kFlagReadOnly : 0;
+    e->versioned.flags = readonly ? dlpack::kFlagReadOnly : 0;
     e->versioned.dl_tensor = t;
     capsule = PyCapsule_New(&e->versioned, dlpack::kCapsuleVersioned, capsule_destructor);
   } else {
@@ -90,6 +92,52 @@ nb::object dlpack_export(const ArrayView& v, nb::handle /*stream*/, std::optiona
   if (capsule == nullptr) throw nb::python_error();
   e.release();  // NOLINT(bugprone-unused-return-value): the capsule owns it now
   return nb::steal(capsule);
+}
+
+nb::object dlpack_export(const ArrayView& v, nb::handle /*stream*/, std::optional<std::tuple<int, int>> max_version,
+                         std::optional<std::tuple<int, int>> dl_device, std::optional<bool> copy) {
+  if (copy.value_or(false)) buffer_error("gpuipc views are zero-copy: __dlpack__(copy=True) is not supported");
+  if (dl_device && (std::get<0>(*dl_device) != v.device_type || std::get<1>(*dl_device) != v.device_id)) {
+    buffer_error("this view lives on " + device_name(v.device_type, v.device_id) +
+                 "; __dlpack__(dl_device=...) cannot move it (copy it with your framework instead)");
+  }
+  return dlpack_capsule(v.owner, v.address, v.device_type, v.device_id, v.dtype, v.shape, v.strides, v.readonly,
+                        max_version && std::get<0>(*max_version) >= 1);
+}
+
+ElementType element_type(std::tuple<int, int, int> element) {
+  const auto [code, bits, lanes] = element;
+  if (code < 0 || code > 255 || bits < 0 || bits > 255 || lanes < 0 || lanes > 65535) {
+    throw Error(ErrorCode::InvalidArgument, "bad DLPack element type", "as_array");
+  }
+  const ElementType dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits),
+                          static_cast<std::uint16_t>(lanes)};
+  if (dtype.bits == 0 || dtype.lanes == 0)
+    throw Error(ErrorCode::InvalidArgument, "element type of zero bits", "as_array");
+  return dtype;
+}
+
+std::size_t strided_span(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, std::size_t item) {
+  if (shape.size() != strides.size()) {
+    throw Error(ErrorCode::InvalidArgument, "shape and strides differ in length", "as_strided");
+  }
+  // The last element's offset, in elements from the first; an empty array touches nothing.
+  std::uint64_t last = 0;
+  bool empty = false;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0 || strides[i] < 0) {
+      throw Error(ErrorCode::InvalidArgument, "negative dimension or stride", "as_strided");
+    }
+    if (shape[i] == 0) empty = true;
+    if (shape[i] > 0 && strides[i] > 0) {
+      const auto extra = static_cast<std::uint64_t>(shape[i] - 1);
+      if (extra > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(strides[i])) {
+        throw Error(ErrorCode::InvalidArgument, "shape and strides too large", "as_strided");
+      }
+      last += extra * static_cast<std::uint64_t>(strides[i]);
+    }
+  }
+  return empty ? 0 : static_cast<std::size_t>(last + 1) * item;
 }
 
 namespace {
@@ -139,13 +187,7 @@ PyType_Slot kViewSlots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(get_buffer
 
 ArrayView typed(const ArrayView& v, std::tuple<int, int, int> element, const std::string& typestr,
                 const std::vector<std::int64_t>& shape, std::size_t offset) {
-  const auto [code, bits, lanes] = element;
-  if (code < 0 || code > 255 || bits < 0 || bits > 255 || lanes < 0 || lanes > 65535) {
-    throw Error(ErrorCode::InvalidArgument, "bad DLPack element type", "as_array");
-  }
-  const ElementType dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits),
-                          static_cast<std::uint16_t>(lanes)};
-  if (dtype.bits == 0 || dtype.lanes == 0) throw Error(ErrorCode::InvalidArgument, "element type of zero bits", "as_array");
+  const ElementType dtype = element_type(element);
   const std::size_t item = dtype.itemsize();
   if (offset % item != 0) {
     throw Error(ErrorCode::InvalidArgument,
@@ -237,32 +279,14 @@ nb::object copy_from_dlpack(const ArrayView& dst, nb::handle capsule, std::uintp
 /// A view of `shape` elements of `dtype` with `strides` (elements, >= 0) whose first element is `offset` bytes in;
 /// every element must lie inside `v`.
 ArrayView strided(const ArrayView& v, std::tuple<int, int, int> element, const std::string& typestr,
-                  const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides, std::size_t offset) {
-  if (shape.size() != strides.size()) {
-    throw Error(ErrorCode::InvalidArgument, "shape and strides differ in length", "as_strided");
-  }
+                  const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides,
+                  std::size_t offset) {
   ArrayView out = typed(v, element, typestr, {0}, 0);  // checks the element type
   const std::size_t item = out.dtype.itemsize();
   if (offset % item != 0) {
     throw Error(ErrorCode::InvalidArgument, "offset is not a multiple of the element size", "as_strided");
   }
-  // The last element's offset, in elements from the first; an empty array touches nothing.
-  std::uint64_t last = 0;
-  bool empty = false;
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] < 0 || strides[i] < 0) {
-      throw Error(ErrorCode::InvalidArgument, "negative dimension or stride", "as_strided");
-    }
-    if (shape[i] == 0) empty = true;
-    if (shape[i] > 0 && strides[i] > 0) {
-      const auto extra = static_cast<std::uint64_t>(shape[i] - 1);
-      if (extra > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(strides[i])) {
-        throw Error(ErrorCode::InvalidArgument, "shape and strides too large", "as_strided");
-      }
-      last += extra * static_cast<std::uint64_t>(strides[i]);
-    }
-  }
-  const std::size_t span = empty ? 0 : static_cast<std::size_t>(last + 1) * item;
+  const std::size_t span = strided_span(shape, strides, item);
   if (offset > v.nbytes || span > v.nbytes - offset) {
     throw Error(ErrorCode::InvalidArgument,
                 "a strided view of " + std::to_string(span) + " bytes at offset " + std::to_string(offset) +

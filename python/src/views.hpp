@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -49,6 +50,15 @@ struct ArrayView {
                          int device_type, int device_id);
 };
 
+/// The DLPack element type (code, bits, lanes) checked: InvalidArgument when a field is out of range or it has zero
+/// bits.
+ElementType element_type(std::tuple<int, int, int> element);
+
+/// The bytes a strided array spans from its first element: `shape` and `strides` (in elements) of `item`-byte
+/// elements; 0 when it is empty. InvalidArgument for lengths that differ, a negative dimension or stride, or a span
+/// that does not fit 64 bits.
+std::size_t strided_span(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, std::size_t item);
+
 /// A typed view of `v`: elements of `element` (DLPack code, bits, lanes; `typestr` for __cuda_array_interface__),
 /// `shape` and `strides` (in elements) from byte `offset`. InvalidArgument when it does not fit in `v`.
 ArrayView strided_view(const ArrayView& v, std::tuple<int, int, int> element, const std::string& typestr,
@@ -57,6 +67,14 @@ ArrayView strided_view(const ArrayView& v, std::tuple<int, int, int> element, co
 
 /// A DLPack capsule of `v` ("dltensor_versioned" when `max_version` >= 1.0, else the legacy "dltensor"), owning a
 /// copy of `v.owner`. `copy` true and a `dl_device` other than the view's raise BufferError.
+/// A DLPack capsule of the array at `address` (`shape`, `strides` in elements, empty strides: C-contiguous) that owns
+/// `owner` until its consumer deletes it: "dltensor_versioned" (which carries `readonly`) when `versioned`, else the
+/// legacy "dltensor". One allocation besides the capsule for up to 4 dimensions (tensors_of_index makes one per
+/// tensor of a state dict).
+nb::object dlpack_capsule(std::shared_ptr<const void> owner, std::uintptr_t address, int device_type, int device_id,
+                          ElementType dtype, std::span<const std::int64_t> shape, std::span<const std::int64_t> strides,
+                          bool readonly, bool versioned);
+
 nb::object dlpack_export(const ArrayView& v, nb::handle stream, std::optional<std::tuple<int, int>> max_version,
                          std::optional<std::tuple<int, int>> dl_device, std::optional<bool> copy);
 

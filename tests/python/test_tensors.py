@@ -243,6 +243,13 @@ def test_malformed_index_columns_are_refused(name):
                     pool.tensors_of_index(raw, 0, words(flat), index.storage_bytes, dts, True, False)
             with pytest.raises(gpuipc.InvalidArgument, match="outside its block"):
                 pool.tensors_of_index(raw, 0, index.flat_bytes, words([0, 80, 1 << 40, 0]), dts, True, False)
+            with pytest.raises(gpuipc.InvalidArgument, match="outside its storage"):  # 10 float64 in 40 bytes
+                pool.tensors_of_index(raw, 0, index.flat_bytes, words([0, 40, 0, 0]), dts, True, True)
+            with pytest.raises(gpuipc.InvalidArgument, match="not aligned to its elements"):
+                pool.tensors_of_index(raw, 0, index.flat_bytes, words([0, 8, 4, 0]), dts, True, True)
+            for flat in ([0, 0, 0, 0, 1, -10, 1], [0, 0, 0, 0, 1, 10, -1]):  # a negative dimension or stride
+                with pytest.raises(gpuipc.InvalidArgument, match="negative dimension or stride"):
+                    pool.tensors_of_index(raw, 0, words(flat), index.storage_bytes, dts, True, True)
             with pytest.raises(gpuipc.InvalidArgument, match="partial words"):
                 pool.tensors_of_index(raw, 0, index.flat_bytes[:-1], index.storage_bytes, dts, True, False)
             bad = _index.Index(index.body, words([0, 0, 0, -1, 1, 10, 1]), index.storage_bytes, 1, index.slot_offset, name)

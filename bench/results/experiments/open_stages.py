@@ -1,0 +1,154 @@
+"""Where the time of gpuipc.open_tensors goes, stage by stage, in fresh processes (issue 13: open <= 1 ms).
+
+The owner builds the bench's 2 GiB dict (291 bf16 tensors) under gpuipc.torch.MemPool and publishes it with
+publish_tensors(versions=1), as the weights suite does. Fresh spawned children (torch and CUDA initialised, gpuipc
+imported, as the suite's consumers) then run open_tensors' steps one by one with a clock between them, cold and then
+warm (the same open again in the same process). Variants, one child each:
+  plain      the steps, cold then warm;
+  prewarm    an unrelated 2 MiB device segment opened first (the VA arena reserved, the context's VMM state warm);
+  broker     connect, a Stat after 100 ms idle (the broker's CPU asleep), a Stat right after (awake);
+  reserve    cuMemAddressReserve through ctypes: the first and second call, 2 MiB and 256 GiB.
+Prints one JSON line per child. Usage: python open_stages.py [repeats]
+"""
+import ctypes
+import json
+import os
+import sys
+import time
+import multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _statedict_spec import spec as _spec  # noqa: E402
+
+
+def _init():
+    import torch
+
+    torch.cuda.init()
+    torch.zeros(1, device="cuda:0")
+    torch.cuda.synchronize()
+    return torch
+
+
+def steps(name, torch):
+    """open_tensors' path (tensors.py) with a clock between its steps; returns (times in us, tensors)."""
+    from gpuipc import _index
+    from gpuipc.tensors import _Opened, read_index
+
+    c = [time.perf_counter()]
+    index, seg, mem = read_index(name, None)
+    c.append(time.perf_counter())
+    opened = _Opened(name, index, True, 0)
+    c.append(time.perf_counter())
+    v = _index.read_stamp(index, mem, 0)
+    raw = _index.read_refs_raw(index, mem, 0)
+    c.append(time.perf_counter())
+    caps = []
+    for pool, lo, hi in opened._run_bounds():
+        caps.extend(pool.tensors_of_index(raw[lo * 40 : hi * 40], lo, index.flat_bytes, index.storage_bytes,
+                                          opened._dtype_layouts(), True, True))
+    c.append(time.perf_counter())
+    from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+    made = [None] * index.tensor_count
+    for i, cap in caps:
+        made[i] = from_dlpack(cap)
+    out = dict(zip(index.names, made))
+    c.append(time.perf_counter())
+    assert _index.read_stamp(index, mem, 0) == v and len(caps) == index.tensor_count
+    opened.close()
+    seg.close()
+    c.append(time.perf_counter())
+    for t in out.values():
+        t.data_ptr()
+    torch.cuda.current_stream().synchronize()
+    c.append(time.perf_counter())
+    parts = ("index_open", "pool_join", "refs_read", "tensors_of_index", "from_dlpack", "close", "touch")
+    us = {p: round((c[k + 1] - c[k]) * 1e6, 1) for k, p in enumerate(parts)}
+    us["total"] = round((c[-1] - c[0]) * 1e6, 1)
+    return us, out
+
+
+def child(variant, name, q):
+    try:
+        torch = _init()
+        import gpuipc
+
+        out = {"variant": variant}
+        if variant == "reserve":
+            cu = ctypes.CDLL("libcuda.so.1")
+            ptr = ctypes.c_uint64()
+            for label, size in (("first_2MiB", 2 << 20), ("second_2MiB", 2 << 20), ("third_256GiB", 256 << 30),
+                                ("fourth_256GiB", 256 << 30)):
+                t = time.perf_counter()
+                rc = cu.cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(2 << 20),
+                                            ctypes.c_uint64(0), ctypes.c_uint64(0))
+                out[label + "_us"] = round((time.perf_counter() - t) * 1e6, 1)
+                out[label + "_rc"] = rc
+        elif variant == "broker":
+            t = time.perf_counter()
+            gpuipc.Segment.stat(name)
+            out["first_call_us"] = round((time.perf_counter() - t) * 1e6, 1)
+            for k in range(3):
+                time.sleep(0.1)
+                t = time.perf_counter()
+                gpuipc.Segment.stat(name)
+                out[f"after_100ms_idle_{k}_us"] = round((time.perf_counter() - t) * 1e6, 1)
+                t = time.perf_counter()
+                gpuipc.Segment.stat(name)
+                out[f"back_to_back_{k}_us"] = round((time.perf_counter() - t) * 1e6, 1)
+        else:
+            if variant == "prewarm":
+                s = gpuipc.Segment.open(name + ".warm", readonly=True, device=0)
+                time.sleep(0.1)
+            t = time.perf_counter()
+            d = gpuipc.open_tensors(name, device=0)
+            for x in d.values():
+                x.data_ptr()
+            torch.cuda.current_stream().synchronize()
+            out["open_tensors_cold_us"] = round((time.perf_counter() - t) * 1e6, 1)
+            del d, x
+            time.sleep(0.1)
+            out["cold_steps"] = steps(name, torch)[0]
+            time.sleep(0.1)
+            out["warm_steps"] = steps(name, torch)[0]
+            out["warm_steps_b2b"] = steps(name, torch)[0]
+            t = time.perf_counter()
+            d = gpuipc.open_tensors(name, device=0)
+            out["open_tensors_warm_us"] = round((time.perf_counter() - t) * 1e6, 1)
+            del d
+        q.put(out)
+    except BaseException as e:  # noqa: BLE001
+        import traceback
+
+        q.put({"variant": variant, "error": repr(e), "trace": traceback.format_exc()})
+
+
+def main():
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    torch = _init()
+    import gpuipc
+    import gpuipc.torch as gt
+
+    name = f"stages{os.getpid()}"
+    pool = gt.MemPool(name + ".weights", device=0)
+    with torch.cuda.use_mem_pool(pool):
+        sd = {n: torch.ones(sh, dtype=torch.bfloat16, device="cuda:0") for n, sh in _spec(32)}
+    torch.cuda.synchronize()
+    warm = gpuipc.Segment.create(name + ".warm", 2 << 20, kind="device", device=0)
+    pub = gpuipc.publish_tensors(name, sd, versions=1)
+    print(json.dumps({"tensors": len(sd), "bytes": sum(t.nbytes for t in sd.values()), "gpuipc": gpuipc.__version__,
+                      "torch": torch.__version__, "device": torch.cuda.get_device_name(0)}), flush=True)
+    ctx = mp.get_context("spawn")
+    for _ in range(repeats):
+        for variant in ("plain", "prewarm", "broker", "reserve"):
+            q = ctx.Queue()
+            p = ctx.Process(target=child, args=(variant, name, q))
+            p.start()
+            print(json.dumps(q.get(timeout=120)), flush=True)
+            p.join(30)
+    pub.close()
+    warm.close()
+
+
+if __name__ == "__main__":
+    main()
