@@ -30,6 +30,9 @@ constexpr std::array kRegistry{
     EnvVar{"GPUIPC_CONNECT_TIMEOUT_MS", "5000", "How long a client waits for the broker to start and answer."},
     EnvVar{"GPUIPC_CUDA_LIBRARY", "libcuda.so.1", "The CUDA driver library to load at run time."},
     EnvVar{"GPUIPC_NVTX", "1", "When 0, library calls push no NVTX ranges (for nsys and other NVTX tools)."},
+    EnvVar{"GPUIPC_BROKER_POLL_US", "1000",
+           "How long the broker, after a request, and a client, waiting for the broker's answer, look for the next "
+           "message without sleeping; 0: sleep at once."},
     EnvVar{"GPUIPC_CHANNEL_PACING_US", "200",
            "How long a device channel's acquire or receive watches the peer's progress on the host before it "
            "enqueues a stream wait."},

@@ -126,7 +126,8 @@ void Server::run() {
       timeout_ns = timeout_ns < 0 ? left : std::min(timeout_ns, left);
     }
     const int timeout_ms = timeout_ns < 0 ? -1 : static_cast<int>((timeout_ns + 999'999) / 1'000'000);
-    const int n = m_epoll.wait(events, timeout_ms);
+    const std::int64_t poll_ns = m_last_request_ns + m_options.poll.count() * 1000 - os::monotonic_ns();
+    const int n = m_epoll.wait_spinning(events, timeout_ms, poll_ns);
     for (int i = 0; i < n; ++i) {
       const std::uint64_t key = events[static_cast<std::size_t>(i)].data.u64;
       if (key == kListenKey) {
@@ -141,6 +142,7 @@ void Server::run() {
         stop = true;
       } else {
         serve(key, events[static_cast<std::size_t>(i)].events);
+        m_last_request_ns = os::monotonic_ns();
       }
     }
     std::vector<Outgoing> out;

@@ -34,6 +34,10 @@ struct ServerOptions {
   std::size_t max_queued_replies = 256;       ///< per connection, before it is closed as not reading
   /// After a restart, how long names linked when the last broker died wait for a holder to announce them.
   std::chrono::milliseconds restore_grace{30000};
+  /// After a request, how long the broker looks for the next one without sleeping (GPUIPC_BROKER_POLL_US): a
+  /// client's setup calls come in bursts (an open is several requests), and a broker that sleeps between them
+  /// lets its CPU halt, which virtual machines make costly to wake.
+  std::chrono::microseconds poll{1000};
 };
 
 class Server {
@@ -90,6 +94,7 @@ class Server {
   std::unordered_map<uid_t, std::size_t> m_per_uid;
   ConnId m_next_conn = 16;  // keys below are the listener, the signalfd and the wakeup eventfd
   std::int64_t m_idle_since_ns = 0;
+  std::int64_t m_last_request_ns = 0;  // when a client's message was last served: polling goes on until `poll` after
   std::int64_t m_accept_paused_until_ns = 0;  // accept failed for want of fds: listener unwatched until then
   std::uint64_t m_fd_limit = 1024;
   std::vector<std::byte> m_buffer;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -26,6 +27,16 @@ std::atomic<BrokerClient::RebindHook> g_rebind{nullptr};
 
 std::chrono::milliseconds connect_timeout() {
   return config::env_ms("GPUIPC_CONNECT_TIMEOUT_MS", std::chrono::milliseconds(5000));
+}
+
+/// GPUIPC_BROKER_POLL_US, in ns: how long a wait for the broker's answer looks for it without sleeping. An answer
+/// takes 10-60 us; a client that sleeps meanwhile lets its CPU halt, and on virtual machines the wake-up costs more
+/// than the wait (docs/env/GPUIPC_BROKER_POLL_US.md).
+std::int64_t reply_poll_ns() {
+  static const std::int64_t ns =
+      static_cast<std::int64_t>(std::min<std::uint64_t>(config::env_u64("GPUIPC_BROKER_POLL_US", 1000), 1'000'000)) *
+      1000;
+  return ns;
 }
 
 }  // namespace
@@ -204,7 +215,7 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
   if (!m_reply_buffer) m_reply_buffer = std::make_unique_for_overwrite<std::byte[]>(proto::kMaxMessageSize);
   const std::span<std::byte> buffer(m_reply_buffer.get(), proto::kMaxMessageSize);
   for (;;) {
-    if (!os::wait_readable(m_sock.get(), wait_ms)) {
+    if (!os::spin_readable(m_sock.get(), reply_poll_ns()) && !os::wait_readable(m_sock.get(), wait_ms)) {
       m_sock.reset();
       throw Error(ErrorCode::Timeout, fmt::format("the gpuipc broker did not answer within {} ms", wait_ms), "recv");
     }

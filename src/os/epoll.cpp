@@ -1,6 +1,7 @@
 #include "os/epoll.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -8,6 +9,7 @@
 #include <climits>
 
 #include "base/errors.hpp"
+#include "os/process.hpp"
 
 namespace gpuipc::os {
 
@@ -56,6 +58,19 @@ int Epoll::wait(std::span<epoll_event> out, int timeout_ms) {
       remaining = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
     }
   }
+}
+
+int Epoll::wait_spinning(std::span<epoll_event> out, int timeout_ms, std::int64_t spin_ns) {
+  if (spin_ns <= 0 || timeout_ms == 0) return wait(out, timeout_ms);
+  const std::int64_t start = monotonic_ns();
+  const std::int64_t spin_end = start + (timeout_ms > 0 ? std::min<std::int64_t>(spin_ns, timeout_ms * 1'000'000LL) : spin_ns);
+  do {
+    if (const int n = wait(out, 0); n > 0) return n;
+    ::sched_yield();
+  } while (monotonic_ns() < spin_end);
+  if (timeout_ms < 0) return wait(out, -1);
+  const std::int64_t left_ms = timeout_ms - (monotonic_ns() - start) / 1'000'000;
+  return wait(out, static_cast<int>(std::max<std::int64_t>(left_ms, 0)));
 }
 
 }  // namespace gpuipc::os

@@ -21,6 +21,9 @@ class Epoll {
   void remove(int fd) noexcept;
   /// epoll_wait, retrying EINTR; returns the number of events written into `out` (0 on timeout).
   int wait(std::span<epoll_event> out, int timeout_ms);
+  /// wait(), but first looks without sleeping for up to `spin_ns` (yielding the CPU between looks), then sleeps
+  /// for what is left of `timeout_ms`. See spin_readable (os/socket.hpp) for why.
+  int wait_spinning(std::span<epoll_event> out, int timeout_ms, std::int64_t spin_ns);
   int fd() const noexcept { return m_fd.get(); }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -21,6 +22,7 @@
 #include <system_error>
 
 #include "base/errors.hpp"
+#include "os/process.hpp"
 
 namespace gpuipc::os {
 namespace {
@@ -325,6 +327,16 @@ bool wait_readable(int fd, int timeout_ms) {
       remaining = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
     }
   }
+}
+
+bool spin_readable(int fd, std::int64_t spin_ns) {
+  if (spin_ns <= 0) return false;
+  const std::int64_t end = monotonic_ns() + spin_ns;
+  do {
+    if (wait_readable(fd, 0)) return true;
+    ::sched_yield();
+  } while (monotonic_ns() < end);
+  return false;
 }
 
 std::optional<FileIdentity> file_identity(const std::string& path) noexcept {

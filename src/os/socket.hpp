@@ -114,4 +114,9 @@ void set_nonblocking(int fd, bool on);
 /// Returns true when readable (or hung up), false on timeout.
 bool wait_readable(int fd, int timeout_ms);
 
+/// Polls one fd for POLLIN without sleeping for up to `spin_ns`, yielding the CPU between looks (sched_yield):
+/// true as soon as it is readable (or hung up), false when the time is up. For waits that usually end within
+/// microseconds, where sleeping would let a virtual CPU halt and cost its wake-up (tens to hundreds of us).
+bool spin_readable(int fd, std::int64_t spin_ns);
+
 }  // namespace gpuipc::os

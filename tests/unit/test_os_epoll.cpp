@@ -57,6 +57,40 @@ TEST(OsEpoll, AddModifyRemoveWait) {
   ep.remove(-1);         // not an fd: ignored
 }
 
+TEST(OsEpoll, WaitSpinningReturnsWhatArrivesWhileItPollsAndKeepsTheTimeout) {
+  os::Epoll ep;
+  const os::UniqueFd efd = os::event_fd();
+  ep.add(efd.get(), EPOLLIN, 9);
+  std::array<epoll_event, 2> events{};
+
+  // Nothing arrives: it polls for the spin, then sleeps only for the rest of the timeout (not spin + timeout).
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(ep.wait_spinning(events, 60, 20'000'000), 0);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 55ms);
+  EXPECT_LT(took, 1000ms) << "the spin must count against the timeout";
+
+  // A spin longer than the timeout stops at the timeout.
+  start = std::chrono::steady_clock::now();
+  EXPECT_EQ(ep.wait_spinning(events, 20, 5'000'000'000), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1000ms);
+
+  // An event written by another thread during the spin is returned, with its key.
+  std::thread writer([&] {
+    std::this_thread::sleep_for(5ms);
+    os::event_fd_signal(efd.get());
+  });
+  ASSERT_EQ(ep.wait_spinning(events, 10'000, 2'000'000'000), 1);
+  writer.join();
+  EXPECT_EQ(events[0].data.u64, 9u);
+
+  // One that is ready already is returned at once, and a spin of 0 is a plain wait.
+  EXPECT_EQ(ep.wait_spinning(events, 0, 1'000'000), 1);
+  EXPECT_EQ(ep.wait_spinning(events, -1, 0), 1);
+  os::event_fd_drain(efd.get());
+  EXPECT_EQ(ep.wait_spinning(events, 0, 0), 0);
+}
+
 TEST(OsEpoll, ErrorsNameTheCall) {
   os::Epoll ep;
   const os::UniqueFd efd = os::event_fd();

@@ -268,6 +268,29 @@ TEST(OsSocket, ClosedWhenThePeerProcessExits) {
   EXPECT_EQ(os::send_message(mine.get(), bytes("anyone?")), IoStatus::Closed);
 }
 
+TEST(OsSocket, SpinReadableSeesAMessageThatArrivesWhileItLooksAndGivesUpAfterItsTime) {
+  auto [a, b] = os::seqpacket_pair();
+  EXPECT_FALSE(os::spin_readable(a.get(), 0)) << "no time: no look";
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(os::spin_readable(a.get(), 20'000'000));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(19));
+
+  std::thread sender([&b] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(os::send_message(b.get(), bytes("late")), IoStatus::Ok);
+  });
+  EXPECT_TRUE(os::spin_readable(a.get(), 5'000'000'000));
+  sender.join();
+  std::array<std::byte, 16> buf{};
+  std::size_t size = 0;
+  std::vector<os::UniqueFd> fds;
+  ASSERT_EQ(os::receive_message(a.get(), buf, size, fds), IoStatus::Ok);
+  EXPECT_EQ(text(buf, size), "late");
+
+  b.reset();  // a hang-up is readable too: the next read reports it
+  EXPECT_TRUE(os::spin_readable(a.get(), 1'000'000));
+}
+
 TEST(OsSocket, WouldBlockOnEmptyAndFullNonBlockingSockets) {
   auto [a, b] = os::seqpacket_pair();
   os::set_nonblocking(a.get(), true);
