@@ -7,8 +7,10 @@ warm (the same open again in the same process). Variants, one child each:
   plain      the steps, cold then warm;
   prewarm    an unrelated 2 MiB device segment opened first (the VA arena reserved, the context's VMM state warm);
   broker     connect, a Stat after 100 ms idle (the broker's CPU asleep), a Stat right after (awake);
-  reserve    cuMemAddressReserve through ctypes: the first and second call, 2 MiB and 256 GiB.
-Prints one JSON line per child. Usage: python open_stages.py [repeats]
+  reserve    cuMemAddressReserve through ctypes: the first and second call, 2 MiB and 256 GiB;
+  parts      (with the argument "parts" only) the index's open and the pool's join taken apart, back to back
+             (medians of 7), with CUDA initialised (parts) and without (parts_nocuda).
+Prints one JSON line per child. Usage: python open_stages.py [repeats] [parts]
 """
 import ctypes
 import json
@@ -68,13 +70,54 @@ def steps(name, torch):
     return us, out
 
 
+def parts(name, out):
+    """The index open and the pool join, taken apart (medians of 7, back to back, after one warm-up)."""
+    import statistics
+
+    import numpy as np
+    import gpuipc
+    from gpuipc import _gpuipc, _index
+
+    seg = gpuipc.Segment.open(name, readonly=True)
+    pool_name = _index.decode(name, np.frombuffer(seg.view(), dtype=np.uint8)).pools[0]
+    seg.close()
+    steps = {}
+
+    def clock(label, f):
+        t = time.perf_counter()
+        r = f()
+        steps.setdefault(label, []).append((time.perf_counter() - t) * 1e6)
+        return r
+
+    for _ in range(8):
+        clock("stat", lambda: gpuipc.Segment.stat(name))
+        raw = clock("segment_open_binding", lambda: _gpuipc.Segment.open(name, readonly=True, wait=None, device=None))
+        clock("segment_close_binding", raw.close)
+        s = clock("segment_open", lambda: gpuipc.Segment.open(name, readonly=True))
+        v = clock("view", s.view)
+        mem = clock("frombuffer", lambda: np.frombuffer(v, dtype=np.uint8))
+        clock("decode", lambda: _index.decode(name, mem))
+        clock("segment_close", s.close)
+        p = clock("pool_open_binding", lambda: _gpuipc.Pool.open(pool_name, readonly=True, wait=None, device=0))
+        clock("pool_close_binding", p.close)
+    for k, v in steps.items():
+        out[k + "_us"] = round(statistics.median(v[1:]), 1)
+
+
 def child(variant, name, q):
     try:
+        if variant == "parts_nocuda":
+            out = {"variant": variant}
+            parts(name, out)
+            q.put(out)
+            return
         torch = _init()
         import gpuipc
 
         out = {"variant": variant}
-        if variant == "reserve":
+        if variant == "parts":
+            parts(name, out)
+        elif variant == "reserve":
             cu = ctypes.CDLL("libcuda.so.1")
             ptr = ctypes.c_uint64()
             for label, size in (("first_2MiB", 2 << 20), ("second_2MiB", 2 << 20), ("third_256GiB", 256 << 30),
@@ -116,6 +159,8 @@ def child(variant, name, q):
             d = gpuipc.open_tensors(name, device=0)
             out["open_tensors_warm_us"] = round((time.perf_counter() - t) * 1e6, 1)
             del d
+            if variant == "prewarm":
+                s.close()
         q.put(out)
     except BaseException as e:  # noqa: BLE001
         import traceback
@@ -139,8 +184,9 @@ def main():
     print(json.dumps({"tensors": len(sd), "bytes": sum(t.nbytes for t in sd.values()), "gpuipc": gpuipc.__version__,
                       "torch": torch.__version__, "device": torch.cuda.get_device_name(0)}), flush=True)
     ctx = mp.get_context("spawn")
+    variants = ("parts", "parts_nocuda") if "parts" in sys.argv[2:] else ("plain", "prewarm", "broker", "reserve")
     for _ in range(repeats):
-        for variant in ("plain", "prewarm", "broker", "reserve"):
+        for variant in variants:
             q = ctx.Queue()
             p = ctx.Process(target=child, args=(variant, name, q))
             p.start()
