@@ -38,12 +38,16 @@ class Row:
     note: str = ""
 
 
-#: Ten `gpuipc bench channels --quick` runs at one commit on one H100 (two files of five); the H200's five runs at that
-#: commit are in channels-quick-d521362-h200-run*-20261126.log (docs/channels.md#latency-where-a-handoffs-time-goes).
-CHANNELS_RUNS = ["channels-quick-d521362-h100-5runs-20261126.json", "channels-quick-d521362-h100-5runs-b-20261126.json"]
+#: Ten `gpuipc bench channels --quick` runs at one commit, five on an H100 and five on an H200 (issue 17's set; the
+#: ordering, pools and weights suites ran at the same commit on the same machines).
+CHANNELS_RUNS = ["channels-quick-f03d8ba-h100-5runs-20261127.json", "channels-quick-f03d8ba-h200-5runs-20261127.json"]
 
-#: Ten `gpuipc bench python --quick` runs at one commit, five on each of two H100 machines.
-PYTHON_RUNS = ["python-quick-c07ad09-h100-5runs-20261126.json", "python-quick-c07ad09-h100-5runs-b-20261126.json"]
+#: Ten `gpuipc bench python --quick` runs at that commit, five on each of the same two machines.
+PYTHON_RUNS = ["python-quick-f03d8ba-h100-5runs-20261127.json", "python-quick-f03d8ba-h200-5runs-20261127.json"]
+
+#: The pools and weights suites (--quick) at that commit, once on each of the two machines.
+POOLS_RUNS = ["pools-quick-f03d8ba-h100-20261127.json", "pools-quick-f03d8ba-h200-20261127.json"]
+WEIGHTS_RUNS = ["weights-quick-f03d8ba-h100-20261127.json", "weights-quick-f03d8ba-h200-20261127.json"]
 
 ROWS: List[Row] = [
     Row("1 MiB buffer handoff round trip, C++ channel (p50)", "handoff_rtt_p50_us_1MiB", "us",
@@ -74,10 +78,10 @@ ROWS: List[Row] = [
         [("cudaIpcOpenMemHandle", "legacy_open_us_1GiB", "us"),
          ("raw VMM import+map+access", "vmm_raw_open_us_1GiB", "us")]),
     Row("a 2 GiB state dict of 291 bf16 tensors, from its name to every device pointer in a fresh process (C++ Pool)",
-        "statedict_open_ms", "ms", ["pools-h100-20261123.json", "pools-quick-h100-20261123.json"],
+        "statedict_open_ms", "ms", POOLS_RUNS,
         [("torch.multiprocessing", "torch_mp_statedict_ms", "ms")]),
     Row("the same from Python: `gpuipc.open_tensors` to 291 torch tensors", "weights_open_ms", "ms",
-        ["weights-quick-919ec64-h100-20261126.json", "weights-quick-13ee819-h100-20261126.json"],
+        WEIGHTS_RUNS,
         [("torch.multiprocessing", "torch_mp_weights_open_ms", "ms")],
         note="target 1 ms, not met: [torch.md](docs/torch.md#where-it-stands-measured) says where the time goes"),
     Row("a 16 GiB state dict of 3063 bf16 tensors streamed by reference to another process "
@@ -89,7 +93,7 @@ ROWS: List[Row] = [
         note="three H100 and two H200 runs; the local copy is the faster of two ways: "
              "[torch.md](docs/torch.md#where-it-stands-measured)"),
     Row("`Pool::resolve` of a block in a chunk this process has mapped", "pool_resolve_cached_p50_us", "us",
-        ["pools-h100-20261123.json", "pools-quick-h100-20261123.json"]),
+        POOLS_RUNS),
     Row("open of a segment this process has open (cache hit)", "open_cached_us", "us", ["segments-h200-20261121.json"]),
     Row("kernel read bandwidth through a 1 GiB segment, against local memory", "read_bw_ratio", "x",
         ["segments-h200-20261121.json"], [("local", "read_bw_gbs_local", "GB/s")],
