@@ -14,24 +14,15 @@ import os
 import sys
 import threading
 import time
-import multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _statedict_spec import spec as _spec  # noqa: E402
+from _open_owner import init_torch, publish_dict, report_error, run_variants  # noqa: E402
 
-
-def _init():
-    import torch
-
-    torch.cuda.init()
-    torch.zeros(1, device="cuda:0")
-    torch.cuda.synchronize()
-    return torch
 
 
 def child(variant, name, q):
     try:
-        torch = _init()
+        torch = init_torch()
         from gpuipc import _gpuipc, _index
         from gpuipc.tensors import _Opened, read_index
 
@@ -92,34 +83,18 @@ def child(variant, name, q):
         seg.close()
         q.put(out)
     except BaseException as e:  # noqa: BLE001
-        import traceback
-
-        q.put({"variant": variant, "error": repr(e), "trace": traceback.format_exc()})
+        report_error(q, variant, e)
 
 
 def main():
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    torch = _init()
-    import gpuipc
-    import gpuipc.torch as gt
-
+    torch = init_torch()
     name = f"maps{os.getpid()}"
-    pool = gt.MemPool(name + ".weights", device=0)
-    with torch.cuda.use_mem_pool(pool):
-        sd = {n: torch.ones(sh, dtype=torch.bfloat16, device="cuda:0") for n, sh in _spec(32)}
-    torch.cuda.synchronize()
-    pub = gpuipc.publish_tensors(name, sd, versions=1)
+    pool, sd, pub = publish_dict(torch, name)
     print(json.dumps({"tensors": len(sd), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}), flush=True)
-    ctx = mp.get_context("spawn")
-    for _ in range(repeats):
-        for variant in ("serial", "parallel"):
-            q = ctx.Queue()
-            p = ctx.Process(target=child, args=(variant, name, q))
-            p.start()
-            print(json.dumps(q.get(timeout=120)), flush=True)
-            p.join(30)
+    run_variants(child, name, ("serial", "parallel"), repeats)
     pub.close()
-
+    del pool
 
 if __name__ == "__main__":
     main()

@@ -17,19 +17,10 @@ import json
 import os
 import sys
 import time
-import multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _statedict_spec import spec as _spec  # noqa: E402
+from _open_owner import init_torch, publish_dict, report_error, run_variants  # noqa: E402
 
-
-def _init():
-    import torch
-
-    torch.cuda.init()
-    torch.zeros(1, device="cuda:0")
-    torch.cuda.synchronize()
-    return torch
 
 
 def steps(name, torch):
@@ -111,7 +102,7 @@ def child(variant, name, q):
             parts(name, out)
             q.put(out)
             return
-        torch = _init()
+        torch = init_torch()
         import gpuipc
 
         out = {"variant": variant}
@@ -163,38 +154,24 @@ def child(variant, name, q):
                 s.close()
         q.put(out)
     except BaseException as e:  # noqa: BLE001
-        import traceback
-
-        q.put({"variant": variant, "error": repr(e), "trace": traceback.format_exc()})
+        report_error(q, variant, e)
 
 
 def main():
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    torch = _init()
+    torch = init_torch()
     import gpuipc
-    import gpuipc.torch as gt
 
     name = f"stages{os.getpid()}"
-    pool = gt.MemPool(name + ".weights", device=0)
-    with torch.cuda.use_mem_pool(pool):
-        sd = {n: torch.ones(sh, dtype=torch.bfloat16, device="cuda:0") for n, sh in _spec(32)}
-    torch.cuda.synchronize()
+    pool, sd, pub = publish_dict(torch, name)
     warm = gpuipc.Segment.create(name + ".warm", 2 << 20, kind="device", device=0)
-    pub = gpuipc.publish_tensors(name, sd, versions=1)
     print(json.dumps({"tensors": len(sd), "bytes": sum(t.nbytes for t in sd.values()), "gpuipc": gpuipc.__version__,
                       "torch": torch.__version__, "device": torch.cuda.get_device_name(0)}), flush=True)
-    ctx = mp.get_context("spawn")
     variants = ("parts", "parts_nocuda") if "parts" in sys.argv[2:] else ("plain", "prewarm", "broker", "reserve")
-    for _ in range(repeats):
-        for variant in variants:
-            q = ctx.Queue()
-            p = ctx.Process(target=child, args=(variant, name, q))
-            p.start()
-            print(json.dumps(q.get(timeout=120)), flush=True)
-            p.join(30)
+    run_variants(child, name, variants, repeats)
     pub.close()
     warm.close()
-
+    del pool
 
 if __name__ == "__main__":
     main()
