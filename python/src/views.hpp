@@ -65,8 +65,6 @@ ArrayView strided_view(const ArrayView& v, std::tuple<int, int, int> element, co
                        const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides,
                        std::size_t offset);
 
-/// A DLPack capsule of `v` ("dltensor_versioned" when `max_version` >= 1.0, else the legacy "dltensor"), owning a
-/// copy of `v.owner`. `copy` true and a `dl_device` other than the view's raise BufferError.
 /// A DLPack capsule of the array at `address` (`shape`, `strides` in elements, empty strides: C-contiguous) that owns
 /// `owner` until its consumer deletes it: "dltensor_versioned" (which carries `readonly`) when `versioned`, else the
 /// legacy "dltensor". One allocation besides the capsule for up to 4 dimensions (tensors_of_index makes one per
@@ -75,6 +73,8 @@ nb::object dlpack_capsule(std::shared_ptr<const void> owner, std::uintptr_t addr
                           ElementType dtype, std::span<const std::int64_t> shape, std::span<const std::int64_t> strides,
                           bool readonly, bool versioned);
 
+/// A DLPack capsule of `v` ("dltensor_versioned" when `max_version` >= 1.0, else the legacy "dltensor"), owning a
+/// copy of `v.owner`. `copy` true and a `dl_device` other than the view's raise BufferError.
 nb::object dlpack_export(const ArrayView& v, nb::handle stream, std::optional<std::tuple<int, int>> max_version,
                          std::optional<std::tuple<int, int>> dl_device, std::optional<bool> copy);
 

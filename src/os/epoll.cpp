@@ -63,7 +63,8 @@ int Epoll::wait(std::span<epoll_event> out, int timeout_ms) {
 int Epoll::wait_spinning(std::span<epoll_event> out, int timeout_ms, std::int64_t spin_ns) {
   if (spin_ns <= 0 || timeout_ms == 0) return wait(out, timeout_ms);
   const std::int64_t start = monotonic_ns();
-  const std::int64_t spin_end = start + (timeout_ms > 0 ? std::min<std::int64_t>(spin_ns, timeout_ms * 1'000'000LL) : spin_ns);
+  const std::int64_t spin_end =
+      start + (timeout_ms > 0 ? std::min<std::int64_t>(spin_ns, timeout_ms * 1'000'000LL) : spin_ns);
   do {
     if (const int n = wait(out, 0); n > 0) return n;
     ::sched_yield();
