@@ -366,9 +366,11 @@ Result run(const Options& o, const DeviceMeta& meta) {
       progress(o, fmt::format("channels: streaming{}, {} slots, two processes vs one", suffix, slots));
       // Alternating repetitions, medians: one run is short and the GPU's pace drifts between runs.
       std::vector<double> cross_runs, local_runs;
-      // The metric's depth gets more: the one-process reference is bound by its one host thread's launches, and
-      // its pace moves between runs more than the channel's does.
-      const int reps = slots == kStreamSlots && !o.quick ? stream_repetitions + 2 : stream_repetitions;
+      // The metric's depth gets more, --quick too: the one-process reference is bound by its one host thread's
+      // launches, and its pace moves between repetitions more than the channel's does. With one repetition (--quick
+      // before), ten runs at f03d8ba gave one-process references of 90k-148k frames/s against two-process rates within
+      // 4% of each other (95k-98k under MPS on the H100), and the ratio swung with the reference alone.
+      const int reps = slots != kStreamSlots ? stream_repetitions : o.quick ? 3 : stream_repetitions + 2;
       for (int rep = 0; rep < reps; ++rep) {
         cross_runs.push_back(channel_stream(env, stream_frames, slots)["fps"].get<double>());
         local_runs.push_back(local_stream(env, stream_frames, slots)["fps"].get<double>());
