@@ -184,5 +184,26 @@ TEST(BrokerDaemon, SigtermShutsDownCleanlyAndIdleTimeoutExits) {
   EXPECT_EQ(wait_child(b, 10s), 0);
 }
 
+TEST(BrokerDaemon, PollSettingIsCheckedAtStartAndZeroStillServes) {
+  TempDir dir("gpuipc-rt3");
+  const std::string bin = GPUIPC_BUILD_BIN_DIR "/gpuipcd";
+  // A malformed GPUIPC_BROKER_POLL_US stops the broker before it takes the directory, naming the variable.
+  const auto bad = run_program(bin, {"--runtime-dir", dir.path()}, {"GPUIPC_BROKER_POLL_US=soon"}, -1, 10s);
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("GPUIPC_BROKER_POLL_US"), std::string::npos) << bad.err;
+  EXPECT_NE(::access(dir.file("broker.sock").c_str(), F_OK), 0);
+  // 0: the broker sleeps at once between requests (the old behaviour) and serves a client's whole life as before;
+  // the client here polls (it reads the variable of this process, unset: the default).
+  const pid_t broker = start_program(bin, {"--runtime-dir", dir.path(), "--idle-timeout-ms", "300"},
+                                     {"GPUIPC_BROKER_POLL_US=0"}, -1, dir.file("broker.log"));
+  const std::string sock = dir.file("broker.sock");
+  ASSERT_TRUE(wait_until([&] { return ::access(sock.c_str(), F_OK) == 0; }, 5s));
+  const auto made =
+      run_program(GPUIPC_BUILD_BIN_DIR "/gpuipc", {"ls"},
+                  {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_NO_AUTOSTART=1", "GPUIPC_BROKER_POLL_US=0"});
+  EXPECT_EQ(made.exit_code, 0) << made.err;
+  EXPECT_EQ(wait_child(broker, 10s), 0) << read_file(dir.file("broker.log")).value_or("");
+}
+
 }  // namespace
 }  // namespace gpuipc::test
