@@ -109,6 +109,9 @@ std::string BrokerClient::find_daemon() {
 }
 
 void BrokerClient::connect_locked() {
+  // Checked before anything is sent: a malformed value must not throw between a request and its answer (the
+  // request would take effect, and the connection would hold an answer nobody reads).
+  (void)reply_poll_ns();
   m_sock.reset();
   const std::string dir = config::runtime_dir();
   const std::string path = config::socket_path();
@@ -214,8 +217,9 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
   const int wait_ms = static_cast<int>(std::max<std::int64_t>(timeout.count(), connect_timeout().count()));
   if (!m_reply_buffer) m_reply_buffer = std::make_unique_for_overwrite<std::byte[]>(proto::kMaxMessageSize);
   const std::span<std::byte> buffer(m_reply_buffer.get(), proto::kMaxMessageSize);
+  const std::int64_t poll_ns = reply_poll_ns();  // read (and checked) at connect
   for (;;) {
-    if (!os::spin_readable(m_sock.get(), reply_poll_ns()) && !os::wait_readable(m_sock.get(), wait_ms)) {
+    if (!os::spin_readable(m_sock.get(), poll_ns) && !os::wait_readable(m_sock.get(), wait_ms)) {
       m_sock.reset();
       throw Error(ErrorCode::Timeout, fmt::format("the gpuipc broker did not answer within {} ms", wait_ms), "recv");
     }

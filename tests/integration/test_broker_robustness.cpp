@@ -205,5 +205,15 @@ TEST(BrokerDaemon, PollSettingIsCheckedAtStartAndZeroStillServes) {
   EXPECT_EQ(wait_child(broker, 10s), 0) << read_file(dir.file("broker.log")).value_or("");
 }
 
+TEST(BrokerDaemon, AClientWithAMalformedPollSettingFailsSayingSo) {
+  // The client checks the value when it connects, before it sends anything.
+  const auto o = run_program(GPUIPC_BUILD_BIN_DIR "/gpuipc", {"ls"},
+                             {"GPUIPC_RUNTIME_DIR=" + BrokerEnvironment::runtime_dir(), "GPUIPC_NO_AUTOSTART=1",
+                              "GPUIPC_BROKER_POLL_US=soon"});
+  EXPECT_NE(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.err.find("GPUIPC_BROKER_POLL_US='soon'"), std::string::npos) << o.err;
+  expect_still_serving();
+}
+
 }  // namespace
 }  // namespace gpuipc::test
