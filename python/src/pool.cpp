@@ -40,7 +40,9 @@ struct PyPool {
   Pool pool;
   LiveCount<Live::Pool> counted;
 
-  Pool& get() {
+  /// A handle of its own (one reference count): a method that releases the GIL keeps the pool joined while
+  /// another thread closes this one.
+  Pool get() const {
     if (!pool) raise_closed("pool");
     return pool;
   }
@@ -304,7 +306,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "allocate",
           [](PyPool& p, std::size_t nbytes, std::size_t alignment) {
-            Pool& pool = p.get();
+            Pool pool = p.get();
             PyBlock b{.pool = pool, .block = {}, .counted = {}};
             {
               nb::gil_scoped_release unlocked;
@@ -316,7 +318,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "free",
           [](PyPool& p, PyBlock& b, std::uintptr_t stream) {
-            Pool& pool = p.get();
+            Pool pool = p.get();
             if (!b.block)
               throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
             Block gone = std::move(b.block);
@@ -327,7 +329,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "resolve",
           [](PyPool& p, const RefTuple& ref) {
-            Pool& pool = p.get();
+            Pool pool = p.get();
             nb::gil_scoped_release unlocked;
             return reinterpret_cast<std::uintptr_t>(pool.resolve(to_ref(ref)));
           },
@@ -335,7 +337,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "view",
           [](PyPool& p, const RefTuple& ref, bool readonly, bool hold) {
-            Pool& pool = p.get();
+            Pool pool = p.get();
             const BlockRef r = to_ref(ref);
             std::shared_ptr<const void> owner;
             std::uintptr_t address = 0;
@@ -358,7 +360,8 @@ void bind_pool(nb::module_& m) {
           [](PyPool& p, nb::bytes raw, bool readonly, bool hold, bool dlpack) {
             // One call for a whole index: decodes the 40-byte refs, holds and resolves each, and makes its view
             // (or, with dlpack, its legacy DLPack capsule) on the pool's mapping GPU (Pool::mapping_device).
-            const std::vector<ArrayView> views = held_views(p.get(), raw, readonly, hold, "views_of");
+            Pool pool = p.get();
+            const std::vector<ArrayView> views = held_views(pool, raw, readonly, hold, "views_of");
             nb::list out;
             for (const ArrayView& v : views) {
               if (dlpack) {
@@ -386,7 +389,7 @@ void bind_pool(nb::module_& m) {
             const std::vector<std::int64_t> flat = int64_words(flat_bytes), sflat = int64_words(sflat_bytes);
             std::vector<IndexTensor> fast = index_tensors(flat, sflat, first, count, dtypes.size());
             std::erase_if(fast, [&](const IndexTensor& t) { return !dtypes[t.dtype].has_value(); });
-            Pool& pool = p.get();
+            Pool pool = p.get();
             const bool ro = readonly || pool.access() == Access::ReadOnly;
             const int device_type = is_gpu(pool.kind()) ? kDLCUDA : kDLCPU;
             const int device_id = is_gpu(pool.kind()) ? pool.mapping_device() : 0;
@@ -442,7 +445,7 @@ void bind_pool(nb::module_& m) {
             // end, rounded up to 256 bytes within the chunk) instead of one per block, so that a framework makes
             // one tensor per chunk and cheap views of it. The holds of a chunk's blocks are given back together
             // when the chunk's view (and everything made from it) goes.
-            Pool& pool = p.get();
+            Pool pool = p.get();
             const auto* data = static_cast<const std::byte*>(raw.data());
             const std::size_t n = ref_count(raw, "spans_of");
             struct Span {
@@ -492,7 +495,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "hold",
           [](PyPool& p, const RefTuple& ref) {
-            Pool& pool = p.get();
+            Pool pool = p.get();
             nb::gil_scoped_release unlocked;
             pool.hold(to_ref(ref));
           },
@@ -500,7 +503,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "release",
           [](PyPool& p, const RefTuple& ref) {
-            Pool& pool = p.get();
+            Pool pool = p.get();
             nb::gil_scoped_release unlocked;
             pool.release(to_ref(ref));
           },
@@ -508,7 +511,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "pause",
           [](PyPool& p, bool keep_contents) {
-            Pool& pool = p.get();
+            Pool pool = p.get();
             nb::gil_scoped_release unlocked;
             pool.pause({.keep_contents = keep_contents});
           },
@@ -517,7 +520,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "resume",
           [](PyPool& p) {
-            Pool& pool = p.get();
+            Pool pool = p.get();
             nb::gil_scoped_release unlocked;
             pool.resume();
           },
@@ -525,7 +528,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "refresh",
           [](PyPool& p) {
-            Pool& pool = p.get();
+            Pool pool = p.get();
             nb::gil_scoped_release unlocked;
             pool.refresh();
           },

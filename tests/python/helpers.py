@@ -163,6 +163,55 @@ def pool_resolve_and_sum(name: str, raw_ref: bytes) -> int:
         return int(a.sum())
 
 
+def views_of_while_another_thread_closes(name: str, rounds: int) -> dict:
+    """Pool `name` with 2048 blocks, each filled with its number. Each round joins it again and one thread makes
+    held views of every block through that handle (views_of releases the GIL for the whole look-up) while this one
+    closes the handle part way through. Returns how the rounds ended: {"views": n, "closed": n}, plus any other
+    error's text; and "overlapped": the rounds whose close came while the call ran. Views that came back are
+    checked block by block."""
+    import random
+    import threading
+
+    from gpuipc._arrays import make_array
+
+    n = 2048
+    out: dict = {"views": 0, "closed": 0, "overlapped": 0}
+    with gpuipc.Pool.create(name, chunk_bytes=16 << 20, max_bytes=64 << 20) as pool:
+        blocks = [pool.allocate(4096) for _ in range(n)]
+        for k, b in enumerate(blocks):
+            b.numpy("int64")[:] = k
+        raw = b"".join(bytes(b.ref) for b in blocks)
+        for _ in range(rounds):
+            handle = gpuipc.Pool.open(name)._pool
+            got: list = []
+            span: list = []
+
+            def look() -> None:
+                span.append(time.perf_counter())
+                try:
+                    got.append(handle.views_of(raw, True, True, False))
+                except gpuipc.errors.Error as e:  # noqa: PERF203 - the outcome is what the test counts
+                    got.append(e)
+                span.append(time.perf_counter())
+
+            t = threading.Thread(target=look)
+            t.start()
+            time.sleep(random.uniform(0, 0.002))
+            closing = time.perf_counter()
+            handle.close()
+            t.join()
+            out["overlapped"] += span[0] < closing < span[1]
+            r = got[0]
+            if isinstance(r, list):
+                assert len(r) == n and all(int(make_array(v, "int64")[0]) == k for k, v in enumerate(r))
+                out["views"] += 1
+            elif "this handle was closed" in str(r):
+                out["closed"] += 1
+            else:
+                out[str(r)] = out.get(str(r), 0) + 1
+    return out
+
+
 def open_tensors_summary(name: str) -> dict:
     """open_tensors(name): {tensor: (dtype, shape, strides in bytes, sum, writeable)}."""
     t = gpuipc.open_tensors(name, wait=10)

@@ -213,3 +213,12 @@ def test_a_read_only_pool_never_gives_a_writable_view(name):
                 arr[0] = 1
         del views, arr
         blk.free()
+
+
+def test_closing_a_pool_while_another_thread_uses_it_is_an_error_there_not_a_crash(name, spawn):
+    """views_of, tensors_of_index and the other calls that release the GIL keep a handle of their own on the pool:
+    a close() from another thread meanwhile makes the call fail saying the handle was closed, or lets it finish;
+    it never pulls the pool away under it (which crashed the process, or failed with "an empty Pool handle")."""
+    r = spawn(helpers.views_of_while_another_thread_closes, name, 200, timeout=120)
+    assert set(r) == {"views", "closed", "overlapped"} and r["views"] + r["closed"] == 200, r
+    assert r["overlapped"] >= 20, f"too few closes came while the call ran to show anything: {r}"
