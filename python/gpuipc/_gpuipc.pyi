@@ -323,6 +323,11 @@ def _torch_block_of(address: int) -> tuple[bytes, int, str] | None:
     (encoded BlockRef, block address, pool name) of the torch block containing `address`, or None.
     """
 
+def _torch_frees() -> int:
+    """
+    How many blocks torch has freed through the pluggable allocator in this process (it only grows).
+    """
+
 def _torch_pool_pause(device: int, keep_contents: bool) -> None:
     """
     Pauses the device's active pool (Pool::pause): its GPU memory is released, tensor addresses kept.

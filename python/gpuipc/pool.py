@@ -116,16 +116,27 @@ def find_block(address: int, nbytes: int) -> Optional["Block"]:
 
 class _TorchBlock:
     """A block of a gpuipc.torch.MemPool (held by PyTorch through the pluggable allocator, not by a Python
-    Block): enough of Block's face for share_tensors to share it by reference."""
+    Block): enough of Block's face for share_tensors to share it by reference. ``freed`` is as of the last
+    :meth:`recheck` (a look-up per call would cost every tensor of every version a stream sends): a holder that
+    keeps it across calls rechecks when :func:`torch_frees` moved."""
 
-    freed = False
     is_cuda = True
 
-    def __init__(self, ref: "BlockRef", address: int, pool: "Pool") -> None:
+    def __init__(self, ref: "BlockRef", address: int, pool: "Pool", ref_bytes: bytes) -> None:
         self.ref = ref
         self.address = address
         self.size = ref.size
         self.pool = pool
+        self.freed = False
+        self._ref_bytes = ref_bytes
+
+    def recheck(self) -> bool:
+        """Whether torch gave the block back: its address holds no gpuipc.torch block now, or another one (the same
+        address, allocated again). Once freed, it stays freed."""
+        if not self.freed:
+            found = _gpuipc._torch_block_of(self.address)
+            self.freed = found is None or found[1] != self.address or found[0] != self._ref_bytes
+        return self.freed
 
     def view(self) -> _gpuipc.ArrayView:
         """The block as bytes, like Block.view (update_from and Publisher.tensors copy into it)."""
@@ -154,7 +165,20 @@ def _torch_block(address: int, nbytes: int) -> Optional[_TorchBlock]:
     pool = _TORCH_POOLS.get(pool_name)
     if pool is None:
         pool = _TORCH_POOLS[pool_name] = Pool.open(pool_name)
-    return _TorchBlock(ref, base, pool)
+    return _TorchBlock(ref, base, pool, ref_bytes)
+
+
+def torch_frees() -> int:
+    """How many blocks torch has given back through gpuipc.torch's allocator in this process (it only grows): a
+    holder of _TorchBlocks rechecks them when it moved."""
+    return _gpuipc._torch_frees()
+
+
+def recheck_torch_blocks(blocks: Iterator[Any]) -> None:
+    """Rechecks the _TorchBlocks among ``blocks`` (Blocks know when they are freed)."""
+    for b in blocks:
+        if type(b) is _TorchBlock:
+            b.recheck()
 
 
 class Block(_Memory):

@@ -96,7 +96,7 @@ from .errors import (
     NotFound,
     Timeout,
 )
-from .pool import Block, Pool
+from .pool import Block, Pool, recheck_torch_blocks, torch_frees
 from .segment import Segment
 from .semaphore import Semaphore
 from .tensors import shared_block
@@ -318,6 +318,7 @@ class StreamPublisher:
         # What _add learnt of each torch tensor and NumPy array it was given, by name: the same one again skips
         # describing it. An entry goes when its tensor does.
         self._seen: Dict[str, _Seen] = {}
+        self._torch_frees = torch_frees()  # when the blocks of _seen and _replay were last rechecked
         self._stream_handle: Optional[int] = None  # the CUstream of self._stream
         # The last descriptor body sent for each bucket of a version, by its index: (pieces, blocks, JSON)
         self._bodies: Dict[int, Tuple[List[Any], List[List[str]], bytes]] = {}
@@ -502,6 +503,12 @@ class StreamPublisher:
         if self._current is not None:
             raise InvalidState(f"stream {self.name!r}: version {self._current} is in progress: finish() it first")
         self._slots.admit(self._seq + 1)
+        frees = torch_frees()
+        if frees != self._torch_frees:  # torch gave MemPool memory back: a remembered block may be gone, its address
+            self._torch_frees = frees  # taken by another; sending its ref again would fail the readers
+            recheck_torch_blocks(s.ref.block for s in self._seen.values() if s.ref is not None)
+            if self._replay is not None:
+                recheck_torch_blocks(self._replay.blocks)
         self._stream = self._stream_handle = None
         # Host staging copies synchronously; a stream matters there only for torch CUDA sources.
         if self._kind == "device" or (stream is not None and "torch" in sys.modules):

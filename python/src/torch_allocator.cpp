@@ -9,6 +9,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -41,6 +42,13 @@ std::mutex& pools_mutex() {
 std::map<int, DevicePool>& pools() {
   static std::map<int, DevicePool> p;
   return p;
+}
+
+/// How many blocks torch has given back through gpuipc_torch_free in this process: a holder of a block's ref
+/// (gpuipc.pool._TorchBlock) looks the block up again only when this moved.
+std::atomic<std::uint64_t>& torch_frees() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
 }
 
 void check_device(int device) {
@@ -123,6 +131,9 @@ void bind_torch_allocator(nb::module_& m) {
       nb::arg("address"),
       "(encoded BlockRef, block address, pool name) of the torch block containing `address`, or None.");
   m.def(
+      "_torch_frees", [] { return torch_frees().load(std::memory_order_acquire); },
+      "How many blocks torch has freed through the pluggable allocator in this process (it only grows).");
+  m.def(
       "_torch_pool_pause",
       [](int device, bool keep_contents) {
         Pool pool = active_pool(device, "pause");
@@ -185,6 +196,7 @@ __attribute__((visibility("default"))) void gpuipc_torch_free(void* ptr, std::si
   if (b == it->second.blocks.end()) return;
   gpuipc::Block block = std::move(b->second);
   it->second.blocks.erase(b);
+  torch_frees().fetch_add(1, std::memory_order_release);
   try {
     // Stream-ordered, like cudaFreeAsync: the memory is reused once `stream` has passed this point (and no other
     // process holds it).

@@ -199,6 +199,31 @@ def torch_model_in_gpuipc_pool(name: str) -> dict:
     return out
 
 
+def torch_block_freed_once_torch_gives_it_back(name: str) -> dict:
+    """A gpuipc.torch.MemPool tensor's block, as share_tensors finds it: live while torch keeps its segment (also
+    after the tensor is gone: torch caches the segment), freed once torch gave the segment back (the MemPool
+    deleted), which moves torch_frees."""
+    import gpuipc.torch as gt
+    from gpuipc.pool import find_block, torch_frees
+
+    torch = torch_cuda()
+    pool = gt.MemPool(name, device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.ones(1 << 20, device="cuda")
+    block = find_block(a.data_ptr(), a.numel() * a.element_size())
+    frees = torch_frees()
+    out = {"kind": type(block).__name__, "live": not block.recheck()}
+    del a
+    torch.cuda.synchronize()
+    out["live_after_the_tensor"] = not block.recheck() and torch_frees() == frees
+    del pool
+    torch.cuda.synchronize()
+    out["frees_moved"] = torch_frees() > frees
+    out["freed"] = block.recheck()
+    out["detached"] = gt.detach(0)
+    return out
+
+
 def torch_sum_segment(name: str, n: int) -> float:
     torch = torch_cuda()
     with gpuipc.Segment.open(name, readonly=True) as seg:

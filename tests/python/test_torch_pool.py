@@ -40,6 +40,44 @@ def test_a_model_built_under_the_mempool_lives_in_the_gpuipc_pool(name, spawn):
 
 
 @pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
+def test_a_mempool_block_knows_when_torch_gave_it_back(name, spawn):
+    """share_tensors and the streaming publisher keep a tensor's block between calls and share it again while it
+    is not freed: it must turn freed once torch gives its segment back, whose address a later block may take."""
+    pytest.importorskip("torch")
+    r = spawn(gpu_helpers.torch_block_freed_once_torch_gives_it_back, name)
+    assert r == {"kind": "_TorchBlock", "live": True, "live_after_the_tensor": True, "frees_moved": True,
+                 "freed": True, "detached": 0}, r
+
+
+def test_a_mempool_block_is_freed_once_its_address_holds_nothing_or_another_block(monkeypatch):
+    """_TorchBlock.recheck says freed when the allocator's table has nothing at the block's address, or another
+    block (the address allocated again); freed stays freed; a live block stays live. recheck_torch_blocks leaves
+    other blocks alone. The allocator's table is stood in for: torch (and a GPU) fill it for real, in the test
+    above."""
+    from types import SimpleNamespace
+
+    from gpuipc import pool as gp
+
+    table, looked = {0x1000: (b"ref-1", 0x1000, "p")}, []
+    monkeypatch.setattr(gp._gpuipc, "_torch_block_of", lambda a: looked.append(a) or table.get(a))
+    b = gp._TorchBlock(SimpleNamespace(size=4096), 0x1000, None, b"ref-1")
+    other = SimpleNamespace(freed=False)
+    assert not b.freed and looked == []
+    gp.recheck_torch_blocks(iter([b, other]))
+    assert not b.freed and looked == [0x1000] and not other.freed
+    table[0x1000] = (b"ref-2", 0x1000, "p")  # freed, and the address taken by a new block
+    assert b.recheck() and b.freed
+    table[0x1000] = (b"ref-1", 0x1000, "p")
+    assert b.recheck() and len(looked) == 2  # stays freed, with no look-up
+    c = gp._TorchBlock(SimpleNamespace(size=4096), 0x1000, None, b"ref-1")
+    table[0x1000] = (b"ref-1", 0x800, "p")  # inside a larger block that starts lower
+    assert c.recheck()
+    d = gp._TorchBlock(SimpleNamespace(size=4096), 0x1000, None, b"ref-1")
+    del table[0x1000]
+    assert d.recheck()
+
+
+@pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
 def test_a_model_born_in_the_mempool_is_opened_by_two_processes_with_bitwise_equal_forwards(name, spawn, tmp_path):
     pytest.importorskip("torch")
     import multiprocessing
