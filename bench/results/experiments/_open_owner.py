@@ -37,12 +37,15 @@ def report_error(q, variant, e):
 
 def run_variants(child, name, variants, repeats):
     """child(variant, name, queue) in a fresh spawned process for each variant, ``repeats`` times over; prints the
-    JSON line each puts on its queue."""
+    JSON line each puts on its queue, and returns them."""
     ctx = mp.get_context("spawn")
+    rows = []
     for _ in range(repeats):
         for variant in variants:
             q = ctx.Queue()
             p = ctx.Process(target=child, args=(variant, name, q))
             p.start()
-            print(json.dumps(q.get(timeout=120)), flush=True)
+            rows.append(q.get(timeout=120))
+            print(json.dumps(rows[-1]), flush=True)
             p.join(30)
+    return rows
