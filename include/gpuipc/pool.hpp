@@ -20,7 +20,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <type_traits>
 
 #include "gpuipc/error.hpp"
@@ -159,14 +158,6 @@ class Pool {
   /// Error(InvalidState) while the pool is paused, or when this process mapped the chunk before a pause and has not
   /// called refresh() since.
   void* resolve(const BlockRef& ref) const;
-  /// For a caller about to resolve many blocks in the order of `refs`: maps the chunks they lie in that this process
-  /// has not mapped yet, but the first ref's, on a thread of its own, in the order they first appear, and returns
-  /// that thread (joined when it goes; an empty one when there is nothing to map). The caller's work on the blocks
-  /// of one chunk (holds, views) then overlaps the mapping of the next (an import and cuMemSetAccess: about 0.1 ms
-  /// a GiB on an H100 or H200), and its resolve of a block in a chunk being mapped waits for it. Refs of another
-  /// pool or out of range are left to resolve to refuse; what mapping a chunk throws there is too (the caller's
-  /// resolve of a block in it tries again, and throws).
-  std::jthread map_ahead(std::span<const BlockRef> refs) const;
   /// Takes a hold on the block: its memory is not reused until this process releases it (or dies). Holds of one
   /// process are counted. Throws Error(InvalidArgument) like resolve; InvalidState while the pool is paused;
   /// Timeout when the pool lock stays taken.

@@ -413,14 +413,13 @@ class Pool:
         are given back).
         """
 
-    def tensors_of_index(self, raw: bytes, first: int, flat: bytes, sflat: bytes, dtypes: Sequence[tuple[tuple[int, int, int], str] | None], readonly: bool, hold: bool, map_ahead: bool = True) -> list:
+    def tensors_of_index(self, raw: bytes, first: int, flat: bytes, sflat: bytes, dtypes: Sequence[tuple[tuple[int, int, int], str] | None], readonly: bool, hold: bool) -> list:
         """
         The tensors of a tensor index (gpuipc/_index.py) that lie alone at the start of a storage named in
         ``raw`` (the 40-byte refs of storages ``first``, ``first + 1``, ...): [(tensor position, DLPack capsule)].
         flat, sflat: the index's tensor and storage columns (little-endian int64); dtypes[i]: ((code, bits, lanes), typestr) of the
         index's dtype i, or None (those tensors are left out). Raises InvalidArgument for a malformed index or a
-        stale ref (holds taken so far are given back). map_ahead: the chunks after the first are mapped on a
-        thread of their own meanwhile (Pool::map_ahead).
+        stale ref (holds taken so far are given back).
         """
 
     def spans_of(self, raw: bytes, readonly: bool, hold: bool, dlpack: bool) -> tuple:

@@ -130,19 +130,6 @@ ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::u
                          device_id);
 }
 
-/// Pool::map_ahead over the `n` refs at `data` (concatenated BlockRefs, up to the first malformed one: the caller's
-/// loop decodes that one again, and raises): the thread mapping the chunks ahead of the caller's loop over them.
-std::jthread map_chunks_ahead(const Pool& pool, const std::byte* data, std::size_t n) {
-  std::vector<BlockRef> refs;
-  refs.reserve(n);
-  try {
-    for (std::size_t i = 0; i < n; ++i)
-      refs.push_back(decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes)));
-  } catch (const Error&) {  // NOLINT(bugprone-empty-catch): see above
-  }
-  return pool.map_ahead(refs);
-}
-
 /// Bytes views of the blocks that `raw` (concatenated BlockRefs) names, each resolved and (with `hold`) held.
 /// Releases the GIL while it works.
 std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t n, bool readonly, bool hold) {
@@ -150,7 +137,6 @@ std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t
   std::vector<ArrayView> views;
   views.reserve(n);
   nb::gil_scoped_release unlocked;
-  const std::jthread ahead = map_chunks_ahead(pool, data, n);
   for (std::size_t i = 0; i < n; ++i) {
     const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
     std::shared_ptr<const void> owner;
@@ -394,7 +380,7 @@ void bind_pool(nb::module_& m) {
       .def(
           "tensors_of_index",
           [](PyPool& p, nb::bytes raw, std::size_t first, nb::bytes flat_bytes, nb::bytes sflat_bytes,
-             const std::vector<std::optional<Dtype>>& dtypes, bool readonly, bool hold, bool map_ahead) {
+             const std::vector<std::optional<Dtype>>& dtypes, bool readonly, bool hold) {
             // A typed DLPack capsule per tensor of a tensor index (gpuipc/_index.py), without a Python loop: the
             // tensors alone on a storage of `raw` (the refs of storages first, first + 1, ...), at its start, as
             // (position in the index, typed DLPack capsule over the storage's range of its block). A state dict's open
@@ -423,7 +409,6 @@ void bind_pool(nb::module_& m) {
               // Without holds, one handle on the pool keeps it joined for every capsule.
               const std::shared_ptr<const void> joined = hold ? nullptr : std::make_shared<const Pool>(pool);
               const auto* data = static_cast<const std::byte*>(raw.data());
-              const std::jthread ahead = map_ahead ? map_chunks_ahead(pool, data, count) : std::jthread();
               for (const IndexTensor& t : fast) {
                 const BlockRef r = decode_block_ref(std::span(data + t.storage * kBlockRefBytes, kBlockRefBytes));
                 std::shared_ptr<const void> owner = hold ? std::make_shared<const HeldBlock>(pool, r) : joined;
@@ -447,13 +432,12 @@ void bind_pool(nb::module_& m) {
             }
             return out;
           },
-          "raw"_a, "first"_a, "flat"_a, "sflat"_a, "dtypes"_a, "readonly"_a, "hold"_a, "map_ahead"_a = true,
+          "raw"_a, "first"_a, "flat"_a, "sflat"_a, "dtypes"_a, "readonly"_a, "hold"_a,
           "The tensors of a tensor index (gpuipc/_index.py) that lie alone at the start of a storage named in\n"
           "``raw`` (the 40-byte refs of storages ``first``, ``first + 1``, ...): [(tensor position, DLPack capsule)].\n"
           "flat, sflat: the index's tensor and storage columns (little-endian int64); dtypes[i]: ((code, bits, lanes), typestr) of the\n"
           "index's dtype i, or None (those tensors are left out). Raises InvalidArgument for a malformed index or a\n"
-          "stale ref (holds taken so far are given back). map_ahead: the chunks after the first are mapped on a\n"
-          "thread of their own meanwhile (Pool::map_ahead).")
+          "stale ref (holds taken so far are given back).")
       .def(
           "spans_of",
           [](PyPool& p, nb::bytes raw, bool readonly, bool hold, bool dlpack) {

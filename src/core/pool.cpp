@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -378,36 +377,6 @@ void* Pool::resolve(const BlockRef& ref) const {
                 "resolve");
   }
   return base + ref.offset;
-}
-
-std::jthread Pool::map_ahead(std::span<const BlockRef> refs) const {
-  if (!m_impl || refs.empty()) return {};
-  auto& im = *m_impl;
-  const auto& g = im.geo();
-  std::vector<std::uint32_t> chunks;
-  for (const BlockRef& r : refs.subspan(1)) {
-    if (r.pool != g.pool_id || r.chunk >= g.max_chunks || r.chunk == refs.front().chunk) continue;
-    if (im.bases[r.chunk].load(std::memory_order_acquire) != nullptr &&
-        im.mapped_epoch[r.chunk].load(std::memory_order_acquire) != pool_detail::kUnmapped) {
-      continue;  // mapped (chunk_base's fast path)
-    }
-    if (std::find(chunks.begin(), chunks.end(), r.chunk) == chunks.end()) chunks.push_back(r.chunk);
-  }
-  if (chunks.empty()) return {};
-  try {
-    return std::jthread([impl = m_impl, chunks = std::move(chunks)] {
-      for (const std::uint32_t c : chunks) {
-        try {
-          if (impl->block.pause_info().state != shm::PauseState::Active) return;  // resolve refuses, and says why
-          (void)impl->chunk_base(c);
-        } catch (...) {  // NOLINT(bugprone-empty-catch): the caller's resolve maps it again, and says what failed
-          return;
-        }
-      }
-    });
-  } catch (const std::system_error&) {  // no thread to be had: the caller maps each chunk as it comes to it
-    return {};
-  }
 }
 
 void Pool::hold(const BlockRef& ref) {

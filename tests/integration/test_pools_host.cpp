@@ -5,13 +5,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <span>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -270,79 +267,6 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   EXPECT_EQ(pool.stats().used_bytes, 0U);
   Pool::unlink(name);
   EXPECT_TRUE(throws([&] { Segment::stat(name + ".chunk.2"); }, ErrorCode::NotFound, "chunk.2"));
-}
-
-/// Whether process `pid` maps segment `name`, as the broker records it.
-bool maps(const std::string& name, std::uint32_t pid) {
-  const auto pids = Segment::stat(name).mapper_pids;
-  return std::find(pids.begin(), pids.end(), pid) != pids.end();
-}
-
-TEST(PoolsHost, MapAheadMapsTheChunksAfterTheFirstRefsOnAThreadOfItsOwn) {
-  const auto name = unique_name("pool");
-  auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 4 * kChunk});
-  std::vector<Block> blocks;
-  for (int i = 0; i < 4; ++i) {
-    blocks.push_back(pool.allocate(kChunk));
-    fill_pattern(blocks.back().data(), kChunk, i);
-  }
-  // In the order a caller would resolve them: chunk 1 first (mapped by the caller itself), then 3, 2 and 3 again;
-  // chunk 0 is never named. A ref of another pool and one past the pool's chunks are left to resolve to refuse.
-  Shared<BlockRef> refs(6);
-  refs[0] = blocks[1].ref();
-  refs[1] = blocks[3].ref();
-  refs[2] = blocks[2].ref();
-  refs[3] = blocks[3].ref();
-  refs[4] = blocks[2].ref();
-  refs[4].pool ^= 1;
-  refs[5] = blocks[2].ref();
-  refs[5].chunk = 1000;
-  EXPECT_EQ(run_child([&] {
-              const auto self = static_cast<std::uint32_t>(getpid());
-              auto p = Pool::open(name, {.access = Access::ReadOnly});
-              const std::span<const BlockRef> all(&refs[0], 6);
-              for (int c = 0; c < 4; ++c) GPUIPC_CHILD_CHECK(!maps(name + ".chunk." + std::to_string(c), self));
-              {
-                std::jthread ahead = p.map_ahead(all);
-                GPUIPC_CHILD_CHECK(ahead.joinable());
-                for (int i = 0; i < 4; ++i)
-                  GPUIPC_CHILD_CHECK(holds_pattern(p.resolve(refs[i]), kChunk, i == 0 ? 1 : (i % 2 == 1 ? 3 : 2)));
-              }  // joined
-              GPUIPC_CHILD_CHECK(!maps(name + ".chunk.0", self));
-              for (int c = 1; c < 4; ++c) GPUIPC_CHILD_CHECK(maps(name + ".chunk." + std::to_string(c), self));
-              // Everything named is mapped now: no thread.
-              GPUIPC_CHILD_CHECK(!p.map_ahead(all).joinable());
-              GPUIPC_CHILD_CHECK(!p.map_ahead({}).joinable());
-              return 0;
-            }),
-            0);
-  blocks.clear();
-  Pool::unlink(name);
-}
-
-TEST(PoolsHost, MapAheadOfAChunkThatIsGoneLeavesTheErrorToResolve) {
-  const auto name = unique_name("pool");
-  auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 2 * kChunk});
-  Block a = pool.allocate(kChunk);
-  Block b = pool.allocate(kChunk);
-  Shared<BlockRef> refs(2);
-  refs[0] = a.ref();
-  refs[1] = b.ref();
-  Segment::unlink(name + ".chunk.1");  // the chunk's name is gone: nobody can map it any more
-  EXPECT_EQ(run_child([&] {
-              auto p = Pool::open(name, {.access = Access::ReadOnly});
-              const std::span<const BlockRef> both(&refs[0], 2);
-              { std::jthread ahead = p.map_ahead(both); }  // its mapping fails, quietly
-              GPUIPC_CHILD_CHECK(p.resolve(refs[0]) != nullptr);
-              try {
-                (void)p.resolve(refs[1]);
-              } catch (const Error& e) {
-                GPUIPC_CHILD_CHECK(e.code() == ErrorCode::NotFound);
-                return 0;
-              }
-              return 1;
-            }),
-            0);
 }
 
 TEST(PoolsHost, MisuseGetsInvalidArgumentNamingWhatIsWrong) {
