@@ -85,6 +85,7 @@ def child(variant, name, q):
             del d
             gpuipc.Segment.stat(name)
             out["again"], d = steps(name, torch)
+            del d
         else:
             prof = cProfile.Profile()
             t = time.perf_counter()
