@@ -3,6 +3,8 @@
 a fresh spawned child that reports one JSON line."""
 import json
 import multiprocessing as mp
+import os
+import sys
 import traceback
 
 from _statedict_spec import spec
@@ -49,3 +51,77 @@ def run_variants(child, name, variants, repeats):
             print(json.dumps(rows[-1]), flush=True)
             p.join(30)
     return rows
+
+
+def serve(child, variants, prefix, default_repeats):
+    """An experiment's main: publishes the dict under ``prefix`` + this pid, prints a header line, runs ``child``
+    for each variant (``sys.argv[1]`` times, else ``default_repeats``), and returns the rows."""
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else default_repeats
+    torch = init_torch()
+    name = f"{prefix}{os.getpid()}"
+    pool, sd, pub = publish_dict(torch, name)
+    print(json.dumps({"tensors": len(sd), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}), flush=True)
+    try:
+        return run_variants(child, name, variants, repeats)
+    finally:
+        pub.close()
+        del pool
+
+
+
+def open_steps(name, torch, map_chunks=False):
+    """open_tensors' path (tensors.py) with a clock between its steps; returns (times in us, tensors). With
+    ``map_chunks``, the chunks are mapped one by one (one resolve each, timed in "maps") before tensors_of_index,
+    which then makes holds and capsules only; that step also decodes the refs into Python objects, which
+    open_tensors does not (it lands in "refs_read")."""
+    import time
+
+    from gpuipc import _index
+    from gpuipc.tensors import _Opened, read_index
+
+    c = [time.perf_counter()]
+    index, seg, mem = read_index(name, None)
+    c.append(time.perf_counter())
+    opened = _Opened(name, index, True, 0)
+    c.append(time.perf_counter())
+    v = _index.read_stamp(index, mem, 0)
+    raw = _index.read_refs_raw(index, mem, 0)
+    maps = {}
+    if map_chunks:
+        first = {}
+        for r in _index.read_refs(index, mem, 0):
+            first.setdefault(r.chunk, r)
+        c.append(time.perf_counter())
+        pool = next(iter(opened.pools.values()))._pool
+        for ch in sorted(first):
+            r = first[ch]
+            t = time.perf_counter()
+            pool.resolve((r.pool, r.generation, r.offset, r.size, r.chunk, r.index))
+            maps[ch] = round((time.perf_counter() - t) * 1e6, 1)
+    c.append(time.perf_counter())
+    caps = []
+    for p, lo, hi in opened._run_bounds():
+        caps.extend(p.tensors_of_index(raw[lo * 40 : hi * 40], lo, index.flat_bytes, index.storage_bytes,
+                                       opened._dtype_layouts(), True, True))
+    c.append(time.perf_counter())
+    from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+    made = [None] * index.tensor_count
+    for i, cap in caps:
+        made[i] = from_dlpack(cap)
+    out = dict(zip(index.names, made))
+    c.append(time.perf_counter())
+    assert _index.read_stamp(index, mem, 0) == v and len(caps) == index.tensor_count
+    opened.close()
+    seg.close()
+    c.append(time.perf_counter())
+    for t in out.values():
+        t.data_ptr()
+    torch.cuda.current_stream().synchronize()
+    c.append(time.perf_counter())
+    parts = ("index_open", "pool_join", "refs_read") + (("chunk_maps",) if map_chunks else ()) + \
+        ("tensors_of_index", "from_dlpack", "close", "touch")
+    us = {p: round((c[k + 1] - c[k]) * 1e6, 1) for k, p in enumerate(parts)}
+    us["total"] = round((c[-1] - c[0]) * 1e6, 1)
+    if map_chunks:
+        us["maps"] = maps
+    return us, out

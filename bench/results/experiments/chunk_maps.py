@@ -9,14 +9,13 @@ spawned children (torch and CUDA initialised) then:
              from a thread per chunk, all started together.
 Prints one JSON line per child. Usage: python chunk_maps.py [repeats]
 """
-import json
 import os
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _open_owner import init_torch, publish_dict, report_error, run_variants  # noqa: E402
+from _open_owner import init_torch, report_error, serve  # noqa: E402
 
 
 
@@ -87,14 +86,8 @@ def child(variant, name, q):
 
 
 def main():
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    torch = init_torch()
-    name = f"maps{os.getpid()}"
-    pool, sd, pub = publish_dict(torch, name)
-    print(json.dumps({"tensors": len(sd), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}), flush=True)
-    run_variants(child, name, ("serial", "parallel"), repeats)
-    pub.close()
-    del pool
+    serve(child, ("serial", "parallel"), "maps", 3)
+
 
 if __name__ == "__main__":
     main()

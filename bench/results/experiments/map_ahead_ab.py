@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _open_owner import init_torch, publish_dict, report_error, run_variants  # noqa: E402
+from _open_owner import init_torch, report_error, serve  # noqa: E402
 
 
 def child(variant, name, q):
@@ -51,12 +51,7 @@ def child(variant, name, q):
 
 
 def main():
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    torch = init_torch()
-    name = f"ahead{os.getpid()}"
-    pool, sd, pub = publish_dict(torch, name)
-    print(json.dumps({"tensors": len(sd), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}), flush=True)
-    rows = run_variants(child, name, ("ahead", "serial"), repeats)
+    rows = serve(child, ("ahead", "serial"), "ahead", 5)
     for v in ("ahead", "serial"):
         got = [r for r in rows if r.get("variant") == v and "open_ms" in r]
         if got:
@@ -64,8 +59,6 @@ def main():
                               **{f"median_{k}": round(statistics.median(r[k] for r in got), 3)
                                  for k in ("open_ms", "call_ms", "touch_ms")},
                               "open_ms_range": [min(r["open_ms"] for r in got), max(r["open_ms"] for r in got)]}))
-    pub.close()
-    del pool
 
 
 if __name__ == "__main__":

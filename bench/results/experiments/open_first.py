@@ -12,65 +12,13 @@ Usage: python open_first.py [repeats]
 """
 import cProfile
 import io
-import json
 import os
 import pstats
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _open_owner import init_torch, publish_dict, report_error, run_variants  # noqa: E402
-
-
-def steps(name, torch):
-    """open_tensors' path (tensors.py) with a clock between its steps; the chunks mapped one by one first."""
-    from gpuipc import _index
-    from gpuipc.tensors import _Opened, read_index
-
-    c = [time.perf_counter()]
-    index, seg, mem = read_index(name, None)
-    c.append(time.perf_counter())
-    opened = _Opened(name, index, True, 0)
-    c.append(time.perf_counter())
-    v = _index.read_stamp(index, mem, 0)
-    raw = _index.read_refs_raw(index, mem, 0)
-    refs = _index.read_refs(index, mem, 0)
-    c.append(time.perf_counter())
-    pool = next(iter(opened.pools.values()))._pool
-    first = {}
-    for r in refs:
-        first.setdefault(r.chunk, r)
-    maps = {}
-    for ch in sorted(first):
-        r = first[ch]
-        t = time.perf_counter()
-        pool.resolve((r.pool, r.generation, r.offset, r.size, r.chunk, r.index))
-        maps[ch] = round((time.perf_counter() - t) * 1e6, 1)
-    c.append(time.perf_counter())
-    caps = []
-    for p, lo, hi in opened._run_bounds():
-        caps.extend(p.tensors_of_index(raw[lo * 40 : hi * 40], lo, index.flat_bytes, index.storage_bytes,
-                                       opened._dtype_layouts(), True, True))
-    c.append(time.perf_counter())
-    from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
-    made = [None] * index.tensor_count
-    for i, cap in caps:
-        made[i] = from_dlpack(cap)
-    out = dict(zip(index.names, made))
-    c.append(time.perf_counter())
-    assert _index.read_stamp(index, mem, 0) == v and len(caps) == index.tensor_count
-    opened.close()
-    seg.close()
-    c.append(time.perf_counter())
-    for t in out.values():
-        t.data_ptr()
-    torch.cuda.current_stream().synchronize()
-    c.append(time.perf_counter())
-    parts = ("index_open", "pool_join", "refs_read", "chunk_maps", "tensors_of_index", "from_dlpack", "close", "touch")
-    us = {p: round((c[k + 1] - c[k]) * 1e6, 1) for k, p in enumerate(parts)}
-    us["total"] = round((c[-1] - c[0]) * 1e6, 1)
-    us["maps"] = maps
-    return us, out
+from _open_owner import init_torch, report_error, serve, open_steps  # noqa: E402
 
 
 def child(variant, name, q):
@@ -81,11 +29,9 @@ def child(variant, name, q):
         out = {"variant": variant}
         gpuipc.Segment.stat(name)  # the broker awake
         if variant == "steps":
-            out["first"], d = steps(name, torch)
-            del d
+            out["first"] = open_steps(name, torch, map_chunks=True)[0]
             gpuipc.Segment.stat(name)
-            out["again"], d = steps(name, torch)
-            del d
+            out["again"] = open_steps(name, torch, map_chunks=True)[0]
         else:
             prof = cProfile.Profile()
             t = time.perf_counter()
@@ -98,7 +44,7 @@ def child(variant, name, q):
             t = time.perf_counter()
             d = gpuipc.open_tensors(name, device=0)
             out["again_us"] = round((time.perf_counter() - t) * 1e6, 1)
-            del d
+            out["tensors"] = len(d)
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
             out["profile"] = s.getvalue().splitlines()[:45]
@@ -108,14 +54,7 @@ def child(variant, name, q):
 
 
 def main():
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    torch = init_torch()
-    name = f"first{os.getpid()}"
-    pool, sd, pub = publish_dict(torch, name)
-    print(json.dumps({"tensors": len(sd), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}), flush=True)
-    run_variants(child, name, ("steps", "profile"), repeats)
-    pub.close()
-    del pool
+    serve(child, ("steps", "profile"), "first", 3)
 
 
 if __name__ == "__main__":

@@ -19,46 +19,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _open_owner import init_torch, publish_dict, report_error, run_variants  # noqa: E402
+from _open_owner import init_torch, publish_dict, report_error, run_variants, open_steps  # noqa: E402
 
-
-
-def steps(name, torch):
-    """open_tensors' path (tensors.py) with a clock between its steps; returns (times in us, tensors)."""
-    from gpuipc import _index
-    from gpuipc.tensors import _Opened, read_index
-
-    c = [time.perf_counter()]
-    index, seg, mem = read_index(name, None)
-    c.append(time.perf_counter())
-    opened = _Opened(name, index, True, 0)
-    c.append(time.perf_counter())
-    v = _index.read_stamp(index, mem, 0)
-    raw = _index.read_refs_raw(index, mem, 0)
-    c.append(time.perf_counter())
-    caps = []
-    for pool, lo, hi in opened._run_bounds():
-        caps.extend(pool.tensors_of_index(raw[lo * 40 : hi * 40], lo, index.flat_bytes, index.storage_bytes,
-                                          opened._dtype_layouts(), True, True))
-    c.append(time.perf_counter())
-    from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
-    made = [None] * index.tensor_count
-    for i, cap in caps:
-        made[i] = from_dlpack(cap)
-    out = dict(zip(index.names, made))
-    c.append(time.perf_counter())
-    assert _index.read_stamp(index, mem, 0) == v and len(caps) == index.tensor_count
-    opened.close()
-    seg.close()
-    c.append(time.perf_counter())
-    for t in out.values():
-        t.data_ptr()
-    torch.cuda.current_stream().synchronize()
-    c.append(time.perf_counter())
-    parts = ("index_open", "pool_join", "refs_read", "tensors_of_index", "from_dlpack", "close", "touch")
-    us = {p: round((c[k + 1] - c[k]) * 1e6, 1) for k, p in enumerate(parts)}
-    us["total"] = round((c[-1] - c[0]) * 1e6, 1)
-    return us, out
 
 
 def parts(name, out):
@@ -142,10 +104,10 @@ def child(variant, name, q):
             out["open_tensors_cold_us"] = round((time.perf_counter() - t) * 1e6, 1)
             del d, x
             time.sleep(0.1)
-            out["cold_steps"] = steps(name, torch)[0]
+            out["cold_steps"] = open_steps(name, torch)[0]
             time.sleep(0.1)
-            out["warm_steps"] = steps(name, torch)[0]
-            out["warm_steps_b2b"] = steps(name, torch)[0]
+            out["warm_steps"] = open_steps(name, torch)[0]
+            out["warm_steps_b2b"] = open_steps(name, torch)[0]
             t = time.perf_counter()
             d = gpuipc.open_tensors(name, device=0)
             out["open_tensors_warm_us"] = round((time.perf_counter() - t) * 1e6, 1)
