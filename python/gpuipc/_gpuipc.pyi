@@ -328,7 +328,7 @@ def _torch_frees() -> int:
     How many blocks torch has freed through the pluggable allocator in this process (it only grows).
     """
 
-def _torch_pool_pause(device: int, keep_contents: bool) -> None:
+def _torch_pool_pause(device: int, keep_contents: bool, keep_buffer: bool = False) -> None:
     """
     Pauses the device's active pool (Pool::pause): its GPU memory is released, tensor addresses kept.
     """
@@ -436,7 +436,7 @@ class Pool:
     def release(self, ref: tuple[int, int, int, int, int, int]) -> None:
         """Gives back one hold."""
 
-    def pause(self, *, keep_contents: bool = False) -> None:
+    def pause(self, *, keep_contents: bool = False, keep_buffer: bool = False) -> None:
         """
         Releases the memory of every chunk, keeping names, blocks and addresses (see gpuipc.Pool.pause).
         """

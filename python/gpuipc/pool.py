@@ -383,15 +383,19 @@ class Pool:
         finally:
             self.release(ref)
 
-    def pause(self, keep_contents: bool = False) -> None:
+    def pause(self, keep_contents: bool = False, keep_buffer: bool = False) -> None:
         """Releases the memory of every chunk (torch_memory_saver's ``pause``), keeping the pool's name, its blocks
         and their addresses: Blocks, BlockRefs and arrays made from them stay, but their memory must not be touched
         until :meth:`resume` (device memory is unmapped: a kernel reading it faults; host pages read as zeros).
         With ``keep_contents`` the live blocks' bytes are saved in this process's host memory and come back on
-        resume. Waits for this process's GPU work first. Meanwhile allocate, hold and resolve raise InvalidState in
-        every process, naming this one. Raises PermissionDenied for a read-only handle, InvalidState when it is
-        paused already, Unsupported for host_pinned pools."""
-        self._pool.pause(keep_contents=keep_contents)
+        resume. With ``keep_buffer`` too, resume keeps that host buffer (pinned, for device pools) and the next
+        pause of this handle reuses it: pinning host memory is most of a pause's time (seconds for 16 GiB), so a
+        pool paused and resumed again and again (every RL step) pays it once; the buffer stays this process's
+        memory until the handle goes or a resume after a pause without ``keep_buffer``. Waits for this process's GPU
+        work first. Meanwhile allocate, hold and resolve raise InvalidState in every process, naming this one.
+        Raises PermissionDenied for a read-only handle, InvalidState when it is paused already, Unsupported for
+        host_pinned pools."""
+        self._pool.pause(keep_contents=keep_contents, keep_buffer=keep_buffer)
 
     def resume(self) -> None:
         """Backs the chunks with memory again at the same addresses (restoring kept contents). Allowed to the

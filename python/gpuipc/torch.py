@@ -83,7 +83,8 @@ def MemPool(  # noqa: N802 - reads like the torch class it returns
     pool._gpuipc_name = name  # type: ignore[attr-defined]
     pool._gpuipc_device = device  # type: ignore[attr-defined]
     # torch_memory_saver's calls, on the pool object itself.
-    pool.pause = lambda keep_contents=False: pause(device, keep_contents=keep_contents)  # type: ignore[attr-defined]
+    pool.pause = lambda keep_contents=False, keep_buffer=False: pause(  # type: ignore[attr-defined]
+        device, keep_contents=keep_contents, keep_buffer=keep_buffer)
     pool.resume = lambda: resume(device)  # type: ignore[attr-defined]
     pool.paused = _PausedQuery(device)  # type: ignore[attr-defined]
     return pool
@@ -103,13 +104,15 @@ class _PausedQuery:
         raise TypeError("MemPool.paused is a method: call pool.paused()")
 
 
-def pause(device: int = 0, *, keep_contents: bool = False) -> None:
+def pause(device: int = 0, *, keep_contents: bool = False, keep_buffer: bool = False) -> None:
     """Releases the GPU memory of the device's MemPool (``gpuipc.Pool.pause``): every tensor in it keeps its address
     but must not be used until :func:`resume`; with ``keep_contents`` their bytes are saved in host memory and
-    restored on resume. Allocate nothing under the pool meanwhile: a new segment is refused (torch reports out of
-    memory), but torch may hand out a block of a segment it cached, whose memory is unmapped. Waits for this
-    process's GPU work first. Raises InvalidState when the device has no MemPool or it is paused already."""
-    _gpuipc._torch_pool_pause(device, keep_contents)
+    restored on resume; with ``keep_buffer`` too, the pinned host buffer they were saved in is kept for the next
+    pause (``gpuipc.Pool.pause``: pinning it is most of a pause's time). Allocate nothing under the pool meanwhile:
+    a new segment is refused (torch reports out of memory), but torch may hand out a block of a segment it cached,
+    whose memory is unmapped. Waits for this process's GPU work first. Raises InvalidState when the device has no
+    MemPool or it is paused already."""
+    _gpuipc._torch_pool_pause(device, keep_contents, keep_buffer)
 
 
 def resume(device: int = 0) -> None:

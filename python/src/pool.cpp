@@ -510,12 +510,12 @@ void bind_pool(nb::module_& m) {
           "ref"_a, "Gives back one hold.")
       .def(
           "pause",
-          [](PyPool& p, bool keep_contents) {
+          [](PyPool& p, bool keep_contents, bool keep_buffer) {
             Pool pool = p.get();
             nb::gil_scoped_release unlocked;
-            pool.pause({.keep_contents = keep_contents});
+            pool.pause({.keep_contents = keep_contents, .keep_buffer = keep_buffer});
           },
-          nb::kw_only(), "keep_contents"_a = false,
+          nb::kw_only(), "keep_contents"_a = false, "keep_buffer"_a = false,
           "Releases the memory of every chunk, keeping names, blocks and addresses (see gpuipc.Pool.pause).")
       .def(
           "resume",

@@ -135,12 +135,12 @@ void bind_torch_allocator(nb::module_& m) {
       "How many blocks torch has freed through the pluggable allocator in this process (it only grows).");
   m.def(
       "_torch_pool_pause",
-      [](int device, bool keep_contents) {
+      [](int device, bool keep_contents, bool keep_buffer) {
         Pool pool = active_pool(device, "pause");
         nb::gil_scoped_release unlocked;
-        pool.pause({.keep_contents = keep_contents});
+        pool.pause({.keep_contents = keep_contents, .keep_buffer = keep_buffer});
       },
-      nb::arg("device"), nb::arg("keep_contents"),
+      nb::arg("device"), nb::arg("keep_contents"), nb::arg("keep_buffer") = false,
       "Pauses the device's active pool (Pool::pause): its GPU memory is released, tensor addresses kept.");
   m.def(
       "_torch_pool_resume",

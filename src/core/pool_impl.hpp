@@ -108,12 +108,19 @@ struct Pool::Impl {
   std::vector<SavedRange> saved;
   os::Mapping saved_host;
   std::unique_ptr<cuda::PinnedHostBuffer> saved_pinned;
+  bool keep_saved_buffer = false;  // the last pause's PauseOptions::keep_buffer: resume keeps the buffer
   std::byte* saved_data() const noexcept {
     return saved_pinned ? static_cast<std::byte*>(saved_pinned->get()) : static_cast<std::byte*>(saved_host.data());
   }
-  /// Frees the saved contents (cuMemFreeHost wants the context that allocated them current).
+  /// Bytes of the buffer the contents are saved in (0: none).
+  std::size_t saved_capacity() const noexcept { return saved_pinned ? saved_pinned->size() : saved_host.size(); }
+  /// Frees the saved contents and their buffer.
   void drop_saved() noexcept {
     saved.clear();
+    drop_saved_buffer();
+  }
+  /// Frees the buffer the contents are saved in (cuMemFreeHost wants the context that allocated it current).
+  void drop_saved_buffer() noexcept {
     saved_host = os::Mapping();
     if (saved_pinned) {
       try {

@@ -86,7 +86,13 @@ void Pool::pause(const PauseOptions& options) {
       scope.emplace(im.ctx.get());
       cuda::synchronize_context("waiting for this process's work before pausing the pool");
     }
-    im.drop_saved();
+    // A buffer an earlier pause kept (PauseOptions::keep_buffer) is reused when it is large enough.
+    if (options.keep_contents) {
+      im.saved.clear();
+    } else {
+      im.drop_saved();
+    }
+    im.keep_saved_buffer = options.keep_buffer;
     if (options.keep_contents) {
       std::vector<shm::OccupiedRange> ranges;
       ranges.reserve(im.geo().max_records);
@@ -99,7 +105,8 @@ void Pool::pause(const PauseOptions& options) {
         im.saved.push_back({r.chunk, r.begin, r.end - r.begin, total});
         total += r.end - r.begin;
       }
-      if (total > 0 && device) {
+      if (im.saved_capacity() < total) im.drop_saved_buffer();
+      if (total > 0 && device && im.saved_capacity() == 0) {
         try {
           im.saved_pinned = std::make_unique<cuda::PinnedHostBuffer>(total);
         } catch (const Error& e) {
@@ -107,7 +114,7 @@ void Pool::pause(const PauseOptions& options) {
                           human_bytes(total), e.what());
         }
       }
-      if (total > 0 && !im.saved_pinned) im.saved_host = os::Mapping::anonymous(total);
+      if (total > 0 && im.saved_capacity() == 0) im.saved_host = os::Mapping::anonymous(total);
       std::byte* dst = im.saved_data();
       for (const auto& r : im.saved) {
         const std::byte* src = im.bases[r.chunk].load() + r.offset;
@@ -206,7 +213,11 @@ void Pool::resume() {
     im.block.end_resume(im.member, false);
     throw;
   }
-  im.drop_saved();
+  if (im.keep_saved_buffer) {
+    im.saved.clear();  // the buffer stays, for the next pause
+  } else {
+    im.drop_saved();
+  }
   im.block.end_resume(im.member, true);
 }
 

@@ -94,6 +94,41 @@ TEST(PoolPauseDevice, PauseReturnsTheMemoryAndResumeRestoresItAtTheSameAddress) 
   Pool::unlink(name);
 }
 
+TEST(PoolPauseDevice, AKeptPinnedBufferIsReusedAndEachPauseSavesTheBytesOfItsOwnTime) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("pause");
+  EXPECT_EQ(
+      run_child(
+          [&] {
+            Gpu g;
+            auto pool = Pool::create(
+                name, {.kind = SegmentKind::Device, .device = 0, .chunk_bytes = kChunk, .max_bytes = 2 * kChunk});
+            Block a = pool.allocate(kChunk - 4096);
+            for (std::uint32_t cycle = 0; cycle < 3; ++cycle) {
+              g.k.fill_pattern(g.stream.get(), dptr(a.data()), a.size() / 4, 40 + cycle);
+              pool.pause({.keep_contents = true, .keep_buffer = true});
+              pool.resume();
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), dptr(a.data()), a.size() / 4, 40 + cycle) == 0);
+            }
+            Block b = pool.allocate(kChunk / 2);  // more live bytes than the kept buffer holds
+            g.k.fill_pattern(g.stream.get(), dptr(a.data()), a.size() / 4, 50);
+            g.k.fill_pattern(g.stream.get(), dptr(b.data()), b.size() / 4, 51);
+            pool.pause({.keep_contents = true, .keep_buffer = true});
+            pool.resume();
+            GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), dptr(a.data()), a.size() / 4, 50) == 0);
+            GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), dptr(b.data()), b.size() / 4, 51) == 0);
+            g.k.fill_pattern(g.stream.get(), dptr(b.data()), b.size() / 4, 52);
+            pool.pause({.keep_contents = true});  // reuses it; resume frees it
+            pool.resume();
+            GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), dptr(a.data()), a.size() / 4, 50) == 0);
+            GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), dptr(b.data()), b.size() / 4, 52) == 0);
+            return 0;
+          },
+          120s),
+      0);
+  Pool::unlink(name);
+}
+
 TEST(PoolPauseDevice, AReaderIsToldKeepsTheOldMemoryUntilRefreshThenSeesTheResumedOne) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("pause");

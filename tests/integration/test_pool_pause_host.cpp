@@ -110,6 +110,39 @@ TEST(PoolPauseHost, WithoutKeepContentsTheBlocksAreZerosAfterResume) {
   Pool::unlink(name);
 }
 
+TEST(PoolPauseHost, AKeptBufferIsReusedAndEachPauseSavesTheBytesOfItsOwnTime) {
+  const auto name = unique_name("pause");
+  auto pool = make_pool(name);
+  Block a = pool.allocate(100000);
+  // Cycles that reuse the buffer must bring back what was there at their pause, not an earlier one; one with more
+  // live bytes than the buffer holds (b, the second chunk) gets a larger one; one without keep_buffer frees it.
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    fill_pattern(a.data(), a.size(), 20 + cycle);
+    pool.pause({.keep_contents = true, .keep_buffer = true});
+    pool.resume();
+    EXPECT_TRUE(holds_pattern(a.data(), a.size(), 20 + cycle)) << cycle;
+  }
+  Block b = pool.allocate(kChunk);
+  fill_pattern(a.data(), a.size(), 30);
+  fill_pattern(b.data(), b.size(), 31);
+  pool.pause({.keep_contents = true, .keep_buffer = true});
+  pool.resume();
+  EXPECT_TRUE(holds_pattern(a.data(), a.size(), 30));
+  EXPECT_TRUE(holds_pattern(b.data(), b.size(), 31));
+  fill_pattern(b.data(), b.size(), 32);
+  pool.pause({.keep_contents = true});  // reuses the kept buffer, then resume frees it
+  pool.resume();
+  EXPECT_TRUE(holds_pattern(a.data(), a.size(), 30));
+  EXPECT_TRUE(holds_pattern(b.data(), b.size(), 32));
+  pool.pause({.keep_buffer = true});  // without keep_contents: nothing is saved, whatever keep_buffer says
+  pool.resume();
+  EXPECT_TRUE(zeros(a.data(), a.size()));
+  a = Block();
+  b = Block();
+  pool = Pool();
+  Pool::unlink(name);
+}
+
 TEST(PoolPauseHost, AReaderIsToldAndKeepsItsPointerAfterResumeAndRefresh) {
   const auto name = unique_name("pause");
   auto pool = make_pool(name);

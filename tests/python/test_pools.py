@@ -167,6 +167,26 @@ def test_pause_without_keeping_contents_gives_zeros(name):
         blk.free()
 
 
+def test_pause_with_a_kept_buffer_saves_each_cycles_own_bytes(name):
+    """keep_buffer: resume keeps the host buffer and the next pause reuses it; each cycle brings back what was there
+    at its own pause (not an earlier cycle's bytes), also once the pool holds more than the buffer did."""
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20, max_bytes=2 << 20) as pool:
+        blk = pool.allocate(8 * 1000)
+        a = blk.numpy("int64")
+        for cycle in range(3):
+            a[:] = np.arange(1000) + cycle
+            pool.pause(keep_contents=True, keep_buffer=True)
+            pool.resume()
+            assert a.tolist() == list(range(cycle, 1000 + cycle))
+        big = pool.allocate(1 << 20)  # the second chunk: more than the kept buffer holds
+        big.numpy("uint8")[:] = 9
+        pool.pause(keep_contents=True, keep_buffer=True)
+        pool.resume()
+        assert (big.numpy("uint8") == 9).all() and a.tolist() == list(range(2, 1002))
+        big.free()
+        blk.free()
+
+
 def test_a_paused_pool_tells_another_process_who_paused_it(name, spawn):
     with gpuipc.Pool.create(name, chunk_bytes=1 << 20) as pool:
         blk = pool.allocate(8 * 100)
