@@ -54,9 +54,22 @@ SegmentKind control_kind(SegmentKind kind) noexcept {
 
 namespace {
 
+/// Throws Error(InvalidArgument) when the control block is a pool's of another release (another layout version).
+void check_release(const Segment& control, std::string_view name, const char* call) {
+  if (const auto v = shm::pool_version_of(control.data(), control.size()); v != 0 && v != shm::kPoolVersion) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("pool '{}' was made by another gpuipc release (its control block is version {}, this "
+                            "library reads version {}): use one gpuipc release in every process of a pool, or make "
+                            "the pool again with this one",
+                            name, v, shm::kPoolVersion),
+                call);
+  }
+}
+
 std::shared_ptr<Pool::Impl> attach(Segment control, const std::string& name, Access access, int device) {
   auto impl = std::make_shared<Pool::Impl>();
   impl->block = shm::PoolBlock(control.data(), control.size());
+  check_release(control, name, "open");
   if (!impl->block.valid()) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("'{}' is not a gpuipc pool (version {}) or its control block is damaged", name,
@@ -230,6 +243,7 @@ PoolStats Pool::stat(std::string_view name) {
   check_pool_name(name);
   Segment control = detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
   shm::PoolBlock b(control.data(), control.size());
+  check_release(control, name, "stat");
   if (!b.valid()) {
     throw Error(ErrorCode::InvalidArgument, fmt::format("'{}' is not a gpuipc pool", name), "stat");
   }

@@ -190,7 +190,8 @@ struct Pool::Impl {
   }
 
   bool pending_stream_frees() const noexcept {
-    for (std::uint32_t i = 0; i < geo().max_records; ++i) {
+    const std::uint32_t end = block.record_end();
+    for (std::uint32_t i = 0; i < end; ++i) {
       auto& r = block.record(i);
       if (proto::atomic(r.releaser).load() == member && proto::atomic(r.released).load() < proto::atomic(r.generation).load()) return true;
     }

@@ -55,6 +55,12 @@ void wake(std::uint32_t& word) noexcept {
 
 }  // namespace
 
+std::uint32_t pool_version_of(const void* control, std::size_t size) noexcept {
+  if (control == nullptr || size < sizeof(PoolHeader)) return 0;
+  auto& h = *static_cast<PoolHeader*>(const_cast<void*>(control));
+  return load(h.magic) == kPoolMagic ? load(h.version) : 0;
+}
+
 bool read_geometry(const void* control, std::size_t size, PoolGeometry& out) noexcept {
   if (control == nullptr || size < sizeof(PoolHeader)) return false;
   auto& h = *static_cast<PoolHeader*>(const_cast<void*>(control));
@@ -137,19 +143,20 @@ void PoolBlock::retire(BlockRecord& r) noexcept {
     return;
   }
   store(r.releaser, proto::kNoMember);
-  set_state(r, RecordState::Unused);
+  set_unused(r);
   wake(m_header->wake_seq);
 }
 
 void PoolBlock::sweep_drained() noexcept {
   if (load(m_header->draining) == 0) return;
   std::uint32_t left = 0;
-  for (std::uint32_t i = 0; i < m_geo.max_records; ++i) {
+  const std::uint32_t end = record_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
     BlockRecord& r = m_records[i];
     if (state_of(r) != RecordState::Draining) continue;
     if (load(r.released) >= load(r.generation)) {
       store(r.releaser, proto::kNoMember);
-      set_state(r, RecordState::Unused);
+      set_unused(r);
     } else {
       ++left;
     }
@@ -157,12 +164,17 @@ void PoolBlock::sweep_drained() noexcept {
   store(m_header->draining, left);
 }
 
+std::uint32_t PoolBlock::record_end() const noexcept { return std::min(load(m_header->record_end), m_geo.max_records); }
+
 bool PoolBlock::find_record(std::uint32_t& index) noexcept {
   const std::uint32_t n = m_geo.max_records;
+  // The hint is the lowest record that may be unused (set_unused lowers it): the records in use stay packed at the
+  // bottom. The search still goes round, so a hint too high never hides a free record.
   const std::uint32_t start = load(m_header->record_hint) % n;
   for (std::uint32_t k = 0; k < n; ++k) {
     const std::uint32_t i = (start + k) % n;
     if (state_of(m_records[i]) == RecordState::Unused) {
+      if (load(m_header->record_end) <= i) store(m_header->record_end, i + 1);  // first: see PoolHeader
       set_state(m_records[i], RecordState::Claimed);
       store(m_header->record_hint, (i + 1) % n);
       index = i;
@@ -170,6 +182,12 @@ bool PoolBlock::find_record(std::uint32_t& index) noexcept {
     }
   }
   return false;
+}
+
+void PoolBlock::set_unused(BlockRecord& r) noexcept {
+  set_state(r, RecordState::Unused);
+  const auto i = static_cast<std::uint32_t>(&r - m_records);
+  if (i < load(m_header->record_hint)) store(m_header->record_hint, i);
 }
 
 void PoolBlock::commit(std::uint32_t member, std::uint32_t index, std::uint32_t chunk, std::uint64_t offset,
@@ -200,7 +218,8 @@ PoolStatus PoolBlock::allocate_fixed(std::uint32_t member, std::uint64_t bytes, 
 
 bool PoolBlock::collect(std::vector<OccupiedRange>& scratch) const noexcept {
   scratch.clear();
-  for (std::uint32_t i = 0; i < m_geo.max_records; ++i) {
+  const std::uint32_t end = record_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
     BlockRecord& r = m_records[i];
     const RecordState s = state_of(r);
     if (s != RecordState::Live && s != RecordState::Draining) continue;
@@ -449,6 +468,7 @@ std::uint64_t PoolBlock::largest_free(std::vector<OccupiedRange>& scratch) const
     }
   }
   if (m_geo.mode == PoolMode::Fixed) {
+    if (record_end() < m_geo.max_records) return m_geo.block_bytes;  // never claimed: unused
     for (std::uint32_t i = 0; i < m_geo.max_records; ++i) {
       if (state_of(m_records[i]) == RecordState::Unused) return m_geo.block_bytes;
     }
@@ -466,7 +486,8 @@ PoolCounts PoolBlock::counts() const noexcept {
     if (state_of(m_header->chunks[i]) == ChunkState::Ready) ++c.chunks;
   }
   c.capacity_bytes = static_cast<std::uint64_t>(c.chunks) * m_geo.chunk_bytes;
-  for (std::uint32_t i = 0; i < m_geo.max_records; ++i) {
+  const std::uint32_t end = record_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
     BlockRecord& r = m_records[i];
     const RecordState s = state_of(r);
     if (s != RecordState::Live && s != RecordState::Draining) continue;
@@ -494,13 +515,14 @@ PoolCounts PoolBlock::counts() const noexcept {
 int PoolBlock::remove_locked(std::uint32_t member) noexcept {
   int released = 0;
   const std::uint64_t mine = bit(member);
-  for (std::uint32_t i = 0; i < m_geo.max_records; ++i) {
+  const std::uint32_t end = record_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
     BlockRecord& r = m_records[i];
     const RecordState s = state_of(r);
     // Its stream will never write `released` (the process is gone, or waited for its stream before leaving).
     if (load(r.releaser) == member) {
       store(r.releaser, proto::kNoMember);
-      if (s == RecordState::Draining) set_state(r, RecordState::Unused);
+      if (s == RecordState::Draining) set_unused(r);
     }
     if (s != RecordState::Live || (load(r.holders) & mine) == 0) continue;
     ++released;
@@ -542,9 +564,10 @@ int pool_remove_member(void* control, std::size_t size, std::uint32_t member_ind
   }
   if (dead_owner) {
     // It died inside a critical section: undo a half-made allocation, finish a half-made release.
-    for (std::uint32_t i = 0; i < b.m_geo.max_records; ++i) {
+    const std::uint32_t end = b.record_end();
+    for (std::uint32_t i = 0; i < end; ++i) {
       BlockRecord& r = b.m_records[i];
-      if (state_of(r) == RecordState::Claimed) set_state(r, RecordState::Unused);
+      if (state_of(r) == RecordState::Claimed) b.set_unused(r);
       if (state_of(r) == RecordState::Live && load(r.holders) == 0) b.retire(r);
     }
   }

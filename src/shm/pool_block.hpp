@@ -19,7 +19,9 @@
 namespace gpuipc::shm {
 
 inline constexpr std::uint32_t kPoolMagic = 0x4C504947;  // "GIPL"
-inline constexpr std::uint32_t kPoolVersion = 1;
+/// 2: PoolHeader::record_end bounds every scan of the records (version 1 pools, whose members do not keep it, are
+/// refused rather than misread).
+inline constexpr std::uint32_t kPoolVersion = 2;
 /// Most chunks of one pool.
 inline constexpr std::uint32_t kMaxChunks = 1024;
 /// Most block records of one pool (the control block stays below the broker's 64 MiB limit).
@@ -78,13 +80,16 @@ struct alignas(64) PoolHeader {
   std::uint64_t chunk_bytes;  ///< bytes of every chunk
   std::uint64_t block_bytes;  ///< fixed mode: bytes of every block (record i is at offset i * block_bytes)
   std::uint32_t max_records;  ///< 1..kMaxRecords
-  std::uint32_t pad0;
+  /// Records at or above it have never been claimed (all Unused): every scan of the records stops there. Raised
+  /// under the lock before a record is claimed (a death in between leaves it too high, never too low); find_record
+  /// reuses the lowest unused record, so it stays near the most blocks the pool ever had at once.
+  std::uint32_t record_end;
   /// device kinds: the UUID of the GPU every chunk lives on (ordinals differ between processes that see the GPUs
   /// in other orders: CUDA_VISIBLE_DEVICES). All zero in pools made before it was kept (use `device` then).
   std::uint8_t device_uuid[16];
   alignas(64) std::uint32_t lock;   ///< 0, or the holder's member index + 1 (kRepairOwner + 1: the repair)
   std::uint32_t wake_seq;           ///< futex word: bumped when memory or a chunk becomes available
-  std::uint32_t record_hint;        ///< where the search for an unused record starts
+  std::uint32_t record_hint;        ///< the lowest record that may be unused: where the search for one starts
   std::uint32_t draining;           ///< a hint: > 0 when some record may be Draining (allocate sweeps them)
   std::uint64_t next_generation;
   std::uint64_t allocations;        ///< counters, for stats
@@ -143,6 +148,8 @@ struct PoolGeometry {
 /// Reads and checks the geometry of the control block at `control` of `size` bytes (magic, version, bounds,
 /// the records fitting in `size`). Returns false when it does not validate.
 bool read_geometry(const void* control, std::size_t size, PoolGeometry& out) noexcept;
+/// The version of a pool control block of any release (PoolHeader::version when the magic is a pool's), or 0.
+std::uint32_t pool_version_of(const void* control, std::size_t size) noexcept;
 
 /// Writes the header of a new control block (zeroed memory of pool_control_bytes(g.max_records) bytes), magic
 /// last. Chunks start Absent.
@@ -194,6 +201,8 @@ class PoolBlock {
   const PoolGeometry& geometry() const noexcept { return m_geo; }
   PoolHeader& header() const noexcept { return *m_header; }
   BlockRecord& record(std::uint32_t i) const noexcept { return m_records[i]; }
+  /// Lock-free: records at or above this index are Unused (PoolHeader::record_end, at most max_records).
+  std::uint32_t record_end() const noexcept;
 
   /// Allocates `bytes` aligned to `alignment` (a power of two) for `member`, which becomes its first holder.
   /// NeedChunk: chunk `out.chunk` is reserved for the caller, who creates its memory and calls chunk_created.
@@ -242,7 +251,10 @@ class PoolBlock {
   void retire(BlockRecord& r) noexcept;
   /// Draining records whose stream has reached `released` become Unused (under the lock).
   void sweep_drained() noexcept;
+  /// Claims the lowest Unused record from the hint on (then from 0), raising record_end first (under the lock).
   bool find_record(std::uint32_t& index) noexcept;
+  /// Record `r` -> Unused, and the search hint lowered to it (under the lock).
+  void set_unused(BlockRecord& r) noexcept;
   /// Releases every hold of `member`, its pending stream frees and a chunk it was creating (under the lock).
   int remove_locked(std::uint32_t member) noexcept;
   /// Finishes the removals recorded in `deferred` (under the lock).

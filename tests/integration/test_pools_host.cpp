@@ -269,6 +269,19 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   EXPECT_TRUE(throws([&] { Segment::stat(name + ".chunk.2"); }, ErrorCode::NotFound, "chunk.2"));
 }
 
+TEST(PoolsHost, APoolOfAnotherReleaseIsRefusedSayingSo) {
+  const auto name = unique_name("pool");
+  auto pool = one_chunk_pool(name);
+  {
+    auto control = Segment::open(name);  // the control block: its layout version is the second word
+    static_cast<std::uint32_t*>(control.data())[1] = 1;
+  }
+  EXPECT_TRUE(throws([&] { Pool::open(name); }, ErrorCode::InvalidArgument, "made by another gpuipc release"));
+  EXPECT_TRUE(throws([&] { Pool::stat(name); }, ErrorCode::InvalidArgument, "control block is version 1"));
+  pool = Pool();
+  Pool::unlink(name);
+}
+
 TEST(PoolsHost, MisuseGetsInvalidArgumentNamingWhatIsWrong) {
   const auto name = unique_name("pool");
   auto pool = one_chunk_pool(name);

@@ -193,6 +193,56 @@ TEST(ShmPool, MemoryIsNotReusedWhileAnyMemberHoldsIt) {
   EXPECT_EQ(p.block.hold(64, b, kTimeout), PoolStatus::Invalid);
 }
 
+TEST(ShmPool, RecordsInUseStayPackedBelowTheirEndThroughChurn) {
+  TestPool p(PoolMode::Variable, 1024, 1 << 20, 1);
+  EXPECT_EQ(p.block.record_end(), 0U);
+  // Thousands of allocations, never more than four live at once: the records come from the bottom again and
+  // again, so every scan (a leave, an allocation's first fit, stats) reads four records, not 1024.
+  for (int round = 0; round < 3000; ++round) {
+    BlockLocation loc[4];
+    for (auto& l : loc) ASSERT_EQ(p.alloc(0, 64, l), PoolStatus::Ok) << round;
+    for (const auto& l : loc) ASSERT_EQ(p.block.release(0, l, false, kTimeout), PoolStatus::Ok);
+  }
+  EXPECT_EQ(p.block.record_end(), 4U);
+  // Ten live, the middle ones freed: new blocks take the lowest free records first.
+  BlockLocation ten[10];
+  for (auto& l : ten) ASSERT_EQ(p.alloc(0, 64, l), PoolStatus::Ok);
+  EXPECT_EQ(p.block.record_end(), 10U);
+  ASSERT_EQ(p.block.release(0, ten[6], false, kTimeout), PoolStatus::Ok);
+  ASSERT_EQ(p.block.release(0, ten[3], false, kTimeout), PoolStatus::Ok);
+  BlockLocation x, y;
+  ASSERT_EQ(p.alloc(0, 64, x), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(0, 64, y), PoolStatus::Ok);
+  EXPECT_EQ(x.record, ten[3].record);
+  EXPECT_EQ(y.record, ten[6].record);
+  EXPECT_EQ(p.block.record_end(), 10U);
+  // A drained stream-ordered free and a removed member's holds give their records back to the bottom too.
+  ASSERT_EQ(p.block.release(0, ten[1], true, kTimeout), PoolStatus::Ok);
+  atomic(p.block.record(ten[1].record).released).store(ten[1].generation);
+  ASSERT_EQ(p.block.hold(5, ten[2], kTimeout), PoolStatus::Ok);
+  ASSERT_EQ(p.block.release(0, ten[2], false, kTimeout), PoolStatus::Ok);
+  EXPECT_EQ(p.remove(5), 1);
+  BlockLocation u, v;
+  ASSERT_EQ(p.alloc(0, 64, u), PoolStatus::Ok);  // sweeps the drained record first
+  ASSERT_EQ(p.alloc(0, 64, v), PoolStatus::Ok);
+  EXPECT_EQ(u.record, ten[1].record);
+  EXPECT_EQ(v.record, ten[2].record);
+  EXPECT_EQ(p.block.record_end(), 10U);
+  EXPECT_EQ(p.block.counts().live_blocks, 10U);
+  EXPECT_TRUE(p.disjoint());
+}
+
+TEST(ShmPool, AControlBlockOfAnotherLayoutVersionIsRefusedAndNamed) {
+  TestPool p(PoolMode::Variable, 16, 1 << 20, 1);
+  EXPECT_EQ(pool_version_of(p.mem.get(), p.size), kPoolVersion);
+  p.header().version = 1;  // a pool of a release without record_end
+  EXPECT_FALSE(PoolBlock(p.mem.get(), p.size).valid());
+  EXPECT_EQ(pool_version_of(p.mem.get(), p.size), 1U);
+  p.header().magic = 0;
+  EXPECT_EQ(pool_version_of(p.mem.get(), p.size), 0U);
+  EXPECT_EQ(pool_version_of(p.mem.get(), 16), 0U);
+}
+
 TEST(ShmPool, StreamOrderedFreeDrainsUntilTheReleasedWordReachesTheGeneration) {
   TestPool p(PoolMode::Variable, 8, 1024, 1);
   BlockLocation a, b;
@@ -313,7 +363,9 @@ TEST(ShmPool, ADeathInsideTheLockIsRepaired) {
   ASSERT_EQ(p.alloc(1, 512, a), PoolStatus::Ok);
   ASSERT_EQ(p.alloc(2, 512, b), PoolStatus::Ok);
   // Member 2 died in allocate (a record claimed, the lock held) right after clearing its bit in a release of b.
+  // find_record raises record_end before it claims a record: a claimed record always lies below it.
   atomic(p.header().lock).store(2 + 1);
+  p.header().record_end = 6;
   p.block.record(5).state = static_cast<std::uint32_t>(RecordState::Claimed);
   atomic(p.block.record(b.record).holders).store(0);
   BlockLocation x;
