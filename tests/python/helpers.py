@@ -166,9 +166,9 @@ def pool_resolve_and_sum(name: str, raw_ref: bytes) -> int:
 def views_of_while_another_thread_closes(name: str, rounds: int) -> dict:
     """Pool `name` with 2048 blocks, each filled with its number. Each round joins it again and one thread makes
     held views of every block through that handle (views_of releases the GIL for the whole look-up) while this one
-    closes the handle part way through. Returns how the rounds ended: {"views": n, "closed": n}, plus any other
-    error's text; and "overlapped": the rounds whose close came while the call ran. Views that came back are
-    checked block by block."""
+    closes the handle at a random point within the time one call takes here. Returns how the rounds ended:
+    {"views": n, "closed": n}, plus any other error's text; and "overlapped": the rounds whose close came while the
+    call ran. Views that came back are checked block by block."""
     import random
     import threading
 
@@ -181,6 +181,15 @@ def views_of_while_another_thread_closes(name: str, rounds: int) -> dict:
         for k, b in enumerate(blocks):
             b.numpy("int64")[:] = k
         raw = b"".join(bytes(b.ref) for b in blocks)
+        # How long one call takes on this machine: the closes are spread over about that long after the thread
+        # starts, so that most land while a call runs on a fast machine as on a slow one.
+        with gpuipc.Pool.open(name) as probe:
+            calls = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                probe._pool.views_of(raw, True, True, False)
+                calls.append(time.perf_counter() - t0)
+            call = min(calls)
         for _ in range(rounds):
             handle = gpuipc.Pool.open(name)._pool
             got: list = []
@@ -196,7 +205,11 @@ def views_of_while_another_thread_closes(name: str, rounds: int) -> dict:
 
             t = threading.Thread(target=look)
             t.start()
-            time.sleep(random.uniform(0, 0.002))
+            while not span:  # the call is about to start
+                time.sleep(0)
+            close_at = span[0] + random.uniform(0, call)
+            while time.perf_counter() < close_at:  # sleep(0) gives the GIL to the call; a timed sleep may oversleep
+                time.sleep(0)
             closing = time.perf_counter()
             handle.close()
             t.join()
