@@ -136,6 +136,16 @@ def _values(docs: List[Dict], metric: str) -> List[float]:
     return [float(d["metrics"][metric]) for d in docs if isinstance(d.get("metrics", {}).get(metric), (int, float))]
 
 
+def _made_on(runs: List[Dict]) -> str:
+    """The devices and commits a file's runs record, each once, in the order of the runs."""
+    seen: List[str] = []
+    for d in runs:
+        text = f"{d.get('device', '?')}, {str(d.get('commit', '?'))[:7]}"
+        if text not in seen:
+            seen.append(text)
+    return "; ".join(seen)
+
+
 def render(results: str) -> str:
     """The table, markers included."""
     lines = [BEGIN, "| what | gpuipc | baseline (same runs) | files |", "|---|---|---|---|"]
@@ -158,8 +168,7 @@ def render(results: str) -> str:
                 if unit == row.unit and row.unit in ("us", "ms") and ours and statistics.median(ours):
                     ratio = f" ({statistics.median(vals) / statistics.median(ours):.1f}x gpuipc's time)"
                 base.append(f"{name} {_cell(vals, unit)}{ratio}")
-        where = ", ".join(f"[`{f}`](bench/results/{f}) ({d.get('device', '?')}, {str(d.get('commit', '?'))[:7]})"
-                          for f, d in zip(row.files, docs))
+        where = ", ".join(f"[`{f}`](bench/results/{f}) ({_made_on(_load(results, f))})" for f in row.files)
         lines.append(f"| {row.what} | {cell} | {'; '.join(base) or '-'} | {where} |")
     lines.append(END)
     return "\n".join(lines)

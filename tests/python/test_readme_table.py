@@ -46,3 +46,26 @@ def test_a_hand_edit_is_caught(tmp_path):
     readme.write_text("\n".join(lines))
     assert m.main(["--check", "--readme", str(readme)]) == 1
     assert m.main(["--readme", str(readme)]) == 0 and m.main(["--check", "--readme", str(readme)]) == 0
+
+
+def test_each_file_is_named_with_the_devices_and_commits_of_its_own_runs(tmp_path):
+    # A file of several runs came first in a row, and the files after it were labelled with its second, third...
+    # run: an H200 file read "NVIDIA H100".
+    m = _module()
+    runs = lambda dev, sha, n: {"runs": [{"device": dev, "commit": sha, "metrics": {"x": 1.0}}] * n}  # noqa: E731
+    import json
+
+    (tmp_path / "a.json").write_text(json.dumps(runs("GPU A", "a" * 40, 5)))
+    (tmp_path / "b.json").write_text(json.dumps(runs("GPU B", "b" * 40, 5)))
+    (tmp_path / "c.json").write_text(json.dumps({"runs": [{"device": "GPU A", "commit": "c" * 40},
+                                                          {"device": "GPU B", "commit": "c" * 40}]}))
+    assert m._made_on(m._load(str(tmp_path), "b.json")) == "GPU B, bbbbbbb"
+    assert m._made_on(m._load(str(tmp_path), "c.json")) == "GPU A, ccccccc; GPU B, ccccccc"
+    rows = [m.Row("x", "x", "us", ["a.json", "b.json"], [])]
+    old = m.ROWS
+    try:
+        m.ROWS = rows
+        table = m.render(str(tmp_path))
+    finally:
+        m.ROWS = old
+    assert "(GPU A, aaaaaaa)" in table and "(GPU B, bbbbbbb)" in table and table.count("GPU A") == 1
