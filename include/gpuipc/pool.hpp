@@ -164,6 +164,12 @@ class Pool {
   /// Error(InvalidState) while the pool is paused, or when this process mapped the chunk before a pause and has not
   /// called refresh() since.
   void* resolve(const BlockRef& ref) const;
+  /// Maps the chunks that the blocks `refs` lie in and that this process has not mapped, asking the broker for all
+  /// of them in one round trip: before resolving many blocks of a pool met for the first time (a state dict), where
+  /// resolve alone would take one round trip per chunk. Refs of another pool, or naming no chunk of it, are
+  /// skipped (resolve says what is wrong with them). Throws the Error of the first chunk that could not be mapped,
+  /// after mapping the others; resolve tries it again.
+  void map_chunks(std::span<const BlockRef> refs) const;
   /// Takes a hold on the block: its memory is not reused until this process releases it (or dies). Holds of one
   /// process are counted. Throws Error(InvalidArgument) like resolve; InvalidState while the pool is paused;
   /// Timeout when the pool lock stays taken.

@@ -413,6 +413,12 @@ class Pool:
         are given back).
         """
 
+    def map_chunks(self, raw: bytes) -> None:
+        """
+        Maps the chunks that the blocks ``raw`` (concatenated 40-byte BlockRefs) lie in, one broker round trip
+        for all (Pool::map_chunks). Raises the first chunk's error after mapping the others.
+        """
+
     def tensors_of_index(self, raw: bytes, first: int, flat: bytes, sflat: bytes, dtypes: Sequence[tuple[tuple[int, int, int], str] | None], readonly: bool, hold: bool) -> list:
         """
         The tensors of a tensor index (gpuipc/_index.py) that lie alone at the start of a storage named in

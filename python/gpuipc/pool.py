@@ -11,7 +11,7 @@ import bisect
 import contextlib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from . import _gpuipc
 from ._devices import Device, resolve as _device
@@ -365,6 +365,13 @@ class Pool:
         ref of another pool, out of range, or stale (freed or reused); InvalidState while the pool is paused, or
         when this process mapped the chunk before a pause and has not called :meth:`refresh` since."""
         return BlockView(self, ref, self._pool.view(ref._tuple(), self._readonly))
+
+    def map_chunks(self, refs: Iterable[BlockRef]) -> None:
+        """Maps the chunks that the blocks ``refs`` lie in and that this process has not mapped, asking the broker
+        for all of them in one round trip (:meth:`resolve` takes one per chunk it maps): before resolving many
+        blocks of a pool met for the first time. Refs of another pool are skipped. Raises the first chunk's error
+        (NotFound, PermissionDenied, ...) after mapping the others; resolve tries that chunk again."""
+        self._pool.map_chunks(b"".join(bytes(r) for r in refs))
 
     def hold(self, ref: BlockRef) -> None:
         """Takes a hold: the block's memory is not reused until this process releases it (or exits)."""

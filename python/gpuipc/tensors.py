@@ -514,10 +514,21 @@ class _Opened:
                 continue
             self.pools[pool_name] = join_pool(pool_name, readonly, device, f"tensors {name!r}")
 
+    def map_chunks(self, raw: bytes) -> None:
+        """Maps the chunks the slot's raw refs name, one broker round trip per pool (Pool.map_chunks) where
+        resolving would take one per chunk. A chunk that cannot be mapped is left to the resolve that needs it,
+        which raises its error where the open would have without this."""
+        for pool, lo, hi in self._run_bounds():
+            try:
+                pool.map_chunks(raw[lo * 40 : hi * 40])
+            except Error:
+                pass
+
     def views(self, raw: bytes, dlpack: bool = False) -> List[Any]:
         """Held views of every storage (its range of its block; DLPack capsules of them with ``dlpack``), from the
         slot's raw refs (40 bytes each), one call per run of storages in one pool; InvalidArgument when a ref is
         stale (freed)."""
+        self.map_chunks(raw)
         out: List[Any] = []
         for pool, lo, hi in self._run_bounds():
             out.extend(pool.views_of(raw[lo * 40 : hi * 40], self.readonly, True, False))
@@ -529,6 +540,7 @@ class _Opened:
         capsule it lies in and its block's byte offset there, from the slot's raw refs. The holds of a chunk's
         storages are given back together when everything made from its capsule is gone. InvalidArgument when a ref
         is stale."""
+        self.map_chunks(raw)
         return self._spans_of(raw, list(range(self.index.storage_count)))
 
     def tensors(self, raw: bytes, readonly: bool) -> Dict[str, Any]:
@@ -553,6 +565,7 @@ class _Opened:
         set_ per tensor, so that tensors sharing a storage share one here too."""
         index = self.index
         from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+        self.map_chunks(raw)
         made: List[Any] = [None] * index.tensor_count
         count = 0
         for pool, lo, hi in self._run_bounds():

@@ -378,6 +378,21 @@ void bind_pool(nb::module_& m) {
           "of each instead of a view. Raises InvalidArgument at the first stale or forged ref (holds taken so far\n"
           "are given back).")
       .def(
+          "map_chunks",
+          [](PyPool& p, nb::bytes raw) {
+            Pool pool = p.get();
+            const auto* data = static_cast<const std::byte*>(raw.data());
+            std::vector<BlockRef> refs(ref_count(raw, "map_chunks"));
+            for (std::size_t i = 0; i < refs.size(); ++i) {
+              refs[i] = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
+            }
+            nb::gil_scoped_release unlocked;
+            pool.map_chunks(refs);
+          },
+          "raw"_a,
+          "Maps the chunks that the blocks ``raw`` (concatenated 40-byte BlockRefs) lie in, one broker round trip\n"
+          "for all (Pool::map_chunks). Raises the first chunk's error after mapping the others.")
+      .def(
           "tensors_of_index",
           [](PyPool& p, nb::bytes raw, std::size_t first, nb::bytes flat_bytes, nb::bytes sflat_bytes,
              const std::vector<std::optional<Dtype>>& dtypes, bool readonly, bool hold) {

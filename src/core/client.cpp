@@ -203,16 +203,20 @@ void BrokerClient::connect_locked() {
   }
 }
 
-Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int> fds,
-                                    std::chrono::milliseconds timeout) {
+std::uint32_t BrokerClient::send_locked(const proto::Body& body, std::span<const int> fds) {
   proto::Message msg;
   msg.request_id = m_next_request++;
+  if (msg.request_id == 0) msg.request_id = m_next_request++;  // 0 is the broker's own (a closing connection)
   msg.body = body;
   const auto bytes = proto::encode(msg, fds.size());
   if (os::send_message(m_sock.get(), bytes, fds, proto::kMaxMessageSize) != os::IoStatus::Ok) {
     m_sock.reset();
     throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "send");
   }
+  return msg.request_id;
+}
+
+Reply BrokerClient::receive_locked(std::chrono::milliseconds timeout) {
   // The wait is bounded: a broker that stops answering becomes an error, not a hang.
   const int wait_ms = static_cast<int>(std::max<std::int64_t>(timeout.count(), connect_timeout().count()));
   if (!m_reply_buffer) m_reply_buffer = std::make_unique_for_overwrite<std::byte[]>(proto::kMaxMessageSize);
@@ -247,18 +251,69 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
       m_sock.reset();
       throw Error(ErrorCode::Protocol, "malformed reply from the gpuipc broker: " + why, "recv");
     }
-    if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) {
+    if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body);
+        err != nullptr && reply.msg.request_id == 0) {
       // request_id 0: the broker is closing this connection (it could not parse what we sent).
-      if (reply.msg.request_id == 0) m_sock.reset();
-      throw error_from_reply(*err, "broker");
-    }
-    if (reply.msg.request_id != msg.request_id) {
       m_sock.reset();
-      throw Error(ErrorCode::Protocol,
-                  fmt::format("reply {} does not answer request {}", reply.msg.request_id, msg.request_id), "recv");
+      throw error_from_reply(*err, "broker");
     }
     return reply;
   }
+}
+
+Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int> fds,
+                                    std::chrono::milliseconds timeout) {
+  const std::uint32_t id = send_locked(body, fds);
+  Reply reply = receive_locked(timeout);
+  if (reply.msg.request_id != id) {
+    m_sock.reset();
+    throw Error(ErrorCode::Protocol, fmt::format("reply {} does not answer request {}", reply.msg.request_id, id),
+                "recv");
+  }
+  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) throw error_from_reply(*err, "broker");
+  return reply;
+}
+
+std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const proto::Body> bodies,
+                                                              std::chrono::milliseconds timeout) {
+  std::vector<Answer> out(bodies.size());
+  std::lock_guard lock(m_mutex);
+  for (std::size_t first = 0; first < bodies.size(); first += kMaxBatch) {
+    const std::size_t n = std::min(kMaxBatch, bodies.size() - first);
+    for (int attempt = 0;; ++attempt) {
+      if (!m_sock) connect_locked();
+      std::size_t sent = 0;
+      try {
+        std::vector<std::uint32_t> ids(n);
+        for (; sent < n; ++sent) ids[sent] = send_locked(bodies[first + sent], {});
+        for (std::size_t got = 0; got < n; ++got) {
+          Reply reply = receive_locked(timeout);
+          // The broker answers a connection's requests in order, except an Open that waits for its name: match by id.
+          const auto at = std::find(ids.begin(), ids.end(), reply.msg.request_id);
+          if (at == ids.end()) {
+            m_sock.reset();
+            throw Error(ErrorCode::Protocol,
+                        fmt::format("reply {} answers none of the {} requests sent together", reply.msg.request_id, n),
+                        "recv");
+          }
+          Answer& a = out[first + static_cast<std::size_t>(at - ids.begin())];
+          *at = 0;  // answered: a second reply to it is a protocol error
+          if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) {
+            a.error = error_from_reply(*err, "broker");
+          } else {
+            a.reply = std::move(reply);
+          }
+        }
+        break;
+      } catch (const Error& e) {
+        // The broker went away before it saw any of these (restart, crash): reconnect once, as request() does.
+        // Once one was sent, its answers went with the broker, and so did the references they counted.
+        if (attempt == 0 && sent == 0 && e.code() == ErrorCode::PeerDied && !m_sock) continue;
+        throw;
+      }
+    }
+  }
+  return out;
 }
 
 bool BrokerClient::request_on(std::uint64_t generation, const proto::Body& body) noexcept {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,21 @@ class BrokerClient {
   /// gpuipc::Error with the broker's code and message. Reconnects once if the broker went away.
   Reply request(const proto::Body& body, std::span<const int> fds = {},
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+  /// What the broker answered one request of a batch: its reply, or the Error its ErrorReply stands for.
+  struct Answer {
+    std::optional<Reply> reply;
+    std::optional<Error> error;
+  };
+  /// Most requests sent before their answers are read: the broker closes a connection with more replies queued
+  /// than it allows (ServerOptions::max_queued_replies, 256), so larger batches go in several.
+  static constexpr std::size_t kMaxBatch = 64;
+  /// Sends `bodies` (no fds) back to back on one connection, then reads their answers: one round trip's latency
+  /// for all, as the broker serves a connection's requests in order. Each answer is the reply or the Error the
+  /// broker gave for that request alone. Throws (and returns nothing) when the connection fails or the broker does
+  /// not answer within `timeout`; reconnects once when the broker went away before any of them was sent.
+  std::vector<Answer> request_batch(std::span<const proto::Body> bodies,
+                                    std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
   /// Sends `body` on the current connection only if it is still generation `generation`: never reconnects and
   /// never starts a broker (a reference taken through a broker that is gone is not another broker's to drop).
@@ -87,6 +103,11 @@ class BrokerClient {
   BrokerClient() = default;
   void connect_locked();
   Reply exchange_locked(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout);
+  /// Sends one request and returns its id (never 0).
+  std::uint32_t send_locked(const proto::Body& body, std::span<const int> fds);
+  /// The next message from the broker, decoded (an ErrorReply too, unless it is the broker's own: request id 0,
+  /// the connection is closing, thrown). Throws PeerDied, Timeout or Protocol, with the connection dropped.
+  Reply receive_locked(std::chrono::milliseconds timeout);
 
   mutable std::mutex m_mutex;
   os::UniqueFd m_sock;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -391,6 +392,21 @@ void* Pool::resolve(const BlockRef& ref) const {
                 "resolve");
   }
   return base + ref.offset;
+}
+
+void Pool::map_chunks(std::span<const BlockRef> refs) const {
+  GPUIPC_TRACE("gpuipc::Pool::map_chunks");
+  if (!m_impl) throw Error(ErrorCode::InvalidArgument, "map_chunks on an empty Pool handle", "map_chunks");
+  auto& im = *m_impl;
+  std::vector<std::uint32_t> chunks;
+  for (const BlockRef& r : refs) {
+    if (r.pool != im.geo().pool_id || r.chunk >= im.geo().max_chunks || !im.unmapped(r.chunk)) continue;
+    if (std::find(chunks.begin(), chunks.end(), r.chunk) == chunks.end()) chunks.push_back(r.chunk);
+  }
+  if (chunks.empty()) return;
+  std::lock_guard lock(im.chunks_mutex);
+  auto failed = im.map_chunks_locked(chunks);
+  if (!failed.empty()) throw std::move(failed.front().second);
 }
 
 void Pool::hold(const BlockRef& ref) {

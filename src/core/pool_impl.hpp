@@ -9,9 +9,12 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "core/gpu_memory.hpp"
@@ -209,22 +212,70 @@ struct Pool::Impl {
     return map_chunk_locked(c);
   }
 
+  /// Whether chunk `c` needs chunk_base's slow path.
+  bool unmapped(std::uint32_t c) const noexcept {
+    return bases[c].load(std::memory_order_acquire) == nullptr ||
+           mapped_epoch[c].load(std::memory_order_acquire) == pool_detail::kUnmapped;
+  }
+
   /// chunk_base's slow path, under chunks_mutex.
   std::byte* map_chunk_locked(std::uint32_t c) {
     // The epoch is read before the chunk is opened: a pause that releases the memory we open moves it on after,
     // and resolve then sees this mapping stale.
     const std::uint64_t epoch = block.pause_info().epoch;
-    if (std::byte* b = bases[c].load(std::memory_order_acquire); b != nullptr) {
-      // Host pools keep their mapping across a pause (the memfd stays; only its pages went): valid again.
-      if (kind != SegmentKind::Device || mapped_epoch[c].load(std::memory_order_acquire) == epoch) {
-        mapped_epoch[c].store(epoch, std::memory_order_release);
-        return b;
-      }
-      unmap_chunk_locked(c);  // device memory a pause released: map the chunk's memory of now instead
+    if (std::byte* b = reuse_locked(c, epoch)) return b;
+    return install_chunk(
+        c, detail::open_segment(pool_detail::chunk_name(name, c), chunk_open_options(), true, slot_address(c)), epoch);
+  }
+
+  /// Maps the chunks of `wanted` that chunk_base would map (unmapped ones; out-of-range ones are skipped), opening
+  /// them with one broker round trip: a first open of a pool's tensors pays one instead of one per chunk. Returns
+  /// the error of each chunk that could not be mapped (a later chunk_base tries it again). Under chunks_mutex.
+  std::vector<std::pair<std::uint32_t, Error>> map_chunks_locked(std::span<const std::uint32_t> wanted) {
+    const std::uint64_t epoch = block.pause_info().epoch;  // before the opens, as in map_chunk_locked
+    std::vector<std::uint32_t> todo;
+    std::vector<detail::SegmentOpen> opens;
+    for (const std::uint32_t c : wanted) {
+      if (c >= geo().max_chunks || !unmapped(c) || std::find(todo.begin(), todo.end(), c) != todo.end()) continue;
+      if (reuse_locked(c, epoch) != nullptr) continue;
+      todo.push_back(c);
+      opens.push_back({pool_detail::chunk_name(name, c), chunk_open_options(), true, slot_address(c)});
     }
-    Segment seg =
-        detail::open_segment(pool_detail::chunk_name(name, c),
-                             {.access = access, .wait = {}, .device = mapping_request()}, true, slot_address(c));
+    std::vector<std::pair<std::uint32_t, Error>> failed;
+    if (todo.empty()) return failed;
+    auto got = detail::open_segments(opens);
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      try {
+        if (auto* e = std::get_if<Error>(&got[i])) throw std::move(*e);
+        install_chunk(todo[i], std::move(std::get<Segment>(got[i])), epoch);
+      } catch (const Error& e) {
+        failed.emplace_back(todo[i], e);
+      }
+    }
+    return failed;
+  }
+
+  /// map_chunk_locked before the open: chunk `c`'s base when its mapping is still good (host pools keep theirs
+  /// across a pause: the memfd stays, only its pages went), else nullptr, with a device mapping of memory a pause
+  /// released dropped so that the chunk's memory of now is mapped instead.
+  std::byte* reuse_locked(std::uint32_t c, std::uint64_t epoch) {
+    std::byte* b = bases[c].load(std::memory_order_acquire);
+    if (b == nullptr) return nullptr;
+    if (kind != SegmentKind::Device || mapped_epoch[c].load(std::memory_order_acquire) == epoch) {
+      mapped_epoch[c].store(epoch, std::memory_order_release);
+      return b;
+    }
+    unmap_chunk_locked(c);
+    return nullptr;
+  }
+
+  /// How a chunk is opened: this handle's access, on its mapping GPU.
+  OpenOptions chunk_open_options() const noexcept {
+    return {.access = access, .wait = {}, .device = mapping_request()};
+  }
+
+  /// Installs `seg` as chunk `c` after checking that it is one (its size and kind). Throws InvalidArgument.
+  std::byte* install_chunk(std::uint32_t c, Segment seg, std::uint64_t epoch) {
     if (seg.size() < geo().chunk_bytes || seg.kind() != kind) {
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("pool '{}': segment '{}' is not a chunk of it ({} of {} bytes)", name, seg.name(),

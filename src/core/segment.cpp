@@ -307,6 +307,60 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
   return detail::open_segment(name, options, true);
 }
 
+namespace {
+
+proto::Open open_request(const std::string& name, const OpenOptions& options) {
+  proto::Open req;
+  req.name = name;
+  req.access = static_cast<proto::Access>(options.access);
+  req.wait_ms = static_cast<std::uint32_t>(std::clamp<std::int64_t>(options.wait.count(), 0, UINT32_MAX));
+  return req;
+}
+
+/// open_segment after the broker's answer: maps the segment it sent (the reply's fd) and caches the mapping unless
+/// it is placed. `names_gen`: the names generation read before the Open was sent; `generation`: the connection
+/// the reply came on, which holds the reference the broker counted for it.
+Segment map_opened(const std::string& n, const OpenOptions& options, bool register_pinned, std::uint64_t place_at,
+                   core::Reply&& reply, std::uint64_t names_gen, std::uint64_t generation) {
+  const auto* r = std::get_if<proto::OpenReply>(&reply.msg.body);
+  if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Open with something else", "open");
+  auto m = std::make_shared<detail::Mapping>();
+  m->name = n;
+  m->id = r->info.id;
+  m->kind = static_cast<SegmentKind>(r->info.kind);
+  m->access = options.access;
+  m->size = r->info.view_size != 0 ? r->info.view_size : r->info.size;
+  m->view_offset = r->info.view_offset;
+  // From here on the broker counts a reference for us: the Mapping's destructor returns it, also when a step
+  // below throws (a reply without the fd included).
+  m->client_generation = generation;
+  if (reply.fds.size() != 1) {
+    throw Error(ErrorCode::Protocol, "the broker answered Open without the segment's fd", "open");
+  }
+  const bool read_only = options.access == Access::ReadOnly;
+  if (m->kind == SegmentKind::Device) {
+    // Adopted VMM memory (a view) maps its whole allocation: cuMemMap maps allocations from their start.
+    m->gpu = core::import_device_memory(reply.fds[0].get(), r->info.size, r->info.device, options.device, read_only,
+                                        place_at);
+  } else if (m->kind == SegmentKind::DeviceIpc) {
+    detail::open_device_ipc(*m, reply.fds[0].get(), r->info, options.device);
+  } else {
+    map_host(*m, reply.fds[0].get(), !read_only);
+    if (m->kind == SegmentKind::HostPinned && register_pinned) {
+      m->gpu = core::register_host_memory(m->host.data(), m->size, options.device < 0 ? 0 : options.device, read_only);
+    }
+  }
+  m->broker_size = r->info.size;
+  m->memory = std::move(reply.fds[0]);
+  remember_for_restart(m);
+  if (place_at == 0) {
+    MappingCache::instance().put(cache_key(n, options.access, register_pinned ? options.device : -3), m, names_gen);
+  }
+  return detail::SegmentAccess::make(std::move(m));
+}
+
+}  // namespace
+
 Segment detail::open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
                              std::uint64_t place_at) {
   std::string n = check_name_or_throw(name);
@@ -337,45 +391,38 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
     cache.erase(key);
   }
 
-  proto::Open req;
-  req.name = n;
-  req.access = static_cast<proto::Access>(options.access);
-  req.wait_ms = static_cast<std::uint32_t>(std::clamp<std::int64_t>(options.wait.count(), 0, UINT32_MAX));
   const std::uint64_t names_gen = client.names_generation();
-  auto reply = client.request(req, {}, options.wait + std::chrono::milliseconds(1000));
-  const auto* r = std::get_if<proto::OpenReply>(&reply.msg.body);
-  if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Open with something else", "open");
-  auto m = std::make_shared<detail::Mapping>();
-  m->name = n;
-  m->id = r->info.id;
-  m->kind = static_cast<SegmentKind>(r->info.kind);
-  m->access = options.access;
-  m->size = r->info.view_size != 0 ? r->info.view_size : r->info.size;
-  m->view_offset = r->info.view_offset;
-  // From here on the broker counts a reference for us: the Mapping's destructor returns it, also when a step
-  // below throws (a reply without the fd included).
-  m->client_generation = client.generation();
-  if (reply.fds.size() != 1) {
-    throw Error(ErrorCode::Protocol, "the broker answered Open without the segment's fd", "open");
+  auto reply = client.request(open_request(n, options), {}, options.wait + std::chrono::milliseconds(1000));
+  return map_opened(n, options, register_pinned, place_at, std::move(reply), names_gen, client.generation());
+}
+
+std::vector<std::variant<Segment, Error>> detail::open_segments(std::span<const SegmentOpen> opens) {
+  auto& client = core::BrokerClient::instance();
+  std::vector<proto::Body> bodies;
+  bodies.reserve(opens.size());
+  std::chrono::milliseconds wait{0};
+  for (const auto& o : opens) {
+    bodies.emplace_back(open_request(check_name_or_throw(o.name), o.options));
+    wait = std::max(wait, o.options.wait);
   }
-  const bool read_only = options.access == Access::ReadOnly;
-  if (m->kind == SegmentKind::Device) {
-    // Adopted VMM memory (a view) maps its whole allocation: cuMemMap maps allocations from their start.
-    m->gpu = core::import_device_memory(reply.fds[0].get(), r->info.size, r->info.device, options.device, read_only,
-                                        place_at);
-  } else if (m->kind == SegmentKind::DeviceIpc) {
-    detail::open_device_ipc(*m, reply.fds[0].get(), r->info, options.device);
-  } else {
-    map_host(*m, reply.fds[0].get(), !read_only);
-    if (m->kind == SegmentKind::HostPinned && register_pinned) {
-      m->gpu = core::register_host_memory(m->host.data(), m->size, options.device < 0 ? 0 : options.device, read_only);
+  const std::uint64_t names_gen = client.names_generation();
+  auto answers = client.request_batch(bodies, wait + std::chrono::milliseconds(1000));
+  const std::uint64_t generation = client.generation();  // every answer came on it (request_batch throws otherwise)
+  std::vector<std::variant<Segment, Error>> out;
+  out.reserve(opens.size());
+  for (std::size_t i = 0; i < opens.size(); ++i) {
+    if (answers[i].error) {
+      out.emplace_back(std::move(*answers[i].error));
+      continue;
+    }
+    try {
+      out.emplace_back(map_opened(opens[i].name, opens[i].options, opens[i].register_pinned, opens[i].place_at,
+                                  std::move(*answers[i].reply), names_gen, generation));
+    } catch (const Error& e) {
+      out.emplace_back(e);
     }
   }
-  m->broker_size = r->info.size;
-  m->memory = std::move(reply.fds[0]);
-  remember_for_restart(m);
-  if (place_at == 0) cache.put(key, m, names_gen);
-  return detail::SegmentAccess::make(std::move(m));
+  return out;
 }
 
 std::uint64_t detail::register_pinned_later(const Segment& segment, int ordinal) {

@@ -7,7 +7,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "core/gpu_memory.hpp"
 #include "gpuipc/segment.hpp"
@@ -79,6 +82,18 @@ Segment create_segment(std::string_view name, std::size_t bytes, const CreateOpt
 /// `place_at` as for create_segment.
 Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
                      std::uint64_t place_at = 0);
+
+/// One segment for open_segments: open_segment's arguments.
+struct SegmentOpen {
+  std::string name;
+  OpenOptions options;
+  bool register_pinned = true;
+  std::uint64_t place_at = 0;
+};
+/// Opens several segments with one broker round trip (their Opens sent together: BrokerClient::request_batch) and
+/// maps each as open_segment does, in order. No cache lookup: for segments this process has not mapped (pool
+/// chunks). Each result is the Segment, or the Error its open alone raised; a failed connection throws.
+std::vector<std::variant<Segment, Error>> open_segments(std::span<const SegmentOpen> opens);
 
 /// Registers a host_pinned mapping that open_segment left unregistered with GPU `ordinal` (once, thread-safe) and
 /// returns its device pointer; a registered one's pointer at once. Registering pins every page (about 1 ms for the

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <functional>
+#include <span>
 #include <thread>
 
 #include "gpuipc/pool.hpp"
@@ -25,9 +27,10 @@ constexpr int kBlocks = 6;  // three per chunk: the pool grows to two chunks
 
 CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
-TEST(PoolsDevice, BlocksWrittenInAAreReadInBFromTwoChunks) {
-  GPUIPC_REQUIRE_GPU();
-  const auto name = unique_name("pool");
+/// A child makes device pool `name` (two chunks) and fills kBlocks blocks with pattern 100 + i; then another
+/// child runs `check(pool, refs, g)` on the pool opened read-only (its exit code: 0 passes); then the first frees
+/// the blocks. Returns check's exit code.
+int check_filled_pool(const std::string& name, const std::function<int(Pool&, Shared<BlockRef>&, Gpu&)>& check) {
   Shared<BlockRef> refs(kBlocks);
   SyncPipe filled, checked;
   const pid_t a = start_child([&] {
@@ -49,23 +52,57 @@ TEST(PoolsDevice, BlocksWrittenInAAreReadInBFromTwoChunks) {
     GPUIPC_CHILD_CHECK(pool.stats().live_blocks == 0);
     return 0;
   });
-  ASSERT_TRUE(filled.wait(120s));
-  EXPECT_EQ(run_child([&] {
-              Gpu g;
-              auto pool = Pool::open(name, {.access = Access::ReadOnly});
-              for (int i = kBlocks - 1; i >= 0; --i) {
-                pool.hold(refs[i]);
-                void* p = pool.resolve(refs[i]);
-                GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), dptr(p), refs[i].size / 4, 100 + i) == 0);
-                pool.release(refs[i]);
-              }
-              return 0;
-            },
-                      120s),
-            0);
+  if (!filled.wait(120s)) {
+    ADD_FAILURE() << "the filler did not fill the pool";
+    return wait_child(a, 1s);
+  }
+  const int rc = run_child(
+      [&] {
+        Gpu g;
+        auto pool = Pool::open(name, {.access = Access::ReadOnly});
+        return check(pool, refs, g);
+      },
+      120s);
   checked.notify();
   EXPECT_EQ(wait_child(a, 120s), 0);
+  return rc;
+}
+
+/// Whether block i of `refs`, at `p` in this process, holds pattern 100 + i (counted by a kernel).
+bool reads_as_written(Gpu& g, Shared<BlockRef>& refs, int i, void* p) {
+  return g.k.count_mismatches(g.stream.get(), dptr(p), refs[i].size / 4, 100 + i) == 0;
+}
+
+TEST(PoolsDevice, BlocksWrittenInAAreReadInBFromTwoChunks) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("pool");
+  EXPECT_EQ(check_filled_pool(name,
+                              [](Pool& pool, Shared<BlockRef>& refs, Gpu& g) {
+                                for (int i = kBlocks - 1; i >= 0; --i) {
+                                  pool.hold(refs[i]);
+                                  GPUIPC_CHILD_CHECK(reads_as_written(g, refs, i, pool.resolve(refs[i])));
+                                  pool.release(refs[i]);
+                                }
+                                return 0;
+                              }),
+            0);
   Pool::unlink(name);
+}
+
+TEST(PoolsDevice, MapChunksImportsBothChunksAtOnceAndTheyReadAsWritten) {
+  GPUIPC_REQUIRE_GPU();
+  EXPECT_EQ(check_filled_pool(unique_name("pool"),
+                              [](Pool& pool, Shared<BlockRef>& refs, Gpu& g) {
+                                pool.map_chunks(std::span<const BlockRef>(&refs[0], kBlocks));
+                                // Both chunks are mapped now: with the names gone, a resolve that had to open
+                                // one would fail.
+                                Pool::unlink(pool.name());
+                                for (int i = 0; i < kBlocks; ++i) {
+                                  GPUIPC_CHILD_CHECK(reads_as_written(g, refs, i, pool.resolve(refs[i])));
+                                }
+                                return 0;
+                              }),
+            0);
 }
 
 TEST(PoolsDevice, StreamOrderedFreeIsReusedOnlyAfterTheStreamPassedIt) {

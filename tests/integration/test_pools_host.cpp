@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -267,6 +268,60 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   EXPECT_EQ(pool.stats().used_bytes, 0U);
   Pool::unlink(name);
   EXPECT_TRUE(throws([&] { Segment::stat(name + ".chunk.2"); }, ErrorCode::NotFound, "chunk.2"));
+}
+
+TEST(PoolsHost, MapChunksMapsEveryChunkTheRefsNameInOneCall) {
+  const auto name = unique_name("pool");
+  const auto other = unique_name("other");
+  constexpr int kChunks = 70;  // more than one batch of requests (BrokerClient::kMaxBatch)
+  auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = kChunks * kChunk});
+  auto stranger = one_chunk_pool(other);
+  std::vector<Block> blocks;
+  Shared<BlockRef> refs(kChunks + 2);
+  for (int i = 0; i < kChunks; ++i) {
+    blocks.push_back(pool.allocate(kChunk));
+    fill_pattern(blocks.back().data(), kChunk, i);
+    refs[i] = blocks.back().ref();
+  }
+  Block foreign = stranger.allocate(64);
+  refs[kChunks] = foreign.ref();  // another pool's: skipped
+  refs[kChunks + 1] = refs[3];
+  refs[kChunks + 1].chunk = 5000;  // no chunk of the pool: skipped
+  EXPECT_EQ(run_child([&] {
+              auto p = Pool::open(name, {.access = Access::ReadOnly});
+              p.map_chunks(std::span<const BlockRef>(&refs[0], kChunks + 2));
+              // Mapped now: with the names gone, a resolve that had to open its chunk would fail.
+              Pool::unlink(name);
+              for (int i = 0; i < kChunks; ++i) GPUIPC_CHILD_CHECK(holds_pattern(p.resolve(refs[i]), kChunk, i));
+              p.map_chunks(std::span<const BlockRef>(&refs[0], kChunks));  // all mapped: nothing to ask
+              return 0;
+            }),
+            0);
+  blocks.clear();
+}
+
+TEST(PoolsHost, MapChunksThrowsTheFirstFailureAfterMappingTheRest) {
+  const auto name = unique_name("pool");
+  auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 4 * kChunk});
+  std::vector<Block> blocks;
+  Shared<BlockRef> refs(4);
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(pool.allocate(kChunk));
+    fill_pattern(blocks.back().data(), kChunk, i);
+    refs[i] = blocks.back().ref();
+  }
+  Segment::unlink(name + ".chunk.1");  // its memory stays (the creator maps it); its name is gone
+  EXPECT_EQ(run_child([&] {
+              auto p = Pool::open(name);
+              GPUIPC_CHILD_CHECK(throws([&] { p.map_chunks(std::span<const BlockRef>(&refs[0], 4)); },
+                                        ErrorCode::NotFound, "chunk.1"));
+              Pool::unlink(name);
+              for (int i : {0, 2, 3}) GPUIPC_CHILD_CHECK(holds_pattern(p.resolve(refs[i]), kChunk, i));
+              GPUIPC_CHILD_CHECK(throws([&] { p.resolve(refs[1]); }, ErrorCode::NotFound, "chunk.1"));
+              return 0;
+            }),
+            0);
+  blocks.clear();
 }
 
 TEST(PoolsHost, APoolOfAnotherReleaseIsRefusedSayingSo) {

@@ -163,6 +163,16 @@ def pool_resolve_and_sum(name: str, raw_ref: bytes) -> int:
         return int(a.sum())
 
 
+def pool_map_chunks_then_sum(name: str, raw_refs: List[bytes]) -> List[int]:
+    """Opens pool `name`, maps the chunks of `raw_refs` with one map_chunks, removes the pool's names (so that a
+    chunk not mapped by then could not be opened any more), then resolves each block: the sums of their int64s."""
+    refs = [gpuipc.BlockRef.from_bytes(r) for r in raw_refs]
+    with gpuipc.Pool.open(name, readonly=True) as pool:
+        pool.map_chunks(refs)
+        gpuipc.Pool.unlink(name)
+        return [int(pool.resolve(r).numpy("int64").sum()) for r in refs if r.pool == pool.id]
+
+
 def views_of_while_another_thread_closes(name: str, rounds: int) -> dict:
     """Pool `name` with 2048 blocks, each filled with its number. Each round joins it again and one thread makes
     held views of every block through that handle (views_of releases the GIL for the whole look-up) while this one

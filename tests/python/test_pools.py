@@ -57,6 +57,19 @@ def test_resolve_in_another_process_and_hold(name, spawn):
             pool.resolve(ref)
 
 
+def test_map_chunks_maps_every_chunk_the_refs_name_at_once(name, spawn):
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 16, max_bytes=4 << 16) as pool, \
+            gpuipc.Pool.create(name + "x", chunk_bytes=1 << 16, max_bytes=1 << 16) as other:
+        blocks = [pool.allocate(1 << 16) for _ in range(4)]  # one chunk each
+        assert sorted(b.ref.chunk for b in blocks) == [0, 1, 2, 3]
+        for k, b in enumerate(blocks):
+            b.numpy("int64")[:] = k
+        stranger = other.allocate(64)
+        raw = [bytes(b.ref) for b in blocks] + [bytes(stranger.ref)]  # another pool's ref is skipped
+        assert spawn(helpers.pool_map_chunks_then_sum, name, raw) == [k * (1 << 13) for k in range(4)]
+        gpuipc.Pool.unlink(name + "x")
+
+
 def test_hold_keeps_memory_from_reuse(name):
     with gpuipc.Pool.create(name, chunk_bytes=64 << 10, max_bytes=64 << 10) as owner:
         other = gpuipc.Pool.open(name)

@@ -33,6 +33,39 @@ def publish_dict(torch, name):
     return pool, sd, gpuipc.publish_tensors(name, sd, versions=1)
 
 
+def timed_open(torch, name, variant):
+    """One open as the weights suite's consumers time it, after one broker call (a stat of the index) so that the
+    broker's wake-up from idle is not part of it: open_tensors, then every tensor's data_ptr() and a stream
+    synchronize. Returns the row a child reports."""
+    import time
+
+    import gpuipc
+
+    gpuipc.Segment.stat(name)
+    t0 = time.perf_counter()
+    tensors = gpuipc.open_tensors(name, device=0)
+    t1 = time.perf_counter()
+    for t in tensors.values():
+        t.data_ptr()
+    torch.cuda.current_stream().synchronize()
+    t2 = time.perf_counter()
+    return {"variant": variant, "tensors": len(tensors), "open_ms": round((t2 - t0) * 1e3, 3),
+            "call_ms": round((t1 - t0) * 1e3, 3), "touch_ms": round((t2 - t1) * 1e3, 3)}
+
+
+def print_medians(rows, variants):
+    """One JSON line per variant: the medians of its children's timed_open rows, and the range of open_ms."""
+    import statistics
+
+    for v in variants:
+        got = [r for r in rows if r.get("variant") == v and "open_ms" in r]
+        if got:
+            print(json.dumps({"variant": v, "children": len(got),
+                              **{f"median_{k}": round(statistics.median(r[k] for r in got), 3)
+                                 for k in ("open_ms", "call_ms", "touch_ms")},
+                              "open_ms_range": [min(r["open_ms"] for r in got), max(r["open_ms"] for r in got)]}))
+
+
 def report_error(q, variant, e):
     q.put({"variant": variant, "error": repr(e), "trace": traceback.format_exc()})
 

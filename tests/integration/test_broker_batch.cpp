@@ -1,0 +1,131 @@
+// Requests sent together (BrokerClient::request_batch): the client sends them all before it reads an answer (one
+// round trip's latency for all), matches each answer to its request by id, gives each request its own error, and
+// goes over the broker's bound of queued replies in several batches. Against a broker played by the test (which
+// reads every request before it answers any, and answers them in reverse) and against the real gpuipcd.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/client.hpp"
+#include "gpuipc/segment.hpp"
+#include "os/socket.hpp"
+#include "proto/messages.hpp"
+#include "support/broker_env.hpp"
+#include "support/raw_client.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+proto::Message reply_to(std::uint32_t rid, proto::Body body) {
+  proto::Message m;
+  m.request_id = rid;
+  m.body = std::move(body);
+  return m;
+}
+
+TEST(BrokerBatch, EveryRequestIsSentBeforeAnyAnswerAndAnswersAreMatchedById) {
+  TempDir dir("gpuipc-batch");
+  const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
+  const std::vector<std::string> names = {"a", "missing", "b", "c", "d"};
+  const pid_t child = start_child([&] {
+    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
+    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
+    std::vector<proto::Body> bodies;
+    for (const auto& n : names) bodies.emplace_back(proto::Stat{n});
+    auto answers = core::BrokerClient::instance().request_batch(bodies);
+    GPUIPC_CHILD_CHECK(answers.size() == names.size());
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == "missing") {
+        GPUIPC_CHILD_CHECK(!answers[i].reply && answers[i].error && answers[i].error->code() == ErrorCode::NotFound);
+        continue;
+      }
+      GPUIPC_CHILD_CHECK(answers[i].reply && !answers[i].error);
+      const auto* st = std::get_if<proto::StatReply>(&answers[i].reply->msg.body);
+      GPUIPC_CHILD_CHECK(st != nullptr && st->info.name == names[i]);
+    }
+    return 0;
+  });
+  ASSERT_TRUE(os::wait_readable(listener.get(), 10000));
+  const auto sock = os::accept_seqpacket(listener.get());
+  ASSERT_TRUE(sock);
+  proto::Message hello;
+  ASSERT_EQ(receive(sock.get(), hello), os::IoStatus::Ok);
+  ASSERT_TRUE(std::holds_alternative<proto::Hello>(hello.body));
+  send_bytes(sock.get(), proto::encode(reply_to(hello.request_id, proto::HelloReply{1, 0, 0, "test"})));
+  // A client that waited for each answer before sending the next request would leave the second receive empty.
+  std::vector<proto::Message> requests(names.size());
+  for (auto& r : requests) ASSERT_EQ(receive(sock.get(), r, 3000), os::IoStatus::Ok);
+  for (auto it = requests.rbegin(); it != requests.rend(); ++it) {
+    const auto& name = std::get<proto::Stat>(it->body).name;
+    if (name == "missing") {
+      send_bytes(sock.get(), proto::encode(reply_to(it->request_id,
+                                                    proto::ErrorReply{static_cast<std::uint8_t>(ErrorCode::NotFound), 0,
+                                                                      "no segment 'missing'"})));
+    } else {
+      proto::StatReply st;
+      st.info.name = name;
+      st.info.id = it->request_id;
+      st.info.size = 4096;
+      send_bytes(sock.get(), proto::encode(reply_to(it->request_id, st)));
+    }
+  }
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST(BrokerBatch, MoreRequestsThanTheBrokerQueuesGoInSeveralBatches) {
+  const auto a = unique_name("a"), b = unique_name("b");
+  auto sa = Segment::create(a, 4096), sb = Segment::create(b, 4096);
+  std::vector<proto::Body> bodies;
+  const std::size_t n = 4 * core::BrokerClient::kMaxBatch + 3;  // the broker cuts off a client with 256 queued
+  for (std::size_t i = 0; i < n; ++i) bodies.emplace_back(proto::Stat{i % 3 == 0 ? a : i % 3 == 1 ? b : a + "-x"});
+  auto answers = core::BrokerClient::instance().request_batch(bodies);
+  ASSERT_EQ(answers.size(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i % 3 == 2) {
+      ASSERT_TRUE(answers[i].error) << i;
+      EXPECT_EQ(answers[i].error->code(), ErrorCode::NotFound) << answers[i].error->what();
+    } else {
+      ASSERT_TRUE(answers[i].reply) << i;
+      EXPECT_EQ(std::get<proto::StatReply>(answers[i].reply->msg.body).info.name, i % 3 == 0 ? a : b);
+    }
+  }
+  EXPECT_EQ(Segment::stat(a).size, 4096U);  // the connection still serves one at a time
+}
+
+TEST(BrokerBatch, AnOpenThatWaitsForItsNameIsAnsweredAfterTheRequestsBehindIt) {
+  const std::uint64_t before = BrokerEnvironment::broker_references();
+  const auto late = unique_name("late"), here = unique_name("here");
+  auto seg = Segment::create(here, 4096);
+  SyncPipe go;
+  const pid_t maker = start_child([&] {
+    if (!go.wait(10s)) return 2;
+    std::this_thread::sleep_for(100ms);
+    Segment::create(late, 8192);  // dropped at once: the name stays until it is unlinked
+    return 0;
+  });
+  std::vector<proto::Body> bodies;
+  bodies.emplace_back(proto::Open{late, proto::Access::ReadOnly, 10000});
+  bodies.emplace_back(proto::Stat{here});
+  go.notify();
+  auto answers = core::BrokerClient::instance().request_batch(bodies, 10s);
+  EXPECT_EQ(wait_child(maker), 0);
+  ASSERT_TRUE(answers[0].reply && answers[1].reply);
+  const auto& opened = std::get<proto::OpenReply>(answers[0].reply->msg.body);
+  EXPECT_EQ(opened.info.size, 8192U);
+  EXPECT_EQ(answers[0].reply->fds.size(), 1U);
+  EXPECT_EQ(std::get<proto::StatReply>(answers[1].reply->msg.body).info.name, here);
+  core::BrokerClient::instance().request(proto::Close{opened.info.id});  // the reference the Open counted
+  Segment::unlink(late);
+  Segment::unlink(here);
+  seg = Segment();
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_references() == before; }, 5s));
+}
+
+}  // namespace
+}  // namespace gpuipc::test
