@@ -20,15 +20,16 @@ def init_torch():
     return torch
 
 
-def publish_dict(torch, name):
-    """(pool, dict, publisher): the 2 GiB dict of 291 bf16 tensors built under gpuipc.torch.MemPool and published
-    under ``name`` with publish_tensors(versions=1), as the weights suite's open part does."""
+def publish_dict(torch, name, layers=32):
+    """(pool, dict, publisher): the 2 GiB dict of 291 bf16 tensors (``layers`` 340: the 16 GiB one of 3063) built
+    under gpuipc.torch.MemPool and published under ``name`` with publish_tensors(versions=1), as the weights suite's
+    open part does."""
     import gpuipc
     import gpuipc.torch as gt
 
     pool = gt.MemPool(name + ".weights", device=0)
     with torch.cuda.use_mem_pool(pool):
-        sd = {n: torch.ones(sh, dtype=torch.bfloat16, device="cuda:0") for n, sh in spec(32)}
+        sd = {n: torch.ones(sh, dtype=torch.bfloat16, device="cuda:0") for n, sh in spec(layers)}
     torch.cuda.synchronize()
     return pool, sd, gpuipc.publish_tensors(name, sd, versions=1)
 
@@ -88,12 +89,18 @@ def run_variants(child, name, variants, repeats):
 
 def serve(child, variants, prefix, default_repeats):
     """An experiment's main: publishes the dict under ``prefix`` + this pid, prints a header line, runs ``child``
-    for each variant (``sys.argv[1]`` times, else ``default_repeats``), and returns the rows."""
+    for each variant (``sys.argv[1]`` times, else ``default_repeats``), and returns the rows. ``sys.argv[2]``: the
+    dict's layers (32, the 2 GiB dict, by default; 340 the 16 GiB one)."""
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else default_repeats
+    layers = int(sys.argv[2]) if len(sys.argv) > 2 else 32
     torch = init_torch()
     name = f"{prefix}{os.getpid()}"
-    pool, sd, pub = publish_dict(torch, name)
-    print(json.dumps({"tensors": len(sd), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}), flush=True)
+    pool, sd, pub = publish_dict(torch, name, layers)
+    import gpuipc
+
+    chunks = gpuipc.Pool.stat(name + ".weights")["chunks"]
+    print(json.dumps({"tensors": len(sd), "bytes": sum(t.nbytes for t in sd.values()), "chunks": chunks,
+                      "device": torch.cuda.get_device_name(0), "torch": torch.__version__}), flush=True)
     try:
         return run_variants(child, name, variants, repeats)
     finally:

@@ -7,7 +7,7 @@ Fresh spawned children (torch and CUDA initialised), taking turns:
   serial   the same with map_chunks made a no-op: each chunk is opened (one broker round trip) when the resolve
            loop reaches its first block, as before.
 Each child times one open as _open_owner.timed_open does. Prints one JSON line per child, then the medians.
-Usage: python map_chunks_ab.py [repeats]
+Usage: python map_chunks_ab.py [repeats] [layers: 32 the 2 GiB dict, 340 the 16 GiB one]
 """
 import os
 import sys
