@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "base/log.hpp"
@@ -361,36 +362,48 @@ Segment map_opened(const std::string& n, const OpenOptions& options, bool regist
 
 }  // namespace
 
-Segment detail::open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
-                             std::uint64_t place_at) {
-  std::string n = check_name_or_throw(name);
+namespace {
+
+/// open_segment's cache lookup: the process's mapping of `n` when it has one that still names the segment (a stale
+/// entry, made before an unlink somewhere, is checked with a Stat), else nullopt. Throws PeerDied for an adopted
+/// segment whose exporter is gone.
+std::optional<Segment> cached_open(const std::string& n, const OpenOptions& options, bool register_pinned) {
   auto& client = core::BrokerClient::instance();
   auto& cache = MappingCache::instance();
   // An unregistered host_pinned mapping is cached apart (device -3 is no device anyone asks for).
   const std::string key = cache_key(n, options.access, register_pinned ? options.device : -3);
-  // A placed mapping is this caller's alone: no cache lookup, and it is not cached below.
-  if (auto [hit, fresh] = place_at != 0 ? std::pair<std::shared_ptr<detail::Mapping>, bool>{}
-                                        : cache.find(key, client.names_generation(), client.generation());
-      hit) {
-    if (!hit->alive()) {
-      cache.erase(key);
-      throw detail::exporter_gone_error(n);
-    }
-    if (fresh) return detail::SegmentAccess::make(std::move(hit));
-    // An unlink happened somewhere since this binding was made: is the name still this segment?
-    try {
-      auto st = client.request(proto::Stat{n});
-      const auto* sr = std::get_if<proto::StatReply>(&st.msg.body);
-      if (sr != nullptr && sr->info.id == hit->id) {
-        cache.put(key, hit, client.names_generation());
-        return detail::SegmentAccess::make(std::move(hit));
-      }
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::NotFound) throw;
-    }
+  auto [hit, fresh] = cache.find(key, client.names_generation(), client.generation());
+  if (!hit) return std::nullopt;
+  if (!hit->alive()) {
     cache.erase(key);
+    throw detail::exporter_gone_error(n);
   }
+  if (fresh) return detail::SegmentAccess::make(std::move(hit));
+  // An unlink happened somewhere since this binding was made: is the name still this segment?
+  try {
+    auto st = client.request(proto::Stat{n});
+    const auto* sr = std::get_if<proto::StatReply>(&st.msg.body);
+    if (sr != nullptr && sr->info.id == hit->id) {
+      cache.put(key, hit, client.names_generation());
+      return detail::SegmentAccess::make(std::move(hit));
+    }
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::NotFound) throw;
+  }
+  cache.erase(key);
+  return std::nullopt;
+}
 
+}  // namespace
+
+Segment detail::open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
+                             std::uint64_t place_at) {
+  std::string n = check_name_or_throw(name);
+  // A placed mapping is this caller's alone: no cache lookup, and it is not cached (map_opened).
+  if (place_at == 0) {
+    if (auto hit = cached_open(n, options, register_pinned)) return std::move(*hit);
+  }
+  auto& client = core::BrokerClient::instance();
   const std::uint64_t names_gen = client.names_generation();
   auto reply = client.request(open_request(n, options), {}, options.wait + std::chrono::milliseconds(1000));
   return map_opened(n, options, register_pinned, place_at, std::move(reply), names_gen, client.generation());
@@ -398,30 +411,49 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
 
 std::vector<std::variant<Segment, Error>> detail::open_segments(std::span<const SegmentOpen> opens) {
   auto& client = core::BrokerClient::instance();
+  std::vector<std::optional<std::variant<Segment, Error>>> got(opens.size());
+  std::vector<std::size_t> asked;  // the opens the process's cache did not answer
   std::vector<proto::Body> bodies;
-  bodies.reserve(opens.size());
   std::chrono::milliseconds wait{0};
-  for (const auto& o : opens) {
-    bodies.emplace_back(open_request(check_name_or_throw(o.name), o.options));
-    wait = std::max(wait, o.options.wait);
-  }
-  const std::uint64_t names_gen = client.names_generation();
-  auto answers = client.request_batch(bodies, wait + std::chrono::milliseconds(1000));
-  const std::uint64_t generation = client.generation();  // every answer came on it (request_batch throws otherwise)
-  std::vector<std::variant<Segment, Error>> out;
-  out.reserve(opens.size());
   for (std::size_t i = 0; i < opens.size(); ++i) {
-    if (answers[i].error) {
-      out.emplace_back(std::move(*answers[i].error));
+    const auto& o = opens[i];
+    std::string n = check_name_or_throw(o.name);
+    try {
+      if (o.place_at == 0) {
+        if (auto hit = cached_open(n, o.options, o.register_pinned)) {
+          got[i].emplace(std::move(*hit));
+          continue;
+        }
+      }
+    } catch (const Error& e) {
+      got[i].emplace(e);
       continue;
     }
-    try {
-      out.emplace_back(map_opened(opens[i].name, opens[i].options, opens[i].register_pinned, opens[i].place_at,
-                                  std::move(*answers[i].reply), names_gen, generation));
-    } catch (const Error& e) {
-      out.emplace_back(e);
+    asked.push_back(i);
+    bodies.emplace_back(open_request(n, o.options));
+    wait = std::max(wait, o.options.wait);
+  }
+  if (!bodies.empty()) {
+    const std::uint64_t names_gen = client.names_generation();
+    auto answers = client.request_batch(bodies, wait + std::chrono::milliseconds(1000));
+    const std::uint64_t generation = client.generation();  // every answer came on it (request_batch throws otherwise)
+    for (std::size_t k = 0; k < asked.size(); ++k) {
+      const auto& o = opens[asked[k]];
+      if (answers[k].error) {
+        got[asked[k]].emplace(std::move(*answers[k].error));
+        continue;
+      }
+      try {
+        got[asked[k]].emplace(map_opened(o.name, o.options, o.register_pinned, o.place_at,
+                                         std::move(*answers[k].reply), names_gen, generation));
+      } catch (const Error& e) {
+        got[asked[k]].emplace(e);
+      }
     }
   }
+  std::vector<std::variant<Segment, Error>> out;
+  out.reserve(opens.size());
+  for (auto& g : got) out.push_back(std::move(*g));
   return out;
 }
 

@@ -90,9 +90,10 @@ struct SegmentOpen {
   bool register_pinned = true;
   std::uint64_t place_at = 0;
 };
-/// Opens several segments with one broker round trip (their Opens sent together: BrokerClient::request_batch) and
-/// maps each as open_segment does, in order. No cache lookup: for segments this process has not mapped (pool
-/// chunks). Each result is the Segment, or the Error its open alone raised; a failed connection throws.
+/// open_segment for several segments: those the process's mapping cache does not give (it is looked up as
+/// open_segment looks it up, for unplaced ones) are asked for with one broker round trip (their Opens sent
+/// together: BrokerClient::request_batch) and mapped as open_segment maps them. Each result, in order, is the
+/// Segment, or the Error its open alone raised; a failed connection throws.
 std::vector<std::variant<Segment, Error>> open_segments(std::span<const SegmentOpen> opens);
 
 /// Registers a host_pinned mapping that open_segment left unregistered with GPU `ordinal` (once, thread-safe) and

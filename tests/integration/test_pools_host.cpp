@@ -300,6 +300,24 @@ TEST(PoolsHost, MapChunksMapsEveryChunkTheRefsNameInOneCall) {
   blocks.clear();
 }
 
+TEST(PoolsHost, MapChunksInAProcessThatMapsTheChunksMapsNothingAnew) {
+  const auto name = unique_name("pool");
+  auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 3 * kChunk});
+  std::vector<Block> blocks;
+  std::vector<BlockRef> refs;
+  for (int i = 0; i < 3; ++i) {
+    blocks.push_back(pool.allocate(kChunk));
+    refs.push_back(blocks.back().ref());
+  }
+  // A second handle in the creator's process (as open_tensors of one's own tensors makes) takes the process's
+  // mappings of the chunks, as resolve does: the same addresses, not a second mapping of each.
+  auto again = Pool::open(name);
+  again.map_chunks(refs);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(again.resolve(refs[i]), blocks[i].data()) << i;
+  blocks.clear();
+  Pool::unlink(name);
+}
+
 TEST(PoolsHost, MapChunksThrowsTheFirstFailureAfterMappingTheRest) {
   const auto name = unique_name("pool");
   auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 4 * kChunk});
