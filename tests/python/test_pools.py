@@ -66,12 +66,12 @@ def test_map_chunks_maps_every_chunk_the_refs_name_at_once(name, spawn):
             b.numpy("int64")[:] = k
         stranger = other.allocate(64)
         raw = [bytes(b.ref) for b in blocks] + [bytes(stranger.ref)]  # another pool's ref is skipped
-        assert spawn(helpers.pool_map_chunks_then_sum, name, raw) == [k * (1 << 13) for k in range(4)]
         # In a process that maps the chunks already (here, their creator's), another handle maps nothing anew: it
         # resolves to the same addresses (an open_tensors of one's own tensors gives one's own memory).
         with gpuipc.Pool.open(name) as again:
             again.map_chunks([b.ref for b in blocks])
             assert [again.resolve(b.ref).view().address for b in blocks] == [b.view().address for b in blocks]
+        assert spawn(helpers.pool_map_chunks_then_sum, name, raw) == [k * (1 << 13) for k in range(4)]  # unlinks
         gpuipc.Pool.unlink(name + "x")
 
 
