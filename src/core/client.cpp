@@ -228,6 +228,7 @@ Reply BrokerClient::receive_locked(std::chrono::milliseconds timeout) {
       throw Error(ErrorCode::Timeout, fmt::format("the gpuipc broker did not answer within {} ms", wait_ms), "recv");
     }
     Reply reply;
+    reply.generation = m_generation.load();
     std::size_t size = 0;
     const auto st = os::receive_message(m_sock.get(), buffer, size, reply.fds);
     if (st == os::IoStatus::WouldBlock) continue;
@@ -285,19 +286,22 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
       std::size_t sent = 0;
       try {
         std::vector<std::uint32_t> ids(n);
+        std::vector<bool> answered(n, false);
         for (; sent < n; ++sent) ids[sent] = send_locked(bodies[first + sent], {});
         for (std::size_t got = 0; got < n; ++got) {
           Reply reply = receive_locked(timeout);
           // The broker answers a connection's requests in order, except an Open that waits for its name: match by id.
-          const auto at = std::find(ids.begin(), ids.end(), reply.msg.request_id);
-          if (at == ids.end()) {
+          std::size_t k = 0;
+          while (k < n && (answered[k] || ids[k] != reply.msg.request_id)) ++k;
+          if (k == n) {
             m_sock.reset();
             throw Error(ErrorCode::Protocol,
-                        fmt::format("reply {} answers none of the {} requests sent together", reply.msg.request_id, n),
+                        fmt::format("reply {} answers none of the {} requests sent together that wait for one",
+                                    reply.msg.request_id, n),
                         "recv");
           }
-          Answer& a = out[first + static_cast<std::size_t>(at - ids.begin())];
-          *at = 0;  // answered: a second reply to it is a protocol error
+          answered[k] = true;
+          Answer& a = out[first + k];
           if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) {
             a.error = error_from_reply(*err, "broker");
           } else {
@@ -306,9 +310,9 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
         }
         break;
       } catch (const Error& e) {
-        // The broker went away before it saw any of these (restart, crash): reconnect once, as request() does.
-        // Once one was sent, its answers went with the broker, and so did the references they counted.
-        if (attempt == 0 && sent == 0 && e.code() == ErrorCode::PeerDied && !m_sock) continue;
+        // The broker went away before it saw any of these (restart, crash): reconnect once, as request() does, but
+        // only when no answer came yet: every answer comes on one connection, whose references they are.
+        if (attempt == 0 && first == 0 && sent == 0 && e.code() == ErrorCode::PeerDied && !m_sock) continue;
         throw;
       }
     }

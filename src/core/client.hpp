@@ -25,6 +25,7 @@ namespace gpuipc::core {
 struct Reply {
   proto::Message msg;
   std::vector<os::UniqueFd> fds;
+  std::uint64_t generation = 0;  ///< the connection it came on, which holds any reference it counted
 };
 
 class BrokerClient {
@@ -47,8 +48,9 @@ class BrokerClient {
   static constexpr std::size_t kMaxBatch = 64;
   /// Sends `bodies` (no fds) back to back on one connection, then reads their answers: one round trip's latency
   /// for all, as the broker serves a connection's requests in order. Each answer is the reply or the Error the
-  /// broker gave for that request alone. Throws (and returns nothing) when the connection fails or the broker does
-  /// not answer within `timeout`; reconnects once when the broker went away before any of them was sent.
+  /// broker gave for that request alone, all on one connection. Throws (and returns nothing) when the connection
+  /// fails or the broker does not answer within `timeout`; reconnects once when the broker went away before any of
+  /// them was sent.
   std::vector<Answer> request_batch(std::span<const proto::Body> bodies,
                                     std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 

@@ -288,7 +288,7 @@ Segment detail::SegmentAccess::register_created(std::shared_ptr<Mapping> m, cons
   const auto* r = std::get_if<proto::OpenReply>(&reply.msg.body);
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Create with something else", "create");
   m->id = r->info.id;
-  m->client_generation = client.generation();
+  m->client_generation = reply.generation;
   m->broker_size = r->info.size;
   m->memory = std::move(fd);
   remember_for_restart(m);
@@ -319,10 +319,9 @@ proto::Open open_request(const std::string& name, const OpenOptions& options) {
 }
 
 /// open_segment after the broker's answer: maps the segment it sent (the reply's fd) and caches the mapping unless
-/// it is placed. `names_gen`: the names generation read before the Open was sent; `generation`: the connection
-/// the reply came on, which holds the reference the broker counted for it.
+/// it is placed. `names_gen`: the names generation read before the Open was sent.
 Segment map_opened(const std::string& n, const OpenOptions& options, bool register_pinned, std::uint64_t place_at,
-                   core::Reply&& reply, std::uint64_t names_gen, std::uint64_t generation) {
+                   core::Reply&& reply, std::uint64_t names_gen) {
   const auto* r = std::get_if<proto::OpenReply>(&reply.msg.body);
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Open with something else", "open");
   auto m = std::make_shared<detail::Mapping>();
@@ -334,7 +333,7 @@ Segment map_opened(const std::string& n, const OpenOptions& options, bool regist
   m->view_offset = r->info.view_offset;
   // From here on the broker counts a reference for us: the Mapping's destructor returns it, also when a step
   // below throws (a reply without the fd included).
-  m->client_generation = generation;
+  m->client_generation = reply.generation;  // the connection that holds it, whatever reconnected since
   if (reply.fds.size() != 1) {
     throw Error(ErrorCode::Protocol, "the broker answered Open without the segment's fd", "open");
   }
@@ -406,7 +405,7 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
   auto& client = core::BrokerClient::instance();
   const std::uint64_t names_gen = client.names_generation();
   auto reply = client.request(open_request(n, options), {}, options.wait + std::chrono::milliseconds(1000));
-  return map_opened(n, options, register_pinned, place_at, std::move(reply), names_gen, client.generation());
+  return map_opened(n, options, register_pinned, place_at, std::move(reply), names_gen);
 }
 
 std::vector<std::variant<Segment, Error>> detail::open_segments(std::span<const SegmentOpen> opens) {
@@ -436,7 +435,6 @@ std::vector<std::variant<Segment, Error>> detail::open_segments(std::span<const 
   if (!bodies.empty()) {
     const std::uint64_t names_gen = client.names_generation();
     auto answers = client.request_batch(bodies, wait + std::chrono::milliseconds(1000));
-    const std::uint64_t generation = client.generation();  // every answer came on it (request_batch throws otherwise)
     for (std::size_t k = 0; k < asked.size(); ++k) {
       const auto& o = opens[asked[k]];
       if (answers[k].error) {
@@ -444,8 +442,8 @@ std::vector<std::variant<Segment, Error>> detail::open_segments(std::span<const 
         continue;
       }
       try {
-        got[asked[k]].emplace(map_opened(o.name, o.options, o.register_pinned, o.place_at,
-                                         std::move(*answers[k].reply), names_gen, generation));
+        got[asked[k]].emplace(
+            map_opened(o.name, o.options, o.register_pinned, o.place_at, std::move(*answers[k].reply), names_gen));
       } catch (const Error& e) {
         got[asked[k]].emplace(e);
       }
