@@ -20,11 +20,11 @@
 #include "os/child.hpp"
 #include "os/identity.hpp"
 #include "os/process.hpp"
+#include "testkit/kernels/pattern.hpp"  // host code too: the host channel's frames carry the pattern without nvcc
 #if defined(GPUIPC_HAVE_KERNELS)
 #include "testkit/cuda/device_memory.hpp"
 #include "testkit/cuda/stream.hpp"
 #include "testkit/kernels/kernels.hpp"
-#include "testkit/kernels/pattern.hpp"
 #endif
 
 namespace gpuipc::cli {
