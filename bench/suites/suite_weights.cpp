@@ -419,6 +419,22 @@ json pause_worker(int cycles) {
         intact = intact && ends[0] == want && ends[1] == want;
       }
     }
+    // Then without keep_contents (a KV cache's pause: nothing saved, nothing copied back), as many cycles.
+    std::vector<double> discard_pause_ms, discard_resume_ms;
+    std::size_t discard_freed = 0;
+    for (int i = 0; i < cycles; ++i) {
+      const std::size_t before = cuda::memory_info(0).free;
+      const auto t0 = now_ns();
+      pool.pause({});
+      const auto t1 = now_ns();
+      const std::size_t paused = cuda::memory_info(0).free;
+      const auto t2 = now_ns();
+      pool.resume();
+      const auto t3 = now_ns();
+      discard_pause_ms.push_back(static_cast<double>(t1 - t0) / 1e6);
+      discard_resume_ms.push_back(static_cast<double>(t3 - t2) / 1e6);
+      discard_freed = paused > before ? paused - before : 0;
+    }
     blocks.clear();
     pool = Pool();
     Pool::unlink(name);
@@ -426,6 +442,9 @@ json pause_worker(int cycles) {
     j["resume_ms"] = resume_ms;
     j["freed_bytes"] = freed;
     j["intact"] = intact;
+    j["discard_pause_ms"] = discard_pause_ms;
+    j["discard_resume_ms"] = discard_resume_ms;
+    j["discard_freed_bytes"] = discard_freed;
   } catch (const std::exception& e) {
     j["error"] = e.what();
   }
@@ -448,7 +467,9 @@ void measure_pause(Result& r, const Options& o) {
   r.samples.push_back({{"name", "pause_resume"}, {"result", j}});
   if (j.contains("error")) {
     set_null(r, {"pause_resume_ms", "pause_resume_p99_ms", "pause_ms", "pause_p99_ms", "resume_ms", "resume_p99_ms",
-                 "pause_first_ms", "resume_first_ms", "pause_resume_bytes", "pause_freed_bytes"});
+                 "pause_first_ms", "resume_first_ms", "pause_resume_bytes", "pause_freed_bytes",
+                 "pause_resume_discard_ms", "pause_resume_discard_p99_ms", "pause_discard_ms", "pause_discard_p99_ms",
+                 "resume_discard_ms", "resume_discard_p99_ms", "pause_discard_freed_bytes"});
     r.notes.push_back("pause_resume_ms: not measured: " + j["error"].dump());
     return;
   }
@@ -483,6 +504,20 @@ void measure_pause(Result& r, const Options& o) {
       bytes == kPauseWanted ? ""
                             : fmt::format(" The GPU had {} MiB free, too little for 16 GiB: measured on {} GiB.",
                                           j.value("free_bytes", std::uint64_t{0}) >> 20, bytes >> 30)));
+  const auto dp = values_of(j, "discard_pause_ms");
+  const auto dq = values_of(j, "discard_resume_ms");
+  std::vector<double> dboth;
+  for (std::size_t i = 0; i < dp.size() && i < dq.size(); ++i) dboth.push_back(dp[i] + dq[i]);
+  const Summary xp = put(r, "pause_discard_ms", "pause_discard_p99_ms", dp, "ms");
+  const Summary xq = put(r, "resume_discard_ms", "resume_discard_p99_ms", dq, "ms");
+  const Summary xb = put(r, "pause_resume_discard_ms", "pause_resume_discard_p99_ms", dboth, "ms");
+  r.metrics["pause_discard_freed_bytes"] = j.value("discard_freed_bytes", std::uint64_t{0});
+  r.notes.push_back(fmt::format(
+      "The same pool paused without keep_contents (nothing saved, nothing copied back: a KV cache's pause): pause "
+      "{:.1f} ms p50 (p99 {:.1f}), resume {:.1f} ms p50 (p99 {:.1f}), {:.1f} ms the cycle, over {} cycles; a pause "
+      "gave the GPU back {} MiB.",
+      xp.median, xp.p99, xq.median, xq.p99, xb.median, xb.n,
+      j.value("discard_freed_bytes", std::uint64_t{0}) >> 20));
 }
 
 Result run_weights(const Options& o, const DeviceMeta& meta) {
