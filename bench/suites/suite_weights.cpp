@@ -394,22 +394,26 @@ json pause_worker(int cycles) {
     std::vector<double> pause_ms, resume_ms;
     std::size_t freed = 0;
     bool intact = true;
-    for (int i = 0; i < cycles; ++i) {
-      for (std::size_t b = 0; b < blocks.size(); ++b) {  // this cycle's bytes: a reused buffer must not bring back
-        cuda::memset_d8(reinterpret_cast<CUdeviceptr>(blocks[b].data()), static_cast<std::uint8_t>(b + 1 + i),
-                        kPauseChunk);  // the last cycle's
-      }
+    // One pause and resume, timed apart, with the GPU memory the pause gave back.
+    const auto cycle = [&](const PauseOptions& how, std::vector<double>& p_ms, std::vector<double>& r_ms) {
       const std::size_t before = cuda::memory_info(0).free;
       const auto t0 = now_ns();
-      pool.pause({.keep_contents = true, .keep_buffer = true});
+      pool.pause(how);
       const auto t1 = now_ns();
       const std::size_t paused = cuda::memory_info(0).free;
       const auto t2 = now_ns();
       pool.resume();
       const auto t3 = now_ns();
-      pause_ms.push_back(static_cast<double>(t1 - t0) / 1e6);
-      resume_ms.push_back(static_cast<double>(t3 - t2) / 1e6);
-      freed = paused > before ? paused - before : 0;
+      p_ms.push_back(static_cast<double>(t1 - t0) / 1e6);
+      r_ms.push_back(static_cast<double>(t3 - t2) / 1e6);
+      return paused > before ? paused - before : std::size_t{0};
+    };
+    for (int i = 0; i < cycles; ++i) {
+      for (std::size_t b = 0; b < blocks.size(); ++b) {  // this cycle's bytes: a reused buffer must not bring back
+        cuda::memset_d8(reinterpret_cast<CUdeviceptr>(blocks[b].data()), static_cast<std::uint8_t>(b + 1 + i),
+                        kPauseChunk);  // the last cycle's
+      }
+      freed = cycle({.keep_contents = true, .keep_buffer = true}, pause_ms, resume_ms);
       for (std::size_t b = 0; b < blocks.size(); ++b) {  // a byte at each end of every block came back
         std::uint8_t ends[2] = {0, 0};
         const auto p = reinterpret_cast<CUdeviceptr>(blocks[b].data());
@@ -426,19 +430,7 @@ json pause_worker(int cycles) {
     pool.resume();
     std::vector<double> discard_pause_ms, discard_resume_ms;
     std::size_t discard_freed = 0;
-    for (int i = 0; i < cycles; ++i) {
-      const std::size_t before = cuda::memory_info(0).free;
-      const auto t0 = now_ns();
-      pool.pause({});
-      const auto t1 = now_ns();
-      const std::size_t paused = cuda::memory_info(0).free;
-      const auto t2 = now_ns();
-      pool.resume();
-      const auto t3 = now_ns();
-      discard_pause_ms.push_back(static_cast<double>(t1 - t0) / 1e6);
-      discard_resume_ms.push_back(static_cast<double>(t3 - t2) / 1e6);
-      discard_freed = paused > before ? paused - before : 0;
-    }
+    for (int i = 0; i < cycles; ++i) discard_freed = cycle({}, discard_pause_ms, discard_resume_ms);
     blocks.clear();
     pool = Pool();
     Pool::unlink(name);

@@ -54,6 +54,20 @@ def timed_open(torch, name, variant):
             "call_ms": round((t1 - t0) * 1e3, 3), "touch_ms": round((t2 - t1) * 1e3, 3)}
 
 
+def patched_open_child(variant, name, q, patched, patch):
+    """A child of the open A/B scripts: torch set up, then ``patch(_gpuipc)`` when ``variant == patched`` (the
+    variant without the change measured), then one timed_open; its row, or the error, goes on ``q``."""
+    try:
+        torch = init_torch()
+        from gpuipc import _gpuipc
+
+        if variant == patched:
+            patch(_gpuipc)
+        q.put(timed_open(torch, name, variant))
+    except BaseException as e:  # noqa: BLE001
+        report_error(q, variant, e)
+
+
 def print_medians(rows, variants):
     """One JSON line per variant: the medians of its children's timed_open rows, and the range of open_ms."""
     import statistics

@@ -13,19 +13,15 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _open_owner import init_torch, print_medians, report_error, serve, timed_open  # noqa: E402
+from _open_owner import patched_open_child, print_medians, serve  # noqa: E402
+
+
+def serial(_gpuipc):
+    _gpuipc.Pool.map_chunks = lambda self, raw: None
 
 
 def child(variant, name, q):
-    try:
-        torch = init_torch()
-        from gpuipc import _gpuipc
-
-        if variant == "serial":
-            _gpuipc.Pool.map_chunks = lambda self, raw: None
-        q.put(timed_open(torch, name, variant))
-    except BaseException as e:  # noqa: BLE001
-        report_error(q, variant, e)
+    patched_open_child(variant, name, q, "serial", serial)
 
 
 def main():
