@@ -116,6 +116,8 @@ class StreamReader:
         # versions keep naming them; and those the version being read named (what is kept after it).
         self._held: Optional[HeldBlocks] = None
         self._used: set = set()
+        # (pool name, hex ref) of the blocks whose chunks were mapped ahead (_map_ahead), cleared with the held blocks
+        self._mapped: set = set()
         #: Names the last receive() skipped (sent, but not in its ``into``).
         self.skipped: List[str] = []
         self._seg = Segment.open(name, readonly=True, wait=wait)
@@ -131,6 +133,10 @@ class StreamReader:
                 self._pool = Pool.open(name + ".pool", readonly=True, device=self._device if h.device_staging else None)
             except NotFound:
                 raise PeerDied(f"stream {name!r}: its pool is gone (the publisher closed or died)") from None
+            try:  # the buckets' chunks in one broker round trip; a chunk that fails is tried again by its view
+                self._pool.map_chunks(h.refs)
+            except Error:
+                pass
             self._views = [self._pool._pool.view(r._tuple(), True, True) for r in h.refs]  # held: mapped once
             self._held = HeldBlocks(True, self._device if h.device_staging else None, f"stream {name!r}")
             self._filled = Semaphore.open(name + ".filled", role="waiter", wait=wait, device=self._device)
@@ -279,6 +285,16 @@ class StreamReader:
             return pool, bytes.fromhex(ref)
         except (IndexError, TypeError, ValueError):
             raise ProtocolError(f"stream {self.name!r}: bucket {d.seq} names block {k!r}, not in its table") from None
+
+    def _map_ahead(self, d: _Desc) -> None:
+        """Maps the chunks of the bucket's blocks not met before, one broker round trip per pool
+        (HeldBlocks.map_chunks), before its pieces resolve them one by one: a reader's first version would otherwise
+        take a round trip per chunk. A string compare per block after that."""
+        assert self._held is not None
+        new = [(e[0], e[1]) for e in d.blocks if (e[0], e[1]) not in self._mapped]
+        if new:
+            self._mapped.update(new)
+            self._held.map_chunks((pool, bytes.fromhex(ref)) for pool, ref in new if isinstance(pool, str))
 
     def _ref_block(self, d: _Desc, k: Any) -> HeldBlock:
         """The publisher's block of entry ``k``, resolved and held the first time a version names it."""
@@ -445,6 +461,7 @@ class StreamReader:
                 self._used = set()
             self._in_version = True
             slot = d.seq % self._head.buckets
+            self._map_ahead(d)
             # Only a descriptor, read now: its reference pieces are copied from the publisher's blocks, which stay
             # as they are until every reader consumed the version's last bucket (finish() waits for that one, and
             # it goes back after all of this reader's copies of the version, on their stream)
@@ -467,6 +484,7 @@ class StreamReader:
                 assert self._held is not None
                 if self._held.retain(self._used):
                     self._plans.clear()
+                    self._mapped.clear()
                 return
 
     def _destination(self, key: str, t: Any, dtype: str, shape: List[int]) -> Any:

@@ -12,7 +12,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -480,6 +480,23 @@ class HeldBlocks:
         # the one call open_tensors resolves and holds blocks with (_Opened.views)
         held = self._blocks[key] = HeldBlock(pool._pool.views_of(ref, self._readonly, True, False)[0])
         return held
+
+    def map_chunks(self, keys: Iterable[Tuple[str, bytes]]) -> None:
+        """Maps, for the blocks ``keys`` (pool name, encoded BlockRef) not held yet, the chunks they lie in: one broker
+        round trip per pool (Pool.map_chunks) where resolving them one by one would take one per chunk. Joins their
+        pools as :meth:`get` would. Errors are left to the :meth:`get` that needs the block, which raises them."""
+        by_pool: Dict[str, List[bytes]] = {}
+        for pool_name, ref in keys:
+            if (pool_name, ref) not in self._blocks:
+                by_pool.setdefault(pool_name, []).append(ref)
+        for pool_name, refs in by_pool.items():
+            try:
+                pool = self._pools.get(pool_name)
+                if pool is None:
+                    pool = self._pools[pool_name] = join_pool(pool_name, self._readonly, self._device, self._owner)
+                pool._pool.map_chunks(b"".join(refs))
+            except Error:
+                pass
 
     def retain(self, keys: Any) -> int:
         """Keeps only the blocks whose (pool name, ref) is in ``keys`` and the pools they lie in; returns how many

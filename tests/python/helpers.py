@@ -333,8 +333,8 @@ def stream_reader_stalls(name: str, ready: str) -> None:
 
 # Reference pieces (a publisher's host pool memory) --------------------------------------------------------------------
 #: The calls of the extension that open or resolve a handle (a pool join, a block resolve, a segment or semaphore open).
-_HANDLE_CALLS = (("Pool", "open"), ("Pool", "views_of"), ("Pool", "view"), ("Pool", "spans_of"), ("Pool", "resolve"),
-                 ("Segment", "open"), ("Semaphore", "open"))
+_HANDLE_CALLS = (("Pool", "open"), ("Pool", "map_chunks"), ("Pool", "views_of"), ("Pool", "view"), ("Pool", "spans_of"),
+                 ("Pool", "resolve"), ("Segment", "open"), ("Semaphore", "open"))
 
 
 def count_handle_calls() -> dict:

@@ -322,9 +322,10 @@ def test_reference_pieces_mixed_and_steady_state(name, start, checksum):
             assert all(arrays[k].dtype == want[k].dtype and arrays[k].shape == want[k].shape for k in want)
             assert all(np.array_equal(arrays[k], want[k]) for k in want), v
         calls = [c for _, _, c in got]
-        assert calls[0] == {"Pool.open": 1, "Pool.views_of": 1}, calls  # joins the source pool, holds its block
+        # joins the source pool, maps the chunk its block lies in, holds the block
+        assert calls[0] == {"Pool.open": 1, "Pool.map_chunks": 1, "Pool.views_of": 1}, calls
         assert calls[1] == calls[2] == {}, calls  # steady state: no handle opened or resolved
-        assert calls[3] == {"Pool.views_of": 1}, calls  # the new block, in the pool already joined
+        assert calls[3] == {"Pool.map_chunks": 1, "Pool.views_of": 1}, calls  # the new block, in the pool joined
         assert calls[4] == {}, calls
 
 
@@ -414,7 +415,31 @@ def test_many_reference_pieces_take_descriptor_only_buckets(name, start):
             assert not d.staged
         [(v, arrays, calls)] = fut.result(timeout=60)
         assert v == 1 and all(np.array_equal(arrays[k], state[k]) for k in state)
-        assert calls == {"Pool.open": 1, "Pool.views_of": 1}  # one block, resolved once for every bucket
+        assert calls == {"Pool.open": 1, "Pool.map_chunks": 1, "Pool.views_of": 1}  # one block, resolved once
+
+
+def test_a_readers_first_version_maps_the_publishers_chunks_in_one_call(name, start):
+    """Blocks of a version lying in three chunks of the publisher's pool: the reader's first receive joins the pool
+    and maps the three chunks with one Pool.map_chunks (one broker round trip) before it resolves the blocks; the
+    next version, naming the same blocks, opens and maps nothing."""
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 16, max_bytes=3 << 16) as pool, \
+            gpuipc.stream_publisher(name, 1 << 20, 2, kind="host", by_reference=True) as pub:
+        blocks = [pool.allocate(1 << 16) for _ in range(3)]  # a chunk each
+        assert sorted(b.ref.chunk for b in blocks) == [0, 1, 2]
+        state = {f"t{k}": b.numpy("int64") for k, b in enumerate(blocks)}
+        fut = start(helpers.stream_receive_counting, name, state, 2)
+        assert pub.wait_readers(1, timeout=60) == 1
+        for v in (1, 2):
+            for k, a in enumerate(state.values()):
+                a[...] = 10 * v + k
+            assert pub.publish(state) == v
+        got = fut.result(timeout=60)
+        assert [v for v, _, _ in got] == [1, 2]
+        for v, arrays, _ in got:
+            assert all(np.all(arrays[f"t{k}"] == 10 * v + k) for k in range(3)), v
+        calls = [c for _, _, c in got]
+        assert calls[0] == {"Pool.open": 1, "Pool.map_chunks": 1, "Pool.views_of": 3}, calls
+        assert calls[1] == {}, calls
 
 
 def test_references_are_sent_in_buckets_of_bucket_bytes(name, start):
