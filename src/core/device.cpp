@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <vector>
 
 #include "cuda/context.hpp"
 #include "cuda/device.hpp"
@@ -58,6 +59,18 @@ Topology topology(bool try_mapping) {
   const cuda::NvmlTopology nvml = cuda::nvml_topology(gpus);
   t.nvml = nvml.loaded;
   t.nvml_error = nvml.error;
+  // Every GPU's primary context held across the mapping probes. Each probe retains the two it needs; with no other
+  // retain they would be created and destroyed again for every pair (~100 ms and a few hundred MiB each time; 56
+  // ordered pairs on an 8-GPU node). A GPU whose context cannot be made is left to its probes, which report why.
+  std::vector<cuda::PrimaryContext> held;
+  if (try_mapping) {
+    for (int i = 0; i < count; ++i) {
+      try {
+        held.emplace_back(i);
+      } catch (const Error&) {  // NOLINT(bugprone-empty-catch): the probes of this GPU report the driver's reason
+      }
+    }
+  }
   for (int i = 0; i < count; ++i) {
     for (int j = 0; j < count; ++j) {
       if (i == j) continue;
