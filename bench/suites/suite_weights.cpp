@@ -520,7 +520,7 @@ Result run_weights(const Options& o, const DeviceMeta& meta) {
   Result r;
   r.mps = meta.mps;
   const Specs specs;
-  const int consumers = o.quick ? 3 : 10;
+  const int consumers = o.quick ? 5 : 10;
   r.samples.push_back(
       {{"name", "setup"},
        {"python", python_interpreter()},
