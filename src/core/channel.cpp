@@ -503,6 +503,7 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   // The producer's stream may not have written the slot yet; when the host sees `filled` within the pacing
   // time, it has.
   if (im.gpu() && !im.reached(s.filled, seq + 1, im.pace_once(stream))) {
+    shm::ring_clear_stale_poison(s, seq);
     if (im.wait_before(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
       shm::ring_hand_back(im.ring(), seq, im.member);
       return Status::DriverError;

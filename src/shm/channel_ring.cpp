@@ -176,6 +176,15 @@ void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept {
   poison_filled(slot.filled, seq + 1);
 }
 
+void ring_clear_stale_poison(proto::Slot& slot, std::uint64_t seq) noexcept {
+  auto f = atomic(slot.filled);
+  std::uint64_t cur = f.load(std::memory_order_acquire);
+  // A CAS, not a store: this round's stream write, or the repair's poison for this round, may land meanwhile.
+  while ((cur & proto::kPoisonBit) != 0 && (cur & proto::kMaxValue) < seq + 1 &&
+         !f.compare_exchange_weak(cur, cur & proto::kMaxValue, std::memory_order_acq_rel)) {
+  }
+}
+
 bool ring_try_receive(const Ring& ring, std::uint32_t member, std::uint64_t& seq, proto::PoisonReason& gone) noexcept {
   auto& h = ring.header();
   const std::uint64_t n = ring.geometry.slots;

@@ -18,7 +18,9 @@
 //   failed enqueue, or the repair of a dead producer, also when a consumer already released the message on the
 //   host while its stream still waits): host writes raise it by CAS and never lower it (poison_filled). Masked by
 //   kMaxValue the word never decreases; the next round's producer claims the slot only after round s's consumer
-//   released it, whose stream waited for `filled` first.
+//   released it, whose stream waited for `filled` first. A later round's consumer drops a mark left by an earlier
+//   round (keeping its value) before its stream waits (ring_clear_stale_poison): a stream wait is a cyclic >=,
+//   which the poison bit would pass before that round's producer wrote the slot.
 // - `freed` is written only by consumers: seq + 1 at the release of message seq, by the host thread (raise_to,
 //   host channels, or when the stream write cannot be enqueued) or the consumer's stream, or by the repair of a
 //   consumer that released on the host and died or left before its stream wrote it (raise_to the value its release
@@ -110,6 +112,12 @@ void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
 /// Flags message `seq` incomplete and writes `filled` with the poison bit: a consumer stream waiting for the
 /// producer's stream write that will never come is released (a failed enqueue, or a dead producer).
 void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept;
+
+/// Before a consumer's stream waits for message `seq`'s `filled`: drops a poison mark that an earlier round of the
+/// slot left (kPoisonBit | value, value <= seq), keeping the value. A stream wait is a cyclic >=, which the poison
+/// bit passes at once: left there, it would let the consumer read the slot before this round's producer wrote it.
+/// The earlier round's waits are for values up to the word's own, and still pass. A mark for this round stays.
+void ring_clear_stale_poison(proto::Slot& slot, std::uint64_t seq) noexcept;
 
 /// One attempt by consumer `member` to take the next message: a handed-back one first, then the one at the tail.
 /// Returns false when there is none; true when done: `gone` None and `seq` the message taken (its slot now

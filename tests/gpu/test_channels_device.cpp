@@ -349,6 +349,93 @@ TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
   Channel::unlink(name);
 }
 
+TEST(ChannelsDevice, TheMessageAfterAPoisonedOneIsReadOnlyOnceItsProducerWroteIt) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("stale");
+  SyncPipe created, first_published, second_joined, first_received, first_released, second_published, go;
+  // One slot. The first producer publishes on the host with its stream stuck, and is killed: the broker poisons
+  // the slot's `filled`. A second producer then writes the slot's next round on a stream held back by a semaphore.
+  // The consumer's stream must wait for that write: the old poison mark must not let it through.
+  const pid_t cons = start_child([&] {
+    Gpu g;
+    auto ch = Channel::create(name,
+                              {.slots = 1,
+                               .slot_bytes = kSlotBytes,
+                               .header_bytes = 0,
+                               .kind = SegmentKind::Device,
+                               .device = 0,
+                               .mode = 0600},
+                              ChannelRole::Consumer);
+    created.notify();
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    first_received.notify();
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));  // released by the poison once the producer died
+    GPUIPC_CHILD_CHECK(m.incomplete());
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    g.stream.synchronize();
+    first_released.notify();
+    auto mismatches = cuda::DeviceBuffer::allocate(8);
+    cuda::memset_d8(mismatches.get(), 0, 8);
+    GPUIPC_CHILD_CHECK(second_published.wait(30s));
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    GPUIPC_CHILD_CHECK(!m.incomplete());
+    g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, 77, mismatches.get());
+    // The producer's stream has not written the slot: this stream waits (it passed at once before the fix).
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
+    go.notify();
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    g.stream.synchronize();
+    std::uint64_t bad = 1;
+    cuda::copy_to_host(&bad, mismatches.get(), 8);
+    GPUIPC_CHILD_CHECK(bad == 0);
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t first = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Producer);
+    auto flag = cuda::DeviceBuffer::allocate(16);
+    cuda::memset_d8(flag.get(), 0, 16);
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+    g.k.spin_until(g.stream.get(), flag.get(), 1, 0, flag.get() + 8);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+    first_published.notify();
+    ::pause();
+    return 0;
+  });
+  const pid_t second = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Producer);  // joined before the first dies: producing goes on
+    auto hold =
+        Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    second_joined.notify();
+    GPUIPC_CHILD_CHECK(first_released.wait(60s));
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+    GPUIPC_CHILD_CHECK(hold.wait(g.stream.get(), 1) == Status::Ok);
+    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 77);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+    second_published.notify();
+    GPUIPC_CHILD_CHECK(go.wait(30s));
+    GPUIPC_CHILD_CHECK(hold.signal_host(1) == Status::Ok);
+    g.stream.synchronize();
+    return 0;
+  });
+  ASSERT_TRUE(first_published.wait(60s));
+  ASSERT_TRUE(second_joined.wait(60s));
+  ASSERT_TRUE(first_received.wait(60s));
+  std::this_thread::sleep_for(300ms);
+  ::kill(first, SIGKILL);
+  EXPECT_EQ(wait_child(first), 128 + SIGKILL);
+  EXPECT_EQ(wait_child(cons, 90s), 0);
+  EXPECT_EQ(wait_child(second, 60s), 0);
+  Channel::unlink(name);
+  Semaphore::unlink(name + ".hold");
+}
+
 TEST(ChannelsDevice, ProducerStreamWaitingOnADeadConsumersReleaseIsReleased) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("deadc");

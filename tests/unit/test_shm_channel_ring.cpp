@@ -172,6 +172,45 @@ TEST_F(ShmChannelRing, StreamWordsAndTheirRepair) {
   EXPECT_TRUE(ring_member_writes_done(b.ring(), p));
 }
 
+/// Whether a GPU stream wait for `value` passes on `word`: a cyclic 64-bit >= (CU_STREAM_WAIT_VALUE_GEQ).
+bool stream_wait_passes(std::uint64_t word, std::uint64_t value) {
+  return static_cast<std::int64_t>(word - value) >= 0;
+}
+
+TEST_F(ShmChannelRing, AnEarlierRoundsPoisonDoesNotReleaseTheNextRoundsStreamWait) {
+  const std::uint32_t p2 = b.join(11, Role::Producer);
+  // Round 0: published, and its producer dies before its stream writes `filled`: the repair poisons the word.
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+  ring_publish(b.ring(), 0, p, {}, 0, true);
+  ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
+  EXPECT_TRUE(
+      channel_remove_member(b.ring().control, b.ring().geometry, p, 10, Role::Producer, PoisonReason::PeerDied));
+  EXPECT_EQ(b.slot(0).filled, proto::kPoisonBit | 1U);
+  ring_clear_stale_poison(b.slot(0), 0);  // this round's own mark stays: its waits must pass
+  EXPECT_EQ(b.slot(0).filled, proto::kPoisonBit | 1U);
+  ring_release(b.ring(), 0, c, false);
+  // Round 2 goes through slot 0 (round 1 given back): published by the second producer, whose stream has not
+  // written the slot yet. A wait for its `filled` would pass on the old mark at once.
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p2, seq, gone));
+  ring_give_back(b.ring(), 1, p2);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p2, seq, gone));
+  ASSERT_EQ(seq, 2U);
+  ring_publish(b.ring(), 2, p2, {}, 0, true);
+  ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
+  ASSERT_EQ(seq, 2U);
+  EXPECT_TRUE(stream_wait_passes(b.slot(0).filled, 3));  // the defect this guards against
+  ring_clear_stale_poison(b.slot(0), 2);                 // what receive does before it enqueues the wait
+  EXPECT_EQ(b.slot(0).filled, 1U);
+  EXPECT_FALSE(stream_wait_passes(b.slot(0).filled, 3));
+  EXPECT_TRUE(stream_wait_passes(b.slot(0).filled, 1));  // round 0's waits still pass
+  EXPECT_EQ(b.slot(0).flags, 0U);                        // and round 2 is not flagged incomplete
+  // If round 2's producer dies too, its mark (for round 2) releases the wait, and clearing keeps it.
+  ring_mark_incomplete(b.slot(0), 2);
+  ring_clear_stale_poison(b.slot(0), 2);
+  EXPECT_EQ(b.slot(0).filled, proto::kPoisonBit | 3U);
+  EXPECT_TRUE(stream_wait_passes(b.slot(0).filled, 3));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The exhaustive model.
 
@@ -274,7 +313,10 @@ class Model {
           }
         } else {
           if (!ring_try_receive(r, m.index, seq, gone) || gone != PoisonReason::None) return false;
-          if ((m_block.slot(seq).filled & proto::kMaxValue) < seq + 1) m.stream.push_back({false, seq, false, seq + 1});
+          if ((m_block.slot(seq).filled & proto::kMaxValue) < seq + 1) {
+            ring_clear_stale_poison(m_block.slot(seq), seq);  // as Channel::receive does before its stream wait
+            m.stream.push_back({false, seq, false, seq + 1});
+          }
         }
         m.held.push_back(seq);
         return true;
