@@ -45,6 +45,38 @@ bool stream_done_within(const cuda::Stream& s, std::chrono::milliseconds timeout
 constexpr std::size_t kSlotBytes = 4 << 20;
 constexpr std::size_t kSlotWords = kSlotBytes / 4;
 
+/// A counter of mismatching words on the GPU, zeroed: verify_pattern kernels add to it, never a host sync per
+/// message.
+struct Mismatches {
+  cuda::DeviceBuffer counter = cuda::DeviceBuffer::allocate(8);
+  Mismatches() { cuda::memset_d8(counter.get(), 0, 8); }
+  /// The count, once the streams that verified are synchronized.
+  std::uint64_t read() const {
+    std::uint64_t bad = ~0ULL;
+    cuda::copy_to_host(&bad, counter.get(), 8);
+    return bad;
+  }
+};
+
+/// Makes `stream` spin on a flag nobody sets: what follows on it never runs (a stream stuck in a kernel).
+void block_forever(Gpu& g, const cuda::DeviceBuffer& flag) {
+  cuda::memset_d8(flag.get(), 0, 16);
+  g.k.spin_until(g.stream.get(), flag.get(), 1, 0, flag.get() + 8);
+}
+
+/// A producer that publishes one message of `bytes` on the host while its stream is stuck before the publish point
+/// (its `filled` write never happens), says so on `published`, then waits to be killed.
+int publish_stuck_then_pause(Gpu& g, Channel& ch, std::size_t bytes, const SyncPipe& published) {
+  auto flag = cuda::DeviceBuffer::allocate(16);
+  SlotView s;
+  GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+  block_forever(g, flag);
+  GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, bytes) == Status::Ok);
+  published.notify();
+  ::pause();
+  return 0;
+}
+
 /// Channel::set_pacing for the members of a test (nullopt: the default, GPUIPC_CHANNEL_PACING_US).
 using Pacing = std::optional<std::chrono::nanoseconds>;
 
@@ -70,8 +102,7 @@ int consume(const std::string& name, std::atomic<std::uint32_t>* received, Pacin
   Gpu g;
   auto ch = Channel::open(name, ChannelRole::Consumer);
   if (pacing) ch.set_pacing(*pacing);
-  auto mismatches = cuda::DeviceBuffer::allocate(8);
-  cuda::memset_d8(mismatches.get(), 0, 8);
+  const Mismatches mismatches;
   for (;;) {
     MessageView m;
     const Status st = ch.receive(g.stream.get(), 30s, m);
@@ -80,14 +111,12 @@ int consume(const std::string& name, std::atomic<std::uint32_t>* received, Pacin
     Header h{};
     std::memcpy(&h, m.header.data(), sizeof h);
     GPUIPC_CHILD_CHECK(m.size == kSlotBytes);
-    g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, h.seed, mismatches.get());
+    g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, h.seed, mismatches.counter.get());
     GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
     received->fetch_add(1);
   }
   g.stream.synchronize();
-  std::uint64_t bad = 1;
-  cuda::copy_to_host(&bad, mismatches.get(), 8);
-  GPUIPC_CHILD_CHECK(bad == 0);
+  GPUIPC_CHILD_CHECK(mismatches.read() == 0);
   return 0;
 }
 
@@ -212,21 +241,18 @@ TEST(ChannelsDevice, SendCopiesDeviceAndHostSourcesInStreamOrder) {
   const pid_t cons = start_child([&] {
     Gpu g;
     auto ch = Channel::open(name, ChannelRole::Consumer);
-    auto mismatches = cuda::DeviceBuffer::allocate(8);
-    cuda::memset_d8(mismatches.get(), 0, 8);
+    const Mismatches mismatches;
     for (std::uint32_t i = 0; i <= kDeviceSends; ++i) {
       MessageView m;
       GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
       Header h{};
       std::memcpy(&h, m.header.data(), sizeof h);
       GPUIPC_CHILD_CHECK(h.index == i && m.size == kSlotBytes);
-      g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, h.seed, mismatches.get());
+      g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, h.seed, mismatches.counter.get());
       GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
     }
     g.stream.synchronize();
-    std::uint64_t bad = 1;
-    cuda::copy_to_host(&bad, mismatches.get(), 8);
-    GPUIPC_CHILD_CHECK(bad == 0);
+    GPUIPC_CHILD_CHECK(mismatches.read() == 0);
     return 0;
   });
   EXPECT_EQ(wait_child(prod, 120s), 0);
@@ -311,15 +337,7 @@ TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
                                      .kind = SegmentKind::Device, .device = 0, .mode = 0600},
                               ChannelRole::Producer);
     created.notify();
-    auto flag = cuda::DeviceBuffer::allocate(16);
-    cuda::memset_d8(flag.get(), 0, 16);
-    SlotView s;
-    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
-    g.k.spin_until(g.stream.get(), flag.get(), 1, 0, flag.get() + 8);
-    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, 1 << 20) == Status::Ok);
-    published.notify();
-    ::pause();
-    return 0;
+    return publish_stuck_then_pause(g, ch, 1 << 20, published);
   });
   ASSERT_TRUE(created.wait(60s));
   SyncPipe received;
@@ -375,36 +393,25 @@ TEST(ChannelsDevice, TheMessageAfterAPoisonedOneIsReadOnlyOnceItsProducerWroteIt
     GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
     g.stream.synchronize();
     first_released.notify();
-    auto mismatches = cuda::DeviceBuffer::allocate(8);
-    cuda::memset_d8(mismatches.get(), 0, 8);
+    const Mismatches mismatches;
     GPUIPC_CHILD_CHECK(second_published.wait(30s));
     GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
     GPUIPC_CHILD_CHECK(!m.incomplete());
-    g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, 77, mismatches.get());
+    g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, 77, mismatches.counter.get());
     // The producer's stream has not written the slot: this stream waits (it passed at once before the fix).
     GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
     go.notify();
     GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
     GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
     g.stream.synchronize();
-    std::uint64_t bad = 1;
-    cuda::copy_to_host(&bad, mismatches.get(), 8);
-    GPUIPC_CHILD_CHECK(bad == 0);
+    GPUIPC_CHILD_CHECK(mismatches.read() == 0);
     return 0;
   });
   ASSERT_TRUE(created.wait(60s));
   const pid_t first = start_child([&] {
     Gpu g;
     auto ch = Channel::open(name, ChannelRole::Producer);
-    auto flag = cuda::DeviceBuffer::allocate(16);
-    cuda::memset_d8(flag.get(), 0, 16);
-    SlotView s;
-    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
-    g.k.spin_until(g.stream.get(), flag.get(), 1, 0, flag.get() + 8);
-    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
-    first_published.notify();
-    ::pause();
-    return 0;
+    return publish_stuck_then_pause(g, ch, kSlotBytes, first_published);
   });
   const pid_t second = start_child([&] {
     Gpu g;
@@ -449,10 +456,9 @@ TEST(ChannelsDevice, ProducerStreamWaitingOnADeadConsumersReleaseIsReleased) {
                               ChannelRole::Consumer);
     created.notify();
     auto flag = cuda::DeviceBuffer::allocate(16);
-    cuda::memset_d8(flag.get(), 0, 16);
     MessageView m;
     GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
-    g.k.spin_until(g.stream.get(), flag.get(), 1, 0, flag.get() + 8);
+    block_forever(g, flag);
     GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
     released.notify();
     ::pause();
