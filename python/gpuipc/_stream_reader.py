@@ -116,8 +116,10 @@ class StreamReader:
         # versions keep naming them; and those the version being read named (what is kept after it).
         self._held: Optional[HeldBlocks] = None
         self._used: set = set()
-        # (pool name, hex ref) of the blocks whose chunks were mapped ahead (_map_ahead), cleared with the held blocks
-        self._mapped: set = set()
+        # The tables of blocks (descriptors' `blocks` lists, by id, kept alive here so that an id is not reused) whose
+        # chunks were mapped ahead (_map_ahead), cleared with the held blocks. A publisher that sends the same tensors
+        # sends the same descriptor bodies, which decode to the same table objects (_read_desc's layouts).
+        self._mapped: Dict[int, Any] = {}
         #: Names the last receive() skipped (sent, but not in its ``into``).
         self.skipped: List[str] = []
         self._seg = Segment.open(name, readonly=True, wait=wait)
@@ -287,14 +289,18 @@ class StreamReader:
             raise ProtocolError(f"stream {self.name!r}: bucket {d.seq} names block {k!r}, not in its table") from None
 
     def _map_ahead(self, d: _Desc) -> None:
-        """Maps the chunks of the bucket's blocks not met before, one broker round trip per pool
+        """Maps the chunks of the bucket's blocks that this reader does not hold, one broker round trip per pool
         (HeldBlocks.map_chunks), before its pieces resolve them one by one: a reader's first version would otherwise
-        take a round trip per chunk. A string compare per block after that."""
+        take a round trip per chunk. Once per table of blocks: a version sent like the last one costs a dict look-up
+        a bucket (a look-up per block cost 0.58 ms a version for the 3063 blocks of the 16 GiB dict)."""
         assert self._held is not None
-        new = [(e[0], e[1]) for e in d.blocks if (e[0], e[1]) not in self._mapped]
-        if new:
-            self._mapped.update(new)
-            self._held.map_chunks((pool, bytes.fromhex(ref)) for pool, ref in new if isinstance(pool, str))
+        blocks = d.blocks
+        if not blocks or id(blocks) in self._mapped:
+            return
+        if len(self._mapped) >= 4096:
+            self._mapped.clear()
+        self._mapped[id(blocks)] = blocks
+        self._held.map_chunks((e[0], bytes.fromhex(e[1])) for e in blocks if isinstance(e[0], str))
 
     def _ref_block(self, d: _Desc, k: Any) -> HeldBlock:
         """The publisher's block of entry ``k``, resolved and held the first time a version names it."""
