@@ -106,6 +106,29 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
     if (seg.control) remove_member(seg.block, it->second);
   }
   seg.joined.erase(first, last);
+  if (!seg.block.owed.empty() && m_owing.insert(seg.id).second && m_owing.size() == 1) {
+    m_owed_interval_ns = kOwedFirstLookNs;
+    m_owed_check_ns = os::monotonic_ns() + m_owed_interval_ns;
+  }
+}
+
+void Registry::settle_owing(std::int64_t now_ns) {
+  if (m_owing.empty() || now_ns < m_owed_check_ns) return;
+  bool progress = false;
+  for (auto it = m_owing.begin(); it != m_owing.end();) {
+    auto seg = m_segments.find(*it);
+    const std::size_t before = seg == m_segments.end() ? 0 : seg->second.block.owed.size();
+    if (seg == m_segments.end() || !settle_owed(seg->second.block)) {
+      progress = true;
+      it = m_owing.erase(it);
+      continue;
+    }
+    progress = progress || seg->second.block.owed.size() < before;
+    ++it;
+  }
+  // Soon again while writes land; less often while a survivor's stream keeps a write waiting.
+  m_owed_interval_ns = progress ? kOwedFirstLookNs : std::min(m_owed_interval_ns * 2, kOwedLastLookNs);
+  m_owed_check_ns = now_ns + m_owed_interval_ns;
 }
 
 void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* out) {
@@ -441,6 +464,7 @@ void Registry::maybe_destroy(std::uint64_t id) {
 }
 
 void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
+  settle_owing(now_ns);
   expire_restores(now_ns);
   expire_beats(now_ns, out);
   while (!m_pending_by_deadline.empty() && m_pending_by_deadline.begin()->first <= now_ns) {
@@ -456,6 +480,7 @@ void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
 std::optional<std::int64_t> Registry::next_deadline() const {
   std::optional<std::int64_t> d;
   if (!m_pending_by_deadline.empty()) d = m_pending_by_deadline.begin()->first;
+  if (!m_owing.empty()) d = d ? std::min(*d, m_owed_check_ns) : m_owed_check_ns;
   for (const auto& [name, r] : m_restore) d = d ? std::min(*d, r.deadline_ns) : r.deadline_ns;
   for (const auto id : m_beating) {
     auto it = m_segments.find(id);

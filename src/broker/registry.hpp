@@ -194,6 +194,8 @@ class Registry {
   void maybe_destroy(std::uint64_t id);
   /// Connection `conn` holds no more references to `seg`: remove the members it joined (if they did not leave).
   void repair_for(SegmentRecord& seg, ConnId conn);
+  /// Makes the owed stream writes of dead channel members whose turn has come (repair.hpp, settle_owed), when due.
+  void settle_owing(std::int64_t now_ns);
 
   void bump_names_generation() noexcept;
   /// The creator of a DeviceIpc segment dropped its last reference or its connection: the memory dies with it.
@@ -224,6 +226,13 @@ class Registry {
   Journal m_journal;
   std::map<std::string, Restore> m_restore;  // journal names waiting for a holder's Announce
   std::set<std::uint64_t> m_beating;         // segments with heartbeats (expire_beats looks at these only)
+  // Channels whose dead members still owe stream writes, and when to look at them next: 1 ms after a death or a
+  // write made, backing off to 32 ms while none lands (a survivor's stream holds one back).
+  static constexpr std::int64_t kOwedFirstLookNs = 1'000'000;
+  static constexpr std::int64_t kOwedLastLookNs = 32'000'000;
+  std::set<std::uint64_t> m_owing;
+  std::int64_t m_owed_check_ns = 0;
+  std::int64_t m_owed_interval_ns = kOwedFirstLookNs;
   std::unordered_map<uid_t, std::uint64_t> m_segments_per_uid;
   std::unordered_map<uid_t, std::uint64_t> m_bytes_per_uid;
 };

@@ -77,7 +77,7 @@ std::uint32_t join_member(ControlBlock& block, proto::Role role, std::uint32_t t
       why = "a channel's members are producers or consumers";
       return index;
     }
-    index = shm::channel_join(*static_cast<proto::ChannelHeader*>(block.data), token, role);
+    index = shm::channel_join(shm::Ring{block.data, block.ring}, token, role);
   } else if ((block.flags & proto::kFlagPool) != 0) {
     if (role != proto::Role::Holder) {
       why = "a pool's members are holders";
@@ -128,14 +128,31 @@ std::string check_rejoin(const ControlBlock& block, const Joined& m) noexcept {
   return {};
 }
 
-bool remove_member(const ControlBlock& block, const Joined& m) noexcept {
+bool settle_owed(ControlBlock& block) noexcept {
+  if (block.owed.empty()) return false;
+  block.owed.resize(shm::ring_settle_owed(shm::Ring{block.data, block.ring}, block.owed));
+  return !block.owed.empty();
+}
+
+bool remove_member(ControlBlock& block, const Joined& m) {
   bool removed = false;
   if ((block.flags & proto::kFlagSemaphore) != 0) {
     removed = shm::semaphore_remove_member(*static_cast<proto::SemaphoreBlock*>(block.data), m.member, m.token,
                                            proto::PoisonReason::PeerDied);
   } else if ((block.flags & proto::kFlagChannel) != 0) {
+    const shm::Ring ring{block.data, block.ring};
+    // What its stream still owed, before the repair moves the slots on (the states tell which steps it made).
+    std::vector<proto::OwedWrite> owed(proto::owed_capacity(block.ring.slots));
+    owed.resize(shm::ring_take_owed(ring, m.member, owed));
     removed = shm::channel_remove_member(block.data, block.ring, m.member, m.token, m.role,
                                          proto::PoisonReason::PeerDied);
+    if (removed && !owed.empty()) {
+      block.owed.insert(block.owed.end(), owed.begin(), owed.end());
+      if (settle_owed(block)) {
+        GPUIPC_LOG_INFO("channel member {} is gone owing {} stream writes: they are made as their turns come", m.member,
+                        block.owed.size());
+      }
+    }
   } else if ((block.flags & proto::kFlagCounting) != 0) {
     // Completes its half-made operation and gives back every permit it held.
     removed = shm::counting_remove_member(*static_cast<proto::CountingBlock*>(block.data), m.member, m.token,

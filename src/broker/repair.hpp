@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gpuipc/error.hpp"
 #include "proto/shm.hpp"
@@ -24,6 +25,9 @@ struct ControlBlock {
   shm::RingGeometry ring{};  ///< channels
   std::uint32_t counting_max = 0;  ///< counting semaphores: max_count
   std::uint32_t grant = 0;         ///< counting semaphores: permits the creator holds once it joins (then 0)
+  /// Channels: stream writes dead members still owe, each made once the wait before it in its stream would pass
+  /// (shm::ring_settle_owed; the registry looks again while any is left).
+  std::vector<proto::OwedWrite> owed{};
 };
 
 /// The smallest control block a Create with these flags (one of proto::kFlag*) may declare.
@@ -53,7 +57,11 @@ std::uint32_t join_member(ControlBlock& block, proto::Role role, std::uint32_t t
 std::string check_rejoin(const ControlBlock& block, const Joined& member) noexcept;
 
 /// Removes a member whose connection is gone (PeerDied), if its entry still holds its token. Returns whether it
-/// did (false: it had left cleanly).
-bool remove_member(const ControlBlock& block, const Joined& member) noexcept;
+/// did (false: it had left cleanly). A channel member's owed stream writes go to block.owed, and those whose turn
+/// has come are made.
+bool remove_member(ControlBlock& block, const Joined& member);
+
+/// Makes the owed stream writes of `block` whose turn has come. Returns whether any are left.
+bool settle_owed(ControlBlock& block) noexcept;
 
 }  // namespace gpuipc::broker

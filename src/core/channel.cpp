@@ -187,6 +187,24 @@ struct Channel::Impl {
     shm::ring_give_back(ring(), seq, member);
   }
 
+  /// A device channel's member claims a slot or a message only with room in its owed table for the stream write
+  /// each of its claims will owe (src/shm/channel_ring.hpp). A stream that fell that far behind its host holds the
+  /// host back here: it waits, within `timeout` (what is left of it on return), for its oldest write to land.
+  Status owed_room(std::chrono::nanoseconds& timeout) const noexcept {
+    if (!gpu() || shm::ring_owed_room(ring(), member) > held_count) return Status::Ok;
+    if (timeout.count() <= 0) return Status::WouldBlock;
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (shm::ring_owed_room(ring(), member) > held_count) {
+        timeout = waited < timeout ? timeout - waited : std::chrono::nanoseconds(0);
+        return Status::Ok;
+      }
+      if (waited >= timeout) return Status::Timeout;
+    }
+  }
+
   static Status gone_status(proto::PoisonReason reason) noexcept {
     if (reason == proto::PoisonReason::None) return Status::Ok;
     return reason == proto::PoisonReason::Closed ? Status::Closed : Status::PeerDied;
@@ -406,6 +424,7 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
   const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
                                          cuda::StreamTarget::GpuMemory);
   if (!context.ok()) return Status::DriverError;
+  if (const Status st = im.owed_room(timeout); st != Status::Ok) return st;
   std::uint64_t seq = 0;
   if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
   auto pace = im.pace_once(stream);
@@ -497,13 +516,13 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
   const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
                                          cuda::StreamTarget::GpuMemory);
   if (!context.ok()) return Status::DriverError;
+  if (const Status st = im.owed_room(timeout); st != Status::Ok) return st;
   std::uint64_t seq = 0;
   if (const Status st = im.claim(timeout, seq); st != Status::Ok) return st;
   auto& s = im.slot(seq);
   // The producer's stream may not have written the slot yet; when the host sees `filled` within the pacing
   // time, it has.
   if (im.gpu() && !im.reached(s.filled, seq + 1, im.pace_once(stream))) {
-    shm::ring_clear_stale_poison(s, seq);
     if (im.wait_before(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
       shm::ring_hand_back(im.ring(), seq, im.member);
       return Status::DriverError;

@@ -108,8 +108,9 @@ static_assert(offsetof(CountingBlock, state) % 64 == 0 && offsetof(CountingBlock
 // Channel: a control segment (this header, then `slots` Slot records each followed by header_bytes of inline
 // user header, each record 64-byte aligned) and a data segment of slots * slot_bytes.
 inline constexpr std::uint32_t kChannelMagic = 0x48434947;  // "GICH"
-// 2: broker-assigned member tokens; 3: Slot::release_mark; 4: ChannelHeader::published and published_bytes
-inline constexpr std::uint32_t kChannelVersion = 4;
+// 2: broker-assigned member tokens; 3: Slot::release_mark; 4: ChannelHeader::published and published_bytes;
+// 5: each member's table of owed stream writes (OwedTable), in place of Slot::publisher and releaser
+inline constexpr std::uint32_t kChannelVersion = 5;
 inline constexpr std::uint32_t kMaxSlots = 4096;
 inline constexpr std::uint32_t kMaxHeaderBytes = 4096;
 
@@ -134,9 +135,9 @@ struct alignas(64) Slot {
   std::uint64_t state;      ///< pack_state(...)
   std::uint64_t size;       ///< payload bytes of the message
   std::uint32_t header_size;
-  std::uint32_t releaser;   ///< member that last released this slot (kNoMember: none), for crash repair
+  std::uint32_t reserved0;
   std::uint32_t flags;      ///< kSlotIncomplete: its producer died before its GPU work finished
-  std::uint32_t publisher;  ///< member that published the message in the slot (kNoMember: none), for crash repair
+  std::uint32_t reserved1;
   /// Host-only: the `freed` value the slot's next producer must see before it writes, i.e. seq + 1 of the last
   /// message a consumer released from this slot (0: none yet). Only a consumer's release sets it. A round that
   /// is abandoned (a producer that leaves, dies or gives its claim back) leaves it, and `freed`, alone: so
@@ -181,11 +182,47 @@ struct alignas(64) ChannelHeader {
 static_assert(sizeof(ChannelHeader) % 64 == 0);
 static_assert(offsetof(ChannelHeader, published_bytes) + 8 <= offsetof(ChannelHeader, released_seq));
 
+/// One stream write a member owes: `filled` (a producer's publish) or `freed` (a consumer's release) of message
+/// `seq`, both seq + 1, which its stream writes after its work on the slot. The member's host records it before the
+/// host-visible publish or release, so a repair finds every write a dead member's stream still owed, also for
+/// rounds whose slot has since moved on.
+struct OwedWrite {
+  std::uint64_t code;  ///< seq | kOwedFreed (else `filled`)
+  /// `filled`: the `freed` value its producer's stream waited for before it wrote the slot (the slot's last release,
+  /// 0: none). `freed`: unused (its consumer's stream waited for `filled` >= seq + 1).
+  std::uint64_t after;
+};
+inline constexpr std::uint64_t kOwedFreed = 1ULL << 63;
+static_assert(sizeof(OwedWrite) == 16);
+
+/// A member's owed stream writes, a ring written only by that member's host: entries [begin, end) may not have
+/// landed yet. The member moves `begin` past entries it sees landed, and claims a slot or message only with room
+/// for the write it will owe (a stream that falls this far behind its host holds the host back).
+struct alignas(64) OwedTable {
+  std::uint64_t begin;
+  std::uint64_t end;
+  std::uint64_t pad[6];
+  // then owed_capacity(slots) OwedWrite entries
+};
+static_assert(sizeof(OwedTable) == 64);
+
 inline constexpr std::uint32_t record_bytes(std::uint32_t header_bytes) noexcept {
   return static_cast<std::uint32_t>((sizeof(Slot) + header_bytes + 63) / 64 * 64);
 }
-inline constexpr std::size_t channel_control_bytes(std::uint32_t slots, std::uint32_t header_bytes) noexcept {
+/// Entries of each member's OwedTable in a channel of `slots`: how far (in messages) a member's stream may fall
+/// behind its host.
+inline constexpr std::uint32_t owed_capacity(std::uint32_t slots) noexcept {
+  return slots < 16 ? 64U : (slots > 1024 ? 4096U : slots * 4U);
+}
+inline constexpr std::size_t owed_table_bytes(std::uint32_t slots) noexcept {
+  return sizeof(OwedTable) + static_cast<std::size_t>(owed_capacity(slots)) * sizeof(OwedWrite);
+}
+/// Offset of the member tables: after the slot records.
+inline constexpr std::size_t owed_tables_offset(std::uint32_t slots, std::uint32_t header_bytes) noexcept {
   return sizeof(ChannelHeader) + static_cast<std::size_t>(slots) * record_bytes(header_bytes);
+}
+inline constexpr std::size_t channel_control_bytes(std::uint32_t slots, std::uint32_t header_bytes) noexcept {
+  return owed_tables_offset(slots, header_bytes) + kMaxMembers * owed_table_bytes(slots);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -41,8 +41,6 @@ void ring_init(void* control, std::uint32_t slots, std::uint32_t header_bytes, s
   for (std::uint32_t i = 0; i < slots; ++i) {
     auto& s = ring_slot(control, g, i);
     s.state = proto::pack_state(i, Phase::Free, proto::kNoMember);
-    s.releaser = proto::kNoMember;
-    s.publisher = proto::kNoMember;
   }
   h->version = proto::kChannelVersion;
   atomic(h->magic).store(proto::kChannelMagic, std::memory_order_release);
@@ -80,26 +78,68 @@ bool hand_back(proto::ChannelHeader& h, proto::Slot& slot, std::uint64_t s, bool
   return true;
 }
 
-/// The message whose `filled` the slot's `publisher` wrote last, given the slot's state `s`: the one in the slot,
-/// or, once a consumer released it on the host and the slot went on to its next round, the one before. false when
-/// the slot has had no round before.
-bool published_round(std::uint64_t s, std::uint64_t n, std::uint64_t& round) noexcept {
-  const Phase phase = proto::state_phase(s);
-  round = proto::state_seq(s);
-  if (phase == Phase::Published || phase == Phase::Reading) return true;
-  if (round < n) return false;
-  round -= n;
-  return true;
+proto::OwedWrite& owed_entry(const Ring& ring, proto::OwedTable& t, std::uint64_t i) noexcept {
+  auto* entries = reinterpret_cast<proto::OwedWrite*>(&t + 1);  // NOLINT: layout of shm.hpp
+  return entries[i % proto::owed_capacity(ring.geometry.slots)];
 }
 
-/// Raises `filled` to kPoisonBit | value unless it already reached value (masked): a late host write never
-/// lowers what a stream wrote.
-void poison_filled(std::uint64_t& filled, std::uint64_t value) noexcept {
-  auto f = atomic(filled);
-  std::uint64_t cur = f.load(std::memory_order_acquire);
-  while ((cur & proto::kMaxValue) < value &&
-         !f.compare_exchange_weak(cur, proto::kPoisonBit | value, std::memory_order_acq_rel)) {
+std::uint64_t owed_seq(const proto::OwedWrite& w) noexcept { return w.code & ~proto::kOwedFreed; }
+bool owed_freed(const proto::OwedWrite& w) noexcept { return (w.code & proto::kOwedFreed) != 0; }
+std::uint64_t& owed_word(const Ring& ring, const proto::OwedWrite& w) noexcept {
+  auto& slot = ring.slot(owed_seq(w));
+  return owed_freed(w) ? slot.freed : slot.filled;
+}
+
+/// Whether the owed write has landed.
+bool landed(const Ring& ring, const proto::OwedWrite& w) noexcept {
+  return (atomic(owed_word(ring, w)).load(std::memory_order_acquire) & proto::kMaxValue) >= owed_seq(w) + 1;
+}
+
+/// Records a write `member`'s stream will owe, before the host-visible step that others act on. The caller made
+/// room (ring_owed_room); a full table (a caller that did not) records nothing.
+void owe(const Ring& ring, std::uint32_t member, proto::OwedWrite w) noexcept {
+  auto& t = ring_owed_table(ring, member);
+  const std::uint64_t end = atomic(t.end).load(std::memory_order_relaxed);
+  if (end - atomic(t.begin).load(std::memory_order_relaxed) >= proto::owed_capacity(ring.geometry.slots)) return;
+  auto& e = owed_entry(ring, t, end);
+  atomic(e.code).store(w.code, std::memory_order_relaxed);
+  atomic(e.after).store(w.after, std::memory_order_relaxed);
+  atomic(t.end).store(end + 1, std::memory_order_release);
+}
+
+/// Whether member `member` made the host-visible step of owed write `w` (its publish or release; it records the
+/// write just before). Until then the message is still its claim or its hold, which the repair abandons or hands
+/// back, and nothing is owed.
+bool made(const Ring& ring, std::uint32_t member, const proto::OwedWrite& w) noexcept {
+  const std::uint64_t seq = owed_seq(w);
+  const std::uint64_t s = atomic(ring.slot(seq).state).load(std::memory_order_acquire);
+  return s != proto::pack_state(seq, owed_freed(w) ? Phase::Reading : Phase::Writing, member);
+}
+
+/// Writes an owed word as its stream would have. A `filled` written for a dead producer flags its message
+/// incomplete while it is still in the slot (its data may be partly written).
+void write_owed(const Ring& ring, const proto::OwedWrite& w) noexcept {
+  const std::uint64_t seq = owed_seq(w);
+  auto& slot = ring.slot(seq);
+  if (owed_freed(w)) {
+    raise_to(slot.freed, seq + 1);
+    return;
   }
+  const std::uint64_t s = atomic(slot.state).load(std::memory_order_acquire);
+  const Phase phase = proto::state_phase(s);
+  if (proto::state_seq(s) == seq && (phase == Phase::Published || phase == Phase::Reading)) {
+    ring_mark_incomplete(slot, seq);
+  } else {
+    raise_to(slot.filled, seq + 1);
+  }
+}
+
+/// Whether the stream that owed `w` would be past its wait before the write: a producer's stream waits for the
+/// slot's previous release to land, a consumer's for the message's `filled`.
+bool ready(const Ring& ring, const proto::OwedWrite& w) noexcept {
+  auto& slot = ring.slot(owed_seq(w));
+  if (owed_freed(w)) return (atomic(slot.filled).load(std::memory_order_acquire) & proto::kMaxValue) >= owed_seq(w) + 1;
+  return (atomic(slot.freed).load(std::memory_order_acquire) & proto::kMaxValue) >= w.after;
 }
 
 /// Moves the slot from `s` (round `pos`) to `to` for `member` and `index` past `pos`. False when another member
@@ -163,8 +203,11 @@ void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
   s.header_size = static_cast<std::uint32_t>(header.size());
   s.size = bytes;
   atomic(s.flags).store(0);
-  atomic(s.publisher).store(member);
-  if (!stream_fills) atomic(s.filled).store(seq + 1, std::memory_order_release);
+  if (stream_fills) {
+    owe(ring, member, {seq, ring_free_mark(ring, seq)});
+  } else {
+    atomic(s.filled).store(seq + 1, std::memory_order_release);
+  }
   atomic(s.state).store(proto::pack_state(seq, Phase::Published, member), std::memory_order_release);
   atomic(h.published).fetch_add(1, std::memory_order_relaxed);
   atomic(h.published_bytes).fetch_add(bytes, std::memory_order_relaxed);
@@ -173,16 +216,7 @@ void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
 
 void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept {
   atomic(slot.flags).fetch_or(proto::kSlotIncomplete);
-  poison_filled(slot.filled, seq + 1);
-}
-
-void ring_clear_stale_poison(proto::Slot& slot, std::uint64_t seq) noexcept {
-  auto f = atomic(slot.filled);
-  std::uint64_t cur = f.load(std::memory_order_acquire);
-  // A CAS, not a store: this round's stream write, or the repair's poison for this round, may land meanwhile.
-  while ((cur & proto::kPoisonBit) != 0 && (cur & proto::kMaxValue) < seq + 1 &&
-         !f.compare_exchange_weak(cur, cur & proto::kMaxValue, std::memory_order_acq_rel)) {
-  }
+  raise_to(slot.filled, seq + 1);
 }
 
 bool ring_try_receive(const Ring& ring, std::uint32_t member, std::uint64_t& seq, proto::PoisonReason& gone) noexcept {
@@ -240,8 +274,11 @@ void ring_hand_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
 void ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees) noexcept {
   auto& h = ring.header();
   auto& s = ring.slot(seq);
-  if (!stream_frees) raise_to(s.freed, seq + 1);
-  atomic(s.releaser).store(member);
+  if (stream_frees) {
+    owe(ring, member, {seq | proto::kOwedFreed, 0});
+  } else {
+    raise_to(s.freed, seq + 1);
+  }
   atomic(s.release_mark).store(seq + 1, std::memory_order_release);  // before the slot is Free for the next round
   atomic(s.state).store(proto::pack_state(seq + ring.geometry.slots, Phase::Free, proto::kNoMember),
                         std::memory_order_release);
@@ -249,27 +286,69 @@ void ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, boo
 }
 
 bool ring_member_writes_done(const Ring& ring, std::uint32_t member) noexcept {
-  const std::uint64_t n = ring.geometry.slots;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    auto& sl = ring.slot(i);
-    std::uint64_t published = 0;
-    if (atomic(sl.publisher).load() == member &&
-        published_round(atomic(sl.state).load(std::memory_order_acquire), n, published) &&
-        (atomic(sl.filled).load() & proto::kMaxValue) < published + 1) {
-      return false;
-    }
-    if (atomic(sl.releaser).load() == member &&
-        (atomic(sl.freed).load() & proto::kMaxValue) < atomic(sl.release_mark).load()) {
-      return false;
-    }
+  (void)ring_owed_room(ring, member);
+  auto& t = ring_owed_table(ring, member);
+  const std::uint64_t begin = atomic(t.begin).load();
+  const std::uint64_t end = atomic(t.end).load();
+  for (std::uint64_t i = begin; i < end; ++i) {
+    if (!landed(ring, owed_entry(ring, t, i))) return false;
   }
   return true;
 }
 
-std::uint32_t channel_join(proto::ChannelHeader& h, std::uint32_t token, proto::Role role) noexcept {
+proto::OwedTable& ring_owed_table(const Ring& ring, std::uint32_t member) noexcept {
+  auto* base = static_cast<std::byte*>(ring.control) +
+               proto::owed_tables_offset(ring.geometry.slots, ring.geometry.header_bytes);
+  return *reinterpret_cast<proto::OwedTable*>(base + static_cast<std::size_t>(member % proto::kMaxMembers) *
+                                                         proto::owed_table_bytes(ring.geometry.slots));  // NOLINT
+}
+
+std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member) noexcept {
+  auto& t = ring_owed_table(ring, member);
+  std::uint64_t begin = atomic(t.begin).load(std::memory_order_relaxed);
+  const std::uint64_t end = atomic(t.end).load(std::memory_order_relaxed);
+  while (begin < end && landed(ring, owed_entry(ring, t, begin))) ++begin;
+  atomic(t.begin).store(begin, std::memory_order_relaxed);
+  return proto::owed_capacity(ring.geometry.slots) - (end - begin);
+}
+
+std::size_t ring_take_owed(const Ring& ring, std::uint32_t member, std::span<proto::OwedWrite> out) noexcept {
+  auto& t = ring_owed_table(ring, member);
+  const std::uint64_t end = atomic(t.end).load(std::memory_order_acquire);
+  const std::uint64_t cap = proto::owed_capacity(ring.geometry.slots);
+  // The member is gone: its words are as it left them, but bound them anyway (a member may write anything).
+  std::uint64_t begin = atomic(t.begin).load(std::memory_order_acquire);
+  if (end - begin > cap) begin = end - cap;
+  std::size_t n = 0;
+  for (std::uint64_t i = begin; i < end && n < out.size(); ++i) {
+    const proto::OwedWrite w{atomic(owed_entry(ring, t, i).code).load(), atomic(owed_entry(ring, t, i).after).load()};
+    if (made(ring, member, w) && !landed(ring, w)) out[n++] = w;
+  }
+  return n;
+}
+
+std::size_t ring_settle_owed(const Ring& ring, std::span<proto::OwedWrite> owed) noexcept {
+  std::size_t left = 0;
+  for (const auto& w : owed) {
+    if (landed(ring, w)) continue;
+    if (ready(ring, w)) {
+      write_owed(ring, w);
+      continue;
+    }
+    owed[left++] = w;
+  }
+  return left;
+}
+
+std::uint32_t channel_join(const Ring& ring, std::uint32_t token, proto::Role role) noexcept {
   if (role != proto::Role::Producer && role != proto::Role::Consumer) return proto::kNoMember;
+  auto& h = ring.header();
   const std::uint32_t index = claim_member(h.members, token, role);
   if (index == proto::kNoMember) return index;
+  // A fresh table: what an earlier member of this entry owed was written when it left or died.
+  auto& t = ring_owed_table(ring, index);
+  atomic(t.begin).store(0);
+  atomic(t.end).store(0);
   const bool producer = role == proto::Role::Producer;
   saturating_increment(producer ? h.producers : h.consumers);
   atomic(producer ? h.producers_gone : h.consumers_gone).store(0);
@@ -309,28 +388,6 @@ unsigned repair_slot(proto::ChannelHeader& h, proto::Slot& slot, std::uint64_t n
       break;
     }
   }
-  // A message it published (waiting in the queue, held by a consumer, or already released by one on the host)
-  // whose stream never got to the publish: the data is incomplete and a consumer stream waiting for `filled`
-  // would wait forever. Poison `filled` (the cyclic GEQ releases the wait) and flag the message if it is still
-  // in the slot.
-  if (atomic(slot.publisher).load() == idx) {
-    const std::uint64_t s = st.load(std::memory_order_acquire);
-    std::uint64_t published = 0;
-    if (published_round(s, n, published) && (atomic(slot.filled).load() & proto::kMaxValue) < published + 1) {
-      if (published == proto::state_seq(s)) {
-        ring_mark_incomplete(slot, published);
-      } else {
-        poison_filled(slot.filled, published + 1);
-      }
-    }
-    atomic(slot.publisher).store(proto::kNoMember);
-  }
-  // The last release of this slot was this member's: its stream may never have written `freed`. Write the
-  // value its release announced (raise_to: never lower than what is there).
-  if (atomic(slot.releaser).load() == idx) {
-    raise_to(slot.freed, atomic(slot.release_mark).load(std::memory_order_acquire) & proto::kMaxValue);
-    atomic(slot.releaser).store(proto::kNoMember);
-  }
   return wake;
 }
 
@@ -341,6 +398,16 @@ bool channel_remove_member(void* control, const RingGeometry& g, std::uint32_t i
   auto& h = *static_cast<proto::ChannelHeader*>(control);
   // Slots first, membership last: until the entry is cleared, nobody else can be member `index`.
   if (!holds_token(h.members, index, token)) return false;
+  const Ring ring{control, g};
+  if (reason == proto::PoisonReason::Closed) {
+    // A clean leave waited (bounded) for its stream's writes; what is still owed is written now, ahead of the
+    // stream (the documented gap of a leave whose stream is stuck).
+    auto& t = ring_owed_table(ring, index);
+    for (std::uint64_t i = atomic(t.begin).load(), end = atomic(t.end).load(); i < end; ++i) {
+      const proto::OwedWrite w = owed_entry(ring, t, i);
+      if (made(ring, index, w) && !landed(ring, w)) write_owed(ring, w);
+    }
+  }
   unsigned wake = 0;
   for (std::uint64_t i = 0; i < g.slots; ++i) wake |= repair_slot(h, ring_slot(control, g, i), g.slots, index);
   if (!clear_member(h.members, index, token)) return false;

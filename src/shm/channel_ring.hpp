@@ -13,34 +13,36 @@
 //   Writing(s) -> Free(s + slots) abandons a round (ring_give_back, repair) and Reading(s) -> Published(s) hands a
 //   message back (ring_hand_back, repair).
 // - `head` and `tail` move only from x to x + 1, by CAS (advance in channel_ring.cpp).
-// - `filled` is written only for round s, after round s's claim: seq + 1 by the producer's host thread (host
-//   channels) or its stream (device channels), or kPoisonBit | (seq + 1) when that stream write cannot come (a
-//   failed enqueue, or the repair of a dead producer, also when a consumer already released the message on the
-//   host while its stream still waits): host writes raise it by CAS and never lower it (poison_filled). Masked by
-//   kMaxValue the word never decreases; the next round's producer claims the slot only after round s's consumer
-//   released it, whose stream waited for `filled` first. A later round's consumer drops a mark left by an earlier
-//   round (keeping its value) before its stream waits (ring_clear_stale_poison): a stream wait is a cyclic >=,
-//   which the poison bit would pass before that round's producer wrote the slot.
-// - `freed` is written only by consumers: seq + 1 at the release of message seq, by the host thread (raise_to,
+// - `filled` is written only for round s, after round s's claim, and only with seq + 1: by the producer's host
+//   thread (host channels) or its stream (device channels), or, when that stream write cannot come, by the host
+//   (a failed enqueue) or the broker (a dead producer, after the wait its stream made first), which also flag the
+//   message incomplete. Host writes use raise_to. The next round's producer claims the slot only after round s's
+//   consumer released it, whose stream waited for `filled` first. (No poison bit: a stream wait is a cyclic >=,
+//   and a marked value of an earlier round would pass a later round's wait before its producer wrote the slot.)
+// - `freed` is written only for consumers: seq + 1 at the release of message seq, by the host thread (raise_to,
 //   host channels, or when the stream write cannot be enqueued) or the consumer's stream, or by the repair of a
-//   consumer that released on the host and died or left before its stream wrote it (raise_to the value its release
-//   announced in `release_mark`). A round that no consumer releases (given back, abandoned by a dead producer, or a
-//   failed stream-wait enqueue in acquire) writes no `freed` at all: the next producer waits for `release_mark`, the
-//   slot's last consumer release, not for seq - slots + 1. So every consumer stream write of round s comes after
-//   the write of the round released before it (the producer of the later round waited for it on its stream), and
-//   host writes use raise_to, which never lowers the word.
+//   consumer that released on the host and died or left before its stream wrote it. A round that no consumer
+//   releases (given back, abandoned by a dead producer, or a failed stream-wait enqueue in acquire) writes no
+//   `freed` at all: the next producer waits for `release_mark`, the slot's last consumer release, not for
+//   seq - slots + 1. So every consumer stream write of round s comes after the write of the round released before
+//   it (the producer of the later round waited for it on its stream), and host writes use raise_to, which never
+//   lowers the word.
 // - `release_mark` (host only) is set by ring_release to seq + 1, in round order.
-// What this rests on, and does not enforce: a member that dies has no stream work left queued, and a clean leave
-// first waits (bounded, 10 s: Channel's leave in src/core/channel.cpp) for its own stream writes
-// (ring_member_writes_done; its stream then runs on, and what is still queued lands in order).
-// Known gaps, not closed here (they want a layout change and a GPU run; tests/unit/test_shm_channel_ring.cpp's
-// disabled model case finds each): the repair of a member that dies with stream work queued writes what it owed
-// at once, and only for a slot's current publisher and releaser. (1) The writes of one word are ordered by a
-// chain of stream waits (a producer's stream waits for the previous `freed` before it writes `filled`, a
-// consumer's waits for `filled` before it writes `freed`); a repair write for a stream that was itself waiting
-// cuts the chain, and the older write, landing later, lowers the word. (2) A dead member's stream that was more
-// than a round behind in a slot (its `filled` or `freed` owed for a round whose publisher or releaser was since
-// overwritten) is not written for, and the survivor's stream waiting for that word waits for ever.
+// Owed stream writes. A device channel's member records each stream write it will owe in its own table
+// (proto::OwedTable, after the slot records) before the host-visible publish or release that others act on. When
+// it dies, the broker takes the writes its stream had not made (ring_take_owed) and makes each as that stream
+// would have, after the wait before it there (ring_settle_owed): a producer's `filled` (its message flagged
+// incomplete) once the slot's previous release, which its stream waited for, has landed; a consumer's `freed` once
+// the message's `filled` has. So the chain of stream waits that orders the writes of one word (a producer's stream
+// waits for the previous `freed` before it writes the slot and `filled`, a consumer's waits for `filled` before it
+// reads and writes `freed`) holds through deaths: no survivor's stream writes a slot a peer's stream still works on, no
+// word goes back, and a stream any number of rounds behind is written for. A member claims only with room in its table
+// (ring_owed_room): a stream that falls owed_capacity messages behind its host holds the host back.
+// What this rests on, and does not enforce: a member that dies has no stream work left running (its contexts die
+// with it), and the broker that repairs it lives until the writes are made (it keeps them in its memory; a broker
+// restarted meanwhile does not know them). A clean leave first waits (bounded, 10 s: Channel's leave in
+// src/core/channel.cpp) for its own stream writes (ring_member_writes_done); what is still owed after that is
+// written at once, ahead of its stream, which runs on.
 // The model test tests/unit/test_shm_channel_ring.cpp checks the rules above on every interleaving of a few steps,
 // and tests/integration/test_channel_model.cpp on random interleavings of the real Channel with deaths.
 #pragma once
@@ -109,15 +111,9 @@ void ring_give_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
 void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std::span<const std::byte> header,
                   std::uint64_t bytes, bool stream_fills) noexcept;
 
-/// Flags message `seq` incomplete and writes `filled` with the poison bit: a consumer stream waiting for the
-/// producer's stream write that will never come is released (a failed enqueue, or a dead producer).
+/// Flags message `seq` incomplete and writes its `filled` from the host: a consumer stream waiting for the
+/// producer's stream write that will never come (a failed enqueue) is released, and the consumer is told.
 void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept;
-
-/// Before a consumer's stream waits for message `seq`'s `filled`: drops a poison mark that an earlier round of the
-/// slot left (kPoisonBit | value, value <= seq), keeping the value. A stream wait is a cyclic >=, which the poison
-/// bit passes at once: left there, it would let the consumer read the slot before this round's producer wrote it.
-/// The earlier round's waits are for values up to the word's own, and still pass. A mark for this round stays.
-void ring_clear_stale_poison(proto::Slot& slot, std::uint64_t seq) noexcept;
 
 /// One attempt by consumer `member` to take the next message: a handed-back one first, then the one at the tail.
 /// Returns false when there is none; true when done: `gone` None and `seq` the message taken (its slot now
@@ -134,18 +130,40 @@ void ring_hand_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
 void ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees) noexcept;
 
 /// Whether the stream writes of `member` have landed: every `filled` of a message it published and every `freed`
-/// its releases announced. Until then a clean leave would let survivors' streams wait for writes still queued.
+/// of one it released (its owed table). Until then a clean leave would let survivors' streams wait for writes
+/// still queued.
 bool ring_member_writes_done(const Ring& ring, std::uint32_t member) noexcept;
 
-/// Claims a member entry for `token` as a producer or consumer and counts it (broker, answering Join). Returns
-/// the entry's index, or proto::kNoMember when the table is full or the role is neither.
-std::uint32_t channel_join(proto::ChannelHeader& header, std::uint32_t token, proto::Role role) noexcept;
+/// Member `member`'s table of owed stream writes (after the slot records).
+proto::OwedTable& ring_owed_table(const Ring& ring, std::uint32_t member) noexcept;
+
+/// Forgets the writes of `member`'s table that have landed, oldest first, and returns how many more it can
+/// record. A device channel's member claims a slot (or a message) only while this is more than the slots (or
+/// messages) it holds: each will owe one write at its publish (or release).
+std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member) noexcept;
+
+/// The writes that dead member `member`'s stream still owed (broker, before channel_remove_member changes the
+/// slots): every entry of its table whose publish or release it made and whose word has not reached it, oldest
+/// first, at most out.size() (proto::owed_capacity of the ring is enough). Returns how many.
+std::size_t ring_take_owed(const Ring& ring, std::uint32_t member, std::span<proto::OwedWrite> out) noexcept;
+
+/// Writes each owed write whose stream would be past its wait before it: a dead producer's `filled` (and the
+/// message flagged incomplete while it is still in its slot) once the slot's previous release has
+/// landed, a dead consumer's `freed` once the message's `filled` has. Never sooner: a survivor's stream then
+/// never writes the slot while the dead member's peer stream still works on it, and no word goes back. Those
+/// still waiting are moved to the front of `owed`; returns how many.
+std::size_t ring_settle_owed(const Ring& ring, std::span<proto::OwedWrite> owed) noexcept;
+
+/// Claims a member entry for `token` as a producer or consumer, counts it and empties its owed table (broker,
+/// answering Join). Returns the entry's index, or proto::kNoMember when the table is full or the role is neither.
+std::uint32_t channel_join(const Ring& ring, std::uint32_t token, proto::Role role) noexcept;
 
 /// Removes member `index` of `role` if it still holds `token`, and repairs the slots it held: a message it was
-/// writing is abandoned (its slot freed), a message it published whose `filled` word its stream never wrote is
-/// marked incomplete and `filled` poisoned, a message it was reading goes back to the queue for another consumer
-/// (exactly one survivor gets it), and a `freed` word its stream never wrote is written. The last producer (or
-/// consumer) to go records `reason` for the other side; every sleeper is woken. Returns whether it removed it.
+/// writing is abandoned (its slot freed) and a message it was reading goes back to the queue for another consumer
+/// (exactly one survivor gets it). A clean leave (`reason` Closed) also writes what its stream still owes, at
+/// once; for a dead member (PeerDied) the broker took those first (ring_take_owed) and writes them in order
+/// (ring_settle_owed). The last producer (or consumer) to go records `reason` for the other side; every sleeper is
+/// woken. Returns whether it removed it.
 bool channel_remove_member(void* control, const RingGeometry& geometry, std::uint32_t index, std::uint32_t token,
                            proto::Role role, proto::PoisonReason reason) noexcept;
 

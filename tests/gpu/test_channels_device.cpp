@@ -489,6 +489,156 @@ TEST(ChannelsDevice, ProducerStreamWaitingOnADeadConsumersReleaseIsReleased) {
   Channel::unlink(name);
 }
 
+/// A one-slot device channel of kSlotBytes that `role` creates.
+Channel create_one_slot(const std::string& name, ChannelRole role) {
+  return Channel::create(
+      name,
+      {.slots = 1, .slot_bytes = kSlotBytes, .header_bytes = 0, .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+      role);
+}
+
+/// A consumer dies after its release on the host while its stream still waits for the message's `filled`: the
+/// first producer's stream (held back by a semaphore) has not written the slot yet. The slot's next producer must
+/// not write it before that: the broker writes the dead consumer's `freed` only once the `filled` its stream
+/// waited for has landed. (It used to write it at once: the second producer's data was then overwritten by the
+/// first's late copy.)
+TEST(ChannelsDevice, ADeadConsumersReleaseWaitsForTheWriteItsStreamWaitedFor) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("owed");
+  SyncPipe created, first_published, dying_released, second_published, go;
+  const pid_t checker = start_child([&] {
+    Gpu g;
+    auto ch = create_one_slot(name, ChannelRole::Consumer);  // survives: the channel keeps a consumer
+    created.notify();
+    GPUIPC_CHILD_CHECK(second_published.wait(60s));
+    const Mismatches mismatches;
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    GPUIPC_CHILD_CHECK(m.sequence == 1 && !m.incomplete());
+    g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, 22, mismatches.counter.get());
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    g.stream.synchronize();
+    GPUIPC_CHILD_CHECK(mismatches.read() == 0);
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t first = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Producer);
+    auto hold =
+        Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+    GPUIPC_CHILD_CHECK(hold.wait(g.stream.get(), 1) == Status::Ok);
+    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 11);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+    first_published.notify();
+    GPUIPC_CHILD_CHECK(go.wait(60s));
+    GPUIPC_CHILD_CHECK(hold.signal_host(1) == Status::Ok);
+    g.stream.synchronize();
+    return 0;
+  });
+  ASSERT_TRUE(first_published.wait(60s));
+  const pid_t dying = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    GPUIPC_CHILD_CHECK(m.sequence == 0);
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);  // its stream still waits for `filled`
+    dying_released.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(dying_released.wait(60s));
+  ::kill(dying, SIGKILL);
+  EXPECT_EQ(wait_child(dying), 128 + SIGKILL);
+  std::this_thread::sleep_for(200ms);  // the broker has repaired it
+  const pid_t second = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Producer);
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+    GPUIPC_CHILD_CHECK(s.sequence == 1);
+    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 22);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+    second_published.notify();
+    // The first producer's stream has not written the slot: this one waits (it passed at once before the fix).
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
+    go.notify();
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
+    return 0;
+  });
+  EXPECT_EQ(wait_child(second, 90s), 0);
+  EXPECT_EQ(wait_child(first, 60s), 0);
+  EXPECT_EQ(wait_child(checker, 60s), 0);
+  Channel::unlink(name);
+  Semaphore::unlink(name + ".hold");
+}
+
+/// A consumer's stream stuck rounds behind: it released message 0 on the host and died, and since then the slot
+/// went on (message 1 published and released by another consumer). The producer's stream, waiting for message 0's
+/// `freed`, must still be released: the broker finds the write in the dead consumer's owed table (it used to look
+/// only at the slot's last releaser, and the producer's and the other consumer's streams waited for ever).
+TEST(ChannelsDevice, AStreamRoundsBehindIsWrittenForWhenItsConsumerDies) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("behind");
+  SyncPipe created, stuck_released, second_published, other_released;
+  const pid_t prod = start_child([&] {
+    Gpu g;
+    auto ch = create_one_slot(name, ChannelRole::Producer);
+    created.notify();
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 11);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+    g.stream.synchronize();
+    GPUIPC_CHILD_CHECK(stuck_released.wait(60s));
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);  // its stream waits for message 0's `freed`
+    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 22);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+    second_published.notify();
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));  // once the stuck consumer died
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t stuck = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    auto flag = cuda::DeviceBuffer::allocate(16);
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    block_forever(g, flag);
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    stuck_released.notify();
+    ::pause();
+    return 0;
+  });
+  const pid_t other = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    GPUIPC_CHILD_CHECK(second_published.wait(60s));
+    const Mismatches mismatches;
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    GPUIPC_CHILD_CHECK(m.sequence == 1);
+    g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, 22, mismatches.counter.get());
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);  // now the slot's last releaser
+    other_released.notify();
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 30s));
+    GPUIPC_CHILD_CHECK(mismatches.read() == 0);
+    return 0;
+  });
+  ASSERT_TRUE(other_released.wait(60s));
+  std::this_thread::sleep_for(300ms);
+  ::kill(stuck, SIGKILL);
+  EXPECT_EQ(wait_child(stuck), 128 + SIGKILL);
+  EXPECT_EQ(wait_child(prod, 60s), 0);
+  EXPECT_EQ(wait_child(other, 60s), 0);
+  Channel::unlink(name);
+}
+
 TEST(SemaphoresDevice, StreamsSignalAndWaitAcrossProcesses) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("gsem");
