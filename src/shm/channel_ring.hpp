@@ -137,9 +137,9 @@ bool ring_member_writes_done(const Ring& ring, std::uint32_t member) noexcept;
 /// Member `member`'s table of owed stream writes (after the slot records).
 proto::OwedTable& ring_owed_table(const Ring& ring, std::uint32_t member) noexcept;
 
-/// Forgets the writes of `member`'s table that have landed, oldest first, and returns how many more it can
-/// record. A device channel's member claims a slot (or a message) only while this is more than the slots (or
-/// messages) it holds: each will owe one write at its publish (or release).
+/// Returns how many more writes `member`'s table can record, first forgetting those that have landed, oldest
+/// first, once half of it is used. A device channel's member claims a slot (or a message) only while this is more than
+/// the slots (or messages) it holds: each will owe one write at its publish (or release).
 std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member) noexcept;
 
 /// The writes that dead member `member`'s stream still owed (broker, before channel_remove_member changes the

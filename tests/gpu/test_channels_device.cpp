@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -636,6 +637,104 @@ TEST(ChannelsDevice, AStreamRoundsBehindIsWrittenForWhenItsConsumerDies) {
   EXPECT_EQ(wait_child(stuck), 128 + SIGKILL);
   EXPECT_EQ(wait_child(prod, 60s), 0);
   EXPECT_EQ(wait_child(other, 60s), 0);
+  Channel::unlink(name);
+}
+
+/// Consumers SIGKILLed at random while their streams lag rounds behind their hosts (each spins up to 2 ms per
+/// message before its release is written), with producers whose streams lag too (up to 300 us before each fill):
+/// the broker makes every write a dead consumer's stream owed, in its turn. A consumer never killed verifies every
+/// message it gets on the GPU; nothing hangs, and every producer finishes.
+TEST(ChannelsDevice, ConsumersKilledWithTheirStreamsRoundsBehindCorruptNothingAndHangNothing) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("storm");
+  constexpr std::uint32_t kProducers = 2;
+  constexpr std::uint32_t kPerProducer = 1500;
+  void* shared = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  auto* received = new (shared) std::atomic<std::uint32_t>(0);
+  auto* joined = new (static_cast<char*>(shared) + 64) std::atomic<std::uint32_t>(0);
+  auto* producers_done = new (static_cast<char*>(shared) + 128) std::atomic<std::uint32_t>(0);
+  SyncPipe created, release_holder;
+  const pid_t holder = start_child([&] {
+    Gpu g;
+    auto ch = Channel::create(name,
+                              {.slots = 4,
+                               .slot_bytes = kSlotBytes,
+                               .header_bytes = sizeof(Header),
+                               .kind = SegmentKind::Device,
+                               .device = 0,
+                               .mode = 0600},
+                              ChannelRole::Producer);
+    created.notify();
+    GPUIPC_CHILD_CHECK(release_holder.wait(300s));
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t verifier = start_child([&] { return consume(name, received, std::nullopt); });
+  auto victim = [&] {
+    return start_child([&] {
+      Gpu g;
+      auto ch = Channel::open(name, ChannelRole::Consumer);
+      auto flag = cuda::DeviceBuffer::allocate(16);
+      cuda::memset_d8(flag.get(), 0, 16);
+      std::mt19937 rng(static_cast<unsigned>(::getpid()));
+      for (;;) {
+        MessageView m;
+        const Status st = ch.receive(g.stream.get(), 60s, m);
+        if (st == Status::Closed) break;
+        GPUIPC_CHILD_CHECK(st == Status::Ok);
+        g.k.spin_until(g.stream.get(), flag.get(), 1, 200'000 + rng() % 1'800'000, flag.get() + 8);  // a slow read
+        GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+      }
+      return 0;
+    });
+  };
+  std::vector<pid_t> producers;
+  for (std::uint32_t p = 0; p < kProducers; ++p) {
+    producers.push_back(start_child([&, p] {
+      Gpu g;
+      auto ch = Channel::open(name, ChannelRole::Producer);
+      joined->fetch_add(1);
+      auto flag = cuda::DeviceBuffer::allocate(16);
+      cuda::memset_d8(flag.get(), 0, 16);
+      std::mt19937 rng(p + 1);
+      for (std::uint32_t i = 0; i < kPerProducer; ++i) {
+        SlotView slot;
+        GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 60s, slot) == Status::Ok);
+        g.k.spin_until(g.stream.get(), flag.get(), 1, rng() % 300'000, flag.get() + 8);
+        Header h{p, i, (static_cast<std::uint64_t>(p) << 32) | i};
+        g.k.fill_pattern(g.stream.get(), slot.device_pointer, kSlotWords, h.seed);
+        GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), std::as_bytes(std::span(&h, 1)), kSlotBytes) == Status::Ok);
+      }
+      g.stream.synchronize();
+      producers_done->fetch_add(1);
+      return 0;
+    }));
+  }
+  ASSERT_TRUE(wait_until([&] { return joined->load() == kProducers; }, 60s));
+  // Two victims at a time; one of them killed every 20-150 ms, and a new one started, until the producers are done.
+  std::mt19937 rng(7);
+  std::vector<pid_t> victims{victim(), victim()};
+  unsigned kills = 0;
+  while (producers_done->load() < kProducers && kills < 400) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 130));
+    const std::size_t k = rng() % victims.size();
+    ::kill(victims[k], SIGKILL);
+    EXPECT_EQ(wait_child(victims[k]), 128 + SIGKILL);
+    victims[k] = victim();
+    ++kills;
+  }
+  for (const pid_t pid : producers) EXPECT_EQ(wait_child(pid, 120s), 0);  // no producer's stream waits for ever
+  release_holder.notify();
+  EXPECT_EQ(wait_child(holder), 0);
+  EXPECT_EQ(wait_child(verifier, 60s), 0);  // every message it got verified, and it drained
+  for (const pid_t pid : victims) EXPECT_EQ(wait_child(pid, 60s), 0);
+  const ChannelStats st = Channel::stat(name);
+  std::printf("%u victims killed; the verifier got %u of %u messages; %llu redelivered\n", kills, received->load(),
+              kProducers * kPerProducer, static_cast<unsigned long long>(st.redelivered));
+  RecordProperty("kills", static_cast<int>(kills));
+  EXPECT_GT(kills, 5U);
+  ::munmap(shared, 4096);
   Channel::unlink(name);
 }
 

@@ -22,6 +22,7 @@
 
 #include "proto/shm.hpp"
 #include "shm/channel_ring.hpp"
+#include "shm/sync.hpp"
 
 namespace gpuipc::shm {
 namespace {
@@ -194,6 +195,29 @@ TEST_F(ShmChannelRing, StreamWordsAndTheirRepair) {
   ring_mark_incomplete(b.slot(0), 0);  // what a failed `filled` enqueue does
   EXPECT_EQ(b.slot(0).filled, 1U);
   EXPECT_EQ(b.slot(0).flags, proto::kSlotIncomplete);
+  EXPECT_TRUE(ring_member_writes_done(b.ring(), p));
+}
+
+// A member's owed table: each device publish records a write until it lands; landed writes are forgotten once
+// half the table is used, and a full table leaves no room (Channel's acquire and receive then wait).
+TEST_F(ShmChannelRing, TheOwedTableFillsAsStreamsLagAndEmptiesAsWritesLand) {
+  const std::uint64_t cap = proto::owed_capacity(2);
+  std::uint64_t last = 0;
+  for (std::uint64_t i = 0; i < cap; ++i) {
+    ASSERT_EQ(ring_owed_room(b.ring(), p), cap - i);
+    ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+    ring_publish(b.ring(), seq, p, {}, 0, true);  // the stream has not written `filled`
+    ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
+    ring_release(b.ring(), seq, c, false);
+    last = seq;
+  }
+  EXPECT_EQ(ring_owed_room(b.ring(), p), 0U);
+  EXPECT_FALSE(ring_member_writes_done(b.ring(), p));
+  // The stream catches up to all but the last message: all but one are forgotten.
+  for (std::uint64_t q = 0; q < last; ++q) raise_to(b.slot(q).filled, q + 1);
+  EXPECT_EQ(ring_owed_room(b.ring(), p), cap - 1);
+  EXPECT_FALSE(ring_member_writes_done(b.ring(), p));
+  raise_to(b.slot(last).filled, last + 1);
   EXPECT_TRUE(ring_member_writes_done(b.ring(), p));
 }
 
