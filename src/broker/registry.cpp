@@ -102,8 +102,10 @@ void Registry::add_connection(ConnId conn, const os::Credentials& creds) {
 void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   seg.writers.erase(conn);
   auto [first, last] = seg.joined.equal_range(conn);
+  const auto c = m_connections.find(conn);
+  const pid_t pid = c == m_connections.end() ? 0 : c->second.creds.pid;
   for (auto it = first; it != last; ++it) {
-    if (seg.control) remove_member(seg.block, it->second);
+    if (seg.control) remove_member(seg.block, it->second, pid);
   }
   seg.joined.erase(first, last);
   if (!seg.block.owed.empty() && m_owing.insert(seg.id).second && m_owing.size() == 1) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "base/log.hpp"
+#include "os/process.hpp"
 #include "shm/counting_block.hpp"
 #include "shm/members.hpp"
 #include "shm/pool_block.hpp"
@@ -129,12 +130,17 @@ std::string check_rejoin(const ControlBlock& block, const Joined& m) noexcept {
 }
 
 bool settle_owed(ControlBlock& block) noexcept {
-  if (block.owed.empty()) return false;
+  if (block.owed.empty()) {
+    block.dying.clear();
+    return false;
+  }
+  std::erase_if(block.dying, [](const os::UniqueFd& fd) { return os::pidfd_wait_exit(fd.get(), 0); });
+  if (!block.dying.empty()) return true;
   block.owed.resize(shm::ring_settle_owed(shm::Ring{block.data, block.ring}, block.owed));
   return !block.owed.empty();
 }
 
-bool remove_member(ControlBlock& block, const Joined& m) {
+bool remove_member(ControlBlock& block, const Joined& m, pid_t pid) {
   bool removed = false;
   if ((block.flags & proto::kFlagSemaphore) != 0) {
     removed = shm::semaphore_remove_member(*static_cast<proto::SemaphoreBlock*>(block.data), m.member, m.token,
@@ -148,6 +154,12 @@ bool remove_member(ControlBlock& block, const Joined& m) {
                                          proto::PoisonReason::PeerDied);
     if (removed && !owed.empty()) {
       block.owed.insert(block.owed.end(), owed.begin(), owed.end());
+      if (pid > 0) {
+        try {
+          block.dying.push_back(os::pidfd_open(pid));
+        } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone already (or no pidfd): nothing to wait for
+        }
+      }
       if (settle_owed(block)) {
         GPUIPC_LOG_INFO("channel member {} is gone owing {} stream writes: they are made as their turns come", m.member,
                         block.owed.size());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpuipc/error.hpp"
+#include "os/fd.hpp"
 #include "proto/shm.hpp"
 #include "shm/channel_ring.hpp"
 
@@ -28,6 +29,10 @@ struct ControlBlock {
   /// Channels: stream writes dead members still owe, each made once the wait before it in its stream would pass
   /// (shm::ring_settle_owed; the registry looks again while any is left).
   std::vector<proto::OwedWrite> owed{};
+  /// Channels: pidfds of processes whose owed writes are in `owed` and which have not exited yet. None is made
+  /// before they all have: a killed process's GPU work runs on until its exit tears its contexts down, and a
+  /// stream write of its landing after ours (and after the ring moved on) would take the word back.
+  std::vector<os::UniqueFd> dying{};
 };
 
 /// The smallest control block a Create with these flags (one of proto::kFlag*) may declare.
@@ -57,9 +62,9 @@ std::uint32_t join_member(ControlBlock& block, proto::Role role, std::uint32_t t
 std::string check_rejoin(const ControlBlock& block, const Joined& member) noexcept;
 
 /// Removes a member whose connection is gone (PeerDied), if its entry still holds its token. Returns whether it
-/// did (false: it had left cleanly). A channel member's owed stream writes go to block.owed, and those whose turn
-/// has come are made.
-bool remove_member(ControlBlock& block, const Joined& member);
+/// did (false: it had left cleanly). A channel member's owed stream writes go to block.owed, made as their turns
+/// come once process `pid` (the connection's; 0: unknown) has exited.
+bool remove_member(ControlBlock& block, const Joined& member, pid_t pid = 0);
 
 /// Makes the owed stream writes of `block` whose turn has come. Returns whether any are left.
 bool settle_owed(ControlBlock& block) noexcept;

@@ -38,10 +38,12 @@
 // reads and writes `freed`) holds through deaths: no survivor's stream writes a slot a peer's stream still works on, no
 // word goes back, and a stream any number of rounds behind is written for. A member claims only with room in its table
 // (ring_owed_room): a stream that falls owed_capacity messages behind its host holds the host back.
-// What this rests on, and does not enforce: a member that dies has no stream work left running (its contexts die
-// with it), and the broker that repairs it lives until the writes are made (it keeps them in its memory; a broker
-// restarted meanwhile does not know them). A clean leave first waits (bounded, 10 s: Channel's leave in
-// src/core/channel.cpp) for its own stream writes (ring_member_writes_done); what is still owed after that is
+// What this rests on, and does not enforce: a member that dies has no stream work left running once its process
+// has exited (its contexts are torn down by then; the broker makes no owed write of a process before it has
+// exited: until then its stream may still run, on an H200 for long enough that its own late write took a word
+// back after the broker's), and the broker that repairs it lives until the writes are made (it keeps them in its
+// memory; a broker restarted meanwhile does not know them). A clean leave first waits (bounded, 10 s: Channel's leave
+// in src/core/channel.cpp) for its own stream writes (ring_member_writes_done); what is still owed after that is
 // written at once, ahead of its stream, which runs on.
 // The model test tests/unit/test_shm_channel_ring.cpp checks the rules above on every interleaving of a few steps,
 // and tests/integration/test_channel_model.cpp on random interleavings of the real Channel with deaths.

@@ -3,6 +3,9 @@
 // a repair touches an entry only while it still holds the token its connection joined with.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <vector>
 
@@ -184,6 +187,41 @@ TEST(RepairChannel, ADeadProducersFilledWaitsForTheReleaseItsStreamWaitedFor) {
   EXPECT_FALSE(settle_owed(cb));
   EXPECT_EQ(b.slot(0).filled, 3U);
   EXPECT_EQ(b.slot(0).flags, proto::kSlotIncomplete);
+}
+
+// A killed process's GPU work runs on until its exit has torn its contexts down: the broker makes its owed writes
+// only once the process has exited (a stream write of it landing after the broker's, and after the ring moved on,
+// would take the word back).
+TEST(RepairChannel, OwedWritesWaitForTheProcessToExit) {
+  ChannelBlock b(2);
+  b.member(0, 100, proto::Role::Producer);
+  b.member(1, 300, proto::Role::Consumer);
+  b.slot(0).state = proto::pack_state(2, Phase::Free, proto::kNoMember);
+  b.slot(0).release_mark = 1;
+  b.slot(0).filled = 1;
+  b.owe(1, 0, true);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // lives until the pipe closes
+    ::close(pipe_fds[1]);
+    char c = 0;
+    (void)!::read(pipe_fds[0], &c, 1);
+    ::_exit(0);
+  }
+  ::close(pipe_fds[0]);
+  ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
+  ASSERT_EQ(check_control(cb), "");
+  EXPECT_TRUE(remove_member(cb, Joined{1, 300, proto::Role::Consumer}, child));
+  EXPECT_EQ(b.slot(0).freed, 0U);  // its turn has come, but the process lives
+  EXPECT_TRUE(settle_owed(cb));
+  EXPECT_EQ(b.slot(0).freed, 0U);
+  ::close(pipe_fds[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_FALSE(settle_owed(cb));
+  EXPECT_EQ(b.slot(0).freed, 1U);
 }
 
 // A dead consumer's stream a round or more behind in a slot whose later rounds other members published and
