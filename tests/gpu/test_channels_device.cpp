@@ -372,6 +372,26 @@ TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
   Channel::unlink(name);
 }
 
+/// A one-slot device channel of kSlotBytes that `role` creates.
+Channel create_one_slot(const std::string& name, ChannelRole role) {
+  return Channel::create(
+      name,
+      {.slots = 1, .slot_bytes = kSlotBytes, .header_bytes = 0, .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+      role);
+}
+
+/// A producer's message written on a stream held back by semaphore `hold` (until it reaches 1): acquires a slot,
+/// then the stream waits for `hold`, fills the slot with pattern `seed` and writes `filled`; published on the host
+/// at once. Returns 0, or 1 when a step failed (a GPUIPC_CHILD_CHECK of the caller's child).
+int publish_held_back(Gpu& g, Channel& ch, Semaphore& hold, std::uint64_t seed) {
+  SlotView s;
+  GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+  GPUIPC_CHILD_CHECK(hold.wait(g.stream.get(), 1) == Status::Ok);
+  g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, seed);
+  GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+  return 0;
+}
+
 TEST(ChannelsDevice, TheMessageAfterAPoisonedOneIsReadOnlyOnceItsProducerWroteIt) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("stale");
@@ -381,14 +401,7 @@ TEST(ChannelsDevice, TheMessageAfterAPoisonedOneIsReadOnlyOnceItsProducerWroteIt
   // The consumer's stream must wait for that write: the old poison mark must not let it through.
   const pid_t cons = start_child([&] {
     Gpu g;
-    auto ch = Channel::create(name,
-                              {.slots = 1,
-                               .slot_bytes = kSlotBytes,
-                               .header_bytes = 0,
-                               .kind = SegmentKind::Device,
-                               .device = 0,
-                               .mode = 0600},
-                              ChannelRole::Consumer);
+    auto ch = create_one_slot(name, ChannelRole::Consumer);
     created.notify();
     MessageView m;
     GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
@@ -425,11 +438,7 @@ TEST(ChannelsDevice, TheMessageAfterAPoisonedOneIsReadOnlyOnceItsProducerWroteIt
         Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
     second_joined.notify();
     GPUIPC_CHILD_CHECK(first_released.wait(60s));
-    SlotView s;
-    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
-    GPUIPC_CHILD_CHECK(hold.wait(g.stream.get(), 1) == Status::Ok);
-    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 77);
-    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+    GPUIPC_CHILD_CHECK(publish_held_back(g, ch, hold, 77) == 0);
     second_published.notify();
     GPUIPC_CHILD_CHECK(go.wait(30s));
     GPUIPC_CHILD_CHECK(hold.signal_host(1) == Status::Ok);
@@ -494,14 +503,6 @@ TEST(ChannelsDevice, ProducerStreamWaitingOnADeadConsumersReleaseIsReleased) {
   Channel::unlink(name);
 }
 
-/// A one-slot device channel of kSlotBytes that `role` creates.
-Channel create_one_slot(const std::string& name, ChannelRole role) {
-  return Channel::create(
-      name,
-      {.slots = 1, .slot_bytes = kSlotBytes, .header_bytes = 0, .kind = SegmentKind::Device, .device = 0, .mode = 0600},
-      role);
-}
-
 /// A consumer dies after its release on the host while its stream still waits for the message's `filled`: the
 /// first producer's stream (held back by a semaphore) has not written the slot yet. The slot's next producer must
 /// not write it before that: the broker writes the dead consumer's `freed` only once the `filled` its stream
@@ -532,11 +533,7 @@ TEST(ChannelsDevice, ADeadConsumersReleaseWaitsForTheWriteItsStreamWaitedFor) {
     auto ch = Channel::open(name, ChannelRole::Producer);
     auto hold =
         Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
-    SlotView s;
-    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
-    GPUIPC_CHILD_CHECK(hold.wait(g.stream.get(), 1) == Status::Ok);
-    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 11);
-    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+    GPUIPC_CHILD_CHECK(publish_held_back(g, ch, hold, 11) == 0);
     first_published.notify();
     GPUIPC_CHILD_CHECK(go.wait(60s));
     GPUIPC_CHILD_CHECK(hold.signal_host(1) == Status::Ok);
