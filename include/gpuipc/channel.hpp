@@ -116,8 +116,10 @@ class Channel {
   // Producer. -----------------------------------------------------------------------------------------------
   /// Claims the next free slot, waiting on the host up to `timeout` while every slot is in flight (a negative
   /// timeout waits forever; zero returns WouldBlock at once). For device channels, work enqueued on `stream` after
-  /// this waits until the consumer's stream has released the slot. Returns Ok, Timeout, WouldBlock, PeerDied or
-  /// Closed (no consumer left), InvalidState (not a producer; too many acquired). No allocation, no exception.
+  /// this waits until the consumer's stream has released the slot; on the host it also waits, within `timeout`,
+  /// while this handle's stream is 64 or more messages behind its host (4 per slot over 16 slots: docs/channels.md,
+  /// "Owed stream writes"). Returns Ok, Timeout, WouldBlock, PeerDied or Closed (no consumer left), InvalidState (not
+  /// a producer; too many acquired). No allocation, no exception.
   Status acquire(StreamHandle stream, std::chrono::nanoseconds timeout, SlotView& slot) noexcept;
   /// Publishes the oldest acquired slot with `bytes` of payload and `header` (at most header_bytes), in stream
   /// order: consumers' streams see the data once `stream` has reached this point.
@@ -133,8 +135,9 @@ class Channel {
 
   // Consumer. -----------------------------------------------------------------------------------------------
   /// Takes the next message, waiting on the host up to `timeout` for one to be published. For device channels,
-  /// work enqueued on `stream` after this waits for the producer's stream. Returns Ok, Timeout, WouldBlock,
-  /// PeerDied or Closed (no producer left and nothing left to drain), InvalidState.
+  /// work enqueued on `stream` after this waits for the producer's stream; on the host it also waits while this
+  /// handle's stream is as far behind as acquire says. Returns Ok, Timeout, WouldBlock, PeerDied or Closed (no
+  /// producer left and nothing left to drain), InvalidState.
   Status receive(StreamHandle stream, std::chrono::nanoseconds timeout, MessageView& message) noexcept;
   /// Releases the oldest received message in stream order: its slot is reused once `stream` has reached this.
   Status release(StreamHandle stream) noexcept;

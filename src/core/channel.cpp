@@ -189,19 +189,21 @@ struct Channel::Impl {
 
   /// A device channel's member claims a slot or a message only with room in its owed table for the stream write
   /// each of its claims will owe (src/shm/channel_ring.hpp). A stream that fell that far behind its host holds the
-  /// host back here: it waits, within `timeout` (what is left of it on return), for its oldest write to land.
+  /// host back here: it waits, within `timeout` (what is left of it on return; negative: for ever), for its
+  /// oldest write to land.
   Status owed_room(std::chrono::nanoseconds& timeout) const noexcept {
     if (!gpu() || shm::ring_owed_room(ring(), member) > held_count) return Status::Ok;
-    if (timeout.count() <= 0) return Status::WouldBlock;
+    if (timeout.count() == 0) return Status::WouldBlock;
+    const bool forever = timeout.count() < 0;
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       const auto waited = std::chrono::steady_clock::now() - start;
       if (shm::ring_owed_room(ring(), member) > held_count) {
-        timeout = waited < timeout ? timeout - waited : std::chrono::nanoseconds(0);
+        if (!forever) timeout = waited < timeout ? timeout - waited : std::chrono::nanoseconds(0);
         return Status::Ok;
       }
-      if (waited >= timeout) return Status::Timeout;
+      if (!forever && waited >= timeout) return Status::Timeout;
     }
   }
 

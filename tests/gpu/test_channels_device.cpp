@@ -641,6 +641,56 @@ TEST(ChannelsDevice, AStreamRoundsBehindIsWrittenForWhenItsConsumerDies) {
   Channel::unlink(name);
 }
 
+/// A producer whose stream is held back (a semaphore) while a consumer takes and releases on the host: each
+/// message's `filled` is owed, and the producer's table holds 64 (docs/channels.md, "Owed stream writes"). The
+/// 65th acquire waits on the host, within its timeout (WouldBlock with none), until the stream catches up.
+TEST(ChannelsDevice, AProducerWhoseStreamFellSixtyFourMessagesBehindWaitsInAcquire) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("owedfull");
+  SyncPipe created, done;
+  const pid_t cons = start_child([&] {
+    Gpu g;
+    auto ch = create_one_slot(name, ChannelRole::Consumer);
+    created.notify();
+    for (unsigned i = 0; i < 65; ++i) {
+      MessageView m;
+      const Status st = ch.receive(g.stream.get(), 30s, m);
+      if (st == Status::Closed) break;
+      GPUIPC_CHILD_CHECK(st == Status::Ok);
+      GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);  // its stream's `freed` waits for `filled`
+    }
+    g.stream.synchronize();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t prod = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Producer);
+    auto hold =
+        Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    GPUIPC_CHILD_CHECK(hold.wait(g.stream.get(), 1) == Status::Ok);
+    for (unsigned i = 0; i < 64; ++i) {
+      SlotView s;
+      GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 10s, s) == Status::Ok);
+      GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, 0) == Status::Ok);
+    }
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 0s, s) == Status::WouldBlock);
+    const auto t0 = std::chrono::steady_clock::now();
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 200ms, s) == Status::Timeout);
+    GPUIPC_CHILD_CHECK(std::chrono::steady_clock::now() - t0 >= 200ms);
+    GPUIPC_CHILD_CHECK(hold.signal_host(1) == Status::Ok);  // the stream runs: the writes land
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), std::chrono::nanoseconds(-1), s) == Status::Ok);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, 0) == Status::Ok);
+    g.stream.synchronize();
+    return 0;
+  });
+  EXPECT_EQ(wait_child(prod, 60s), 0);
+  EXPECT_EQ(wait_child(cons, 60s), 0);
+  Channel::unlink(name);
+  Semaphore::unlink(name + ".hold");
+}
+
 /// The control block of channel `name` as it stands, read CUDA-free: every slot's words and every member's owed
 /// writes that have not landed (what a hung ring is waiting for).
 std::string dump_ring(const std::string& name) {
