@@ -1,6 +1,7 @@
 #include "shm/channel_ring.hpp"
 
 #include <cstring>
+#include <utility>
 
 #include "shm/members.hpp"
 #include "shm/sync.hpp"
@@ -81,6 +82,15 @@ bool hand_back(proto::ChannelHeader& h, proto::Slot& slot, std::uint64_t s, bool
 proto::OwedWrite& owed_entry(const Ring& ring, proto::OwedTable& t, std::uint64_t i) noexcept {
   auto* entries = reinterpret_cast<proto::OwedWrite*>(&t + 1);  // NOLINT: layout of shm.hpp
   return entries[i % proto::owed_capacity(ring.geometry.slots)];
+}
+
+/// The table's [begin, end), at most owed_capacity entries long: other members can write any value into any
+/// member's table, and no loop over it may run longer than the table.
+std::pair<std::uint64_t, std::uint64_t> owed_range(const Ring& ring, proto::OwedTable& t) noexcept {
+  const std::uint64_t cap = proto::owed_capacity(ring.geometry.slots);
+  const std::uint64_t end = atomic(t.end).load(std::memory_order_acquire);
+  const std::uint64_t begin = atomic(t.begin).load(std::memory_order_acquire);
+  return {end - begin > cap ? end - cap : begin, end};
 }
 
 std::uint64_t owed_seq(const proto::OwedWrite& w) noexcept { return w.code & ~proto::kOwedFreed; }
@@ -287,8 +297,7 @@ void ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, boo
 
 bool ring_member_writes_done(const Ring& ring, std::uint32_t member) noexcept {
   auto& t = ring_owed_table(ring, member);
-  const std::uint64_t begin = atomic(t.begin).load();
-  const std::uint64_t end = atomic(t.end).load();
+  const auto [begin, end] = owed_range(ring, t);
   for (std::uint64_t i = begin; i < end; ++i) {
     if (!landed(ring, owed_entry(ring, t, i))) return false;
   }
@@ -304,8 +313,7 @@ proto::OwedTable& ring_owed_table(const Ring& ring, std::uint32_t member) noexce
 
 std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member) noexcept {
   auto& t = ring_owed_table(ring, member);
-  std::uint64_t begin = atomic(t.begin).load(std::memory_order_relaxed);
-  const std::uint64_t end = atomic(t.end).load(std::memory_order_relaxed);
+  auto [begin, end] = owed_range(ring, t);
   const std::uint64_t cap = proto::owed_capacity(ring.geometry.slots);
   // Forgets landed writes only once half the table is used: the handoff's path then reads no word a stream
   // wrote (a cache miss each), only its own two counters. (A member holds at most a quarter of the table.)
@@ -318,11 +326,7 @@ std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member) noexcept {
 
 std::size_t ring_take_owed(const Ring& ring, std::uint32_t member, std::span<proto::OwedWrite> out) noexcept {
   auto& t = ring_owed_table(ring, member);
-  const std::uint64_t end = atomic(t.end).load(std::memory_order_acquire);
-  const std::uint64_t cap = proto::owed_capacity(ring.geometry.slots);
-  // The member is gone: its words are as it left them, but bound them anyway (a member may write anything).
-  std::uint64_t begin = atomic(t.begin).load(std::memory_order_acquire);
-  if (end - begin > cap) begin = end - cap;
+  const auto [begin, end] = owed_range(ring, t);
   std::size_t n = 0;
   for (std::uint64_t i = begin; i < end && n < out.size(); ++i) {
     const proto::OwedWrite w{atomic(owed_entry(ring, t, i).code).load(), atomic(owed_entry(ring, t, i).after).load()};
@@ -407,7 +411,8 @@ bool channel_remove_member(void* control, const RingGeometry& g, std::uint32_t i
     // A clean leave waited (bounded) for its stream's writes; what is still owed is written now, ahead of the
     // stream (the documented gap of a leave whose stream is stuck).
     auto& t = ring_owed_table(ring, index);
-    for (std::uint64_t i = atomic(t.begin).load(), end = atomic(t.end).load(); i < end; ++i) {
+    const auto [begin, end] = owed_range(ring, t);
+    for (std::uint64_t i = begin; i < end; ++i) {
       const proto::OwedWrite w = owed_entry(ring, t, i);
       if (made(ring, index, w) && !landed(ring, w)) write_owed(ring, w);
     }

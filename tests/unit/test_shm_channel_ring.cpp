@@ -221,6 +221,18 @@ TEST_F(ShmChannelRing, TheOwedTableFillsAsStreamsLagAndEmptiesAsWritesLand) {
   EXPECT_TRUE(ring_member_writes_done(b.ring(), p));
 }
 
+// Any member can write into any member's owed table: a table scribbled over bounds every loop by its capacity.
+TEST_F(ShmChannelRing, AScribbledOwedTableIsReadNoFurtherThanItsCapacity) {
+  auto& t = ring_owed_table(b.ring(), c);
+  t.begin = 5;
+  t.end = 1ULL << 60;
+  EXPECT_LE(ring_owed_room(b.ring(), c), proto::owed_capacity(2));
+  (void)ring_member_writes_done(b.ring(), c);
+  std::vector<proto::OwedWrite> out(proto::owed_capacity(2));
+  EXPECT_LE(ring_take_owed(b.ring(), c, out), out.size());
+  EXPECT_TRUE(channel_remove_member(b.ring().control, b.ring().geometry, c, 20, Role::Consumer, PoisonReason::Closed));
+}
+
 /// Whether a GPU stream wait for `value` passes on `word`: a cyclic 64-bit >= (CU_STREAM_WAIT_VALUE_GEQ).
 bool stream_wait_passes(std::uint64_t word, std::uint64_t value) {
   return static_cast<std::int64_t>(word - value) >= 0;
