@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "base/log.hpp"
 #include "os/process.hpp"
+#include "proto/shm.hpp"
 
 namespace gpuipc::broker {
 namespace {
@@ -53,12 +56,54 @@ bool parse_journal_line(const std::string& line, JournalEntry& out) {
   return true;
 }
 
-Journal Journal::open(const std::string& path, std::vector<JournalEntry>& linked) {
+std::string journal_member_line(const JournalMember& m) {
+  return fmt::format("M {} {} {} {} {} {}", m.name, m.member, m.token, m.role, m.pid, m.start);
+}
+
+bool parse_journal_member_line(const std::string& line, JournalMember& out) {
+  std::istringstream in(line);
+  std::string tag;
+  JournalMember m;
+  if (!(in >> tag >> m.name >> m.member >> m.token >> m.role >> m.pid >> m.start)) return false;
+  if (tag != "M" || m.token == 0 || m.member >= proto::kMaxMembers || m.pid < 0 || !proto::check_name(m.name).empty()) {
+    return false;
+  }
+  out = std::move(m);
+  return true;
+}
+
+namespace {
+
+/// The entries of an "R name member token" line.
+bool parse_left(const std::string& line, std::string& name, std::uint32_t& member, std::uint32_t& token) {
+  std::istringstream in(line);
+  std::string tag;
+  return (in >> tag >> name >> member >> token) && tag == "R";
+}
+
+}  // namespace
+
+Journal Journal::open(const std::string& path, std::vector<JournalEntry>& linked, std::vector<JournalMember>& members) {
   std::map<std::string, JournalEntry> names;
+  std::map<std::tuple<std::string, std::uint32_t, std::uint32_t>, JournalMember> joined;
   std::istringstream in(os::read_text(path));
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("U ", 0) == 0) {
-      names.erase(line.substr(2));
+      const std::string name = line.substr(2);
+      names.erase(name);
+      std::erase_if(joined, [&](const auto& kv) { return std::get<0>(kv.first) == name; });
+      continue;
+    }
+    if (line.rfind("R ", 0) == 0) {
+      std::string name;
+      std::uint32_t member = 0;
+      std::uint32_t token = 0;
+      if (parse_left(line, name, member, token)) joined.erase({name, member, token});
+      continue;
+    }
+    if (line.rfind("M ", 0) == 0) {
+      JournalMember m;
+      if (parse_journal_member_line(line, m)) joined[{m.name, m.member, m.token}] = std::move(m);
       continue;
     }
     JournalEntry e;
@@ -66,13 +111,21 @@ Journal Journal::open(const std::string& path, std::vector<JournalEntry>& linked
   }
   std::string compact;
   linked.clear();
+  members.clear();
   for (auto& [name, e] : names) {
     compact += journal_line(e) + "\n";
     linked.push_back(std::move(e));
   }
+  for (auto& [key, m] : joined) {
+    if (names.count(m.name) == 0) continue;  // its name went: nothing to give back, nothing to repair
+    compact += journal_member_line(m) + "\n";
+    members.push_back(std::move(m));
+  }
   os::replace_file(path, compact, 0600);
   Journal j;
   j.m_fd = os::open_append(path, 0600);
+  j.m_path = path;
+  j.m_compacted_bytes = compact.size();
   return j;
 }
 
@@ -80,6 +133,7 @@ void Journal::append(const std::string& line) noexcept {
   if (!m_fd) return;
   try {
     os::append_text(m_fd.get(), line);
+    m_appended_bytes += line.size();
   } catch (const std::exception& e) {
     GPUIPC_LOG_WARN("names journal: {}; names changed now will not survive a broker restart", e.what());
   }
@@ -96,6 +150,40 @@ void Journal::unlinked(const std::string& name) noexcept {
   try {
     append("U " + name + "\n");
   } catch (...) {  // NOLINT(bugprone-empty-catch): as above
+  }
+}
+
+void Journal::joined(const JournalMember& m) noexcept {
+  try {
+    append(journal_member_line(m) + "\n");
+  } catch (...) {  // NOLINT(bugprone-empty-catch): as above
+  }
+}
+
+void Journal::left(const std::string& name, std::uint32_t member, std::uint32_t token) noexcept {
+  try {
+    append(fmt::format("R {} {} {}\n", name, member, token));
+  } catch (...) {  // NOLINT(bugprone-empty-catch): as above
+  }
+}
+
+bool Journal::wants_compaction() const noexcept {
+  constexpr std::uint64_t kMinBytes = 1U << 20;
+  return m_fd && m_appended_bytes > std::max(kMinBytes, 4 * m_compacted_bytes);
+}
+
+void Journal::rewrite(const std::string& text) noexcept {
+  if (!m_fd) return;
+  try {
+    os::replace_file(m_path, text, 0600);
+    m_fd = os::open_append(m_path, 0600);
+    m_compacted_bytes = text.size();
+    m_appended_bytes = 0;
+  } catch (const std::exception& e) {
+    // Whatever happened, appending goes on to the file the fd names (the old one, or the new one if only the
+    // reopen failed and the old fd still names the replaced file: then changes are lost until the next rewrite).
+    GPUIPC_LOG_WARN("names journal: cannot compact it: {}", e.what());
+    m_appended_bytes = 0;  // try again after as much again
   }
 }
 

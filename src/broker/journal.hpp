@@ -1,8 +1,9 @@
 // The broker's journal of names (names.journal in the runtime directory, written only by the broker): what a
 // broker started after another one died needs to give each name back to the memory its holders still map, with
-// the owner, group and mode the dead broker had recorded, never what a client claims. One line per change,
-// appended; replayed and compacted when a broker starts. Without a journal (a Registry made in a test) nothing is
-// written.
+// the owner, group and mode the dead broker had recorded, never what a client claims, and to tell which member
+// entries of the names' semaphores and channels belonged to processes that died while no broker watched. One line
+// per change, appended; replayed and compacted when a broker starts, and compacted again whenever it has grown
+// well past what it holds. Without a journal (a Registry made in a test) nothing is written.
 #pragma once
 
 #include <sys/types.h>
@@ -40,28 +41,59 @@ struct JournalEntry : SegmentAttributes {
   std::uint64_t file_ino = 0;
 };
 
+/// A member entry of a named control block (semaphore, channel, pool, counting semaphore) as the journal records
+/// it: which entry, with which token and role, and the process that joined it (its pid as SO_PEERCRED gave it to
+/// the broker, and its start time: os::process_start_ticks). A broker started after the last one died repairs the
+/// entries whose process is gone and which nobody rejoined.
+struct JournalMember {
+  std::string name;
+  std::uint32_t member = 0;
+  std::uint32_t token = 0;
+  std::uint32_t role = 0;   ///< a proto::Role
+  std::int64_t pid = 0;     ///< 0: unknown (another PID namespace)
+  std::uint64_t start = 0;  ///< 0: unknown
+};
+
 class Journal {
  public:
   Journal() = default;
   /// Opens (creating, mode 0600) the journal at `path`, replays it into `linked` (the names still linked when the
-  /// last broker stopped writing), and compacts it to exactly those. Throws Error(System).
-  static Journal open(const std::string& path, std::vector<JournalEntry>& linked);
+  /// last broker stopped writing) and `members` (their member entries then), and compacts it to exactly those.
+  /// Throws Error(System).
+  static Journal open(const std::string& path, std::vector<JournalEntry>& linked, std::vector<JournalMember>& members);
 
   /// Records that `e.name` is linked. Never throws: a failed write is logged (the name then does not survive a
   /// broker restart).
   void linked(const JournalEntry& e) noexcept;
-  /// Records that `name` is no longer linked. Never throws.
+  /// Records that `name` is no longer linked (its member entries go with it). Never throws.
   void unlinked(const std::string& name) noexcept;
+  /// Records that a process joined member entry `m.member` of `m.name` with token `m.token`. Never throws.
+  void joined(const JournalMember& m) noexcept;
+  /// Records that the entry `member` of `name` holding `token` was left or repaired. Never throws.
+  void left(const std::string& name, std::uint32_t member, std::uint32_t token) noexcept;
+
+  /// Whether the lines appended since the journal was last compacted outweigh what it holds (4 times, and 1 MiB
+  /// at least): a broker that runs for long compacts it (rewrite) so that it does not grow without bound.
+  bool wants_compaction() const noexcept;
+  /// Replaces the journal with `text`, the lines of what is linked and joined now (journal_line and
+  /// journal_member_line, one per line). Never throws: on failure it keeps appending to the old file.
+  void rewrite(const std::string& text) noexcept;
 
   explicit operator bool() const noexcept { return static_cast<bool>(m_fd); }
 
  private:
   void append(const std::string& line) noexcept;
   os::UniqueFd m_fd;
+  std::string m_path;
+  std::uint64_t m_compacted_bytes = 0;  // its size when last compacted
+  std::uint64_t m_appended_bytes = 0;   // appended since
 };
 
 /// The line `linked` writes for `e` (without the newline), and its parse (false for a malformed line).
 std::string journal_line(const JournalEntry& e);
 bool parse_journal_line(const std::string& line, JournalEntry& out);
+/// The line `joined` writes for `m` (without the newline), and its parse (false for a malformed line).
+std::string journal_member_line(const JournalMember& m);
+bool parse_journal_member_line(const std::string& line, JournalMember& out);
 
 }  // namespace gpuipc::broker

@@ -90,6 +90,11 @@ void Registry::describe_broker(proto::BrokerMode mode, std::uint64_t idle_timeou
   page->idle_timeout_ms = idle_timeout_ms;
 }
 
+void Registry::mark_stopping() noexcept {
+  auto* page = static_cast<proto::StatusPage*>(m_status_map.data());
+  std::atomic_ref<std::uint32_t>(page->stopping).store(1, std::memory_order_release);
+}
+
 void Registry::bump_names_generation() noexcept {
   auto* page = static_cast<proto::StatusPage*>(m_status_map.data());
   std::atomic_ref<std::uint64_t>(page->names_generation).fetch_add(1, std::memory_order_release);
@@ -106,6 +111,7 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   const pid_t pid = c == m_connections.end() ? 0 : c->second.creds.pid;
   for (auto it = first; it != last; ++it) {
     if (seg.control) remove_member(seg.block, it->second, pid);
+    if (!seg.name.empty()) m_journal.left(seg.name, it->second.member, it->second.token);
   }
   seg.joined.erase(first, last);
   if (!seg.block.owed.empty() && m_owing.insert(seg.id).second && m_owing.size() == 1) {
@@ -415,6 +421,7 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
       return;
     }
     m_restore.erase(r);
+    m_restore_members.erase(req.name);
     m_journal.unlinked(req.name);
     out.push_back(reply(caller.conn, rid, proto::OkReply{}));
     return;
@@ -462,10 +469,12 @@ void Registry::maybe_destroy(std::uint64_t id) {
   for (const ConnId w : it->second.watchers) {
     if (auto c = m_connections.find(w); c != m_connections.end()) c->second.watching.erase(id);
   }
+  m_unclaimed.erase(id);
   m_segments.erase(it);
 }
 
 void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
+  repair_unclaimed(now_ns);
   settle_owing(now_ns);
   expire_restores(now_ns);
   expire_beats(now_ns, out);
@@ -477,12 +486,14 @@ void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
                                                 p.request.wait_ms))
                             .body));
   }
+  maybe_compact_journal();
 }
 
 std::optional<std::int64_t> Registry::next_deadline() const {
   std::optional<std::int64_t> d;
   if (!m_pending_by_deadline.empty()) d = m_pending_by_deadline.begin()->first;
   if (!m_owing.empty()) d = d ? std::min(*d, m_owed_check_ns) : m_owed_check_ns;
+  if (!m_unclaimed.empty()) d = d ? std::min(*d, m_unclaimed_check_ns) : m_unclaimed_check_ns;
   for (const auto& [name, r] : m_restore) d = d ? std::min(*d, r.deadline_ns) : r.deadline_ns;
   for (const auto id : m_beating) {
     auto it = m_segments.find(id);
@@ -521,7 +532,8 @@ void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& 
     fail(code, fmt::format("cannot join '{}': {}", seg.name, why));
     return;
   }
-  seg.joined.emplace(caller.conn, Joined{member, token, role});
+  auto& joined = seg.joined.emplace(caller.conn, Joined{member, token, role})->second;
+  journal_joined(seg, joined, caller.creds);
   out.push_back(reply(caller.conn, rid, proto::JoinReply{member, token}));
 }
 

@@ -59,6 +59,14 @@ struct SegmentRecord : SegmentAttributes {
   std::map<ConnId, std::uint32_t> refs;     ///< references per connection
   std::set<ConnId> writers;                 ///< connections holding a read-write reference
   std::multimap<ConnId, Joined> joined;     ///< member entries each connection joined (Join)
+  /// After a broker restart: member entries the journal says the last broker's clients held and nobody has
+  /// rejoined yet. Each is repaired once its process is gone (`pidfd` readable, or it was gone already); one whose
+  /// process this broker cannot see (pid 0) waits for its Rejoin, or for the name to go.
+  struct Unclaimed {
+    Joined joined;
+    os::UniqueFd pidfd;
+  };
+  std::vector<Unclaimed> unclaimed;
   ConnId creator = 0;                       ///< the connection that created it
   std::set<ConnId> watchers;  ///< connections that watch it (Watch)
   struct Beat {
@@ -94,6 +102,10 @@ class Registry {
   /// Writes how this broker was started into the status page (its start time is now). Call once, before the
   /// page is shared with any client.
   void describe_broker(proto::BrokerMode mode, std::uint64_t idle_timeout_ms) noexcept;
+
+  /// Says on the status page that this broker is stopping on purpose (before it closes the connections): clients
+  /// then start no broker by themselves, as they do after it died.
+  void mark_stopping() noexcept;
 
   /// The status page's memfd; the server hands a read-only reopen of it to each client with HelloReply.
   int status_fd() const noexcept { return m_status_fd.get(); }
@@ -196,6 +208,17 @@ class Registry {
   void repair_for(SegmentRecord& seg, ConnId conn);
   /// Makes the owed stream writes of dead channel members whose turn has come (repair.hpp, settle_owed), when due.
   void settle_owing(std::int64_t now_ns);
+  /// A control block came back after a broker restart (restore.cpp): takes the journal's member entries of its name
+  /// that still hold their token as unclaimed, repairing at once those whose process is gone.
+  void adopt_unclaimed(SegmentRecord& seg);
+  /// Repairs unclaimed member entries whose process has exited since (when due: every kUnclaimedLookNs).
+  void repair_unclaimed(std::int64_t now_ns);
+  /// Repairs one member entry of `seg` no connection holds (its process is gone) and journals it.
+  void repair_gone(SegmentRecord& seg, const Joined& member);
+  /// Journals that a connection of `creds` joined `member` of `seg` (named control blocks only).
+  void journal_joined(const SegmentRecord& seg, Joined& member, const os::Credentials& creds) noexcept;
+  /// Compacts the journal from what is linked and joined now, when it has grown enough (Journal::wants_compaction).
+  void maybe_compact_journal() noexcept;
 
   void bump_names_generation() noexcept;
   /// The creator of a DeviceIpc segment dropped its last reference or its connection: the memory dies with it.
@@ -225,6 +248,11 @@ class Registry {
   };
   Journal m_journal;
   std::map<std::string, Restore> m_restore;  // journal names waiting for a holder's Announce
+  std::map<std::string, std::vector<JournalMember>> m_restore_members;  // their member entries, by name
+  // Segments with unclaimed member entries whose process lives (SegmentRecord::unclaimed), looked at every 20 ms.
+  static constexpr std::int64_t kUnclaimedLookNs = 20'000'000;
+  std::set<std::uint64_t> m_unclaimed;
+  std::int64_t m_unclaimed_check_ns = 0;
   std::set<std::uint64_t> m_beating;         // segments with heartbeats (expire_beats looks at these only)
   // Channels whose dead members still owe stream writes, and when to look at them next: 1 ms after a death or a
   // write made, backing off to 32 ms while none lands (a survivor's stream holds one back).

@@ -5,6 +5,8 @@
 // pages releases GPU streams waiting on them, so no survivor's stream waits forever on the dead.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -43,6 +45,8 @@ struct Joined {
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;
   proto::Role role = proto::Role::None;
+  pid_t pid = 0;            ///< the joining process (SO_PEERCRED; 0: unknown), for the journal
+  std::uint64_t start = 0;  ///< its start (os::process_start_ticks; 0: unknown)
 };
 
 /// Checks a control block being registered (the creator fills it in before Create, so it is complete before

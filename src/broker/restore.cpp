@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "base/format.hpp"
 #include "base/log.hpp"
@@ -21,7 +22,12 @@ bool host_kind(proto::Kind k) { return k == proto::Kind::Host || k == proto::Kin
 
 void Registry::open_journal(const std::string& path, std::int64_t now_ns, std::int64_t grace_ns) {
   std::vector<JournalEntry> linked;
-  m_journal = Journal::open(path, linked);
+  std::vector<JournalMember> members;
+  m_journal = Journal::open(path, linked, members);
+  for (auto& m : members) {
+    std::string name = m.name;
+    m_restore_members[name].push_back(std::move(m));
+  }
   for (auto& e : linked) {
     GPUIPC_LOG_INFO("segment '{}' was linked when the last broker stopped: waiting {} ms for a holder to announce it",
                     e.name, grace_ns / 1'000'000);
@@ -30,20 +36,163 @@ void Registry::open_journal(const std::string& path, std::int64_t now_ns, std::i
   }
 }
 
-void Registry::journal_linked(const SegmentRecord& seg) noexcept {
-  if (!m_journal || seg.kind == proto::Kind::DeviceIpc || seg.name.empty()) return;
+namespace {
+
+/// The journal's entry for a linked segment, or nothing when it does not go in the journal (device_ipc shares die
+/// with their exporter; a host segment whose file cannot be told later is not promised back).
+std::optional<JournalEntry> journal_entry_of(const SegmentRecord& seg) noexcept {
+  if (seg.kind == proto::Kind::DeviceIpc || seg.name.empty()) return std::nullopt;
   JournalEntry e;
-  e.attributes() = seg;
-  if (host_kind(seg.kind)) {
-    try {
+  try {
+    e.attributes() = seg;
+    if (host_kind(seg.kind)) {
       const auto id = os::file_id(seg.memory.get());
       e.file_dev = id.dev;
       e.file_ino = id.ino;
-    } catch (const Error&) {
-      return;  // cannot tell its file later: do not promise it back
     }
+  } catch (...) {
+    return std::nullopt;
   }
-  m_journal.linked(e);
+  return e;
+}
+
+}  // namespace
+
+void Registry::journal_linked(const SegmentRecord& seg) noexcept {
+  if (!m_journal) return;
+  if (auto e = journal_entry_of(seg)) m_journal.linked(*e);
+}
+
+void Registry::journal_joined(const SegmentRecord& seg, Joined& member, const os::Credentials& creds) noexcept {
+  member.pid = creds.pid;
+  member.start = os::process_start_ticks(creds.pid);
+  if (!m_journal || seg.name.empty()) return;
+  try {
+    m_journal.joined(JournalMember{seg.name, member.member, member.token, static_cast<std::uint32_t>(member.role),
+                                   member.pid, member.start});
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory copying the name: not journaled
+  }
+}
+
+void Registry::maybe_compact_journal() noexcept {
+  if (!m_journal.wants_compaction()) return;
+  try {
+    std::string text;
+    auto members = [&](const std::string& name, const Joined& j) {
+      text += journal_member_line(
+                  JournalMember{name, j.member, j.token, static_cast<std::uint32_t>(j.role), j.pid, j.start}) +
+              "\n";
+    };
+    for (const auto& [id, seg] : m_segments) {
+      const auto e = journal_entry_of(seg);
+      if (!e) continue;
+      text += journal_line(*e) + "\n";
+      for (const auto& [conn, j] : seg.joined) members(seg.name, j);
+      for (const auto& u : seg.unclaimed) members(seg.name, u.joined);
+    }
+    for (const auto& [name, r] : m_restore) {
+      text += journal_line(r.entry) + "\n";
+      if (auto m = m_restore_members.find(name); m != m_restore_members.end()) {
+        for (const auto& jm : m->second) text += journal_member_line(jm) + "\n";
+      }
+    }
+    m_journal.rewrite(text);
+  } catch (const std::exception& e) {
+    GPUIPC_LOG_WARN("names journal: cannot compact it: {}", e.what());
+  }
+}
+
+namespace {
+
+/// Whether the process of an unclaimed member entry is gone: its pidfd says it exited, or (without a pidfd) its
+/// pid names no process, or another one than the journal's (a later start).
+bool process_gone(const SegmentRecord::Unclaimed& u) {
+  if (u.pidfd) return os::pidfd_wait_exit(u.pidfd.get(), 0);
+  if (u.joined.pid <= 0) return false;  // not visible to this broker: wait for its Rejoin
+  if (u.joined.start == 0) return !os::process_alive(u.joined.pid);
+  return os::process_start_ticks(u.joined.pid) != u.joined.start;
+}
+
+}  // namespace
+
+void Registry::repair_gone(SegmentRecord& seg, const Joined& member) {
+  // Its process has exited, so its GPU work has too: what its stream owed is written as the turns come (pid 0).
+  if (remove_member(seg.block, member, 0)) {
+    GPUIPC_LOG_INFO("member {} of '{}' (pid {}) died while no broker watched it: repaired after the broker restart",
+                    member.member, seg.name, member.pid);
+  }
+  if (!seg.name.empty()) m_journal.left(seg.name, member.member, member.token);
+  if (!seg.block.owed.empty() && m_owing.insert(seg.id).second && m_owing.size() == 1) {
+    m_owed_interval_ns = kOwedFirstLookNs;
+    m_owed_check_ns = os::monotonic_ns() + m_owed_interval_ns;
+  }
+}
+
+void Registry::adopt_unclaimed(SegmentRecord& seg) {
+  auto it = m_restore_members.find(seg.name);
+  if (it == m_restore_members.end()) return;
+  const std::vector<JournalMember> members = std::move(it->second);
+  m_restore_members.erase(it);
+  bool watch = false;
+  for (const auto& m : members) {
+    SegmentRecord::Unclaimed u{
+        Joined{m.member, m.token, static_cast<proto::Role>(m.role), static_cast<pid_t>(m.pid), m.start}, {}};
+    if (!check_rejoin(seg.block, u.joined).empty()) {
+      m_journal.left(seg.name, m.member, m.token);  // it left (cleanly) while no broker watched
+      continue;
+    }
+    if (u.joined.pid > 0) {
+      try {
+        u.pidfd = os::pidfd_open(u.joined.pid);
+        // Taken before the start is read: a pid used again after that read is not the process the pidfd names.
+        if (u.joined.start != 0 && os::process_start_ticks(u.joined.pid) != u.joined.start) u.pidfd.reset();
+      } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone (NotFound) or no pidfd: process_gone tells
+      }
+    }
+    if (process_gone(u)) {
+      repair_gone(seg, u.joined);
+      continue;
+    }
+    if (u.joined.pid > 0) {
+      watch = true;
+      GPUIPC_LOG_INFO(
+          "member {} of '{}' (pid {}) has not rejoined after the broker restart: repaired if its process "
+          "exits first",
+          m.member, seg.name, m.pid);
+    } else {
+      GPUIPC_LOG_INFO(
+          "member {} of '{}' (a process this broker cannot see) has not rejoined after the broker "
+          "restart: it is not repaired unless it rejoins",
+          m.member, seg.name);
+    }
+    seg.unclaimed.push_back(std::move(u));
+  }
+  if (watch && m_unclaimed.insert(seg.id).second && m_unclaimed.size() == 1) {
+    m_unclaimed_check_ns = os::monotonic_ns() + kUnclaimedLookNs;
+  }
+}
+
+void Registry::repair_unclaimed(std::int64_t now_ns) {
+  if (m_unclaimed.empty() || now_ns < m_unclaimed_check_ns) return;
+  for (auto it = m_unclaimed.begin(); it != m_unclaimed.end();) {
+    auto s = m_segments.find(*it);
+    if (s == m_segments.end()) {
+      it = m_unclaimed.erase(it);
+      continue;
+    }
+    auto& seg = s->second;
+    std::vector<Joined> gone;
+    std::erase_if(seg.unclaimed, [&](const SegmentRecord::Unclaimed& u) {
+      if (!process_gone(u)) return false;
+      gone.push_back(u.joined);
+      return true;
+    });
+    for (const auto& j : gone) repair_gone(seg, j);
+    const bool watched =
+        std::any_of(seg.unclaimed.begin(), seg.unclaimed.end(), [](const auto& u) { return u.joined.pid > 0; });
+    it = watched ? std::next(it) : m_unclaimed.erase(it);
+  }
+  m_unclaimed_check_ns = now_ns + kUnclaimedLookNs;
 }
 
 void Registry::expire_restores(std::int64_t now_ns) {
@@ -54,6 +203,7 @@ void Registry::expire_restores(std::int64_t now_ns) {
     }
     GPUIPC_LOG_INFO("segment '{}': nobody announced it after the broker restart; the name is gone", it->first);
     m_journal.unlinked(it->first);
+    m_restore_members.erase(it->first);
     it = m_restore.erase(it);
   }
 }
@@ -147,6 +297,7 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
   if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
   m_restore.erase(r);
   auto& stored = link(std::move(seg));
+  if (stored.control) adopt_unclaimed(stored);
   GPUIPC_LOG_INFO("segment '{}' ({}) given back by pid {} after the broker restart: id {}", stored.name,
                   human_bytes(stored.size), caller.creds.pid, stored.id);
   out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(stored)}));
@@ -169,7 +320,12 @@ void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejo
                              .body));
     return;
   }
-  it->second.joined.emplace(caller.conn, joined);
+  auto& seg = it->second;
+  std::erase_if(seg.unclaimed, [&](const SegmentRecord::Unclaimed& u) {
+    return u.joined.member == joined.member && u.joined.token == joined.token;
+  });
+  auto& stored = seg.joined.emplace(caller.conn, joined)->second;
+  journal_joined(seg, stored, caller.creds);
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));
 }
 

@@ -151,6 +151,7 @@ void Server::run() {
     reap_closing();
     if (!(m_connections.empty() && m_registry.empty())) m_idle_since_ns = os::monotonic_ns();
   }
+  m_registry.mark_stopping();
   std::vector<ConnId> ids;
   for (const auto& [id, c] : m_connections) ids.push_back(id);
   // Shutting down is not the clients dying: their semaphores and channels keep working without a broker, so

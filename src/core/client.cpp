@@ -1,9 +1,15 @@
 #include "core/client.hpp"
 
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -39,12 +45,33 @@ std::int64_t reply_poll_ns() {
   return ns;
 }
 
+// This process's connection to the broker and the watcher's copy of it (-1: none), for the fork handler below. Set
+// after the fd is made and cleared before it is closed: a child never turns an fd of its own into /dev/null.
+std::array<std::atomic<int>, 2> g_connection_fds{-1, -1};
+
+/// pthread_atfork's child handler: the child must not keep the parent's broker connection open (the broker would
+/// not see the parent die while the child lives, and would repair nothing). Each fd becomes /dev/null, so that the
+/// copies the left-behind client objects still own close harmlessly. Async-signal-safe.
+void forget_parent_connection() noexcept {
+  for (auto& slot : g_connection_fds) {
+    const int fd = slot.exchange(-1);
+    if (fd < 0) continue;
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+      (void)::dup3(null, fd, O_CLOEXEC);
+      (void)::close(null);
+    }
+  }
+}
+
 }  // namespace
 
 BrokerClient& BrokerClient::instance() {
   static std::mutex guard;
   static BrokerClient* client = nullptr;
   static pid_t owner = 0;
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { (void)::pthread_atfork(nullptr, nullptr, forget_parent_connection); });
   std::lock_guard lock(guard);
   const pid_t pid = os::current_pid();
   if (client == nullptr || owner != pid) {
@@ -112,7 +139,7 @@ void BrokerClient::connect_locked() {
   // Checked before anything is sent: a malformed value must not throw between a request and its answer (the
   // request would take effect, and the connection would hold an answer nobody reads).
   (void)reply_poll_ns();
-  m_sock.reset();
+  disconnect_locked();
   const std::string dir = config::runtime_dir();
   const std::string path = config::socket_path();
   const auto deadline = std::chrono::steady_clock::now() + connect_timeout();
@@ -123,6 +150,7 @@ void BrokerClient::connect_locked() {
       m_sock = os::connect_seqpacket(
           path, std::chrono::duration_cast<std::chrono::milliseconds>(
                     std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{})));
+      g_connection_fds[0].store(m_sock.get());
       break;
     } catch (const Error& e) {
       if (e.code() != ErrorCode::NotFound) throw;
@@ -157,7 +185,9 @@ void BrokerClient::connect_locked() {
       delay = std::min(delay * 2, std::chrono::microseconds(20000));
     }
   }
-  const std::uint64_t previous_generation = m_generation.load();
+  // The mappings to give back were made on the last connection that said Hello, not on an attempt that failed
+  // since (a dying broker's listener can take a connection and drop it).
+  const std::uint64_t previous_generation = m_greeted_generation;
   m_generation = ++g_generations;
   proto::Hello hello;
   hello.pid = static_cast<std::uint32_t>(os::current_pid());
@@ -169,12 +199,13 @@ void BrokerClient::connect_locked() {
   Reply r = exchange_locked(hello, {}, connect_timeout());
   const auto* hr = std::get_if<proto::HelloReply>(&r.msg.body);
   if (hr == nullptr) {
-    m_sock.reset();
+    disconnect_locked();
     throw Error(ErrorCode::Protocol, "the broker answered Hello with something else", "hello");
   }
   m_broker_pid = hr->broker_pid;
   m_broker_version = hr->broker_version;
   const std::uint64_t new_generation = m_generation.load();
+  m_greeted_generation = new_generation;
   if (m_connected_once) {
     if (auto hook = g_rebind.load(); hook != nullptr) {
       try {
@@ -188,6 +219,7 @@ void BrokerClient::connect_locked() {
     }
   }
   m_connected_once = true;
+  if (m_watch_wake) os::event_fd_signal(m_watch_wake.get());  // the watcher takes the new connection
   m_status.store(nullptr, std::memory_order_release);
   if (r.fds.size() == 1) {
     try {
@@ -210,7 +242,7 @@ std::uint32_t BrokerClient::send_locked(const proto::Body& body, std::span<const
   msg.body = body;
   const auto bytes = proto::encode(msg, fds.size());
   if (os::send_message(m_sock.get(), bytes, fds, proto::kMaxMessageSize) != os::IoStatus::Ok) {
-    m_sock.reset();
+    disconnect_locked();
     throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "send");
   }
   return msg.request_id;
@@ -224,7 +256,7 @@ Reply BrokerClient::receive_locked(std::chrono::milliseconds timeout) {
   const std::int64_t poll_ns = reply_poll_ns();  // read (and checked) at connect
   for (;;) {
     if (!os::spin_readable(m_sock.get(), poll_ns) && !os::wait_readable(m_sock.get(), wait_ms)) {
-      m_sock.reset();
+      disconnect_locked();
       throw Error(ErrorCode::Timeout, fmt::format("the gpuipc broker did not answer within {} ms", wait_ms), "recv");
     }
     Reply reply;
@@ -233,13 +265,13 @@ Reply BrokerClient::receive_locked(std::chrono::milliseconds timeout) {
     const auto st = os::receive_message(m_sock.get(), buffer, size, reply.fds);
     if (st == os::IoStatus::WouldBlock) continue;
     if (st != os::IoStatus::Ok) {
-      m_sock.reset();
+      disconnect_locked();
       throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "recv");
     }
     std::string why;
     const std::span<const std::byte> bytes(buffer.data(), size);
     if (const auto version = proto::peek_version(bytes); version && *version != proto::kVersion) {
-      m_sock.reset();
+      disconnect_locked();
       throw Error(ErrorCode::Protocol,
                   fmt::format("protocol version mismatch: the gpuipc broker on {} speaks protocol version {}, this "
                               "library (gpuipc {}) speaks version {}. They come from different gpuipc releases: stop "
@@ -249,13 +281,13 @@ Reply BrokerClient::receive_locked(std::chrono::milliseconds timeout) {
                   "recv");
     }
     if (!proto::decode(bytes, reply.fds.size(), reply.msg, why)) {
-      m_sock.reset();
+      disconnect_locked();
       throw Error(ErrorCode::Protocol, "malformed reply from the gpuipc broker: " + why, "recv");
     }
     if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body);
         err != nullptr && reply.msg.request_id == 0) {
       // request_id 0: the broker is closing this connection (it could not parse what we sent).
-      m_sock.reset();
+      disconnect_locked();
       throw error_from_reply(*err, "broker");
     }
     return reply;
@@ -267,7 +299,7 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
   const std::uint32_t id = send_locked(body, fds);
   Reply reply = receive_locked(timeout);
   if (reply.msg.request_id != id) {
-    m_sock.reset();
+    disconnect_locked();
     throw Error(ErrorCode::Protocol, fmt::format("reply {} does not answer request {}", reply.msg.request_id, id),
                 "recv");
   }
@@ -294,7 +326,7 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
           std::size_t k = 0;
           while (k < n && (answered[k] || ids[k] != reply.msg.request_id)) ++k;
           if (k == n) {
-            m_sock.reset();
+            disconnect_locked();
             throw Error(ErrorCode::Protocol,
                         fmt::format("reply {} answers none of the {} requests sent together that wait for one",
                                     reply.msg.request_id, n),
@@ -333,6 +365,104 @@ bool BrokerClient::request_on(std::uint64_t generation, const proto::Body& body)
 }
 
 void BrokerClient::set_rebind_hook(RebindHook hook) noexcept { g_rebind.store(hook); }
+
+void BrokerClient::disconnect_locked() noexcept {
+  g_connection_fds[0].store(-1);
+  m_sock.reset();
+  if (m_watch_wake) os::event_fd_signal(m_watch_wake.get());
+}
+
+void BrokerClient::keep_connected() {
+  if (m_watching.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(m_mutex);
+  if (m_watching.load(std::memory_order_relaxed)) return;
+  try {
+    m_watch_wake = os::event_fd();
+    // The thread takes no signal: a process's handlers run on its own threads, never on the library's.
+    sigset_t all{};
+    sigset_t old{};
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    try {
+      std::thread([this] { watch(); }).detach();
+    } catch (...) {
+      pthread_sigmask(SIG_SETMASK, &old, nullptr);
+      throw;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    m_watching.store(true, std::memory_order_release);
+  } catch (const std::exception& e) {
+    m_watch_wake.reset();
+    GPUIPC_LOG_WARN(
+        "cannot watch the broker connection ({}): after a broker restart, names and memberships come "
+        "back at this process's next call",
+        e.what());
+  }
+}
+
+void BrokerClient::watch() {
+  // The eventfd lives as long as this client: the watcher of a fork's parent is not in the child, and the child's
+  // client is another object.
+  const int wake = m_watch_wake.get();
+  for (;;) {
+    os::UniqueFd sock;
+    std::uint64_t generation = 0;
+    const proto::StatusPage* page = nullptr;
+    try {
+      {
+        std::lock_guard lock(m_mutex);
+        // A copy of the connection: the caller threads may replace m_sock at any time (they signal `wake`).
+        if (m_sock) {
+          sock = os::dup_fd(m_sock.get(), "broker connection");
+          g_connection_fds[1].store(sock.get());
+        }
+        generation = m_generation.load();
+        page = m_status.load(std::memory_order_acquire);
+      }
+      const bool hung_up = os::wait_hangup(sock ? sock.get() : -1, wake);
+      g_connection_fds[1].store(-1);
+      sock.reset();
+      if (!hung_up) {
+        os::event_fd_drain(wake);
+        continue;
+      }
+    } catch (const std::exception& e) {
+      g_connection_fds[1].store(-1);
+      GPUIPC_LOG_WARN("the broker connection's watcher stops: {}", e.what());
+      m_watching.store(false, std::memory_order_release);
+      return;
+    }
+    if (page != nullptr &&
+        std::atomic_ref<std::uint32_t>(const_cast<std::uint32_t&>(page->stopping))  // NOLINT: read-only map
+                .load(std::memory_order_acquire) != 0) {
+      // Stopped on purpose: start no broker behind its back. The next call connects, as it would have.
+      GPUIPC_LOG_DEBUG("the broker stopped; reconnecting at the next call");
+      std::lock_guard lock(m_mutex);
+      if (m_generation.load() == generation) disconnect_locked();
+      continue;
+    }
+    // Died: connect again now (starting a broker), which gives names and memberships back (the rebind hook).
+    auto delay = std::chrono::milliseconds(50);
+    for (;;) {
+      {
+        std::lock_guard lock(m_mutex);
+        // A caller (or an attempt of ours whose Hello failed: a dying broker's listener may still take a
+        // connection) may have moved the generation on: done only once connected.
+        if (m_generation.load() != generation && m_sock) break;
+        try {
+          disconnect_locked();
+          connect_locked();
+          GPUIPC_LOG_INFO("the broker died; reconnected to a new one and gave back what this process holds");
+          break;
+        } catch (const std::exception& e) {
+          GPUIPC_LOG_DEBUG("reconnecting after the broker died: {}; trying again in {} ms", e.what(), delay.count());
+        }
+      }
+      std::this_thread::sleep_for(delay);
+      delay = std::min(delay * 2, std::chrono::milliseconds(30000));
+    }
+  }
+}
 
 Reply BrokerClient::request(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout) {
   std::lock_guard lock(m_mutex);

@@ -75,6 +75,13 @@ class BrokerClient {
   using RebindHook = void (*)(std::uint64_t old_generation, std::uint64_t new_generation, const Exchange& exchange);
   void set_rebind_hook(RebindHook hook) noexcept;
 
+  /// From now on, keeps this process connected on its own: a thread watches the connection, and when the broker
+  /// dies (the connection closes and the status page does not say it stopped on purpose) it connects again at
+  /// once, starting a new broker, so that the rebind hook gives names and memberships back without waiting for
+  /// this process's next call; a member of this process's objects that dies meanwhile is then repaired. src/core
+  /// calls it when the process first maps a segment or joins an object. Idempotent; cheap after the first call.
+  void keep_connected();
+
   /// The broker's pid as it reported it in HelloReply (connects if needed): a pid in the broker's PID namespace.
   std::uint32_t broker_pid();
   /// The broker's pid as the kernel gives it to this process (SO_PEERCRED of the connection, connects if needed):
@@ -111,8 +118,17 @@ class BrokerClient {
   /// the connection is closing, thrown). Throws PeerDied, Timeout or Protocol, with the connection dropped.
   Reply receive_locked(std::chrono::milliseconds timeout);
 
-  mutable std::mutex m_mutex;
+  /// Drops the connection (m_sock) and tells the watcher, which holds a copy of it, to let go too.
+  void disconnect_locked() noexcept;
+  /// The watcher thread (keep_connected): waits for the connection to hang up, then connects again.
+  void watch();
+
+  // Recursive: giving names back (the rebind hook) runs under it and may drop the last handle of a mapping, whose
+  // destructor sends its Close on the connection being set up (request_on) from the same thread.
+  mutable std::recursive_mutex m_mutex;
   os::UniqueFd m_sock;
+  os::UniqueFd m_watch_wake;            // eventfd: the connection was replaced or dropped (the watcher looks again)
+  std::atomic<bool> m_watching{false};  // the watcher thread runs
   std::atomic<std::uint64_t> m_generation{0};
   std::atomic<const proto::StatusPage*> m_status{nullptr};
   std::vector<os::Mapping> m_status_maps;  // kept for the process's life: lock-free readers may hold old pointers
@@ -120,6 +136,7 @@ class BrokerClient {
   std::uint32_t m_next_request = 1;
   std::uint32_t m_broker_pid = 0;
   std::string m_broker_version;
+  std::uint64_t m_greeted_generation = 0;  // the last connection the broker answered Hello on
   bool m_connected_once = false;  // a later connect is a reconnection: names and memberships are given back
 };
 

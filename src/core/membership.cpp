@@ -39,6 +39,7 @@ Membership join_member(const Segment& control, proto::Role role) {
   auto& reg = registry();
   std::lock_guard lock(reg.mutex);
   reg.joined[{r->member, r->token}] = Joined{detail::SegmentAccess::mapping(control), role};
+  BrokerClient::instance().keep_connected();  // rejoins at once when the broker dies (its mapping did this already)
   return Membership{r->member, r->token};
 }
 

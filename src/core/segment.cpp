@@ -82,7 +82,8 @@ SegmentInfo to_info(const proto::SegmentInfo& p) {
 /// of the broker's names generation: an unlink anywhere invalidates every binding made before it, and the next
 /// open of such a name asks the broker again (Stat) whether it still names the same segment.
 /// Every mapping this process registered with a broker, so that a broker started after the last one died gets the
-/// names back (Announce) and the memberships (Rejoin): the library reconnects at the next call and runs rebind().
+/// names back (Announce) and the memberships (Rejoin): the library reconnects (its watcher at once, else the next
+/// call) and runs rebind().
 class LiveMappings {
  public:
   static LiveMappings& instance() {
@@ -133,7 +134,9 @@ void rebind(std::uint64_t old_generation, std::uint64_t new_generation, const co
 void remember_for_restart(const std::shared_ptr<detail::Mapping>& m) {
   static std::once_flag hook;
   std::call_once(hook, [] { core::BrokerClient::instance().set_rebind_hook(&rebind); });
-  if (m->kind != SegmentKind::DeviceIpc) LiveMappings::instance().add(m);
+  if (m->kind == SegmentKind::DeviceIpc) return;  // dies with its exporter: nothing to give back
+  LiveMappings::instance().add(m);
+  core::BrokerClient::instance().keep_connected();  // given back at once when the broker dies
 }
 
 class MappingCache {

@@ -23,6 +23,7 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <sstream>
 
 #include "base/errors.hpp"
 #include "os/memfd.hpp"
@@ -65,6 +66,24 @@ bool pidfd_wait_exit(int pidfd, int timeout_ms) { return wait_readable(pidfd, ti
 bool process_alive(pid_t pid) noexcept {
   if (pid <= 0) return false;  // kill(0 or -n, 0) would probe a process group
   return ::kill(pid, 0) == 0 || errno == EPERM;
+}
+
+std::uint64_t process_start_ticks(pid_t pid) noexcept {
+  if (pid <= 0) return 0;
+  try {
+    const std::string stat = read_text(fmt::format("/proc/{}/stat", pid));
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so count fields after the last ')'.
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) return 0;
+    std::istringstream in(stat.substr(close + 1));
+    std::string field;
+    for (int i = 3; i < 22 && (in >> field); ++i) {
+    }
+    std::uint64_t ticks = 0;
+    return (in >> ticks) ? ticks : 0;
+  } catch (...) {  // NOLINT(bugprone-empty-catch): gone, or no /proc: unknown
+    return 0;
+  }
 }
 
 void send_signal(pid_t pid, int sig) {

@@ -24,6 +24,10 @@ bool pidfd_wait_exit(int pidfd, int timeout_ms);
 /// Whether a process with this pid exists (kill(pid, 0); EPERM counts as existing).
 bool process_alive(pid_t pid) noexcept;
 
+/// When process `pid` started, in clock ticks after boot (/proc/PID/stat, field 22), or 0 when unknown (no such
+/// process, no /proc). With the pid it names one process for good: a pid used again has a later start.
+std::uint64_t process_start_ticks(pid_t pid) noexcept;
+
 /// kill(pid, sig). Throws Error naming the pid.
 void send_signal(pid_t pid, int sig);
 

@@ -329,6 +329,19 @@ bool wait_readable(int fd, int timeout_ms) {
   }
 }
 
+bool wait_hangup(int sock, int wake) {
+  for (;;) {
+    std::array<pollfd, 2> pfd{{{wake, POLLIN, 0}, {sock, POLLRDHUP, 0}}};
+    const int rc = ::poll(pfd.data(), sock >= 0 ? 2 : 1, -1);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      throw_system("poll", fmt::format("fds {} and {}", wake, sock));
+    }
+    if ((pfd[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) return true;
+    if (pfd[0].revents != 0) return false;
+  }
+}
+
 bool spin_readable(int fd, std::int64_t spin_ns) {
   if (spin_ns <= 0) return false;
   const std::int64_t end = monotonic_ns() + spin_ns;

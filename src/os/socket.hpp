@@ -114,6 +114,11 @@ void set_nonblocking(int fd, bool on);
 /// Returns true when readable (or hung up), false on timeout.
 bool wait_readable(int fd, int timeout_ms);
 
+/// Sleeps until the peer of connected socket `sock` hangs up (or the socket errs), or until `wake` becomes readable,
+/// whichever comes first; `sock` -1 waits for `wake` alone. Data arriving on `sock` does not end the wait (another
+/// thread reads it). Returns true when `sock` hung up. Retries EINTR.
+bool wait_hangup(int sock, int wake);
+
 /// Polls one fd for POLLIN without sleeping for up to `spin_ns`, yielding the CPU between looks (sched_yield):
 /// true as soon as it is readable (or hung up), false when the time is up. For waits that usually end within
 /// microseconds, where sleeping would let a virtual CPU halt and cost its wake-up (tens to hundreds of us).

@@ -48,10 +48,16 @@ struct alignas(64) StatusPage {
   std::uint32_t reserved;         ///< 0
   std::uint64_t started_unix_ns;  ///< when the broker started (CLOCK_REALTIME)
   std::uint64_t idle_timeout_ms;  ///< exits after this long idle; 0: never
+  /// Set to 1 (release) when the broker shuts down on purpose (SIGTERM, SIGINT, `gpuipc daemon --stop`), before
+  /// it closes its connections: a client that sees its connection close reads it to tell a stop, after which it
+  /// starts no broker by itself, from a death, after which it reconnects at once to give names and memberships back.
+  std::uint32_t stopping;
+  std::uint32_t reserved2;  ///< 0
 };
 static_assert(sizeof(StatusPage) == 64);
 static_assert(offsetof(StatusPage, broker_pid) == 16 && offsetof(StatusPage, mode) == 24 &&
-              offsetof(StatusPage, started_unix_ns) == 32 && offsetof(StatusPage, idle_timeout_ms) == 40);
+              offsetof(StatusPage, started_unix_ns) == 32 && offsetof(StatusPage, idle_timeout_ms) == 40 &&
+              offsetof(StatusPage, stopping) == 48);
 static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free);
 
 }  // namespace gpuipc::proto

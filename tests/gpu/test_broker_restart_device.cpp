@@ -1,6 +1,7 @@
 // gpuipcd SIGKILLed under a device segment: the owner's mapping keeps working, its next call gives the name back to
 // the new broker (a device fd carries no identity, so only the owner or root can), and a new process opens it by
-// name and reads what the owner wrote.
+// name and reads what the owner wrote. And a GPU stream waiting on a semaphore whose signaller died while no broker
+// ran is released once the new broker learns of the semaphore.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 
 #include "cuda/context.hpp"
 #include "gpuipc/segment.hpp"
+#include "gpuipc/semaphore.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
 #include "support/support.hpp"
@@ -60,6 +62,46 @@ TEST(BrokerRestartDevice, TheOwnerGivesADeviceSegmentsNameBackAndAnotherProcessR
   read_back.notify();
   EXPECT_EQ(wait_child(owner), 0);
   Segment::unlink(name);
+}
+
+TEST(BrokerRestartDevice, AStreamWaitingOnASignallerThatDiedWithTheBrokerIsReleased) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("sem");
+  SyncPipe created, waiting;
+  const pid_t signaller = start_child([&] {
+    cuda::PrimaryContext ctx{0};
+    ctx.make_current();
+    auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    created.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t waiter = start_child([&] {
+    cuda::PrimaryContext ctx{0};
+    ctx.make_current();
+    auto stream = cuda::Stream::create();
+    auto sem = Semaphore::open(name, {.role = SemaphoreRole::Waiter});
+    GPUIPC_CHILD_CHECK(sem.wait(stream.get(), 5) == Status::Ok);
+    waiting.notify();
+    // From here on this process makes no library call: its watcher gives the semaphore back to the new broker,
+    // which finds the signaller's entry in its journal, its process gone, and poisons the semaphore.
+    auto done_within = [&](std::chrono::milliseconds t) { return wait_until([&] { return stream.query(); }, t, 1ms); };
+    GPUIPC_CHILD_CHECK(!done_within(300ms));
+    GPUIPC_CHILD_CHECK(done_within(20s));
+    GPUIPC_CHILD_CHECK(sem.status() == Status::PeerDied);
+    return 0;
+  });
+  ASSERT_TRUE(waiting.wait(60s));
+  // Stopped, the signaller cannot rejoin; it dies while no broker runs.
+  ASSERT_EQ(::kill(signaller, SIGSTOP), 0);
+  const pid_t broker = BrokerEnvironment::broker_pid();
+  ASSERT_EQ(::kill(broker, SIGKILL), 0);
+  ASSERT_TRUE(wait_until([&] { return ::kill(broker, 0) != 0 || task_state(broker) == 'Z'; }, 5s));
+  ::kill(signaller, SIGKILL);
+  EXPECT_EQ(wait_child(signaller), 128 + SIGKILL);
+  EXPECT_EQ(wait_child(waiter, 60s), 0);
+  Semaphore::unlink(name);
 }
 
 }  // namespace

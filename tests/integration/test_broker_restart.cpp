@@ -1,15 +1,22 @@
 // gpuipcd SIGKILLed and started again (issue "Nothing lost, nothing hangs": broker death and restart): clients
-// keep working through shared memory; the next library call starts a new broker and gives it back the names and
-// memberships it still holds, with the owner and mode from the broker's journal; names nobody maps go after the
-// grace time.
+// keep working through shared memory; each process's watcher (or else its next library call) starts a new broker
+// and gives it back the names and memberships it still holds, with the owner and mode from the broker's journal;
+// names nobody maps go after the grace time. A member that dies before it rejoined is repaired too: the journal
+// names its process. A broker stopped on purpose is not started again behind its back.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
 
+#include "gpuipc/broker.hpp"
 #include "gpuipc/channel.hpp"
+#include "gpuipc/liveness.hpp"
 #include "gpuipc/segment.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
@@ -128,6 +135,179 @@ TEST(BrokerRestart, AChannelKeepsWorkingAndAMemberKilledAfterTheRestartIsRepaire
       << "last status " << static_cast<int>(st);
   producer = Channel();
   Channel::unlink(name);
+}
+
+/// A host channel of two slots this test process produces into, and a consumer of it in a child that receives and
+/// releases in host waits (no broker call of its own) `consume` messages in all, or none: it then only holds its
+/// membership until it is killed. No child outlives the test.
+class BrokerRestartPipeline : public ::testing::Test {
+ protected:
+  void start_consumer(int consume) {
+    ChannelOptions o;
+    o.kind = SegmentKind::Host;
+    o.slots = 2;
+    o.slot_bytes = 64;
+    producer = Channel::create(name, o, ChannelRole::Producer);
+    SyncPipe joined;
+    consumer = start_child([&] {
+      auto ch = Channel::open(name, ChannelRole::Consumer);
+      joined.notify();
+      for (int got = 0; got < consume; ++got) {
+        MessageView m;
+        GPUIPC_CHILD_CHECK(ch.receive(nullptr, std::chrono::seconds(30), m) == Status::Ok);
+        GPUIPC_CHILD_CHECK(ch.release(nullptr) == Status::Ok);
+      }
+      if (consume == 0) ::pause();
+      return 0;
+    });
+    ASSERT_TRUE(joined.wait(10s));
+  }
+  /// Two messages nobody has received: the ring is full, and the next acquire waits for a consumer's release (a
+  /// host wait: no broker call).
+  void fill() {
+    for (int i = 0; i < 2; ++i) {
+      std::uint64_t seq = 0;
+      ASSERT_EQ(producer.send(nullptr, &i, sizeof i, {}, std::chrono::seconds(5), seq), Status::Ok) << i;
+    }
+  }
+  void kill_consumer() {
+    ::kill(consumer, SIGKILL);
+    EXPECT_EQ(wait_child(consumer), 128 + SIGKILL);
+    consumer = 0;
+  }
+  /// The next acquire (a host wait) returns PeerDied within 10 s: the last consumer was repaired.
+  void expect_told_peer_died() {
+    SlotView slot;
+    EXPECT_EQ(producer.acquire(nullptr, std::chrono::seconds(10), slot), Status::PeerDied);
+  }
+  void TearDown() override {
+    if (consumer > 0 && ::kill(consumer, SIGKILL) == 0) wait_child(consumer, 10s);
+    producer = Channel();
+    Channel::unlink(name);
+  }
+
+  std::string name = unique_name("chan");
+  Channel producer;
+  pid_t consumer = 0;
+};
+
+/// Waits, from another process (this one makes no broker call), until the broker lists each pid of `wanted` among
+/// the holders of `name`, with its role containing the role beside it: their names and memberships came back. On
+/// failure it prints what the broker lists and the broker's log.
+bool holders_back(const std::string& name, const std::vector<std::pair<pid_t, std::string>>& wanted) {
+  return run_child([&] {
+           const bool back = wait_until(
+               [&] {
+                 try {
+                   const auto hs = holders(name);
+                   return std::all_of(wanted.begin(), wanted.end(), [&](const auto& w) {
+                     return std::any_of(hs.begin(), hs.end(), [&](const Holder& h) {
+                       return static_cast<pid_t>(h.pid) == w.first && h.role.find(w.second) != std::string::npos;
+                     });
+                   });
+                 } catch (const Error&) {
+                   return false;  // not given back yet
+                 }
+               },
+               10s, 5ms);
+           if (back) return 0;
+           try {
+             for (const auto& h : holders(name)) std::fprintf(stderr, "holder: pid %u, %s\n", h.pid, h.role.c_str());
+           } catch (const Error& e) {
+             std::fprintf(stderr, "holders: %s\n", e.what());
+           }
+           const auto log = read_file(BrokerEnvironment::runtime_dir() + "/broker.log");
+           std::fprintf(stderr, "broker log:\n%s\n", log.value_or("(none)").c_str());
+           return 1;
+         }) == 0;
+}
+
+TEST_F(BrokerRestartPipeline, AProcessThatMakesNoCallGivesItsNamesAndMembershipsBackAtOnce) {
+  start_consumer(0);
+  fill();
+  kill_broker();
+  // Neither process calls the library from here on: their watchers reconnect, give the name back and rejoin.
+  ASSERT_TRUE(holders_back(name, {{::getpid(), "producer"}, {consumer, "consumer"}}));
+  // The consumer's connection to the new broker closes with it: repaired as ever, and the producer is told.
+  kill_consumer();
+  expect_told_peer_died();
+}
+
+TEST_F(BrokerRestartPipeline, AMemberThatDiedWithTheBrokerIsRepairedWhenItsChannelComesBack) {
+  start_consumer(0);
+  fill();
+  // Stopped, it cannot rejoin: it dies while no broker watches it (as when a container's processes die together).
+  ASSERT_EQ(::kill(consumer, SIGSTOP), 0);
+  kill_broker();
+  kill_consumer();
+  // The producer's watcher gives the channel back; the new broker finds the consumer's entry in its journal, its
+  // process gone, and repairs it.
+  expect_told_peer_died();
+}
+
+TEST_F(BrokerRestartPipeline, AMemberThatHasNotRejoinedIsRepairedWhenItsProcessExits) {
+  start_consumer(0);
+  fill();
+  ASSERT_EQ(::kill(consumer, SIGSTOP), 0);
+  kill_broker();
+  ASSERT_TRUE(holders_back(name, {{::getpid(), "producer"}}));
+  // Stopped, not dead: nothing is repaired.
+  SlotView slot;
+  EXPECT_EQ(producer.acquire(nullptr, std::chrono::milliseconds(300), slot), Status::Timeout);
+  kill_consumer();
+  expect_told_peer_died();
+}
+
+TEST_F(BrokerRestartPipeline, AMemberThatRejoinsLateIsNotRepaired) {
+  constexpr int kMessages = 22;
+  start_consumer(kMessages);
+  ASSERT_EQ(::kill(consumer, SIGSTOP), 0);
+  fill();
+  kill_broker();
+  ASSERT_TRUE(holders_back(name, {{::getpid(), "producer"}}));
+  ASSERT_EQ(::kill(consumer, SIGCONT), 0);
+  ASSERT_TRUE(holders_back(name, {{consumer, "consumer"}}));
+  for (int i = 2; i < kMessages; ++i) {
+    std::uint64_t seq = 0;
+    ASSERT_EQ(producer.send(nullptr, &i, sizeof i, {}, std::chrono::seconds(10), seq), Status::Ok) << i;
+  }
+  EXPECT_EQ(wait_child(consumer), 0);  // it received every message: it was never taken for dead
+  consumer = 0;
+}
+
+TEST(BrokerRestart, ABrokerStoppedOnPurposeIsNotStartedAgainBehindItsBack) {
+  const auto name = unique_name();
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  const pid_t pid = BrokerEnvironment::broker_pid();
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  ASSERT_TRUE(wait_until([&] { return ::kill(pid, 0) != 0 || task_state(pid) == 'Z'; }, 5s));
+  std::this_thread::sleep_for(500ms);
+  EXPECT_FALSE(broker_listening());              // this process holds a name, yet its watcher started no broker
+  const SegmentInfo info = Segment::stat(name);  // the next call does, and gives the name back
+  EXPECT_EQ(info.id, seg.id());
+  seg = Segment();
+  Segment::unlink(name);
+}
+
+TEST(BrokerRestart, TheJournalStaysSmallWhileNamesComeAndGo) {
+  const auto kept = unique_name("kept");
+  auto seg = Segment::create(kept, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  const std::string journal = BrokerEnvironment::runtime_dir() + "/names.journal";
+  // About 170 bytes of journal a create and unlink: 16k of them would be 2.7 MB without compaction.
+  for (int i = 0; i < 16000; ++i) {
+    const auto name = unique_name("churn-" + std::to_string(i));
+    { auto s = Segment::create(name, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600}); }
+    Segment::unlink(name);
+  }
+  const std::string text = read_file(journal).value_or("");
+  EXPECT_LT(text.size(), (1U << 20) + (64U << 10));
+  EXPECT_NE(text.find("L " + kept + " "), std::string::npos);
+  // And it still brings the name back.
+  kill_broker();
+  const std::uint64_t id = Segment::stat(kept).id;  // after it, the name has been given back (by whichever thread)
+  EXPECT_EQ(id, seg.id());
+  seg = Segment();
+  Segment::unlink(kept);
 }
 
 }  // namespace

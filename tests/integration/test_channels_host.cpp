@@ -262,6 +262,15 @@ TEST(ChannelsHost, ConsumerKilledHoldingAMessageItIsRedelivered) {
   Channel::unlink(name);
 }
 
+/// Publishes into both slots of a two-slot channel nobody has read yet: the next acquire waits for a release.
+void fill_two_slots(Channel& prod) {
+  for (int i = 0; i < 2; ++i) {
+    SlotView s;
+    ASSERT_EQ(prod.acquire(nullptr, 5s, s), Status::Ok);
+    ASSERT_EQ(prod.publish(nullptr, {}, 0), Status::Ok);
+  }
+}
+
 TEST(ChannelsHost, LastConsumerKilledReleasesABlockedProducerWithin100ms) {
   const auto name = unique_name("lc");
   auto prod = Channel::create(name, {.slots = 2, .slot_bytes = 64, .header_bytes = 0, .kind = SegmentKind::Host},
@@ -274,11 +283,7 @@ TEST(ChannelsHost, LastConsumerKilledReleasesABlockedProducerWithin100ms) {
     return 0;
   });
   ASSERT_TRUE(joined.wait(10s));
-  for (int i = 0; i < 2; ++i) {
-    SlotView s;
-    ASSERT_EQ(prod.acquire(nullptr, 5s, s), Status::Ok);
-    ASSERT_EQ(prod.publish(nullptr, {}, 0), Status::Ok);
-  }
+  fill_two_slots(prod);
   Shared<std::atomic<std::int64_t>> killed_at;
   std::thread killer([&] {
     std::this_thread::sleep_for(50ms);
@@ -291,6 +296,36 @@ TEST(ChannelsHost, LastConsumerKilledReleasesABlockedProducerWithin100ms) {
   killer.join();
   EXPECT_LT(seen - killed_at[0].load(), 100'000'000);
   EXPECT_EQ(wait_child(cons), 128 + SIGKILL);
+  Channel::unlink(name);
+}
+
+TEST(ChannelsHost, AConsumerKilledWhileItsForkedChildLivesOnIsRepaired) {
+  // A child forked after the consumer joined, which never calls the library, must not keep the consumer's broker
+  // connection (or the connection watcher's copy of it) open: the broker would not see the consumer die.
+  const auto name = unique_name("fork");
+  auto prod = Channel::create(name, {.slots = 2, .slot_bytes = 64, .header_bytes = 0, .kind = SegmentKind::Host},
+                              ChannelRole::Producer);
+  SyncPipe joined;
+  Shared<std::atomic<pid_t>> grandchild;
+  const pid_t cons = start_child([&] {
+    auto c = Channel::open(name, ChannelRole::Consumer);
+    const pid_t kid = ::fork();
+    if (kid == 0) {
+      ::pause();  // lives on, holding whatever fds it inherited
+      ::_exit(0);
+    }
+    grandchild[0] = kid;
+    joined.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(joined.wait(10s));
+  fill_two_slots(prod);
+  ::kill(cons, SIGKILL);
+  EXPECT_EQ(wait_child(cons), 128 + SIGKILL);
+  SlotView s;
+  EXPECT_EQ(prod.acquire(nullptr, 10s, s), Status::PeerDied);
+  ::kill(grandchild[0].load(), SIGKILL);  // reparented: reaped by init (or the subreaper)
   Channel::unlink(name);
 }
 
