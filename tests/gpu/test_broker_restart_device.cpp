@@ -83,11 +83,11 @@ TEST(BrokerRestartDevice, AStreamWaitingOnASignallerThatDiedWithTheBrokerIsRelea
     auto stream = cuda::Stream::create();
     auto sem = Semaphore::open(name, {.role = SemaphoreRole::Waiter});
     GPUIPC_CHILD_CHECK(sem.wait(stream.get(), 5) == Status::Ok);
+    auto done_within = [&](std::chrono::milliseconds t) { return wait_until([&] { return stream.query(); }, t, 1ms); };
+    GPUIPC_CHILD_CHECK(!done_within(300ms));  // blocked on the signaller
     waiting.notify();
     // From here on this process makes no library call: its watcher gives the semaphore back to the new broker,
     // which finds the signaller's entry in its journal, its process gone, and poisons the semaphore.
-    auto done_within = [&](std::chrono::milliseconds t) { return wait_until([&] { return stream.query(); }, t, 1ms); };
-    GPUIPC_CHILD_CHECK(!done_within(300ms));
     GPUIPC_CHILD_CHECK(done_within(20s));
     GPUIPC_CHILD_CHECK(sem.status() == Status::PeerDied);
     return 0;
