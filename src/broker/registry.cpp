@@ -101,7 +101,7 @@ void Registry::bump_names_generation() noexcept {
 }
 
 void Registry::add_connection(ConnId conn, const os::Credentials& creds) {
-  m_connections[conn] = ConnectionInfo{creds, {}, {}};
+  m_connections[conn] = ConnectionInfo{creds, {}, {}, {}};
 }
 
 void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
@@ -533,7 +533,7 @@ void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& 
     return;
   }
   auto& joined = seg.joined.emplace(caller.conn, Joined{member, token, role})->second;
-  journal_joined(seg, joined, caller.creds);
+  journal_joined(seg, joined, caller.conn);
   out.push_back(reply(caller.conn, rid, proto::JoinReply{member, token}));
 }
 

@@ -215,8 +215,8 @@ class Registry {
   void repair_unclaimed(std::int64_t now_ns);
   /// Repairs one member entry of `seg` no connection holds (its process is gone) and journals it.
   void repair_gone(SegmentRecord& seg, const Joined& member);
-  /// Journals that a connection of `creds` joined `member` of `seg` (named control blocks only).
-  void journal_joined(const SegmentRecord& seg, Joined& member, const os::Credentials& creds) noexcept;
+  /// Records in `member` which process joined it (connection `conn`'s), and journals it (named blocks only).
+  void journal_joined(const SegmentRecord& seg, Joined& member, ConnId conn) noexcept;
   /// Compacts the journal from what is linked and joined now, when it has grown enough (Journal::wants_compaction).
   void maybe_compact_journal() noexcept;
 
@@ -235,6 +235,7 @@ class Registry {
     os::Credentials creds;
     std::set<std::uint64_t> pending;  // parked opens
     std::set<std::uint64_t> watching;  // segments it watches
+    std::optional<std::uint64_t> start;  // its process's start (os::process_start_ticks), read at its first Join
   };
   std::unordered_map<ConnId, ConnectionInfo> m_connections;
   std::map<std::uint64_t, Pending> m_pending;

@@ -63,9 +63,12 @@ void Registry::journal_linked(const SegmentRecord& seg) noexcept {
   if (auto e = journal_entry_of(seg)) m_journal.linked(*e);
 }
 
-void Registry::journal_joined(const SegmentRecord& seg, Joined& member, const os::Credentials& creds) noexcept {
-  member.pid = creds.pid;
-  member.start = os::process_start_ticks(creds.pid);
+void Registry::journal_joined(const SegmentRecord& seg, Joined& member, ConnId conn) noexcept {
+  if (auto c = m_connections.find(conn); c != m_connections.end()) {
+    member.pid = c->second.creds.pid;
+    if (!c->second.start) c->second.start = os::process_start_ticks(member.pid);  // once a connection: a /proc read
+    member.start = *c->second.start;
+  }
   if (!m_journal || seg.name.empty()) return;
   try {
     m_journal.joined(JournalMember{seg.name, member.member, member.token, static_cast<std::uint32_t>(member.role),
@@ -325,7 +328,7 @@ void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejo
     return u.joined.member == joined.member && u.joined.token == joined.token;
   });
   auto& stored = seg.joined.emplace(caller.conn, joined)->second;
-  journal_joined(seg, stored, caller.creds);
+  journal_joined(seg, stored, caller.conn);
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));
 }
 
