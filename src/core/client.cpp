@@ -1,17 +1,13 @@
 #include "core/client.hpp"
 
-#include <fcntl.h>
-#include <pthread.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include "base/config.hpp"
@@ -55,12 +51,7 @@ std::array<std::atomic<int>, 2> g_connection_fds{-1, -1};
 void forget_parent_connection() noexcept {
   for (auto& slot : g_connection_fds) {
     const int fd = slot.exchange(-1);
-    if (fd < 0) continue;
-    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null >= 0) {
-      (void)::dup3(null, fd, O_CLOEXEC);
-      (void)::close(null);
-    }
+    if (fd >= 0) os::replace_with_dev_null(fd);
   }
 }
 
@@ -71,7 +62,7 @@ BrokerClient& BrokerClient::instance() {
   static BrokerClient* client = nullptr;
   static pid_t owner = 0;
   static std::once_flag at_fork;
-  std::call_once(at_fork, [] { (void)::pthread_atfork(nullptr, nullptr, forget_parent_connection); });
+  std::call_once(at_fork, [] { os::at_fork_in_child(forget_parent_connection); });
   std::lock_guard lock(guard);
   const pid_t pid = os::current_pid();
   if (client == nullptr || owner != pid) {
@@ -378,18 +369,8 @@ void BrokerClient::keep_connected() {
   if (m_watching.load(std::memory_order_relaxed)) return;
   try {
     m_watch_wake = os::event_fd();
-    // The thread takes no signal: a process's handlers run on its own threads, never on the library's.
-    sigset_t all{};
-    sigset_t old{};
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    try {
-      std::thread([this] { watch(); }).detach();
-    } catch (...) {
-      pthread_sigmask(SIG_SETMASK, &old, nullptr);
-      throw;
-    }
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    auto first = std::make_shared<Watched>(watched_locked());
+    os::start_thread_without_signals([this, first] { watch(std::move(*first)); });
     m_watching.store(true, std::memory_order_release);
   } catch (const std::exception& e) {
     m_watch_wake.reset();
@@ -400,28 +381,44 @@ void BrokerClient::keep_connected() {
   }
 }
 
-void BrokerClient::watch() {
+BrokerClient::Watched BrokerClient::watched_locked() {
+  Watched w;
+  // A copy of the connection: the caller threads may replace m_sock at any time (they signal the watcher).
+  if (m_sock) {
+    w.sock = os::dup_fd(m_sock.get(), "broker connection");
+    g_connection_fds[1].store(w.sock.get());
+  }
+  w.generation = m_generation.load();
+  w.page = m_status.load(std::memory_order_acquire);
+  return w;
+}
+
+void BrokerClient::watch(Watched first) {
   // The eventfd lives as long as this client: the watcher of a fork's parent is not in the child, and the child's
   // client is another object.
   const int wake = m_watch_wake.get();
-  for (;;) {
-    os::UniqueFd sock;
+  for (bool first_turn = true;; first_turn = false) {
     std::uint64_t generation = 0;
     const proto::StatusPage* page = nullptr;
     try {
-      {
+      Watched w;
+      if (first_turn) {
+        w = std::move(first);
+      } else {
         std::lock_guard lock(m_mutex);
-        // A copy of the connection: the caller threads may replace m_sock at any time (they signal `wake`).
-        if (m_sock) {
-          sock = os::dup_fd(m_sock.get(), "broker connection");
-          g_connection_fds[1].store(sock.get());
-        }
-        generation = m_generation.load();
-        page = m_status.load(std::memory_order_acquire);
+        w = watched_locked();
       }
-      const bool hung_up = os::wait_hangup(sock ? sock.get() : -1, wake);
+      generation = w.generation;
+      page = w.page;
+      bool hung_up = false;
+      try {
+        hung_up = os::wait_hangup(w.sock ? w.sock.get() : -1, wake);
+      } catch (...) {
+        g_connection_fds[1].store(-1);  // cleared before the copy closes (the fork handler's rule)
+        throw;
+      }
       g_connection_fds[1].store(-1);
-      sock.reset();
+      w.sock.reset();
       if (!hung_up) {
         os::event_fd_drain(wake);
         continue;

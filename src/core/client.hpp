@@ -120,8 +120,17 @@ class BrokerClient {
 
   /// Drops the connection (m_sock) and tells the watcher, which holds a copy of it, to let go too.
   void disconnect_locked() noexcept;
-  /// The watcher thread (keep_connected): waits for the connection to hang up, then connects again.
-  void watch();
+  /// What the watcher waits on: a copy of the connection (none when there is none), its generation, its status page.
+  struct Watched {
+    os::UniqueFd sock;
+    std::uint64_t generation = 0;
+    const proto::StatusPage* page = nullptr;
+  };
+  /// Takes the watcher's copy of the current connection. Under m_mutex.
+  Watched watched_locked();
+  /// The watcher thread (keep_connected), from its first copy (taken before keep_connected returned, so the
+  /// process's fds do not change behind its back): waits for the connection to hang up, then connects again.
+  void watch(Watched first);
 
   // Recursive: giving names back (the rebind hook) runs under it and may drop the last handle of a mapping, whose
   // destructor sends its Close on the connection being set up (request_on) from the same thread.

@@ -21,6 +21,13 @@ void UniqueFd::reset(int fd) noexcept {
   m_fd = fd;
 }
 
+void replace_with_dev_null(int fd) noexcept {
+  const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null < 0) return;
+  (void)::dup3(null, fd, O_CLOEXEC);
+  (void)::close(null);
+}
+
 UniqueFd dup_fd(int fd, const char* what) {
   const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (copy < 0) throw_system("fcntl(F_DUPFD_CLOEXEC)", what ? what : "fd");

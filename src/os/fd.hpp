@@ -35,6 +35,11 @@ class UniqueFd {
 /// dup(2) with O_CLOEXEC. Throws Error(System) naming `what`.
 UniqueFd dup_fd(int fd, const char* what = "fd");
 
+/// Points `fd` at /dev/null (O_CLOEXEC), keeping its number, so that whatever it was is no longer held through it
+/// and its owner's later close is harmless. Async-signal-safe (for fork handlers); does nothing if /dev/null cannot
+/// be opened.
+void replace_with_dev_null(int fd) noexcept;
+
 /// Number of entries in /proc/self/fd (the directory's own fd excluded). For leak checks in tests and tools.
 int count_open_fds();
 

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/eventfd.h>
@@ -24,6 +25,7 @@
 #include <cstring>
 #include <ctime>
 #include <sstream>
+#include <thread>
 
 #include "base/errors.hpp"
 #include "os/memfd.hpp"
@@ -66,6 +68,22 @@ bool pidfd_wait_exit(int pidfd, int timeout_ms) { return wait_readable(pidfd, ti
 bool process_alive(pid_t pid) noexcept {
   if (pid <= 0) return false;  // kill(0 or -n, 0) would probe a process group
   return ::kill(pid, 0) == 0 || errno == EPERM;
+}
+
+void at_fork_in_child(void (*handler)()) noexcept { (void)::pthread_atfork(nullptr, nullptr, handler); }
+
+void start_thread_without_signals(std::function<void()> body) {
+  sigset_t all{};
+  sigset_t old{};
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);  // the new thread inherits the mask
+  try {
+    std::thread(std::move(body)).detach();
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 std::uint64_t process_start_ticks(pid_t pid) noexcept {

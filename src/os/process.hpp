@@ -3,9 +3,10 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdint>
-#include <chrono>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,14 @@ UniqueFd pidfd_open(pid_t pid);
 
 /// Polls a pidfd: true once the process has exited, false when `timeout_ms` passed first (-1: wait forever).
 bool pidfd_wait_exit(int pidfd, int timeout_ms);
+
+/// Runs `handler` in the child after every fork(2) of this process from now on (pthread_atfork). It must be
+/// async-signal-safe.
+void at_fork_in_child(void (*handler)()) noexcept;
+
+/// Starts a detached thread running `body` with every signal blocked, so that a process's signal handlers never
+/// run on the library's thread. Throws std::system_error when no thread can be made.
+void start_thread_without_signals(std::function<void()> body);
 
 /// Whether a process with this pid exists (kill(pid, 0); EPERM counts as existing).
 bool process_alive(pid_t pid) noexcept;
