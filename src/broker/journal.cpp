@@ -176,14 +176,23 @@ void Journal::rewrite(const std::string& text) noexcept {
   if (!m_fd) return;
   try {
     os::replace_file(m_path, text, 0600);
-    m_fd = os::open_append(m_path, 0600);
-    m_compacted_bytes = text.size();
-    m_appended_bytes = 0;
   } catch (const std::exception& e) {
-    // Whatever happened, appending goes on to the file the fd names (the old one, or the new one if only the
-    // reopen failed and the old fd still names the replaced file: then changes are lost until the next rewrite).
+    // The old file stays, and appending goes on to it.
     GPUIPC_LOG_WARN("names journal: cannot compact it: {}", e.what());
     m_appended_bytes = 0;  // try again after as much again
+    return;
+  }
+  m_compacted_bytes = text.size();
+  m_appended_bytes = 0;
+  try {
+    m_fd = os::open_append(m_path, 0600);
+  } catch (const std::exception& e) {
+    // The fd would name the replaced file, which nobody reads again: better no journal than a silent one.
+    m_fd.reset();
+    GPUIPC_LOG_WARN(
+        "names journal: cannot reopen it after compacting ({}); names and members changed from now on "
+        "will not survive a broker restart",
+        e.what());
   }
 }
 

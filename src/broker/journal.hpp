@@ -76,7 +76,8 @@ class Journal {
   /// at least): a broker that runs for long compacts it (rewrite) so that it does not grow without bound.
   bool wants_compaction() const noexcept;
   /// Replaces the journal with `text`, the lines of what is linked and joined now (journal_line and
-  /// journal_member_line, one per line). Never throws: on failure it keeps appending to the old file.
+  /// journal_member_line, one per line). Never throws: when the file cannot be replaced it keeps appending to the
+  /// old one; when the new one cannot be reopened it journals nothing more (both logged).
   void rewrite(const std::string& text) noexcept;
 
   explicit operator bool() const noexcept { return static_cast<bool>(m_fd); }

@@ -367,12 +367,16 @@ void BrokerClient::keep_connected() {
   if (m_watching.load(std::memory_order_acquire)) return;
   std::lock_guard lock(m_mutex);
   if (m_watching.load(std::memory_order_relaxed)) return;
+  // Outside the try: when no thread starts, its copy of the connection must close only after the fork handler's
+  // record of it is cleared (below), or a later fd of that number would become /dev/null in a child.
+  std::shared_ptr<Watched> first;
   try {
     m_watch_wake = os::event_fd();
-    auto first = std::make_shared<Watched>(watched_locked());
+    first = std::make_shared<Watched>(watched_locked());
     os::start_thread_without_signals([this, first] { watch(std::move(*first)); });
     m_watching.store(true, std::memory_order_release);
   } catch (const std::exception& e) {
+    g_connection_fds[1].store(-1);
     m_watch_wake.reset();
     GPUIPC_LOG_WARN(
         "cannot watch the broker connection ({}): after a broker restart, names and memberships come "
