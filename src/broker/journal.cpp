@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -72,6 +73,15 @@ bool parse_journal_member_line(const std::string& line, JournalMember& out) {
   return true;
 }
 
+std::string journal_owed_lines(const JournalOwed& o) {
+  if (o.writes.empty()) return {};
+  std::string s = "O " + o.name;
+  for (const auto& w : o.writes) s += fmt::format(" {} {}", w.code, w.after);
+  s += "\n";
+  for (const auto& [pid, start] : o.processes) s += fmt::format("X {} {} {}\n", o.name, pid, start);
+  return s;
+}
+
 namespace {
 
 /// The entries of an "R name member token" line.
@@ -81,17 +91,64 @@ bool parse_left(const std::string& line, std::string& name, std::uint32_t& membe
   return (in >> tag >> name >> member >> token) && tag == "R";
 }
 
+/// Replays what the stream writes of one name are, across its "O name (code after)..." and "X name pid start"
+/// lines: a write or process named twice counts once, and at most kMaxOwed writes are kept (a channel's dead members
+/// owe at most kMaxMembers owed tables' worth at a time; the rest of a longer history has landed long since).
+struct OwedReplay {
+  static constexpr std::size_t kMaxOwed = 1U << 16;
+  std::set<std::pair<std::uint64_t, std::uint64_t>> writes;
+  std::set<std::pair<std::int64_t, std::uint64_t>> processes;
+
+  /// An "O" or "X" line; false for a malformed one.
+  static bool parse(const std::string& line, std::map<std::string, OwedReplay>& into) {
+    std::istringstream in(line);
+    std::string tag;
+    std::string name;
+    if (!(in >> tag >> name) || !proto::check_name(name).empty()) return false;
+    if (tag == "X") {
+      std::int64_t pid = 0;
+      std::uint64_t start = 0;
+      if (!(in >> pid >> start) || pid <= 0) return false;
+      into[name].processes.emplace(pid, start);
+      return true;
+    }
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ws;
+    for (std::uint64_t code = 0, after = 0; in >> code;) {
+      if (!(in >> after)) return false;
+      ws.emplace_back(code, after);
+    }
+    if (tag != "O" || !in.eof() || ws.empty()) return false;
+    auto& r = into[name];
+    for (const auto& w : ws) {
+      if (r.writes.size() < kMaxOwed) r.writes.insert(w);
+    }
+    return true;
+  }
+  JournalOwed take(const std::string& name) const {
+    JournalOwed o{name, {}, {processes.begin(), processes.end()}};
+    for (const auto& [code, after] : writes) o.writes.push_back(proto::OwedWrite{code, after});
+    return o;
+  }
+};
+
 }  // namespace
 
-Journal Journal::open(const std::string& path, std::vector<JournalEntry>& linked, std::vector<JournalMember>& members) {
+Journal Journal::open(const std::string& path, JournalState& state) {
   std::map<std::string, JournalEntry> names;
   std::map<std::tuple<std::string, std::uint32_t, std::uint32_t>, JournalMember> joined;
+  std::map<std::string, OwedReplay> owed;
   std::istringstream in(os::read_text(path));
   for (std::string line; std::getline(in, line);) {
+    if (in.eof()) break;  // no newline: a line torn by a full disk or a crash of the machine is skipped
     if (line.rfind("U ", 0) == 0) {
       const std::string name = line.substr(2);
       names.erase(name);
       std::erase_if(joined, [&](const auto& kv) { return std::get<0>(kv.first) == name; });
+      owed.erase(name);
+      continue;
+    }
+    if (line.rfind("O ", 0) == 0 || line.rfind("X ", 0) == 0) {
+      (void)OwedReplay::parse(line, owed);
       continue;
     }
     if (line.rfind("R ", 0) == 0) {
@@ -107,19 +164,23 @@ Journal Journal::open(const std::string& path, std::vector<JournalEntry>& linked
       continue;
     }
     JournalEntry e;
-    if (parse_journal_line(line, e)) names[e.name] = std::move(e);  // a torn last line is skipped
+    if (parse_journal_line(line, e)) names[e.name] = std::move(e);
   }
   std::string compact;
-  linked.clear();
-  members.clear();
+  state = JournalState{};
   for (auto& [name, e] : names) {
     compact += journal_line(e) + "\n";
-    linked.push_back(std::move(e));
+    state.linked.push_back(std::move(e));
   }
   for (auto& [key, m] : joined) {
     if (names.count(m.name) == 0) continue;  // its name went: nothing to give back, nothing to repair
     compact += journal_member_line(m) + "\n";
-    members.push_back(std::move(m));
+    state.members.push_back(std::move(m));
+  }
+  for (const auto& [name, r] : owed) {
+    if (names.count(name) == 0 || r.writes.empty()) continue;
+    state.owed.push_back(r.take(name));
+    compact += journal_owed_lines(state.owed.back());
   }
   os::replace_file(path, compact, 0600);
   Journal j;
@@ -163,6 +224,13 @@ void Journal::joined(const JournalMember& m) noexcept {
 void Journal::left(const std::string& name, std::uint32_t member, std::uint32_t token) noexcept {
   try {
     append(fmt::format("R {} {} {}\n", name, member, token));
+  } catch (...) {  // NOLINT(bugprone-empty-catch): as above
+  }
+}
+
+void Journal::owed(const JournalOwed& o) noexcept {
+  try {
+    append(journal_owed_lines(o));
   } catch (...) {  // NOLINT(bugprone-empty-catch): as above
   }
 }

@@ -1,19 +1,23 @@
 // The broker's journal of names (names.journal in the runtime directory, written only by the broker): what a
 // broker started after another one died needs to give each name back to the memory its holders still map, with
 // the owner, group and mode the dead broker had recorded, never what a client claims, and to tell which member
-// entries of the names' semaphores and channels belonged to processes that died while no broker watched. One line
-// per change, appended; replayed and compacted when a broker starts, and compacted again whenever it has grown
+// entries of the names' semaphores and channels belonged to processes that died while no broker watched, and which
+// stream writes dead channel members still owed (the last broker made them as their turns came). One line per
+// change, appended; replayed and compacted when a broker starts, and compacted again whenever it has grown
 // well past what it holds. Without a journal (a Registry made in a test) nothing is written.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "os/fd.hpp"
 #include "proto/messages.hpp"
+#include "proto/shm.hpp"
 
 namespace gpuipc::broker {
 
@@ -54,13 +58,29 @@ struct JournalMember {
   std::uint64_t start = 0;  ///< 0: unknown
 };
 
+/// The stream writes dead members of channel `name` owed when the last broker stopped writing (what it kept in
+/// ControlBlock::owed, maybe some it made since: a write that has landed is skipped), and the processes whose exit
+/// they wait for (ControlBlock::dying: pid and start; a killed process's GPU work runs until it has exited).
+struct JournalOwed {
+  std::string name;
+  std::vector<proto::OwedWrite> writes;
+  std::vector<std::pair<std::int64_t, std::uint64_t>> processes;
+};
+
+/// What a journal replays: the names still linked when the last broker stopped writing, their member entries then,
+/// and the stream writes their channels' dead members still owed.
+struct JournalState {
+  std::vector<JournalEntry> linked;
+  std::vector<JournalMember> members;
+  std::vector<JournalOwed> owed;
+};
+
 class Journal {
  public:
   Journal() = default;
-  /// Opens (creating, mode 0600) the journal at `path`, replays it into `linked` (the names still linked when the
-  /// last broker stopped writing) and `members` (their member entries then), and compacts it to exactly those.
+  /// Opens (creating, mode 0600) the journal at `path`, replays it into `state`, and compacts it to exactly that.
   /// Throws Error(System).
-  static Journal open(const std::string& path, std::vector<JournalEntry>& linked, std::vector<JournalMember>& members);
+  static Journal open(const std::string& path, JournalState& state);
 
   /// Records that `e.name` is linked. Never throws: a failed write is logged (the name then does not survive a
   /// broker restart).
@@ -71,12 +91,15 @@ class Journal {
   void joined(const JournalMember& m) noexcept;
   /// Records that the entry `member` of `name` holding `token` was left or repaired. Never throws.
   void left(const std::string& name, std::uint32_t member, std::uint32_t token) noexcept;
+  /// Records that dead members of channel `o.name` owe the stream writes `o.writes`, to be made once the processes
+  /// `o.processes` have exited (as a broker that dies before it made them cannot). Never throws.
+  void owed(const JournalOwed& o) noexcept;
 
   /// Whether the lines appended since the journal was last compacted outweigh what it holds (4 times, and 1 MiB
   /// at least): a broker that runs for long compacts it (rewrite) so that it does not grow without bound.
   bool wants_compaction() const noexcept;
-  /// Replaces the journal with `text`, the lines of what is linked and joined now (journal_line and
-  /// journal_member_line, one per line). Never throws: when the file cannot be replaced it keeps appending to the
+  /// Replaces the journal with `text`, the lines of what is linked, joined and owed now (journal_line,
+  /// journal_member_line, journal_owed_lines). Never throws: when the file cannot be replaced it keeps appending to the
   /// old one; when the new one cannot be reopened it journals nothing more (both logged).
   void rewrite(const std::string& text) noexcept;
 
@@ -96,5 +119,7 @@ bool parse_journal_line(const std::string& line, JournalEntry& out);
 /// The line `joined` writes for `m` (without the newline), and its parse (false for a malformed line).
 std::string journal_member_line(const JournalMember& m);
 bool parse_journal_member_line(const std::string& line, JournalMember& out);
+/// The lines `owed` writes for `o` (each with its newline; empty when `o` has no writes).
+std::string journal_owed_lines(const JournalOwed& o);
 
 }  // namespace gpuipc::broker

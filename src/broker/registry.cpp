@@ -109,11 +109,29 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   auto [first, last] = seg.joined.equal_range(conn);
   const auto c = m_connections.find(conn);
   const pid_t pid = c == m_connections.end() ? 0 : c->second.creds.pid;
-  for (auto it = first; it != last; ++it) {
-    if (seg.control) remove_member(seg.block, it->second, pid);
-    if (!seg.name.empty()) m_journal.left(seg.name, it->second.member, it->second.token);
-  }
+  for (auto it = first; it != last; ++it) repair_member(seg, it->second, pid);
   seg.joined.erase(first, last);
+}
+
+void Registry::repair_member(SegmentRecord& seg, const Joined& member, pid_t pid) {
+  const bool removed = seg.control && remove_member(seg.block, member, pid);
+  if (seg.name.empty()) return;
+  // What is still owed goes into the journal before the entry's "left" line: a broker killed from here on leaves
+  // the next one the writes to make (repeats are harmless: a write that has landed is skipped).
+  if (removed && !seg.block.owed.empty()) m_journal.owed(owed_of(seg));
+  m_journal.left(seg.name, member.member, member.token);
+  watch_owed(seg);
+}
+
+JournalOwed Registry::owed_of(const SegmentRecord& seg) const {
+  JournalOwed o{seg.name, seg.block.owed, {}};
+  for (const auto& d : seg.block.dying) {
+    if (d.pid > 0) o.processes.emplace_back(d.pid, d.start);
+  }
+  return o;
+}
+
+void Registry::watch_owed(const SegmentRecord& seg) {
   if (!seg.block.owed.empty() && m_owing.insert(seg.id).second && m_owing.size() == 1) {
     m_owed_interval_ns = kOwedFirstLookNs;
     m_owed_check_ns = os::monotonic_ns() + m_owed_interval_ns;

@@ -215,6 +215,16 @@ class Registry {
   void repair_unclaimed(std::int64_t now_ns);
   /// Repairs one member entry of `seg` no connection holds (its process is gone) and journals it.
   void repair_gone(SegmentRecord& seg, const Joined& member);
+  /// Removes `member` from `seg` (remove_member: its process `pid`, 0 when unknown or exited) and journals that it
+  /// left, with the stream writes still owed after it.
+  void repair_member(SegmentRecord& seg, const Joined& member, pid_t pid);
+  /// The stream writes dead members of `seg` still owe, and the processes they wait for, as the journal records them.
+  JournalOwed owed_of(const SegmentRecord& seg) const;
+  /// Looks at `seg` again for owed writes to make (settle_owing) while it has any.
+  void watch_owed(const SegmentRecord& seg);
+  /// A channel came back after a broker restart: takes the stream writes the journal says its dead members still
+  /// owed (made as their turns come, once the processes they wait for have exited).
+  void restore_owed(SegmentRecord& seg);
   /// Records in `member` which process joined it (connection `conn`'s), and journals it (named blocks only).
   void journal_joined(const SegmentRecord& seg, Joined& member, ConnId conn) noexcept;
   /// Compacts the journal from what is linked and joined now, when it has grown enough (Journal::wants_compaction).
@@ -250,6 +260,7 @@ class Registry {
   Journal m_journal;
   std::map<std::string, Restore> m_restore;  // journal names waiting for a holder's Announce
   std::map<std::string, std::vector<JournalMember>> m_restore_members;  // their member entries, by name
+  std::map<std::string, JournalOwed> m_restore_owed;  // the stream writes their dead members owed, by name
   // Segments with unclaimed member entries whose process lives (SegmentRecord::unclaimed), looked at every 20 ms.
   static constexpr std::int64_t kUnclaimedLookNs = 20'000'000;
   std::set<std::uint64_t> m_unclaimed;

@@ -134,7 +134,7 @@ bool settle_owed(ControlBlock& block) noexcept {
     block.dying.clear();
     return false;
   }
-  std::erase_if(block.dying, [](const os::UniqueFd& fd) { return os::pidfd_wait_exit(fd.get(), 0); });
+  std::erase_if(block.dying, [](const ControlBlock::Dying& d) { return os::pidfd_wait_exit(d.pidfd.get(), 0); });
   if (!block.dying.empty()) return true;
   block.owed.resize(shm::ring_settle_owed(shm::Ring{block.data, block.ring}, block.owed));
   return !block.owed.empty();
@@ -156,7 +156,7 @@ bool remove_member(ControlBlock& block, const Joined& m, pid_t pid) {
       block.owed.insert(block.owed.end(), owed.begin(), owed.end());
       if (pid > 0) {
         try {
-          block.dying.push_back(os::pidfd_open(pid));
+          block.dying.push_back(ControlBlock::Dying{os::pidfd_open(pid), pid, m.pid == pid ? m.start : 0});
         } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone already (or no pidfd): nothing to wait for
         }
       }

@@ -31,10 +31,16 @@ struct ControlBlock {
   /// Channels: stream writes dead members still owe, each made once the wait before it in its stream would pass
   /// (shm::ring_settle_owed; the registry looks again while any is left).
   std::vector<proto::OwedWrite> owed{};
-  /// Channels: pidfds of processes whose owed writes are in `owed` and which have not exited yet. None is made
-  /// before they all have: a killed process's GPU work runs on until its exit tears its contexts down, and a
-  /// stream write of its landing after ours (and after the ring moved on) would take the word back.
-  std::vector<os::UniqueFd> dying{};
+  /// Channels: processes whose owed writes are in `owed` and which have not exited yet (a pidfd, and the pid and
+  /// start time the journal records). None is made before they all have: a killed process's GPU work runs on until
+  /// its exit tears its contexts down, and a stream write of its landing after ours (and after the ring moved on)
+  /// would take the word back.
+  struct Dying {
+    os::UniqueFd pidfd;
+    pid_t pid = 0;
+    std::uint64_t start = 0;  ///< os::process_start_ticks; 0: unknown
+  };
+  std::vector<Dying> dying{};
 };
 
 /// The smallest control block a Create with these flags (one of proto::kFlag*) may declare.
@@ -67,7 +73,8 @@ std::string check_rejoin(const ControlBlock& block, const Joined& member) noexce
 
 /// Removes a member whose connection is gone (PeerDied), if its entry still holds its token. Returns whether it
 /// did (false: it had left cleanly). A channel member's owed stream writes go to block.owed, made as their turns
-/// come once process `pid` (the connection's; 0: unknown) has exited.
+/// come once process `pid` (the connection's; 0: unknown) has exited (`member.start`, when `member.pid` is `pid`,
+/// is its start time for the journal).
 bool remove_member(ControlBlock& block, const Joined& member, pid_t pid = 0);
 
 /// Makes the owed stream writes of `block` whose turn has come. Returns whether any are left.

@@ -21,14 +21,17 @@ bool host_kind(proto::Kind k) { return k == proto::Kind::Host || k == proto::Kin
 }  // namespace
 
 void Registry::open_journal(const std::string& path, std::int64_t now_ns, std::int64_t grace_ns) {
-  std::vector<JournalEntry> linked;
-  std::vector<JournalMember> members;
-  m_journal = Journal::open(path, linked, members);
-  for (auto& m : members) {
+  JournalState state;
+  m_journal = Journal::open(path, state);
+  for (auto& m : state.members) {
     std::string name = m.name;
     m_restore_members[name].push_back(std::move(m));
   }
-  for (auto& e : linked) {
+  for (auto& o : state.owed) {
+    std::string name = o.name;
+    m_restore_owed[name] = std::move(o);
+  }
+  for (auto& e : state.linked) {
     GPUIPC_LOG_INFO("segment '{}' was linked when the last broker stopped: waiting {} ms for a holder to announce it",
                     e.name, grace_ns / 1'000'000);
     std::string name = e.name;
@@ -92,12 +95,14 @@ void Registry::maybe_compact_journal() noexcept {
       text += journal_line(*e) + "\n";
       for (const auto& [conn, j] : seg.joined) members(seg.name, j);
       for (const auto& u : seg.unclaimed) members(seg.name, u.joined);
+      text += journal_owed_lines(owed_of(seg));
     }
     for (const auto& [name, r] : m_restore) {
       text += journal_line(r.entry) + "\n";
       if (auto m = m_restore_members.find(name); m != m_restore_members.end()) {
         for (const auto& jm : m->second) text += journal_member_line(jm) + "\n";
       }
+      if (auto o = m_restore_owed.find(name); o != m_restore_owed.end()) text += journal_owed_lines(o->second);
     }
     m_journal.rewrite(text);
   } catch (const std::exception& e) {
@@ -119,16 +124,36 @@ bool process_gone(const SegmentRecord::Unclaimed& u) {
 }  // namespace
 
 void Registry::repair_gone(SegmentRecord& seg, const Joined& member) {
+  GPUIPC_LOG_INFO("member {} of '{}' (pid {}) died while no broker watched it: repairing it after the broker restart",
+                  member.member, seg.name, member.pid);
   // Its process has exited, so its GPU work has too: what its stream owed is written as the turns come (pid 0).
-  if (remove_member(seg.block, member, 0)) {
-    GPUIPC_LOG_INFO("member {} of '{}' (pid {}) died while no broker watched it: repaired after the broker restart",
-                    member.member, seg.name, member.pid);
+  repair_member(seg, member, 0);
+}
+
+void Registry::restore_owed(SegmentRecord& seg) {
+  auto it = m_restore_owed.find(seg.name);
+  if (it == m_restore_owed.end()) return;
+  const JournalOwed o = std::move(it->second);
+  m_restore_owed.erase(it);
+  if (!seg.control || (seg.flags & proto::kFlagChannel) == 0) return;
+  for (const auto& [pid, start] : o.processes) {
+    // As when the last broker took the writes: none is made before these processes have exited. One gone (or a
+    // pid another process has now) is not waited for.
+    try {
+      auto fd = os::pidfd_open(static_cast<pid_t>(pid));
+      if (start != 0 && os::process_start_ticks(static_cast<pid_t>(pid)) != start) continue;
+      seg.block.dying.push_back(ControlBlock::Dying{std::move(fd), static_cast<pid_t>(pid), start});
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone (NotFound) or no pidfd: nothing to wait for
+    }
   }
-  if (!seg.name.empty()) m_journal.left(seg.name, member.member, member.token);
-  if (!seg.block.owed.empty() && m_owing.insert(seg.id).second && m_owing.size() == 1) {
-    m_owed_interval_ns = kOwedFirstLookNs;
-    m_owed_check_ns = os::monotonic_ns() + m_owed_interval_ns;
+  seg.block.owed.insert(seg.block.owed.end(), o.writes.begin(), o.writes.end());
+  if (settle_owed(seg.block)) {
+    GPUIPC_LOG_INFO(
+        "channel '{}': {} stream writes dead members owed when the last broker died are made as their "
+        "turns come",
+        seg.name, seg.block.owed.size());
   }
+  watch_owed(seg);
 }
 
 void Registry::adopt_unclaimed(SegmentRecord& seg) {
@@ -207,6 +232,7 @@ void Registry::expire_restores(std::int64_t now_ns) {
     GPUIPC_LOG_INFO("segment '{}': nobody announced it after the broker restart; the name is gone", it->first);
     m_journal.unlinked(it->first);
     m_restore_members.erase(it->first);
+    m_restore_owed.erase(it->first);
     it = m_restore.erase(it);
   }
 }
@@ -300,7 +326,10 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
   if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
   m_restore.erase(r);
   auto& stored = link(std::move(seg));
-  if (stored.control) adopt_unclaimed(stored);
+  if (stored.control) {
+    restore_owed(stored);
+    adopt_unclaimed(stored);
+  }
   GPUIPC_LOG_INFO("segment '{}' ({}) given back by pid {} after the broker restart: id {}", stored.name,
                   human_bytes(stored.size), caller.creds.pid, stored.id);
   out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(stored)}));

@@ -41,9 +41,9 @@
 // What this rests on, and does not enforce: a member that dies has no stream work left running once its process
 // has exited (its contexts are torn down by then; the broker makes no owed write of a process before it has
 // exited: until then its stream may still run, on an H200 for long enough that its own late write took a word
-// back after the broker's), and the broker that repairs it lives until the writes are made (it keeps them in its
-// memory; a broker restarted meanwhile does not know them). A clean leave first waits (bounded, 10 s: Channel's leave
-// in src/core/channel.cpp) for its own stream writes (ring_member_writes_done); what is still owed after that is
+// back after the broker's). The broker keeps the writes it took in memory and in its journal, so a broker started
+// after it was killed makes them too (src/broker/restore.cpp). A clean leave first waits (bounded, 10 s: Channel's
+// leave in src/core/channel.cpp) for its own stream writes (ring_member_writes_done); what is still owed after that is
 // written at once, ahead of its stream, which runs on.
 // The model test tests/unit/test_shm_channel_ring.cpp checks the rules above on every interleaving of a few steps,
 // and tests/integration/test_channel_model.cpp on random interleavings of the real Channel with deaths.

@@ -392,6 +392,44 @@ int publish_held_back(Gpu& g, Channel& ch, Semaphore& hold, std::uint64_t seed) 
   return 0;
 }
 
+/// A consumer of `name` that receives message 0 and releases it on its stream, which still waits for the
+/// message's `filled` (its producer's stream is held back), and is SIGKILLed then: its `freed` is owed.
+void kill_consumer_after_its_release(const std::string& name) {
+  SyncPipe released;
+  const pid_t dying = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    GPUIPC_CHILD_CHECK(m.sequence == 0);
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);  // its stream still waits for `filled`
+    released.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(released.wait(60s));
+  ::kill(dying, SIGKILL);
+  EXPECT_EQ(wait_child(dying), 128 + SIGKILL);
+}
+
+/// A consumer of a one-slot channel (the channel's creator) that receives message 1, checks it is whole and holds
+/// pattern 22, once `published` says so.
+int receive_second_message(const std::string& name, const SyncPipe& created, const SyncPipe& published) {
+  Gpu g;
+  auto ch = create_one_slot(name, ChannelRole::Consumer);  // survives: the channel keeps a consumer
+  created.notify();
+  GPUIPC_CHILD_CHECK(published.wait(60s));
+  const Mismatches mismatches;
+  MessageView m;
+  GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+  GPUIPC_CHILD_CHECK(m.sequence == 1 && !m.incomplete());
+  g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, 22, mismatches.counter.get());
+  GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+  g.stream.synchronize();
+  GPUIPC_CHILD_CHECK(mismatches.read() == 0);
+  return 0;
+}
+
 TEST(ChannelsDevice, TheMessageAfterAPoisonedOneIsReadOnlyOnceItsProducerWroteIt) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("stale");
@@ -511,22 +549,8 @@ TEST(ChannelsDevice, ProducerStreamWaitingOnADeadConsumersReleaseIsReleased) {
 TEST(ChannelsDevice, ADeadConsumersReleaseWaitsForTheWriteItsStreamWaitedFor) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("owed");
-  SyncPipe created, first_published, dying_released, second_published, go;
-  const pid_t checker = start_child([&] {
-    Gpu g;
-    auto ch = create_one_slot(name, ChannelRole::Consumer);  // survives: the channel keeps a consumer
-    created.notify();
-    GPUIPC_CHILD_CHECK(second_published.wait(60s));
-    const Mismatches mismatches;
-    MessageView m;
-    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
-    GPUIPC_CHILD_CHECK(m.sequence == 1 && !m.incomplete());
-    g.k.verify_pattern(g.stream.get(), m.device_pointer, kSlotWords, 22, mismatches.counter.get());
-    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
-    g.stream.synchronize();
-    GPUIPC_CHILD_CHECK(mismatches.read() == 0);
-    return 0;
-  });
+  SyncPipe created, first_published, second_published, go;
+  const pid_t checker = start_child([&] { return receive_second_message(name, created, second_published); });
   ASSERT_TRUE(created.wait(60s));
   const pid_t first = start_child([&] {
     Gpu g;
@@ -541,20 +565,7 @@ TEST(ChannelsDevice, ADeadConsumersReleaseWaitsForTheWriteItsStreamWaitedFor) {
     return 0;
   });
   ASSERT_TRUE(first_published.wait(60s));
-  const pid_t dying = start_child([&] {
-    Gpu g;
-    auto ch = Channel::open(name, ChannelRole::Consumer);
-    MessageView m;
-    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
-    GPUIPC_CHILD_CHECK(m.sequence == 0);
-    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);  // its stream still waits for `filled`
-    dying_released.notify();
-    ::pause();
-    return 0;
-  });
-  ASSERT_TRUE(dying_released.wait(60s));
-  ::kill(dying, SIGKILL);
-  EXPECT_EQ(wait_child(dying), 128 + SIGKILL);
+  kill_consumer_after_its_release(name);
   std::this_thread::sleep_for(200ms);  // the broker has repaired it
   const pid_t second = start_child([&] {
     Gpu g;
@@ -573,6 +584,45 @@ TEST(ChannelsDevice, ADeadConsumersReleaseWaitsForTheWriteItsStreamWaitedFor) {
   });
   EXPECT_EQ(wait_child(second, 90s), 0);
   EXPECT_EQ(wait_child(first, 60s), 0);
+  EXPECT_EQ(wait_child(checker, 60s), 0);
+  Channel::unlink(name);
+  Semaphore::unlink(name + ".hold");
+}
+
+/// As above, but the broker is SIGKILLed while the dead consumer's `freed` is still owed (the `filled` its stream
+/// waited for has not landed). The broker the survivors' watchers start takes the write from its journal and makes
+/// it once that `filled` lands. (It was lost with the killed broker, and the producer's stream waited for the slot
+/// for ever.)
+TEST(ChannelsDevice, ADeadConsumersOwedReleaseIsMadeAfterTheBrokerIsKilled) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("owedkill");
+  SyncPipe created, first_published, broker_killed, second_published;
+  const pid_t checker = start_child([&] { return receive_second_message(name, created, second_published); });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t producer = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Producer);
+    auto hold =
+        Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    GPUIPC_CHILD_CHECK(publish_held_back(g, ch, hold, 11) == 0);
+    first_published.notify();
+    GPUIPC_CHILD_CHECK(broker_killed.wait(60s));
+    GPUIPC_CHILD_CHECK(hold.signal_host(1) == Status::Ok);  // its stream writes message 0 and its `filled` now
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);  // host: released; stream: waits for `freed`
+    GPUIPC_CHILD_CHECK(s.sequence == 1);
+    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 22);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+    second_published.notify();
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));  // the dead consumer's `freed` was made
+    return 0;
+  });
+  ASSERT_TRUE(first_published.wait(60s));
+  kill_consumer_after_its_release(name);
+  std::this_thread::sleep_for(200ms);  // the broker has repaired it and keeps its `freed` to make
+  ASSERT_TRUE(BrokerEnvironment::kill_broker());
+  broker_killed.notify();
+  EXPECT_EQ(wait_child(producer, 90s), 0);
   EXPECT_EQ(wait_child(checker, 60s), 0);
   Channel::unlink(name);
   Semaphore::unlink(name + ".hold");

@@ -41,6 +41,12 @@ const std::string& BrokerEnvironment::runtime_dir() { return s_dir->path(); }
 
 pid_t BrokerEnvironment::broker_pid() { return static_cast<pid_t>(core::BrokerClient::instance().broker_pid()); }
 
+bool BrokerEnvironment::kill_broker() {
+  const pid_t pid = broker_pid();
+  if (pid <= 0 || ::kill(pid, SIGKILL) != 0) return false;
+  return wait_until([&] { return ::kill(pid, 0) != 0 || task_state(pid) == 'Z'; }, 5s);
+}
+
 int BrokerEnvironment::broker_fd_count() {
   const std::string dir = "/proc/" + std::to_string(broker_pid()) + "/fd";
   int n = 0;

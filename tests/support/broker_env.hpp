@@ -25,6 +25,9 @@ class BrokerEnvironment : public ::testing::Environment {
   static const std::string& runtime_dir();
   /// The broker's pid (connects, starting it, if needed).
   static pid_t broker_pid();
+  /// SIGKILLs the broker and waits until it is gone: true, or false when it still runs after 5 s. The clients'
+  /// watchers (or their next library call) start another.
+  static bool kill_broker();
   /// Open fds of the broker process (/proc/<pid>/fd).
   static int broker_fd_count();
   /// The broker's settled fd count: the least of several reads over ~20 ms, so a reply's fd caught in flight

@@ -1,8 +1,10 @@
-// The broker's journal (src/broker/journal.hpp): the names and member entries a broker started after another one
-// died replays, and the compaction that keeps it from growing without bound.
+// The broker's journal (src/broker/journal.hpp): the names, member entries and owed stream writes a broker started
+// after another one died replays, and the compaction that keeps it from growing without bound.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "broker/journal.hpp"
@@ -15,6 +17,8 @@ namespace {
 using broker::Journal;
 using broker::JournalEntry;
 using broker::JournalMember;
+using broker::JournalOwed;
+using broker::JournalState;
 
 JournalEntry entry(const std::string& name) {
   JournalEntry e;
@@ -31,12 +35,11 @@ JournalEntry entry(const std::string& name) {
 TEST(BrokerJournal, MemberEntriesOfNamesStillLinkedAreReplayed) {
   TempDir dir;
   const std::string path = dir.file("names.journal");
-  std::vector<JournalEntry> linked;
-  std::vector<JournalMember> members;
+  JournalState st;
   {
-    Journal j = Journal::open(path, linked, members);
-    EXPECT_TRUE(linked.empty());
-    EXPECT_TRUE(members.empty());
+    Journal j = Journal::open(path, st);
+    EXPECT_TRUE(st.linked.empty());
+    EXPECT_TRUE(st.members.empty());
     j.linked(entry("chan-a"));
     j.linked(entry("chan-b"));
     j.joined(JournalMember{"chan-a", 0, 5, 3, 1234, 99});
@@ -46,7 +49,9 @@ TEST(BrokerJournal, MemberEntriesOfNamesStillLinkedAreReplayed) {
     j.left("chan-a", 0, 9);  // another token: not the entry that is there
     j.unlinked("chan-b");    // its members go with it
   }
-  Journal again = Journal::open(path, linked, members);
+  Journal again = Journal::open(path, st);
+  const auto& linked = st.linked;
+  const auto& members = st.members;
   ASSERT_EQ(linked.size(), 1U);
   EXPECT_EQ(linked[0].name, "chan-a");
   EXPECT_EQ(linked[0].file_ino, 42U);
@@ -73,20 +78,76 @@ TEST(BrokerJournal, MalformedMemberLinesAreSkipped) {
                        "M chan-a 2 3\n"           // torn
                        "M ../x 0 1 3 10 10\n"     // not a name
                        "M chan-a 1 2 3 10 10\n");
-  std::vector<JournalEntry> linked;
-  std::vector<JournalMember> members;
-  Journal j = Journal::open(path, linked, members);
-  ASSERT_EQ(members.size(), 1U);
-  EXPECT_EQ(members[0].member, 1U);
-  EXPECT_EQ(members[0].token, 2U);
+  JournalState st;
+  Journal j = Journal::open(path, st);
+  ASSERT_EQ(st.members.size(), 1U);
+  EXPECT_EQ(st.members[0].member, 1U);
+  EXPECT_EQ(st.members[0].token, 2U);
+}
+
+// The stream writes a killed broker was still to make for dead channel members: the next broker makes them. A write
+// or process journaled twice (each death journals all that is still owed) counts once; an unlinked name's go.
+TEST(BrokerJournal, OwedStreamWritesOfNamesStillLinkedAreReplayed) {
+  TempDir dir;
+  const std::string path = dir.file("names.journal");
+  JournalState st;
+  {
+    Journal j = Journal::open(path, st);
+    j.linked(entry("chan-a"));
+    j.linked(entry("chan-b"));
+    j.owed(JournalOwed{"chan-a", {{2, 1}}, {{4321, 77}}});
+    j.owed(JournalOwed{"chan-a", {{2, 1}, {5 | proto::kOwedFreed, 0}}, {{4321, 77}, {4322, 78}}});
+    j.owed(JournalOwed{"chan-b", {{9, 0}}, {}});
+    j.unlinked("chan-b");
+  }
+  Journal again = Journal::open(path, st);
+  ASSERT_EQ(st.owed.size(), 1U);
+  const JournalOwed& o = st.owed[0];
+  EXPECT_EQ(o.name, "chan-a");
+  ASSERT_EQ(o.writes.size(), 2U);
+  EXPECT_EQ(o.writes[0].code, 2U);
+  EXPECT_EQ(o.writes[0].after, 1U);
+  EXPECT_EQ(o.writes[1].code, 5 | proto::kOwedFreed);
+  using Process = std::pair<std::int64_t, std::uint64_t>;
+  EXPECT_EQ(o.processes, (std::vector<Process>{{4321, 77}, {4322, 78}}));
+  // Compacted on open to one "O" line and an "X" line per process; replayed again, the same.
+  const std::string text = read_file(path).value_or("");
+  EXPECT_EQ(text, broker::journal_line(st.linked[0]) + "\n" + broker::journal_owed_lines(o));
+  Journal third = Journal::open(path, st);
+  ASSERT_EQ(st.owed.size(), 1U);
+  EXPECT_EQ(st.owed[0].writes.size(), 2U);
+  EXPECT_EQ(read_file(path).value_or(""), text);
+}
+
+TEST(BrokerJournal, MalformedOwedLinesAndATornLastLineAreSkipped) {
+  TempDir dir;
+  const std::string path = dir.file("names.journal");
+  write_file(path, broker::journal_line(entry("chan-a")) +
+                       "\n"
+                       "O chan-a\n"        // no writes
+                       "O chan-a 3\n"      // a code without its `after`
+                       "O chan-a 3 1 x\n"  // not a number
+                       "O ../x 3 1\n"      // not a name
+                       "X chan-a 0 5\n"    // no process
+                       "X chan-a -3 5\n"   // a negative pid
+                       "O chan-a 4 2\n"
+                       "X chan-a 10 11\n"
+                       "O chan-a 6 3");  // torn: no newline (it could have lost digits)
+  JournalState st;
+  Journal j = Journal::open(path, st);
+  ASSERT_EQ(st.owed.size(), 1U);
+  ASSERT_EQ(st.owed[0].writes.size(), 1U);
+  EXPECT_EQ(st.owed[0].writes[0].code, 4U);
+  EXPECT_EQ(st.owed[0].writes[0].after, 2U);
+  ASSERT_EQ(st.owed[0].processes.size(), 1U);
+  EXPECT_EQ(st.owed[0].processes[0].first, 10);
 }
 
 TEST(BrokerJournal, AskedToCompactOnceItHasGrownWellPastWhatItHolds) {
   TempDir dir;
   const std::string path = dir.file("names.journal");
-  std::vector<JournalEntry> linked;
-  std::vector<JournalMember> members;
-  Journal j = Journal::open(path, linked, members);
+  JournalState st;
+  Journal j = Journal::open(path, st);
   j.linked(entry("kept"));
   int churn = 0;
   while (!j.wants_compaction()) {
@@ -102,8 +163,8 @@ TEST(BrokerJournal, AskedToCompactOnceItHasGrownWellPastWhatItHolds) {
   EXPECT_EQ(read_file(path).value_or(""), live);
   j.unlinked("kept");  // appends go to the new file
   EXPECT_EQ(read_file(path).value_or(""), live + "U kept\n");
-  Journal reopened = Journal::open(path, linked, members);
-  EXPECT_TRUE(linked.empty());
+  Journal reopened = Journal::open(path, st);
+  EXPECT_TRUE(st.linked.empty());
 }
 
 }  // namespace

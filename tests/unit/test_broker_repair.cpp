@@ -6,14 +6,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "broker/registry.hpp"
 #include "broker/repair.hpp"
+#include "os/memfd.hpp"
+#include "os/process.hpp"
 #include "proto/shm.hpp"
 #include "shm/channel_ring.hpp"
 #include "shm/semaphore_block.hpp"
+#include "support/support.hpp"
 
 namespace gpuipc::broker {
 namespace {
@@ -51,15 +58,21 @@ struct ChannelBlock {
     h().record_bytes = proto::record_bytes(header_bytes);
     for (std::uint32_t i = 0; i < slots; ++i) slot(i).state = proto::pack_state(i, Phase::Free, proto::kNoMember);
   }
-  proto::ChannelHeader& h() { return *reinterpret_cast<proto::ChannelHeader*>(mem.data()); }
+  /// From now on the block is the one at `shared` (a mapping of the control block's memfd): a copy of this one.
+  void move_to(void* shared) {
+    std::memcpy(shared, mem.data(), bytes);
+    at = shared;
+  }
+  void* data() { return at != nullptr ? at : mem.data(); }
+  proto::ChannelHeader& h() { return *static_cast<proto::ChannelHeader*>(data()); }
   proto::Slot& slot(std::uint32_t i) {
-    auto* base = reinterpret_cast<std::byte*>(mem.data()) + sizeof(proto::ChannelHeader);
+    auto* base = static_cast<std::byte*>(data()) + sizeof(proto::ChannelHeader);
     return *reinterpret_cast<proto::Slot*>(base + static_cast<std::size_t>(i) * h().record_bytes);
   }
   /// Member `idx` recorded that its stream owes `filled` (or `freed`) of message `seq`, as its publish (release)
   /// does; `after`: the `freed` value its producer's stream waited for first.
   void owe(std::uint32_t idx, std::uint64_t seq, bool freed, std::uint64_t after = 0) {
-    const shm::Ring r{mem.data(), *shm::ring_geometry(mem.data(), bytes)};
+    const shm::Ring r{data(), *shm::ring_geometry(data(), bytes)};
     auto& t = shm::ring_owed_table(r, idx);
     auto* entries = reinterpret_cast<proto::OwedWrite*>(&t + 1);
     entries[t.end % proto::owed_capacity(h().slots)] = {seq | (freed ? proto::kOwedFreed : 0), after};
@@ -73,6 +86,7 @@ struct ChannelBlock {
   }
   std::size_t bytes;
   std::vector<std::uint64_t> mem;  // 8-byte aligned
+  void* at = nullptr;
 };
 
 TEST(RepairChannel, ProducerDeadWhileWritingAbandonsTheSlot) {
@@ -189,6 +203,30 @@ TEST(RepairChannel, ADeadProducersFilledWaitsForTheReleaseItsStreamWaitedFor) {
   EXPECT_EQ(b.slot(0).flags, proto::kSlotIncomplete);
 }
 
+/// A process that lives until kill() (for a dead member's process that has not exited yet).
+struct LiveChild {
+  LiveChild() {
+    EXPECT_EQ(::pipe(fds), 0);
+    pid = ::fork();
+    if (pid == 0) {  // lives until the pipe closes
+      ::close(fds[1]);
+      char c = 0;
+      (void)!::read(fds[0], &c, 1);
+      ::_exit(0);
+    }
+    ::close(fds[0]);
+  }
+  void kill() {
+    if (fds[1] < 0) return;
+    ::close(std::exchange(fds[1], -1));
+    int status = 0;
+    EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  }
+  ~LiveChild() { kill(); }
+  int fds[2] = {-1, -1};
+  pid_t pid = 0;
+};
+
 // A killed process's GPU work runs on until its exit has torn its contexts down: the broker makes its owed writes
 // only once the process has exited (a stream write of it landing after the broker's, and after the ring moved on,
 // would take the word back).
@@ -200,28 +238,93 @@ TEST(RepairChannel, OwedWritesWaitForTheProcessToExit) {
   b.slot(0).release_mark = 1;
   b.slot(0).filled = 1;
   b.owe(1, 0, true);
-  int pipe_fds[2];
-  ASSERT_EQ(::pipe(pipe_fds), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {  // lives until the pipe closes
-    ::close(pipe_fds[1]);
-    char c = 0;
-    (void)!::read(pipe_fds[0], &c, 1);
-    ::_exit(0);
-  }
-  ::close(pipe_fds[0]);
+  LiveChild child;
   ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
   ASSERT_EQ(check_control(cb), "");
-  EXPECT_TRUE(remove_member(cb, Joined{1, 300, proto::Role::Consumer}, child));
+  EXPECT_TRUE(remove_member(cb, Joined{1, 300, proto::Role::Consumer}, child.pid));
   EXPECT_EQ(b.slot(0).freed, 0U);  // its turn has come, but the process lives
   EXPECT_TRUE(settle_owed(cb));
   EXPECT_EQ(b.slot(0).freed, 0U);
-  ::close(pipe_fds[1]);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  child.kill();
   EXPECT_FALSE(settle_owed(cb));
   EXPECT_EQ(b.slot(0).freed, 1U);
+}
+
+/// A broker (a Registry with its journal, as the server runs it) with a producer's connection (1, from `producer`)
+/// and a consumer's (2, from this process), of this uid.
+struct JournaledBroker {
+  JournaledBroker(const std::string& journal, pid_t producer) : registry(Quotas{}) {
+    registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
+    registry.add_connection(1, creds(producer));
+    registry.add_connection(2, creds(::getpid()));
+  }
+  static os::Credentials creds(pid_t pid) { return os::Credentials{pid, ::getuid(), ::getgid(), {}}; }
+  proto::Message ask(ConnId conn, pid_t pid, proto::Body body, int fd = -1) {
+    std::vector<os::UniqueFd> fds;
+    if (fd >= 0) fds.push_back(os::dup_fd(fd));
+    std::vector<Outgoing> out;
+    registry.handle(Caller{conn, creds(pid)}, proto::Message{rid++, std::move(body)}, fds, 0, out);
+    EXPECT_EQ(out.size(), 1U);
+    return out.empty() ? proto::Message{} : std::move(out.back().msg);
+  }
+  /// Runs the broker's timers as they would run a second after the last time (owed writes are looked at again).
+  void tick() {
+    std::vector<Outgoing> out;
+    clock_ns = std::max(clock_ns, os::monotonic_ns()) + 1'000'000'000;
+    registry.expire(clock_ns, out);
+  }
+  Registry registry;
+  std::uint32_t rid = 1;
+  std::int64_t clock_ns = 0;
+};
+
+// A broker killed while it still had a dead producer's owed `filled` to make (the release its stream waited for had
+// not landed, and its process had not exited): the next broker makes it from its journal once the channel comes
+// back, and still not before that process has exited. Before, the write was lost with the broker, and a consumer's
+// stream waiting for the message waited until it was destroyed.
+TEST(RepairChannel, OwedWritesAKilledBrokerHadStillToMakeAreMadeByTheNextOne) {
+  test::TempDir dir;
+  const std::string journal = dir.file("names.journal");
+  LiveChild producer_process;  // the producer's process: killed, not yet exited
+  const pid_t ppid = producer_process.pid;
+  ChannelBlock b(2);
+  auto memfd = os::memfd_create("channel-control", b.bytes);
+  auto shared = os::Mapping::map(memfd.get(), b.bytes, true);
+  b.move_to(shared.data());
+  std::uint32_t producer = 0;
+  {
+    auto broker = std::make_unique<JournaledBroker>(journal, ppid);
+    const auto created = broker->ask(
+        1, ppid, proto::Create{"owed", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+    const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+    const auto joined = broker->ask(1, ppid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
+    ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
+    producer = std::get<proto::JoinReply>(joined.body).member;
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+        broker->ask(2, ::getpid(), proto::Open{"owed", proto::Access::ReadWrite, 0}).body));
+    ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(
+        broker->ask(2, ::getpid(), proto::Join{id, static_cast<std::uint8_t>(proto::Role::Consumer)}).body));
+    // The producer published message 2 into slot 0 after message 0's release; its stream owes `filled`, after it
+    // waits for that release's `freed`, which the consumer's stream has not written yet.
+    b.slot(0).state = proto::pack_state(2, Phase::Published, producer);
+    b.slot(0).release_mark = 1;
+    b.slot(0).filled = 1;
+    b.owe(producer, 2, false, 1);
+    broker->registry.drop_connection(1);  // killed
+    b.slot(0).freed = 1;                  // the consumer's stream is done with message 0
+    broker->tick();
+    EXPECT_EQ(b.slot(0).filled, 1U) << "made before the producer's process exited";
+  }  // the broker is killed
+  JournaledBroker next(journal, ppid);
+  const auto back = next.ask(2, ::getpid(), proto::Announce{"owed", proto::Access::ReadWrite, b.bytes}, memfd.get());
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(back.body));
+  next.tick();
+  EXPECT_EQ(b.slot(0).filled, 1U) << "made before the producer's process exited";
+  producer_process.kill();
+  next.tick();
+  EXPECT_EQ(b.slot(0).filled, 3U);
+  EXPECT_EQ(b.slot(0).flags, proto::kSlotIncomplete);
 }
 
 // A dead consumer's stream a round or more behind in a slot whose later rounds other members published and
