@@ -392,6 +392,23 @@ int publish_held_back(Gpu& g, Channel& ch, Semaphore& hold, std::uint64_t seed) 
   return 0;
 }
 
+/// The semaphore `name`.hold (at 0) that holds a producer's stream back (publish_held_back).
+Semaphore create_hold(const std::string& name) {
+  return Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+}
+
+/// A producer's message 1 of a one-slot channel, pattern 22 written on its stream after the stream waits for the
+/// slot; says so on `published`. Returns 0, or 1 when a step failed.
+int publish_second_message(Gpu& g, Channel& ch, const SyncPipe& published) {
+  SlotView s;
+  GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+  GPUIPC_CHILD_CHECK(s.sequence == 1);
+  g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 22);
+  GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
+  published.notify();
+  return 0;
+}
+
 /// A consumer of `name` that receives message 0 and releases it on its stream, which still waits for the
 /// message's `filled` (its producer's stream is held back), and is SIGKILLed then: its `freed` is owed.
 void kill_consumer_after_its_release(const std::string& name) {
@@ -472,8 +489,7 @@ TEST(ChannelsDevice, TheMessageAfterAPoisonedOneIsReadOnlyOnceItsProducerWroteIt
   const pid_t second = start_child([&] {
     Gpu g;
     auto ch = Channel::open(name, ChannelRole::Producer);  // joined before the first dies: producing goes on
-    auto hold =
-        Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    auto hold = create_hold(name);
     second_joined.notify();
     GPUIPC_CHILD_CHECK(first_released.wait(60s));
     GPUIPC_CHILD_CHECK(publish_held_back(g, ch, hold, 77) == 0);
@@ -555,8 +571,7 @@ TEST(ChannelsDevice, ADeadConsumersReleaseWaitsForTheWriteItsStreamWaitedFor) {
   const pid_t first = start_child([&] {
     Gpu g;
     auto ch = Channel::open(name, ChannelRole::Producer);
-    auto hold =
-        Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    auto hold = create_hold(name);
     GPUIPC_CHILD_CHECK(publish_held_back(g, ch, hold, 11) == 0);
     first_published.notify();
     GPUIPC_CHILD_CHECK(go.wait(60s));
@@ -570,12 +585,7 @@ TEST(ChannelsDevice, ADeadConsumersReleaseWaitsForTheWriteItsStreamWaitedFor) {
   const pid_t second = start_child([&] {
     Gpu g;
     auto ch = Channel::open(name, ChannelRole::Producer);
-    SlotView s;
-    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
-    GPUIPC_CHILD_CHECK(s.sequence == 1);
-    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 22);
-    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
-    second_published.notify();
+    GPUIPC_CHILD_CHECK(publish_second_message(g, ch, second_published) == 0);
     // The first producer's stream has not written the slot: this one waits (it passed at once before the fix).
     GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
     go.notify();
@@ -602,18 +612,13 @@ TEST(ChannelsDevice, ADeadConsumersOwedReleaseIsMadeAfterTheBrokerIsKilled) {
   const pid_t producer = start_child([&] {
     Gpu g;
     auto ch = Channel::open(name, ChannelRole::Producer);
-    auto hold =
-        Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    auto hold = create_hold(name);
     GPUIPC_CHILD_CHECK(publish_held_back(g, ch, hold, 11) == 0);
     first_published.notify();
     GPUIPC_CHILD_CHECK(broker_killed.wait(60s));
     GPUIPC_CHILD_CHECK(hold.signal_host(1) == Status::Ok);  // its stream writes message 0 and its `filled` now
-    SlotView s;
-    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);  // host: released; stream: waits for `freed`
-    GPUIPC_CHILD_CHECK(s.sequence == 1);
-    g.k.fill_pattern(g.stream.get(), s.device_pointer, kSlotWords, 22);
-    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, kSlotBytes) == Status::Ok);
-    second_published.notify();
+    // Message 1: the slot is free on the host; the stream waits for message 0's `freed`.
+    GPUIPC_CHILD_CHECK(publish_second_message(g, ch, second_published) == 0);
     GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));  // the dead consumer's `freed` was made
     return 0;
   });
@@ -716,8 +721,7 @@ TEST(ChannelsDevice, AProducerWhoseStreamFellSixtyFourMessagesBehindWaitsInAcqui
   const pid_t prod = start_child([&] {
     Gpu g;
     auto ch = Channel::open(name, ChannelRole::Producer);
-    auto hold =
-        Semaphore::create(name + ".hold", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    auto hold = create_hold(name);
     GPUIPC_CHILD_CHECK(hold.wait(g.stream.get(), 1) == Status::Ok);
     for (unsigned i = 0; i < 64; ++i) {
       SlotView s;
