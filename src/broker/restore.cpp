@@ -137,11 +137,14 @@ void Registry::restore_owed(SegmentRecord& seg) {
   m_restore_owed.erase(it);
   if (!seg.control || (seg.flags & proto::kFlagChannel) == 0) return;
   for (const auto& [pid, start] : o.processes) {
-    // As when the last broker took the writes: none is made before these processes have exited. One gone (or a
-    // pid another process has now) is not waited for.
+    // As when the last broker took the writes: none is made before these processes have exited. One gone, a pid
+    // another process has now, or one whose start the last broker did not know (it could be another process by now,
+    // which would hold the writes back for as long as it runs) is not waited for.
+    if (start == 0) continue;
     try {
       auto fd = os::pidfd_open(static_cast<pid_t>(pid));
-      if (start != 0 && os::process_start_ticks(static_cast<pid_t>(pid)) != start) continue;
+      // Read after the pidfd is taken: a pid used again after that read is not the process the pidfd names.
+      if (os::process_start_ticks(static_cast<pid_t>(pid)) != start) continue;
       seg.block.dying.push_back(ControlBlock::Dying{std::move(fd), static_cast<pid_t>(pid), start});
     } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone (NotFound) or no pidfd: nothing to wait for
     }
