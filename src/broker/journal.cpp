@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -108,7 +109,7 @@ struct OwedReplay {
     if (tag == "X") {
       std::int64_t pid = 0;
       std::uint64_t start = 0;
-      if (!(in >> pid >> start) || pid <= 0) return false;
+      if (!(in >> pid >> start) || pid <= 0 || pid > std::numeric_limits<pid_t>::max()) return false;
       into[name].processes.emplace(pid, start);
       return true;
     }

@@ -121,6 +121,19 @@ bool process_gone(const SegmentRecord::Unclaimed& u) {
   return os::process_start_ticks(u.joined.pid) != u.joined.start;
 }
 
+/// A pidfd of process `pid` if it still runs and started at `start` (0: any start), else an empty fd. Taken before
+/// the start is read: a pid used again after that read is not the process the pidfd names.
+os::UniqueFd pidfd_of(pid_t pid, std::uint64_t start) noexcept {
+  if (pid <= 0) return {};
+  try {
+    auto fd = os::pidfd_open(pid);
+    if (start != 0 && os::process_start_ticks(pid) != start) return {};
+    return fd;
+  } catch (const std::exception&) {  // gone (NotFound) or no pidfd
+    return {};
+  }
+}
+
 }  // namespace
 
 void Registry::repair_gone(SegmentRecord& seg, const Joined& member) {
@@ -141,12 +154,8 @@ void Registry::restore_owed(SegmentRecord& seg) {
     // another process has now, or one whose start the last broker did not know (it could be another process by now,
     // which would hold the writes back for as long as it runs) is not waited for.
     if (start == 0) continue;
-    try {
-      auto fd = os::pidfd_open(static_cast<pid_t>(pid));
-      // Read after the pidfd is taken: a pid used again after that read is not the process the pidfd names.
-      if (os::process_start_ticks(static_cast<pid_t>(pid)) != start) continue;
+    if (auto fd = pidfd_of(static_cast<pid_t>(pid), start)) {
       seg.block.dying.push_back(ControlBlock::Dying{std::move(fd), static_cast<pid_t>(pid), start});
-    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone (NotFound) or no pidfd: nothing to wait for
     }
   }
   seg.block.owed.insert(seg.block.owed.end(), o.writes.begin(), o.writes.end());
@@ -172,14 +181,7 @@ void Registry::adopt_unclaimed(SegmentRecord& seg) {
       m_journal.left(seg.name, m.member, m.token);  // it left (cleanly) while no broker watched
       continue;
     }
-    if (u.joined.pid > 0) {
-      try {
-        u.pidfd = os::pidfd_open(u.joined.pid);
-        // Taken before the start is read: a pid used again after that read is not the process the pidfd names.
-        if (u.joined.start != 0 && os::process_start_ticks(u.joined.pid) != u.joined.start) u.pidfd.reset();
-      } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone (NotFound) or no pidfd: process_gone tells
-      }
-    }
+    u.pidfd = pidfd_of(u.joined.pid, u.joined.start);  // none: process_gone tells
     if (process_gone(u)) {
       repair_gone(seg, u.joined);
       continue;

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "cuda/driver.hpp"
 #include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
+#include "gpuipc/liveness.hpp"
 #include "gpuipc/semaphore.hpp"
 #include "os/process.hpp"
 #include "proto/shm.hpp"
@@ -410,7 +412,8 @@ int publish_second_message(Gpu& g, Channel& ch, const SyncPipe& published) {
 }
 
 /// A consumer of `name` that receives message 0 and releases it on its stream, which still waits for the
-/// message's `filled` (its producer's stream is held back), and is SIGKILLed then: its `freed` is owed.
+/// message's `filled` (its producer's stream is held back), and is SIGKILLed then: its `freed` is owed. Returns once
+/// the broker has repaired it (it no longer lists the process among the channel's holders), so it holds the write.
 void kill_consumer_after_its_release(const std::string& name) {
   SyncPipe released;
   const pid_t dying = start_child([&] {
@@ -427,6 +430,12 @@ void kill_consumer_after_its_release(const std::string& name) {
   ASSERT_TRUE(released.wait(60s));
   ::kill(dying, SIGKILL);
   EXPECT_EQ(wait_child(dying), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until(
+      [&] {
+        const auto hs = holders(name);
+        return std::none_of(hs.begin(), hs.end(), [&](const Holder& h) { return static_cast<pid_t>(h.pid) == dying; });
+      },
+      10s, 5ms));
 }
 
 /// A consumer of a one-slot channel (the channel's creator) that receives message 1, checks it is whole and holds
@@ -581,7 +590,6 @@ TEST(ChannelsDevice, ADeadConsumersReleaseWaitsForTheWriteItsStreamWaitedFor) {
   });
   ASSERT_TRUE(first_published.wait(60s));
   kill_consumer_after_its_release(name);
-  std::this_thread::sleep_for(200ms);  // the broker has repaired it
   const pid_t second = start_child([&] {
     Gpu g;
     auto ch = Channel::open(name, ChannelRole::Producer);
@@ -623,8 +631,7 @@ TEST(ChannelsDevice, ADeadConsumersOwedReleaseIsMadeAfterTheBrokerIsKilled) {
     return 0;
   });
   ASSERT_TRUE(first_published.wait(60s));
-  kill_consumer_after_its_release(name);
-  std::this_thread::sleep_for(200ms);  // the broker has repaired it and keeps its `freed` to make
+  kill_consumer_after_its_release(name);  // the broker keeps its `freed` to make
   ASSERT_TRUE(BrokerEnvironment::kill_broker());
   broker_killed.notify();
   EXPECT_EQ(wait_child(producer, 90s), 0);
