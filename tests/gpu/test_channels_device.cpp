@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <csignal>
 #include <cstring>
@@ -889,6 +890,156 @@ TEST(ChannelsDevice, ConsumersKilledWithTheirStreamsRoundsBehindCorruptNothingAn
   RecordProperty("kills", static_cast<int>(kills));
   EXPECT_GT(kills, 5U);
   ::munmap(shared, 4096);
+  Channel::unlink(name);
+}
+
+/// Producers SIGKILLed while their streams still write a slot they acquired and had not published: each victim
+/// enqueues a 2 ms spin and then the fill of its slot, and is killed 0-1.5 ms later, while its host waits to publish.
+/// The ring has one slot, so a survivor waits in acquire for that slot the whole time and claims it again as soon as
+/// it is given up. It is given up only once the killed process has exited, so that stream's late fill never lands in
+/// a later message. Two producers never killed publish as fast as they can; a consumer checks every message that is
+/// not flagged incomplete against its header, 3 ms after its stream saw it filled (time for a late fill to land).
+/// (With the slot freed as soon as the connection closed, a killed process's stream could fill it after a survivor
+/// had claimed it again and written its own message there.)
+TEST(ChannelsDevice, ProducersKilledWhileTheirStreamsFillClaimedSlotsCorruptNoLaterMessage) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("pstorm");
+  constexpr std::uint32_t kSurvivors = 2;
+  constexpr unsigned kKills = 40;
+  struct Shared {
+    std::atomic<std::uint32_t> checked, incomplete, corrupt, stop, survivors_joined, survivors_done;
+    std::array<std::atomic<std::uint32_t>, kKills + 2> ready;  // a victim has claimed its first slot
+  };
+  void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* sh = new (mem) Shared{};
+  SyncPipe created, release_holder;
+  const pid_t holder = start_child([&] {  // a consumer that receives nothing: the checker ends when producers do
+    Gpu g;
+    auto ch = Channel::create(name,
+                              {.slots = 1,
+                               .slot_bytes = kSlotBytes,
+                               .header_bytes = sizeof(Header),
+                               .kind = SegmentKind::Device,
+                               .device = 0,
+                               .mode = 0600},
+                              ChannelRole::Consumer);
+    created.notify();
+    GPUIPC_CHILD_CHECK(release_holder.wait(300s));
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t checker = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    for (;;) {
+      MessageView m;
+      const Status st = ch.receive(g.stream.get(), 60s, m);
+      if (st == Status::Closed || st == Status::PeerDied) break;
+      GPUIPC_CHILD_CHECK(st == Status::Ok);
+      g.stream.synchronize();  // past the wait for `filled`: the incomplete flag is final
+      std::this_thread::sleep_for(3ms);
+      Header h{};
+      std::memcpy(&h, m.header.data(), sizeof h);
+      if (m.incomplete()) {
+        sh->incomplete.fetch_add(1);
+      } else if (const auto bad = g.k.count_mismatches(g.stream.get(), m.device_pointer, kSlotWords, h.seed);
+                 bad != 0) {
+        std::fprintf(stderr, "message %llu (producer %u, #%u): %llu words are not its producer's\n",
+                     static_cast<unsigned long long>(m.sequence), h.producer, h.index,
+                     static_cast<unsigned long long>(bad));
+        sh->corrupt.fetch_add(1);
+      }
+      sh->checked.fetch_add(1);
+      GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    }
+    g.stream.synchronize();
+    return 0;
+  });
+  std::vector<pid_t> survivors;
+  for (std::uint32_t p = 0; p < kSurvivors; ++p) {
+    survivors.push_back(start_child([&, p] {
+      Gpu g;
+      auto ch = Channel::open(name, ChannelRole::Producer);
+      sh->survivors_joined.fetch_add(1);  // the checker ends when the last producer goes: not a victim before these
+      for (std::uint32_t i = 0; sh->stop.load() == 0; ++i) {
+        SlotView slot;
+        GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 60s, slot) == Status::Ok);
+        Header h{p, i, (static_cast<std::uint64_t>(p) << 32) | i};
+        g.k.fill_pattern(g.stream.get(), slot.device_pointer, kSlotWords, h.seed);
+        GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), std::as_bytes(std::span(&h, 1)), kSlotBytes) == Status::Ok);
+      }
+      g.stream.synchronize();
+      sh->survivors_done.fetch_add(1);
+      return 0;
+    }));
+  }
+  auto victim = [&](std::uint32_t id) {
+    return start_child([&, id] {
+      // Half of them reach the broker before CUDA: their connection is then a lower fd than the driver's, and a
+      // killed process's fds close in order, so the broker hears of the death before the GPU context is torn down.
+      if (id % 2 == 0) (void)Channel::stat(name);
+      Gpu g;
+      auto ch = Channel::open(name, ChannelRole::Producer);
+      auto flag = cuda::DeviceBuffer::allocate(16);
+      cuda::memset_d8(flag.get(), 0, 16);
+      for (std::uint32_t i = 0;; ++i) {
+        SlotView slot;
+        GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 60s, slot) == Status::Ok);
+        g.k.spin_until(g.stream.get(), flag.get(), 1, 2'000'000, flag.get() + 8);  // a slow write
+        Header h{100 + id, i, (static_cast<std::uint64_t>(100 + id) << 32) | i};
+        g.k.fill_pattern(g.stream.get(), slot.device_pointer, kSlotWords, h.seed);
+        sh->ready[id].store(1);
+        std::this_thread::sleep_for(5ms);
+        GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), std::as_bytes(std::span(&h, 1)), kSlotBytes) == Status::Ok);
+      }
+      return 0;
+    });
+  };
+  ASSERT_TRUE(wait_until([&] { return sh->survivors_joined.load() == kSurvivors; }, 60s));
+  // Two victims at a time: one of them, once its stream spins before the fill, killed 0-1.5 ms later, and a new one
+  // started.
+  std::mt19937 rng(11);
+  std::vector<std::pair<pid_t, std::uint32_t>> victims{{victim(0), 0}, {victim(1), 1}};
+  unsigned kills = 0;
+  for (std::uint32_t next = 2; kills < kKills; ++next) {
+    auto& [pid, id] = victims[rng() % victims.size()];
+    if (!wait_until([&, id = id] { return sh->ready[id].load() != 0; }, 60s)) {
+      ADD_FAILURE() << "victim " << id << " claimed no slot: the ring as it stands\n" << dump_ring(name);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1500));
+    ::kill(pid, SIGKILL);
+    EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
+    ++kills;
+    if (next < sh->ready.size()) {
+      pid = victim(next);
+      id = next;
+    }
+  }
+  sh->stop.store(1);
+  if (!wait_until([&] { return sh->survivors_done.load() == kSurvivors; }, 30s)) {
+    ADD_FAILURE() << "the survivors did not finish: the ring as it stands\n" << dump_ring(name);
+    for (const pid_t pid : survivors) ::kill(pid, SIGKILL);
+  }
+  for (const pid_t pid : survivors) EXPECT_EQ(wait_child(pid, 120s), 0);
+  for (const auto& [pid, id] : victims) {
+    ::kill(pid, SIGKILL);
+    (void)wait_child(pid, 60s);
+  }
+  EXPECT_EQ(wait_child(checker, 120s), 0);  // the last producer gone: it drained what was published
+  release_holder.notify();
+  EXPECT_EQ(wait_child(holder), 0);
+  const ChannelStats st = Channel::stat(name);
+  std::printf("%u victims killed; %u messages checked, %u flagged incomplete, %u corrupt; %llu slots abandoned\n",
+              kills, sh->checked.load(), sh->incomplete.load(), sh->corrupt.load(),
+              static_cast<unsigned long long>(st.abandoned));
+  RecordProperty("kills", static_cast<int>(kills));
+  RecordProperty("abandoned", static_cast<int>(st.abandoned));
+  RecordProperty("corrupt", static_cast<int>(sh->corrupt.load()));
+  EXPECT_EQ(sh->corrupt.load(), 0U) << "messages written over by a killed producer's stream";
+  EXPECT_GE(st.abandoned, kKills / 2);  // most kills came while the victim held its claim
+  ::munmap(mem, sizeof(Shared));
   Channel::unlink(name);
 }
 
