@@ -128,11 +128,16 @@ JournalOwed Registry::owed_of(const SegmentRecord& seg) const {
   for (const auto& d : seg.block.dying) {
     if (d.pid > 0) o.processes.emplace_back(d.pid, d.start);
   }
+  // A leaver's writes too: a broker started after this one makes them once every process listed has exited.
+  for (const auto& l : seg.block.leavers) {
+    o.writes.insert(o.writes.end(), l.writes.begin(), l.writes.end());
+    if (l.process.pid > 0) o.processes.emplace_back(l.process.pid, l.process.start);
+  }
   return o;
 }
 
 void Registry::watch_owed(const SegmentRecord& seg) {
-  if (!seg.block.owed.empty() && m_owing.insert(seg.id).second && m_owing.size() == 1) {
+  if ((!seg.block.owed.empty() || !seg.block.leavers.empty()) && m_owing.insert(seg.id).second && m_owing.size() == 1) {
     m_owed_interval_ns = kOwedFirstLookNs;
     m_owed_check_ns = os::monotonic_ns() + m_owed_interval_ns;
   }
@@ -223,6 +228,8 @@ void Registry::handle(const Caller& caller, const proto::Message& request, std::
           holders(caller, rid, body, out);
         } else if constexpr (std::is_same_v<T, proto::Watch>) {
           watch(caller, rid, body, out);
+        } else if constexpr (std::is_same_v<T, proto::Leave>) {
+          leave(caller, rid, body, out);
         } else if constexpr (std::is_same_v<T, proto::Heartbeat>) {
           heartbeat(caller, rid, body, now_ns, out);
         } else {
@@ -553,6 +560,45 @@ void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& 
   auto& joined = seg.joined.emplace(caller.conn, Joined{member, token, role})->second;
   journal_joined(seg, joined, caller.conn);
   out.push_back(reply(caller.conn, rid, proto::JoinReply{member, token}));
+}
+
+void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave& req, std::vector<Outgoing>& out) {
+  auto fail = [&](std::string msg) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::InvalidArgument,
+                                    fmt::format("Leave of member {} of segment id {}: {}", req.member, req.id, msg))
+                            .body));
+  };
+  auto it = m_segments.find(req.id);
+  if (it == m_segments.end() || !it->second.control || (it->second.flags & proto::kFlagChannel) == 0) {
+    fail("no channel has that id");
+    return;
+  }
+  auto& seg = it->second;
+  auto [first, last] = seg.joined.equal_range(caller.conn);
+  const auto j = std::find_if(first, last, [&](const auto& e) {
+    return e.second.member == req.member && e.second.token == req.token;
+  });
+  if (j == last) {
+    fail("this connection did not join that entry with that token");
+    return;
+  }
+  // Its stream's writes are waited for until the process exits: one this broker cannot see (another PID
+  // namespace) has no exit to wait for. It leaves on its own then (its library waits, bounded, for its stream).
+  if (caller.creds.pid <= 0) {
+    fail("this broker cannot see the process (another PID namespace): leave without the broker");
+    return;
+  }
+  const Joined member = j->second;
+  seg.joined.erase(j);
+  const bool removed = leave_member(seg.block, member, caller.creds.pid,
+                                    member.pid == caller.creds.pid ? member.start : 0);
+  if (!seg.name.empty()) {
+    if (removed && !seg.block.leavers.empty()) m_journal.owed(owed_of(seg));
+    m_journal.left(seg.name, member.member, member.token);
+  }
+  watch_owed(seg);
+  out.push_back(reply(caller.conn, rid, proto::OkReply{}));
 }
 
 }  // namespace gpuipc::broker

@@ -171,6 +171,10 @@ class Registry {
   void announce(const Caller& caller, std::uint32_t rid, const proto::Announce& req, std::vector<os::UniqueFd>& fds,
                 std::vector<Outgoing>& out);
   void rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejoin& req, std::vector<Outgoing>& out);
+  /// A channel member of this connection leaves while its stream still owes writes: removed now (Closed), its
+  /// writes made by its stream or, once its process has exited, by the broker as their turns come (repair.hpp,
+  /// leave_member).
+  void leave(const Caller& caller, std::uint32_t rid, const proto::Leave& req, std::vector<Outgoing>& out);
   void holders(const Caller& caller, std::uint32_t rid, const proto::Holders& req, std::vector<Outgoing>& out);
   void watch(const Caller& caller, std::uint32_t rid, const proto::Watch& req, std::vector<Outgoing>& out);
   void heartbeat(const Caller& caller, std::uint32_t rid, const proto::Heartbeat& req, std::int64_t now_ns,

@@ -130,14 +130,49 @@ std::string check_rejoin(const ControlBlock& block, const Joined& m) noexcept {
 }
 
 bool settle_owed(ControlBlock& block) noexcept {
+  const shm::Ring ring{block.data, block.ring};
+  std::erase_if(block.leavers, [&](ControlBlock::Leaver& l) {
+    l.writes.resize(shm::ring_drop_landed(ring, l.writes));
+    if (l.writes.empty()) return true;
+    if (l.process.pidfd && !os::pidfd_wait_exit(l.process.pidfd.get(), 0)) return false;
+    block.owed.insert(block.owed.end(), l.writes.begin(), l.writes.end());  // exited: its stream makes no more
+    return true;
+  });
   if (block.owed.empty()) {
     block.dying.clear();
-    return false;
+    return !block.leavers.empty();
   }
   std::erase_if(block.dying, [](const ControlBlock::Dying& d) { return os::pidfd_wait_exit(d.pidfd.get(), 0); });
   if (!block.dying.empty()) return true;
-  block.owed.resize(shm::ring_settle_owed(shm::Ring{block.data, block.ring}, block.owed));
-  return !block.owed.empty();
+  block.owed.resize(shm::ring_settle_owed(ring, block.owed));
+  return !block.owed.empty() || !block.leavers.empty();
+}
+
+bool leave_member(ControlBlock& block, const Joined& m, pid_t pid, std::uint64_t start) {
+  if ((block.flags & proto::kFlagChannel) == 0) return false;
+  const shm::Ring ring{block.data, block.ring};
+  if (!shm::holds_token(ring.header().members, m.member, m.token)) return false;
+  std::vector<proto::OwedWrite> owed(proto::owed_capacity(block.ring.slots));
+  owed.resize(shm::ring_take_owed(ring, m.member, owed));
+  shm::ring_forget_owed(ring, m.member);  // taken over: the removal below writes none of them ahead of the stream
+  if (!shm::channel_remove_member(block.data, block.ring, m.member, m.token, m.role, proto::PoisonReason::Closed)) {
+    return false;
+  }
+  if (!owed.empty()) {
+    ControlBlock::Leaver l{ControlBlock::Dying{}, std::move(owed)};
+    try {
+      l.process = ControlBlock::Dying{os::pidfd_open(pid), pid, start};
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone already (or no pidfd): made as their turns come
+    }
+    block.leavers.push_back(std::move(l));
+    if (settle_owed(block)) {
+      GPUIPC_LOG_INFO("channel member {} left owing {} stream writes: its stream makes them, or the broker once the "
+                      "process has exited",
+                      m.member, block.leavers.empty() ? 0 : block.leavers.back().writes.size());
+    }
+  }
+  GPUIPC_LOG_INFO("member {} (role {}) left through the broker", m.member, static_cast<int>(m.role));
+  return true;
 }
 
 bool remove_member(ControlBlock& block, const Joined& m, pid_t pid) {

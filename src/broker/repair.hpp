@@ -41,6 +41,14 @@ struct ControlBlock {
     std::uint64_t start = 0;  ///< os::process_start_ticks; 0: unknown
   };
   std::vector<Dying> dying{};
+  /// Channels: members that left (Leave) while their stream still owed writes. Their process lives on, and so does
+  /// its stream, which makes the writes itself: each is dropped once it has landed. What is left when the process
+  /// exits goes to `owed`, made as its turn comes.
+  struct Leaver {
+    Dying process;
+    std::vector<proto::OwedWrite> writes;
+  };
+  std::vector<Leaver> leavers{};
 };
 
 /// The smallest control block a Create with these flags (one of proto::kFlag*) may declare.
@@ -77,7 +85,14 @@ std::string check_rejoin(const ControlBlock& block, const Joined& member) noexce
 /// is its start time for the journal).
 bool remove_member(ControlBlock& block, const Joined& member, pid_t pid = 0);
 
-/// Makes the owed stream writes of `block` whose turn has come. Returns whether any are left.
+/// Removes channel member `member`, which leaves while its process lives (Leave, reason Closed): the writes its
+/// stream still owes are taken over into block.leavers, waiting for process `pid` (its start `start`, 0: unknown)
+/// to exit or the stream to make them, instead of being written ahead of the stream. Returns whether it removed the
+/// entry (false: the token is not in it).
+bool leave_member(ControlBlock& block, const Joined& member, pid_t pid, std::uint64_t start);
+
+/// Makes the owed stream writes of `block` whose turn has come, dropping leavers' writes their stream made and
+/// moving to `owed` those of leavers whose process has exited. Returns whether any are left.
 bool settle_owed(ControlBlock& block) noexcept;
 
 }  // namespace gpuipc::broker

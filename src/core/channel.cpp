@@ -164,8 +164,17 @@ struct Channel::Impl {
 
   /// Clean leave: give up acquired slots, hand back received messages, tell the other side if we were the last.
   /// The same transition as the broker's repair of a dead member (src/shm/channel_ring.cpp), with reason Closed.
+  /// While its stream still owes writes, the broker makes the transition (Leave) and takes the writes over: the
+  /// stream makes them, or the broker once this process has exited, so none is written ahead of the stream and
+  /// close does not wait for it. Without a broker to take them, it waits (bounded, 10 s) for its stream, then writes
+  /// what is still owed at once.
   void leave() noexcept {
     if (member == proto::kNoMember || h == nullptr) return;
+    if (gpu() && !shm::ring_member_writes_done(ring(), member) &&
+        core::leave_through_broker(control, core::Membership{member, token})) {
+      forget();
+      return;
+    }
     if (gpu()) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       while (!shm::ring_member_writes_done(ring(), member) && std::chrono::steady_clock::now() < deadline) {
@@ -174,6 +183,11 @@ struct Channel::Impl {
     }
     const proto::Role r = role == ChannelRole::Producer ? proto::Role::Producer : proto::Role::Consumer;
     shm::channel_remove_member(h, geometry, member, token, r, proto::PoisonReason::Closed);
+    forget();
+  }
+
+  /// This handle is no longer a member (its entry was cleared).
+  void forget() noexcept {
     held_count = 0;
     core::forget_member(core::Membership{member, token});
     member = proto::kNoMember;

@@ -43,6 +43,21 @@ Membership join_member(const Segment& control, proto::Role role) {
   return Membership{r->member, r->token};
 }
 
+bool leave_through_broker(const Segment& control, const Membership& member) noexcept {
+  try {
+    proto::Leave req;
+    req.id = control.id();
+    req.member = member.index;
+    req.token = member.token;
+    auto reply = BrokerClient::instance().request(req);
+    if (std::holds_alternative<proto::OkReply>(reply.msg.body)) return true;
+    GPUIPC_LOG_DEBUG("the broker did not take over member {}'s leave: it leaves on its own", member.index);
+  } catch (const std::exception& e) {
+    GPUIPC_LOG_DEBUG("member {} leaves without the broker: {}", member.index, e.what());
+  }
+  return false;
+}
+
 void forget_member(const Membership& member) noexcept {
   auto& reg = registry();
   std::lock_guard lock(reg.mutex);

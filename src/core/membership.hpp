@@ -23,6 +23,12 @@ struct Membership {
 /// full), InvalidArgument (a role the object has not), and the broker connection's errors.
 Membership join_member(const Segment& control, proto::Role role);
 
+/// Has the broker remove channel membership `member` of `control` (Leave) and take over the stream writes it
+/// still owes: its stream makes them, or the broker once this process has exited. Returns false, having changed
+/// nothing, when the broker did not (none reachable, a restarted one that has not taken the membership back, a
+/// process it cannot see): the caller then leaves on its own.
+bool leave_through_broker(const Segment& control, const Membership& member) noexcept;
+
 /// Forgets a membership this process left (its entry already cleared): a restarted broker is not told of it.
 void forget_member(const Membership& member) noexcept;
 

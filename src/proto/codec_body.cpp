@@ -98,6 +98,11 @@ void put(wire::Writer& w, const Rejoin& m) {
   w.u32(m.token);
   w.u8(m.role);
 }
+void put(wire::Writer& w, const Leave& m) {
+  w.u64(m.id);
+  w.u32(m.member);
+  w.u32(m.token);
+}
 void put_holder(wire::Writer& w, const HolderInfo& m) {
   w.u32(m.pid);
   w.u32(m.uid);
@@ -239,6 +244,9 @@ class BodyReader {
   }
   bool body(const Path& p, Rejoin& m) {
     return u64(p, "id", m.id) && u32(p, "member", m.member) && u32(p, "token", m.token) && u8(p, "role", m.role);
+  }
+  bool body(const Path& p, Leave& m) {
+    return u64(p, "id", m.id) && u32(p, "member", m.member) && u32(p, "token", m.token);
   }
   bool holder(const Path& p, HolderInfo& m) {
     return u32(p, "pid", m.pid) && u32(p, "uid", m.uid) && u32(p, "references", m.references) &&

@@ -225,6 +225,13 @@ std::string validate(const Rejoin& m, const Path& p) {
   return {};
 }
 
+std::string validate(const Leave& m, const Path& p) {
+  if (auto e = check_id(m.id); !e.empty()) return fail(p, "id", e);
+  if (m.member >= kMaxMembers) return fail(p, "member", fmt::format("{} is not below {}", m.member, kMaxMembers));
+  if (m.token == 0) return fail(p, "token", "0 marks a free entry; a member's token is never 0");
+  return {};
+}
+
 std::string validate_holder(const HolderInfo& m, const Path& p) {
   if (m.access != static_cast<std::uint8_t>(Access::ReadOnly) &&
       m.access != static_cast<std::uint8_t>(Access::ReadWrite)) {

@@ -65,6 +65,7 @@ enum class MessageType : std::uint16_t {
   Watch = 20,
   Event = 21,
   Heartbeat = 22,
+  Leave = 23,
 };
 
 /// Segment kinds (include/gpuipc/segment.hpp mirrors these values). DeviceIpc: cudaMalloc memory adopted with a
@@ -249,6 +250,18 @@ struct Rejoin {
   bool operator==(const Rejoin&) const = default;
 };
 
+/// A channel member leaving while its stream still owes writes (a `filled` it published, a `freed` it released):
+/// "remove member `member` (token `token`) of the object whose control block is segment `id`, and make what its
+/// stream still owes when the stream would have, once this process has exited if the stream has not made them by
+/// then". The member must be one this connection joined. Answered with OkReply once the entry is removed.
+struct Leave {
+  std::uint64_t id = 0;
+  std::uint32_t member = 0;
+  std::uint32_t token = 0;
+
+  bool operator==(const Leave&) const = default;
+};
+
 /// Who has segment `name` open: one entry per connection (process) holding references. Needs read permission (like
 /// Stat).
 struct Holders {
@@ -315,7 +328,7 @@ struct Heartbeat {
 
 using Body =
     std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unlink, Stat, StatReply, List, ListReply, OkReply,
-                 ErrorReply, Join, JoinReply, Announce, Rejoin, Holders, HoldersReply, Watch, Event, Heartbeat>;
+                 ErrorReply, Join, JoinReply, Announce, Rejoin, Holders, HoldersReply, Watch, Event, Heartbeat, Leave>;
 
 struct Message {
   std::uint32_t request_id = 0;

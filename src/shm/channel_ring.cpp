@@ -335,6 +335,19 @@ std::size_t ring_take_owed(const Ring& ring, std::uint32_t member, std::span<pro
   return n;
 }
 
+void ring_forget_owed(const Ring& ring, std::uint32_t member) noexcept {
+  auto& t = ring_owed_table(ring, member);
+  atomic(t.begin).store(atomic(t.end).load());
+}
+
+std::size_t ring_drop_landed(const Ring& ring, std::span<proto::OwedWrite> owed) noexcept {
+  std::size_t left = 0;
+  for (const auto& w : owed) {
+    if (!landed(ring, w)) owed[left++] = w;
+  }
+  return left;
+}
+
 std::size_t ring_settle_owed(const Ring& ring, std::span<proto::OwedWrite> owed) noexcept {
   std::size_t left = 0;
   for (const auto& w : owed) {

@@ -149,6 +149,14 @@ std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member) noexcept;
 /// first, at most out.size() (proto::owed_capacity of the ring is enough). Returns how many.
 std::size_t ring_take_owed(const Ring& ring, std::uint32_t member, std::span<proto::OwedWrite> out) noexcept;
 
+/// Empties member `member`'s table of owed writes (the broker took them over at its Leave: the clean leave that
+/// follows must not write them ahead of the stream).
+void ring_forget_owed(const Ring& ring, std::uint32_t member) noexcept;
+
+/// Drops from `owed` the writes that have landed (a live member's stream made them); the others are moved to the
+/// front. Returns how many are left.
+std::size_t ring_drop_landed(const Ring& ring, std::span<proto::OwedWrite> owed) noexcept;
+
 /// Writes each owed write whose stream would be past its wait before it: a dead producer's `filled` (and the
 /// message flagged incomplete while it is still in its slot) once the slot's previous release has
 /// landed, a dead consumer's `freed` once the message's `filled` has. Never sooner: a survivor's stream then

@@ -645,6 +645,86 @@ TEST(ChannelsDevice, ADeadConsumersOwedReleaseIsMadeAfterTheBrokerIsKilled) {
 /// went on (message 1 published and released by another consumer). The producer's stream, waiting for message 0's
 /// `freed`, must still be released: the broker finds the write in the dead consumer's owed table (it used to look
 /// only at the slot's last releaser, and the producer's and the other consumer's streams waited for ever).
+/// A consumer of a one-slot channel releases message 0 on a stream held back (its `freed` is owed) and closes the
+/// channel: close returns at once, and the producer's stream, which waits for that `freed` before it writes message
+/// 1, stays blocked (nothing is written ahead of the consumer's stream). Then the consumer lets its stream run (a
+/// semaphore), or its process exits with the stream stuck in a kernel: either way the write is made (by the stream,
+/// or by the broker once the process has exited) and the producer's stream goes on. (Before, close waited up to 10 s for the stream, then wrote `freed` itself, ahead
+/// of a stream that would still read the slot.)
+void close_with_a_release_owed(bool process_exits) {
+  const auto name = unique_name(process_exits ? "leavex" : "leaves");
+  SyncPipe created, published, closed, acquired, finish;
+  const pid_t keeper = start_child([&] {  // a consumer that stays, so producing goes on
+    Gpu g;
+    auto ch = create_one_slot(name, ChannelRole::Consumer);
+    created.notify();
+    GPUIPC_CHILD_CHECK(finish.wait(60s));
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t leaver = start_child([&] {
+    Gpu g;
+    auto hold = create_hold(name);
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    GPUIPC_CHILD_CHECK(published.wait(60s));
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    GPUIPC_CHILD_CHECK(m.sequence == 0);
+    auto flag = cuda::DeviceBuffer::allocate(16);
+    if (process_exits) {
+      block_forever(g, flag);  // the stream reads no further, ever
+    } else {
+      GPUIPC_CHILD_CHECK(hold.wait(g.stream.get(), 1) == Status::Ok);  // the stream reads no further for now
+    }
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    const auto t0 = std::chrono::steady_clock::now();
+    ch = Channel();  // close
+    const auto took = std::chrono::steady_clock::now() - t0;
+    std::printf("close took %.3f ms\n", std::chrono::duration<double, std::milli>(took).count());
+    GPUIPC_CHILD_CHECK(took < 1s);
+    closed.notify();
+    GPUIPC_CHILD_CHECK(acquired.wait(60s));
+    if (process_exits) ::_exit(0);  // with its stream stuck (no destructors: freeing memory would wait for it)
+    GPUIPC_CHILD_CHECK(hold.signal_host(1) == Status::Ok);
+    g.stream.synchronize();
+    GPUIPC_CHILD_CHECK(finish.wait(60s));
+    return 0;
+  });
+  const pid_t prod = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Producer);
+    SlotView s;
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, 0) == Status::Ok);
+    published.notify();
+    GPUIPC_CHILD_CHECK(closed.wait(60s));
+    GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);  // host: the slot is free
+    g.k.write_fill(g.stream.get(), s.device_pointer, 1024, 5);           // stream: waits for `freed`
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 500ms));            // not written ahead of the leaver's stream
+    acquired.notify();
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
+    GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, 0) == Status::Ok);
+    g.stream.synchronize();
+    return 0;
+  });
+  EXPECT_EQ(wait_child(prod, 90s), 0);
+  finish.notify();
+  EXPECT_EQ(wait_child(leaver, 60s), 0);
+  EXPECT_EQ(wait_child(keeper, 60s), 0);
+  Channel::unlink(name);
+  Semaphore::unlink(name + ".hold");
+}
+
+TEST(ChannelsDevice, ACloseOwingAReleaseLeavesTheWriteToItsStream) {
+  GPUIPC_REQUIRE_GPU();
+  close_with_a_release_owed(false);
+}
+
+TEST(ChannelsDevice, ACloseOwingAReleaseHasTheBrokerMakeTheWriteOnceTheProcessExits) {
+  GPUIPC_REQUIRE_GPU();
+  close_with_a_release_owed(true);
+}
+
 TEST(ChannelsDevice, AStreamRoundsBehindIsWrittenForWhenItsConsumerDies) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("behind");

@@ -85,6 +85,7 @@ MessageType answer_to(MessageType t) {
     case MessageType::Close:
     case MessageType::Unlink:
     case MessageType::Rejoin:
+    case MessageType::Leave:
     case MessageType::Watch:
     case MessageType::Heartbeat:
       return MessageType::Ok;
@@ -256,6 +257,13 @@ class Client {
         fd = memory_fd(c, req.size);
       }
       if (fd) send(c, req, {fd.get()});
+    } else if (r < 73) {  // Leave an entry this process joined (on any of its connections), or a made-up one
+      proto::Leave req{some_id(c), static_cast<std::uint32_t>(pick(70)), static_cast<std::uint32_t>(m_rng())};
+      if (!m_joined.empty() && pick(4) != 0) {
+        const auto& j = m_joined[pick(m_joined.size())];
+        req = proto::Leave{j.id, pick(4) == 0 ? static_cast<std::uint32_t>(pick(70)) : j.member, j.token};
+      }
+      send(c, req);
     } else if (r < 78) {  // Rejoin an entry this process joined (on any of its connections), or a made-up one
       proto::Rejoin req{some_id(c), static_cast<std::uint32_t>(pick(70)), static_cast<std::uint32_t>(m_rng()),
                         static_cast<std::uint8_t>(pick(6))};

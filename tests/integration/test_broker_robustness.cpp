@@ -1,5 +1,6 @@
 // Hostile and broken clients against a real gpuipcd: each gets an error or its connection closed, and everyone
 // else keeps being served. Also the daemon's lifecycle: single instance, SIGTERM, idle exit.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -41,7 +42,7 @@ TEST(BrokerRobustness, WrongVersionIsToldTheVersionTheBrokerSpeaks) {
   ASSERT_EQ(receive(sock.get(), msg), os::IoStatus::Ok);
   const auto* e = std::get_if<proto::ErrorReply>(&msg.body);
   ASSERT_NE(e, nullptr);
-  EXPECT_NE(e->message.find("version 2"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find(fmt::format("version {}", proto::kVersion)), std::string::npos) << e->message;
   EXPECT_EQ(receive(sock.get(), msg), os::IoStatus::Closed);
   expect_still_serving();
 }

@@ -252,6 +252,44 @@ TEST(RepairChannel, OwedWritesWaitForTheProcessToExit) {
   EXPECT_EQ(b.slot(0).freed, 1U);
 }
 
+/// Consumer 1 released message 0 on the host and leaves (Leave) while its stream has not written `freed` yet, though
+/// `filled` has landed: `freed` is not written ahead of its stream. `process_exits`: the process exits before its
+/// stream writes it (the broker writes it then); else the stream writes it (the broker drops it).
+void leave_owing_a_release(bool process_exits) {
+  ChannelBlock b(2);
+  b.member(0, 100, proto::Role::Producer);
+  b.member(1, 300, proto::Role::Consumer);
+  b.slot(0).state = proto::pack_state(2, Phase::Free, proto::kNoMember);
+  b.slot(0).release_mark = 1;
+  b.slot(0).filled = 1;
+  b.owe(1, 0, true);
+  LiveChild child;
+  ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
+  ASSERT_EQ(check_control(cb), "");
+  EXPECT_FALSE(leave_member(cb, Joined{1, 999, proto::Role::Consumer}, child.pid, 0));  // not its token
+  EXPECT_TRUE(leave_member(cb, Joined{1, 300, proto::Role::Consumer}, child.pid, 0));
+  EXPECT_EQ(b.h().members[1].token, 0U);
+  EXPECT_EQ(b.h().consumers_gone, static_cast<std::uint32_t>(proto::PoisonReason::Closed));
+  EXPECT_EQ(b.slot(0).freed, 0U) << "written ahead of the stream";
+  EXPECT_TRUE(settle_owed(cb));
+  EXPECT_EQ(b.slot(0).freed, 0U);
+  if (process_exits) {
+    child.kill();
+  } else {
+    b.slot(0).freed = 1;  // its stream got there
+  }
+  EXPECT_FALSE(settle_owed(cb));
+  EXPECT_EQ(b.slot(0).freed, 1U);
+  EXPECT_TRUE(cb.leavers.empty());
+  EXPECT_TRUE(cb.owed.empty());
+}
+
+// A member that leaves while its stream still owes writes hands them to the broker (Leave), which makes none ahead
+// of that stream. Before, a clean leave waited up to 10 s for the stream and then wrote them itself, and a stream
+// still running after that could write a slot a survivor had been given.
+TEST(RepairChannel, ALeaversOwedWritesAreLeftToItsStream) { leave_owing_a_release(false); }
+TEST(RepairChannel, ALeaversOwedWritesAreMadeOnceItsProcessHasExited) { leave_owing_a_release(true); }
+
 /// A broker (a Registry with its journal, as the server runs it) with a producer's connection (1, from `producer`)
 /// and a consumer's (2, from this process), of this uid.
 struct JournaledBroker {
@@ -357,6 +395,44 @@ TEST_F(OwedAcrossABrokerKill, AProcessWhoseStartWasNotKnownIsNotWaitedFor) {
   JournaledBroker next(journal, producer_process.pid);
   ASSERT_NO_FATAL_FAILURE(announce(next));
   EXPECT_TRUE(made()) << "filled " << b.slot(0).filled << ", flags " << b.slot(0).flags;
+}
+
+// Leave removes an entry only for the connection that joined it, with its token, once; the entry's connection
+// closing afterwards repairs nothing more.
+TEST(BrokerLeave, OnlyTheConnectionThatJoinedAnEntryLeavesIt) {
+  test::TempDir dir;
+  ChannelBlock b{2};
+  const os::UniqueFd memfd = os::memfd_create("channel-control", b.bytes);
+  os::Mapping shared = os::Mapping::map(memfd.get(), b.bytes, true);
+  b.move_to(shared.data());
+  JournaledBroker broker(dir.file("names.journal"), ::getpid());
+  const auto created = broker.ask(
+      1, ::getpid(), proto::Create{"leave", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  const auto joined = broker.ask(1, ::getpid(), proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
+  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
+  const auto [member, token] = std::get<proto::JoinReply>(joined.body);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+      broker.ask(2, ::getpid(), proto::Open{"leave", proto::Access::ReadWrite, 0}).body));
+  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(
+      broker.ask(2, ::getpid(), proto::Join{id, static_cast<std::uint8_t>(proto::Role::Consumer)}).body));
+  auto refused = [&](ConnId conn, proto::Leave req) {
+    const auto r = broker.ask(conn, ::getpid(), req);
+    const auto* e = std::get_if<proto::ErrorReply>(&r.body);
+    return e != nullptr && e->message.find("Leave of member") != std::string::npos;
+  };
+  EXPECT_TRUE(refused(2, proto::Leave{id, member, token}));      // another connection's entry
+  EXPECT_TRUE(refused(1, proto::Leave{id, member, token + 1}));  // not its token
+  EXPECT_TRUE(refused(1, proto::Leave{id + 1, member, token}));  // no such channel
+  EXPECT_EQ(b.h().members[member].token, token);
+  EXPECT_TRUE(std::holds_alternative<proto::OkReply>(broker.ask(1, ::getpid(), proto::Leave{id, member, token}).body));
+  EXPECT_EQ(b.h().members[member].token, 0U);
+  EXPECT_EQ(b.h().producers_gone, static_cast<std::uint32_t>(proto::PoisonReason::Closed));
+  EXPECT_TRUE(refused(1, proto::Leave{id, member, token}));  // left already
+  broker.registry.drop_connection(1);
+  EXPECT_EQ(b.h().producers_gone, static_cast<std::uint32_t>(proto::PoisonReason::Closed));  // not PeerDied
+  EXPECT_EQ(b.h().consumers, 1U);
 }
 
 // A dead consumer's stream a round or more behind in a slot whose later rounds other members published and

@@ -103,6 +103,8 @@ Bytes raw_body(const Body& body) {
           r.str(m.name).u8(static_cast<std::uint8_t>(m.access)).u64(m.size);
         } else if constexpr (std::is_same_v<T, Rejoin>) {
           r.u64(m.id).u32(m.member).u32(m.token).u8(m.role);
+        } else if constexpr (std::is_same_v<T, Leave>) {
+          r.u64(m.id).u32(m.member).u32(m.token);
         } else if constexpr (std::is_same_v<T, Holders> || std::is_same_v<T, Watch>) {
           r.str(m.name);
         } else if constexpr (std::is_same_v<T, HoldersReply>) {
@@ -267,6 +269,7 @@ std::vector<Example> examples() {
   add("join_reply", JoinReply{3, 0xDEADBEEF});
   add("announce", Announce{"weights", Access::ReadOnly, 1 << 30}, 1);
   add("rejoin", Rejoin{9, 63, 77, static_cast<std::uint8_t>(Role::Consumer)});
+  add("leave", Leave{9, 63, 77});
   add("holders", Holders{"frames"});
   const HolderInfo holder{4242, 1000, 2, 2, 1, static_cast<std::uint8_t>(1U << 4), 2, 100};
   add("holders_reply", HoldersReply{{holder, HolderInfo{}}, false});
@@ -473,7 +476,7 @@ TEST(Proto, RefusesOtherVersions) {
 }
 
 TEST(Proto, RefusesUnknownTypes) {
-  for (std::uint16_t t : {0, 23, 999, 0xFFFF}) {
+  for (std::uint16_t t : {0, 24, 999, 0xFFFF}) {
     const std::string e = decode_error(raw_header(t, 0, 0), 0);
     EXPECT_TRUE(starts_with(e, "header.type: unknown message type " + std::to_string(t))) << e;
   }
@@ -692,6 +695,8 @@ std::vector<Bad> bad_messages() {
                   "HoldersReply.entries[0].creator: 2"});
   v.push_back(Bad{"announce_size_0", Announce{"x", Access::ReadOnly, 0}, "Announce.size: size 0", 1});
   v.push_back(Bad{"rejoin_token_0", Rejoin{9, 1, 0, 2}, "Rejoin.token: 0 marks a free entry"});
+  v.push_back(Bad{"leave_token_0", Leave{9, 1, 0}, "Leave.token: 0 marks a free entry"});
+  v.push_back(Bad{"leave_member", Leave{9, 64, 1}, "Leave.member: 64 is not below 64"});
   v.push_back(Bad{"join_role_9", Join{7, 9}, "Join.role: invalid Role 9"});
   v.push_back(Bad{"join_reply_token_0", JoinReply{3, 0}, "JoinReply.token: 0 marks a free entry"});
   v.push_back(Bad{"join_reply_member", JoinReply{64, 1}, "JoinReply.member: 64 is not below 64"});
