@@ -109,8 +109,46 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   auto [first, last] = seg.joined.equal_range(conn);
   const auto c = m_connections.find(conn);
   const pid_t pid = c == m_connections.end() ? 0 : c->second.creds.pid;
-  for (auto it = first; it != last; ++it) repair_member(seg, it->second, pid);
+  for (auto it = first; it != last; ++it) {
+    // A producer killed while its stream still writes a slot it claimed: the slot goes to the next round only once
+    // the process has exited (its contexts torn down).
+    if (pid > 0 && seg.control && repair_waits_for_exit(seg.block, it->second)) {
+      if (auto fd = pidfd_of(pid, it->second.pid == pid ? it->second.start : 0);
+          fd && !os::pidfd_wait_exit(fd.get(), 0)) {
+        GPUIPC_LOG_INFO("channel '{}': member {} (pid {}) is gone holding a claimed slot: repaired once its process "
+                        "has exited",
+                        seg.name, it->second.member, pid);
+        seg.exiting.push_back(SegmentRecord::Unclaimed{it->second, std::move(fd)});
+        if (m_exiting.insert(seg.id).second && m_exiting.size() == 1) {
+          m_exiting_check_ns = os::monotonic_ns() + kExitingLookNs;
+        }
+        continue;
+      }
+    }
+    repair_member(seg, it->second, pid);
+  }
   seg.joined.erase(first, last);
+}
+
+void Registry::repair_exited(std::int64_t now_ns) {
+  if (m_exiting.empty() || now_ns < m_exiting_check_ns) return;
+  for (auto it = m_exiting.begin(); it != m_exiting.end();) {
+    auto s = m_segments.find(*it);
+    if (s == m_segments.end()) {
+      it = m_exiting.erase(it);
+      continue;
+    }
+    auto& seg = s->second;
+    std::vector<Joined> exited;
+    std::erase_if(seg.exiting, [&](const SegmentRecord::Unclaimed& u) {
+      if (!os::pidfd_wait_exit(u.pidfd.get(), 0)) return false;
+      exited.push_back(u.joined);
+      return true;
+    });
+    for (const auto& j : exited) repair_member(seg, j, 0);  // exited: its GPU work has too
+    it = seg.exiting.empty() ? m_exiting.erase(it) : std::next(it);
+  }
+  m_exiting_check_ns = now_ns + kExitingLookNs;
 }
 
 void Registry::repair_member(SegmentRecord& seg, const Joined& member, pid_t pid) {
@@ -495,11 +533,13 @@ void Registry::maybe_destroy(std::uint64_t id) {
     if (auto c = m_connections.find(w); c != m_connections.end()) c->second.watching.erase(id);
   }
   m_unclaimed.erase(id);
+  m_exiting.erase(id);
   m_segments.erase(it);
 }
 
 void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
   repair_unclaimed(now_ns);
+  repair_exited(now_ns);
   settle_owing(now_ns);
   expire_restores(now_ns);
   expire_beats(now_ns, out);
@@ -519,6 +559,7 @@ std::optional<std::int64_t> Registry::next_deadline() const {
   if (!m_pending_by_deadline.empty()) d = m_pending_by_deadline.begin()->first;
   if (!m_owing.empty()) d = d ? std::min(*d, m_owed_check_ns) : m_owed_check_ns;
   if (!m_unclaimed.empty()) d = d ? std::min(*d, m_unclaimed_check_ns) : m_unclaimed_check_ns;
+  if (!m_exiting.empty()) d = d ? std::min(*d, m_exiting_check_ns) : m_exiting_check_ns;
   for (const auto& [name, r] : m_restore) d = d ? std::min(*d, r.deadline_ns) : r.deadline_ns;
   for (const auto id : m_beating) {
     auto it = m_segments.find(id);

@@ -67,6 +67,9 @@ struct SegmentRecord : SegmentAttributes {
     os::UniqueFd pidfd;
   };
   std::vector<Unclaimed> unclaimed;
+  /// Member entries of connections that closed whose repair waits for their process to exit (repair.hpp,
+  /// repair_waits_for_exit): repaired once `pidfd` is readable.
+  std::vector<Unclaimed> exiting;
   ConnId creator = 0;                       ///< the connection that created it
   std::set<ConnId> watchers;  ///< connections that watch it (Watch)
   struct Beat {
@@ -217,6 +220,8 @@ class Registry {
   void adopt_unclaimed(SegmentRecord& seg);
   /// Repairs unclaimed member entries whose process has exited since (when due: every kUnclaimedLookNs).
   void repair_unclaimed(std::int64_t now_ns);
+  /// Repairs the members waiting in SegmentRecord::exiting whose process has exited (when due: every 1 ms).
+  void repair_exited(std::int64_t now_ns);
   /// Repairs one member entry of `seg` no connection holds (its process is gone) and journals it.
   void repair_gone(SegmentRecord& seg, const Joined& member);
   /// Removes `member` from `seg` (remove_member: its process `pid`, 0 when unknown or exited) and journals that it
@@ -269,6 +274,11 @@ class Registry {
   static constexpr std::int64_t kUnclaimedLookNs = 20'000'000;
   std::set<std::uint64_t> m_unclaimed;
   std::int64_t m_unclaimed_check_ns = 0;
+  // Segments with members whose repair waits for their process to exit (SegmentRecord::exiting), looked at every
+  // 1 ms: a process killed while its stream wrote a slot it claimed exits within milliseconds.
+  static constexpr std::int64_t kExitingLookNs = 1'000'000;
+  std::set<std::uint64_t> m_exiting;
+  std::int64_t m_exiting_check_ns = 0;
   std::set<std::uint64_t> m_beating;         // segments with heartbeats (expire_beats looks at these only)
   // Channels whose dead members still owe stream writes, and when to look at them next: 1 ms after a death or a
   // write made, backing off to 32 ms while none lands (a survivor's stream holds one back).

@@ -148,6 +148,23 @@ bool settle_owed(ControlBlock& block) noexcept {
   return !block.owed.empty() || !block.leavers.empty();
 }
 
+os::UniqueFd pidfd_of(pid_t pid, std::uint64_t start) noexcept {
+  if (pid <= 0) return {};
+  try {
+    auto fd = os::pidfd_open(pid);
+    if (start != 0 && os::process_start_ticks(pid) != start) return {};
+    return fd;
+  } catch (const std::exception&) {  // gone (NotFound) or no pidfd
+    return {};
+  }
+}
+
+bool repair_waits_for_exit(const ControlBlock& block, const Joined& m) noexcept {
+  if ((block.flags & proto::kFlagChannel) == 0 || m.role != proto::Role::Producer) return false;
+  const shm::Ring ring{block.data, block.ring};
+  return shm::holds_token(ring.header().members, m.member, m.token) && shm::ring_member_claims(ring, m.member);
+}
+
 bool leave_member(ControlBlock& block, const Joined& m, pid_t pid, std::uint64_t start) {
   if ((block.flags & proto::kFlagChannel) == 0) return false;
   const shm::Ring ring{block.data, block.ring};

@@ -91,6 +91,15 @@ bool remove_member(ControlBlock& block, const Joined& member, pid_t pid = 0);
 /// entry (false: the token is not in it).
 bool leave_member(ControlBlock& block, const Joined& member, pid_t pid, std::uint64_t start);
 
+/// A pidfd of process `pid` if it still runs and started at `start` (0: any start), else an empty fd. Taken before
+/// the start is read: a pid used again after that read is not the process the pidfd names.
+os::UniqueFd pidfd_of(pid_t pid, std::uint64_t start) noexcept;
+
+/// Whether the repair of dead member `member` must wait for its process to exit: a channel producer holding a slot
+/// it claimed and did not publish, whose stream may still be writing it. Repaired at once, the slot would go to the
+/// next round's producer, and the dead process's stream could fill it after that producer had.
+bool repair_waits_for_exit(const ControlBlock& block, const Joined& member) noexcept;
+
 /// Makes the owed stream writes of `block` whose turn has come, dropping leavers' writes their stream made and
 /// moving to `owed` those of leavers whose process has exited. Returns whether any are left.
 bool settle_owed(ControlBlock& block) noexcept;

@@ -95,6 +95,7 @@ void Registry::maybe_compact_journal() noexcept {
       text += journal_line(*e) + "\n";
       for (const auto& [conn, j] : seg.joined) members(seg.name, j);
       for (const auto& u : seg.unclaimed) members(seg.name, u.joined);
+      for (const auto& u : seg.exiting) members(seg.name, u.joined);
       text += journal_owed_lines(owed_of(seg));
     }
     for (const auto& [name, r] : m_restore) {
@@ -119,19 +120,6 @@ bool process_gone(const SegmentRecord::Unclaimed& u) {
   if (u.joined.pid <= 0) return false;  // not visible to this broker: wait for its Rejoin
   if (u.joined.start == 0) return !os::process_alive(u.joined.pid);
   return os::process_start_ticks(u.joined.pid) != u.joined.start;
-}
-
-/// A pidfd of process `pid` if it still runs and started at `start` (0: any start), else an empty fd. Taken before
-/// the start is read: a pid used again after that read is not the process the pidfd names.
-os::UniqueFd pidfd_of(pid_t pid, std::uint64_t start) noexcept {
-  if (pid <= 0) return {};
-  try {
-    auto fd = os::pidfd_open(pid);
-    if (start != 0 && os::process_start_ticks(pid) != start) return {};
-    return fd;
-  } catch (const std::exception&) {  // gone (NotFound) or no pidfd
-    return {};
-  }
 }
 
 }  // namespace

@@ -335,6 +335,14 @@ std::size_t ring_take_owed(const Ring& ring, std::uint32_t member, std::span<pro
   return n;
 }
 
+bool ring_member_claims(const Ring& ring, std::uint32_t member) noexcept {
+  for (std::uint64_t i = 0; i < ring.geometry.slots; ++i) {
+    const std::uint64_t s = atomic(ring.slot(i).state).load(std::memory_order_acquire);
+    if (proto::state_phase(s) == Phase::Writing && proto::state_member(s) == member) return true;
+  }
+  return false;
+}
+
 void ring_forget_owed(const Ring& ring, std::uint32_t member) noexcept {
   auto& t = ring_owed_table(ring, member);
   atomic(t.begin).store(atomic(t.end).load());

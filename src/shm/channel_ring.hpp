@@ -149,6 +149,10 @@ std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member) noexcept;
 /// first, at most out.size() (proto::owed_capacity of the ring is enough). Returns how many.
 std::size_t ring_take_owed(const Ring& ring, std::uint32_t member, std::span<proto::OwedWrite> out) noexcept;
 
+/// Whether member `member` holds a claimed slot it has not published (its host acquired it; its stream may still be
+/// writing the slot).
+bool ring_member_claims(const Ring& ring, std::uint32_t member) noexcept;
+
 /// Empties member `member`'s table of owed writes (the broker took them over at its Leave: the clean leave that
 /// follows must not write them ahead of the stream).
 void ring_forget_owed(const Ring& ring, std::uint32_t member) noexcept;

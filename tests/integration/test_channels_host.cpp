@@ -9,7 +9,10 @@
 #include <csignal>
 #include <cstring>
 
+#include "core/membership.hpp"
 #include "gpuipc/channel.hpp"
+#include "gpuipc/segment.hpp"
+#include "proto/shm.hpp"
 #include "os/process.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
@@ -95,6 +98,23 @@ void run_mpmc(std::uint32_t producers, std::uint32_t consumers, std::uint32_t me
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < static_cast<std::size_t>(per) * producers; ++i) wrong += seen[i].load() != 1;
   EXPECT_EQ(wrong, 0U) << "messages not delivered exactly once";
+  Channel::unlink(name);
+}
+
+// The library's Leave round trip against a real broker (what a device channel's close sends while its stream still
+// owes writes): the entry is removed as a clean leave, once, and only for the process that joined it.
+TEST(ChannelsHost, AMemberLeavesThroughTheBroker) {
+  const auto name = unique_name("leave");
+  auto keeper = Channel::create(name, {.slots = 2, .slot_bytes = 64, .header_bytes = 0, .kind = SegmentKind::Host},
+                                ChannelRole::Producer);
+  const Segment control = Segment::open(name, {.access = Access::ReadWrite});
+  const core::Membership m = core::join_member(control, proto::Role::Consumer);
+  EXPECT_EQ(keeper.stats().consumers, 1U);
+  EXPECT_EQ(run_child([&] { return core::leave_through_broker(control, m) ? 1 : 0; }), 0);  // not its entry
+  EXPECT_TRUE(core::leave_through_broker(control, m));
+  EXPECT_EQ(keeper.stats().consumers, 0U);
+  EXPECT_FALSE(core::leave_through_broker(control, m));  // left already
+  core::forget_member(m);
   Channel::unlink(name);
 }
 

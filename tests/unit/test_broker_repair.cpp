@@ -435,6 +435,42 @@ TEST(BrokerLeave, OnlyTheConnectionThatJoinedAnEntryLeavesIt) {
   EXPECT_EQ(b.h().consumers, 1U);
 }
 
+// A producer whose connection closes while it holds a slot it claimed is repaired only once its process has exited:
+// its stream may still be filling the slot (a storm of such kills on an H200 saw a later message overwritten,
+// ChannelsDevice.ProducersKilledWhileTheirStreamsFillClaimedSlotsCorruptNoLaterMessage).
+TEST(BrokerRepairWaits, AProducerHoldingAClaimIsRepairedOnceItsProcessHasExited) {
+  test::TempDir dir;
+  ChannelBlock b{2};
+  const os::UniqueFd memfd = os::memfd_create("channel-control", b.bytes);
+  os::Mapping shared = os::Mapping::map(memfd.get(), b.bytes, true);
+  b.move_to(shared.data());
+  LiveChild producer_process;
+  JournaledBroker broker(dir.file("names.journal"), producer_process.pid);
+  const auto created = broker.ask(
+      2, ::getpid(), proto::Create{"claim", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(
+      broker.ask(2, ::getpid(), proto::Join{id, static_cast<std::uint8_t>(proto::Role::Consumer)}).body));
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+      broker.ask(1, producer_process.pid, proto::Open{"claim", proto::Access::ReadWrite, 0}).body));
+  const auto joined =
+      broker.ask(1, producer_process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
+  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
+  const auto [member, token] = std::get<proto::JoinReply>(joined.body);
+  b.slot(0).state = proto::pack_state(0, Phase::Writing, member);  // claimed; its stream may be filling it
+  broker.registry.drop_connection(1);                              // its connection closed
+  broker.tick();
+  EXPECT_EQ(b.h().members[member].token, token) << "repaired before the process exited";
+  EXPECT_EQ(b.slot(0).state, proto::pack_state(0, Phase::Writing, member));
+  producer_process.kill();
+  broker.tick();
+  EXPECT_EQ(b.h().members[member].token, 0U);
+  EXPECT_EQ(b.slot(0).state, proto::pack_state(2, Phase::Free, proto::kNoMember));
+  EXPECT_EQ(b.h().abandoned, 1U);
+  EXPECT_EQ(b.h().producers_gone, static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+}
+
 // A dead consumer's stream a round or more behind in a slot whose later rounds other members published and
 // released since: its writes are still made (the slot's last releaser is someone else).
 TEST(RepairChannel, AStreamRoundsBehindIsWrittenFor) {
