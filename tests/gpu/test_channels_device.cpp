@@ -641,16 +641,13 @@ TEST(ChannelsDevice, ADeadConsumersOwedReleaseIsMadeAfterTheBrokerIsKilled) {
   Semaphore::unlink(name + ".hold");
 }
 
-/// A consumer's stream stuck rounds behind: it released message 0 on the host and died, and since then the slot
-/// went on (message 1 published and released by another consumer). The producer's stream, waiting for message 0's
-/// `freed`, must still be released: the broker finds the write in the dead consumer's owed table (it used to look
-/// only at the slot's last releaser, and the producer's and the other consumer's streams waited for ever).
 /// A consumer of a one-slot channel releases message 0 on a stream held back (its `freed` is owed) and closes the
 /// channel: close returns at once, and the producer's stream, which waits for that `freed` before it writes message
 /// 1, stays blocked (nothing is written ahead of the consumer's stream). Then the consumer lets its stream run (a
 /// semaphore), or its process exits with the stream still held: either way the write is made (by the stream, or by
-/// the broker once the process has exited) and the producer's stream goes on. (Before, close waited up to 10 s for the stream, then wrote `freed` itself, ahead
-/// of a stream that would still read the slot.)
+/// the broker once the process has exited) and the producer's stream goes on. (Before, close waited up to 10 s for
+/// the stream, then wrote `freed` itself, ahead of a stream that would still read the slot.) The consumer keeps a
+/// second handle open past the close: a close that unmaps the channel's memory waits for the process's GPU work.
 void close_with_a_release_owed(bool process_exits) {
   const auto name = unique_name(process_exits ? "leavex" : "leaves");
   SyncPipe created, published, closed, acquired, finish;
@@ -666,7 +663,7 @@ void close_with_a_release_owed(bool process_exits) {
     Gpu g;
     auto hold = create_hold(name);
     auto ch = Channel::open(name, ChannelRole::Consumer);
-    // Keeps the channel's memory mapped past the close: unmapping pinned memory waits for this process's streams.
+    // Keeps the channel's memory mapped past the close (unmapping it waited for this process's stream at f51b313).
     auto second = Channel::open(name, ChannelRole::Consumer);
     GPUIPC_CHILD_CHECK(published.wait(60s));
     MessageView m;
@@ -722,6 +719,10 @@ TEST(ChannelsDevice, ACloseOwingAReleaseHasTheBrokerMakeTheWriteOnceTheProcessEx
   close_with_a_release_owed(true);
 }
 
+/// A consumer's stream stuck rounds behind: it released message 0 on the host and died, and since then the slot
+/// went on (message 1 published and released by another consumer). The producer's stream, waiting for message 0's
+/// `freed`, must still be released: the broker finds the write in the dead consumer's owed table (it used to look
+/// only at the slot's last releaser, and the producer's and the other consumer's streams waited for ever).
 TEST(ChannelsDevice, AStreamRoundsBehindIsWrittenForWhenItsConsumerDies) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("behind");
@@ -973,11 +974,11 @@ TEST(ChannelsDevice, ConsumersKilledWithTheirStreamsRoundsBehindCorruptNothingAn
 /// Producers SIGKILLed while their streams still write a slot they acquired and had not published: each victim
 /// enqueues a 2 ms spin and then the fill of its slot, and is killed 0-1.5 ms later, while its host waits to publish.
 /// The ring has one slot, so a survivor waits in acquire for that slot the whole time and claims it again as soon as
-/// it is given up. It is given up only once the killed process has exited, so that stream's late fill never lands in
-/// a later message. Two producers never killed publish as fast as they can; a consumer checks every message that is
-/// not flagged incomplete against its header, 3 ms after its stream saw it filled (time for a late fill to land).
-/// (With the slot freed as soon as the connection closed, a killed process's stream could fill it after a survivor
-/// had claimed it again and written its own message there.)
+/// it is given up. The broker gives it up only once the killed process has exited, so that stream's late fill never
+/// lands in a later message. Two producers never killed publish as fast as they can; a consumer checks every message
+/// that is not flagged incomplete against its header, 3 ms after its stream saw it filled (time for a late fill to
+/// land). With the slot given up as soon as the connection closed, this saw two messages overwritten whole by a
+/// killed producer's fill in `ctest -L gpu` on an H200 (at 2ec87e2), and none in nine runs on their own (206 kills).
 TEST(ChannelsDevice, ProducersKilledWhileTheirStreamsFillClaimedSlotsCorruptNoLaterMessage) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("pstorm");
