@@ -978,7 +978,8 @@ TEST(ChannelsDevice, ConsumersKilledWithTheirStreamsRoundsBehindCorruptNothingAn
 /// lands in a later message. Two producers never killed publish as fast as they can; a consumer checks every message
 /// that is not flagged incomplete against its header, 3 ms after its stream saw it filled (time for a late fill to
 /// land). With the slot given up as soon as the connection closed, this saw two messages overwritten whole by a
-/// killed producer's fill in `ctest -L gpu` on an H200 (at 2ec87e2), and none in nine runs on their own (206 kills).
+/// killed producer's fill in `ctest -L gpu` on an H200 (at 2ec87e2), and none in eight runs on their own (278 claims
+/// given up while a fill was pending).
 TEST(ChannelsDevice, ProducersKilledWhileTheirStreamsFillClaimedSlotsCorruptNoLaterMessage) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("pstorm");
