@@ -42,9 +42,12 @@
 // has exited (its contexts are torn down by then; the broker makes no owed write of a process before it has
 // exited: until then its stream may still run, on an H200 for long enough that its own late write took a word
 // back after the broker's). The broker keeps the writes it took in memory and in its journal, so a broker started
-// after it was killed makes them too (src/broker/restore.cpp). A clean leave first waits (bounded, 10 s: Channel's
-// leave in src/core/channel.cpp) for its own stream writes (ring_member_writes_done); what is still owed after that is
-// written at once, ahead of its stream, which runs on.
+// after it was killed makes them too (src/broker/restore.cpp). A clean leave whose stream still owes writes hands
+// them to the broker (proto::Leave, Channel's leave in src/core/channel.cpp): the broker removes the entry and drops
+// each write once the stream has made it, or makes it as its turn comes once the process has exited. Only without
+// a broker to take them does the leave wait (bounded, 10 s) for its stream (ring_member_writes_done) and write what
+// is still owed at once, ahead of that stream. Likewise a dead producer's claimed, unpublished slot is given up
+// (abandoned) only once its process has exited: its stream may still be filling it.
 // The model test tests/unit/test_shm_channel_ring.cpp checks the rules above on every interleaving of a few steps,
 // and tests/integration/test_channel_model.cpp on random interleavings of the real Channel with deaths.
 #pragma once
