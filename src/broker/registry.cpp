@@ -115,9 +115,10 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
     if (pid > 0 && seg.control && repair_waits_for_exit(seg.block, it->second)) {
       if (auto fd = pidfd_of(pid, it->second.pid == pid ? it->second.start : 0);
           fd && !os::pidfd_wait_exit(fd.get(), 0)) {
-        GPUIPC_LOG_INFO("channel '{}': member {} (pid {}) is gone holding a claimed slot: repaired once its process "
-                        "has exited",
-                        seg.name, it->second.member, pid);
+        GPUIPC_LOG_INFO(
+            "channel '{}': member {} (pid {}) is gone holding a claimed slot: repaired once its process "
+            "has exited",
+            seg.name, it->second.member, pid);
         seg.exiting.push_back(SegmentRecord::Unclaimed{it->second, std::move(fd)});
         if (m_exiting.insert(seg.id).second && m_exiting.size() == 1) {
           m_exiting_check_ns = os::monotonic_ns() + kExitingLookNs;
@@ -617,9 +618,8 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
   }
   auto& seg = it->second;
   auto [first, last] = seg.joined.equal_range(caller.conn);
-  const auto j = std::find_if(first, last, [&](const auto& e) {
-    return e.second.member == req.member && e.second.token == req.token;
-  });
+  const auto j = std::find_if(
+      first, last, [&](const auto& e) { return e.second.member == req.member && e.second.token == req.token; });
   if (j == last) {
     fail("this connection did not join that entry with that token");
     return;
@@ -632,8 +632,8 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
   }
   const Joined member = j->second;
   seg.joined.erase(j);
-  const bool removed = leave_member(seg.block, member, caller.creds.pid,
-                                    member.pid == caller.creds.pid ? member.start : 0);
+  const bool removed =
+      leave_member(seg.block, member, caller.creds.pid, member.pid == caller.creds.pid ? member.start : 0);
   if (!seg.name.empty()) {
     if (removed && !seg.block.leavers.empty()) m_journal.owed(owed_of(seg));
     m_journal.left(seg.name, member.member, member.token);

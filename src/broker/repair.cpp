@@ -183,9 +183,10 @@ bool leave_member(ControlBlock& block, const Joined& m, pid_t pid, std::uint64_t
     }
     block.leavers.push_back(std::move(l));
     if (settle_owed(block)) {
-      GPUIPC_LOG_INFO("channel member {} left owing {} stream writes: its stream makes them, or the broker once the "
-                      "process has exited",
-                      m.member, block.leavers.empty() ? 0 : block.leavers.back().writes.size());
+      GPUIPC_LOG_INFO(
+          "channel member {} left owing {} stream writes: its stream makes them, or the broker once the "
+          "process has exited",
+          m.member, block.leavers.empty() ? 0 : block.leavers.back().writes.size());
     }
   }
   GPUIPC_LOG_INFO("member {} (role {}) left through the broker", m.member, static_cast<int>(m.role));

@@ -693,8 +693,8 @@ void close_with_a_release_owed(bool process_exits) {
     published.notify();
     GPUIPC_CHILD_CHECK(closed.wait(60s));
     GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);  // host: the slot is free
-    g.k.write_fill(g.stream.get(), s.device_pointer, 1024, 5);           // stream: waits for `freed`
-    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 500ms));            // not written ahead of the leaver's stream
+    g.k.write_fill(g.stream.get(), s.device_pointer, 1024, 5);            // stream: waits for `freed`
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 500ms));             // not written ahead of the leaver's stream
     acquired.notify();
     GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
     GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, 0) == Status::Ok);

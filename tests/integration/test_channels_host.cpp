@@ -12,8 +12,8 @@
 #include "core/membership.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/segment.hpp"
-#include "proto/shm.hpp"
 #include "os/process.hpp"
+#include "proto/shm.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
 

@@ -232,7 +232,9 @@ struct LiveChild {
 // A killed process's GPU work runs on until its exit has torn its contexts down: the broker makes its owed writes
 // only once the process has exited (a stream write of it landing after the broker's, and after the ring moved on,
 // would take the word back).
-TEST(RepairChannel, OwedWritesWaitForTheProcessToExit) {
+/// A producer (member 0, token 100) and consumer 1 (token 300), which released message 0 on the host while its
+/// stream has not written `freed` yet, though `filled` has landed: the slot is free for round 2.
+ChannelBlock a_release_owed() {
   ChannelBlock b(2);
   b.member(0, 100, proto::Role::Producer);
   b.member(1, 300, proto::Role::Consumer);
@@ -240,6 +242,11 @@ TEST(RepairChannel, OwedWritesWaitForTheProcessToExit) {
   b.slot(0).release_mark = 1;
   b.slot(0).filled = 1;
   b.owe(1, 0, true);
+  return b;
+}
+
+TEST(RepairChannel, OwedWritesWaitForTheProcessToExit) {
+  ChannelBlock b = a_release_owed();
   LiveChild child;
   ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
   ASSERT_EQ(check_control(cb), "");
@@ -252,17 +259,10 @@ TEST(RepairChannel, OwedWritesWaitForTheProcessToExit) {
   EXPECT_EQ(b.slot(0).freed, 1U);
 }
 
-/// Consumer 1 released message 0 on the host and leaves (Leave) while its stream has not written `freed` yet, though
-/// `filled` has landed: `freed` is not written ahead of its stream. `process_exits`: the process exits before its
+/// Consumer 1 of a_release_owed leaves (Leave): `freed` is not written ahead of its stream. `process_exits`: the process exits before its
 /// stream writes it (the broker writes it then); else the stream writes it (the broker drops it).
 void leave_owing_a_release(bool process_exits) {
-  ChannelBlock b(2);
-  b.member(0, 100, proto::Role::Producer);
-  b.member(1, 300, proto::Role::Consumer);
-  b.slot(0).state = proto::pack_state(2, Phase::Free, proto::kNoMember);
-  b.slot(0).release_mark = 1;
-  b.slot(0).filled = 1;
-  b.owe(1, 0, true);
+  ChannelBlock b = a_release_owed();
   LiveChild child;
   ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
   ASSERT_EQ(check_control(cb), "");
@@ -397,40 +397,59 @@ TEST_F(OwedAcrossABrokerKill, AProcessWhoseStartWasNotKnownIsNotWaitedFor) {
   EXPECT_TRUE(made()) << "filled " << b.slot(0).filled << ", flags " << b.slot(0).flags;
 }
 
+/// A two-slot channel "ch" registered with a JournaledBroker: connection 2 (this process) created it and joined as
+/// a consumer; connection 1 (process `producer`) opens it and joins as a producer (`member`, `token`).
+struct ChannelOverABroker {
+  explicit ChannelOverABroker(pid_t producer)
+      : memfd(os::memfd_create("channel-control", b.bytes)),
+        shared(os::Mapping::map(memfd.get(), b.bytes, true)),
+        broker((b.move_to(shared.data()), dir.file("names.journal")), producer) {
+    const auto created = broker.ask(
+        2, ::getpid(), proto::Create{"ch", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
+    EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+    if (const auto* r = std::get_if<proto::OpenReply>(&created.body)) id = r->info.id;
+    EXPECT_TRUE(std::holds_alternative<proto::JoinReply>(
+        broker.ask(2, ::getpid(), proto::Join{id, static_cast<std::uint8_t>(proto::Role::Consumer)}).body));
+    EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(
+        broker.ask(1, producer, proto::Open{"ch", proto::Access::ReadWrite, 0}).body));
+    const auto joined = broker.ask(1, producer, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
+    EXPECT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
+    if (const auto* r = std::get_if<proto::JoinReply>(&joined.body)) {
+      member = r->member;
+      token = r->token;
+    }
+  }
+  test::TempDir dir;
+  ChannelBlock b{2};
+  os::UniqueFd memfd;
+  os::Mapping shared;
+  JournaledBroker broker;
+  std::uint64_t id = 0;
+  std::uint32_t member = proto::kNoMember;
+  std::uint32_t token = 0;
+};
+
 // Leave removes an entry only for the connection that joined it, with its token, once; the entry's connection
 // closing afterwards repairs nothing more.
 TEST(BrokerLeave, OnlyTheConnectionThatJoinedAnEntryLeavesIt) {
-  test::TempDir dir;
-  ChannelBlock b{2};
-  const os::UniqueFd memfd = os::memfd_create("channel-control", b.bytes);
-  os::Mapping shared = os::Mapping::map(memfd.get(), b.bytes, true);
-  b.move_to(shared.data());
-  JournaledBroker broker(dir.file("names.journal"), ::getpid());
-  const auto created = broker.ask(
-      1, ::getpid(), proto::Create{"leave", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
-  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
-  const auto joined = broker.ask(1, ::getpid(), proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
-  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
-  const auto [member, token] = std::get<proto::JoinReply>(joined.body);
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
-      broker.ask(2, ::getpid(), proto::Open{"leave", proto::Access::ReadWrite, 0}).body));
-  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(
-      broker.ask(2, ::getpid(), proto::Join{id, static_cast<std::uint8_t>(proto::Role::Consumer)}).body));
+  ChannelOverABroker c(::getpid());
+  ASSERT_NE(c.member, proto::kNoMember);
+  auto& b = c.b;
   auto refused = [&](ConnId conn, proto::Leave req) {
-    const auto r = broker.ask(conn, ::getpid(), req);
+    const auto r = c.broker.ask(conn, ::getpid(), req);
     const auto* e = std::get_if<proto::ErrorReply>(&r.body);
     return e != nullptr && e->message.find("Leave of member") != std::string::npos;
   };
-  EXPECT_TRUE(refused(2, proto::Leave{id, member, token}));      // another connection's entry
-  EXPECT_TRUE(refused(1, proto::Leave{id, member, token + 1}));  // not its token
-  EXPECT_TRUE(refused(1, proto::Leave{id + 1, member, token}));  // no such channel
-  EXPECT_EQ(b.h().members[member].token, token);
-  EXPECT_TRUE(std::holds_alternative<proto::OkReply>(broker.ask(1, ::getpid(), proto::Leave{id, member, token}).body));
-  EXPECT_EQ(b.h().members[member].token, 0U);
+  EXPECT_TRUE(refused(2, proto::Leave{c.id, c.member, c.token}));      // another connection's entry
+  EXPECT_TRUE(refused(1, proto::Leave{c.id, c.member, c.token + 1}));  // not its token
+  EXPECT_TRUE(refused(1, proto::Leave{c.id + 1, c.member, c.token}));  // no such channel
+  EXPECT_EQ(b.h().members[c.member].token, c.token);
+  EXPECT_TRUE(std::holds_alternative<proto::OkReply>(
+      c.broker.ask(1, ::getpid(), proto::Leave{c.id, c.member, c.token}).body));
+  EXPECT_EQ(b.h().members[c.member].token, 0U);
   EXPECT_EQ(b.h().producers_gone, static_cast<std::uint32_t>(proto::PoisonReason::Closed));
-  EXPECT_TRUE(refused(1, proto::Leave{id, member, token}));  // left already
-  broker.registry.drop_connection(1);
+  EXPECT_TRUE(refused(1, proto::Leave{c.id, c.member, c.token}));  // left already
+  c.broker.registry.drop_connection(1);
   EXPECT_EQ(b.h().producers_gone, static_cast<std::uint32_t>(proto::PoisonReason::Closed));  // not PeerDied
   EXPECT_EQ(b.h().consumers, 1U);
 }
@@ -439,33 +458,18 @@ TEST(BrokerLeave, OnlyTheConnectionThatJoinedAnEntryLeavesIt) {
 // its stream may still be filling the slot (a storm of such kills on an H200 saw a later message overwritten,
 // ChannelsDevice.ProducersKilledWhileTheirStreamsFillClaimedSlotsCorruptNoLaterMessage).
 TEST(BrokerRepairWaits, AProducerHoldingAClaimIsRepairedOnceItsProcessHasExited) {
-  test::TempDir dir;
-  ChannelBlock b{2};
-  const os::UniqueFd memfd = os::memfd_create("channel-control", b.bytes);
-  os::Mapping shared = os::Mapping::map(memfd.get(), b.bytes, true);
-  b.move_to(shared.data());
   LiveChild producer_process;
-  JournaledBroker broker(dir.file("names.journal"), producer_process.pid);
-  const auto created = broker.ask(
-      2, ::getpid(), proto::Create{"claim", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
-  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
-  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(
-      broker.ask(2, ::getpid(), proto::Join{id, static_cast<std::uint8_t>(proto::Role::Consumer)}).body));
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
-      broker.ask(1, producer_process.pid, proto::Open{"claim", proto::Access::ReadWrite, 0}).body));
-  const auto joined =
-      broker.ask(1, producer_process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
-  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
-  const auto [member, token] = std::get<proto::JoinReply>(joined.body);
-  b.slot(0).state = proto::pack_state(0, Phase::Writing, member);  // claimed; its stream may be filling it
-  broker.registry.drop_connection(1);                              // its connection closed
-  broker.tick();
-  EXPECT_EQ(b.h().members[member].token, token) << "repaired before the process exited";
-  EXPECT_EQ(b.slot(0).state, proto::pack_state(0, Phase::Writing, member));
+  ChannelOverABroker c(producer_process.pid);
+  ASSERT_NE(c.member, proto::kNoMember);
+  auto& b = c.b;
+  b.slot(0).state = proto::pack_state(0, Phase::Writing, c.member);  // claimed; its stream may be filling it
+  c.broker.registry.drop_connection(1);                                // its connection closed
+  c.broker.tick();
+  EXPECT_EQ(b.h().members[c.member].token, c.token) << "repaired before the process exited";
+  EXPECT_EQ(b.slot(0).state, proto::pack_state(0, Phase::Writing, c.member));
   producer_process.kill();
-  broker.tick();
-  EXPECT_EQ(b.h().members[member].token, 0U);
+  c.broker.tick();
+  EXPECT_EQ(b.h().members[c.member].token, 0U);
   EXPECT_EQ(b.slot(0).state, proto::pack_state(2, Phase::Free, proto::kNoMember));
   EXPECT_EQ(b.h().abandoned, 1U);
   EXPECT_EQ(b.h().producers_gone, static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
