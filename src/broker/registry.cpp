@@ -110,15 +110,14 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   const auto c = m_connections.find(conn);
   const pid_t pid = c == m_connections.end() ? 0 : c->second.creds.pid;
   for (auto it = first; it != last; ++it) {
-    // A producer killed while its stream still writes a slot it claimed: the slot goes to the next round only once
-    // the process has exited (its contexts torn down).
-    if (pid > 0 && seg.control && repair_waits_for_exit(seg.block, it->second)) {
+    // A member killed while its stream may still write memory it held (a channel slot it claimed, pool blocks):
+    // that memory goes to the next user only once the process has exited (its contexts torn down).
+    if (const auto holding = pid > 0 && seg.control ? repair_waits_for_exit(seg.block, it->second) : "";
+        !holding.empty()) {
       if (auto fd = pidfd_of(pid, it->second.pid == pid ? it->second.start : 0);
           fd && !os::pidfd_wait_exit(fd.get(), 0)) {
-        GPUIPC_LOG_INFO(
-            "channel '{}': member {} (pid {}) is gone holding a claimed slot: repaired once its process "
-            "has exited",
-            seg.name, it->second.member, pid);
+        GPUIPC_LOG_INFO("'{}': member {} (pid {}) is gone holding {}: repaired once its process has exited", seg.name,
+                        it->second.member, pid, holding);
         seg.exiting.push_back(SegmentRecord::Unclaimed{it->second, std::move(fd)});
         if (m_exiting.insert(seg.id).second && m_exiting.size() == 1) {
           m_exiting_check_ns = os::monotonic_ns() + kExitingLookNs;

@@ -159,10 +159,19 @@ os::UniqueFd pidfd_of(pid_t pid, std::uint64_t start) noexcept {
   }
 }
 
-bool repair_waits_for_exit(const ControlBlock& block, const Joined& m) noexcept {
-  if ((block.flags & proto::kFlagChannel) == 0 || m.role != proto::Role::Producer) return false;
-  const shm::Ring ring{block.data, block.ring};
-  return shm::holds_token(ring.header().members, m.member, m.token) && shm::ring_member_claims(ring, m.member);
+std::string_view repair_waits_for_exit(const ControlBlock& block, const Joined& m) noexcept {
+  if ((block.flags & proto::kFlagChannel) != 0 && m.role == proto::Role::Producer) {
+    const shm::Ring ring{block.data, block.ring};
+    if (shm::holds_token(ring.header().members, m.member, m.token) && shm::ring_member_claims(ring, m.member)) {
+      return "a claimed slot";
+    }
+  } else if ((block.flags & proto::kFlagPool) != 0) {
+    if (shm::holds_token(static_cast<shm::PoolHeader*>(block.data)->members, m.member, m.token) &&
+        shm::pool_member_uses_memory(block.data, block.size, m.member)) {
+      return "pool blocks";
+    }
+  }
+  return {};
 }
 
 bool leave_member(ControlBlock& block, const Joined& m, pid_t pid, std::uint64_t start) {

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpuipc/error.hpp"
@@ -95,10 +96,12 @@ bool leave_member(ControlBlock& block, const Joined& member, pid_t pid, std::uin
 /// the start is read: a pid used again after that read is not the process the pidfd names.
 os::UniqueFd pidfd_of(pid_t pid, std::uint64_t start) noexcept;
 
-/// Whether the repair of dead member `member` must wait for its process to exit: a channel producer holding a slot
-/// it claimed and did not publish, whose stream may still be writing it. Repaired at once, the slot would go to the
-/// next round's producer, and the dead process's stream could fill it after that producer had.
-bool repair_waits_for_exit(const ControlBlock& block, const Joined& member) noexcept;
+/// Whether the repair of dead member `member` must wait for its process to exit, and why (empty: it need not): a
+/// channel producer holding a slot it claimed and did not publish, whose stream may still be writing it (repaired
+/// at once, the slot would go to the next round's producer, and the dead process's stream could fill it after that
+/// producer had); a pool member holding blocks or with a stream-ordered free pending (their memory would go to the
+/// next allocation while its kernels may still write it).
+std::string_view repair_waits_for_exit(const ControlBlock& block, const Joined& member) noexcept;
 
 /// Makes the owed stream writes of `block` whose turn has come, dropping leavers' writes their stream made and
 /// moving to `owed` those of leavers whose process has exited. Returns whether any are left.

@@ -577,4 +577,18 @@ int pool_remove_member(void* control, std::size_t size, std::uint32_t member_ind
   return released;
 }
 
+bool pool_member_uses_memory(void* control, std::size_t size, std::uint32_t member_index) noexcept {
+  const PoolBlock b(control, size);
+  if (!b.valid() || member_index >= proto::kMaxMembers) return false;
+  const std::uint64_t mine = bit(member_index);
+  const std::uint32_t end = b.record_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
+    BlockRecord& r = b.record(i);
+    const RecordState s = state_of(r);
+    if (s == RecordState::Live && (load(r.holders) & mine) != 0) return true;
+    if (s == RecordState::Draining && load(r.releaser) == member_index) return true;
+  }
+  return false;
+}
+
 }  // namespace gpuipc::shm

@@ -282,4 +282,9 @@ class PoolBlock {
 /// it and frees the member's entry (the caller must leave the entry alone).
 int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index) noexcept;
 
+/// Lock-free: whether member `member_index` holds a live block or has a stream-ordered free pending, memory its
+/// process's GPU work may still be using. False when the block does not validate. The broker asks before it repairs
+/// a dead member: a killed process's kernels run on until its exit has torn its contexts down.
+bool pool_member_uses_memory(void* control, std::size_t size, std::uint32_t member_index) noexcept;
+
 }  // namespace gpuipc::shm

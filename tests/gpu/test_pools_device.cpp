@@ -2,12 +2,19 @@
 // kernels in another (chunks mapped lazily), stream-ordered free (no reuse before the stream passed the free), and
 // a SIGKILLed holder's references released. All CUDA work happens in forked children.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <functional>
+#include <random>
 #include <span>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "gpuipc/pool.hpp"
 #include "gpuipc/semaphore.hpp"
@@ -15,6 +22,7 @@
 #include "support/gpu.hpp"
 #include "support/gpu_worker.hpp"
 #include "support/support.hpp"
+#include "testkit/cuda/device_memory.hpp"
 #include "testkit/kernels/kernels.hpp"
 
 namespace gpuipc::test {
@@ -178,6 +186,129 @@ TEST(PoolsDevice, ASigkilledHoldersReferencesAreReleased) {
   EXPECT_EQ(wait_child(victim), 128 + SIGKILL);
   done.notify();
   EXPECT_EQ(wait_child(owner, 120s), 0);
+  Pool::unlink(name);
+}
+
+/// Holders SIGKILLed while their streams still write a block: each victim takes the pool's only block (one 2 MiB
+/// chunk), enqueues a 2 ms spin and then the fill of the block, and half of them free it on that stream at once (a
+/// stream-ordered free pending); each is killed 0-1.5 ms later. Two survivors take the block whenever it is free,
+/// fill it with their own pattern, and check it 3 ms after their fill has run (time for a late fill to land). The
+/// broker frees a killed holder's blocks only once its process has exited, so no victim's late fill lands in a
+/// survivor's block.
+TEST(PoolsDevice, HoldersKilledWhileTheirStreamsWriteABlockCorruptNoLaterAllocation) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("hstorm");
+  constexpr std::size_t kBlock = 2ULL << 20;
+  constexpr std::uint32_t kSurvivors = 2;
+  constexpr unsigned kKills = 40;
+  struct Shared {
+    std::atomic<std::uint32_t> checked, corrupt, stop, survivors_joined, survivors_done;
+    std::array<std::atomic<std::uint32_t>, kKills + 2> ready;  // a victim's stream spins before its fill
+  };
+  void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* sh = new (mem) Shared{};
+  SyncPipe created, release_owner;
+  const pid_t owner = start_child([&] {  // makes the pool and its chunk, then holds nothing
+    Gpu g;
+    auto pool =
+        Pool::create(name, {.kind = SegmentKind::Device, .device = 0, .chunk_bytes = kBlock, .max_bytes = kBlock});
+    pool.free(pool.allocate(kBlock), g.stream.get());
+    g.stream.synchronize();
+    created.notify();
+    GPUIPC_CHILD_CHECK(release_owner.wait(300s));
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  // Takes the block, or returns an empty one once `stop` is set.
+  auto take = [&](Pool& pool) {
+    Block b;
+    while (pool.try_allocate(kBlock, 256, b) == Status::WouldBlock && sh->stop.load() == 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return b;
+  };
+  std::vector<pid_t> survivors;
+  for (std::uint32_t p = 0; p < kSurvivors; ++p) {
+    survivors.push_back(start_child([&, p] {
+      Gpu g;
+      auto pool = Pool::open(name);
+      sh->survivors_joined.fetch_add(1);
+      for (std::uint64_t i = 0;; ++i) {
+        Block b = take(pool);
+        if (!b) break;
+        const std::uint64_t seed = (std::uint64_t{p} << 32) | i;
+        g.k.fill_pattern(g.stream.get(), dptr(b.data()), kBlock / 4, seed);
+        g.stream.synchronize();
+        std::this_thread::sleep_for(3ms);
+        if (const auto bad = g.k.count_mismatches(g.stream.get(), dptr(b.data()), kBlock / 4, seed); bad != 0) {
+          std::fprintf(stderr, "survivor %u, allocation %llu: %llu words are not its own\n", p,
+                       static_cast<unsigned long long>(i), static_cast<unsigned long long>(bad));
+          sh->corrupt.fetch_add(1);
+        }
+        sh->checked.fetch_add(1);
+        pool.free(std::move(b), g.stream.get());
+      }
+      g.stream.synchronize();
+      sh->survivors_done.fetch_add(1);
+      return 0;
+    }));
+  }
+  auto victim = [&](std::uint32_t id) {
+    return start_child([&, id] {
+      // Half of them reach the broker before CUDA: their connection is then a lower fd than the driver's, and a
+      // killed process's fds close in order, so the broker hears of the death before the GPU context is torn down.
+      if (id % 2 == 0) (void)Pool::stat(name);
+      Gpu g;
+      auto pool = Pool::open(name);
+      auto flag = cuda::DeviceBuffer::allocate(16);
+      cuda::memset_d8(flag.get(), 0, 16);
+      for (std::uint64_t i = 0;; ++i) {
+        Block b = take(pool);
+        GPUIPC_CHILD_CHECK(b);
+        g.k.spin_until(g.stream.get(), flag.get(), 1, 2'000'000, flag.get() + 8);  // a slow write
+        g.k.fill_pattern(g.stream.get(), dptr(b.data()), kBlock / 4, (std::uint64_t{100 + id} << 32) | i);
+        if (id % 4 < 2) pool.free(std::move(b), g.stream.get());  // reused once its stream has passed the fill
+        sh->ready[id].store(1);
+        std::this_thread::sleep_for(5ms);
+        if (b) pool.free(std::move(b), g.stream.get());
+      }
+      return 0;
+    });
+  };
+  ASSERT_TRUE(wait_until([&] { return sh->survivors_joined.load() == kSurvivors; }, 60s));
+  std::mt19937 rng(13);
+  std::vector<std::pair<pid_t, std::uint32_t>> victims{{victim(0), 0}, {victim(1), 1}};
+  unsigned kills = 0;
+  for (std::uint32_t next = 2; kills < kKills; ++next) {
+    auto& [pid, id] = victims[rng() % victims.size()];
+    if (!wait_until([&, id = id] { return sh->ready[id].load() != 0; }, 60s)) {
+      ADD_FAILURE() << "victim " << id << " never took the block";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1500));
+    ::kill(pid, SIGKILL);
+    EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
+    ++kills;
+    if (next < sh->ready.size()) {
+      pid = victim(next);
+      id = next;
+    }
+  }
+  sh->stop.store(1);
+  for (const pid_t pid : survivors) EXPECT_EQ(wait_child(pid, 120s), 0);
+  for (const auto& [pid, id] : victims) {
+    ::kill(pid, SIGKILL);
+    (void)wait_child(pid, 60s);
+  }
+  release_owner.notify();
+  EXPECT_EQ(wait_child(owner, 60s), 0);
+  std::printf("%u victims killed; %u allocations checked, %u corrupt\n", kills, sh->checked.load(), sh->corrupt.load());
+  RecordProperty("kills", static_cast<int>(kills));
+  RecordProperty("corrupt", static_cast<int>(sh->corrupt.load()));
+  EXPECT_EQ(sh->corrupt.load(), 0U) << "blocks written over by a killed holder's stream";
+  EXPECT_GT(sh->checked.load(), kKills / 2);
+  ::munmap(mem, sizeof(Shared));
   Pool::unlink(name);
 }
 

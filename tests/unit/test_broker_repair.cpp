@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -21,6 +22,7 @@
 #include "os/process.hpp"
 #include "proto/shm.hpp"
 #include "shm/channel_ring.hpp"
+#include "shm/pool_block.hpp"
 #include "shm/semaphore_block.hpp"
 #include "support/support.hpp"
 
@@ -473,6 +475,89 @@ TEST(BrokerRepairWaits, AProducerHoldingAClaimIsRepairedOnceItsProcessHasExited)
   EXPECT_EQ(b.slot(0).state, proto::pack_state(2, Phase::Free, proto::kNoMember));
   EXPECT_EQ(b.h().abandoned, 1U);
   EXPECT_EQ(b.h().producers_gone, static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+}
+
+/// A pool "pool" (one ready 1 MiB chunk) registered with a JournaledBroker: connection 2 (this process) created it;
+/// connection 1 (process `holder`) opens it and joins as a holder (`member`, `token`).
+struct PoolOverABroker {
+  explicit PoolOverABroker(pid_t holder)
+      : memfd(os::memfd_create("pool-control", bytes)),
+        shared(os::Mapping::map(memfd.get(), bytes, true)),
+        broker(dir.file("names.journal"), holder) {
+    shm::PoolGeometry g;
+    g.pool_id = 0x1234;
+    g.mode = shm::PoolMode::Variable;
+    g.kind = static_cast<std::uint32_t>(proto::Kind::Host);
+    g.max_chunks = 1;
+    g.chunk_bytes = 1 << 20;
+    g.max_records = 16;
+    auto& h = *static_cast<shm::PoolHeader*>(shared.data());
+    h.chunks[0].state = static_cast<std::uint32_t>(shm::ChunkState::Ready);
+    h.chunks[0].bytes = g.chunk_bytes;
+    shm::init_pool(shared.data(), g);
+    block = shm::PoolBlock(shared.data(), bytes);
+    const auto created = broker.ask(
+        2, ::getpid(), proto::Create{"pool", proto::Kind::Host, 0600, bytes, {}, proto::kFlagPool}, memfd.get());
+    EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+    if (const auto* r = std::get_if<proto::OpenReply>(&created.body)) id = r->info.id;
+    EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(
+        broker.ask(1, holder, proto::Open{"pool", proto::Access::ReadWrite, 0}).body));
+    const auto joined = broker.ask(1, holder, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Holder)});
+    EXPECT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
+    if (const auto* r = std::get_if<proto::JoinReply>(&joined.body)) {
+      member = r->member;
+      token = r->token;
+    }
+  }
+  shm::PoolStatus allocate(shm::BlockLocation& loc) {
+    std::vector<shm::OccupiedRange> scratch;
+    scratch.reserve(16);
+    return block.allocate(member, 4096, 256, loc, scratch, std::chrono::seconds(1));
+  }
+  shm::RecordState state(const shm::BlockLocation& loc) {
+    return static_cast<shm::RecordState>(block.record(loc.record).state);
+  }
+  test::TempDir dir;
+  std::size_t bytes = shm::pool_control_bytes(16);
+  os::UniqueFd memfd;
+  os::Mapping shared;
+  JournaledBroker broker;
+  shm::PoolBlock block;
+  std::uint64_t id = 0;
+  std::uint32_t member = proto::kNoMember;
+  std::uint32_t token = 0;
+};
+
+// A pool member whose connection closes while it holds a block, or while its stream-ordered free of one is pending,
+// is repaired only once its process has exited: the killed process's kernels may still write that memory, which
+// the repair would give to the next allocation. One that holds nothing is repaired at once.
+TEST(BrokerRepairWaits, APoolMemberUsingBlocksIsRepairedOnceItsProcessHasExited) {
+  for (const bool pending_free : {false, true}) {
+    SCOPED_TRACE(pending_free ? "a stream-ordered free pending" : "a block held");
+    LiveChild holder_process;
+    PoolOverABroker p(holder_process.pid);
+    ASSERT_NE(p.member, proto::kNoMember);
+    shm::BlockLocation loc;
+    ASSERT_EQ(p.allocate(loc), shm::PoolStatus::Ok);
+    if (pending_free) {
+      ASSERT_EQ(p.block.release(p.member, loc, true, std::chrono::seconds(1)), shm::PoolStatus::Ok);
+    }
+    const auto used = pending_free ? shm::RecordState::Draining : shm::RecordState::Live;
+    ASSERT_EQ(p.state(loc), used);
+    p.broker.registry.drop_connection(1);  // its connection closed
+    p.broker.tick();
+    EXPECT_EQ(p.block.header().members[p.member].token, p.token) << "repaired before the process exited";
+    EXPECT_EQ(p.state(loc), used);
+    holder_process.kill();
+    p.broker.tick();
+    EXPECT_EQ(p.block.header().members[p.member].token, 0U);
+    EXPECT_EQ(p.state(loc), shm::RecordState::Unused);
+  }
+  LiveChild idle_process;
+  PoolOverABroker p(idle_process.pid);
+  ASSERT_NE(p.member, proto::kNoMember);
+  p.broker.registry.drop_connection(1);
+  EXPECT_EQ(p.block.header().members[p.member].token, 0U) << "a member holding nothing waited for its exit";
 }
 
 // A dead consumer's stream a round or more behind in a slot whose later rounds other members published and
