@@ -129,13 +129,20 @@ std::string check_rejoin(const ControlBlock& block, const Joined& m) noexcept {
   return {};
 }
 
+void reserve_owed(ControlBlock& block) {
+  std::size_t n = block.owed.size();
+  for (const auto& l : block.leavers) n += l.writes.size();
+  block.owed.reserve(n);
+}
+
 bool settle_owed(ControlBlock& block) noexcept {
   const shm::Ring ring{block.data, block.ring};
   std::erase_if(block.leavers, [&](ControlBlock::Leaver& l) {
     l.writes.resize(shm::ring_drop_landed(ring, l.writes));
     if (l.writes.empty()) return true;
     if (l.process.pidfd && !os::pidfd_wait_exit(l.process.pidfd.get(), 0)) return false;
-    block.owed.insert(block.owed.end(), l.writes.begin(), l.writes.end());  // exited: its stream makes no more
+    // Exited: its stream makes no more. No allocation: reserve_owed made room.
+    block.owed.insert(block.owed.end(), l.writes.begin(), l.writes.end());
     return true;
   });
   if (block.owed.empty()) {
@@ -191,6 +198,7 @@ bool leave_member(ControlBlock& block, const Joined& m, pid_t pid, std::uint64_t
     } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone already (or no pidfd): made as their turns come
     }
     block.leavers.push_back(std::move(l));
+    reserve_owed(block);
     if (settle_owed(block)) {
       GPUIPC_LOG_INFO(
           "channel member {} left owing {} stream writes: its stream makes them, or the broker once the "
@@ -216,6 +224,7 @@ bool remove_member(ControlBlock& block, const Joined& m, pid_t pid) {
                                          proto::PoisonReason::PeerDied);
     if (removed && !owed.empty()) {
       block.owed.insert(block.owed.end(), owed.begin(), owed.end());
+      reserve_owed(block);
       if (pid > 0) {
         try {
           block.dying.push_back(ControlBlock::Dying{os::pidfd_open(pid), pid, m.pid == pid ? m.start : 0});

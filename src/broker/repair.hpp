@@ -103,6 +103,10 @@ os::UniqueFd pidfd_of(pid_t pid, std::uint64_t start) noexcept;
 /// next allocation while its kernels may still write it).
 std::string_view repair_waits_for_exit(const ControlBlock& block, const Joined& member) noexcept;
 
+/// Makes room in block.owed for every write block.leavers may still move into it, so that settle_owed, which runs
+/// from the broker's timers (noexcept), never allocates. Call after adding to either; throws std::bad_alloc.
+void reserve_owed(ControlBlock& block);
+
 /// Makes the owed stream writes of `block` whose turn has come, dropping leavers' writes their stream made and
 /// moving to `owed` those of leavers whose process has exited. Returns whether any are left.
 bool settle_owed(ControlBlock& block) noexcept;

@@ -147,6 +147,7 @@ void Registry::restore_owed(SegmentRecord& seg) {
     }
   }
   seg.block.owed.insert(seg.block.owed.end(), o.writes.begin(), o.writes.end());
+  reserve_owed(seg.block);
   if (settle_owed(seg.block)) {
     GPUIPC_LOG_INFO(
         "channel '{}': {} stream writes dead members owed when the last broker died are made as their "
