@@ -17,6 +17,7 @@
 #include "os/process.hpp"
 #include "proto/shm.hpp"
 #include "proto/status_page.hpp"
+#include "shm/pool_block.hpp"
 
 namespace gpuipc::broker {
 namespace {
@@ -118,16 +119,19 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
           fd && !os::pidfd_wait_exit(fd.get(), 0)) {
         GPUIPC_LOG_INFO("'{}': member {} (pid {}) is gone holding {}: repaired once its process has exited", seg.name,
                         it->second.member, pid, holding);
-        seg.exiting.push_back(SegmentRecord::Unclaimed{it->second, std::move(fd)});
-        if (m_exiting.insert(seg.id).second && m_exiting.size() == 1) {
-          m_exiting_check_ns = os::monotonic_ns() + kExitingLookNs;
-        }
+        repair_later(seg, SegmentRecord::Unclaimed{it->second, std::move(fd)});
         continue;
       }
     }
     repair_member(seg, it->second, pid);
   }
   seg.joined.erase(first, last);
+}
+
+void Registry::repair_later(SegmentRecord& seg, SegmentRecord::Unclaimed u) {
+  seg.exiting.push_back(std::move(u));
+  if (m_exiting.insert(seg.id).second && m_exiting.size() == 1)
+    m_exiting_check_ns = os::monotonic_ns() + kExitingLookNs;
 }
 
 void Registry::repair_exited(std::int64_t now_ns) {
@@ -141,11 +145,13 @@ void Registry::repair_exited(std::int64_t now_ns) {
     auto& seg = s->second;
     std::vector<Joined> exited;
     std::erase_if(seg.exiting, [&](const SegmentRecord::Unclaimed& u) {
-      if (!os::pidfd_wait_exit(u.pidfd.get(), 0)) return false;
+      const bool landed =
+          u.left && seg.control && !shm::pool_member_frees_pending(seg.block.data, seg.block.size, u.joined.member);
+      if (!landed && !os::pidfd_wait_exit(u.pidfd.get(), 0)) return false;
       exited.push_back(u.joined);
       return true;
     });
-    for (const auto& j : exited) repair_member(seg, j, 0);  // exited: its GPU work has too
+    for (const auto& j : exited) repair_member(seg, j, 0);  // exited (its GPU work has too), or its frees landed
     it = seg.exiting.empty() ? m_exiting.erase(it) : std::next(it);
   }
   m_exiting_check_ns = now_ns + kExitingLookNs;
@@ -611,8 +617,9 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
                             .body));
   };
   auto it = m_segments.find(req.id);
-  if (it == m_segments.end() || !it->second.control || (it->second.flags & proto::kFlagChannel) == 0) {
-    fail("no channel has that id");
+  if (it == m_segments.end() || !it->second.control ||
+      (it->second.flags & (proto::kFlagChannel | proto::kFlagPool)) == 0) {
+    fail("no channel or pool has that id");
     return;
   }
   auto& seg = it->second;
@@ -630,6 +637,19 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
     return;
   }
   const Joined member = j->second;
+  if ((seg.flags & proto::kFlagPool) != 0) {
+    // A pool member whose stream has not reached some of its frees (it released its holds itself): its entry, and
+    // those blocks, go once the frees have landed or the process has exited. The journal keeps it joined until then.
+    auto fd = pidfd_of(caller.creds.pid, member.pid == caller.creds.pid ? member.start : 0);
+    if (!fd) {
+      fail("its process cannot be waited for: leave without the broker");
+      return;
+    }
+    seg.joined.erase(j);
+    repair_later(seg, SegmentRecord::Unclaimed{member, std::move(fd), true});
+    out.push_back(reply(caller.conn, rid, proto::OkReply{}));
+    return;
+  }
   seg.joined.erase(j);
   const bool removed =
       leave_member(seg.block, member, caller.creds.pid, member.pid == caller.creds.pid ? member.start : 0);

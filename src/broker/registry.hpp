@@ -65,10 +65,13 @@ struct SegmentRecord : SegmentAttributes {
   struct Unclaimed {
     Joined joined;
     os::UniqueFd pidfd;
+    /// In `exiting`: a pool member that left (Leave) while its stream had not reached some of its frees; repaired
+    /// as soon as they have landed, or its process has exited.
+    bool left = false;
   };
   std::vector<Unclaimed> unclaimed;
   /// Member entries of connections that closed whose repair waits for their process to exit (repair.hpp,
-  /// repair_waits_for_exit): repaired once `pidfd` is readable.
+  /// repair_waits_for_exit): repaired once `pidfd` is readable. And pool members that left owing stream frees.
   std::vector<Unclaimed> exiting;
   ConnId creator = 0;                       ///< the connection that created it
   std::set<ConnId> watchers;  ///< connections that watch it (Watch)
@@ -220,8 +223,11 @@ class Registry {
   void adopt_unclaimed(SegmentRecord& seg);
   /// Repairs unclaimed member entries whose process has exited since (when due: every kUnclaimedLookNs).
   void repair_unclaimed(std::int64_t now_ns);
-  /// Repairs the members waiting in SegmentRecord::exiting whose process has exited (when due: every 1 ms).
+  /// Repairs the members waiting in SegmentRecord::exiting whose process has exited, or (pool members that left)
+  /// whose stream frees have landed (when due: every 1 ms).
   void repair_exited(std::int64_t now_ns);
+  /// Puts `u` in seg.exiting and has repair_exited look at it.
+  void repair_later(SegmentRecord& seg, SegmentRecord::Unclaimed u);
   /// Repairs one member entry of `seg` no connection holds (its process is gone) and journals it.
   void repair_gone(SegmentRecord& seg, const Joined& member);
   /// Removes `member` from `seg` (remove_member: its process `pid`, 0 when unknown or exited) and journals that it

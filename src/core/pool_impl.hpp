@@ -169,14 +169,26 @@ struct Pool::Impl {
     token = m.token;
   }
 
-  /// Clean leave: wait (bounded) for this member's stream-ordered frees to land, then release every hold it has
-  /// (the same function the broker runs when the process dies) and the member entry.
+  /// Clean leave: release every hold this member has (the same function the broker runs when the process dies) and
+  /// the member entry. While its stream has not reached some of its stream-ordered frees, it releases its holds, and
+  /// the broker (Leave) removes the entry once those frees have landed, or once this process has exited: their
+  /// blocks are not reused ahead of the stream, and close does not wait for it. Without a broker to take it, it
+  /// waits (bounded, 10 s) for the stream, then frees them.
   void leave() noexcept {
     if (member == proto::kNoMember || !block.valid()) return;
     // Only a member that released with a stream has frees to wait for. The look reads every record of the control
     // block (4 MiB for 65536 blocks), most of which a reader never touched: a reader's whole close, which reads them
     // twice with this look, took 0.54-0.70 ms on an H200 machine (experiments/open-parts-25eb9cd-h200-20261127.log).
-    if (stream_ordered() && stream_released.load(std::memory_order_relaxed)) {
+    if (stream_ordered() && stream_released.load(std::memory_order_relaxed) && pending_stream_frees()) {
+      if (shm::holds_token(block.header().members, member, token)) {
+        (void)shm::pool_remove_member(control.data(), control.size(), member, /*keep_pending_frees=*/true);
+      }
+      if (core::leave_through_broker(control, core::Membership{member, token})) {
+        core::forget_member(core::Membership{member, token});
+        member = proto::kNoMember;
+        token = 0;
+        return;
+      }
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       while (pending_stream_frees() && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -193,12 +205,7 @@ struct Pool::Impl {
   }
 
   bool pending_stream_frees() const noexcept {
-    const std::uint32_t end = block.record_end();
-    for (std::uint32_t i = 0; i < end; ++i) {
-      auto& r = block.record(i);
-      if (proto::atomic(r.releaser).load() == member && proto::atomic(r.released).load() < proto::atomic(r.generation).load()) return true;
-    }
-    return false;
+    return shm::pool_member_frees_pending(control.data(), control.size(), member);
   }
 
   /// The base address of chunk `c`, mapping it on first use (device pools: at its VaSlot, the same address before

@@ -512,7 +512,7 @@ PoolCounts PoolBlock::counts() const noexcept {
   return c;
 }
 
-int PoolBlock::remove_locked(std::uint32_t member) noexcept {
+int PoolBlock::remove_locked(std::uint32_t member, bool keep_pending_frees) noexcept {
   int released = 0;
   const std::uint64_t mine = bit(member);
   const std::uint32_t end = record_end();
@@ -520,7 +520,7 @@ int PoolBlock::remove_locked(std::uint32_t member) noexcept {
     BlockRecord& r = m_records[i];
     const RecordState s = state_of(r);
     // Its stream will never write `released` (the process is gone, or waited for its stream before leaving).
-    if (load(r.releaser) == member) {
+    if (load(r.releaser) == member && !keep_pending_frees) {
       store(r.releaser, proto::kNoMember);
       if (s == RecordState::Draining) set_unused(r);
     }
@@ -552,10 +552,17 @@ void PoolBlock::remove_deferred() noexcept {
   }
 }
 
-int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index) noexcept {
+int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index, bool keep_pending_frees) noexcept {
   PoolBlock b(control, size);
   if (!b.valid() || member_index >= proto::kMaxMembers) return -1;
   const bool dead_owner = load(b.m_header->lock) == member_index + 1;
+  if (keep_pending_frees) {  // a live member: it holds no lock now, and its entry stays for the broker's removal
+    if (!b.lock(member_index, kRepairLockTimeout)) return -1;
+    const int released = b.remove_locked(member_index, true);
+    b.unlock();
+    wake(b.m_header->wake_seq);
+    return released;
+  }
   if (!b.lock(member_index, kRepairLockTimeout, member_index)) {
     // The lock stays taken (most likely by another dead member whose repair comes next): whoever takes the lock
     // next finishes this removal, and frees the member's entry then.
@@ -575,6 +582,17 @@ int pool_remove_member(void* control, std::size_t size, std::uint32_t member_ind
   b.unlock();
   wake(b.m_header->wake_seq);
   return released;
+}
+
+bool pool_member_frees_pending(void* control, std::size_t size, std::uint32_t member_index) noexcept {
+  const PoolBlock b(control, size);
+  if (!b.valid() || member_index >= proto::kMaxMembers) return false;
+  const std::uint32_t end = b.record_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
+    BlockRecord& r = b.record(i);
+    if (load(r.releaser) == member_index && load(r.released) < load(r.generation)) return true;
+  }
+  return false;
 }
 
 bool pool_member_uses_memory(void* control, std::size_t size, std::uint32_t member_index) noexcept {

@@ -244,7 +244,8 @@ class PoolBlock {
   std::uint64_t largest_free(std::vector<OccupiedRange>& scratch) const noexcept;
 
  private:
-  friend int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index) noexcept;
+  friend int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index,
+                                bool keep_pending_frees) noexcept;
   bool lock(std::uint32_t owner, std::chrono::nanoseconds timeout, std::uint32_t breakable = proto::kNoMember) noexcept;
   void unlock() noexcept;
   /// Frees or drains a record that just lost its last holder (under the lock).
@@ -255,8 +256,9 @@ class PoolBlock {
   bool find_record(std::uint32_t& index) noexcept;
   /// Record `r` -> Unused, and the search hint lowered to it (under the lock).
   void set_unused(BlockRecord& r) noexcept;
-  /// Releases every hold of `member`, its pending stream frees and a chunk it was creating (under the lock).
-  int remove_locked(std::uint32_t member) noexcept;
+  /// Releases every hold of `member`, its pending stream frees (unless `keep_pending_frees`) and a chunk it was
+  /// creating (under the lock).
+  int remove_locked(std::uint32_t member, bool keep_pending_frees = false) noexcept;
   /// Finishes the removals recorded in `deferred` (under the lock).
   void remove_deferred() noexcept;
   PoolStatus allocate_fixed(std::uint32_t member, std::uint64_t bytes, BlockLocation& out) noexcept;
@@ -280,7 +282,16 @@ class PoolBlock {
 /// memory contents; returns the number of holds released, or -1 when the block does not validate or the lock could
 /// not be taken within 5 ms: then the removal is recorded in the header and whoever takes the lock next finishes
 /// it and frees the member's entry (the caller must leave the entry alone).
-int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index) noexcept;
+///
+/// `keep_pending_frees`: the member lives on and leaves while its stream has not reached some of its frees (a close
+/// that hands its leave to the broker, which removes it once they have landed or its process has exited): those
+/// blocks stay draining, reused only once the stream writes `released`, and the member entry must stay. When the
+/// lock stays taken, nothing is recorded and -1 is returned.
+int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index,
+                       bool keep_pending_frees = false) noexcept;
+
+/// Lock-free: whether member `member_index` freed blocks on a stream that has not written their `released` yet.
+bool pool_member_frees_pending(void* control, std::size_t size, std::uint32_t member_index) noexcept;
 
 /// Lock-free: whether member `member_index` holds a live block or has a stream-ordered free pending, memory its
 /// process's GPU work may still be using. False when the block does not validate. The broker asks before it repairs

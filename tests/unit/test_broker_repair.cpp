@@ -560,6 +560,39 @@ TEST(BrokerRepairWaits, APoolMemberUsingBlocksIsRepairedOnceItsProcessHasExited)
   EXPECT_EQ(p.block.header().members[p.member].token, 0U) << "a member holding nothing waited for its exit";
 }
 
+// A pool member leaving while its stream has not reached a free hands its leave to the broker (Leave), which removes
+// the entry once the free has landed, or once its process has exited, whichever comes first. Until then the block
+// stays draining: nothing reuses it ahead of the stream.
+TEST(BrokerLeave, APoolMemberOwingAStreamFreeIsRemovedOnceItLandsOrItsProcessExits) {
+  for (const bool exits : {false, true}) {
+    SCOPED_TRACE(exits ? "the process exits" : "the free lands");
+    LiveChild holder_process;
+    PoolOverABroker p(holder_process.pid);
+    ASSERT_NE(p.member, proto::kNoMember);
+    shm::BlockLocation loc;
+    ASSERT_EQ(p.allocate(loc), shm::PoolStatus::Ok);
+    ASSERT_EQ(p.block.release(p.member, loc, true, std::chrono::seconds(1)), shm::PoolStatus::Ok);
+    // What the library's close does before it sends Leave.
+    ASSERT_EQ(shm::pool_remove_member(p.shared.data(), p.bytes, p.member, true), 0);
+    const auto r = p.broker.ask(1, holder_process.pid, proto::Leave{p.id, p.member, p.token});
+    ASSERT_TRUE(std::holds_alternative<proto::OkReply>(r.body));
+    p.broker.tick();
+    EXPECT_EQ(p.block.header().members[p.member].token, p.token) << "removed before the free landed";
+    EXPECT_EQ(p.state(loc), shm::RecordState::Draining);
+    p.broker.registry.drop_connection(1);  // its connection closing changes nothing
+    p.broker.tick();
+    EXPECT_EQ(p.block.header().members[p.member].token, p.token);
+    if (exits) {
+      holder_process.kill();
+    } else {
+      proto::atomic(p.block.record(loc.record).released).store(loc.generation);  // what the stream writes
+    }
+    p.broker.tick();
+    EXPECT_EQ(p.block.header().members[p.member].token, 0U);
+    EXPECT_EQ(p.state(loc), shm::RecordState::Unused);
+  }
+}
+
 // A dead consumer's stream a round or more behind in a slot whose later rounds other members published and
 // released since: its writes are still made (the slot's last releaser is someone else).
 TEST(RepairChannel, AStreamRoundsBehindIsWrittenFor) {

@@ -259,6 +259,29 @@ TEST(ShmPool, StreamOrderedFreeDrainsUntilTheReleasedWordReachesTheGeneration) {
   EXPECT_EQ(p.alloc(1, 1, a), PoolStatus::Ok);
 }
 
+// A live member leaving while its stream has not reached a free (the broker removes its entry later): its holds go
+// at once, the block it freed on the stream stays draining until the stream writes `released`.
+TEST(ShmPool, ALeaveKeepingPendingFreesReleasesHoldsAndLeavesThoseBlocksDraining) {
+  TestPool p(PoolMode::Variable, 8, 2048, 1);
+  BlockLocation held, freed, x;
+  ASSERT_EQ(p.alloc(0, 1024, held), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(0, 1024, freed), PoolStatus::Ok);
+  ASSERT_EQ(p.block.release(0, freed, true, kTimeout), PoolStatus::Ok);
+  EXPECT_TRUE(pool_member_frees_pending(p.mem.get(), p.size, 0));
+  EXPECT_FALSE(pool_member_frees_pending(p.mem.get(), p.size, 1));
+  EXPECT_EQ(pool_remove_member(p.mem.get(), p.size, 0, /*keep_pending_frees=*/true), 1);
+  EXPECT_EQ(p.block.check_live(held), PoolStatus::Stale);  // freed
+  EXPECT_EQ(p.block.counts().draining_blocks, 1U);
+  EXPECT_TRUE(pool_member_frees_pending(p.mem.get(), p.size, 0));
+  ASSERT_EQ(p.alloc(1, 1024, x), PoolStatus::Ok);  // the held block's memory
+  EXPECT_EQ(x.offset, held.offset);
+  EXPECT_EQ(p.alloc(1, 1024, x), PoolStatus::NoSpace);                    // not the draining one
+  atomic(p.block.record(freed.record).released).store(freed.generation);  // what the stream writes
+  EXPECT_FALSE(pool_member_frees_pending(p.mem.get(), p.size, 0));
+  EXPECT_EQ(p.alloc(1, 1024, x), PoolStatus::Ok);
+  EXPECT_EQ(x.offset, freed.offset);
+}
+
 TEST(ShmPool, PauseRefusesAllocationAndHoldsUntilResumedByThePauser) {
   TestPool p(PoolMode::Variable, 8, 4096, 1);
   BlockLocation a, b;
