@@ -1079,31 +1079,20 @@ TEST(ChannelsDevice, ProducersKilledWhileTheirStreamsFillClaimedSlotsCorruptNoLa
   ASSERT_TRUE(wait_until([&] { return sh->survivors_joined.load() == kSurvivors; }, 60s));
   // Two victims at a time: one of them, once its stream spins before the fill, killed 0-1.5 ms later, and a new one
   // started.
-  std::mt19937 rng(11);
-  std::vector<std::pair<pid_t, std::uint32_t>> victims{{victim(0), 0}, {victim(1), 1}};
-  unsigned kills = 0;
-  for (std::uint32_t next = 2; kills < kKills; ++next) {
-    auto& [pid, id] = victims[rng() % victims.size()];
-    if (!wait_until([&, id = id] { return sh->ready[id].load() != 0; }, 60s)) {
-      ADD_FAILURE() << "victim " << id << " claimed no slot: the ring as it stands\n" << dump_ring(name);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1500));
-    ::kill(pid, SIGKILL);
-    EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
-    ++kills;
-    if (next < sh->ready.size()) {
-      pid = victim(next);
-      id = next;
-    }
+  const KillStorm storm = kill_storm(
+      victim, [&](std::uint32_t id) { return sh->ready[id].load() != 0; }, kKills, 11);
+  if (storm.not_ready >= 0) {
+    ADD_FAILURE() << "victim " << storm.not_ready << " claimed no slot: the ring as it stands\n" << dump_ring(name);
   }
+  EXPECT_EQ(storm.other_exits, 0U);
+  const unsigned kills = storm.kills;
   sh->stop.store(1);
   if (!wait_until([&] { return sh->survivors_done.load() == kSurvivors; }, 30s)) {
     ADD_FAILURE() << "the survivors did not finish: the ring as it stands\n" << dump_ring(name);
     for (const pid_t pid : survivors) ::kill(pid, SIGKILL);
   }
   for (const pid_t pid : survivors) EXPECT_EQ(wait_child(pid, 120s), 0);
-  for (const auto& [pid, id] : victims) {
+  for (const pid_t pid : storm.running) {
     ::kill(pid, SIGKILL);
     (void)wait_child(pid, 60s);
   }

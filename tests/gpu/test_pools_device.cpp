@@ -10,7 +10,6 @@
 #include <csignal>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <span>
 #include <thread>
 #include <utility>
@@ -335,27 +334,14 @@ TEST(PoolsDevice, HoldersKilledWhileTheirStreamsWriteABlockCorruptNoLaterAllocat
     });
   };
   ASSERT_TRUE(wait_until([&] { return sh->survivors_joined.load() == kSurvivors; }, 60s));
-  std::mt19937 rng(13);
-  std::vector<std::pair<pid_t, std::uint32_t>> victims{{victim(0), 0}, {victim(1), 1}};
-  unsigned kills = 0;
-  for (std::uint32_t next = 2; kills < kKills; ++next) {
-    auto& [pid, id] = victims[rng() % victims.size()];
-    if (!wait_until([&, id = id] { return sh->ready[id].load() != 0; }, 60s)) {
-      ADD_FAILURE() << "victim " << id << " never took the block";
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1500));
-    ::kill(pid, SIGKILL);
-    EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
-    ++kills;
-    if (next < sh->ready.size()) {
-      pid = victim(next);
-      id = next;
-    }
-  }
+  const KillStorm storm = kill_storm(
+      victim, [&](std::uint32_t id) { return sh->ready[id].load() != 0; }, kKills, 13);
+  EXPECT_EQ(storm.not_ready, -1) << "a victim never took the block";
+  EXPECT_EQ(storm.other_exits, 0U);
+  const unsigned kills = storm.kills;
   sh->stop.store(1);
   for (const pid_t pid : survivors) EXPECT_EQ(wait_child(pid, 120s), 0);
-  for (const auto& [pid, id] : victims) {
+  for (const pid_t pid : storm.running) {
     ::kill(pid, SIGKILL);
     (void)wait_child(pid, 60s);
   }

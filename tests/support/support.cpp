@@ -18,9 +18,13 @@ extern char** environ;
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "os/child.hpp"
 #include "os/process.hpp"
@@ -114,6 +118,28 @@ bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds tim
     std::this_thread::sleep_for(interval);
   }
   return pred();
+}
+
+KillStorm kill_storm(const std::function<pid_t(std::uint32_t)>& start, const std::function<bool(std::uint32_t)>& ready,
+                     unsigned kills, unsigned seed) {
+  KillStorm r;
+  std::mt19937 rng(seed);
+  std::vector<std::pair<pid_t, std::uint32_t>> victims{{start(0), 0}, {start(1), 1}};
+  for (std::uint32_t next = 2; r.kills < kills; ++next) {
+    auto& [pid, id] = victims[rng() % victims.size()];
+    if (!wait_until([&, id = id] { return ready(id); }, 60s)) {
+      r.not_ready = id;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1500));
+    ::kill(pid, SIGKILL);
+    if (wait_child(pid) != 128 + SIGKILL) ++r.other_exits;
+    ++r.kills;
+    pid = start(next);
+    id = next;
+  }
+  for (const auto& v : victims) r.running.push_back(v.first);
+  return r;
 }
 
 std::string describe_open_fds() {

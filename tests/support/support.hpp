@@ -98,6 +98,19 @@ class SyncPipe {
 bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
                 std::chrono::milliseconds interval = 2ms);
 
+/// What kill_storm did.
+struct KillStorm {
+  unsigned kills = 0;          ///< victims SIGKILLed and reaped
+  unsigned other_exits = 0;    ///< of those, how many had exited otherwise first (not 128 + SIGKILL)
+  long not_ready = -1;         ///< the victim that was not ready within 60 s (the storm stopped there); -1: none
+  std::vector<pid_t> running;  ///< the two victims still running: the caller kills them when it is done
+};
+
+/// Two victims at a time, from `start(id)` (ids 0, 1, 2, ...): one of them, picked at random (`seed`), is SIGKILLed
+/// 0-1.5 ms after `ready(id)` holds and replaced by the next, until `kills` were killed.
+KillStorm kill_storm(const std::function<pid_t(std::uint32_t)>& start, const std::function<bool(std::uint32_t)>& ready,
+                     unsigned kills, unsigned seed);
+
 /// The open fds of this process, one "fd -> target" per line, for leak-check failure messages.
 std::string describe_open_fds();
 
