@@ -141,8 +141,10 @@ TEST(PoolsDevice, StreamOrderedFreeIsReusedOnlyAfterTheStreamPassedIt) {
 
 /// A member frees a block on a stream held back by a semaphore and closes its pool handle: close returns at once, and
 /// another process cannot have the block until that stream has passed the free (the broker removes the member once
-/// the free has landed). Before, close waited up to 10 s for the stream, then freed the block ahead of it. The member
-/// keeps a second handle, with the chunk mapped, past the close: unmapping it would wait for the process's GPU work.
+/// the free has landed). Before, close waited up to 10 s for the stream, then freed the block ahead of it. The fill
+/// runs before the gate: a close unmaps its handle's chunks, which waits for GPU work on them (the test hung so at
+/// f13c226, with the fill after the gate). A second handle keeps the control block's mapping, which the stream's
+/// `released` write targets, past the close.
 TEST(PoolsDevice, ACloseWithAStreamFreePendingReturnsAtOnceAndTheBlockWaitsForTheStream) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("pclose");
@@ -155,10 +157,10 @@ TEST(PoolsDevice, ACloseWithAStreamFreePendingReturnsAtOnceAndTheBlockWaitsForTh
         Pool::create(name, {.kind = SegmentKind::Device, .device = 0, .chunk_bytes = kChunk, .max_bytes = kChunk});
     Block b = pool.allocate(kChunk);
     auto second = Pool::open(name);
-    (void)second.resolve(b.ref());                                   // maps the chunk in this handle too
-    GPUIPC_CHILD_CHECK(gate.wait(g.stream.get(), 1) == Status::Ok);  // the stream stops here
     g.k.fill_pattern(g.stream.get(), dptr(b.data()), kChunk / 4, 5);
+    GPUIPC_CHILD_CHECK(gate.wait(g.stream.get(), 1) == Status::Ok);  // the stream stops here, before the free
     pool.free(std::move(b), g.stream.get());
+    std::fprintf(stderr, "freed on the held stream; closing\n");
     const auto t0 = std::chrono::steady_clock::now();
     pool = Pool();  // close
     const auto took = std::chrono::steady_clock::now() - t0;
@@ -172,7 +174,7 @@ TEST(PoolsDevice, ACloseWithAStreamFreePendingReturnsAtOnceAndTheBlockWaitsForTh
   });
   const pid_t other = start_child([&] {
     Gpu g;
-    GPUIPC_CHILD_CHECK(closed.wait(60s));
+    GPUIPC_CHILD_CHECK(closed.wait(20s));
     auto pool = Pool::open(name);
     Block b;
     const auto held_until = std::chrono::steady_clock::now() + 500ms;
@@ -189,8 +191,8 @@ TEST(PoolsDevice, ACloseWithAStreamFreePendingReturnsAtOnceAndTheBlockWaitsForTh
     GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), dptr(b.data()), kChunk / 4, 5) == 0);  // its fill ran
     return 0;
   });
-  EXPECT_EQ(wait_child(other, 90s), 0);
-  EXPECT_EQ(wait_child(leaver, 60s), 0);
+  EXPECT_EQ(wait_child(other, 60s), 0);
+  EXPECT_EQ(wait_child(leaver, 30s), 0);
   Semaphore::unlink(name + "-gate");
   Pool::unlink(name);
 }
