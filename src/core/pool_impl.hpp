@@ -172,8 +172,8 @@ struct Pool::Impl {
   /// Clean leave: release every hold this member has (the same function the broker runs when the process dies) and
   /// the member entry. While its stream has not reached some of its stream-ordered frees, it releases its holds, and
   /// the broker (Leave) removes the entry once those frees have landed, or once this process has exited: their
-  /// blocks are not reused ahead of the stream, and close does not wait for it. Without a broker to take it, it
-  /// waits (bounded, 10 s) for the stream, then frees them.
+  /// blocks are not reused ahead of the stream, however late it is. Without a broker to take it, it waits (bounded,
+  /// 10 s) for the stream, then frees them. (Unmapping the chunks afterwards waits for the process's GPU work.)
   void leave() noexcept {
     if (member == proto::kNoMember || !block.valid()) return;
     // Only a member that released with a stream has frees to wait for. The look reads every record of the control
