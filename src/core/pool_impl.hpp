@@ -173,7 +173,7 @@ struct Pool::Impl {
   /// the member entry. While its stream has not reached some of its stream-ordered frees, it releases its holds, and
   /// the broker (Leave) removes the entry once those frees have landed, or once this process has exited: their
   /// blocks are not reused ahead of the stream, however late it is. Without a broker to take it, it waits (bounded,
-  /// 10 s) for the stream, then frees them. (Unmapping the chunks afterwards waits for the process's GPU work.)
+  /// 10 s) for the stream, then frees them. (Releasing the mappings afterwards waits for the process's GPU work.)
   void leave() noexcept {
     if (member == proto::kNoMember || !block.valid()) return;
     // Only a member that released with a stream has frees to wait for. The look reads every record of the control
