@@ -110,7 +110,9 @@ class Channel {
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
   /// Leaves: acquired slots are given up, received messages go back to the queue, and the last producer (or
-  /// consumer) leaving tells the other side (Closed).
+  /// consumer) leaving tells the other side (Closed). A slot is given up at once, whatever its stream still has
+  /// queued: a kernel still filling it can write over the slot's next message. Publish what you acquired first (an
+  /// aborted array header, on the stream that fills it, for a message consumers should skip: docs/channels.md).
   ~Channel();
 
   // Producer. -----------------------------------------------------------------------------------------------

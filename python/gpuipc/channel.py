@@ -43,7 +43,7 @@ from ._arrays import Array, Shape, make_array
 from ._copy_plans import Source, copy_dlpack, plan_copy
 from ._dtypes import DType, dtype_of
 from ._streams import stream_handle
-from .errors import Closed, InvalidArgument, InvalidState
+from .errors import Closed, Error, InvalidArgument, InvalidState
 
 __all__ = ["Channel", "ChannelStats", "Message", "Slot", "ARRAY_HEADER_MAGIC"]
 
@@ -73,7 +73,7 @@ class Channel:
     receives it. When the last consumer is gone, producers get PeerDied/Closed.
     """
 
-    __slots__ = ("_ch", "_tensors", "_headers", "_stream", "__weakref__")
+    __slots__ = ("_ch", "_tensors", "_headers", "_stream", "_acquired", "__weakref__")
 
     def __init__(self, _handle: _gpuipc.Channel) -> None:
         """Internal: use :meth:`create` or :meth:`open`."""
@@ -86,6 +86,9 @@ class Channel:
         # The last stream object passed and its handle: a loop passes the same one every call, and asking torch for
         # it costs 0.13-0.30 us on the GPU machines (bench/results/experiments/py-channel-calls-*)
         self._stream: Tuple[Any, int] = (None, 0)
+        # The stream each slot acquired and not yet published was acquired on (its handle, and the object, kept
+        # alive with it), by sequence: a slot given up is published as aborted on that stream (Slot.__exit__, close)
+        self._acquired: Dict[int, Tuple[int, Any]] = {}
 
     # Construction ------------------------------------------------------------------------------------------------
     @classmethod
@@ -175,13 +178,36 @@ class Channel:
         """Claims the next free slot, waiting up to ``timeout`` seconds (None: forever; 0: only look) while every
         slot is in flight. Device channels: work on ``stream`` after this waits until the slot's last reader
         released it. Raises Timeout/WouldBlock, PeerDied/Closed (no consumer left), InvalidState."""
-        view, sequence = self._ch.acquire(self._handle(stream), timeout)
+        handle = self._handle(stream)
+        view, sequence = self._ch.acquire(handle, timeout)
+        self._acquired[sequence] = (handle, stream)
         return Slot(self, view, sequence)
 
     def publish(self, nbytes: int, *, header: bytes = b"", stream: Any = None) -> int:
         """Publishes the oldest acquired slot with ``nbytes`` of payload and ``header``, in ``stream`` order.
         Returns its sequence. Raises InvalidState (nothing acquired, too big), PeerDied/Closed, CudaError."""
-        return self._ch.publish(bytes(header), nbytes, self._handle(stream))
+        return self._publish(bytes(header), nbytes, self._handle(stream))
+
+    def _publish(self, header: bytes, nbytes: int, handle: int, sequence: Optional[int] = None) -> int:
+        """The extension's publish (``sequence``: the oldest acquired slot's, checked), forgetting the stream the
+        slot was acquired on once it is published (or given up by a failed publish)."""
+        try:
+            sequence = self._ch.publish(header, nbytes, handle, sequence)
+        except BaseException:
+            for s in [s for s in self._acquired if not self._ch.holds(s)]:
+                del self._acquired[s]
+            raise
+        self._acquired.pop(sequence, None)
+        return sequence
+
+    def _abort(self, sequence: Optional[int] = None, handle: Optional[int] = None) -> int:
+        """Publishes the oldest acquired slot as aborted (consumers' recv skips it), on ``handle`` (None: the
+        stream the slot was acquired on): its `filled` is written once that stream has passed the work queued so
+        far, which may still write the slot, so no later message of that slot is written before it has."""
+        if handle is None:
+            oldest = self._ch.held[0] if sequence is None else sequence
+            handle = self._acquired.get(oldest, (0, None))[0]
+        return self._publish(ABORTED_HEADER, 0, handle, sequence)
 
     # Consumer ----------------------------------------------------------------------------------------------------
     def receive(self, *, stream: Any = None, timeout: Optional[float] = None) -> "Message":
@@ -231,7 +257,7 @@ class Channel:
                 self._check_fits(dt, shape, nbytes, meta)
             header = pack_header(dt, shape, nbytes, meta)
         except BaseException:
-            self._ch.publish(ABORTED_HEADER, 0, handle)  # consumers skip it; the slot comes back
+            self._abort(handle=handle)  # consumers skip it; the slot comes back
             raise
         return self.publish(nbytes, header=header, stream=handle)
 
@@ -376,7 +402,19 @@ class Channel:
     # Lifetime ----------------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Leaves (idempotent): acquired slots are given up, held messages go back to the queue, and the last
-        producer (or consumer) leaving tells the other side (Closed). Views of slots stay mapped."""
+        producer (or consumer) leaving tells the other side (Closed). Views of slots stay mapped.
+
+        A device channel's acquired slots are first published as aborted, each on the stream it was acquired on
+        (consumers' recv skips them): work still queued there may write the slot, and the slot's next message is
+        written only after it. Where that cannot be done (a header_bytes under 24, or the driver refuses), the
+        slots are given up at once, as the C++ Channel's close does."""
+        if self._acquired and not self._ch.closed and self._ch.kind == "device":
+            try:
+                for sequence in self._ch.held:
+                    self._abort(sequence)
+            except Error:
+                pass
+        self._acquired.clear()
         self._ch.close()
         self._tensors.clear()
         self._stream = (None, 0)
@@ -398,8 +436,9 @@ class Channel:
 
 class Slot:
     """A slot a producer acquired: write up to :attr:`capacity` bytes, then :meth:`publish` (or
-    :meth:`publish_array`). Used as a context manager, a slot left unpublished is published as aborted
-    (consumers' ``recv`` skips it)."""
+    :meth:`publish_array`). Used as a context manager, a slot left unpublished is published as aborted on the
+    stream it was acquired on (consumers' ``recv`` skips it, and the slot's next message is written only after
+    the work queued on that stream so far)."""
 
     __slots__ = ("_channel", "_view", "sequence", "__weakref__")
 
@@ -443,7 +482,7 @@ class Slot:
 
     def publish(self, nbytes: int, *, header: bytes = b"", stream: Any = None) -> int:
         """Publishes this slot (it must be the oldest acquired one) with ``nbytes`` and a raw ``header``."""
-        return self._channel._ch.publish(bytes(header), nbytes, self._channel._handle(stream), self.sequence)
+        return self._channel._publish(bytes(header), nbytes, self._channel._handle(stream), self.sequence)
 
     def publish_array(self, dtype: Any, shape: Shape, *, meta: bytes = b"", stream: Any = None) -> int:
         """Publishes this slot as an array of ``dtype`` and ``shape`` written at its start (``recv().array``
@@ -453,14 +492,14 @@ class Slot:
             nbytes, header = ch._headers[(dtype, shape, meta)]
         except (KeyError, TypeError):  # not seen yet, or a spelling that cannot be a key
             nbytes, header = ch._array_header(dtype, shape, meta)
-        return ch._ch.publish(header, nbytes, ch._handle(stream), self.sequence)
+        return ch._publish(header, nbytes, ch._handle(stream), self.sequence)
 
     def __enter__(self) -> "Slot":
         return self
 
     def __exit__(self, *exc: object) -> None:
         if not self.published:  # (a closed channel gave it up already)
-            self._channel._ch.publish(ABORTED_HEADER, 0, 0, self.sequence)
+            self._channel._abort(self.sequence)
 
     def __repr__(self) -> str:
         return f"<gpuipc.Slot {self.sequence} of {self._channel.name!r} capacity={self.capacity}>"

@@ -185,6 +185,7 @@ def test_unpublished_slot_is_skipped_by_recv(name):
         with rx.recv(timeout=1) as m:
             assert list(m.array) == [7, 8, 9] and m.sequence == 2
         assert tx.stats.free_slots == 4
+        assert not tx._acquired  # the streams of slots acquired are forgotten once published or aborted
 
 
 def test_publish_order_rules(name):

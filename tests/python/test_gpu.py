@@ -168,6 +168,41 @@ def test_slot_tensor_is_the_slot_made_once_per_slot_and_shape(name, start):
     assert len(seen) == 4 and all(len(ids) == 1 for ids in seen.values()), seen  # 2 slots x 2 shapes
 
 
+@pytest.mark.parametrize("how", ["with", "close"])
+def test_a_slot_given_up_while_its_stream_still_fills_it_spoils_no_later_message(name, how):
+    """A slot left unpublished (its ``with`` block left by an exception, or its channel closed) is given up in the
+    order of the stream it was acquired on: a fill still queued there (a torch stream, which neither waits for the
+    legacy default stream nor makes it wait) lands before the slot's next message is written, not over it."""
+    torch = _torch()
+    nbytes = 1 << 20
+    with gpuipc.Channel.create(name, slots=2, slot_bytes=nbytes, kind="device", role="consumer") as rx, \
+            gpuipc.Channel.open(name, "producer") as sender, gpuipc.Channel.open(name, "producer") as giver:
+        side, send_stream, read_stream = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+        try:
+            slot = giver.acquire(stream=side, timeout=10)  # message 0, in slot 0
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(200_000_000)  # about 0.1 s: the fill lands long after the sends below
+                slot.tensor("uint8").fill_(0xAA)
+            if how == "with":
+                with pytest.raises(RuntimeError, match="boom"):
+                    with slot:
+                        raise RuntimeError("boom")
+            else:
+                giver.close()
+            for i in (1, 2):  # message 2 is slot 0's next one, written once the consumer skipped message 0
+                with torch.cuda.stream(send_stream):
+                    source = torch.full((nbytes,), i, dtype=torch.uint8, device="cuda")
+                sender.send(source, stream=send_stream, timeout=10)
+                with rx.recv(timeout=10, stream=read_stream) as msg:
+                    assert msg.sequence == i
+                    torch.cuda.synchronize()  # every stream: the side stream's fill has landed wherever it went
+                    got = msg.tensor().clone()
+                    msg.release(stream=read_stream)
+                assert bool((got == i).all()), (how, i, got.unique().tolist())
+        finally:
+            side.synchronize()
+
+
 def test_cupy_channel_and_torch_consumer(name, start):
     torch = _torch()
     _cupy()
