@@ -215,7 +215,7 @@ class Channel:
         interrupts). Device channels: work on ``stream`` after this waits for the producer's stream. Raises
         Timeout/WouldBlock, PeerDied/Closed (no producer left and nothing to drain), InvalidState."""
         view, header, sequence = self._ch.receive(self._handle(stream), timeout)
-        return Message(self, view, header, sequence)
+        return Message(self, view, header, sequence, stream=stream)
 
     def release(self, *, stream: Any = None) -> None:
         """Releases the oldest received message in ``stream`` order (see :meth:`Message.release`)."""
@@ -271,7 +271,7 @@ class Channel:
             view, header, sequence = self._ch.receive(handle, left)
             info = unpack_header(header)
             if info is None or not info.aborted:
-                return Message(self, view, header, sequence, info)
+                return Message(self, view, header, sequence, info, stream)
             self._ch.release(handle, sequence)
             if deadline is not None:
                 left = max(0.0, deadline - time.monotonic())
@@ -507,17 +507,19 @@ class Slot:
 
 class Message:
     """A message a consumer received. Read it through :attr:`array` (sent with ``send``) or :attr:`data` /
-    :meth:`as_array` (raw), then :meth:`release` it (or use ``with``). Messages are released oldest first."""
+    :meth:`as_array` (raw), then :meth:`release` it (or use ``with``, which releases it on the stream it was
+    received on). Messages are released oldest first."""
 
-    __slots__ = ("_channel", "_view", "header", "sequence", "_decoded", "__weakref__")
+    __slots__ = ("_channel", "_view", "header", "sequence", "_decoded", "_stream", "__weakref__")
 
     def __init__(self, channel: Channel, view: _gpuipc.ArrayView, header: bytes, sequence: int,
-                 decoded: Any = False) -> None:
+                 decoded: Any = False, stream: Any = None) -> None:
         self._channel = channel
         self._view = view
         self.header = header  #: the inline header the producer published (bytes)
         self.sequence = sequence  #: the message's position in the channel
         self._decoded: Any = decoded  # unpack_header(header), or False until asked
+        self._stream = stream  # the stream it was received on (kept alive): where __exit__ releases it
 
     def _info(self) -> Optional[ArrayInfo]:
         if self._decoded is False:
@@ -616,7 +618,9 @@ class Message:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        # On the stream it was received on, where its reads most likely are: the legacy default stream (None)
+        # does not wait for a torch stream's reads, and the producer could write the slot under them.
+        self.release(stream=self._stream)
 
     def __repr__(self) -> str:
         info = self._info()

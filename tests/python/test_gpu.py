@@ -203,6 +203,32 @@ def test_a_slot_given_up_while_its_stream_still_fills_it_spoils_no_later_message
             side.synchronize()
 
 
+def test_a_message_left_by_its_with_block_is_released_after_the_reads_queued_on_its_stream(name):
+    """``with ch.recv(stream=s) as msg`` releases the message on ``s``, the stream it was received on: a read still
+    queued there (late, on a torch stream, which the legacy default stream does not wait for) sees this message,
+    not the next one the producer writes into the slot."""
+    torch = _torch()
+    nbytes = 1 << 20
+    with gpuipc.Channel.create(name, slots=1, slot_bytes=nbytes, kind="device", role="consumer") as rx, \
+            gpuipc.Channel.open(name, "producer") as tx:
+        read_stream, send_stream = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(send_stream):
+            sources = [torch.full((nbytes,), i + 1, dtype=torch.uint8, device="cuda") for i in range(2)]
+        tx.send(sources[0], stream=send_stream, timeout=10)
+        with rx.recv(timeout=10, stream=read_stream) as msg:
+            with torch.cuda.stream(read_stream):
+                torch.cuda._sleep(200_000_000)  # about 0.1 s: the read runs long after the next send is enqueued
+                got = msg.tensor().clone()
+        tx.send(sources[1], stream=send_stream, timeout=10)  # the same slot (a one-slot ring)
+        torch.cuda.synchronize()
+        assert bool((got == 1).all()), got.unique().tolist()
+        with rx.recv(timeout=10, stream=read_stream) as msg:
+            with torch.cuda.stream(read_stream):
+                got = msg.tensor().clone()
+        torch.cuda.synchronize()
+        assert bool((got == 2).all()), got.unique().tolist()
+
+
 def test_cupy_channel_and_torch_consumer(name, start):
     torch = _torch()
     _cupy()
