@@ -189,16 +189,18 @@ def test_a_slot_given_up_while_its_stream_still_fills_it_spoils_no_later_message
                         raise RuntimeError("boom")
             else:
                 giver.close()
-            for i in (1, 2):  # message 2 is slot 0's next one, written once the consumer skipped message 0
-                with torch.cuda.stream(send_stream):
-                    source = torch.full((nbytes,), i, dtype=torch.uint8, device="cuda")
-                sender.send(source, stream=send_stream, timeout=10)
-                with rx.recv(timeout=10, stream=read_stream) as msg:
-                    assert msg.sequence == i
-                    torch.cuda.synchronize()  # every stream: the side stream's fill has landed wherever it went
-                    got = msg.tensor().clone()
-                    msg.release(stream=read_stream)
-                assert bool((got == i).all()), (how, i, got.unique().tolist())
+            with torch.cuda.stream(send_stream):
+                sources = [torch.full((nbytes,), i, dtype=torch.uint8, device="cuda") for i in (1, 2)]
+            sender.send(sources[0], stream=send_stream, timeout=10)
+            with rx.recv(timeout=10, stream=read_stream) as msg:  # skips message 0
+                assert msg.sequence == 1
+            sender.send(sources[1], stream=send_stream, timeout=10)  # slot 0's next message
+            with rx.recv(timeout=10, stream=read_stream) as msg:
+                assert msg.sequence == 2
+                torch.cuda.synchronize()  # every stream: the side stream's fill has landed, wherever it went
+                got = msg.tensor().clone()
+            torch.cuda.synchronize()
+            assert bool((got == 2).all()), (how, got.unique().tolist())
         finally:
             side.synchronize()
 
