@@ -200,14 +200,11 @@ class Channel:
         self._acquired.pop(sequence, None)
         return sequence
 
-    def _abort(self, sequence: Optional[int] = None, handle: Optional[int] = None) -> int:
-        """Publishes the oldest acquired slot as aborted (consumers' recv skips it), on ``handle`` (None: the
-        stream the slot was acquired on): its `filled` is written once that stream has passed the work queued so
-        far, which may still write the slot, so no later message of that slot is written before it has."""
-        if handle is None:
-            oldest = self._ch.held[0] if sequence is None else sequence
-            handle = self._acquired.get(oldest, (0, None))[0]
-        return self._publish(ABORTED_HEADER, 0, handle, sequence)
+    def _abort(self, sequence: int) -> int:
+        """Publishes acquired slot ``sequence`` (the oldest) as aborted (consumers' recv skips it) on the stream it
+        was acquired on: its `filled` is written once that stream has passed the work queued so far, which may
+        still write the slot, so no later message of that slot is written before it has."""
+        return self._publish(ABORTED_HEADER, 0, self._acquired.get(sequence, (0, None))[0], sequence)
 
     # Consumer ----------------------------------------------------------------------------------------------------
     def receive(self, *, stream: Any = None, timeout: Optional[float] = None) -> "Message":
@@ -257,7 +254,7 @@ class Channel:
                 self._check_fits(dt, shape, nbytes, meta)
             header = pack_header(dt, shape, nbytes, meta)
         except BaseException:
-            self._abort(handle=handle)  # consumers skip it; the slot comes back
+            self._abort(slot.sequence)  # on `handle`, where it was acquired: consumers skip it; the slot comes back
             raise
         return self.publish(nbytes, header=header, stream=handle)
 
