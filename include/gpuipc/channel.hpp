@@ -71,7 +71,7 @@ struct MessageView {
   /// The producer died after publishing but before its stream finished writing: the data may be partial.
   /// Check after this consumer's stream has passed receive (e.g. after a synchronize) — see docs/channels.md.
   bool incomplete() const noexcept;
-  const std::uint32_t* flags = nullptr;
+  const std::uint32_t* flags = nullptr;  ///< internal: the slot's incomplete mark, which incomplete() reads
 };
 
 /// Counters of a channel (for monitoring and tests).

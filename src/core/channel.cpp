@@ -43,7 +43,7 @@ constexpr std::uint64_t default_ahead(std::uint64_t n, bool time_sliced) noexcep
 }  // namespace
 
 bool MessageView::incomplete() const noexcept {
-  return flags != nullptr && (atomic(const_cast<std::uint32_t&>(*flags)).load() & proto::kSlotIncomplete) != 0;
+  return flags != nullptr && atomic(const_cast<std::uint32_t&>(*flags)).load() == proto::incomplete_mark(sequence);
 }
 
 struct Channel::Impl {
@@ -553,7 +553,7 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
                                           std::min<std::size_t>(atomic(s.header_size).load(), im.geometry.header_bytes));
   out.device_pointer = im.gpu() ? im.data.device_pointer() + offset : 0;
   out.data = static_cast<const std::byte*>(im.data.data()) + offset;
-  out.flags = &s.flags;
+  out.flags = &s.incomplete;
   return Status::Ok;
 }
 
@@ -617,7 +617,8 @@ std::optional<bool> Channel::incomplete(std::uint64_t sequence) const noexcept {
   for (std::uint32_t i = 0; i < held(); ++i) {
     if (held_sequence(i) == sequence) {
       MessageView message;
-      message.flags = &m_impl->slot(sequence).flags;
+      message.sequence = sequence;
+      message.flags = &m_impl->slot(sequence).incomplete;
       return message.incomplete();
     }
   }

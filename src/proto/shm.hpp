@@ -109,8 +109,9 @@ static_assert(offsetof(CountingBlock, state) % 64 == 0 && offsetof(CountingBlock
 // user header, each record 64-byte aligned) and a data segment of slots * slot_bytes.
 inline constexpr std::uint32_t kChannelMagic = 0x48434947;  // "GICH"
 // 2: broker-assigned member tokens; 3: Slot::release_mark; 4: ChannelHeader::published and published_bytes;
-// 5: each member's table of owed stream writes (OwedTable), in place of Slot::publisher and releaser
-inline constexpr std::uint32_t kChannelVersion = 5;
+// 5: each member's table of owed stream writes (OwedTable), in place of Slot::publisher and releaser;
+// 6: Slot::incomplete names the message it flags (was a bit in Slot::flags)
+inline constexpr std::uint32_t kChannelVersion = 6;
 inline constexpr std::uint32_t kMaxSlots = 4096;
 inline constexpr std::uint32_t kMaxHeaderBytes = 4096;
 
@@ -136,7 +137,9 @@ struct alignas(64) Slot {
   std::uint64_t size;       ///< payload bytes of the message
   std::uint32_t header_size;
   std::uint32_t reserved0;
-  std::uint32_t flags;      ///< kSlotIncomplete: its producer died before its GPU work finished
+  /// incomplete_mark(seq) once message `seq`'s producer died before its GPU work finished (0: none). It names the
+  /// message because the broker's flag can land after the slot moved on to a later round, whose publish cleared it.
+  std::uint32_t incomplete;
   std::uint32_t reserved1;
   /// Host-only: the `freed` value the slot's next producer must see before it writes, i.e. seq + 1 of the last
   /// message a consumer released from this slot (0: none yet). Only a consumer's release sets it. A round that
@@ -147,7 +150,11 @@ struct alignas(64) Slot {
   alignas(64) std::uint64_t freed;   ///< GPU-visible: seq + 1 once the consumer's stream reached release
 };
 static_assert(sizeof(Slot) == 192);
-inline constexpr std::uint32_t kSlotIncomplete = 1;
+/// Slot::incomplete's value for message `seq`: never 0, and different for rounds of one slot less than 2^32 - 1
+/// messages apart.
+inline constexpr std::uint32_t incomplete_mark(std::uint64_t seq) noexcept {
+  return static_cast<std::uint32_t>(seq % 0xFFFF'FFFFULL) + 1;
+}
 
 struct alignas(64) ChannelHeader {
   std::uint32_t magic;

@@ -212,7 +212,7 @@ void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
   if (!header.empty()) std::memcpy(ring.user_header(seq), header.data(), header.size());
   s.header_size = static_cast<std::uint32_t>(header.size());
   s.size = bytes;
-  atomic(s.flags).store(0);
+  atomic(s.incomplete).store(0);
   if (stream_fills) {
     owe(ring, member, {seq, ring_free_mark(ring, seq)});
   } else {
@@ -225,7 +225,7 @@ void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
 }
 
 void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept {
-  atomic(slot.flags).fetch_or(proto::kSlotIncomplete);
+  atomic(slot.incomplete).store(proto::incomplete_mark(seq));
   raise_to(slot.filled, seq + 1);
 }
 

@@ -845,9 +845,9 @@ std::string dump_ring(const std::string& name) {
                      h.tail, h.producers, h.consumers, h.orphans, h.redelivered, h.abandoned);
   for (std::uint64_t i = 0; i < g->slots; ++i) {
     const auto& sl = ring.slot(i);
-    out += fmt::format("slot {}: seq {} phase {} member {} filled {:#x} freed {:#x} release_mark {} flags {}\n", i,
+    out += fmt::format("slot {}: seq {} phase {} member {} filled {:#x} freed {:#x} release_mark {} incomplete {}\n", i,
                        proto::state_seq(sl.state), static_cast<int>(proto::state_phase(sl.state)),
-                       proto::state_member(sl.state), sl.filled, sl.freed, sl.release_mark, sl.flags);
+                       proto::state_member(sl.state), sl.filled, sl.freed, sl.release_mark, sl.incomplete);
   }
   for (std::uint32_t m = 0; m < proto::kMaxMembers; ++m) {
     auto& t = shm::ring_owed_table(ring, m);

@@ -126,11 +126,11 @@ TEST(RepairChannel, LastProducerDeadFlagsUnfinishedMessagesAndSaysPeerDied) {
   b.slot(3).state = proto::pack_state(3, Phase::Writing, 0);
   EXPECT_EQ(repair_channel(b.mem.data(), b.bytes, 100), 1);
   EXPECT_EQ(b.slot(0).filled, 1U);
-  EXPECT_EQ(b.slot(0).flags, 0U);
+  EXPECT_EQ(b.slot(0).incomplete, 0U);
   EXPECT_EQ(b.slot(1).filled, 2U);
-  EXPECT_EQ(b.slot(1).flags, proto::kSlotIncomplete);
+  EXPECT_EQ(b.slot(1).incomplete, proto::incomplete_mark(1));
   EXPECT_EQ(b.slot(2).filled, 3U);
-  EXPECT_EQ(b.slot(2).flags, proto::kSlotIncomplete);
+  EXPECT_EQ(b.slot(2).incomplete, proto::incomplete_mark(2));
   EXPECT_EQ(b.slot(3).filled, 0U);
   EXPECT_EQ(b.slot(3).state, proto::pack_state(7, Phase::Free, proto::kNoMember));
   EXPECT_EQ(proto::state_phase(b.slot(1).state), Phase::Published);  // still delivered (drained), flagged
@@ -200,11 +200,11 @@ TEST(RepairChannel, ADeadProducersFilledWaitsForTheReleaseItsStreamWaitedFor) {
   ASSERT_EQ(check_control(cb), "");
   EXPECT_TRUE(remove_member(cb, Joined{0, 100, proto::Role::Producer}));
   EXPECT_EQ(b.slot(0).filled, 1U);
-  EXPECT_EQ(b.slot(0).flags, 0U);
+  EXPECT_EQ(b.slot(0).incomplete, 0U);
   b.slot(0).freed = 1;  // message 0's consumer's stream is done with the slot
   EXPECT_FALSE(settle_owed(cb));
   EXPECT_EQ(b.slot(0).filled, 3U);
-  EXPECT_EQ(b.slot(0).flags, proto::kSlotIncomplete);
+  EXPECT_EQ(b.slot(0).incomplete, proto::incomplete_mark(2));
 }
 
 /// A process that lives until kill() (for a dead member's process that has not exited yet).
@@ -360,7 +360,7 @@ class OwedAcrossABrokerKill : public ::testing::Test {
     ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(back.body));
     next.tick();
   }
-  bool made() { return b.slot(0).filled == 3 && b.slot(0).flags == proto::kSlotIncomplete; }
+  bool made() { return b.slot(0).filled == 3 && b.slot(0).incomplete == proto::incomplete_mark(2); }
 
   test::TempDir dir;
   const std::string journal = dir.file("names.journal");
@@ -380,7 +380,7 @@ TEST_F(OwedAcrossABrokerKill, TheNextBrokerMakesTheWritesOnceTheirProcessHasExit
   EXPECT_EQ(b.slot(0).filled, 1U) << "made before the producer's process exited";
   producer_process.kill();
   next.tick();
-  EXPECT_TRUE(made()) << "filled " << b.slot(0).filled << ", flags " << b.slot(0).flags;
+  EXPECT_TRUE(made()) << "filled " << b.slot(0).filled << ", incomplete " << b.slot(0).incomplete;
 }
 
 // A process the journal names without its start time could be another one by now, holding the writes back for as
@@ -396,7 +396,7 @@ TEST_F(OwedAcrossABrokerKill, AProcessWhoseStartWasNotKnownIsNotWaitedFor) {
   test::write_file(journal, text);
   JournaledBroker next(journal, producer_process.pid);
   ASSERT_NO_FATAL_FAILURE(announce(next));
-  EXPECT_TRUE(made()) << "filled " << b.slot(0).filled << ", flags " << b.slot(0).flags;
+  EXPECT_TRUE(made()) << "filled " << b.slot(0).filled << ", incomplete " << b.slot(0).incomplete;
 }
 
 /// A two-slot channel "ch" registered with a JournaledBroker: connection 2 (this process) created it and joined as

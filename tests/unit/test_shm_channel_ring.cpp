@@ -194,7 +194,7 @@ TEST_F(ShmChannelRing, StreamWordsAndTheirRepair) {
   EXPECT_EQ(gone, PoisonReason::Closed);
   ring_mark_incomplete(b.slot(0), 0);  // what a failed `filled` enqueue does
   EXPECT_EQ(b.slot(0).filled, 1U);
-  EXPECT_EQ(b.slot(0).flags, proto::kSlotIncomplete);
+  EXPECT_EQ(b.slot(0).incomplete, proto::incomplete_mark(0));
   EXPECT_TRUE(ring_member_writes_done(b.ring(), p));
 }
 
@@ -249,7 +249,7 @@ TEST_F(ShmChannelRing, ADeadProducersFilledDoesNotReleaseALaterRoundsStreamWait)
   ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
   EXPECT_TRUE(b.die(p, 10, Role::Producer).empty());
   EXPECT_EQ(b.slot(0).filled, 1U);
-  EXPECT_EQ(b.slot(0).flags, proto::kSlotIncomplete);
+  EXPECT_EQ(b.slot(0).incomplete, proto::incomplete_mark(0));
   ring_release(b.ring(), 0, c, false);
   // Round 2 goes through slot 0 (round 1 given back): published by the second producer, whose stream has not
   // written the slot yet. Its consumer's wait must not pass.
@@ -261,11 +261,38 @@ TEST_F(ShmChannelRing, ADeadProducersFilledDoesNotReleaseALaterRoundsStreamWait)
   ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
   ASSERT_EQ(seq, 2U);
   EXPECT_FALSE(stream_wait_passes(b.slot(0).filled, 3));
-  EXPECT_EQ(b.slot(0).flags, 0U);  // round 2 is not flagged incomplete
+  EXPECT_EQ(b.slot(0).incomplete, 0U);  // round 2 is not flagged incomplete
   // If round 2's producer dies too, its write releases the wait.
   EXPECT_TRUE(b.die(p2, 11, Role::Producer).empty());
   EXPECT_TRUE(stream_wait_passes(b.slot(0).filled, 3));
-  EXPECT_EQ(b.slot(0).flags, proto::kSlotIncomplete);
+  EXPECT_EQ(b.slot(0).incomplete, proto::incomplete_mark(2));
+}
+
+// The broker decides to flag a dead producer's message incomplete from the slot's state, and its flag can land after
+// the slot moved on: the message consumed and released, a later round published (which clears the flag). The flag
+// names its message, so the later round is not reported incomplete. Before, it was one bit, and the later message
+// read as incomplete.
+TEST_F(ShmChannelRing, ALateIncompleteFlagDoesNotFlagALaterRound) {
+  const std::uint32_t p2 = b.join(11, Role::Producer);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+  ring_publish(b.ring(), 0, p, {}, 0, true);              // message 0: its stream has not written `filled`
+  ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));  // the broker reads this state and decides to flag it
+  ring_release(b.ring(), 0, c, false);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p2, seq, gone));
+  ring_give_back(b.ring(), 1, p2);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p2, seq, gone));
+  ASSERT_EQ(seq, 2U);
+  ring_publish(b.ring(), 2, p2, {}, 0, false);  // message 2 in slot 0, complete
+  ring_mark_incomplete(b.slot(0), 0);           // the broker's flag for message 0 lands now
+  EXPECT_NE(b.slot(0).incomplete, proto::incomplete_mark(2));
+  EXPECT_EQ(b.slot(2).filled, 3U);
+}
+
+TEST(ShmChannelRingInit, IncompleteMarksAreNeverZeroAndDifferForNearbyRounds) {
+  EXPECT_EQ(proto::incomplete_mark(0), 1U);
+  EXPECT_NE(proto::incomplete_mark(0xFFFF'FFFEULL), 0U);
+  EXPECT_NE(proto::incomplete_mark(0xFFFF'FFFFULL), 0U);
+  EXPECT_NE(proto::incomplete_mark(1ULL << 40), proto::incomplete_mark((1ULL << 40) + 4096));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
