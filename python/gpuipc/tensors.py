@@ -150,9 +150,22 @@ def _pool_kind(plan: _Plan, kind: Optional[str]) -> Tuple[str, int]:
 def _source_stream(plan: _Plan) -> int:
     """torch's current stream on the tensors' device, so that copies follow the work that made the tensors."""
     torch = sys.modules.get("torch")
-    if torch is None or plan.framework != "torch" or not any(s.device_type == DL_CUDA for s in plan.storages):
+    gpus = [s.device_id for s in plan.storages if s.device_type == DL_CUDA]
+    if torch is None or plan.framework != "torch" or not gpus:
         return 0
-    return int(torch.cuda.current_stream().cuda_stream)
+    return int(torch.cuda.current_stream(gpus[0]).cuda_stream)
+
+
+def current_stream_of(values: Iterable[Any]) -> int:
+    """torch's current stream on the device of the first CUDA tensor among ``values`` (0, the legacy default
+    stream, when there is none): what a copy from them follows when its caller names no stream."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_cuda:
+            return int(torch.cuda.current_stream(v.device).cuda_stream)
+    return 0
 
 
 def _round(n: int, kind: str) -> int:

@@ -20,7 +20,17 @@ from ._tensorinfo import DL_CUDA, describe
 from .errors import AlreadyExists, Closed, Error, InvalidArgument, InvalidState, PeerDied, QuotaExceeded
 from .pool import Block
 from .semaphore import Semaphore
-from .tensors import SharedTensors, _Opened, _plan, _pool_kind, _taken, build, read_index, storage_views
+from .tensors import (
+    SharedTensors,
+    _Opened,
+    _plan,
+    _pool_kind,
+    _taken,
+    build,
+    current_stream_of,
+    read_index,
+    storage_views,
+)
 
 __all__ = ["publish_tensors", "Publisher", "Reader"]
 
@@ -40,6 +50,9 @@ class Publisher(SharedTensors):
         self._version = 1
         self._back: Optional[List[Block]] = None
         self._back_raw = b""
+        # The stream the last update() was ordered after: the front's writes ran there, so a copy of the front into
+        # a new back buffer follows it (None: the legacy default stream, or the writes were done from the host).
+        self._written_on: Any = None
         plan = _plan(tensors, adopt=versions == 1)
         kind, device = _pool_kind(plan, kind)
         if versions == 2 and any(s.block is not None for s in plan.storages):
@@ -119,10 +132,12 @@ class Publisher(SharedTensors):
                 b.free()
             raise
         if copy_front:
+            after = stream_handle(self._written_on)  # the front's last writes ran there: the copy synchronizes it
             for dst, src in zip(back, self._blocks):
                 assert src is not None
                 v = src.view()
-                _gpuipc._copy_to_view(dst.view(), 0, src.address, DL_CUDA if v.is_cuda else 1, _device(v), src.size, 0)
+                _gpuipc._copy_to_view(dst.view(), 0, src.address, DL_CUDA if v.is_cuda else 1, _device(v), src.size,
+                                      after)
         self._back = back
         self._back_raw = b"".join(bytes(b.ref) for b in back)  # the slot's contents, ready before update()
         return back
@@ -149,6 +164,7 @@ class Publisher(SharedTensors):
         else:
             self._sem.signal_host(v)
         self._version = v
+        self._written_on = stream
         if self._versions == 2:
             old, self._blocks, self._back = self._blocks, list(back), None
             for b in old:
@@ -158,8 +174,9 @@ class Publisher(SharedTensors):
 
     def update_from(self, state_dict: Mapping[str, Any], stream: Any = None) -> int:
         """Copies ``state_dict`` (names of the published tensors to new values of the same dtype and shape) into
-        place, then :meth:`update`. Tensors it leaves out keep their values. Raises InvalidArgument for unknown
-        names, or another dtype or shape."""
+        place, then :meth:`update`. Tensors it leaves out keep their values. The copies follow ``stream`` (None:
+        torch's current stream on the values' device, for torch tensors) and are done when this returns. Raises
+        InvalidArgument for unknown names, or another dtype or shape."""
         known = {t["name"]: t for t in self._index.tensors}
         for key in state_dict:
             if key not in known:
@@ -167,7 +184,8 @@ class Publisher(SharedTensors):
         full = {t["name"] for t in self._index.tensors if t["storage"] >= 0} <= set(state_dict)
         blocks = self._blocks if self._versions == 1 else self._ensure_back(copy_front=not full)
         views = storage_views(blocks, self._index.storages)
-        handle = stream_handle(stream)
+        # The copies follow the work that made the values: the stream given, else torch's current stream.
+        handle = stream_handle(stream) if stream is not None else current_stream_of(state_dict.values())
         for key, value in state_dict.items():
             meta = known[key]
             info = describe(value, f"update_from[{key!r}]")

@@ -57,3 +57,35 @@ def test_versions_on_device(name, spawn):
     with gpuipc.publish_tensors(name, {"w": torch.zeros(1 << 16, device="cuda")}, versions=2) as pub:
         pub.update_from({"w": torch.full((1 << 16,), 2.0, device="cuda")}, stream=torch.cuda.current_stream())
         assert spawn(gpu_helpers.torch_read_version, name) == (2, 2.0)
+
+
+def test_versions_back_buffer_copies_after_the_update_stream(name):
+    """versions=2: pub.tensors after update(stream=s) starts as a copy of the version just published, made after s.
+    Before, the copy followed only the legacy default stream, which a torch stream (non-blocking) does not hold
+    back, so the new back buffer could hold the version before."""
+    torch = _torch()
+    with gpuipc.publish_tensors(name, {"w": torch.zeros(1 << 16, device="cuda")}, versions=2) as pub:
+        s = torch.cuda.Stream()
+        w = pub.tensors["w"]  # the back buffer (a copy of version 1)
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(200_000_000)  # about 0.1 s: the fill lands long after update() returned
+            w.fill_(5.0)
+        assert pub.update(stream=s) == 2
+        nxt = pub.tensors["w"]  # a new back buffer, a copy of version 2
+        torch.cuda.synchronize()
+        assert float(nxt.min()) == 5.0 and float(nxt.max()) == 5.0
+
+
+def test_update_from_follows_torchs_current_stream(name, spawn):
+    """update_from(stream=None) copies after torch's current stream, where the values are being written."""
+    torch = _torch()
+    with gpuipc.publish_tensors(name, {"w": torch.zeros(1 << 16, device="cuda")}, versions=2) as pub:
+        s = torch.cuda.Stream()
+        src = torch.zeros(1 << 16, device="cuda")
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(200_000_000)  # about 0.1 s
+            src.fill_(4.0)
+            assert pub.update_from({"w": src}) == 2
+        assert spawn(gpu_helpers.torch_read_version, name) == (2, 4.0)
