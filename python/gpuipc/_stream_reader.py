@@ -105,6 +105,7 @@ class StreamReader:
         self._next = 0  # the next bucket to read
         self._in_version = False  # a version was left half read (error, timeout): skip its rest first
         self._stream_released = 0  # the last bucket given back on a stream (device staging)
+        self._last_stream: Any = None  # the torch stream of the last receive (device staging)
         self._version = 0
         self._layouts: Dict[bytes, Any] = {}  # bucket layouts seen (descriptor bodies), decoded once
         # receive's copy plans: (id of a layout's pieces, ring slot) -> (pieces, names, their tensors, their data
@@ -360,6 +361,12 @@ class StreamReader:
     def _begin(self, timeout: Optional[float], stream: Any) -> Tuple[Optional[float], Any, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         s, sig = self._streams(stream)
+        if s is not None:
+            if self._last_stream is not None and self._last_stream != s:
+                # The last version's copies and releases ran there. A release on s ahead of them would let the
+                # publisher refill buckets still being read, and their later release would lower the slot's value.
+                s.wait_stream(self._last_stream)
+            self._last_stream = s
         self._drain(deadline, sig)
         return deadline, s, sig
 
@@ -561,10 +568,15 @@ class StreamReader:
         return StreamItem(key, typed, start, count, full, dtype)
 
     def close(self) -> None:
-        """Leaves (idempotent): frees this reader's slot (the publisher stops waiting for it at once)."""
+        """Leaves (idempotent): frees this reader's slot (the publisher stops waiting for it at once). Device
+        staging: first waits for the stream of the last receive, whose copies read the staging buckets and the
+        publisher's blocks."""
         if self._closed:
             return
         self._closed = True
+        if self._last_stream is not None:
+            self._last_stream.synchronize()  # copies still queued read the staging and the publisher's blocks
+            self._last_stream = None
         self._plans.clear()
         self._stage_torch = []
         self._stage_np = []

@@ -331,6 +331,22 @@ def torch_stream_state(torch, v: int) -> dict:
     }
 
 
+def torch_stream_reader_switches_streams(name: str) -> list:
+    """Joins stream `name` and receives three versions of {"w": 64 Ki float32, all v}: the first on a stream held
+    by a kernel of about 1 s, the next two on another stream. Returns [(version, min, max)] once both streams ran."""
+    torch = torch_cuda()
+    slow, fast = torch.cuda.Stream(), torch.cuda.Stream()
+    into = [{"w": torch.zeros(1 << 16, device="cuda")} for _ in range(3)]
+    torch.cuda.synchronize()
+    with gpuipc.stream_reader(name, wait=30) as rd:
+        with torch.cuda.stream(slow):
+            torch.cuda._sleep(2_000_000_000)  # about 1 s: version 1's copies run long after the next receives
+        got = [rd.receive(into[0], stream=slow, timeout=60)]
+        got += [rd.receive(t, stream=fast, timeout=60) for t in into[1:]]
+        torch.cuda.synchronize()
+        return [(v, float(t["w"].min()), float(t["w"].max())) for v, t in zip(got, into)]
+
+
 def torch_stream_reader(name: str, versions: int, how: str = "alternate", hold: float = 0.0,
                         count: bool = False) -> list:
     """Joins stream `name` and receives `versions` versions on a side stream, with receive() ("receive"),

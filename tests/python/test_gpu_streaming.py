@@ -58,6 +58,24 @@ def test_stream_receive_follows_tensors_replaced_between_versions(name, start):
         assert fut.result(timeout=60) == [(1, True), (2, True), (3, True)]
 
 
+def test_stream_reader_that_switches_streams_keeps_its_last_copies(name, start):
+    """A reader receives version 1 on a slow stream, then versions 2 and 3 on another (one bucket a version, a ring
+    of two). Version 3 reuses version 1's bucket; the new stream waits for the old one, so the publisher refills
+    that bucket only after version 1 was copied out. Before, the new stream gave the buckets back at once, ahead
+    of version 1's copies, and those copies read version 3."""
+    torch = _torch()
+    with gpuipc.stream_publisher(name, 1 << 20, 2, device=0) as pub:
+        fut = start(gpu_helpers.torch_stream_reader_switches_streams, name)
+        assert pub.wait_readers(1, timeout=60) == 1
+        s = torch.cuda.Stream()
+        for v in (1, 2, 3):
+            with torch.cuda.stream(s):
+                state = {"w": torch.full((1 << 16,), float(v), device="cuda")}
+            assert pub.publish(state, stream=s) == v
+        gpu_helpers.sync_within(s)
+        assert fut.result(timeout=60) == [(1, 1.0, 1.0), (2, 2.0, 2.0), (3, 3.0, 3.0)]
+
+
 def test_wait_version_on_a_stream(name, start):
     torch = _torch()
     with gpuipc.publish_tensors(name, {"w": torch.zeros(1 << 16, device="cuda")}, versions=1) as pub:
