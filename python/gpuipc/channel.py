@@ -184,8 +184,11 @@ class Channel:
         return Slot(self, view, sequence)
 
     def publish(self, nbytes: int, *, header: bytes = b"", stream: Any = None) -> int:
-        """Publishes the oldest acquired slot with ``nbytes`` of payload and ``header``, in ``stream`` order.
-        Returns its sequence. Raises InvalidState (nothing acquired, too big), PeerDied/Closed, CudaError."""
+        """Publishes the oldest acquired slot with ``nbytes`` of payload and ``header``, in ``stream`` order (None:
+        the stream it was acquired on). Returns its sequence. Raises InvalidState (nothing acquired, too big),
+        PeerDied/Closed, CudaError."""
+        if stream is None and self._acquired:
+            return self._publish(bytes(header), nbytes, next(iter(self._acquired.values()))[0])
         return self._publish(bytes(header), nbytes, self._handle(stream))
 
     def _publish(self, header: bytes, nbytes: int, handle: int, sequence: Optional[int] = None) -> int:
@@ -200,11 +203,18 @@ class Channel:
         self._acquired.pop(sequence, None)
         return sequence
 
+    def _slot_handle(self, sequence: int, stream: Any) -> int:
+        """The handle to publish acquired slot ``sequence`` on: ``stream``'s, or with None the one it was acquired
+        on (where its writes most likely are)."""
+        if stream is None:
+            return self._acquired.get(sequence, (0, None))[0]
+        return self._handle(stream)
+
     def _abort(self, sequence: int) -> int:
         """Publishes acquired slot ``sequence`` (the oldest) as aborted (consumers' recv skips it) on the stream it
         was acquired on: its `filled` is written once that stream has passed the work queued so far, which may
         still write the slot, so no later message of that slot is written before it has."""
-        return self._publish(ABORTED_HEADER, 0, self._acquired.get(sequence, (0, None))[0], sequence)
+        return self._publish(ABORTED_HEADER, 0, self._slot_handle(sequence, None), sequence)
 
     # Consumer ----------------------------------------------------------------------------------------------------
     def receive(self, *, stream: Any = None, timeout: Optional[float] = None) -> "Message":
@@ -215,7 +225,8 @@ class Channel:
         return Message(self, view, header, sequence, stream=stream)
 
     def release(self, *, stream: Any = None) -> None:
-        """Releases the oldest received message in ``stream`` order (see :meth:`Message.release`)."""
+        """Releases the oldest received message in ``stream`` order (None: the legacy default stream; see
+        :meth:`Message.release`, which defaults to the stream the message was received on)."""
         self._ch.release(self._handle(stream))
 
     # Arrays ------------------------------------------------------------------------------------------------------
@@ -275,10 +286,16 @@ class Channel:
 
     def __iter__(self) -> Iterator["Message"]:
         """Receives messages until the producers have all closed (Closed ends the loop; PeerDied is raised).
-        Release each one (``for msg in ch: with msg: ...``)."""
+        Release each one (``for msg in ch: with msg: ...``). On the legacy default stream: :meth:`messages` takes
+        a stream."""
+        return self.messages()
+
+    def messages(self, *, stream: Any = None, timeout: Optional[float] = None) -> Iterator["Message"]:
+        """Like iterating over the channel, with each message received on ``stream`` (see :meth:`recv`; leaving a
+        message's ``with`` block releases it there) and waited for up to ``timeout`` seconds (Timeout is raised)."""
         while True:
             try:
-                msg = self.recv()
+                msg = self.recv(timeout=timeout, stream=stream)
             except Closed:
                 if self.closed:  # this handle was closed: an error, not the producers' leaving
                     raise
@@ -478,18 +495,20 @@ class Slot:
         return self._channel._torch_view(self._view, key, dtype, shape)
 
     def publish(self, nbytes: int, *, header: bytes = b"", stream: Any = None) -> int:
-        """Publishes this slot (it must be the oldest acquired one) with ``nbytes`` and a raw ``header``."""
-        return self._channel._publish(bytes(header), nbytes, self._channel._handle(stream), self.sequence)
+        """Publishes this slot (it must be the oldest acquired one) with ``nbytes`` and a raw ``header``, in
+        ``stream`` order (None: the stream it was acquired on)."""
+        ch = self._channel
+        return ch._publish(bytes(header), nbytes, ch._slot_handle(self.sequence, stream), self.sequence)
 
     def publish_array(self, dtype: Any, shape: Shape, *, meta: bytes = b"", stream: Any = None) -> int:
         """Publishes this slot as an array of ``dtype`` and ``shape`` written at its start (``recv().array``
-        gives it back)."""
+        gives it back), in ``stream`` order (None: the stream it was acquired on)."""
         ch = self._channel
         try:
             nbytes, header = ch._headers[(dtype, shape, meta)]
         except (KeyError, TypeError):  # not seen yet, or a spelling that cannot be a key
             nbytes, header = ch._array_header(dtype, shape, meta)
-        return ch._publish(header, nbytes, ch._handle(stream), self.sequence)
+        return ch._publish(header, nbytes, ch._slot_handle(self.sequence, stream), self.sequence)
 
     def __enter__(self) -> "Slot":
         return self
@@ -595,9 +614,10 @@ class Message:
         return make_array(self._view, dtype, shape, offset)
 
     def release(self, *, stream: Any = None) -> None:
-        """Gives the slot back in ``stream`` order (device channels: once ``stream`` has finished reading).
-        Messages are released oldest first: InvalidState otherwise. Idempotent."""
-        self._channel._ch.release(self._channel._handle(stream), self.sequence)
+        """Gives the slot back in ``stream`` order (device channels: once ``stream`` has finished reading; None:
+        the stream it was received on). Messages are released oldest first: InvalidState otherwise. Idempotent."""
+        ch = self._channel
+        ch._ch.release(ch._handle(stream if stream is not None else self._stream), self.sequence)
 
     def _require_info(self) -> ArrayInfo:
         info = self._info()
@@ -615,9 +635,9 @@ class Message:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # On the stream it was received on, where its reads most likely are: the legacy default stream (None)
-        # does not wait for a torch stream's reads, and the producer could write the slot under them.
-        self.release(stream=self._stream)
+        # On the stream it was received on, where its reads most likely are: the legacy default stream does not
+        # wait for a torch stream's reads, and the producer could write the slot under them.
+        self.release()
 
     def __repr__(self) -> str:
         info = self._info()

@@ -205,10 +205,18 @@ def test_a_slot_given_up_while_its_stream_still_fills_it_spoils_no_later_message
             side.synchronize()
 
 
-def test_a_message_left_by_its_with_block_is_released_after_the_reads_queued_on_its_stream(name):
-    """``with ch.recv(stream=s) as msg`` releases the message on ``s``, the stream it was received on: a read still
-    queued there (late, on a torch stream, which the legacy default stream does not wait for) sees this message,
-    not the next one the producer writes into the slot."""
+def _late_read(torch, msg, read_stream):
+    with torch.cuda.stream(read_stream):
+        torch.cuda._sleep(200_000_000)  # about 0.1 s: the read runs long after the next send is enqueued
+        return msg.tensor().clone()
+
+
+@pytest.mark.parametrize("how", ["with", "release", "messages"])
+def test_a_message_left_by_its_with_block_is_released_after_the_reads_queued_on_its_stream(name, how):
+    """``with ch.recv(stream=s) as msg`` releases the message on ``s``, the stream it was received on, and so do
+    ``msg.release()`` given no stream and ``with`` in ``for msg in ch.messages(stream=s)``: a read still queued
+    there (late, on a torch stream, which the legacy default stream does not wait for) sees this message, not the
+    next one the producer writes into the slot."""
     torch = _torch()
     nbytes = 1 << 20
     with gpuipc.Channel.create(name, slots=1, slot_bytes=nbytes, kind="device", role="consumer") as rx, \
@@ -217,10 +225,18 @@ def test_a_message_left_by_its_with_block_is_released_after_the_reads_queued_on_
         with torch.cuda.stream(send_stream):
             sources = [torch.full((nbytes,), i + 1, dtype=torch.uint8, device="cuda") for i in range(2)]
         tx.send(sources[0], stream=send_stream, timeout=10)
-        with rx.recv(timeout=10, stream=read_stream) as msg:
-            with torch.cuda.stream(read_stream):
-                torch.cuda._sleep(200_000_000)  # about 0.1 s: the read runs long after the next send is enqueued
-                got = msg.tensor().clone()
+        if how == "with":
+            with rx.recv(timeout=10, stream=read_stream) as msg:
+                got = _late_read(torch, msg, read_stream)
+        elif how == "release":
+            msg = rx.recv(timeout=10, stream=read_stream)
+            got = _late_read(torch, msg, read_stream)
+            msg.release()
+        else:
+            for msg in rx.messages(stream=read_stream, timeout=10):
+                with msg:
+                    got = _late_read(torch, msg, read_stream)
+                break
         tx.send(sources[1], stream=send_stream, timeout=10)  # the same slot (a one-slot ring)
         torch.cuda.synchronize()
         assert bool((got == 1).all()), got.unique().tolist()
@@ -229,6 +245,32 @@ def test_a_message_left_by_its_with_block_is_released_after_the_reads_queued_on_
                 got = msg.tensor().clone()
         torch.cuda.synchronize()
         assert bool((got == 2).all()), got.unique().tolist()
+
+
+@pytest.mark.parametrize("how", ["slot", "channel"])
+def test_a_slot_published_without_a_stream_follows_the_stream_it_was_acquired_on(name, how):
+    """``slot.publish_array(...)`` and ``ch.publish(...)`` given no stream publish on the stream the slot was
+    acquired on, where it is filled: a fill queued late on a torch stream (which the legacy default stream does
+    not wait for) is what the consumer reads."""
+    torch = _torch()
+    nbytes = 1 << 20
+    with gpuipc.Channel.create(name, slots=2, slot_bytes=nbytes, kind="device", role="consumer") as rx, \
+            gpuipc.Channel.open(name, "producer") as tx:
+        fill_stream, read_stream = torch.cuda.Stream(), torch.cuda.Stream()
+        slot = tx.acquire(stream=fill_stream, timeout=10)
+        with torch.cuda.stream(fill_stream):
+            torch.cuda._sleep(200_000_000)  # about 0.1 s: the fill lands long after the publish is enqueued
+            slot.tensor("uint8").fill_(7)
+        if how == "slot":
+            slot.publish_array("uint8", (nbytes,))
+        else:
+            size, header = tx._array_header("uint8", (nbytes,), b"")  # what publish_array sends
+            tx.publish(size, header=header)
+        with rx.recv(timeout=10, stream=read_stream) as msg:
+            with torch.cuda.stream(read_stream):
+                got = msg.tensor().clone()
+        torch.cuda.synchronize()
+        assert bool((got == 7).all()), (how, got.unique().tolist())
 
 
 def test_cupy_channel_and_torch_consumer(name, start):
