@@ -336,7 +336,9 @@ class Reader:
     @contextlib.contextmanager
     def pin(self) -> Iterator["Pinned"]:
         """``with reader.pin() as p: use(p.tensors)``: a version that does not change while pinned (versions=2);
-        on exit the reader drops its references (arrays you kept still hold their memory)."""
+        on exit the reader drops its references (arrays you kept still hold their memory). Holds are dropped from
+        the host, not in stream order: a stream still reading the tensors must be synchronized first (once a newer
+        version is out, the publisher's next back buffer may take those blocks)."""
         v, tensors = self.snapshot()
         pinned = Pinned(v, tensors)
         try:
