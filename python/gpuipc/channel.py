@@ -421,7 +421,10 @@ class Channel:
         A device channel's acquired slots are first published as aborted, each on the stream it was acquired on
         (consumers' recv skips them): work still queued there may write the slot, and the slot's next message is
         written only after it. Where that cannot be done (a header_bytes under 24, or the driver refuses), the
-        slots are given up at once, as the C++ Channel's close does."""
+        slots are given up at once, as the C++ Channel's close does. Held messages go back at once, from the host:
+        another consumer may take one and release it, letting the producer rewrite the slot while this consumer's
+        reads of it are still queued; synchronize the streams that read held messages first (or release them on
+        those streams)."""
         if self._acquired and not self._ch.closed and self._ch.kind == "device":
             try:
                 for sequence in self._ch.held:
