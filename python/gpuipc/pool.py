@@ -184,7 +184,10 @@ def recheck_torch_blocks(blocks: Iterator[Any]) -> None:
 class Block(_Memory):
     """A block allocated from a pool, owned by this process. A context manager: leaving ``with`` frees it. It is
     also freed when garbage collected. Views made from it keep the pool mapped, not the block: do not use them
-    after the block is freed (its memory may be reused, as after ``cudaFree``)."""
+    after the block is freed (its memory may be reused). Unlike ``cudaFree``, freeing does not wait for the GPU:
+    device and pinned blocks are reused once the stream given to :meth:`free` has passed the free; leaving ``with``
+    frees on the legacy default stream, which waits for blocking streams only (not for a torch stream), and
+    collection frees at once. Call ``free(stream=s)`` for a block that work on ``s`` still uses."""
 
     __slots__ = ("_blk", "_pool", "_address", "__weakref__")
 
