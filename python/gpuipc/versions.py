@@ -111,7 +111,9 @@ class Publisher(SharedTensors):
         filled with the front's contents."""
         if self._back is not None:
             return self._back
-        assert self._pool is not None
+        if self._pool is None:  # nothing to pack: every tensor is empty
+            self._back, self._back_raw = [], b""
+            return self._back
         deadline = time.monotonic() + BACK_BUFFER_WAIT
         back: List[Block] = []
         try:
@@ -155,12 +157,13 @@ class Publisher(SharedTensors):
         pools: signal in stream order after the work that wrote them (None: from the host, now)."""
         if self._closed or self._sem is None:
             raise Closed(f"publisher {self.name!r}: this handle was closed (close() or with); publish again to use it")
+        handle = stream_handle(stream)  # a bad stream raises here, before anything is published
         v = self._version + 1
         if self._versions == 2:
             back = self._ensure_back(copy_front=True)
             _index.write_slot(self._index, self._mem, v % 2, v, self._back_raw)
         if stream is not None and self._sem_kind == "host_pinned":
-            self._sem.signal(v, stream_handle(stream), wake_host=True)
+            self._sem.signal(v, handle, wake_host=True)
         else:
             self._sem.signal_host(v)
         self._version = v
@@ -169,7 +172,7 @@ class Publisher(SharedTensors):
             old, self._blocks, self._back = self._blocks, list(back), None
             for b in old:
                 if b is not None:
-                    b.free(stream)  # readers that hold it keep it
+                    b.free(handle)  # readers that hold it keep it
         return v
 
     def update_from(self, state_dict: Mapping[str, Any], stream: Any = None) -> int:
@@ -177,17 +180,18 @@ class Publisher(SharedTensors):
         place, then :meth:`update`. Tensors it leaves out keep their values. The copies follow ``stream`` (None:
         torch's current stream on the values' device, for torch tensors) and are done when this returns. Raises
         InvalidArgument for unknown names, or another dtype or shape."""
+        if self._closed or self._sem is None:
+            raise Closed(f"publisher {self.name!r}: this handle was closed (close() or with); publish again to use it")
+        # Every entry is checked before anything is written: a bad one leaves the live memory (versions=1) and the
+        # back buffer (versions=2) as they were.
         known = {t["name"]: t for t in self._index.tensors}
-        for key in state_dict:
-            if key not in known:
-                raise InvalidArgument(f"update_from: {key!r} is not one of the tensors published as {self.name!r}")
-        full = {t["name"] for t in self._index.tensors if t["storage"] >= 0} <= set(state_dict)
-        blocks = self._blocks if self._versions == 1 else self._ensure_back(copy_front=not full)
-        views = storage_views(blocks, self._index.storages)
-        # The copies follow the work that made the values: the stream given, else torch's current stream.
-        handle = stream_handle(stream) if stream is not None else current_stream_of(state_dict.values())
+        gpu_back = self._kind == "device"  # versions=2 packs every tensor into the pool
+        live = storage_views(self._blocks, self._index.storages) if self._versions == 1 else None
+        copies = []
         for key, value in state_dict.items():
-            meta = known[key]
+            meta = known.get(key) if isinstance(key, str) else None
+            if meta is None:
+                raise InvalidArgument(f"update_from: {key!r} is not one of the tensors published as {self.name!r}")
             info = describe(value, f"update_from[{key!r}]")
             if info.dtype.name != meta["dtype"] or list(info.shape) != meta["shape"]:
                 raise InvalidArgument(
@@ -196,14 +200,30 @@ class Publisher(SharedTensors):
                 )
             if meta["storage"] < 0:
                 continue
-            dst = views[meta["storage"]]
-            if _contiguous(info.shape, info.strides) and _contiguous(info.shape, tuple(meta["strides"])):
-                _gpuipc._copy_to_view(dst, meta["offset"] * info.dtype.itemsize, info.address, info.device_type,
-                                      info.device_id, info.extent, handle)
-            elif not dst.is_cuda:
-                build([meta], views, False)[key][...] = value
-            else:
+            flat = _contiguous(info.shape, info.strides) and _contiguous(info.shape, tuple(meta["strides"]))
+            if not flat and (live[meta["storage"]].is_cuda if live is not None else gpu_back):
                 raise InvalidArgument(f"update_from[{key!r}]: a strided GPU tensor: copy it into pub.tensors[{key!r}] yourself")
+            copies.append((key, value, meta, info, flat))
+        # The copies follow the work that made the values: the stream given, else torch's current stream.
+        handle = stream_handle(stream) if stream is not None else current_stream_of(state_dict.values())
+        full = {t["name"] for t in self._index.tensors if t["storage"] >= 0} <= set(state_dict)
+        fresh = self._versions == 2 and self._back is None
+        blocks = self._blocks if self._versions == 1 else self._ensure_back(copy_front=not full)
+        views = storage_views(blocks, self._index.storages)
+        try:
+            for key, value, meta, info, flat in copies:
+                dst = views[meta["storage"]]
+                if flat:
+                    _gpuipc._copy_to_view(dst, meta["offset"] * info.dtype.itemsize, info.address, info.device_type,
+                                          info.device_id, info.extent, handle)
+                else:
+                    build([meta], views, False)[key][...] = value
+        except BaseException:
+            if fresh and self._back is not None:  # a back buffer this call made and did not fill: not kept
+                for b in self._back:
+                    b.free()
+                self._back, self._back_raw = None, b""
+            raise
         return self.update(stream)
 
 

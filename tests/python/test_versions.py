@@ -75,6 +75,46 @@ def test_update_from_checks(name):
             gpuipc.publish_tensors(name + "x", {"w": np.zeros(4)}, versions=3)
 
 
+@pytest.mark.parametrize("versions", [1, 2])
+def test_a_refused_update_from_writes_nothing(name, versions):
+    """update_from checks every entry before it writes any: a bad one leaves the live memory (versions=1) and the
+    back buffer (versions=2) as they were, so the tensors a later update leaves out keep their values. Before, the
+    entries ahead of the bad one were written, and versions=2 kept an unfilled back buffer for the next update."""
+    state = {"a": np.arange(4, dtype=np.float32), "b": np.full(4, 7, dtype=np.float32)}
+    with gpuipc.publish_tensors(name, state, versions=versions) as pub:
+        r = gpuipc.open_tensors(name, versioned=True)
+        with pytest.raises(gpuipc.InvalidArgument, match="does not match"):
+            pub.update_from({"a": np.ones(4, dtype=np.float32), "b": np.zeros(5, dtype=np.float32)})
+        with pytest.raises(TypeError, match="update_from\\['b'\\]"):
+            pub.update_from({"a": np.ones(4, dtype=np.float32), "b": [1.0, 2.0, 3.0, 4.0]})
+        assert pub.version == 1
+        assert pub.tensors["a"].tolist() == [0.0, 1.0, 2.0, 3.0]  # the live memory, or a copy of it in the back
+        assert pub.update_from({"a": np.full(4, 2, dtype=np.float32)}) == 2
+        v, got = r.snapshot()
+        assert v == 2 and got["a"].tolist() == [2.0] * 4 and got["b"].tolist() == [7.0] * 4, (v, got)
+        r.close()
+
+
+def test_update_with_a_bad_stream_publishes_nothing(name):
+    """A stream update() cannot use is refused before the version is published, and does not stick."""
+    with gpuipc.publish_tensors(name, {"w": np.zeros(4)}, versions=2) as pub:
+        with pytest.raises(ValueError, match="negative"):
+            pub.update(stream=-1)
+        assert pub.version == 1
+        assert pub.update() == 2
+        assert pub.update_from({"w": np.ones(4)}) == 3
+
+
+@pytest.mark.parametrize("state", [{}, {"e": np.zeros((0, 3))}])
+def test_double_buffering_with_nothing_to_pack(name, state):
+    with gpuipc.publish_tensors(name, state, versions=2) as pub:
+        assert pub.update() == 2
+        assert set(pub.tensors) == set(state)
+        assert pub.update_from(state) == 3
+        with gpuipc.open_tensors(name, versioned=True) as r:
+            assert r.version == 3
+
+
 def test_double_buffering_reuses_memory(name):
     with gpuipc.publish_tensors(name, {"w": np.zeros(1 << 16)}, versions=2) as pub:
         for v in range(2, 12):
