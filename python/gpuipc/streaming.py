@@ -458,8 +458,13 @@ class StreamPublisher:
 
     def wait_readers(self, count: int, timeout: Optional[float] = None) -> int:
         """Waits until at least ``count`` readers have joined (they are admitted at the next :meth:`start`); returns
-        how many have. Raises Timeout."""
+        how many have. Raises Timeout, InvalidArgument for more readers than the stream has slots for."""
         self._require()
+        if count > self._nreaders:
+            raise InvalidArgument(
+                f"stream {self.name!r}: wait_readers({count}) can never return: it has slots for {self._nreaders} "
+                "readers (stream_publisher(readers=...))"
+            )
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             n = self.readers
@@ -712,7 +717,6 @@ class StreamPublisher:
             raise InvalidArgument(f"tensor names must be str, not {type(key).__name__} ({key!r})")
         if key in self._names:
             raise InvalidArgument(f"stream {self.name!r}: tensor {key!r} twice in version {self._current}")
-        self._names.add(key)
         seen = self._seen.get(key)
         if (seen is not None and seen.wref() is t and seen.key == _identity(t, seen.torch)
                 and (seen.ref is None or not seen.ref.block.freed)):
@@ -722,6 +726,7 @@ class StreamPublisher:
                 src = seen.src
             else:  # a NumPy array's bytes view would keep the array alive: made again where it is read
                 src = _numpy_bytes(t) if seen.ref is None or self._checksum else None
+            self._names.add(key)  # (only once accepted: a tensor refused can be passed again, corrected)
             self._add_pieces(key, seen.meta, seen.mlen, seen.total, src, seen.info, seen.torch, seen.ref, seen)
             return
         source = t
@@ -761,6 +766,7 @@ class StreamPublisher:
                                             src if torch_src else None, ref)
         if torch_src:
             self._keep_for_copy(t, entry)  # reference pieces too: its memory is not reused before finish()'s wait
+        self._names.add(key)
         self._add_pieces(key, meta, mlen, total, src, info, torch_src, ref, entry)
 
     def _reference(self, key: str, info: TensorInfo) -> Optional[_Ref]:

@@ -121,6 +121,26 @@ def test_abandoned_version_and_errors(name):
         gpuipc.stream_reader(name)
 
 
+def test_a_tensor_refused_by_update_can_be_passed_again_in_its_version(name):
+    """start/update/finish: a tensor that update() refuses (not an array, strided foreign memory) is not recorded as
+    sent, so the corrected one can follow in the same version. Before, it was refused as sent "twice"."""
+    with gpuipc.stream_publisher(name, 1 << 16, 2, kind="host") as pub, gpuipc.stream_reader(name) as rd:
+        pub.wait_readers(1, timeout=10)
+        pub.start()
+        with pytest.raises(TypeError, match="tensor 'w'"):
+            pub.update({"w": [1.0, 2.0]})
+        pub.update({"w": np.array([1.0, 2.0])})
+        assert pub.finish() == 1
+        into = {"w": np.zeros(2)}
+        assert rd.receive(into, timeout=10) == 1 and into["w"].tolist() == [1.0, 2.0]
+
+
+def test_wait_readers_refuses_more_readers_than_slots(name):
+    with gpuipc.stream_publisher(name, 4096, 2, readers=2, kind="host") as pub:
+        with pytest.raises(gpuipc.InvalidArgument, match="slots for 2 readers"):
+            pub.wait_readers(3, timeout=5)  # refused at once (without a timeout it would have waited for ever)
+
+
 def test_reader_slots_are_bounded_and_reused(name):
     with gpuipc.stream_publisher(name, 4096, 4, readers=1, kind="host") as pub:
         rd = gpuipc.stream_reader(name)
