@@ -101,9 +101,14 @@ def from_dlpack(code: int, bits: int, lanes: int) -> DType:
     if code == DL_BFLOAT and bits == 16 and lanes == 1:
         return _bfloat16()
     kind = _DL_TO_NUMPY_KIND.get(code)
+    missing = TypeError(f"DLPack type (code={code}, bits={bits}, lanes={lanes}) has no NumPy equivalent")
     if kind is None or lanes != 1 or bits % 8 != 0:
-        raise TypeError(f"DLPack type (code={code}, bits={bits}, lanes={lanes}) has no NumPy equivalent")
-    return _from_numpy(np.dtype(f"{kind}{bits // 8}" if kind != "b" else "?"))
+        raise missing
+    try:
+        dt = np.dtype(f"{kind}{bits // 8}" if kind != "b" else "?")
+    except TypeError:  # a width NumPy lacks (8-bit floats)
+        raise missing from None
+    return _from_numpy(dt)
 
 
 _BFLOAT16_LAYOUT = ((DL_BFLOAT, 16, 1), "<V2")

@@ -213,8 +213,19 @@ class Channel:
     def _abort(self, sequence: int) -> int:
         """Publishes acquired slot ``sequence`` (the oldest) as aborted (consumers' recv skips it) on the stream it
         was acquired on: its `filled` is written once that stream has passed the work queued so far, which may
-        still write the slot, so no later message of that slot is written before it has."""
-        return self._publish(ABORTED_HEADER, 0, self._slot_handle(sequence, None), sequence)
+        still write the slot, so no later message of that slot is written before it has. A channel whose headers
+        are too short for the aborted mark gets an empty message (no bytes, no header) instead."""
+        header = ABORTED_HEADER if self._ch.header_bytes >= len(ABORTED_HEADER) else b""
+        return self._publish(header, 0, self._slot_handle(sequence, None), sequence)
+
+    def _abort_under(self, sequence: int, raised: bool) -> None:
+        """_abort for a slot given up because of an exception (``raised``), which an error of the abort itself
+        does not replace."""
+        try:
+            self._abort(sequence)
+        except Error:
+            if not raised:
+                raise
 
     # Consumer ----------------------------------------------------------------------------------------------------
     def receive(self, *, stream: Any = None, timeout: Optional[float] = None) -> "Message":
@@ -265,7 +276,7 @@ class Channel:
                 self._check_fits(dt, shape, nbytes, meta)
             header = pack_header(dt, shape, nbytes, meta)
         except BaseException:
-            self._abort(slot.sequence)  # on `handle`, where it was acquired: consumers skip it; the slot comes back
+            self._abort_under(slot.sequence, True)  # on `handle`, where it was acquired: consumers skip it
             raise
         return self.publish(nbytes, header=header, stream=handle)
 
@@ -277,7 +288,10 @@ class Channel:
         left = timeout
         while True:
             view, header, sequence = self._ch.receive(handle, left)
-            info = unpack_header(header)
+            try:
+                info = unpack_header(header)
+            except TypeError:  # an element type NumPy lacks (a float8 array from C++): refused by .array, not here
+                return Message(self, view, header, sequence, False, stream)
             if info is None or not info.aborted:
                 return Message(self, view, header, sequence, info, stream)
             self._ch.release(handle, sequence)
@@ -420,7 +434,7 @@ class Channel:
 
         A device channel's acquired slots are first published as aborted, each on the stream it was acquired on
         (consumers' recv skips them): work still queued there may write the slot, and the slot's next message is
-        written only after it. Where that cannot be done (a header_bytes under 24, or the driver refuses), the
+        written only after it (with a header_bytes under 24, as empty messages). Where the driver refuses, the
         slots are given up at once, as the C++ Channel's close does. Held messages go back at once, from the host:
         another consumer may take one and release it, letting the producer rewrite the slot while this consumer's
         reads of it are still queued; synchronize the streams that read held messages first (or release them on
@@ -455,7 +469,9 @@ class Slot:
     """A slot a producer acquired: write up to :attr:`capacity` bytes, then :meth:`publish` (or
     :meth:`publish_array`). Used as a context manager, a slot left unpublished is published as aborted on the
     stream it was acquired on (consumers' ``recv`` skips it, and the slot's next message is written only after
-    the work queued on that stream so far)."""
+    the work queued on that stream so far); on a channel whose ``header_bytes`` is under 24, too short for that
+    mark, as an empty message (no bytes, no header), which consumers receive. An error of that publish does not
+    replace the exception that left the block."""
 
     __slots__ = ("_channel", "_view", "sequence", "__weakref__")
 
@@ -518,7 +534,7 @@ class Slot:
 
     def __exit__(self, *exc: object) -> None:
         if not self.published:  # (a closed channel gave it up already)
-            self._channel._abort(self.sequence)
+            self._channel._abort_under(self.sequence, exc[0] is not None)
 
     def __repr__(self) -> str:
         return f"<gpuipc.Slot {self.sequence} of {self._channel.name!r} capacity={self.capacity}>"
@@ -643,7 +659,10 @@ class Message:
         self.release()
 
     def __repr__(self) -> str:
-        info = self._info()
+        try:
+            info = self._info()
+        except TypeError:
+            info = None
         what = f" {info.dtype.name}{list(info.shape)}" if info is not None and not info.aborted else ""
         state = " released" if self.released else ""
         return f"<gpuipc.Message {self.sequence} of {self._channel.name!r} size={self.size}{what}{state}>"

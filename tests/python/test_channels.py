@@ -188,6 +188,42 @@ def test_unpublished_slot_is_skipped_by_recv(name):
         assert not tx._acquired  # the streams of slots acquired are forgotten once published or aborted
 
 
+def test_a_slot_given_up_on_a_channel_with_short_headers(name):
+    """With header_bytes under 24 there is no room for the aborted mark: a slot given up is published as an empty
+    message, and the exception that left the block is the one raised. Before, the failed abort raised InvalidState in
+    its place and left the slot acquired, refusing every later publish."""
+    with _host_channel(name, header_bytes=0) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        with pytest.raises(RuntimeError, match="boom"):
+            with tx.acquire(timeout=1):
+                raise RuntimeError("boom")
+        assert not tx._ch.held
+        slot = tx.acquire(timeout=1)
+        slot.as_array("uint8", 3)[:] = [1, 2, 3]
+        slot.publish(3)
+        with rx.receive(timeout=1) as m0:
+            assert (m0.sequence, m0.size, m0.header) == (0, 0, b"")
+        with rx.receive(timeout=1) as m1:
+            assert m1.sequence == 1 and m1.as_array("uint8", 3).tolist() == [1, 2, 3]
+
+
+def test_an_array_of_an_element_type_numpy_lacks_is_received_raw(name):
+    """A C++ producer may send an array header of a type NumPy has no dtype for (float8: DLPack float, 8 bits).
+    recv returns the message, whose .array raises TypeError saying so; it can be released. Before, recv raised
+    TypeError and kept the message held with no handle to release it by."""
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        fp8 = _array_header._HEADER.pack(_array_header.ARRAY_HEADER_MAGIC, _array_header._VERSION, 1, 0, 2, 8, 1, 0, 4)
+        slot = tx.acquire(timeout=1)
+        slot.publish(4, header=fp8 + struct.pack("<q", 4))
+        tx.send(np.arange(3))
+        msg = rx.recv(timeout=1)
+        assert msg.sequence == 0 and msg.size == 4 and "Message 0" in repr(msg)
+        with pytest.raises(TypeError, match="code=2, bits=8"):
+            msg.array
+        msg.release()
+        with rx.recv(timeout=1) as m1:
+            assert m1.array.tolist() == [0, 1, 2]
+
+
 def test_publish_order_rules(name):
     with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer"):
         s0, s1 = tx.acquire(timeout=1), tx.acquire(timeout=1)
