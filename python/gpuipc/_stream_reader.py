@@ -382,8 +382,8 @@ class StreamReader:
         Raises Timeout, PeerDied (the publisher died, or a reference piece's pool is gone: ``into`` may hold part of
         the new version, never reported as received), Closed, ChecksumMismatch (naming the bucket), InvalidState
         (the publisher abandoned the version, evicted this reader, or freed a tensor it sent by reference before
-        this reader copied it), InvalidArgument (dtype, shape or kind of a tensor). After an error in the middle of
-        a version the next call skips what is left of it."""
+        this reader copied it), InvalidArgument (dtype, shape or kind of a tensor), TypeError (not an array).
+        After an error in the middle of a version the next call skips what is left of it."""
         if not isinstance(into, Mapping):
             raise InvalidArgument(f"receive takes a mapping of names to tensors, not a {type(into).__name__}")
         deadline, s, sig = self._begin(timeout, stream)
