@@ -91,7 +91,8 @@ class Semaphore {
   /// Raises the value to `value` from the host (never lowers it) and wakes host waiters.
   Status signal_host(std::uint64_t value) noexcept;
   /// Waits on the host until the value reaches `value`: spins briefly, then sleeps (futex). Returns Ok, Timeout,
-  /// PeerDied or Closed (poisoned), with the value seen.
+  /// PeerDied or Closed (poisoned), with the value seen; InvalidState for value > kSemaphoreMaxValue, which the
+  /// value never reaches.
   WaitResult wait_host(std::uint64_t value, std::chrono::nanoseconds timeout) noexcept;
   /// wait_host polling for up to `spin` before it sleeps (the other overload: 20 us). A GPU stream's signal
   /// (signal(stream, v)) wakes no sleeper by itself (wake_host costs a host callback, ~100 us): a waiter that

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -23,7 +24,7 @@ def _shape(shape: Shape, available: int, dt: DType) -> Tuple[int, ...]:
         return (available // dt.itemsize,)
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
-    return tuple(int(s) for s in shape)
+    return tuple(operator.index(s) for s in shape)  # (int() would cut 1.5 to 1: TypeError for what is no integer)
 
 
 def make_array(view: _gpuipc.ArrayView, dtype: Any, shape: Shape = None, offset: int = 0) -> Array:
@@ -34,8 +35,9 @@ def make_array(view: _gpuipc.ArrayView, dtype: Any, shape: Shape = None, offset:
     ``shape=None`` means as many elements as fit after ``offset``.
     """
     dt = dtype_of(dtype)
-    if offset < 0:
-        raise InvalidArgument(f"offset {offset} is negative")
+    offset = operator.index(offset)
+    if not 0 <= offset < 1 << 63:
+        raise InvalidArgument(f"offset {offset} is out of range")
     dims = _shape(shape, max(view.nbytes - offset, 0), dt)
     typed = view.typed(dt.dlpack, dt.typestr, list(dims), offset)
     if typed.is_cuda or dt.numpy is None:

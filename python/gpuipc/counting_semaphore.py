@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from . import _gpuipc
+from ._ints import U32, in_range
 from .errors import Timeout, WouldBlock
 
 __all__ = ["CountingSemaphore", "COUNTING_MAX_COUNT"]
@@ -39,7 +40,9 @@ class CountingSemaphore:
         w lets it acquire and release. Raises AlreadyExists, InvalidArgument (max_count not in 1..2**31-1, initial
         above it), PermissionDenied, QuotaExceeded.
         """
-        max_count = initial if max_count is None else max_count
+        initial = in_range(initial, "initial", U32)
+        max_count = initial if max_count is None else in_range(max_count, "max_count", U32)
+        mode = in_range(mode, "mode", U32)
         return cls(_gpuipc.CountingSemaphore.create(name, initial=initial, max_count=max_count, mode=mode))
 
     @classmethod
@@ -65,9 +68,9 @@ class CountingSemaphore:
         """Takes ``n`` permits, waiting (without the GIL; Ctrl-C interrupts) up to ``timeout`` s (None: forever).
 
         Raises Timeout when they did not come in time (WouldBlock, a Timeout, for ``timeout=0``), InvalidArgument
-        for n > max_count.
+        for n > max_count (or not a count), Closed when another thread closes this handle while it waits.
         """
-        if not self._sem.acquire(n, timeout):
+        if not self._sem.acquire(in_range(n, "n", U32), timeout):
             cls = WouldBlock if timeout == 0 else Timeout
             raise cls(
                 f"acquire({n}) of counting semaphore {self.name!r}: {n} permit(s) did not come within {timeout} s "
@@ -77,11 +80,11 @@ class CountingSemaphore:
 
     def try_acquire(self, n: int = 1) -> bool:
         """Takes ``n`` permits if they are free now and nobody waits before this handle; returns whether it did."""
-        return self._sem.acquire(n, 0)
+        return self._sem.acquire(in_range(n, "n", U32), 0)
 
     def release(self, n: int = 1) -> None:
         """Gives back ``n`` permits this handle holds and wakes waiters. Raises InvalidArgument if it holds fewer."""
-        self._sem.release(n)
+        self._sem.release(in_range(n, "n", U32))
 
     @property
     def held(self) -> int:
@@ -111,7 +114,8 @@ class CountingSemaphore:
         return self._sem.closed
 
     def close(self) -> None:
-        """Leaves (idempotent): every permit this handle holds is released, as when the process dies."""
+        """Leaves (idempotent): every permit this handle holds is released, as when the process dies. A thread of
+        this process waiting in :meth:`acquire` on this handle raises Closed within 50 ms."""
         self._sem.close()
 
     def __enter__(self) -> "CountingSemaphore":

@@ -8,6 +8,7 @@ from typing import Any, List, Optional, Tuple
 from . import _gpuipc
 from ._devices import Device, resolve as _device
 from ._arrays import Array, Shape, make_array
+from ._ints import U32, U64, in_range
 from .errors import InvalidArgument
 
 __all__ = ["Segment", "SegmentInfo", "share"]
@@ -57,6 +58,7 @@ class Segment:
         group may open it read-only). Raises AlreadyExists, QuotaExceeded, InvalidArgument, NoDriver, NoDevice,
         Unsupported, CudaError.
         """
+        size, mode = in_range(size, "size", U64), in_range(mode, "mode", U32)
         return cls(_gpuipc.Segment.create(name, size, kind=kind, device=_device(device), mode=mode))
 
     @classmethod
@@ -190,7 +192,7 @@ def share(name: str, array_or_ptr: Any, nbytes: Optional[int] = None, *, mode: i
     if isinstance(array_or_ptr, int):
         if nbytes is None:
             raise InvalidArgument("share(name, ptr): pass nbytes with a raw pointer")
-        ptr = array_or_ptr
+        ptr = in_range(array_or_ptr, "the pointer", U64)
     else:
         info = describe(array_or_ptr, f"the array shared as {name!r}")
         if not info.is_cuda:
@@ -201,6 +203,6 @@ def share(name: str, array_or_ptr: Any, nbytes: Optional[int] = None, *, mode: i
         ptr = info.address
         if nbytes is None:
             nbytes = info.extent
-    if nbytes is None or nbytes <= 0:
+    if nbytes is None or in_range(nbytes, "nbytes", U64) == 0:
         raise InvalidArgument(f"share({name!r}): nothing to share (0 bytes)")
     return Segment(_gpuipc.share(name, ptr, nbytes, mode=mode, device=device))

@@ -6,12 +6,26 @@ from typing import Any, Optional
 
 from . import _gpuipc
 from ._devices import Device, resolve as _device
+from ._ints import U32, in_range
 from ._streams import stream_handle
+from .errors import InvalidArgument, InvalidState
 
 __all__ = ["Semaphore", "MAX_VALUE"]
 
 #: The largest value a semaphore takes (2**62 - 1).
 MAX_VALUE = (1 << 62) - 1
+
+
+def _refuse(value: Any, call: str) -> None:
+    """Raises for a value outside 0..MAX_VALUE: InvalidState above it, as the library says for a value it takes as
+    a number, InvalidArgument below it or for what is no integer."""
+    try:
+        big = value > MAX_VALUE
+    except TypeError:
+        big = False
+    if big:
+        raise InvalidState(f"{call}({value}): a semaphore's value is at most MAX_VALUE (2**62 - 1)")
+    raise InvalidArgument(f"{call}({value!r}): a semaphore's value is an integer from 0 to MAX_VALUE (2**62 - 1)")
 
 
 class Semaphore:
@@ -38,6 +52,8 @@ class Semaphore:
         kind: "host_pinned" (GPU streams and host threads; needs a driver) or "host" (host threads only).
         mode: r lets a process wait, w lets it signal. Raises AlreadyExists, InvalidArgument, NoDriver, ...
         """
+        initial = in_range(initial, "initial", MAX_VALUE)
+        mode = in_range(mode, "mode", U32)
         return cls(_gpuipc.Semaphore.create(name, initial=initial, kind=kind, device=_device(device), mode=mode))
 
     @classmethod
@@ -64,6 +80,8 @@ class Semaphore:
         from the host at once, as signal_host does. Raises PeerDied/Closed (poisoned),
         InvalidState (a waiter, a host-kind semaphore, value > MAX_VALUE), CudaError.
         """
+        if not 0 <= value <= MAX_VALUE:
+            _refuse(value, "signal")
         self._sem.signal(value, stream_handle(stream), wake_host)
 
     def wait(self, value: int, stream: Any = None) -> None:
@@ -72,11 +90,15 @@ class Semaphore:
         Raises PeerDied/Closed (already poisoned: nothing is enqueued), InvalidState (host-kind semaphore),
         CudaError.
         """
+        if not 0 <= value <= MAX_VALUE:
+            _refuse(value, "wait")
         self._sem.wait(value, stream_handle(stream))
 
     def signal_host(self, value: int) -> None:
         """Raises the value to ``value`` from the host (never lowers it) and wakes host waiters. Raises
-        PeerDied/Closed, InvalidState (a waiter)."""
+        PeerDied/Closed, InvalidState (a waiter, value > MAX_VALUE)."""
+        if not 0 <= value <= MAX_VALUE:
+            _refuse(value, "signal_host")
         self._sem.signal_host(value)
 
     def wait_host(self, value: int, timeout: Optional[float] = None, spin: Optional[float] = None) -> int:
@@ -84,8 +106,12 @@ class Semaphore:
 
         timeout: seconds (None: forever; 0: only look). spin: seconds to poll before sleeping (None: 20 us). A
         stream's signal wakes no sleeper by itself: a waiter that must see it within microseconds spins for as
-        long as it expects to wait, at the cost of a CPU core. Raises Timeout (WouldBlock for 0), PeerDied, Closed.
+        long as it expects to wait, at the cost of a CPU core (``math.inf``: for the whole wait). Raises Timeout
+        (WouldBlock for 0), PeerDied, Closed (poisoned, or this handle closed by another thread while it waited),
+        InvalidState (value > MAX_VALUE, which the value never reaches).
         """
+        if not 0 <= value <= MAX_VALUE:
+            _refuse(value, "wait_host")
         return self._sem.wait_host(value, timeout, spin)
 
     @property
@@ -112,7 +138,8 @@ class Semaphore:
         return self._sem.closed
 
     def close(self) -> None:
-        """Leaves (idempotent). The last signaller leaving poisons the semaphore (Closed) for the waiters."""
+        """Leaves (idempotent). The last signaller leaving poisons the semaphore (Closed) for the waiters. A thread
+        of this process waiting in :meth:`wait_host` on this handle raises Closed within 50 ms."""
         self._sem.close()
 
     def __enter__(self) -> "Semaphore":

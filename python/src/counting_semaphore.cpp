@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 
+#include <atomic>
 #include <mutex>
 #include <shared_mutex>
 
@@ -17,10 +18,12 @@ using namespace nb::literals;
 namespace {
 
 /// Calls may come from several Python threads (acquires run without the GIL): they share the lock; close takes
-/// it alone, so the semaphore is never destroyed under a waiter.
+/// it alone, so the semaphore is never destroyed under a waiter. close first sets `closing`, which waiting acquires
+/// look at every 50 ms: they leave the queue and raise Closed, so close does not wait for them for ever.
 struct PyCountingSemaphore {
   explicit PyCountingSemaphore(CountingSemaphore s) noexcept : sem(std::move(s)) {}
   std::unique_ptr<std::shared_mutex> mutex = std::make_unique<std::shared_mutex>();
+  std::unique_ptr<std::atomic<bool>> closing = std::make_unique<std::atomic<bool>>(false);
   CountingSemaphore sem;
   LiveCount<Live::CountingSemaphore> counted;
 };
@@ -35,9 +38,21 @@ std::shared_lock<std::shared_mutex> lock_shared(PyCountingSemaphore& s, bool req
   return lock;
 }
 
-/// Called without the GIL between sleeps of an acquire: takes the GIL and runs Python's signal handlers. A handler
-/// that raised leaves its exception set, and the acquire returns Interrupted.
-bool python_signal_raised(void*) {
+/// What an acquire's interruption check looks at: the handle being closed by another thread, then Python's signal
+/// handlers.
+struct Interruption {
+  const std::atomic<bool>* closing = nullptr;
+  bool closed = false;  ///< why it was interrupted: a close (else a signal handler raised, its exception is set)
+};
+
+/// Called without the GIL between sleeps of an acquire: true when another thread closes the handle, or when a
+/// signal handler (run here, with the GIL) raised, leaving its exception set. The acquire then returns Interrupted.
+bool interrupted(void* context) {
+  auto* why = static_cast<Interruption*>(context);
+  if (why->closing->load(std::memory_order_acquire)) {
+    why->closed = true;
+    return true;
+  }
   nb::gil_scoped_acquire held;
   return PyErr_CheckSignals() != 0;
 }
@@ -94,11 +109,15 @@ void bind_counting_semaphore(nb::module_& m) {
             auto lock = lock_shared(s);
             const auto limit = to_timeout(timeout, "timeout");
             Status st;
+            Interruption why{s.closing.get()};
             {
               nb::gil_scoped_release unlocked;
-              st = s.sem.acquire(n, limit, python_signal_raised, nullptr);
+              st = s.sem.acquire(n, limit, interrupted, &why);
             }
-            if (st == Status::Interrupted) throw nb::python_error();
+            if (st == Status::Interrupted) {
+              if (why.closed) raise_closed("counting semaphore");
+              throw nb::python_error();
+            }
             return st == Status::Ok;
           },
           "n"_a, "timeout"_a = nb::none(),
@@ -142,6 +161,7 @@ void bind_counting_semaphore(nb::module_& m) {
                      return !s.sem;
                    })
       .def("close", [](PyCountingSemaphore& s) {
+        s.closing->store(true, std::memory_order_release);  // waiting acquires leave within 50 ms
         nb::gil_scoped_release unlocked;
         CountingSemaphore gone;
         {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "common.hpp"
 #include "gpuipc/liveness.hpp"
@@ -43,7 +44,8 @@ void bind_liveness(nb::module_& m) {
         // (Bounded before the cast: a huge or infinite value must not overflow; the library says the real limit.)
         if (!(deadline >= 0)) throw Error(ErrorCode::InvalidArgument, "deadline must be >= 0 seconds", "heartbeat");
         deadline = std::min(deadline, 1e9);
-        const auto ms = std::chrono::milliseconds(static_cast<std::int64_t>(deadline * 1000.0 + 0.5));
+        // Rounded up: a deadline under a millisecond is 1 ms, not 0 (which stops the heartbeats).
+        const auto ms = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(deadline * 1000.0)));
         nb::gil_scoped_release unlocked;
         heartbeat(name, ms);
       },

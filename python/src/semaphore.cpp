@@ -3,6 +3,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 
+#include <atomic>
+#include <cmath>
 #include <mutex>
 #include <shared_mutex>
 
@@ -19,6 +21,9 @@ namespace {
 struct PySemaphore {
   explicit PySemaphore(Semaphore s) noexcept : sem(std::move(s)) {}
   std::unique_ptr<std::shared_mutex> mutex = std::make_unique<std::shared_mutex>();
+  /// Set by close before it takes the lock alone: a wait_host looks at it between its 50 ms slices and raises
+  /// Closed, so close does not wait for a waiter with no timeout for ever.
+  std::unique_ptr<std::atomic<bool>> closing = std::make_unique<std::atomic<bool>>(false);
   Semaphore sem;
   LiveCount<Live::Semaphore> counted;
 };
@@ -32,6 +37,17 @@ std::shared_lock<std::shared_mutex> lock_shared(PySemaphore& s, bool require_ope
   }
   if (require_open && !s.sem) raise_closed("semaphore");
   return lock;
+}
+
+/// wait_host's spin: None is the library's 20 us; infinite or huge spins for the whole wait (to_timeout would make
+/// them "forever", which for a spin reads as none).
+std::chrono::nanoseconds to_spin(std::optional<double> seconds) {
+  if (!seconds) return std::chrono::microseconds(20);
+  if (std::isnan(*seconds) || *seconds < 0) {
+    throw Error(ErrorCode::InvalidArgument, "spin must be None (20 us) or a number of seconds >= 0", "wait_host");
+  }
+  if (*seconds > 1e9) return std::chrono::nanoseconds::max();
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(*seconds * 1e9));
 }
 
 std::string status_name(Status s) {
@@ -105,12 +121,17 @@ void bind_semaphore(nb::module_& m) {
             auto lock = lock_shared(s);
             WaitResult r;
             const auto limit = to_timeout(timeout, "timeout");
-            const auto spin_for =
-                spin ? to_timeout(spin, "spin") : std::chrono::nanoseconds(std::chrono::microseconds(20));
+            const auto spin_for = to_spin(spin);
+            bool closed = false;
             Status st = wait_in_slices(limit, [&](std::chrono::nanoseconds slice) {
+              if (s.closing->load(std::memory_order_acquire)) {
+                closed = true;
+                return Status::Closed;
+              }
               r = s.sem.wait_host(value, slice, spin_for);
               return r.status;
             });
+            if (closed) raise_closed("semaphore");
             if (st == Status::Timeout && limit.count() == 0) st = Status::WouldBlock;  // as channels say it
             check_status(st, "wait_host(" + std::to_string(value) + ") on semaphore '" + s.sem.name() + "'");
             return r.value;
@@ -142,6 +163,7 @@ void bind_semaphore(nb::module_& m) {
                      return !s.sem;
                    })
       .def("close", [](PySemaphore& s) {
+        s.closing->store(true, std::memory_order_release);  // a waiting wait_host leaves within 50 ms
         nb::gil_scoped_release unlocked;
         Semaphore gone;
         {

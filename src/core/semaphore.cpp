@@ -235,7 +235,7 @@ WaitResult Semaphore::wait_host(std::uint64_t value, std::chrono::nanoseconds ti
                                 std::chrono::nanoseconds spin) noexcept {
   GPUIPC_TRACE("gpuipc::Semaphore::wait_host");
   WaitResult r;
-  if (!m_impl) {
+  if (!m_impl || value > kSemaphoreMaxValue) {  // (a value it can never reach: refused, not waited for)
     r.status = Status::InvalidState;
     return r;
   }

@@ -52,6 +52,8 @@ TEST(SemaphoresHost, WaitTimesOutAndWaitersCannotSignal) {
   EXPECT_LT(dt, 2s);
   EXPECT_EQ(w.signal_host(1), Status::InvalidState);
   EXPECT_EQ(sem.signal_host(kSemaphoreMaxValue + 1), Status::InvalidState);
+  // A value the semaphore can never reach is refused at once, not waited for (without a timeout: for ever).
+  EXPECT_EQ(w.wait_host(kSemaphoreMaxValue + 1, std::chrono::nanoseconds::max()).status, Status::InvalidState);
   // Host-kind semaphores have no GPU side.
   EXPECT_EQ(sem.signal(nullptr, 1), Status::InvalidState);
   EXPECT_EQ(sem.wait(nullptr, 1), Status::InvalidState);

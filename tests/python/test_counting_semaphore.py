@@ -116,3 +116,43 @@ def test_open_checks_the_kind(name):
         with pytest.raises(gpuipc.InvalidArgument, match="not a gpuipc counting semaphore"):
             gpuipc.CountingSemaphore.open(name)
     gpuipc.Segment.unlink(name)
+
+
+def test_close_releases_a_thread_waiting_in_acquire(name):
+    """close() from another thread does not wait for ever behind an acquire with no timeout: the waiter leaves the
+    queue and raises Closed. Before, close blocked until the acquire returned."""
+    with gpuipc.CountingSemaphore.create(name, initial=0, max_count=1) as sem:
+        other = gpuipc.CountingSemaphore.open(name)
+        result = []
+
+        def acquire():
+            try:
+                other.acquire(1)
+                result.append("acquired")
+            except gpuipc.Error as e:
+                result.append(e)
+
+        t = threading.Thread(target=acquire)
+        t.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        other.close()
+        t.join(10)
+        assert not t.is_alive() and time.monotonic() - t0 < 5
+        assert len(result) == 1 and isinstance(result[0], gpuipc.Closed), result
+        assert sem.waiting == 0
+        sem.release(1)
+        assert sem.available == 1
+
+
+def test_counts_out_of_range_are_refused_with_gpuipc_errors(name):
+    with pytest.raises(gpuipc.InvalidArgument, match="max_count"):
+        gpuipc.CountingSemaphore.create(name, initial=1, max_count=1 << 32)
+    with pytest.raises(gpuipc.InvalidArgument, match="max_count"):
+        gpuipc.CountingSemaphore.create(name, initial=1, max_count=-1)
+    with gpuipc.CountingSemaphore.create(name, initial=1) as sem:
+        for call in (sem.acquire, sem.try_acquire, sem.release):
+            with pytest.raises(gpuipc.InvalidArgument, match="n must be"):
+                call(-1)
+        assert sem.held == 0 and sem.available == 1
+    gpuipc.CountingSemaphore.unlink(name)

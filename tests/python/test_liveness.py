@@ -24,6 +24,8 @@ def test_holders_and_a_hung_heartbeat(name):
         assert me["heartbeat"] == "hung" and me["heartbeat_deadline"] == pytest.approx(0.05)
         gpuipc.heartbeat(name, 10)
         assert gpuipc.holders(name)[0]["heartbeat"] == "alive"
+        gpuipc.heartbeat(name, 0.0004)  # under a millisecond: 1 ms, not 0 (which stops the heartbeats)
+        assert gpuipc.holders(name)[0]["heartbeat_deadline"] == pytest.approx(0.001)
         gpuipc.heartbeat(name, 0)
         assert gpuipc.holders(name)[0]["heartbeat"] == "none"
     with pytest.raises(gpuipc.NotFound):

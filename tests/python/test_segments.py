@@ -82,6 +82,10 @@ def test_as_array_shapes_dtypes_offsets(name):
             seg.as_array("float32", 1, offset=-4)
         with pytest.raises(TypeError):
             seg.as_array("object", 1)
+        with pytest.raises(TypeError):
+            seg.as_array("float32", (1.5, 2))  # not cut to (1, 2)
+        with pytest.raises(gpuipc.InvalidArgument, match="out of range"):
+            seg.as_array("uint8", None, 1 << 64)
         view = seg.view()
         assert view.nbytes == 4096 and not view.is_cuda and view.__dlpack_device__() == (1, 0)
         assert not hasattr(view, "__cuda_array_interface__")

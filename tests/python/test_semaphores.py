@@ -161,3 +161,58 @@ def test_close_while_another_thread_waits(name):
         waiter.close()
         with pytest.raises(gpuipc.Closed, match="this handle was closed"):
             waiter.wait_host(1)
+
+
+def test_close_releases_a_thread_waiting_with_no_timeout(name):
+    """close() from another thread does not wait for ever behind a wait_host with no timeout: the waiter raises
+    Closed within a slice. Before, close blocked until the wait returned."""
+    with gpuipc.Semaphore.create(name, kind="host") as sem:
+        waiter = gpuipc.Semaphore.open(name)
+        result = []
+
+        def wait():
+            try:
+                result.append(waiter.wait_host(1))
+            except gpuipc.Error as e:
+                result.append(e)
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        waiter.close()
+        t.join(10)
+        assert not t.is_alive() and time.monotonic() - t0 < 5
+        assert len(result) == 1 and isinstance(result[0], gpuipc.Closed), result
+        assert sem.value == 0
+
+
+def test_values_out_of_range_are_refused_with_gpuipc_errors(name):
+    """A value the semaphore can never reach is refused at once (wait_host used to wait for it for ever), and
+    negative or too large ints raise gpuipc errors, not the binding's TypeError."""
+    with gpuipc.Semaphore.create(name, kind="host") as sem:
+        with pytest.raises(gpuipc.InvalidState, match="MAX_VALUE"):
+            sem.wait_host(gpuipc.MAX_VALUE + 1)
+        with pytest.raises(gpuipc.InvalidState, match="MAX_VALUE"):
+            sem.signal_host(1 << 64)
+        for call in (sem.signal_host, sem.wait_host):
+            with pytest.raises(gpuipc.InvalidArgument, match="from 0 to MAX_VALUE"):
+                call(-1)
+        with pytest.raises(gpuipc.InvalidArgument, match="initial"):
+            gpuipc.Semaphore.create(name + "x", kind="host", initial=-1)
+        with pytest.raises(gpuipc.InvalidArgument, match="mode"):
+            gpuipc.Semaphore.create(name + "x", kind="host", mode=-1)
+        with pytest.raises(gpuipc.InvalidArgument, match="size"):
+            gpuipc.Segment.create(name + "x", -1)
+        assert sem.value == 0
+
+
+def test_an_infinite_spin_spins(name):
+    """spin=math.inf polls for the whole wait (it used to read as no spin at all)."""
+    with gpuipc.Semaphore.create(name, kind="host") as sem:
+        cpu0, t0 = time.process_time(), time.monotonic()
+        with pytest.raises(gpuipc.Timeout):
+            sem.wait_host(1, timeout=0.3, spin=float("inf"))
+        assert time.process_time() - cpu0 > 0.5 * (time.monotonic() - t0)
+        with pytest.raises(gpuipc.InvalidArgument, match="None \\(20 us\\)"):
+            sem.wait_host(1, timeout=0, spin=-1)
