@@ -72,10 +72,13 @@ std::uint64_t env_u64(std::string_view name, std::uint64_t fallback) {
   if (s == "unlimited" || s == "inf") return UINT64_MAX;
   std::size_t pos = 0;
   unsigned long long value = 0;
-  try {
-    value = std::stoull(s, &pos, 10);
-  } catch (const std::exception&) {
-    pos = 0;
+  // stoull skips blanks and takes a sign: "-1" would read as 2^64 - 1. A value starts with a digit.
+  if (!s.empty() && std::isdigit(static_cast<unsigned char>(s[0])) != 0) {
+    try {
+      value = std::stoull(s, &pos, 10);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
   }
   std::uint64_t mult = 1;
   if (pos > 0 && pos + 1 == s.size()) {

@@ -1,6 +1,8 @@
-// The one registry of GPUIPC_* environment variables. Every variable the project reads is listed in
-// config.cpp with its default and a one-line description, and documented in docs/env/<NAME>.md
-// (a unit test checks both directions). Read them only through these functions.
+// The one registry of GPUIPC_* environment variables. Every variable the library and its programs read is listed
+// in config.cpp with its default and a one-line description, and documented in docs/env/<NAME>.md (a unit test
+// checks both directions). Read them only through these functions. The one exception: the benchmark harness's
+// own knobs (GPUIPC_BENCH_*), which bench/ reads with getenv and docs/benchmarks.md#environment-variables-of-the-
+// benchmarks documents.
 #pragma once
 
 #include <chrono>

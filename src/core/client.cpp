@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -144,7 +145,11 @@ void BrokerClient::connect_locked() {
       g_connection_fds[0].store(m_sock.get());
       break;
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::NotFound) throw;
+      if (e.code() != ErrorCode::NotFound) {
+        // A runtime "directory" that is a file: say so, as the broker and the doctor do, not "Not a directory".
+        if (e.sys_errno() == ENOTDIR) os::ensure_private_dir(dir, 0755);
+        throw;
+      }
       if (!spawned) {
         if (config::env_bool("GPUIPC_NO_AUTOSTART", false)) {
           throw Error(ErrorCode::NotFound,
@@ -163,7 +168,15 @@ void BrokerClient::connect_locked() {
         }
         os::ensure_private_dir(dir, 0755);
         GPUIPC_LOG_DEBUG("starting broker {} for {}", daemon, dir);
-        os::spawn_detached({daemon, "--on-demand", "--runtime-dir", dir}, dir + "/broker.log");
+        try {
+          os::spawn_detached({daemon, "--on-demand", "--runtime-dir", dir}, dir + "/broker.log");
+        } catch (const Error& failed) {
+          throw Error(failed.code(),
+                      fmt::format("could not start the gpuipc broker {} for {}: {}; check GPUIPC_DAEMON, or install "
+                                  "gpuipcd",
+                                  daemon, dir, failed.what()),
+                      "connect", failed.sys_errno());
+        }
         spawned = true;
       }
       if (std::chrono::steady_clock::now() >= deadline) {

@@ -75,6 +75,25 @@ TEST(CliDoctor, WithoutDriverJsonIsCompleteAndValid) {
   EXPECT_TRUE(j["runtime_dir"]["error"].is_null());
 }
 
+// Host segments need the runtime directory too: without a driver the doctor still says when it is unusable. Before,
+// it returned before judging it, and its JSON had `usable: false` with no problem listed.
+TEST(CliDoctor, WithoutDriverAnUnusableRuntimeDirectoryIsAProblem) {
+  const test::TempDir dir("gpuipc-doctor");
+  test::write_file(dir.file("runtime"), "a file, not a directory");
+  auto env = base_env(dir);
+  const Outcome text = run_gpuipc({"doctor"}, env);
+  EXPECT_EQ(text.exit_code, 3) << text.out << text.err;
+  EXPECT_NE(text.out.find("runtime directory " + dir.file("runtime") + " is not usable"), std::string::npos)
+      << text.out;
+  const Outcome json = run_gpuipc({"doctor", "--json"}, env);
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(json.out)) << json.out;
+  EXPECT_EQ(j["runtime_dir"]["usable"], false);
+  ASSERT_EQ(j["problems"].size(), 1U) << j.dump();
+  EXPECT_NE(j["problems"][0].get<std::string>().find("not a directory"), std::string::npos) << j.dump();
+  EXPECT_EQ(j["advice"].size(), 1U) << j.dump();
+}
+
 TEST(CliDoctor, UnknownFlagIsUsageError) {
   const test::TempDir dir("gpuipc-doctor");
   const Outcome o = run_gpuipc({"doctor", "--no-such-flag"}, base_env(dir));

@@ -1,12 +1,16 @@
-// What the gpuipc programs share (tools/gpuipc, tools/gpuipc-demo, tools/gpuipc-bench): the exit codes of
-// docs/cli/gpuipc.md and one main loop that turns CLI11's and the library's errors into them. Header-only, over
+// What the gpuipc programs share (tools/gpuipc, tools/gpuipc-demo, tools/gpuipc-bench; gpuipcd its argument
+// checks): the exit codes of docs/cli/gpuipc.md, argument checks, and one main loop that turns CLI11's and the
+// library's errors into them. Header-only, over
 // the public API (include/gpuipc) and CLI11; nothing else may include it.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <exception>
 #include <iostream>
+#include <string>
 #include <string_view>
 
 #include "gpuipc/error.hpp"
@@ -25,6 +29,30 @@ enum ExitCode : int {
   kExitBroker = 7,       ///< the broker could not be reached or started
   kExitNeedsGpu = 8,     ///< the command needs a GPU and there is none (bench)
 };
+
+/// A count on the command line, added with ->transform (it drops leading zeros): decimal digits that fit 64 bits.
+/// CLI11 (2.1) reads unsigned options with strtoull(s, 0), which takes "-1" as 2^64 - 1, "010" as octal 8 and an
+/// overflow as the largest value.
+inline const CLI::Validator kWholeNumber(
+    [](std::string& s) -> std::string {
+      const bool digits = !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+      if (digits) s.erase(0, std::min(s.find_first_not_of('0'), s.size() - 1));
+      if (digits && (s.size() < 20 || (s.size() == 20 && s <= "18446744073709551615"))) return {};
+      return "'" + s + "' is not a whole number (decimal digits, at most 18446744073709551615)";
+    },
+    "UINT", "WholeNumber");
+
+/// A number of seconds or the like that must be finite: CLI::Range lets NaN through (every comparison is false).
+inline const CLI::Validator kFinite(
+    [](std::string& s) -> std::string {
+      try {
+        if (std::isfinite(std::stod(s))) return {};
+      } catch (const std::exception&) {
+        return "'" + s + "' is not a number";
+      }
+      return "'" + s + "' is not a finite number";
+    },
+    "NUMBER", "Finite");
 
 /// Parses `argv` into `app` (whose callbacks run the command and store its code in `exit_code`) and returns the
 /// process exit code: `exit_code`, or the code of the error that ended the command, printed as "gpuipc: ...".

@@ -228,9 +228,16 @@ int main(int argc, char** argv) {
   std::size_t frame_mib = 0;
   bool verbose = false;
   cmd->add_flag("-v,--verbose", verbose)->group("");  // gpuipc -v demo (tools/gpuipc/cmd_programs.cpp)
-  cmd->add_option("--frames", frames, "frames to stream (default 2000 on a GPU, 500 on the host)");
-  cmd->add_option("--frame-mib", frame_mib, "frame size in MiB (default 8 on a GPU, 1 on the host)");
-  cmd->add_option("--slots", o.slots, "channel slots (frames in flight)")->capture_default_str();
+  cmd->add_option("--frames", frames, "frames to stream (default 2000 on a GPU, 500 on the host)")
+      ->transform(kWholeNumber)
+      ->check(CLI::Range(0.0, static_cast<double>(1ULL << 30)));
+  cmd->add_option("--frame-mib", frame_mib, "frame size in MiB (default 8 on a GPU, 1 on the host)")
+      ->transform(kWholeNumber)
+      ->check(CLI::Range(0, 4096));
+  cmd->add_option("--slots", o.slots, "channel slots (frames in flight)")
+      ->capture_default_str()
+      ->transform(kWholeNumber)
+      ->check(CLI::Range(1, 4096));
   cmd->add_flag("--host", o.host, "use a host channel even when there is a GPU");
   cmd->callback([&] {
     if (verbose) set_log_level(LogLevel::Debug);

@@ -115,11 +115,11 @@ void register_daemon(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--idle-timeout-ms", options.idle_timeout_ms,
                   "exit after this long with no client and nothing registered; 0 = never")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(kWholeNumber);
   cmd->add_option("--quota-bytes", options.quota_bytes, "bytes of segments one uid may register (GPUIPC_QUOTA_BYTES)")
-      ->check(CLI::TypeValidator<std::uint64_t>());
+      ->transform(kWholeNumber);
   cmd->add_option("--quota-segments", options.quota_segments, "segments one uid may register (GPUIPC_QUOTA_SEGMENTS)")
-      ->check(CLI::TypeValidator<std::uint64_t>());
+      ->transform(kWholeNumber);
   auto* status = cmd->add_subcommand("status", "say how the running broker was started, its pid, uptime and socket");
   static bool json = false;
   status->add_flag("--json", json, "one JSON object instead of text");

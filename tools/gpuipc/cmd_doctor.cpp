@@ -124,7 +124,8 @@ bool device_segments_ok(const DeviceInfo& i) { return i.vmm && i.posix_fd_handle
 bool host_pinned_ok(const DeviceInfo& i) { return i.host_register; }
 bool semaphores_ok(const DeviceInfo& i) { return i.host_register && i.stream_mem_ops_64; }
 
-void judge(Report& r) {
+/// The runtime directory's problem, which host segments have too: judged with or without a driver.
+void judge_runtime_dir(Report& r) {
   if (!r.runtime_dir.usable) {
     r.problems.push_back(fmt::format("runtime directory {} is not usable: {}", r.runtime_dir.path,
                                      r.runtime_dir.error.value_or("unknown error")));
@@ -132,6 +133,10 @@ void judge(Report& r) {
         "the broker needs a private writable runtime directory: fix the one above or point GPUIPC_RUNTIME_DIR "
         "elsewhere");
   }
+}
+
+void judge(Report& r) {
+  judge_runtime_dir(r);
   for (const auto& d : r.devices) {
     const int n = d.info.ordinal;
     if (d.error) {
@@ -217,6 +222,7 @@ Report examine() {
     r.error = e.what();
     r.exit_code = e.code() == ErrorCode::NoDevice ? kExitNoDevice : kExitNoDriver;
     decide_mps(r);
+    judge_runtime_dir(r);
     return r;
   }
   try {
@@ -227,6 +233,7 @@ Report examine() {
           "without a GPU";
       r.exit_code = kExitNoDevice;
       decide_mps(r);
+      judge_runtime_dir(r);
       return r;
     }
     for (int i = 0; i < count; ++i) {
@@ -360,8 +367,10 @@ nlohmann::json to_json(const Report& r) {
 
 void print_text(const Report& r) {
   if (r.error) {
-    // One line: what is missing and what still works.
+    // One line: what is missing and what still works; then what host segments lack too, if anything.
     std::cout << "gpuipc doctor: " << *r.error << "\n";
+    for (const auto& p : r.problems) std::cout << "gpuipc doctor: and " << p << "\n";
+    for (const auto& a : r.advice) std::cout << "  - " << a << "\n";
     return;
   }
   std::cout << fmt::format("driver:       CUDA {} ({})\n", format_driver_version(r.driver_version),

@@ -176,6 +176,11 @@ std::string command_of(std::uint32_t pid) {
   std::string c;
   std::getline(in, c);
   while (!c.empty() && c.back() == '\r') c.pop_back();
+  // Any process may name itself anything (prctl PR_SET_NAME): bytes that are not printable ASCII would make the
+  // JSON dump throw (invalid UTF-8) or the terminal misbehave.
+  for (char& ch : c) {
+    if (ch < 0x20 || ch > 0x7e) ch = '?';
+  }
   return c;
 }
 
@@ -357,10 +362,13 @@ void register_top(CLI::App& app, int& exit_code) {
   static bool json = false;
   static std::uint64_t iterations = 0;
   cmd->add_option("-i,--interval", interval, "seconds between the two samples of a frame (rates), and between frames")
+      ->check(kFinite)
       ->check(CLI::Range(0.01, 3600.0));
-  cmd->add_flag("--once", once, "print one frame and exit");
+  auto* once_flag = cmd->add_flag("--once", once, "print one frame and exit");
   cmd->add_flag("--json", json, "print one JSON document per frame (keys: docs/cli/top.md)");
-  cmd->add_option("-n,--iterations", iterations, "print this many frames and exit (0: until Ctrl-C)");
+  cmd->add_option("-n,--iterations", iterations, "print this many frames and exit (0: until Ctrl-C)")
+      ->transform(kWholeNumber)
+      ->excludes(once_flag);
   cmd->callback([&exit_code] {
     const auto pause =
         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(interval));

@@ -72,8 +72,9 @@ void register_watch(CLI::App& app, int& exit_code) {
   static double watch_timeout = -1;
   watch->add_option("NAME", watch_name, "the name to watch")->required();
   watch->add_flag("--json", watch_json, "one JSON object per line (keys: docs/cli/watch.md)");
-  watch->add_option("--count", watch_count, "exit after this many events (default: never)");
+  watch->add_option("--count", watch_count, "exit after this many events (default: never)")->transform(kWholeNumber);
   watch->add_option("--timeout", watch_timeout, "exit after this many seconds (default: never)")
+      ->check(kFinite)
       ->check(CLI::NonNegativeNumber);
   watch->callback([&exit_code] {
     auto w = Watcher::watch(watch_name);

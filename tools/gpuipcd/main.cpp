@@ -8,6 +8,7 @@
 
 #include "base/log.hpp"
 #include "broker/daemon.hpp"
+#include "cli.hpp"
 #include "gpuipc/version.hpp"
 #include "proto/messages.hpp"
 
@@ -44,6 +45,9 @@ int main(int argc, char** argv) {
   }
   bool idle_given = false;
   gpuipc::broker::add_options(app, options);
+  for (const char* count : {"--idle-timeout-ms", "--quota-bytes", "--quota-segments"}) {
+    app.get_option(count)->transform(gpuipc::cli::kWholeNumber);  // "-1" would read as 2^64 - 1, "010" as octal
+  }
   app.parse_complete_callback([&] { idle_given = app.count("--idle-timeout-ms") > 0; });
   try {
     app.parse(argc, argv);

@@ -1,0 +1,127 @@
+// Bad numbers on the command lines of gpuipc, gpuipcd and gpuipc demo are refused as usage errors (exit 2) before
+// anything runs: CLI11 reads unsigned options with strtoull(s, 0), which took "-1" as 2^64 - 1 (`top -n -1` ran
+// for ever, `--quota-bytes -1` meant no quota), "010" as octal 8, and NaN passed every range check. And the exit
+// statuses of a broker that cannot be started and of a runtime "directory" that is a file, a process name that is
+// not UTF-8 in `top --json`. Runs the built binaries.
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gpuipc/segment.hpp"
+#include "support/broker_env.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+using namespace std::chrono_literals;
+
+ProgramOutcome run(const char* program, const std::vector<std::string>& args,
+                   const std::vector<std::string>& env = {}) {
+  return run_program(build_bin_dir() + "/" + program, args, env, -1, 60s);
+}
+
+TEST(CliArguments, CountsAreDecimalDigitsThatFit) {
+  const TempDir dir("gpuipc-args");
+  const std::vector<std::string> env{"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_NO_AUTOSTART=1"};
+  const std::vector<std::vector<std::string>> bad{
+      {"top", "-n", "-1", "--json"},
+      {"top", "-n", "0x10", "--json"},
+      {"top", "-n", "99999999999999999999", "--json"},
+      {"watch", "x", "--count", "-3"},
+      {"daemon", "--foreground", "--quota-bytes", "-1"},
+      {"daemon", "--foreground", "--quota-segments", "99999999999999999999"},
+      {"daemon", "--foreground", "--idle-timeout-ms", "+5"},
+  };
+  for (const auto& args : bad) {
+    const auto o = run("gpuipc", args, env);
+    EXPECT_EQ(o.exit_code, 2) << args[0] << " " << args[1] << " " << args[2] << ": " << o.out << o.err;
+    EXPECT_NE(o.err.find("whole number"), std::string::npos) << o.err;
+  }
+  for (const char* value : {"-1", "18446744073709551616"}) {  // gpuipcd exits with CLI11's codes (100-127)
+    const auto o = run("gpuipcd", {"--runtime-dir", dir.file("d"), "--quota-bytes", value}, env);
+    EXPECT_TRUE(o.exit_code >= 100 && o.exit_code <= 127) << value << ": " << o.exit_code << o.out << o.err;
+    EXPECT_NE(o.err.find("whole number"), std::string::npos) << o.err;
+  }
+}
+
+TEST(CliArguments, LeadingZerosAreDecimal) {
+  const auto o = run("gpuipc", {"top", "--json", "-n", "010", "--interval", "0.01"});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 10) << "octal would have made it 8";
+}
+
+TEST(CliArguments, NumbersThatAreNotFiniteAreRefused) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"top", "-i", "nan", "-n", "2", "--json"},
+                                                                {"top", "-i", "inf", "--once"},
+                                                                {"watch", "x", "--timeout", "nan"}}) {
+    const auto o = run("gpuipc", args);
+    EXPECT_EQ(o.exit_code, 2) << args[0] << " " << args[2] << ": " << o.out << o.err;
+  }
+  const auto both = run("gpuipc", {"top", "--once", "-n", "3"});
+  EXPECT_EQ(both.exit_code, 2) << "--once and -n do not go together: " << both.out << both.err;
+}
+
+TEST(CliArguments, DemoChecksItsCountsBeforeStarting) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"demo", "--host", "--slots", "0"},
+                                                                {"demo", "--host", "--slots", "4097"},
+                                                                {"demo", "--host", "--frames", "-1"},
+                                                                {"demo", "--host", "--frame-mib", "-1"},
+                                                                {"demo", "--host", "--frame-mib", "100000"}}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto o = run("gpuipc", args);
+    EXPECT_EQ(o.exit_code, 2) << args[2] << " " << args[3] << ": " << o.out << o.err;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << "refused before the workers start";
+  }
+}
+
+TEST(CliArguments, ABrokerThatCannotBeStartedExits7NamingGpuipcDaemon) {
+  const TempDir dir("gpuipc-args");
+  const auto o = run("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_DAEMON=/nonexistent/gpuipcd"});
+  EXPECT_EQ(o.exit_code, 7) << o.out << o.err;
+  EXPECT_NE(o.err.find("GPUIPC_DAEMON"), std::string::npos) << o.err;
+}
+
+TEST(CliArguments, ARuntimeDirectoryThatIsAFileIsRefusedAsUnsafe) {
+  const TempDir dir("gpuipc-args");
+  write_file(dir.file("afile"), "not a directory");
+  const auto o = run("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.file("afile")});
+  EXPECT_EQ(o.exit_code, 6) << o.out << o.err;
+  EXPECT_NE(o.err.find("is unsafe: it exists but is not a directory"), std::string::npos) << o.err;
+}
+
+// Any process may call itself anything: a name that is not UTF-8 made `top --json` fail (nlohmann's dump throws).
+TEST(CliArguments, TopJsonShowsAProcessNameThatIsNotUtf8) {
+  const std::string name = unique_name("seg");
+  SyncPipe ready;
+  SyncPipe done;
+  const pid_t child = start_child([&] {
+    ::prctl(PR_SET_NAME, "bad\xff\xfename", 0, 0, 0);
+    auto seg = Segment::create(name, 4096);
+    ready.notify();
+    return done.wait(60s) ? 0 : 1;
+  });
+  ASSERT_TRUE(ready.wait(30s));
+  const auto o = run("gpuipc", {"top", "--once", "--json", "--interval", "0.01"});
+  done.notify();
+  EXPECT_EQ(wait_child(child), 0);
+  Segment::unlink(name);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(o.out)) << o.out;
+  bool seen = false;
+  for (const auto& p : j["processes"]) seen = seen || p["command"] == "bad??name";
+  EXPECT_TRUE(seen) << j["processes"].dump();
+}
+
+}  // namespace
+}  // namespace gpuipc::test

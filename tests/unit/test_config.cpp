@@ -1,0 +1,44 @@
+// The environment registry's number parser (src/base/config.cpp): what GPUIPC_ quotas and timeouts accept.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "base/config.hpp"
+#include "gpuipc/error.hpp"
+
+namespace gpuipc {
+namespace {
+
+/// Sets GPUIPC_QUOTA_SEGMENTS for one check (a registered variable nothing else in this test process reads).
+std::uint64_t parse(const char* value) {
+  ::setenv("GPUIPC_QUOTA_SEGMENTS", value, 1);  // NOLINT(concurrency-mt-unsafe): single-threaded test
+  const auto v = config::env_u64("GPUIPC_QUOTA_SEGMENTS", 7);
+  ::unsetenv("GPUIPC_QUOTA_SEGMENTS");  // NOLINT(concurrency-mt-unsafe)
+  return v;
+}
+
+TEST(ConfigEnv, NumbersSuffixesAndUnlimited) {
+  EXPECT_EQ(parse("1000"), 1000U);
+  EXPECT_EQ(parse("64M"), 64ULL << 20);
+  EXPECT_EQ(parse("2g"), 2ULL << 30);
+  EXPECT_EQ(parse("unlimited"), UINT64_MAX);
+  EXPECT_EQ(parse(""), 7U);      // empty: the default
+  EXPECT_EQ(parse("010"), 10U);  // decimal, not octal
+}
+
+// stoull takes a sign and leading blanks: "-1" read as 2^64 - 1, no limit at all, where the docs promise an error.
+TEST(ConfigEnv, ASignOrAnythingButDigitsFirstIsRefused) {
+  for (const char* bad : {"-1", "+5", "-0", "abc", "5x", "0x10", "99999999999999999999", "16E"}) {
+    try {
+      parse(bad);
+      ADD_FAILURE() << "'" << bad << "' was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << bad;
+      EXPECT_NE(std::string(e.what()).find("GPUIPC_QUOTA_SEGMENTS"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gpuipc
