@@ -12,6 +12,7 @@ import numpy as np
 
 from ._arrays import make_array
 from ._dtypes import dtype_of
+from ._ints import seconds
 from ._tensorinfo import describe
 from .errors import (
     AlreadyExists,
@@ -359,6 +360,7 @@ class StreamReader:
         return s, s
 
     def _begin(self, timeout: Optional[float], stream: Any) -> Tuple[Optional[float], Any, Any]:
+        timeout = seconds(timeout, "timeout", "wait for ever")  # (a negative or NaN one read as 0)
         deadline = None if timeout is None else time.monotonic() + timeout
         s, sig = self._streams(stream)
         if s is not None:

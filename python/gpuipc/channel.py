@@ -23,6 +23,7 @@ this module keeps no copy of it.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -42,10 +43,21 @@ from ._array_header import (
 from ._arrays import Array, Shape, make_array
 from ._copy_plans import Source, copy_dlpack, plan_copy
 from ._dtypes import DType, dtype_of
+from ._ints import U32, U64, as_bytes, in_range
 from ._streams import stream_handle
 from .errors import Closed, Error, InvalidArgument, InvalidState
 
 __all__ = ["Channel", "ChannelStats", "Message", "Slot", "ARRAY_HEADER_MAGIC"]
+
+
+def _ahead(messages: Optional[int]) -> Optional[int]:
+    """pacing_ahead for the extension: None, or an int clamped to 2**32 - 1 (the channel clamps it to its slots)."""
+    if messages is None:
+        return None
+    if isinstance(messages, bool):
+        raise InvalidArgument(f"pacing_ahead must be an integer, not {messages!r}")
+    return min(operator.index(messages), U32)
+
 
 @dataclass(frozen=True)
 class ChannelStats:
@@ -117,15 +129,15 @@ class Channel:
         return cls(
             _gpuipc.Channel.create(
                 name,
-                slots=slots,
-                slot_bytes=slot_bytes,
-                header_bytes=header_bytes,
+                slots=in_range(slots, "slots", U32),
+                slot_bytes=in_range(slot_bytes, "slot_bytes", U64),
+                header_bytes=in_range(header_bytes, "header_bytes", U32),
                 kind=kind,
                 device=_device(device),
-                mode=mode,
+                mode=in_range(mode, "mode", U32),
                 role=role,
                 pacing=pacing,
-                pacing_ahead=pacing_ahead,
+                pacing_ahead=_ahead(pacing_ahead),
             )
         )
 
@@ -149,7 +161,7 @@ class Channel:
         """
         return cls(
             _gpuipc.Channel.open(
-                name, role=role, wait=wait, device=_device(device), pacing=pacing, pacing_ahead=pacing_ahead
+                name, role=role, wait=wait, device=_device(device), pacing=pacing, pacing_ahead=_ahead(pacing_ahead)
             )
         )
 
@@ -188,8 +200,8 @@ class Channel:
         the stream it was acquired on). Returns its sequence. Raises InvalidState (nothing acquired, too big),
         PeerDied/Closed, CudaError."""
         if stream is None and self._acquired:
-            return self._publish(bytes(header), nbytes, next(iter(self._acquired.values()))[0])
-        return self._publish(bytes(header), nbytes, self._handle(stream))
+            return self._publish(as_bytes(header, "header"), nbytes, next(iter(self._acquired.values()))[0])
+        return self._publish(as_bytes(header, "header"), nbytes, self._handle(stream))
 
     def _publish(self, header: bytes, nbytes: int, handle: int, sequence: Optional[int] = None) -> int:
         """The extension's publish (``sequence``: the oldest acquired slot's, checked), forgetting the stream the
@@ -258,7 +270,7 @@ class Channel:
         if self._ch.held and self.role == "producer":
             raise InvalidState(f"send on channel '{self.name}': publish the slots taken with acquire() first")
         handle = self._handle(stream)
-        meta = bytes(meta)
+        meta = as_bytes(meta, "meta")
         plan = plan_copy(array, self._ch.kind == "device", handle)
         if isinstance(plan, Source):  # contiguous bytes at a known address: one call copies and publishes
             self._check_fits(plan.dtype, plan.shape, plan.nbytes, meta)
@@ -324,7 +336,7 @@ class Channel:
         if any(d < 0 for d in dims):
             raise InvalidArgument(f"channel '{self.name}': negative dimension in shape {list(dims)}")
         nbytes = math.prod(dims) * dt.itemsize
-        raw = bytes(meta)
+        raw = as_bytes(meta, "meta")
         self._check_fits(dt, dims, nbytes, raw)
         out = (nbytes, pack_header(dt, dims, nbytes, raw))
         try:
@@ -421,7 +433,7 @@ class Channel:
 
     @pacing_ahead.setter
     def pacing_ahead(self, messages: int) -> None:
-        self._ch.pacing_ahead = messages
+        self._ch.pacing_ahead = _ahead(messages)
 
     @property
     def closed(self) -> bool:
@@ -517,7 +529,7 @@ class Slot:
         """Publishes this slot (it must be the oldest acquired one) with ``nbytes`` and a raw ``header``, in
         ``stream`` order (None: the stream it was acquired on)."""
         ch = self._channel
-        return ch._publish(bytes(header), nbytes, ch._slot_handle(self.sequence, stream), self.sequence)
+        return ch._publish(as_bytes(header, "header"), nbytes, ch._slot_handle(self.sequence, stream), self.sequence)
 
     def publish_array(self, dtype: Any, shape: Shape, *, meta: bytes = b"", stream: Any = None) -> int:
         """Publishes this slot as an array of ``dtype`` and ``shape`` written at its start (``recv().array``

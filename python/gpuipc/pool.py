@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 from . import _gpuipc
 from ._devices import Device, resolve as _device
 from ._arrays import Array, Shape, make_array
+from ._ints import U32, U64, in_range
 from ._streams import stream_handle
 from .errors import InvalidArgument
 
@@ -314,12 +315,12 @@ class Pool:
                 name,
                 kind=kind,
                 device=_device(device),
-                mode=mode,
-                chunk_bytes=chunk_bytes,
-                max_bytes=max_bytes,
-                max_blocks=max_blocks,
-                block_bytes=block_bytes,
-                block_count=block_count,
+                mode=in_range(mode, "mode", U32),
+                chunk_bytes=in_range(chunk_bytes, "chunk_bytes", U64),
+                max_bytes=in_range(max_bytes, "max_bytes", U64),
+                max_blocks=in_range(max_blocks, "max_blocks", U32),
+                block_bytes=in_range(block_bytes, "block_bytes", U64),
+                block_count=in_range(block_count, "block_count", U32),
             )
         )
 
@@ -350,7 +351,7 @@ class Pool:
         """Allocates a block of ``nbytes`` (aligned to ``alignment``, a power of two up to 4096). Raises
         QuotaExceeded when the pool is full, InvalidArgument for a size above the chunk or block size, InvalidState
         while the pool is paused."""
-        return Block(self._pool.allocate(nbytes, alignment), self)
+        return Block(self._pool.allocate(in_range(nbytes, "nbytes", U64), in_range(alignment, "alignment", U64)), self)
 
     def free(self, block: Block, stream: Any = None) -> None:
         """Frees ``block``. Device and host_pinned pools reuse it only once ``stream`` has passed this point; other

@@ -86,6 +86,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _gpuipc
+from ._ints import seconds
 from ._tensorinfo import DL_CPU, TensorInfo, describe
 from .errors import (
     AlreadyExists,
@@ -280,7 +281,7 @@ class StreamPublisher:
             raise InvalidArgument(f"stream_publisher: buckets must be 1..1024, not {buckets!r}")
         if not isinstance(readers, int) or not 1 <= readers <= _MAX_READERS:
             raise InvalidArgument(f"stream_publisher: readers must be 1..{_MAX_READERS}, not {readers!r}")
-        if reader_timeout is not None and reader_timeout <= 0:
+        if reader_timeout is not None and not (isinstance(reader_timeout, (int, float)) and reader_timeout > 0):
             raise InvalidArgument(f"stream_publisher: reader_timeout must be > 0 or None, not {reader_timeout!r}")
         self.name = name
         # by_reference=True stages nothing (an empty tensor takes no bytes): the ring carries descriptors only, and
@@ -460,6 +461,7 @@ class StreamPublisher:
         """Waits until at least ``count`` readers have joined (they are admitted at the next :meth:`start`); returns
         how many have. Raises Timeout, InvalidArgument for more readers than the stream has slots for."""
         self._require()
+        timeout = seconds(timeout, "wait_readers: timeout", "wait for ever")
         if count > self._nreaders:
             raise InvalidArgument(
                 f"stream {self.name!r}: wait_readers({count}) can never return: it has slots for {self._nreaders} "

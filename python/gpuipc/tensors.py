@@ -173,10 +173,11 @@ def _round(n: int, kind: str) -> int:
     return max(step, (n + step - 1) // step * step)
 
 
-def _taken(name: str, what: str) -> AlreadyExists:
+def _taken(base: str, suffix: str, what: str) -> AlreadyExists:
+    """``base + suffix`` (the name shared, and what share_tensors or publish_tensors made of it) is taken."""
     return AlreadyExists(
-        f"share_tensors: {what} {name!r} is taken (an earlier share_tensors or publish_tensors of that name?): "
-        f"close it, or remove it with gpuipc.unlink_tensors({name.split('.')[0]!r}), or pick another name"
+        f"{what} {base + suffix!r} is taken (an earlier share_tensors or publish_tensors of {base!r}?): close it, "
+        f"or remove it with gpuipc.unlink_tensors({base!r}), or pick another name"
     )
 
 
@@ -208,7 +209,7 @@ class SharedTensors:
                         max_bytes=chunk * copies, max_blocks=len(packed) * copies + 16,
                     )
                 except AlreadyExists:
-                    raise _taken(name + ".pool", "pool") from None
+                    raise _taken(name, ".pool", "pool") from None
                 self._made.append(("pool", name + ".pool"))
                 stream = _source_stream(plan)
                 for i in packed:
@@ -222,7 +223,7 @@ class SharedTensors:
             try:
                 self._index_seg = Segment.create(name, index.total_bytes, kind="host", mode=mode)
             except AlreadyExists:
-                raise _taken(name, "name") from None
+                raise _taken(name, "", "name") from None
             self._made.append(("segment", name))
             mem = self._index_seg.as_array("uint8")
             mem[: len(head)] = np.frombuffer(head, dtype=np.uint8)

@@ -43,7 +43,7 @@ class Publisher(SharedTensors):
     versions=2: the back buffer), then :meth:`update`; or call :meth:`update_from` with a state dict."""
 
     def __init__(self, name: str, tensors: Mapping[str, Any], versions: int, mode: int, kind: Optional[str]) -> None:
-        if versions not in (1, 2):
+        if type(versions) is not int or versions not in (1, 2):  # (2.0 and True are "in" (1, 2) too)
             raise InvalidArgument(f"versions must be 1 (in place) or 2 (double buffered), not {versions!r}")
         self._versions = versions
         self._sem: Optional[Semaphore] = None
@@ -72,7 +72,7 @@ class Publisher(SharedTensors):
                 self.name + ".version", initial=1, kind=self._sem_kind, device=self._sem_device, mode=self._mode
             )
         except AlreadyExists:
-            raise _taken(self.name + ".version", "semaphore") from None
+            raise _taken(self.name, ".version", "semaphore") from None
         self._made.append(("semaphore", self.name + ".version"))
 
     def _versioning(self) -> Optional[Dict[str, Any]]:

@@ -106,11 +106,11 @@ std::optional<std::chrono::nanoseconds> to_pacing(std::optional<double> seconds)
 
 std::optional<std::uint32_t> to_ahead(std::optional<std::int64_t> messages) {
   if (!messages) return std::nullopt;
-  if (*messages < 1 || *messages > 0xFFFFFFFFLL) {
+  if (*messages < 1) {
     throw Error(ErrorCode::InvalidArgument, fmt::format("pacing_ahead must be at least 1, not {}", *messages),
                 "channel");
   }
-  return static_cast<std::uint32_t>(*messages);
+  return static_cast<std::uint32_t>(std::min<std::int64_t>(*messages, 0xFFFFFFFFLL));  // the core clamps to slots
 }
 
 nb::dict stats_dict(const ChannelStats& s) {

@@ -78,8 +78,11 @@ SegmentKind parse_kind(std::string_view kind) {
 std::chrono::nanoseconds to_timeout(std::optional<double> seconds, std::string_view what) {
   if (!seconds) return std::chrono::nanoseconds(-1);
   if (std::isnan(*seconds) || *seconds < 0) {
+    // (For an open's `wait`, None is "do not wait"; for a timeout it is "wait for ever".)
     throw Error(ErrorCode::InvalidArgument,
-                std::string(what) + " must be None (wait forever) or a number of seconds >= 0", std::string(what));
+                std::string(what) + (what == "wait" ? " must be None (do not wait)" : " must be None (wait forever)") +
+                    " or a number of seconds >= 0",
+                std::string(what));
   }
   if (std::isinf(*seconds) || *seconds > 1e9) return std::chrono::nanoseconds(-1);
   return std::chrono::nanoseconds(static_cast<std::int64_t>(*seconds * 1e9));

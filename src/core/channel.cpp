@@ -363,6 +363,14 @@ Channel Channel::create(std::string_view name, const ChannelOptions& options, Ch
                             name, proto::kMaxSlots, proto::kMaxHeaderBytes),
                 "create");
   }
+  // (Checked before the rounding and the product below, which would wrap round.)
+  if (options.slot_bytes > proto::kMaxSegmentSize / options.slots) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("channel '{}': {} slots of {} bytes are more than the largest segment ({} bytes): fewer "
+                            "or smaller slots",
+                            name, options.slots, options.slot_bytes, proto::kMaxSegmentSize),
+                "create");
+  }
   const bool gpu = options.kind == SegmentKind::Device;
   // Buffers first, so that a control block anyone can open always has its buffers. Slots are aligned to 256 bytes.
   const std::size_t slot_bytes = (options.slot_bytes + 255) / 256 * 256;
@@ -382,20 +390,25 @@ Channel Channel::create(std::string_view name, const ChannelOptions& options, Ch
   auto init = [&](void* block) {
     shm::ring_init(block, options.slots, options.header_bytes, slot_bytes, static_cast<std::uint32_t>(options.kind));
   };
-  Segment control;
+  bool control_made = false;
   try {
-    control = detail::create_segment(
+    Segment control = detail::create_segment(
         name, control_bytes,
         {.kind = gpu ? SegmentKind::HostPinned : SegmentKind::Host, .device = options.device, .mode = options.mode},
         proto::kFlagChannel, init);
+    control_made = true;
+    return Channel(attach(std::move(control), std::move(data), role, options.pacing, options.pacing_ahead));
   } catch (...) {
-    try {
-      Segment::unlink(slots_name(name));
-    } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
+    // Neither name stays behind a create that failed (another create of the name would find them taken).
+    for (const std::string& made : {std::string(name), slots_name(name)}) {
+      if (made == name && !control_made) continue;  // not ours: the control create failed (maybe AlreadyExists)
+      try {
+        Segment::unlink(made);
+      } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
+      }
     }
     throw;
   }
-  return Channel(attach(std::move(control), std::move(data), role, options.pacing, options.pacing_ahead));
 }
 
 Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpenOptions& options) {

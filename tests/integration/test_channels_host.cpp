@@ -8,6 +8,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <utility>
 
 #include "core/membership.hpp"
 #include "gpuipc/channel.hpp"
@@ -115,6 +116,28 @@ TEST(ChannelsHost, AMemberLeavesThroughTheBroker) {
   EXPECT_EQ(keeper.stats().consumers, 0U);
   EXPECT_FALSE(core::leave_through_broker(control, m));  // left already
   core::forget_member(m);
+  Channel::unlink(name);
+}
+
+// slots x slot_bytes above the largest segment is refused before the product wraps round, and no failed create leaves
+// a name behind. Before, 4 slots of 2^62 + 256 bytes made a 0-byte buffer segment whose attach failed, leaving both
+// names, so that the next create of the channel found them taken.
+TEST(ChannelsHost, SlotsTooBigAreRefusedAndLeaveNoName) {
+  const auto name = unique_name("big");
+  for (const auto& [slots, bytes] :
+       {std::pair<std::uint32_t, std::uint64_t>{4, (1ULL << 62) + 256}, {1, ~0ULL}, {2, (1ULL << 40) / 2 + 1}}) {
+    try {
+      (void)Channel::create(name, {.slots = slots, .slot_bytes = bytes, .kind = SegmentKind::Host},
+                            ChannelRole::Producer);
+      ADD_FAILURE() << slots << " x " << bytes << " was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("largest segment"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW((void)Segment::stat(name), Error);
+    EXPECT_THROW((void)Segment::stat(name + ".slots"), Error);
+  }
+  auto ok = Channel::create(name, {.slots = 2, .slot_bytes = 64, .kind = SegmentKind::Host}, ChannelRole::Producer);
   Channel::unlink(name);
 }
 

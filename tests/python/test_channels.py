@@ -468,3 +468,25 @@ def test_ctrl_c_interrupts_recv(name):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_bad_channel_arguments_are_refused_with_gpuipc_errors(name):
+    """Out-of-range ints and bools raise InvalidArgument (not the binding's TypeError); slots x slot_bytes above the
+    largest segment is refused and leaves no name (it used to wrap round and leave both); pacing_ahead is clamped as
+    documented; an int meta or header is refused (bytes(5) is five zero bytes)."""
+    for kw in (dict(slots=-1), dict(slot_bytes=-1), dict(header_bytes=1 << 32), dict(mode=-1), dict(slots=True)):
+        with pytest.raises(gpuipc.InvalidArgument):
+            _host_channel(name, **kw)
+    with pytest.raises(gpuipc.InvalidArgument, match="largest segment"):
+        _host_channel(name, slots=4, slot_bytes=2**62 + 256)
+    for left in (name, name + ".slots"):
+        with pytest.raises(gpuipc.NotFound):
+            gpuipc.Segment.stat(left)
+    with _host_channel(name, pacing_ahead=2**40) as tx, gpuipc.Channel.open(name, "consumer"):
+        assert tx.pacing_ahead == 4  # clamped to the slots
+        tx.pacing_ahead = 2**70
+        assert tx.pacing_ahead == 4
+        with pytest.raises(gpuipc.InvalidArgument, match="meta must be bytes"):
+            tx.send(np.zeros(2), meta=5)
+        with pytest.raises(gpuipc.InvalidArgument, match="header must be bytes"):
+            tx.acquire(timeout=1).publish(1, header=3)

@@ -260,3 +260,14 @@ def test_closing_a_pool_while_another_thread_uses_it_is_an_error_there_not_a_cra
     r = spawn(helpers.views_of_while_another_thread_closes, name, 200, timeout=120)
     assert set(r) == {"views", "closed", "overlapped"} and r["views"] + r["closed"] == 200, r
     assert r["overlapped"] >= 40, f"too few closes came while the call ran to show anything: {r}"
+
+
+def test_bad_pool_arguments_are_refused_with_gpuipc_errors(name):
+    for kw in (dict(chunk_bytes=-1), dict(max_blocks=1 << 32), dict(mode=-1), dict(mode=True)):
+        with pytest.raises(gpuipc.InvalidArgument):
+            gpuipc.Pool.create(name, **kw)
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20, max_bytes=4 << 20) as pool:
+        for args in ((-1,), (10, -1), (True,)):
+            with pytest.raises(gpuipc.InvalidArgument):
+                pool.allocate(*args)
+        assert pool.stats()["live_blocks"] == 0

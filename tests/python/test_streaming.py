@@ -674,3 +674,18 @@ def test_pieces_outside_their_tensor_or_source_are_refused():
             _check_pieces(pieces, blocks, 1024)
     with pytest.raises(gpuipc.ProtocolError):
         _check_pieces(good, [["p", "zz"]], 1024)
+
+
+def test_bad_timeouts_are_refused(name):
+    """NaN, negative or non-numeric timeouts raise InvalidArgument: wait_readers(timeout=nan) waited for ever,
+    reader_timeout=nan was taken and broke the second publish, and receive read a negative timeout as 0."""
+    with pytest.raises(gpuipc.InvalidArgument, match="reader_timeout"):
+        gpuipc.stream_publisher(name, 4096, 1, kind="host", reader_timeout=float("nan"))
+    with gpuipc.stream_publisher(name, 4096, 1, readers=1, kind="host") as pub:
+        for bad in (float("nan"), -1, "1"):
+            with pytest.raises(gpuipc.InvalidArgument, match="timeout"):
+                pub.wait_readers(1, timeout=bad)
+        with gpuipc.stream_reader(name) as rd:
+            for bad in (float("nan"), -1):
+                with pytest.raises(gpuipc.InvalidArgument, match="timeout"):
+                    rd.receive({"x": np.zeros(1)}, timeout=bad)

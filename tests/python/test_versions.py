@@ -71,8 +71,9 @@ def test_update_from_checks(name):
             pub.update_from({"x": np.zeros(4)})
         with pytest.raises(gpuipc.InvalidArgument, match="does not match"):
             pub.update_from({"w": np.zeros(5)})
-        with pytest.raises(gpuipc.InvalidArgument, match="versions must be"):
-            gpuipc.publish_tensors(name + "x", {"w": np.zeros(4)}, versions=3)
+        for bad in (3, 2.0, True):  # (2.0 and True compare equal to 2 and 1)
+            with pytest.raises(gpuipc.InvalidArgument, match="versions must be"):
+                gpuipc.publish_tensors(name + "x", {"w": np.zeros(4)}, versions=bad)
 
 
 @pytest.mark.parametrize("versions", [1, 2])
