@@ -485,3 +485,27 @@ def gpus_missing(need: int = 1) -> str:
         return "" if int(count) >= need else f"{count} {why.strip()}"
     except Exception as e:  # noqa: BLE001 - the reason a test skips
         return f"GPU probe failed: {e}"
+
+
+def close_while_waiting(handle, wait) -> object:
+    """Runs ``wait()`` (a call on ``handle`` with no timeout) in a thread, closes ``handle`` from this thread once it
+    waits, and returns what the wait returned or raised. Fails when the close or the wait takes more than 5 s."""
+    import threading
+
+    result: list = []
+
+    def run() -> None:
+        try:
+            result.append(wait())
+        except gpuipc.Error as e:
+            result.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    handle.close()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < 5, "the close or the wait hung"
+    assert len(result) == 1, result
+    return result[0]

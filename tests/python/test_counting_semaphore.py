@@ -123,23 +123,8 @@ def test_close_releases_a_thread_waiting_in_acquire(name):
     queue and raises Closed. Before, close blocked until the acquire returned."""
     with gpuipc.CountingSemaphore.create(name, initial=0, max_count=1) as sem:
         other = gpuipc.CountingSemaphore.open(name)
-        result = []
-
-        def acquire():
-            try:
-                other.acquire(1)
-                result.append("acquired")
-            except gpuipc.Error as e:
-                result.append(e)
-
-        t = threading.Thread(target=acquire)
-        t.start()
-        time.sleep(0.2)
-        t0 = time.monotonic()
-        other.close()
-        t.join(10)
-        assert not t.is_alive() and time.monotonic() - t0 < 5
-        assert len(result) == 1 and isinstance(result[0], gpuipc.Closed), result
+        got = helpers.close_while_waiting(other, lambda: other.acquire(1))
+        assert isinstance(got, gpuipc.Closed), got
         assert sem.waiting == 0
         sem.release(1)
         assert sem.available == 1
