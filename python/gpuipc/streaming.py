@@ -249,6 +249,20 @@ class _Replay:
         return True
 
 
+
+#: The most bytes of a ring of staging buckets: it is one pool chunk, and a chunk is at most 1 TiB.
+_MAX_RING_BYTES = 1 << 40
+
+
+def _count(value: Any) -> Optional[int]:
+    """An int argument as an int (NumPy ints too), or None for what is no integer (bools included)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
 class StreamPublisher:
     """Streams versions of named tensors to readers through a ring of staging buckets, or by reference to the
     tensors where they live in gpuipc pool memory; see :func:`stream_publisher`. One version at a time:
@@ -275,11 +289,17 @@ class StreamPublisher:
             raise InvalidArgument(f"stream_publisher: by_reference must be 'auto', True or False, not {by_reference!r}")
         if kind not in ("device", "host"):
             raise InvalidArgument(f"stream_publisher: kind must be 'device' or 'host', not {kind!r}")
-        if not isinstance(bucket_bytes, int) or bucket_bytes < _ALIGN:
+        bucket_bytes, buckets, readers = _count(bucket_bytes), _count(buckets), _count(readers)  # NumPy ints too
+        if bucket_bytes is None or bucket_bytes < _ALIGN:
             raise InvalidArgument(f"stream_publisher: bucket_bytes must be an int >= {_ALIGN}, not {bucket_bytes!r}")
-        if not isinstance(buckets, int) or not 1 <= buckets <= 1024:
+        if buckets is None or not 1 <= buckets <= 1024:
             raise InvalidArgument(f"stream_publisher: buckets must be 1..1024, not {buckets!r}")
-        if not isinstance(readers, int) or not 1 <= readers <= _MAX_READERS:
+        if bucket_bytes * buckets > _MAX_RING_BYTES:
+            raise InvalidArgument(
+                f"stream_publisher: {buckets} buckets of {bucket_bytes} bytes are more than a ring holds (1 TiB, one "
+                "pool chunk): smaller or fewer buckets"
+            )
+        if readers is None or not 1 <= readers <= _MAX_READERS:
             raise InvalidArgument(f"stream_publisher: readers must be 1..{_MAX_READERS}, not {readers!r}")
         if reader_timeout is not None and not (isinstance(reader_timeout, (int, float)) and reader_timeout > 0):
             raise InvalidArgument(f"stream_publisher: reader_timeout must be > 0 or None, not {reader_timeout!r}")

@@ -131,6 +131,8 @@ def _adopted_range(info: TensorInfo, block: Any) -> Tuple[int, int]:
 
 
 def _pool_kind(plan: _Plan, kind: Optional[str]) -> Tuple[str, int]:
+    if kind not in (None, "host", "host_pinned", "device"):  # (checked even when there is nothing to pack)
+        raise InvalidArgument(f"share_tensors: kind must be None, 'host', 'host_pinned' or 'device', not {kind!r}")
     packed = [s for s in plan.storages if s.block is None]
     if kind is not None:
         devices = {s.device_id for s in packed if s.device_type == DL_CUDA}

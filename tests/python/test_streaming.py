@@ -689,3 +689,14 @@ def test_bad_timeouts_are_refused(name):
             for bad in (float("nan"), -1):
                 with pytest.raises(gpuipc.InvalidArgument, match="timeout"):
                     rd.receive({"x": np.zeros(1)}, timeout=bad)
+
+
+def test_stream_publisher_sizes(name):
+    """NumPy ints are ints; a ring over 1 TiB is refused naming bucket_bytes (it was reported as the pool's
+    chunk_bytes); bools are no counts."""
+    with gpuipc.stream_publisher(name, np.int64(4096), np.int32(2), readers=np.uint8(1), kind="host") as pub:
+        assert pub.publish({"x": np.ones(4)}) == 1
+    with pytest.raises(gpuipc.InvalidArgument, match="buckets of"):
+        gpuipc.stream_publisher(name, 1 << 40, 2, kind="host")
+    with pytest.raises(gpuipc.InvalidArgument, match="buckets must be"):
+        gpuipc.stream_publisher(name, 4096, True, kind="host")

@@ -106,6 +106,8 @@ def test_errors(name):
     with gpuipc.share_tensors(name + ".v1", {"a": a}):  # the advice names the dotted name, not its first part
         with pytest.raises(gpuipc.AlreadyExists, match=f"unlink_tensors\\('{name}.v1'\\)"):
             gpuipc.share_tensors(name + ".v1", {"a": a})
+    with pytest.raises(gpuipc.InvalidArgument, match="kind must be"):
+        gpuipc.share_tensors(name, {}, kind="gpu")  # checked with nothing to pack too
     with pytest.raises(gpuipc.InvalidArgument, match="negative stride"):
         gpuipc.share_tensors(name, {"r": a[::-1]})
     with pytest.raises(gpuipc.Unsupported, match="element type"):
