@@ -234,6 +234,7 @@ class SharedTensors:
             _index.write_slot(index, mem, 1 % index.slots, 1, self._refs())  # version 1
         except BaseException:
             self._teardown()
+            self._close_handles()  # (not left to the collector)
             raise
 
     # Hooks for the Publisher (gpuipc/versions.py) ------------------------------------------------------------------
@@ -296,6 +297,9 @@ class SharedTensors:
             return
         self._closed = True
         self._teardown()
+        self._close_handles()
+
+    def _close_handles(self) -> None:
         if self._index_seg is not None:
             self._index_seg.close()
         if self._pool is not None:
