@@ -52,6 +52,14 @@ class BlockRef:
         return cls._from_tuple(_gpuipc._decode_block_ref(bytes(data)))
 
 
+def _bad_fields(ref: Any) -> InvalidArgument:
+    """The error for a BlockRef whose fields the extension cannot take (made by hand, with a negative or huge int)."""
+    return InvalidArgument(
+        f"{ref!r}: every field of a BlockRef is an integer from 0 to 2**64 - 1 (the pool's allocate makes them, and "
+        "BlockRef.from_bytes decodes them)"
+    )
+
+
 class _Memory:
     """Array views of a block's bytes, shared by :class:`Block` and :class:`BlockView`."""
 
@@ -368,7 +376,10 @@ class Pool:
         """The memory of the block ``ref`` names, mapping its chunk the first time. Raises InvalidArgument for a
         ref of another pool, out of range, or stale (freed or reused); InvalidState while the pool is paused, or
         when this process mapped the chunk before a pause and has not called :meth:`refresh` since."""
-        return BlockView(self, ref, self._pool.view(ref._tuple(), self._readonly))
+        try:
+            return BlockView(self, ref, self._pool.view(ref._tuple(), self._readonly))
+        except TypeError:
+            raise _bad_fields(ref) from None
 
     def map_chunks(self, refs: Iterable[BlockRef]) -> None:
         """Maps the chunks that the blocks ``refs`` lie in and that this process has not mapped, asking the broker
@@ -379,11 +390,17 @@ class Pool:
 
     def hold(self, ref: BlockRef) -> None:
         """Takes a hold: the block's memory is not reused until this process releases it (or exits)."""
-        self._pool.hold(ref._tuple())
+        try:
+            self._pool.hold(ref._tuple())
+        except TypeError:
+            raise _bad_fields(ref) from None
 
     def release(self, ref: BlockRef) -> None:
         """Gives back one hold. Raises InvalidArgument when this process holds none."""
-        self._pool.release(ref._tuple())
+        try:
+            self._pool.release(ref._tuple())
+        except TypeError:
+            raise _bad_fields(ref) from None
 
     @contextlib.contextmanager
     def held(self, ref: BlockRef) -> Iterator[BlockView]:

@@ -271,3 +271,17 @@ def test_bad_pool_arguments_are_refused_with_gpuipc_errors(name):
             with pytest.raises(gpuipc.InvalidArgument):
                 pool.allocate(*args)
         assert pool.stats()["live_blocks"] == 0
+
+
+def test_a_block_ref_with_bad_fields_is_refused(name):
+    """A BlockRef made by hand with a negative or huge field raises InvalidArgument, not the binding's TypeError."""
+    import dataclasses
+
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20, max_bytes=4 << 20) as pool:
+        with pool.allocate(64) as blk:
+            for bad in (dict(offset=-1), dict(generation=-5), dict(chunk=1 << 64)):
+                ref = dataclasses.replace(blk.ref, **bad)
+                for call in (pool.resolve, pool.hold, pool.release):
+                    with pytest.raises(gpuipc.InvalidArgument, match="every field of a BlockRef"):
+                        call(ref)
+
