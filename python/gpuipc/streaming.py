@@ -289,18 +289,19 @@ class StreamPublisher:
             raise InvalidArgument(f"stream_publisher: by_reference must be 'auto', True or False, not {by_reference!r}")
         if kind not in ("device", "host"):
             raise InvalidArgument(f"stream_publisher: kind must be 'device' or 'host', not {kind!r}")
+        given = (bucket_bytes, buckets, readers)  # (for the messages)
         bucket_bytes, buckets, readers = _count(bucket_bytes), _count(buckets), _count(readers)  # NumPy ints too
         if bucket_bytes is None or bucket_bytes < _ALIGN:
-            raise InvalidArgument(f"stream_publisher: bucket_bytes must be an int >= {_ALIGN}, not {bucket_bytes!r}")
+            raise InvalidArgument(f"stream_publisher: bucket_bytes must be an int >= {_ALIGN}, not {given[0]!r}")
         if buckets is None or not 1 <= buckets <= 1024:
-            raise InvalidArgument(f"stream_publisher: buckets must be 1..1024, not {buckets!r}")
+            raise InvalidArgument(f"stream_publisher: buckets must be 1..1024, not {given[1]!r}")
         if bucket_bytes * buckets > _MAX_RING_BYTES:
             raise InvalidArgument(
                 f"stream_publisher: {buckets} buckets of {bucket_bytes} bytes are more than a ring holds (1 TiB, one "
                 "pool chunk): smaller or fewer buckets"
             )
         if readers is None or not 1 <= readers <= _MAX_READERS:
-            raise InvalidArgument(f"stream_publisher: readers must be 1..{_MAX_READERS}, not {readers!r}")
+            raise InvalidArgument(f"stream_publisher: readers must be 1..{_MAX_READERS}, not {given[2]!r}")
         if reader_timeout is not None and not (isinstance(reader_timeout, (int, float)) and reader_timeout > 0):
             raise InvalidArgument(f"stream_publisher: reader_timeout must be > 0 or None, not {reader_timeout!r}")
         self.name = name

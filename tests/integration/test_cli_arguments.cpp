@@ -63,6 +63,7 @@ TEST(CliArguments, LeadingZerosAreDecimal) {
 TEST(CliArguments, NumbersThatAreNotFiniteAreRefused) {
   for (const auto& args : std::vector<std::vector<std::string>>{{"top", "-i", "nan", "-n", "2", "--json"},
                                                                 {"top", "-i", "inf", "--once"},
+                                                                {"top", "-i", "1e999", "--once"},
                                                                 {"watch", "x", "--timeout", "nan"}}) {
     const auto o = run("gpuipc", args);
     EXPECT_EQ(o.exit_code, 2) << args[0] << " " << args[2] << ": " << o.out << o.err;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <exception>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -47,6 +48,7 @@ inline const CLI::Validator kFinite(
     [](std::string& s) -> std::string {
       try {
         if (std::isfinite(std::stod(s))) return {};
+      } catch (const std::out_of_range&) {  // "1e999"
       } catch (const std::exception&) {
         return "'" + s + "' is not a number";
       }
