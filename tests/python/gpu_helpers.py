@@ -333,18 +333,35 @@ def torch_stream_state(torch, v: int) -> dict:
 
 def torch_stream_reader_switches_streams(name: str) -> list:
     """Joins stream `name` and receives three versions of {"w": 64 Ki float32, all v}: the first on a stream held
-    by a kernel of about 1 s, the next two on another stream. Returns [(version, min, max)] once both streams ran."""
+    back by a semaphore, the next two on another stream. The hold is let go 0.5 s after the second receive (time
+    for a publisher let through to refill version 1's bucket with version 3), so the order does not rest on the GPU
+    switching between processes during a long kernel. Returns [(version, min, max)] once both streams ran."""
     torch = torch_cuda()
     slow, fast = torch.cuda.Stream(), torch.cuda.Stream()
     into = [{"w": torch.zeros(1 << 16, device="cuda")} for _ in range(3)]
+    # receive's copy kernels (int64 and uint8 views, docs/torch.md), loaded now: under CUDA's lazy loading a kernel's
+    # first launch waits until the GPU's queued work ran, so the held stream would hold the first receive's copies
+    # on the other stream too, and hide the order this test checks (or, launched from the host, hang it).
+    for dtype in (torch.int64, torch.uint8):
+        a, b = torch.zeros(1 << 10, dtype=dtype, device="cuda"), torch.ones(1 << 10, dtype=dtype, device="cuda")
+        torch._foreach_copy_([a[:512], a[512:]], [b[:512], b[512:]], non_blocking=True)
+        a.copy_(b, non_blocking=True)
     torch.cuda.synchronize()
-    with gpuipc.stream_reader(name, wait=30) as rd:
-        with torch.cuda.stream(slow):
-            torch.cuda._sleep(2_000_000_000)  # about 1 s: version 1's copies run long after the next receives
-        got = [rd.receive(into[0], stream=slow, timeout=60)]
-        got += [rd.receive(t, stream=fast, timeout=60) for t in into[1:]]
-        torch.cuda.synchronize()
-        return [(v, float(t["w"].min()), float(t["w"].max())) for v, t in zip(got, into)]
+    hold = gpuipc.Semaphore.create(name + ".hold")
+    try:
+        with hold, gpuipc.stream_reader(name, wait=30) as rd:
+            try:
+                hold.wait(1, stream=slow)  # version 1's copies and release wait for the host
+                got = [rd.receive(into[0], stream=slow, timeout=60)]
+                got.append(rd.receive(into[1], stream=fast, timeout=60))
+                time.sleep(0.5)
+            finally:
+                hold.signal_host(1)  # (also on an error: the reader's close waits for the slow stream)
+            got.append(rd.receive(into[2], stream=fast, timeout=60))
+            torch.cuda.synchronize()
+            return [(v, float(t["w"].min()), float(t["w"].max())) for v, t in zip(got, into)]
+    finally:
+        gpuipc.Semaphore.unlink(name + ".hold")
 
 
 def torch_stream_reader(name: str, versions: int, how: str = "alternate", hold: float = 0.0,

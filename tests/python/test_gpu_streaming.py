@@ -59,10 +59,10 @@ def test_stream_receive_follows_tensors_replaced_between_versions(name, start):
 
 
 def test_stream_reader_that_switches_streams_keeps_its_last_copies(name, start):
-    """A reader receives version 1 on a slow stream, then versions 2 and 3 on another (one bucket a version, a ring
-    of two). Version 3 reuses version 1's bucket; the new stream waits for the old one, so the publisher refills
-    that bucket only after version 1 was copied out. Before, the new stream gave the buckets back at once, ahead
-    of version 1's copies, and those copies read version 3."""
+    """A reader receives version 1 on a stream held back, then versions 2 and 3 on another (one bucket a version, a
+    ring of two). Version 3 reuses version 1's bucket; the new stream waits for the old one, so the publisher
+    refills that bucket only after version 1 was copied out. Before, the new stream gave the buckets back at once,
+    ahead of version 1's copies, and those copies read version 3."""
     torch = _torch()
     with gpuipc.stream_publisher(name, 1 << 20, 2, device=0) as pub:
         fut = start(gpu_helpers.torch_stream_reader_switches_streams, name)
