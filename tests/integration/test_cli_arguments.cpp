@@ -2,7 +2,7 @@
 // anything runs: CLI11 reads unsigned options with strtoull(s, 0), which took "-1" as 2^64 - 1 (`top -n -1` ran
 // for ever, `--quota-bytes -1` meant no quota), "010" as octal 8, and NaN passed every range check. And the exit
 // statuses of a broker that cannot be started and of a runtime "directory" that is a file, a process name that is
-// not UTF-8 in `top --json`. Runs the built binaries.
+// not UTF-8 in `top --json`; an unknown command named as such. Runs the built binaries.
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -52,6 +52,21 @@ TEST(CliArguments, CountsAreDecimalDigitsThatFit) {
     EXPECT_TRUE(o.exit_code >= 100 && o.exit_code <= 127) << value << ": " << o.exit_code << o.out << o.err;
     EXPECT_NE(o.err.find("whole number"), std::string::npos) << o.err;
   }
+}
+
+TEST(CliArguments, AnUnknownCommandIsNamedWithTheCommandsThere) {
+  const auto top = run("gpuipc", {"-v", "bogus"});
+  EXPECT_EQ(top.exit_code, 2) << top.err;
+  EXPECT_NE(top.err.find("unknown command 'bogus' for 'gpuipc'"), std::string::npos) << top.err;
+  EXPECT_NE(top.err.find("ls, stat, rm"), std::string::npos) << top.err;
+  const auto mps = run("gpuipc", {"mps", "strat"});
+  EXPECT_EQ(mps.exit_code, 2) << mps.err;
+  EXPECT_NE(mps.err.find("unknown command 'strat' for 'gpuipc mps'; the commands are start, stop, status, env"),
+            std::string::npos)
+      << mps.err;
+  const auto none = run("gpuipc", {});  // no word left over: CLI11's own message
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("A subcommand is required"), std::string::npos) << none.err;
 }
 
 TEST(CliArguments, LeadingZerosAreDecimal) {

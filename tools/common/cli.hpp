@@ -56,11 +56,37 @@ inline const CLI::Validator kFinite(
     },
     "NUMBER", "Finite");
 
+/// When the command line ended without the subcommand that `app` (or the subcommand given) needs but left a word
+/// over (`gpuipc bogus`, `gpuipc mps strat`), prints "unknown command" naming it and the commands there, and returns
+/// true. CLI11 would say only that a subcommand is required.
+inline bool unknown_command(CLI::App& app) {
+  CLI::App* at = &app;
+  for (auto subs = at->get_subcommands(); !subs.empty(); subs = at->get_subcommands()) at = subs.front();
+  const auto rest = at->remaining();
+  if (at->get_require_subcommand_min() == 0 || rest.empty() || rest.front().empty() || rest.front()[0] == '-') {
+    return false;
+  }
+  std::string names;
+  for (const CLI::App* sub : at->get_subcommands({})) {
+    if (sub->get_name().empty() || sub->get_group().empty()) continue;  // (a hidden one)
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  std::string path = at->get_name();
+  for (const CLI::App* up = at->get_parent(); up != nullptr; up = up->get_parent()) path = up->get_name() + " " + path;
+  std::cerr << "gpuipc: unknown command '" << rest.front() << "' for '" << path << "'; the commands are " << names
+            << " (" << path << " --help)\n";
+  return true;
+}
+
 /// Parses `argv` into `app` (whose callbacks run the command and store its code in `exit_code`) and returns the
 /// process exit code: `exit_code`, or the code of the error that ended the command, printed as "gpuipc: ...".
 inline int run(CLI::App& app, int argc, char** argv, const int& exit_code) {
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& e) {
+    if (unknown_command(app)) return kExitUsage;
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : kExitUsage;
