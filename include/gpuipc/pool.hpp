@@ -42,6 +42,7 @@ struct PoolOptions {
   PoolMode pool_mode = PoolMode::Variable;
   std::size_t chunk_bytes = 64ULL << 20;  ///< variable mode: bytes of each chunk (the largest block possible)
   std::size_t max_bytes = 1ULL << 30;     ///< variable mode: the pool grows up to this many bytes of chunks
+                                          ///< (at most 1024 chunks: more is refused)
   std::uint32_t max_blocks = 16384;       ///< variable mode: most blocks live at once (1 to 524288)
   std::size_t block_bytes = 0;            ///< fixed mode: bytes of each block (rounded up to 256)
   std::uint32_t block_count = 0;          ///< fixed mode: number of blocks

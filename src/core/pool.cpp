@@ -131,7 +131,20 @@ shm::PoolGeometry geometry_for(std::string_view name, const PoolOptions& o) {
     }
     g.mode = shm::PoolMode::Variable;
     g.chunk_bytes = (o.chunk_bytes + 4095) / 4096 * 4096;
-    g.max_chunks = static_cast<std::uint32_t>(std::min<std::uint64_t>(o.max_bytes / o.chunk_bytes, shm::kMaxChunks));
+    // max_bytes is honoured or refused, never cut: the pool grows whole chunks (of chunk_bytes rounded up to
+    // 4096), at most kMaxChunks of them.
+    const std::uint64_t chunks = o.max_bytes / g.chunk_bytes;
+    if (chunks == 0 || chunks > shm::kMaxChunks) {
+      const std::uint64_t least = ((o.max_bytes + shm::kMaxChunks - 1) / shm::kMaxChunks + 4095) / 4096 * 4096;
+      throw bad(chunks == 0
+                    ? fmt::format("max_bytes {} is less than one chunk ({} bytes: chunk_bytes rounded up to 4096)",
+                                  o.max_bytes, g.chunk_bytes)
+                    : fmt::format("max_bytes {} is {} chunks of {} bytes, and a pool holds at most {}: raise "
+                                  "chunk_bytes to at least {} or lower max_bytes to at most {}",
+                                  o.max_bytes, chunks, g.chunk_bytes, shm::kMaxChunks, least,
+                                  g.chunk_bytes * shm::kMaxChunks));
+    }
+    g.max_chunks = static_cast<std::uint32_t>(chunks);
     g.max_records = o.max_blocks;
   } else {
     throw bad("unknown pool_mode");

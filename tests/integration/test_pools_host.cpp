@@ -355,6 +355,27 @@ TEST(PoolsHost, APoolOfAnotherReleaseIsRefusedSayingSo) {
   Pool::unlink(name);
 }
 
+TEST(PoolsHost, MaxBytesIsHonouredOrRefusedNeverCut) {
+  const auto name = unique_name("pool");
+  auto create = [&](std::uint64_t chunk, std::uint64_t max) {
+    return Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = chunk, .max_bytes = max, .max_blocks = 64});
+  };
+  // 16384 chunks of 64 KiB: it was cut to 1024 (64 MiB) without a word.
+  EXPECT_TRUE(throws([&] { create(64 << 10, 1ULL << 30); }, ErrorCode::InvalidArgument,
+                     "max_bytes 1073741824 is 16384 chunks of 65536 bytes, and a pool holds at most 1024: raise "
+                     "chunk_bytes to at least 1048576 or lower max_bytes to at most 67108864"));
+  EXPECT_TRUE(throws([&] { create(64 << 10, 1ULL << 62); }, ErrorCode::InvalidArgument, "at most 1024"));
+  // 5000 bytes is a chunk of 8192.
+  EXPECT_TRUE(throws([&] { create(5000, 5000); }, ErrorCode::InvalidArgument, "less than one chunk (8192 bytes"));
+  EXPECT_TRUE(throws([&] { Pool::stat(name); }, ErrorCode::NotFound, name));  // nothing left behind
+  {
+    auto pool = create(64 << 10, 64 << 20);  // exactly 1024 chunks
+    EXPECT_EQ(pool.stats().max_bytes, 64u << 20);
+    EXPECT_EQ(pool.stats().max_chunks, 1024u);
+  }
+  Pool::unlink(name);
+}
+
 TEST(PoolsHost, MisuseGetsInvalidArgumentNamingWhatIsWrong) {
   const auto name = unique_name("pool");
   auto pool = one_chunk_pool(name);

@@ -144,6 +144,12 @@ def test_share_refuses_host_memory(name):
         gpuipc.share(name, 12345)
     with pytest.raises(TypeError):
         gpuipc.share(name, object())
+    # Checked before the memory is looked at: InvalidArgument, not the binding's TypeError.
+    for kw in (dict(device=True), dict(device=-2), dict(mode=-1), dict(mode=1 << 32)):
+        with pytest.raises(gpuipc.InvalidArgument):
+            gpuipc.share(name, 12345, 4096, **kw)
+    with pytest.raises(TypeError, match="GPU ordinal"):
+        gpuipc.share(name, 12345, 4096, device=1.5)
 
 
 def test_pause_keeps_addresses_and_contents_and_resume_restores_them(name):
@@ -266,6 +272,9 @@ def test_bad_pool_arguments_are_refused_with_gpuipc_errors(name):
     for kw in (dict(chunk_bytes=-1), dict(max_blocks=1 << 32), dict(mode=-1), dict(mode=True)):
         with pytest.raises(gpuipc.InvalidArgument):
             gpuipc.Pool.create(name, **kw)
+    # More than 1024 chunks: refused, naming what to change (it was cut to 1024 chunks without a word).
+    with pytest.raises(gpuipc.InvalidArgument, match="raise chunk_bytes to at least 4194304 or lower max_bytes"):
+        gpuipc.Pool.create(name, chunk_bytes=1 << 20, max_bytes=4 << 30)
     with gpuipc.Pool.create(name, chunk_bytes=1 << 20, max_bytes=4 << 20) as pool:
         for args in ((-1,), (10, -1), (True,)):
             with pytest.raises(gpuipc.InvalidArgument):
