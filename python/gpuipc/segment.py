@@ -174,19 +174,27 @@ class Segment:
         )
 
 
-def share(name: str, array_or_ptr: Any, nbytes: Optional[int] = None, *, mode: int = 0o600, device: int = -1) -> Segment:
+def share(
+    name: str, array_or_ptr: Any, nbytes: Optional[int] = None, *, mode: int = 0o600, device: Optional[Device] = -1
+) -> Segment:
     """Shares GPU memory this process already has under ``name``, with no copy; other processes open it with
     :meth:`Segment.open`. Returns the exporter's segment.
 
     array_or_ptr: an object with ``__cuda_array_interface__`` or ``__dlpack__`` (a torch tensor, a CuPy array; its
     bytes from the first element to the last are shared unless ``nbytes`` says otherwise) or an int device pointer
-    (then ``nbytes`` is required). device: the GPU the memory must be on (-1: any). cudaMalloc memory (PyTorch's
+    (then ``nbytes`` is required). device: the GPU the memory must be on, an ordinal or a UUID (-1 or None: any).
+    cudaMalloc memory (PyTorch's
     default allocator, CuPy) lives only as long as the exporter keeps it and the returned segment; VMM memory
     (expandable segments) lives like any device segment (docs/segments.md). Raises InvalidArgument (host, managed or
     freed memory, another device, a range past the allocation), Unsupported, AlreadyExists, NoDriver, CudaError.
     """
     from ._tensorinfo import describe
 
+    mode = in_range(mode, "mode", U32)
+    if device is None or (isinstance(device, int) and not isinstance(device, bool) and device == -1):
+        device = -1
+    else:
+        device = _device(in_range(device, "device", 2**31 - 1) if isinstance(device, int) else device)
     if isinstance(array_or_ptr, bool):
         raise TypeError("share takes an array or an int pointer, not a bool")
     if isinstance(array_or_ptr, int):

@@ -40,6 +40,10 @@ def test_share_a_torch_tensor(name, spawn):
     with gpuipc.share(name, t) as seg:
         assert seg.size >= t.numel() * 4
         assert spawn(gpu_helpers.torch_sum_segment, name, 1024) == float(t.sum())
+    # The GPU named by its UUID, as Segment.create and open take it.
+    uuid = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)
+    with gpuipc.share(name + "u", t, device=uuid) as seg:
+        assert seg.device == 0 and gpuipc.Segment.stat(name + "u").device_uuid == uuid
 
 
 def test_share_tensors_torch_layout(name, spawn):
