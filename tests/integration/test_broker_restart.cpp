@@ -191,31 +191,36 @@ class BrokerRestartPipeline : public ::testing::Test {
 /// the holders of `name`, with its role containing the role beside it: their names and memberships came back. On
 /// failure it prints what the broker lists and the broker's log.
 bool holders_back(const std::string& name, const std::vector<std::pair<pid_t, std::string>>& wanted) {
-  return run_child([&] {
-           const bool back = wait_until(
-               [&] {
-                 try {
-                   const auto hs = holders(name);
-                   return std::all_of(wanted.begin(), wanted.end(), [&](const auto& w) {
-                     return std::any_of(hs.begin(), hs.end(), [&](const Holder& h) {
-                       return static_cast<pid_t>(h.pid) == w.first && h.role.find(w.second) != std::string::npos;
-                     });
-                   });
-                 } catch (const Error&) {
-                   return false;  // not given back yet
-                 }
-               },
-               10s, 5ms);
-           if (back) return 0;
-           try {
-             for (const auto& h : holders(name)) std::fprintf(stderr, "holder: pid %u, %s\n", h.pid, h.role.c_str());
-           } catch (const Error& e) {
-             std::fprintf(stderr, "holders: %s\n", e.what());
-           }
-           const auto log = read_file(BrokerEnvironment::runtime_dir() + "/broker.log");
-           std::fprintf(stderr, "broker log:\n%s\n", log.value_or("(none)").c_str());
-           return 1;
-         }) == 0;
+  return run_child(
+             [&] {
+               const bool back = wait_until(
+                   [&] {
+                     try {
+                       const auto hs = holders(name);
+                       return std::all_of(wanted.begin(), wanted.end(), [&](const auto& w) {
+                         return std::any_of(hs.begin(), hs.end(), [&](const Holder& h) {
+                           return static_cast<pid_t>(h.pid) == w.first && h.role.find(w.second) != std::string::npos;
+                         });
+                       });
+                     } catch (const Error&) {
+                       return false;  // not given back yet
+                     }
+                   },
+                   // 30 s: under a full parallel `make test` on two cores a new broker's start took long enough once
+                   // that 10 s ran out (the names came back in every one of 32 reruns).
+                   30s, 5ms);
+               if (back) return 0;
+               try {
+                 for (const auto& h : holders(name))
+                   std::fprintf(stderr, "holder: pid %u, %s\n", h.pid, h.role.c_str());
+               } catch (const Error& e) {
+                 std::fprintf(stderr, "holders: %s\n", e.what());
+               }
+               const auto log = read_file(BrokerEnvironment::runtime_dir() + "/broker.log");
+               std::fprintf(stderr, "broker log:\n%s\n", log.value_or("(none)").c_str());
+               return 1;
+             },
+             45s) == 0;
 }
 
 TEST_F(BrokerRestartPipeline, AProcessThatMakesNoCallGivesItsNamesAndMembershipsBackAtOnce) {
