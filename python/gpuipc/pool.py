@@ -314,9 +314,9 @@ class Pool:
         """Creates and joins pool ``name`` (segments ``name`` and ``name.chunk.<i>``).
 
         kind: "host", "host_pinned" or "device". A variable pool grows by chunks of ``chunk_bytes`` (the largest
-        block) up to ``max_bytes``, at most 1024 chunks (more is refused); ``block_bytes`` and ``block_count`` make a fixed-block pool instead. mode:
-        permission bits; members (openers) need read and write. Raises AlreadyExists, InvalidArgument,
-        QuotaExceeded, NoDriver, CudaError.
+        block) up to ``max_bytes``, at most 1024 chunks (more is refused); ``block_bytes`` and ``block_count`` make
+        a fixed-block pool instead. mode: permission bits; members (openers) need read and write. Raises
+        AlreadyExists, InvalidArgument, QuotaExceeded, NoDriver, CudaError.
         """
         return cls(
             _gpuipc.Pool.create(

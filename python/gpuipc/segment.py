@@ -183,9 +183,8 @@ def share(
     array_or_ptr: an object with ``__cuda_array_interface__`` or ``__dlpack__`` (a torch tensor, a CuPy array; its
     bytes from the first element to the last are shared unless ``nbytes`` says otherwise) or an int device pointer
     (then ``nbytes`` is required). device: the GPU the memory must be on, an ordinal or a UUID (-1 or None: any).
-    cudaMalloc memory (PyTorch's
-    default allocator, CuPy) lives only as long as the exporter keeps it and the returned segment; VMM memory
-    (expandable segments) lives like any device segment (docs/segments.md). Raises InvalidArgument (host, managed or
+    cudaMalloc memory (PyTorch's default allocator, CuPy) lives only as long as the exporter keeps it and the
+    returned segment; VMM memory (expandable segments) lives like any device segment (docs/segments.md). Raises InvalidArgument (host, managed or
     freed memory, another device, a range past the allocation), Unsupported, AlreadyExists, NoDriver, CudaError.
     """
     from ._tensorinfo import describe
