@@ -65,13 +65,16 @@ def _runtime_dir_report(path: Optional[str]) -> Dict[str, Any]:
         return report
     try:
         os.makedirs(path, mode=0o755, exist_ok=True)
-        st = os.stat(path)
-        if not _stat.S_ISDIR(st.st_mode):
+        st = os.lstat(path.rstrip("/") or "/")  # (the library's rule, src/os/process.cpp: a link is refused)
+        if _stat.S_ISLNK(st.st_mode):
+            report["error"] = f"{path} is a symbolic link: remove it, or use a directory that you own"
+        elif not _stat.S_ISDIR(st.st_mode):
             report["error"] = f"{path} is not a directory"
         elif st.st_uid not in (os.getuid(), 0):
             report["error"] = f"{path} belongs to uid {st.st_uid}, not to you: set GPUIPC_RUNTIME_DIR elsewhere"
-        elif st.st_mode & 0o022:
-            report["error"] = f"{path} is writable by others (mode {st.st_mode & 0o777:04o}): it must be private"
+        elif st.st_mode & 0o022 and not st.st_mode & _stat.S_ISVTX:
+            report["error"] = (f"{path} is writable by group or others and not sticky (mode {st.st_mode & 0o7777:04o}): "
+                               f"run 'chmod go-w {path}'")
         elif not os.access(path, os.W_OK | os.X_OK):
             report["error"] = f"cannot create a file in {path}: check its owner and mode, or set GPUIPC_RUNTIME_DIR"
         else:

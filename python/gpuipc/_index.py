@@ -45,6 +45,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from ._dtypes import dtype_of
 from .errors import InvalidArgument
 from .pool import BlockRef
 
@@ -140,6 +141,7 @@ class Index:
         """One dict per tensor, checked (InvalidArgument for a malformed record)."""
         if self._tensors is None:
             out, flat, k, n = [], self.flat, 0, self.storage_count
+            itemsizes: Dict[int, int] = {}
             for i, name in enumerate(self.names):
                 rec = flat[k : k + 5]
                 if len(rec) < 5:
@@ -149,6 +151,20 @@ class Index:
                 if not (-1 <= s < n and 0 <= d < len(self.dtypes) and 0 <= f < len(self.frameworks) and off >= 0
                         and 0 <= nd <= 64 and len(strides) == nd and min(shape + strides, default=0) >= 0):
                     raise _malformed(self.name, f"tensor {i}")
+                # Its elements lie inside its storage; an empty record (storage -1) has none.
+                if 0 in shape:
+                    pass
+                elif s < 0:
+                    raise _malformed(self.name, f"tensor {i} has elements and no storage")
+                else:
+                    if d not in itemsizes:
+                        try:
+                            itemsizes[d] = dtype_of(self.dtypes[d]).itemsize
+                        except (TypeError, ValueError, InvalidArgument):
+                            raise _malformed(self.name, f"dtype {self.dtypes[d]!r}") from None
+                    last = off + sum((x - 1) * y for x, y in zip(shape, strides))
+                    if (last + 1) * itemsizes[d] > self.storages[s]["nbytes"]:
+                        raise _malformed(self.name, f"tensor {i} lies past the end of its storage")
                 out.append({"name": name, "dtype": self.dtypes[d], "shape": shape, "strides": strides, "offset": off,
                             "storage": s, "framework": self.frameworks[f]})
                 k += 5 + 2 * nd
@@ -202,10 +218,20 @@ def decode(name: str, mem: np.ndarray) -> Index:
         raise InvalidArgument(f"tensor index {name!r} is malformed (sizes out of range)")
     try:
         body = json.loads(bytes(mem[_HEADER.size : end]))
-    except ValueError as e:
-        raise InvalidArgument(f"tensor index {name!r} is malformed ({e})") from None
-    if not isinstance(body, dict) or any(not isinstance(body.get(k), list) for k in ("names", "dtypes", "frameworks", "pools")):
+    except (ValueError, RecursionError) as e:  # (JSON nested thousands deep: RecursionError)
+        raise InvalidArgument(f"tensor index {name!r} is malformed ({type(e).__name__}: {e})") from None
+    columns = ("names", "dtypes", "frameworks", "pools")
+    if not isinstance(body, dict) or any(not isinstance(body.get(k), list) for k in columns):
         raise _malformed(name, "missing columns")
+    if not all(isinstance(x, str) for k in columns for x in body[k]):
+        raise _malformed(name, "a name, dtype, framework or pool that is no string")
+    if len(set(body["names"])) != len(body["names"]):
+        raise _malformed(name, "a tensor name twice")
+    v = body.get("versioning")
+    if v is not None and not (isinstance(v, dict) and isinstance(v.get("semaphore"), str)
+                              and v.get("versions") in (1, 2) and type(v.get("versions")) is int
+                              and v["versions"] == slots):
+        raise _malformed(name, "versioning")
     words = body.get("tensor_words")
     start = _columns_offset(json_bytes)
     if type(words) is not int or words < 0 or start + 8 * (words + 4 * storages) > slot_offset:

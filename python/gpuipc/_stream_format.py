@@ -256,19 +256,30 @@ def _check_pieces(pieces: List[Any], blocks: List[Any], bucket_bytes: int) -> No
     (``bucket_bytes``), or the block its table names (a BlockRef's size, bytes 24-31). A reader never trusts what a
     publisher wrote: a range past its source would copy less than it says, or broadcast one byte over a tensor."""
     sizes = []
+    if not isinstance(blocks, list):
+        raise ProtocolError("a bucket descriptor's table of blocks is no list")
     for entry in blocks:
+        # [pool name, the block's 40-byte BlockRef in hex]
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], str) and len(entry[1]) == 80):
+            raise ProtocolError("a bucket descriptor's table of blocks holds something that is no block")
         try:
             sizes.append(struct.unpack_from("<Q", bytes.fromhex(entry[1]), 24)[0])
-        except (TypeError, ValueError, IndexError, struct.error):
+        except ValueError:
             raise ProtocolError("a bucket descriptor's table of blocks holds something that is no block") from None
     for p in pieces:
         key, dtype, shape, pos, n, off = p[:_STAGED]
         try:
-            total = math.prod(shape) * dtype_of(dtype).itemsize
+            item = dtype_of(dtype).itemsize
+            total = math.prod(shape) * item
         except (TypeError, ValueError):
             raise ProtocolError(f"a bucket descriptor's piece {key!r} has no valid dtype and shape") from None
         if not (isinstance(key, str) and all(_is_count(x) for x in (*shape, pos, n, off)) and pos + n <= total):
             raise ProtocolError(f"a bucket descriptor's piece {key!r} lies outside its tensor")
+        if pos % item or n % item:  # tensors are split on element boundaries
+            raise ProtocolError(f"a bucket descriptor's piece {key!r} splits an element")
+        if n == 0 and total != 0:  # (only an empty tensor is sent as a piece of no bytes)
+            raise ProtocolError(f"a bucket descriptor's piece {key!r} has elements and no bytes")
         if len(p) == _STAGED:
             limit = bucket_bytes
         elif isinstance(p[6], int) and not isinstance(p[6], bool) and 0 <= p[6] < len(sizes):
@@ -294,7 +305,7 @@ def _read_desc(mem: np.ndarray, buckets: int, readers: int, slot: int, layouts: 
         try:
             doc = json.loads(body.decode()) if jlen else {"pieces": [], "blocks": []}
             pieces, blocks = doc["pieces"], doc["blocks"]
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             raise ProtocolError(f"a bucket descriptor's layout is not format {FORMAT} JSON") from None
         shapes = (_STAGED, _REFERENCE)
         if not isinstance(pieces, list) or not all(isinstance(p, list) and len(p) in shapes for p in pieces):

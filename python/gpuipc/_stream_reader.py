@@ -107,6 +107,7 @@ class StreamReader:
         self._in_version = False  # a version was left half read (error, timeout): skip its rest first
         self._stream_released = 0  # the last bucket given back on a stream (device staging)
         self._last_stream: Any = None  # the torch stream of the last receive (device staging)
+        self._broken: Optional[str] = None  # why a malformed bucket stopped this reader
         self._version = 0
         self._layouts: Dict[bytes, Any] = {}  # bucket layouts seen (descriptor bodies), decoded once
         # receive's copy plans: (id of a layout's pieces, ring slot) -> (pieces, names, their tensors, their data
@@ -142,6 +143,11 @@ class StreamReader:
             except Error:
                 pass
             self._views = [self._pool._pool.view(r._tuple(), True, True) for r in h.refs]  # held: mapped once
+            if any(v.nbytes < h.bucket_bytes for v in self._views):
+                # Pieces are checked against bucket_bytes: a header claiming more than its staging blocks hold
+                # would let a piece past a block's end through, and its copy read less than it says.
+                raise InvalidArgument(f"stream {name!r} is malformed (its header's bucket_bytes {h.bucket_bytes} "
+                                      f"is more than its staging blocks hold)")
             self._held = HeldBlocks(True, self._device if h.device_staging else None, f"stream {name!r}")
             self._filled = Semaphore.open(name + ".filled", role="waiter", wait=wait, device=self._device)
             self._slot = self._claim(wait)
@@ -239,13 +245,19 @@ class StreamReader:
         e = self._next
         self._wait_filled(e, deadline, f"waiting for bucket {e}")
         self._check_evicted()
-        d = _read_desc(self._mem, self._head.buckets, self._head.readers, e % self._head.buckets, self._layouts,
-                       self._head.bucket_bytes)
-        self._check_evicted()
-        if d.seq != e:
-            raise ProtocolError(f"stream {self.name!r}: ring slot {e % self._head.buckets} holds bucket {d.seq}, not {e}")
-        if not self._in_version and d.index != 0:
-            raise ProtocolError(f"stream {self.name!r}: bucket {e} is bucket {d.index} of a version, not its first")
+        try:
+            d = _read_desc(self._mem, self._head.buckets, self._head.readers, e % self._head.buckets, self._layouts,
+                           self._head.bucket_bytes)
+            self._check_evicted()
+            if d.seq != e:
+                raise ProtocolError(f"stream {self.name!r}: ring slot {e % self._head.buckets} holds bucket {d.seq}, not {e}")
+            if not self._in_version and d.index != 0:
+                raise ProtocolError(f"stream {self.name!r}: bucket {e} is bucket {d.index} of a version, not its first")
+        except ProtocolError as err:
+            self._check_evicted()  # (evicted, the slot may have been rewritten under the read: InvalidState)
+            # Not read past: every later call would meet the same bucket. The reader stops here.
+            self._broken = str(err)
+            raise
         return d
 
     def _release(self, seq: int, stream: Any, early: bool = False) -> None:
@@ -360,6 +372,9 @@ class StreamReader:
         return s, s
 
     def _begin(self, timeout: Optional[float], stream: Any) -> Tuple[Optional[float], Any, Any]:
+        if self._broken is not None and not self._closed:
+            raise ProtocolError(f"stream reader {self.name!r} met a malformed bucket ({self._broken}): close it, and "
+                                "open a new reader once the publisher is fixed")
         timeout = seconds(timeout, "timeout", "wait for ever")  # (a negative or NaN one read as 0)
         deadline = None if timeout is None else time.monotonic() + timeout
         s, sig = self._streams(stream)
@@ -525,6 +540,8 @@ class StreamReader:
         """One piece's ``n`` bytes ``src`` (out of host staging, or a publisher's host block) into bytes ``pos`` on
         of a destination (device staging copies go together: receive)."""
         how, out = dst
+        if src.nbytes != n:  # (the pieces are checked against their sources: a short one would broadcast)
+            raise ProtocolError(f"stream {self.name!r}: a piece's {n} bytes lie past the end of its source")
         if how == "numpy":
             out[pos : pos + n] = src
             return

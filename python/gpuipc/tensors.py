@@ -450,7 +450,9 @@ def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment,
     deadline = time.monotonic() + 5.0
     while not mem[:8].any() and time.monotonic() < deadline:
         time.sleep(0.001)
-    return _index.decode(name, mem), seg, mem
+    index = _index.decode(name, mem)
+    index.storages, index.tensors  # checked here (InvalidArgument), before refs are resolved: not taken for PeerDied
+    return index, seg, mem
 
 
 def join_pool(pool_name: str, readonly: bool, device: Optional[int], owner: str) -> Pool:
@@ -690,6 +692,9 @@ def open_tensors(
         try:
             for _ in range(1000):
                 v = _index.read_stamp(index, mem, 0) if index.slots == 1 else None
+                if v == 0:  # the owner is rewriting the slot (its stamp goes back up once the refs are written)
+                    time.sleep(0.001)
+                    continue
                 if v is None:
                     from .versions import Reader
 

@@ -130,14 +130,21 @@ std::size_t strided_span(std::span<const std::int64_t> shape, std::span<const st
     }
     if (shape[i] == 0) empty = true;
     if (shape[i] > 0 && strides[i] > 0) {
-      const auto extra = static_cast<std::uint64_t>(shape[i] - 1);
-      if (extra > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(strides[i])) {
+      // Every step checked: a sum of dimensions each under the cap, or the byte count, could wrap round to a
+      // small span that passes the caller's bound (a forged index made a reader read 2^63 bytes away).
+      std::uint64_t step = 0;
+      if (__builtin_mul_overflow(static_cast<std::uint64_t>(shape[i] - 1), static_cast<std::uint64_t>(strides[i]),
+                                 &step) ||
+          __builtin_add_overflow(last, step, &last) || last > (std::uint64_t{1} << 62)) {
         throw Error(ErrorCode::InvalidArgument, "shape and strides too large", "as_strided");
       }
-      last += extra * static_cast<std::uint64_t>(strides[i]);
     }
   }
-  return empty ? 0 : static_cast<std::size_t>(last + 1) * item;
+  std::uint64_t bytes = 0;
+  if (!empty && __builtin_mul_overflow(last + 1, static_cast<std::uint64_t>(item), &bytes)) {
+    throw Error(ErrorCode::InvalidArgument, "shape and strides too large", "as_strided");
+  }
+  return empty ? 0 : static_cast<std::size_t>(bytes);
 }
 
 namespace {

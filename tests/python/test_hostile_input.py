@@ -1,0 +1,171 @@
+"""What another process writes is not trusted: a forged or corrupted tensor index, stream header or bucket
+descriptor is refused with a gpuipc error that says so, never a crash, a read out of bounds, a silent wrong value or
+a builtin exception. Host kinds: no GPU needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import gpuipc
+from gpuipc import _index
+from gpuipc import _stream_format as F
+from gpuipc.__main__ import _runtime_dir_report
+
+
+def test_a_strided_view_whose_span_wraps_round_is_refused(name):
+    """Each stride under the cap, their sum over it: the span wrapped round to a few bytes and passed the bound
+    (the read then went 2^63 bytes away and crashed the process)."""
+    with gpuipc.Segment.create(name, 112) as seg:
+        v = seg.view()
+        with pytest.raises(gpuipc.InvalidArgument, match="too large"):
+            v.as_strided((1, 16, 1), "<u2", [3, 3], [1 << 61, 1 << 61], 0)
+        with pytest.raises(gpuipc.InvalidArgument, match="too large"):
+            v.as_strided((1, 32, 1), "<f4", [2], [1 << 62], 0)  # (2^62 + 1) x 4 bytes wraps to 4
+        assert v.as_strided((1, 8, 1), "|u1", [4, 7], [7, 1], 0).nbytes == 28  # a plain one still works
+
+
+def _forge(name, body, flat, storages, refs, stamp=1):
+    """Writes a tensor index ``name`` (as share_tensors lays it out) with these JSON body and columns, and slot 0's
+    refs; returns its segment."""
+    js = json.dumps(body).encode() if isinstance(body, dict) else body
+    fb, sb = np.asarray(flat, "<i8").tobytes(), np.asarray(storages, "<i8").tobytes()
+    count = len(storages) // 4
+    start = (32 + len(js) + 7) // 8 * 8
+    offset = (start + len(fb) + len(sb) + 63) // 64 * 64
+    seg = gpuipc.Segment.create(name, offset + _index.slot_bytes(count))
+    m = seg.as_array("uint8")
+    head = _index._HEADER.pack(_index.MAGIC, _index.FORMAT, len(js), 1, count, offset) + js
+    head += bytes(start - len(head)) + fb + sb
+    m[: len(head)] = np.frombuffer(head, np.uint8)
+    m[offset : offset + 8] = np.frombuffer(struct.pack("<Q", stamp), np.uint8)
+    m[offset + 16 : offset + 16 + len(refs)] = np.frombuffer(refs, np.uint8)
+    return seg
+
+
+def _body(names, dtypes=("float32",), pools=("P",), words=0, **extra):
+    return {"format": 2, "names": list(names), "dtypes": list(dtypes), "frameworks": ["numpy"], "pools": list(pools),
+            "tensor_words": words, "versioning": None, **extra}
+
+
+#: (case, body changes, tensor column, what the error names). The storage is a real 64-byte float32 block.
+_FORGED = [
+    ("past its storage", {}, [0, 0, 0, 0, 1, 17, 1], "past the end of its storage"),
+    ("strides past its storage", {}, [0, 0, 0, 0, 2, 2, 2, 1 << 40, 1], "past the end of its storage"),
+    ("elements and no storage", {}, [-1, 0, 0, 0, 2, 3, 4, 4, 1], "elements and no storage"),
+    ("an unknown dtype", {"dtypes": ["nonsense"]}, [0, 0, 0, 0, 1, 4, 1], "dtype 'nonsense'"),
+    ("a dtype that is no string", {"dtypes": [5]}, [0, 0, 0, 0, 1, 4, 1], "no string"),
+    ("a pool name that is no string", {"pools": [7]}, [0, 0, 0, 0, 1, 4, 1], "no string"),
+    ("a name twice", {"names": ["a", "a"]}, [0, 0, 0, 0, 1, 4, 1] * 2, "a tensor name twice"),
+    ("versioning that is no dict", {"versioning": "yes"}, [0, 0, 0, 0, 1, 4, 1], "versioning"),
+    ("versioning with no semaphore", {"versioning": {"versions": 1}}, [0, 0, 0, 0, 1, 4, 1], "versioning"),
+]
+
+
+@pytest.mark.parametrize("case, change, flat, says", _FORGED, ids=[c[0] for c in _FORGED])
+def test_a_forged_tensor_index_is_refused_as_malformed(name, case, change, flat, says):
+    """InvalidArgument naming what is wrong, before any ref is resolved: not a PeerDied ("freed"), not a builtin
+    exception, not an array over memory the storage does not have."""
+    with gpuipc.Pool.create(name + "P", chunk_bytes=1 << 16, max_bytes=1 << 16) as pool:
+        block = pool.allocate(64)
+        body = _body(["a"], pools=[name + "P"], words=len(flat))
+        body.update({k: ([name + "P" if p == "P" else p for p in v] if k == "pools" else v) for k, v in change.items()})
+        with _forge(name, body, flat, [0, 64, 0, 0], bytes(block.ref)):
+            with pytest.raises(gpuipc.InvalidArgument, match="malformed") as e:
+                gpuipc.open_tensors(name)
+            assert says in str(e.value), (case, str(e.value))
+        block.free()
+
+
+def test_a_tensor_index_nested_thousands_deep_is_malformed_not_a_recursion_error(name):
+    nested = b"[" * 100000 + b"]" * 100000
+    with _forge(name, nested, [], [], b""):
+        with pytest.raises(gpuipc.InvalidArgument, match="malformed"):
+            gpuipc.open_tensors(name)
+
+
+def test_open_waits_for_a_slot_its_owner_is_rewriting(name):
+    """Stamp 0 means the owner is writing the slot's refs: the opener waits for the stamp to come back rather than
+    read refs half written."""
+    with gpuipc.Pool.create(name + "P", chunk_bytes=1 << 16, max_bytes=1 << 16) as pool:
+        block = pool.allocate(64)
+        block.numpy("float32")[:] = 7
+        flat = [0, 0, 0, 0, 1, 16, 1]
+        with _forge(name, _body(["a"], pools=[name + "P"], words=len(flat)), flat, [0, 64, 0, 0], bytes(block.ref),
+                    stamp=0) as seg:
+            mem = seg.as_array("uint8")
+            stamp_at = _index.decode(name, mem).slot_offset
+            later = threading.Timer(0.05, lambda: mem.__setitem__(slice(stamp_at, stamp_at + 8), 1))
+            later.start()
+            t0 = time.monotonic()
+            got = gpuipc.open_tensors(name)
+            took = time.monotonic() - t0
+            later.join()
+            assert took >= 0.04 and float(got["a"].sum()) == 7 * 16, took
+            del got
+        block.free()
+
+
+def _put_desc(mem, ring, readers, seq, pieces, blocks=()):
+    body = json.dumps({"pieces": pieces, "blocks": list(blocks)}).encode()
+    d = F._desc_view(mem, ring, readers, seq % ring)
+    d[:] = 0
+    d[: F._DESC.size] = np.frombuffer(F._DESC.pack(seq, 7, 0, F._D_LAST, 4096, 0, len(body), 0), np.uint8)
+    d[F._DESC.size : F._DESC.size + len(body)] = np.frombuffer(body, np.uint8)
+
+
+def test_a_stream_header_that_claims_bigger_buckets_than_it_has_is_refused(name):
+    """Pieces are checked against the header's bucket_bytes: one larger than the staging blocks let a piece past a
+    block's end through, and a byte of it was broadcast over a whole tensor."""
+    with gpuipc.stream_publisher(name, 4096, 2, readers=1, kind="host") as pub:
+        pub._mem[16:24] = np.frombuffer(struct.pack("<Q", 1 << 20), np.uint8)  # bucket_bytes
+        with pytest.raises(gpuipc.InvalidArgument, match="bucket_bytes 1048576 is more than its staging blocks"):
+            gpuipc.stream_reader(name)
+
+
+@pytest.mark.parametrize("pieces, blocks", [
+    ([["a", "float32", [64], 0, 16, 0, 0]], [[5, "00" * 40]]),  # a pool name that is no string
+    ([["a", "float32", [64], 0, 16, 0, 0]], [{}]),  # a table entry that is no pair
+    ([["a", "float32", [64], 2, 16, 0]], []),  # splits an element
+    ([["a", "float32", [1 << 20], 0, 0, 0]], []),  # elements and no bytes (a 4 MiB empty array)
+], ids=["pool-int", "entry-dict", "split-element", "no-bytes"])
+def test_a_stream_reader_stops_at_a_malformed_bucket(name, pieces, blocks):
+    """ProtocolError for the bucket, and again at every later call (it used to read the same bad bucket for ever),
+    saying to close the reader."""
+    with gpuipc.stream_publisher(name, 4096, 2, readers=1, kind="host") as pub:
+        with gpuipc.stream_reader(name) as rd:
+            src = {"a": np.arange(64, dtype=np.float32)}
+            t = threading.Thread(target=pub.publish, args=(src,))
+            t.start()
+            assert rd.receive({"a": np.zeros(64, np.float32)}, timeout=10) == 1
+            t.join()
+            _put_desc(pub._mem, 2, 1, rd._next, pieces, blocks)
+            pub._filled.signal_host(rd._next)
+            with pytest.raises(gpuipc.ProtocolError, match="bucket descriptor"):
+                rd.receive({"a": np.zeros(64, np.float32)}, timeout=2)
+            with pytest.raises(gpuipc.ProtocolError, match="close it"):
+                rd.receive({"a": np.zeros(64, np.float32)}, timeout=2)
+
+
+def test_python_doctor_judges_the_runtime_directory_as_the_library_does(tmp_path):
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)  # like /tmp: the library uses it
+    assert _runtime_dir_report(str(sticky))["usable"], _runtime_dir_report(str(sticky))
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    assert "chmod go-w" in _runtime_dir_report(str(open_dir))["error"]
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert "symbolic link" in _runtime_dir_report(str(link))["error"]
+    assert stat.S_ISLNK(os.lstat(link).st_mode)
