@@ -356,7 +356,7 @@ Channel Channel::create(std::string_view name, const ChannelOptions& options, Ch
   GPUIPC_TRACE("gpuipc::Channel::create");
   check_channel_name(name);
   if (options.slots == 0 || options.slots > proto::kMaxSlots || options.header_bytes > proto::kMaxHeaderBytes ||
-      options.slot_bytes == 0 || options.kind == SegmentKind::HostPinned) {
+      options.slot_bytes == 0 || (options.kind != SegmentKind::Device && options.kind != SegmentKind::Host)) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("channel '{}': slots must be 1..{}, header_bytes 0..{}, slot_bytes > 0, kind device or "
                             "host",
@@ -377,12 +377,12 @@ Channel Channel::create(std::string_view name, const ChannelOptions& options, Ch
   const CreateOptions data_options{.kind = options.kind, .device = options.device, .mode = options.mode};
   Segment data;
   try {
-    data = Segment::create(slots_name(name), slot_bytes * options.slots, data_options);
+    data = detail::create_segment(slots_name(name), slot_bytes * options.slots, data_options, 0);
   } catch (const Error& e) {
     // A creator killed between its two creates leaves the buffers' name with no channel and nobody holding it.
     // Such a leftover is ours to reclaim: same owner, no control block, no reference. Anything else is real.
     if (e.code() != ErrorCode::AlreadyExists || !reclaim_orphan_buffers(name)) throw;
-    data = Segment::create(slots_name(name), slot_bytes * options.slots, data_options);
+    data = detail::create_segment(slots_name(name), slot_bytes * options.slots, data_options, 0);
   }
   const std::size_t control_bytes = proto::channel_control_bytes(options.slots, options.header_bytes);
   // The control block is filled in before the broker registers its name: an opener never sees it half made, and

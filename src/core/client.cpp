@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -254,7 +255,9 @@ std::uint32_t BrokerClient::send_locked(const proto::Body& body, std::span<const
 
 Reply BrokerClient::receive_locked(std::chrono::milliseconds timeout) {
   // The wait is bounded: a broker that stops answering becomes an error, not a hang.
-  const int wait_ms = static_cast<int>(std::max<std::int64_t>(timeout.count(), connect_timeout().count()));
+  // (Saturated: a wait of 2^32 ms cast to int was 999 ms.)
+  const int wait_ms = static_cast<int>(
+      std::clamp<std::int64_t>(std::max<std::int64_t>(timeout.count(), connect_timeout().count()), 0, INT_MAX));
   if (!m_reply_buffer) m_reply_buffer = std::make_unique_for_overwrite<std::byte[]>(proto::kMaxMessageSize);
   const std::span<std::byte> buffer(m_reply_buffer.get(), proto::kMaxMessageSize);
   const std::int64_t poll_ns = reply_poll_ns();  // read (and checked) at connect

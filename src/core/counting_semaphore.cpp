@@ -5,6 +5,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/deadline.hpp"
 #include "core/membership.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
@@ -149,8 +150,8 @@ Status CountingSemaphore::acquire(std::uint32_t n, std::chrono::nanoseconds time
   if (atomic(b.waiting).load(std::memory_order_seq_cst) == 0 && s.try_take(n)) return Status::Ok;
   if (timeout.count() == 0) return Status::WouldBlock;
   using clock = std::chrono::steady_clock;
-  const bool forever = timeout.count() < 0;
-  const auto deadline = forever ? clock::time_point::max() : clock::now() + timeout;
+  const auto deadline = base::deadline_after(clock::now(), timeout);
+  const bool forever = deadline == clock::time_point::max();  // (also a timeout past what the clock holds)
   std::unique_lock<std::mutex> waiting(s.wait, std::defer_lock);
   if (forever) {
     waiting.lock();

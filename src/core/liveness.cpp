@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "base/config.hpp"
+#include "base/deadline.hpp"
 #include "core/client.hpp"
 #include "cuda/trace.hpp"
 #include "os/epoll.hpp"
@@ -210,8 +211,8 @@ void Watcher::add(std::string_view name) {
 std::optional<WatchEvent> Watcher::next(std::chrono::nanoseconds timeout) {
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "empty Watcher handle", "watch");
   using clock = std::chrono::steady_clock;
-  const bool forever = timeout.count() < 0;
-  const auto deadline = forever ? clock::time_point::max() : clock::now() + timeout;
+  const auto deadline = base::deadline_after(clock::now(), timeout);
+  const bool forever = deadline == clock::time_point::max();
   while (m_impl->queued.empty()) {
     int wait_ms = -1;
     if (!forever) {

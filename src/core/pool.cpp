@@ -111,6 +111,9 @@ shm::PoolGeometry geometry_for(std::string_view name, const PoolOptions& o) {
   auto bad = [&](const std::string& why) {
     return Error(ErrorCode::InvalidArgument, fmt::format("pool '{}': {}", name, why), "create");
   };
+  if (o.kind != SegmentKind::Device && o.kind != SegmentKind::Host && o.kind != SegmentKind::HostPinned) {
+    throw bad(fmt::format("kind {} is not a pool kind (Device, Host or HostPinned)", static_cast<unsigned>(o.kind)));
+  }
   if (o.pool_mode == PoolMode::Fixed) {
     if (o.block_bytes == 0 || o.block_count == 0 || o.block_count > shm::kMaxRecords ||
         o.block_bytes > (std::uint64_t{1} << 40) / o.block_count) {

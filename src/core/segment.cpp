@@ -228,8 +228,31 @@ void Segment::check_alive() const {
   if (!alive()) throw detail::exporter_gone_error(m_map->name);
 }
 
+namespace {
+
+/// Whether `name` ends as the segments a channel or a pool makes beside its control block do: `X.slots` (a channel's
+/// buffers) or `X.chunk.<digits>` (a pool's chunks). Channel::create takes a `X.slots` that nobody holds for the
+/// leftover of a killed create and reclaims it, and pools sweep their chunks by name.
+bool reserved_name(std::string_view name) {
+  if (name.ends_with(".slots")) return true;
+  const auto dot = name.rfind('.');
+  if (dot == std::string_view::npos || dot + 1 == name.size()) return false;
+  const std::string_view digits = name.substr(dot + 1);
+  return digits.find_first_not_of("0123456789") == std::string_view::npos && name.substr(0, dot).ends_with(".chunk");
+}
+
+}  // namespace
+
 Segment Segment::create(std::string_view name, std::size_t bytes, const CreateOptions& options) {
   GPUIPC_TRACE("gpuipc::Segment::create");
+  if (reserved_name(name)) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("segment '{}': names ending in '.slots' or '.chunk.<n>' are reserved for the buffers "
+                            "of channels and the chunks of pools (a channel's create reclaims a '.slots' nobody "
+                            "holds); choose another name",
+                            name),
+                "create");
+  }
   return detail::create_segment(name, bytes, options, 0);
 }
 
@@ -244,6 +267,13 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
   if ((options.mode & ~0777U) != 0) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("segment '{}': mode {:o} has bits outside 0777", name, options.mode), "create");
+  }
+  if (options.kind != SegmentKind::Device && options.kind != SegmentKind::Host &&
+      options.kind != SegmentKind::HostPinned && options.kind != SegmentKind::DeviceIpc) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("segment '{}': kind {} is not a segment kind (Device, Host or HostPinned)", name,
+                            static_cast<unsigned>(options.kind)),
+                "create");
   }
   if (options.kind == SegmentKind::DeviceIpc) {
     throw Error(ErrorCode::InvalidArgument,
@@ -313,11 +343,22 @@ Segment Segment::open(std::string_view name, const OpenOptions& options) {
 
 namespace {
 
+/// What the broker is asked to wait for the name: `options.wait` clamped to 0..UINT32_MAX ms (about 49 days).
+std::chrono::milliseconds broker_wait(const OpenOptions& options) {
+  return std::chrono::milliseconds(std::clamp<std::int64_t>(options.wait.count(), 0, UINT32_MAX));
+}
+
 proto::Open open_request(const std::string& name, const OpenOptions& options) {
+  if (options.access != Access::ReadOnly && options.access != Access::ReadWrite) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("open of '{}': access {} is neither ReadOnly nor ReadWrite", name,
+                            static_cast<unsigned>(options.access)),
+                "open");
+  }
   proto::Open req;
   req.name = name;
   req.access = static_cast<proto::Access>(options.access);
-  req.wait_ms = static_cast<std::uint32_t>(std::clamp<std::int64_t>(options.wait.count(), 0, UINT32_MAX));
+  req.wait_ms = static_cast<std::uint32_t>(broker_wait(options).count());
   return req;
 }
 
@@ -407,7 +448,8 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
   }
   auto& client = core::BrokerClient::instance();
   const std::uint64_t names_gen = client.names_generation();
-  auto reply = client.request(open_request(n, options), {}, options.wait + std::chrono::milliseconds(1000));
+  // The broker's wait (clamped as it is asked for: wait + 1 s overflowed for milliseconds::max()) and a second.
+  auto reply = client.request(open_request(n, options), {}, broker_wait(options) + std::chrono::milliseconds(1000));
   return map_opened(n, options, register_pinned, place_at, std::move(reply), names_gen);
 }
 
@@ -431,9 +473,14 @@ std::vector<std::variant<Segment, Error>> detail::open_segments(std::span<const 
       got[i].emplace(e);
       continue;
     }
+    try {
+      bodies.emplace_back(open_request(n, o.options));
+    } catch (const Error& e) {  // (an access out of range: this open's error, not the batch's)
+      got[i].emplace(e);
+      continue;
+    }
     asked.push_back(i);
-    bodies.emplace_back(open_request(n, o.options));
-    wait = std::max(wait, o.options.wait);
+    wait = std::max(wait, broker_wait(o.options));
   }
   if (!bodies.empty()) {
     const std::uint64_t names_gen = client.names_generation();

@@ -135,7 +135,7 @@ Semaphore::~Semaphore() = default;
 
 Semaphore Semaphore::create(std::string_view name, const SemaphoreOptions& options) {
   GPUIPC_TRACE("gpuipc::Semaphore::create");
-  if (options.kind == SegmentKind::Device) {
+  if (options.kind != SegmentKind::HostPinned && options.kind != SegmentKind::Host) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("semaphore '{}': kind must be host_pinned (GPU and host) or host (host only)", name),
                 "create");

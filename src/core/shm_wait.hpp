@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 
+#include "base/deadline.hpp"
 #include "gpuipc/error.hpp"
 #include "proto/shm.hpp"
 #include "shm/sync.hpp"
@@ -32,7 +33,7 @@ Status wait_on(const std::uint32_t& futex_word, std::chrono::nanoseconds timeout
                std::uint32_t* sleepers = nullptr, std::chrono::nanoseconds spin = kDefaultSpin) noexcept {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
-  const auto deadline = timeout.count() < 0 ? clock::time_point::max() : start + timeout;
+  const auto deadline = base::deadline_after(start, timeout);  // (nanoseconds::max(): never, not the past)
   // Spinning first: a peer that answers within microseconds is seen without two context switches.
   while (clock::now() - start < spin) {
     for (int i = 0; i < 64; ++i) {

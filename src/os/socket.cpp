@@ -21,6 +21,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "base/deadline.hpp"
 #include "base/errors.hpp"
 #include "os/process.hpp"
 
@@ -130,7 +131,7 @@ UniqueFd connect_seqpacket(const std::string& path, std::chrono::milliseconds ti
   // with no bound (a stopped broker would hang every client). Non-blocking, it fails with EAGAIN instead.
   UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!sock) throw_system("socket", what);
-  const auto deadline = clock::now() + timeout;
+  const auto deadline = base::deadline_after(clock::now(), timeout);
   auto pause = std::chrono::microseconds(100);
   for (;;) {
     if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
