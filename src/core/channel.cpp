@@ -438,6 +438,14 @@ ChannelStats Channel::stat(std::string_view name) {
 
 void Channel::unlink(std::string_view name) {
   check_channel_name(name);
+  // By name alone it removed whatever `name` was (a semaphore, a pool's control block) and `name`.slots beside it.
+  if (detail::control_magic(name) != proto::kChannelMagic) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("'{}' is not a channel: remove another kind of object with its own unlink, or a plain "
+                            "segment with Segment::unlink (`gpuipc rm`)",
+                            name),
+                "unlink");
+  }
   Segment::unlink(name);
   try {
     Segment::unlink(slots_name(name));

@@ -246,14 +246,30 @@ Pool Pool::open(std::string_view name, const OpenOptions& options) {
 
 void Pool::unlink(std::string_view name) {
   check_pool_name(name);
-  Segment::unlink(name);
+  std::optional<Error> missing;
+  try {
+    if (detail::control_magic(name) != shm::kPoolMagic) {
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("'{}' is not a pool: remove another kind of object with its own unlink, or a plain "
+                              "segment with Segment::unlink (`gpuipc rm`)",
+                              name),
+                  "unlink");
+    }
+    Segment::unlink(name);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::NotFound) throw;
+    missing = e;  // its chunks may outlive it (a `gpuipc rm` of the control block alone): still swept
+  }
   // Every chunk, including one a dead creator made but never marked ready.
   const std::string prefix = std::string(name) + ".chunk.";
+  bool swept = false;
   for (const auto& info : Segment::list()) {
     if (info.name.rfind(prefix, 0) != 0 || info.name.size() == prefix.size()) continue;
     if (info.name.find_first_not_of("0123456789", prefix.size()) != std::string::npos) continue;
     pool_detail::unlink_if_present(info.name);
+    swept = true;
   }
+  if (missing && !swept) throw *missing;
 }
 
 PoolStats Pool::stat(std::string_view name) {

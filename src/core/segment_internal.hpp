@@ -101,6 +101,11 @@ std::vector<std::variant<Segment, Error>> open_segments(std::span<const SegmentO
 /// 4 MiB control block of a 65536-block pool), so pool members do it only when a stream first writes to it.
 std::uint64_t register_pinned_later(const Segment& segment, int ordinal);
 
+/// The first 4 bytes of segment `name` read through a read-only mapping (the magic of a semaphore's, channel's, pool's
+/// or counting semaphore's control block, whatever its version), or 0 for a segment too small or not in host
+/// memory. Throws what Segment::open throws (NotFound, PermissionDenied).
+std::uint32_t control_magic(std::string_view name);
+
 /// The checked name, or throws Error(InvalidArgument) saying which names are allowed.
 std::string check_name_or_throw(std::string_view name);
 

@@ -155,5 +155,28 @@ TEST(ApiEdges, TheNamesOfChannelBuffersAndPoolChunksAreReserved) {
   }
 }
 
+TEST(ApiEdges, UnlinksOfAChannelOrAPoolRemoveOnlyAChannelOrAPool) {
+  const auto name = unique_name("edge");
+  auto sem = Semaphore::create(name, {.kind = SegmentKind::Host});
+  // By name alone, Channel::unlink removed the semaphore, and Pool::unlink a segment and a user's `X.chunk.3`.
+  EXPECT_TRUE(invalid([&] { Channel::unlink(name); }, "is not a channel"));
+  EXPECT_TRUE(invalid([&] { Pool::unlink(name); }, "is not a pool"));
+  EXPECT_EQ(Semaphore::stat(name).status, Status::Ok);  // still there
+  sem = Semaphore();
+  Semaphore::unlink(name);
+}
+
+TEST(ApiEdges, APoolsChunksAreSweptAfterItsControlBlockWentAlone) {
+  const auto name = unique_name("edge");
+  { auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = 1 << 16, .max_bytes = 1 << 16}); }
+  Segment::unlink(name);  // what `gpuipc rm` did: the chunk stayed, and no pool of that name could be made again
+  EXPECT_NO_THROW(Segment::stat(name + ".chunk.0"));
+  Pool::unlink(name);  // (it threw NotFound before its sweep)
+  EXPECT_THROW(Segment::stat(name + ".chunk.0"), Error);
+  { auto again = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = 1 << 16, .max_bytes = 1 << 16}); }
+  Pool::unlink(name);
+  EXPECT_THROW(Pool::unlink(name), Error);  // nothing left: NotFound
+}
+
 }  // namespace
 }  // namespace gpuipc::test

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "gpuipc/channel.hpp"
+#include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
@@ -67,6 +69,20 @@ TEST(CliArguments, AnUnknownCommandIsNamedWithTheCommandsThere) {
   const auto none = run("gpuipc", {});  // no word left over: CLI11's own message
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_NE(none.err.find("A subcommand is required"), std::string::npos) << none.err;
+}
+
+TEST(CliArguments, RmOfAPoolOrAChannelRemovesItsChunksOrBuffersToo) {
+  const auto pool = unique_name("rmpool");
+  const auto chan = unique_name("rmchan");
+  { auto p = Pool::create(pool, {.kind = SegmentKind::Host, .chunk_bytes = 1 << 16, .max_bytes = 1 << 16}); }
+  {
+    auto c = Channel::create(chan, {.slots = 2, .slot_bytes = 4096, .kind = SegmentKind::Host}, ChannelRole::Producer);
+  }
+  const auto o = run("gpuipc", {"rm", pool, chan});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  for (const auto& left : {pool, pool + ".chunk.0", chan, chan + ".slots"}) {
+    EXPECT_THROW(Segment::stat(left), Error) << left << " was left behind";
+  }
 }
 
 TEST(CliArguments, LeadingZerosAreDecimal) {

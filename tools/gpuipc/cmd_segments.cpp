@@ -9,6 +9,7 @@
 #include <set>
 
 #include "commands.hpp"
+#include "gpuipc/channel.hpp"
 #include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/format.hpp"
 #include "gpuipc/pool.hpp"
@@ -170,11 +171,31 @@ void register_segments(CLI::App& app, int& exit_code) {
     exit_code = kExitOk;
   });
 
-  auto* rm = app.add_subcommand("rm", "unlink segments: the names go now, the memory when the last mapper closes");
+  auto* rm = app.add_subcommand("rm",
+                                "unlink segments: the names go now, the memory when the last mapper closes (a pool's "
+                                "chunks and a channel's buffers go with it)");
   static std::vector<std::string> rm_names;
   rm->add_option("NAME", rm_names, "segment names")->required();
   rm->callback([&exit_code] {
-    for (const auto& n : rm_names) Segment::unlink(n);
+    for (const auto& n : rm_names) {
+      // A pool or a channel is more than its name: its chunks or its buffers (NAME.chunk.<n>, NAME.slots) would be
+      // left behind, and a pool of that name could not be made again.
+      const auto is = [&](auto stat) {
+        try {
+          (void)stat(n);
+          return true;
+        } catch (const Error&) {
+          return false;
+        }
+      };
+      if (is([](const std::string& x) { return Pool::stat(x); })) {
+        Pool::unlink(n);
+      } else if (is([](const std::string& x) { return Channel::stat(x); })) {
+        Channel::unlink(n);
+      } else {
+        Segment::unlink(n);
+      }
+    }
     exit_code = kExitOk;
   });
 }
