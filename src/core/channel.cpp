@@ -416,6 +416,16 @@ Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpen
   check_channel_name(name);
   OpenOptions co{.access = Access::ReadWrite, .wait = options.wait, .device = options.device};
   Segment control = Segment::open(name, co);
+  // Another kind of object (a semaphore, a pool) has no NAME.slots: say what it is not, not that NAME.slots is missing.
+  std::uint32_t magic = 0;
+  if (control.size() >= sizeof magic &&
+      (control.kind() == SegmentKind::Host || control.kind() == SegmentKind::HostPinned)) {
+    std::memcpy(&magic, control.data(), sizeof magic);
+  }
+  if (magic != proto::kChannelMagic) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("'{}' is not a channel (another kind of object, or a plain segment)", name), "open");
+  }
   // Consumers only read the buffers: they map them read-only, so a stray write faults in the consumer.
   OpenOptions dopt{.access = role == ChannelRole::Consumer ? Access::ReadOnly : Access::ReadWrite,
                    .wait = std::chrono::milliseconds(0),

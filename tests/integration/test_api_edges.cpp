@@ -161,6 +161,8 @@ TEST(ApiEdges, UnlinksOfAChannelOrAPoolRemoveOnlyAChannelOrAPool) {
   // By name alone, Channel::unlink removed the semaphore, and Pool::unlink a segment and a user's `X.chunk.3`.
   EXPECT_TRUE(invalid([&] { Channel::unlink(name); }, "is not a channel"));
   EXPECT_TRUE(invalid([&] { Pool::unlink(name); }, "is not a pool"));
+  // (Channel::open said "no segment named NAME.slots".)
+  EXPECT_TRUE(invalid([&] { Channel::open(name, ChannelRole::Consumer); }, "is not a channel"));
   EXPECT_EQ(Semaphore::stat(name).status, Status::Ok);  // still there
   sem = Semaphore();
   Semaphore::unlink(name);

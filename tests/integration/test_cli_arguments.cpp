@@ -83,6 +83,13 @@ TEST(CliArguments, RmOfAPoolOrAChannelRemovesItsChunksOrBuffersToo) {
   for (const auto& left : {pool, pool + ".chunk.0", chan, chan + ".slots"}) {
     EXPECT_THROW(Segment::stat(left), Error) << left << " was left behind";
   }
+  // It stops at the first name it cannot remove, and says which it left.
+  const auto keep = unique_name("keep");
+  { auto s = Segment::create(keep, 4096, {.kind = SegmentKind::Host}); }
+  const auto stopped = run("gpuipc", {"rm", pool, keep});
+  EXPECT_EQ(stopped.exit_code, 5) << stopped.err;
+  EXPECT_NE(stopped.err.find("not removed: '" + keep + "'"), std::string::npos) << stopped.err;
+  Segment::unlink(keep);
 }
 
 TEST(CliArguments, LeadingZerosAreDecimal) {

@@ -177,23 +177,35 @@ void register_segments(CLI::App& app, int& exit_code) {
   static std::vector<std::string> rm_names;
   rm->add_option("NAME", rm_names, "segment names")->required();
   rm->callback([&exit_code] {
-    for (const auto& n : rm_names) {
-      // A pool or a channel is more than its name: its chunks or its buffers (NAME.chunk.<n>, NAME.slots) would be
-      // left behind, and a pool of that name could not be made again.
-      const auto is = [&](auto stat) {
-        try {
-          (void)stat(n);
-          return true;
-        } catch (const Error&) {
-          return false;
+    for (std::size_t k = 0; k < rm_names.size(); ++k) {
+      const std::string& n = rm_names[k];
+      try {
+        // A pool or a channel is more than its name: its chunks or its buffers (NAME.chunk.<n>, NAME.slots) would be
+        // left behind, and a pool of that name could not be made again.
+        const auto is = [&](auto stat) {
+          try {
+            (void)stat(n);
+            return true;
+          } catch (const Error&) {
+            return false;
+          }
+        };
+        if (is([](const std::string& x) { return Pool::stat(x); })) {
+          Pool::unlink(n);
+        } else if (is([](const std::string& x) { return Channel::stat(x); })) {
+          Channel::unlink(n);
+        } else {
+          Segment::unlink(n);
         }
-      };
-      if (is([](const std::string& x) { return Pool::stat(x); })) {
-        Pool::unlink(n);
-      } else if (is([](const std::string& x) { return Channel::stat(x); })) {
-        Channel::unlink(n);
-      } else {
-        Segment::unlink(n);
+      } catch (const Error&) {
+        // The error is printed by the caller; say which names it left alone.
+        if (k + 1 < rm_names.size()) {
+          std::string rest;
+          for (std::size_t r = k + 1; r < rm_names.size(); ++r)
+            rest += (rest.empty() ? "'" : ", '") + rm_names[r] + "'";
+          std::cerr << "gpuipc rm: stopped at '" << n << "'; not removed: " << rest << "\n";
+        }
+        throw;
       }
     }
     exit_code = kExitOk;
