@@ -228,6 +228,8 @@ def decode(name: str, mem: np.ndarray) -> Index:
     if len(set(body["names"])) != len(body["names"]):
         raise _malformed(name, "a tensor name twice")
     v = body.get("versioning")
+    if v is None and slots != 1:  # (two slots are versions=2's)
+        raise _malformed(name, "two slots and no versioning")
     if v is not None and not (isinstance(v, dict) and isinstance(v.get("semaphore"), str)
                               and v.get("versions") in (1, 2) and type(v.get("versions")) is int
                               and v["versions"] == slots):

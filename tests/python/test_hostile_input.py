@@ -84,6 +84,14 @@ def test_a_forged_tensor_index_is_refused_as_malformed(name, case, change, flat,
         block.free()
 
 
+def test_a_tensor_index_of_two_slots_without_versioning_is_malformed(name):
+    """(Its reader was told to use open_tensors, the call that sent it there.)"""
+    with _forge(name, _body([]), [], [], b"") as seg:
+        seg.as_array("uint8")[16:20] = np.frombuffer(struct.pack("<I", 2), np.uint8)  # slots
+        with pytest.raises(gpuipc.InvalidArgument, match="two slots and no versioning"):
+            gpuipc.open_tensors(name)
+
+
 def test_a_tensor_index_nested_thousands_deep_is_malformed_not_a_recursion_error(name):
     nested = b"[" * 100000 + b"]" * 100000
     with _forge(name, nested, [], [], b""):
