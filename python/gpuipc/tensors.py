@@ -405,10 +405,13 @@ def build(tensors: List[Dict[str, Any]], views: List[Any], readonly: bool) -> Di
         elif base.is_cuda or dt.numpy is None:
             out[t["name"]] = base.as_strided(dt.dlpack, dt.typestr, list(shape), list(strides), t["offset"] * dt.itemsize)
         else:
-            out[t["name"]] = np.ndarray(
-                shape, dtype=dt.numpy, buffer=base, offset=t["offset"] * dt.itemsize,
-                strides=tuple(x * dt.itemsize for x in strides),
-            )
+            try:
+                out[t["name"]] = np.ndarray(
+                    shape, dtype=dt.numpy, buffer=base, offset=t["offset"] * dt.itemsize,
+                    strides=tuple(x * dt.itemsize for x in strides),
+                )
+            except (ValueError, TypeError, OverflowError) as e:  # NumPy refuses what lies outside the buffer
+                raise InvalidArgument(f"tensor {t['name']!r} of a tensor index is malformed (outside its storage: {e})") from None
     return out
 
 
@@ -450,9 +453,7 @@ def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment,
     deadline = time.monotonic() + 5.0
     while not mem[:8].any() and time.monotonic() < deadline:
         time.sleep(0.001)
-    index = _index.decode(name, mem)
-    index.storages, index.tensors  # checked here (InvalidArgument), before refs are resolved: not taken for PeerDied
-    return index, seg, mem
+    return _index.decode(name, mem), seg, mem
 
 
 def join_pool(pool_name: str, readonly: bool, device: Optional[int], owner: str) -> Pool:
@@ -704,6 +705,8 @@ def open_tensors(
                 try:
                     out = opened.tensors(raw, readonly)
                 except InvalidArgument as e:
+                    if _index.is_malformed(e):
+                        raise
                     raise PeerDied(f"the tensors of {name!r} were freed (their owner closed or died): {e}") from None
                 if _index.read_stamp(index, mem, 0) == v:
                     return out

@@ -334,7 +334,9 @@ class Reader:
             raw = _index.read_refs_raw(idx, mem, k)
             try:
                 out = self._opened.tensors(raw, self._readonly)
-            except InvalidArgument:
+            except InvalidArgument as e:
+                if _index.is_malformed(e):
+                    raise
                 if self._sem.value == v and self._sem.status != "ok":
                     if self._last is not None:
                         return self._last

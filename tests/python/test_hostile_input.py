@@ -57,8 +57,8 @@ def _body(names, dtypes=("float32",), pools=("P",), words=0, **extra):
 
 #: (case, body changes, tensor column, what the error names). The storage is a real 64-byte float32 block.
 _FORGED = [
-    ("past its storage", {}, [0, 0, 0, 0, 1, 17, 1], "past the end of its storage"),
-    ("strides past its storage", {}, [0, 0, 0, 0, 2, 2, 2, 1 << 40, 1], "past the end of its storage"),
+    ("past its storage", {}, [0, 0, 0, 0, 1, 17, 1], "outside its storage"),
+    ("strides past its storage", {}, [0, 0, 0, 0, 2, 2, 2, 1 << 40, 1], "outside its storage"),
     ("elements and no storage", {}, [-1, 0, 0, 0, 2, 3, 4, 4, 1], "elements and no storage"),
     ("an unknown dtype", {"dtypes": ["nonsense"]}, [0, 0, 0, 0, 1, 4, 1], "dtype 'nonsense'"),
     ("a dtype that is no string", {"dtypes": [5]}, [0, 0, 0, 0, 1, 4, 1], "no string"),
