@@ -314,6 +314,14 @@ Block Pool::allocate(std::size_t bytes, std::size_t alignment) {
                 fmt::format("pool '{}': alignment {} is not a power of two up to 4096", im.name, alignment), "allocate");
   }
   const std::uint64_t limit = g.mode == shm::PoolMode::Fixed ? g.block_bytes : g.chunk_bytes;
+  if (g.mode == shm::PoolMode::Fixed && g.block_bytes % alignment != 0) {
+    // (It said only "cannot allocate N bytes aligned to A".)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("pool '{}': its fixed blocks are {} bytes apart, so they are not aligned to {}; create it "
+                            "with a block_bytes that is a multiple of {}",
+                            im.name, g.block_bytes, alignment, alignment),
+                "allocate");
+  }
   if (bytes == 0 || bytes > limit) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("pool '{}': cannot allocate {} bytes: blocks are 1 to {} bytes ({}); create a pool with "

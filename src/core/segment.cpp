@@ -32,10 +32,17 @@ Mapping::~Mapping() {
 std::string check_name_or_throw(std::string_view name) {
   auto why = proto::check_name(name);
   if (!why.empty()) {
+    // The name as printable text: a NUL in it cut what() short, and control bytes reached the terminal.
+    std::string shown;
+    for (const char c : name.substr(0, 200)) {
+      const auto u = static_cast<unsigned char>(c);
+      shown += u >= 0x20 && u < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", u);
+    }
+    if (name.size() > 200) shown += "...";
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("invalid segment name '{}': {} (use 1-{} characters of A-Z a-z 0-9 . _ -, not starting "
                             "with '.' or '-')",
-                            name, why, proto::kMaxNameLength),
+                            shown, why, proto::kMaxNameLength),
                 "check_name");
   }
   return std::string(name);

@@ -144,6 +144,12 @@ TEST(ApiEdges, EnumValuesOutOfRangeAreInvalidArgument) {
                       "kind device or host"));
 }
 
+TEST(ApiEdges, AnInvalidNameIsShownAsPrintableText) {
+  // A NUL in the name cut the message short at it; other control bytes went to the terminal as they were.
+  EXPECT_TRUE(invalid([&] { Segment::create(std::string("ab\0cd\x1b", 6), 4096, {.kind = SegmentKind::Host}); },
+                      "invalid segment name 'ab\\x00cd\\x1b'"));
+}
+
 TEST(ApiEdges, TheNamesOfChannelBuffersAndPoolChunksAreReserved) {
   const auto name = unique_name("edge");
   // A channel's create reclaims an `X.slots` that nobody holds: a user's segment of that name was wiped.

@@ -376,6 +376,18 @@ TEST(PoolsHost, MaxBytesIsHonouredOrRefusedNeverCut) {
   Pool::unlink(name);
 }
 
+TEST(PoolsHost, AFixedPoolSaysWhyItsBlocksCannotHaveAnAlignment) {
+  const auto name = unique_name("pool");
+  auto pool = Pool::create(
+      name, {.kind = SegmentKind::Host, .pool_mode = PoolMode::Fixed, .block_bytes = 256, .block_count = 4});
+  EXPECT_TRUE(throws([&] { pool.allocate(10, 4096); }, ErrorCode::InvalidArgument,
+                     "its fixed blocks are 256 bytes apart, so they are not aligned to 4096"));
+  Block b = pool.allocate(10, 256);
+  b = Block();
+  pool = Pool();
+  Pool::unlink(name);
+}
+
 TEST(PoolsHost, MisuseGetsInvalidArgumentNamingWhatIsWrong) {
   const auto name = unique_name("pool");
   auto pool = one_chunk_pool(name);
