@@ -196,7 +196,9 @@ def _malformed(name: str, why: str) -> InvalidArgument:
 
 def is_malformed(e: Exception) -> bool:
     """Whether an error of building views over an index's refs says the index itself is wrong (a record outside
-    its storage, from the Python checks or the C++ ones), not that the refs went stale (their blocks freed)."""
+    its storage, from the Python checks or the C++ ones), not that the refs went stale (their blocks freed). It reads
+    the messages: "malformed" (_malformed, tensors.build, python/src/pool.cpp tensors_of_index), "does not fit" and
+    "too large" (python/src/views.cpp strided and strided_span); a stale ref fails in resolve or hold instead."""
     text = str(e)
     return "malformed" in text or "does not fit" in text or "too large" in text
 

@@ -192,6 +192,8 @@ def share(
     mode = in_range(mode, "mode", U32)
     if device is None or (isinstance(device, int) and not isinstance(device, bool) and device == -1):
         device = -1
+    elif isinstance(device, int) and not isinstance(device, bool) and device < -1:
+        raise InvalidArgument(f"share: device must be -1 or None (any GPU), a GPU ordinal or a GPU UUID, not {device}")
     else:
         device = _device(in_range(device, "device", 2**31 - 1) if isinstance(device, int) else device)
     if isinstance(array_or_ptr, bool):

@@ -417,12 +417,7 @@ Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpen
   OpenOptions co{.access = Access::ReadWrite, .wait = options.wait, .device = options.device};
   Segment control = Segment::open(name, co);
   // Another kind of object (a semaphore, a pool) has no NAME.slots: say what it is not, not that NAME.slots is missing.
-  std::uint32_t magic = 0;
-  if (control.size() >= sizeof magic &&
-      (control.kind() == SegmentKind::Host || control.kind() == SegmentKind::HostPinned)) {
-    std::memcpy(&magic, control.data(), sizeof magic);
-  }
-  if (magic != proto::kChannelMagic) {
+  if (detail::control_magic(control) != proto::kChannelMagic) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("'{}' is not a channel (another kind of object, or a plain segment)", name), "open");
   }

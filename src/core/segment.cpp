@@ -447,14 +447,17 @@ std::optional<Segment> cached_open(const std::string& n, const OpenOptions& opti
 
 }  // namespace
 
-std::uint32_t detail::control_magic(std::string_view name) {
-  const Segment s = open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
+std::uint32_t detail::control_magic(const Segment& s) noexcept {
   if (s.size() < sizeof(std::uint32_t) || (s.kind() != SegmentKind::Host && s.kind() != SegmentKind::HostPinned)) {
     return 0;
   }
   std::uint32_t magic = 0;
   std::memcpy(&magic, s.data(), sizeof magic);
   return magic;
+}
+
+std::uint32_t detail::control_magic(std::string_view name) {
+  return control_magic(open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false));
 }
 
 Segment detail::open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,

@@ -105,6 +105,8 @@ std::uint64_t register_pinned_later(const Segment& segment, int ordinal);
 /// or counting semaphore's control block, whatever its version), or 0 for a segment too small or not in host
 /// memory. Throws what Segment::open throws (NotFound, PermissionDenied).
 std::uint32_t control_magic(std::string_view name);
+/// The same, of a segment already mapped.
+std::uint32_t control_magic(const Segment& segment) noexcept;
 
 /// The checked name, or throws Error(InvalidArgument) saying which names are allowed.
 std::string check_name_or_throw(std::string_view name);
