@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "base/config.hpp"
+#include "base/deadline.hpp"
 #include "base/log.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/programs.hpp"
@@ -42,6 +43,33 @@ std::int64_t reply_poll_ns() {
       1000;
   return ns;
 }
+
+/// When a reply waited for with `timeout` is late: the later of `timeout` and GPUIPC_CONNECT_TIMEOUT_MS from now.
+std::chrono::steady_clock::time_point reply_deadline(std::chrono::milliseconds timeout) {
+  return base::deadline_after(std::chrono::steady_clock::now(), std::max(timeout, connect_timeout()));
+}
+
+/// Whole ms from now to `deadline` (rounded up), for poll(2): 0..INT_MAX.
+int ms_until(std::chrono::steady_clock::time_point deadline) {
+  if (deadline == std::chrono::steady_clock::time_point::max()) return INT_MAX;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, INT_MAX));
+}
+
+/// The Timeout of a call whose answer did not come within `limit`.
+Error no_answer(std::chrono::milliseconds limit) {
+  return Error(
+      ErrorCode::Timeout,
+      fmt::format("the gpuipc broker did not answer within {} ms (the call's wait, or GPUIPC_CONNECT_TIMEOUT_MS); "
+                  "the connection stays and the late answer is discarded: see {}/broker.log if the broker "
+                  "is stuck",
+                  limit.count(), config::runtime_dir()),
+      "recv");
+}
+
+/// Most requests given up on whose answers the connection waits for: more means the broker answers nothing at all,
+/// and the connection is dropped (the broker then repairs what this process holds, as for a process that died).
+constexpr std::size_t kMaxAbandoned = 64;
 
 // This process's connection to the broker and the watcher's copy of it (-1: none), for the fork handler below. Set
 // after the fd is made and cleared before it is closed: a child never turns an fd of its own into /dev/null.
@@ -201,7 +229,13 @@ void BrokerClient::connect_locked() {
     if (ch < 0x20 || ch > 0x7e) ch = '?';
   }
   hello.client_name = exe.substr(0, 64);
-  Reply r = exchange_locked(hello, {}, connect_timeout());
+  Reply r;
+  try {
+    r = exchange_locked(hello, {}, connect_timeout());
+  } catch (const Error&) {
+    disconnect_locked();  // a connection the broker never greeted is of no use (exchange_locked kept it)
+    throw;
+  }
   const auto* hr = std::get_if<proto::HelloReply>(&r.msg.body);
   if (hr == nullptr) {
     disconnect_locked();
@@ -253,65 +287,106 @@ std::uint32_t BrokerClient::send_locked(const proto::Body& body, std::span<const
   return msg.request_id;
 }
 
-Reply BrokerClient::receive_locked(std::chrono::milliseconds timeout) {
-  // The wait is bounded: a broker that stops answering becomes an error, not a hang.
-  // (Saturated: a wait of 2^32 ms cast to int was 999 ms.)
-  const int wait_ms = static_cast<int>(
-      std::clamp<std::int64_t>(std::max<std::int64_t>(timeout.count(), connect_timeout().count()), 0, INT_MAX));
-  if (!m_reply_buffer) m_reply_buffer = std::make_unique_for_overwrite<std::byte[]>(proto::kMaxMessageSize);
-  const std::span<std::byte> buffer(m_reply_buffer.get(), proto::kMaxMessageSize);
+Reply BrokerClient::receive_locked(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds limit) {
+  // The wait is bounded: a broker that stops answering becomes an error, not a hang. The connection stays: the
+  // caller abandons its request, whose late answer is then discarded (dropping the connection would make the broker
+  // take this process for dead).
   const std::int64_t poll_ns = reply_poll_ns();  // read (and checked) at connect
   for (;;) {
-    if (!os::spin_readable(m_sock.get(), poll_ns) && !os::wait_readable(m_sock.get(), wait_ms)) {
-      disconnect_locked();
-      throw Error(ErrorCode::Timeout, fmt::format("the gpuipc broker did not answer within {} ms", wait_ms), "recv");
+    if (!os::spin_readable(m_sock.get(), poll_ns) && !os::wait_readable(m_sock.get(), ms_until(deadline))) {
+      throw no_answer(limit);
     }
-    Reply reply;
-    reply.generation = m_generation.load();
-    std::size_t size = 0;
-    const auto st = os::receive_message(m_sock.get(), buffer, size, reply.fds);
-    if (st == os::IoStatus::WouldBlock) continue;
-    if (st != os::IoStatus::Ok) {
-      disconnect_locked();
-      throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "recv");
+    if (auto reply = receive_ready_locked(true)) return std::move(*reply);
+  }
+}
+
+std::optional<Reply> BrokerClient::receive_ready_locked(bool readable) {
+  // The socket blocks: a read with nothing there would wait (and hold the lock) until something comes.
+  if (!readable && !os::wait_readable(m_sock.get(), 0)) return std::nullopt;
+  if (!m_reply_buffer) m_reply_buffer = std::make_unique_for_overwrite<std::byte[]>(proto::kMaxMessageSize);
+  const std::span<std::byte> buffer(m_reply_buffer.get(), proto::kMaxMessageSize);
+  Reply reply;
+  reply.generation = m_generation.load();
+  std::size_t size = 0;
+  const auto st = os::receive_message(m_sock.get(), buffer, size, reply.fds);
+  if (st == os::IoStatus::WouldBlock) return std::nullopt;
+  if (st != os::IoStatus::Ok) {
+    disconnect_locked();
+    throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "recv");
+  }
+  std::string why;
+  const std::span<const std::byte> bytes(buffer.data(), size);
+  if (const auto version = proto::peek_version(bytes); version && *version != proto::kVersion) {
+    disconnect_locked();
+    throw Error(ErrorCode::Protocol,
+                fmt::format("protocol version mismatch: the gpuipc broker on {} speaks protocol version {}, this "
+                            "library (gpuipc {}) speaks version {}. They come from different gpuipc releases: stop "
+                            "the broker (`gpuipc daemon --stop`, or restart gpuipcd.service when systemd runs it) "
+                            "so that a gpuipcd of this library's release serves, or upgrade the older side",
+                            config::socket_path(), *version, GPUIPC_VERSION_STRING, proto::kVersion),
+                "recv");
+  }
+  if (!proto::decode(bytes, reply.fds.size(), reply.msg, why)) {
+    disconnect_locked();
+    throw Error(ErrorCode::Protocol, "malformed reply from the gpuipc broker: " + why, "recv");
+  }
+  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body); err != nullptr && reply.msg.request_id == 0) {
+    // request_id 0: the broker is closing this connection (it could not parse what we sent).
+    disconnect_locked();
+    throw error_from_reply(*err, "broker");
+  }
+  return reply;
+}
+
+void BrokerClient::route_locked(Reply&& reply) {
+  const std::uint32_t id = reply.msg.request_id;
+  if (auto p = m_parked.find(id); p != m_parked.end()) {
+    p->second.reply = std::move(reply);
+    os::event_fd_signal(p->second.wake);
+    return;
+  }
+  if (m_abandoned.erase(id) != 0) {
+    // Its caller had its Timeout. A reference the answer counted is this connection's: give it back, unanswered
+    // too (its own answer is discarded the same way).
+    if (const auto* open = std::get_if<proto::OpenReply>(&reply.msg.body)) {
+      GPUIPC_LOG_DEBUG("late answer to request {}: giving back its reference to segment {}", id, open->info.id);
+      const std::uint32_t close = send_locked(proto::Close{open->info.id}, {});
+      m_abandoned.insert(close);
     }
-    std::string why;
-    const std::span<const std::byte> bytes(buffer.data(), size);
-    if (const auto version = proto::peek_version(bytes); version && *version != proto::kVersion) {
-      disconnect_locked();
-      throw Error(ErrorCode::Protocol,
-                  fmt::format("protocol version mismatch: the gpuipc broker on {} speaks protocol version {}, this "
-                              "library (gpuipc {}) speaks version {}. They come from different gpuipc releases: stop "
-                              "the broker (`gpuipc daemon --stop`, or restart gpuipcd.service when systemd runs it) "
-                              "so that a gpuipcd of this library's release serves, or upgrade the older side",
-                              config::socket_path(), *version, GPUIPC_VERSION_STRING, proto::kVersion),
-                  "recv");
-    }
-    if (!proto::decode(bytes, reply.fds.size(), reply.msg, why)) {
-      disconnect_locked();
-      throw Error(ErrorCode::Protocol, "malformed reply from the gpuipc broker: " + why, "recv");
-    }
-    if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body);
-        err != nullptr && reply.msg.request_id == 0) {
-      // request_id 0: the broker is closing this connection (it could not parse what we sent).
-      disconnect_locked();
-      throw error_from_reply(*err, "broker");
-    }
-    return reply;
+    return;
+  }
+  disconnect_locked();
+  throw Error(ErrorCode::Protocol, fmt::format("reply {} answers no request that waits for one", id), "recv");
+}
+
+void BrokerClient::abandon_locked(std::uint32_t id) {
+  if (!m_sock) return;  // its answer will never come
+  m_abandoned.insert(id);
+  if (m_abandoned.size() > kMaxAbandoned) {
+    GPUIPC_LOG_WARN("the gpuipc broker has left {} requests unanswered: dropping the connection", m_abandoned.size());
+    disconnect_locked();
   }
 }
 
 Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int> fds,
                                     std::chrono::milliseconds timeout) {
+  const auto deadline = reply_deadline(timeout);
   const std::uint32_t id = send_locked(body, fds);
-  Reply reply = receive_locked(timeout);
-  if (reply.msg.request_id != id) {
-    disconnect_locked();
-    throw Error(ErrorCode::Protocol, fmt::format("reply {} does not answer request {}", reply.msg.request_id, id),
-                "recv");
+  for (;;) {
+    Reply reply;
+    try {
+      reply = receive_locked(deadline, std::max(timeout, connect_timeout()));
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::Timeout) abandon_locked(id);
+      throw;
+    }
+    if (reply.msg.request_id != id) {
+      route_locked(std::move(reply));
+      continue;
+    }
+    if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) throw error_from_reply(*err, "broker");
+    return reply;
   }
-  if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) throw error_from_reply(*err, "broker");
-  return reply;
 }
 
 std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const proto::Body> bodies,
@@ -323,22 +398,31 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
     for (int attempt = 0;; ++attempt) {
       if (!m_sock) connect_locked();
       std::size_t sent = 0;
+      std::vector<std::uint32_t> ids(n);
+      std::vector<bool> answered(n, false);
       try {
-        std::vector<std::uint32_t> ids(n);
-        std::vector<bool> answered(n, false);
         for (; sent < n; ++sent) ids[sent] = send_locked(bodies[first + sent], {});
-        for (std::size_t got = 0; got < n; ++got) {
-          Reply reply = receive_locked(timeout);
+        const auto deadline = reply_deadline(timeout);
+        for (std::size_t got = 0; got < n;) {
+          Reply reply;
+          try {
+            reply = receive_locked(deadline, std::max(timeout, connect_timeout()));
+          } catch (const Error& e) {
+            if (e.code() == ErrorCode::Timeout) {
+              for (std::size_t k = 0; k < n; ++k) {
+                if (!answered[k]) abandon_locked(ids[k]);
+              }
+            }
+            throw;
+          }
           // The broker answers a connection's requests in order, except an Open that waits for its name: match by id.
           std::size_t k = 0;
           while (k < n && (answered[k] || ids[k] != reply.msg.request_id)) ++k;
           if (k == n) {
-            disconnect_locked();
-            throw Error(ErrorCode::Protocol,
-                        fmt::format("reply {} answers none of the {} requests sent together that wait for one",
-                                    reply.msg.request_id, n),
-                        "recv");
+            route_locked(std::move(reply));  // another thread's, or a late one
+            continue;
           }
+          ++got;
           answered[k] = true;
           Answer& a = out[first + k];
           if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) {
@@ -359,6 +443,73 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
   return out;
 }
 
+Reply BrokerClient::request_waiting(const proto::Body& body, std::chrono::milliseconds timeout) {
+  const auto deadline = reply_deadline(timeout);
+  const os::UniqueFd wake = os::event_fd();
+  std::unique_lock lock(m_mutex);
+  for (int attempt = 0;; ++attempt) {
+    if (!m_sock) connect_locked();
+    std::uint32_t id = 0;
+    try {
+      id = send_locked(body, {});
+    } catch (const Error& e) {
+      if (attempt == 0 && e.code() == ErrorCode::PeerDied && !m_sock) continue;  // as request()
+      throw;
+    }
+    const std::uint64_t generation = m_generation.load();
+    m_parked[id].wake = wake.get();
+    struct Unpark {
+      std::map<std::uint32_t, Parked>& parked;
+      std::uint32_t id;
+      ~Unpark() { parked.erase(id); }  // under m_mutex: every exit below holds it
+    } unpark{m_parked, id};
+    bool lost = false;
+    for (;;) {
+      if (auto& got = m_parked[id].reply) {
+        Reply reply = std::move(*got);
+        if (const auto* err = std::get_if<proto::ErrorReply>(&reply.msg.body)) throw error_from_reply(*err, "broker");
+        return reply;
+      }
+      if (!m_sock || m_generation.load() != generation) {
+        lost = true;  // the connection went (another thread saw it): the broker never answers on it
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        abandon_locked(id);
+        throw no_answer(std::max(timeout, connect_timeout()));
+      }
+      // Waits without the lock: other threads' calls go on meanwhile, and whichever reads this answer parks it
+      // here. The fd may be closed and its number reused while we wait: whoever closes it signals `wake` first.
+      const int sock = m_sock.get();
+      lock.unlock();
+      try {
+        os::wait_readable_or_woken(sock, wake.get(), ms_until(deadline));
+      } catch (...) {
+        lock.lock();  // `unpark` erases under it
+        throw;
+      }
+      lock.lock();
+      os::event_fd_drain(wake.get());
+      if (!m_sock || m_generation.load() != generation) continue;
+      std::optional<Reply> reply;
+      try {
+        reply = receive_ready_locked(false);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::PeerDied && !m_sock) continue;  // the connection went: looked at above
+        throw;
+      }
+      if (!reply) continue;
+      if (reply->msg.request_id == id) {
+        m_parked[id].reply = std::move(*reply);
+      } else {
+        route_locked(std::move(*reply));
+      }
+    }
+    if (lost && attempt == 0) continue;  // sent to a broker that went away: once more, as request() does
+    throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "recv");
+  }
+}
+
 bool BrokerClient::request_on(std::uint64_t generation, const proto::Body& body) noexcept {
   std::lock_guard lock(m_mutex);
   if (!m_sock || m_generation.load() != generation) return false;
@@ -376,6 +527,8 @@ void BrokerClient::set_rebind_hook(RebindHook hook) noexcept { g_rebind.store(ho
 void BrokerClient::disconnect_locked() noexcept {
   g_connection_fds[0].store(-1);
   m_sock.reset();
+  m_abandoned.clear();  // their answers never come
+  for (const auto& [id, parked] : m_parked) os::event_fd_signal(parked.wake);
   if (m_watch_wake) os::event_fd_signal(m_watch_wake.get());
 }
 

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,10 +35,19 @@ class BrokerClient {
   /// The process-wide client (created on first use; replaced in a forked child).
   static BrokerClient& instance();
 
-  /// Sends `body` (with `fds`, borrowed) and waits for its reply, at most `timeout`. An ErrorReply becomes a thrown
-  /// gpuipc::Error with the broker's code and message. Reconnects once if the broker went away.
+  /// Sends `body` (with `fds`, borrowed) and waits for its reply, at most `timeout` (at least
+  /// GPUIPC_CONNECT_TIMEOUT_MS). An ErrorReply becomes a thrown gpuipc::Error with the broker's code and message.
+  /// Reconnects once if the broker went away. Other threads' calls wait meanwhile: for requests the broker answers
+  /// at once. A broker that does not answer in time gives Error(Timeout) and the connection stays: the late answer
+  /// is discarded when it comes, and a reference it counted is given back (a dropped connection would make the
+  /// broker take this process for dead, and repair its semaphores, channels and pools).
   Reply request(const proto::Body& body, std::span<const int> fds = {},
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+  /// As `request`, for a request the broker may hold for up to `timeout` before it answers (an Open that waits for
+  /// its name): the connection is not held meanwhile, so other threads' calls go on, their replies and this one's
+  /// told apart by request id. Sends no fds.
+  Reply request_waiting(const proto::Body& body, std::chrono::milliseconds timeout);
 
   /// What the broker answered one request of a batch: its reply, or the Error its ErrorReply stands for.
   struct Answer {
@@ -115,8 +126,18 @@ class BrokerClient {
   /// Sends one request and returns its id (never 0).
   std::uint32_t send_locked(const proto::Body& body, std::span<const int> fds);
   /// The next message from the broker, decoded (an ErrorReply too, unless it is the broker's own: request id 0,
-  /// the connection is closing, thrown). Throws PeerDied, Timeout or Protocol, with the connection dropped.
-  Reply receive_locked(std::chrono::milliseconds timeout);
+  /// the connection is closing, thrown). Throws PeerDied or Protocol with the connection dropped, or Timeout
+  /// (`deadline` passed; `limit`, the wait it stands for, is in the message) with the connection kept.
+  Reply receive_locked(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds limit);
+  /// One message if one is waiting (receive_locked's checks), else nullopt. `readable`: poll(2) has just said so.
+  std::optional<Reply> receive_ready_locked(bool readable);
+  /// A reply that does not answer the request its reader waits for: stashed for the thread waiting in
+  /// request_waiting, or an abandoned request's (discarded, and a reference it counted given back). Any other is a
+  /// protocol error: the connection is dropped and Error(Protocol) thrown.
+  void route_locked(Reply&& reply);
+  /// Request `id` timed out: its answer, when it comes, is discarded. Drops the connection when too many are
+  /// outstanding (a broker that answers nothing).
+  void abandon_locked(std::uint32_t id);
 
   /// Drops the connection (m_sock) and tells the watcher, which holds a copy of it, to let go too.
   void disconnect_locked() noexcept;
@@ -143,6 +164,16 @@ class BrokerClient {
   std::vector<os::Mapping> m_status_maps;  // kept for the process's life: lock-free readers may hold old pointers
   std::unique_ptr<std::byte[]> m_reply_buffer;  // one reply's bytes (kMaxMessageSize), reused: no 60 KB zeroed per call
   std::uint32_t m_next_request = 1;
+  /// Requests whose thread waits for the answer without holding m_mutex (request_waiting): whoever reads the answer
+  /// puts it here and signals `wake`. disconnect_locked signals every one.
+  struct Parked {
+    int wake = -1;
+    std::optional<Reply> reply;
+  };
+  std::map<std::uint32_t, Parked> m_parked;
+  /// Requests given up on (timed out): their answers are discarded when they come, and the reference an OpenReply
+  /// counted (Open, Create, Announce) is given back. Emptied when the connection goes (its answers never come).
+  std::set<std::uint32_t> m_abandoned;
   std::uint32_t m_broker_pid = 0;
   std::string m_broker_version;
   std::uint64_t m_greeted_generation = 0;  // the last connection the broker answered Hello on

@@ -469,8 +469,11 @@ Segment detail::open_segment(std::string_view name, const OpenOptions& options, 
   }
   auto& client = core::BrokerClient::instance();
   const std::uint64_t names_gen = client.names_generation();
-  // The broker's wait (clamped as it is asked for: wait + 1 s overflowed for milliseconds::max()) and a second.
-  auto reply = client.request(open_request(n, options), {}, broker_wait(options) + std::chrono::milliseconds(1000));
+  // The broker's wait (clamped as it is asked for: wait + 1 s overflowed for milliseconds::max()) and a second. An
+  // open that waits does not hold the connection meanwhile: the process's other threads' calls go on.
+  const proto::Open req = open_request(n, options);
+  const auto limit = broker_wait(options) + std::chrono::milliseconds(1000);
+  auto reply = req.wait_ms > 0 ? client.request_waiting(req, limit) : client.request(req, {}, limit);
   return map_opened(n, options, register_pinned, place_at, std::move(reply), names_gen);
 }
 

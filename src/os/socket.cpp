@@ -330,6 +330,23 @@ bool wait_readable(int fd, int timeout_ms) {
   }
 }
 
+bool wait_readable_or_woken(int fd, int wake, int timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
+  int remaining = timeout_ms;
+  for (;;) {
+    std::array<pollfd, 2> pfd{{{wake, POLLIN, 0}, {fd, POLLIN, 0}}};
+    const int rc = ::poll(pfd.data(), pfd.size(), remaining);
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) throw_system("poll", fmt::format("fds {} and {}", fd, wake));
+    if (timeout_ms >= 0) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      remaining = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
+    }
+  }
+}
+
 bool wait_hangup(int sock, int wake) {
   for (;;) {
     std::array<pollfd, 2> pfd{{{wake, POLLIN, 0}, {sock, POLLRDHUP, 0}}};

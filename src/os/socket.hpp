@@ -114,6 +114,11 @@ void set_nonblocking(int fd, bool on);
 /// Returns true when readable (or hung up), false on timeout.
 bool wait_readable(int fd, int timeout_ms);
 
+/// poll(2) for POLLIN on `fd` or `wake`, for at most `timeout_ms` (< 0: for ever), retrying EINTR: true when either
+/// is readable (or `fd` hung up, erred or is no longer open: the caller looks again under the lock that owns `fd`),
+/// false on timeout. For a thread that waits for a socket another thread may close: the closer signals `wake`.
+bool wait_readable_or_woken(int fd, int wake, int timeout_ms);
+
 /// Sleeps until the peer of connected socket `sock` hangs up (or the socket errs), or until `wake` becomes readable,
 /// whichever comes first; `sock` -1 waits for `wake` alone. Data arriving on `sock` does not end the wait (another
 /// thread reads it). Returns true when `sock` hung up. Retries EINTR.

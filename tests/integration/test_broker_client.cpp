@@ -1,0 +1,199 @@
+// The process's broker connection under waits: a broker that answers late does not make this process look dead
+// (its connection stays, the late answers are discarded and the references they counted given back), and an open
+// that waits for its name does not hold up the process's other threads' calls.
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpuipc/error.hpp"
+#include "gpuipc/liveness.hpp"
+#include "gpuipc/segment.hpp"
+#include "gpuipc/semaphore.hpp"
+#include "support/broker_env.hpp"
+#include "support/support.hpp"
+
+namespace gpuipc::test {
+namespace {
+
+const bool kRegistered = register_broker_environment();
+
+using namespace std::chrono_literals;
+
+pid_t this_thread_id() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+/// Sets an environment variable for the scope (this test's thread is the only one that reads it meanwhile).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : m_name(name) {
+    if (const char* old = std::getenv(name)) m_old = old;  // NOLINT(concurrency-mt-unsafe)
+    ::setenv(name, value, 1);                              // NOLINT(concurrency-mt-unsafe)
+  }
+  ~ScopedEnv() {
+    if (m_old) {
+      ::setenv(m_name, m_old->c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
+    } else {
+      ::unsetenv(m_name);  // NOLINT(concurrency-mt-unsafe)
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* m_name;
+  std::optional<std::string> m_old;
+};
+
+/// Stops the broker (SIGSTOP) for the scope: it takes requests and answers none until it continues.
+class StoppedBroker {
+ public:
+  StoppedBroker() : m_pid(BrokerEnvironment::broker_pid()) { m_ok = ::kill(m_pid, SIGSTOP) == 0; }
+  ~StoppedBroker() { resume(); }
+  StoppedBroker(const StoppedBroker&) = delete;
+  StoppedBroker& operator=(const StoppedBroker&) = delete;
+  bool ok() const noexcept { return m_ok; }
+  void resume() {
+    if (m_ok) ::kill(m_pid, SIGCONT);
+    m_ok = false;
+  }
+
+ private:
+  pid_t m_pid;
+  bool m_ok = false;
+};
+
+/// The code of the Error `call` threw; nullopt when it returned.
+std::optional<ErrorCode> code_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return std::nullopt;
+}
+
+TEST(BrokerClient, ABrokerThatAnswersLateDoesNotTakeThisProcessForDead) {
+  const auto seg_name = unique_name("late");
+  const auto sem_name = unique_name("latesem");
+  auto seg = Segment::create(seg_name, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  auto sem = Semaphore::create(sem_name, {.kind = SegmentKind::Host});  // this process is its signaller
+  {
+    const ScopedEnv env("GPUIPC_CONNECT_TIMEOUT_MS", "300");
+    StoppedBroker stopped;
+    ASSERT_TRUE(stopped.ok());
+    EXPECT_EQ(code_of([&] { (void)Segment::stat(seg_name); }), ErrorCode::Timeout);
+    // Answered once the broker continues, with a reference this process never maps: given back then.
+    EXPECT_EQ(code_of([&] { (void)Segment::open(seg_name, {.access = Access::ReadOnly}); }), ErrorCode::Timeout);
+  }
+  // The next calls get their own answers, on the same connection: the broker never saw this process go.
+  EXPECT_EQ(Segment::stat(seg_name).id, seg.id());
+  bool signaller = false;
+  for (const auto& h : holders(sem_name)) signaller |= h.pid == static_cast<std::uint32_t>(::getpid());
+  EXPECT_TRUE(signaller) << "this process is no longer a holder of its semaphore";
+  // Had the broker taken it for dead, its semaphore would be poisoned: waits would give PeerDied.
+  EXPECT_EQ(sem.wait_host(1, 100ms).status, Status::Timeout);
+  sem.signal_host(1);
+  EXPECT_EQ(sem.wait_host(1, 1s).status, Status::Ok);
+  // The late Open's reference was given back: only the creator's is left.
+  EXPECT_TRUE(wait_until([&] { return Segment::stat(seg_name).references == 1; }, 5s))
+      << Segment::stat(seg_name).references << " references";
+  sem = Semaphore();
+  Semaphore::unlink(sem_name);
+  seg = Segment();
+  Segment::unlink(seg_name);
+}
+
+TEST(BrokerClient, AnOpenThatWaitsForItsNameDoesNotHoldUpTheProcesssOtherCalls) {
+  const auto waited = unique_name("waited");
+  const auto other = unique_name("other");
+  std::atomic<pid_t> waiter_tid{0};
+  std::optional<Segment> opened;
+  std::optional<ErrorCode> failed;
+  std::thread waiter([&] {
+    waiter_tid = this_thread_id();
+    try {
+      opened = Segment::open(waited, {.access = Access::ReadWrite, .wait = 10s});
+    } catch (const Error& e) {
+      failed = e.code();
+    }
+  });
+  ASSERT_TRUE(wait_until([&] { return waiter_tid.load() != 0; }, 5s));
+  ASSERT_TRUE(wait_until_sleeping(waiter_tid.load(), 5s));
+  // While it waits, this thread's calls are answered: had the open held the connection, this create would wait
+  // until the open gave up (NotFound, 10 s), and the name it waits for would come too late.
+  auto second = Segment::create(other, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  EXPECT_EQ(Segment::stat(other).id, second.id());
+  auto first = Segment::create(waited, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  waiter.join();
+  EXPECT_EQ(failed, std::nullopt);
+  ASSERT_TRUE(opened.has_value());
+  EXPECT_EQ(opened->id(), first.id());
+  opened.reset();
+  first = Segment();
+  second = Segment();
+  Segment::unlink(waited);
+  Segment::unlink(other);
+}
+
+TEST(BrokerClient, OpensThatWaitInSeveralThreadsEachGetTheirOwnAnswer) {
+  constexpr int kThreads = 4;
+  std::vector<std::string> names;
+  for (int i = 0; i < kThreads; ++i) names.push_back(unique_name("many" + std::to_string(i)));
+  std::vector<std::optional<Segment>> opened(kThreads);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> waiters;
+  struct JoinAll {
+    std::vector<std::thread>& threads;
+    ~JoinAll() {
+      for (auto& t : threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+  } join_all{waiters};
+  for (int i = 0; i < kThreads; ++i) {
+    waiters.emplace_back([&, i] {
+      try {
+        opened[i] = Segment::open(names[i], {.access = Access::ReadWrite, .wait = 20s});
+      } catch (const Error& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  // Created in the reverse order: each answer is read by whichever thread reads the connection, and reaches its own.
+  std::vector<Segment> made;
+  for (int i = kThreads - 1; i >= 0; --i) {
+    std::this_thread::sleep_for(20ms);
+    made.push_back(Segment::create(names[i], 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600}));
+  }
+  for (auto& t : waiters) t.join();
+  for (int i = 0; i < kThreads; ++i) {
+    ASSERT_TRUE(opened[i].has_value()) << names[i] << ": " << errors[i];
+    EXPECT_EQ(opened[i]->id(), made[kThreads - 1 - i].id()) << names[i];
+  }
+  opened.clear();
+  made.clear();
+  for (const auto& n : names) Segment::unlink(n);
+}
+
+TEST(BrokerClient, AnOpenThatWaitsGivesUpAtItsWait) {
+  const auto name = unique_name("never");
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(code_of([&] { (void)Segment::open(name, {.access = Access::ReadWrite, .wait = 300ms}); }),
+            ErrorCode::Timeout);  // the broker's answer
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
+  // The connection is as it was: the next call is answered.
+  EXPECT_EQ(code_of([&] { (void)Segment::stat(name); }), ErrorCode::NotFound);
+}
+
+}  // namespace
+}  // namespace gpuipc::test
