@@ -194,13 +194,12 @@ def _malformed(name: str, why: str) -> InvalidArgument:
     return InvalidArgument(f"tensor index {name!r} is malformed ({why})")
 
 
-def is_malformed(e: Exception) -> bool:
-    """Whether an error of building views over an index's refs says the index itself is wrong (a record outside
-    its storage, from the Python checks or the C++ ones), not that the refs went stale (their blocks freed). It reads
-    the messages: "malformed" (_malformed, tensors.build, python/src/pool.cpp tensors_of_index), "does not fit" and
-    "too large" (python/src/views.cpp strided and strided_span); a stale ref fails in resolve or hold instead."""
-    text = str(e)
-    return "malformed" in text or "does not fit" in text or "too large" in text
+def is_stale(e: Exception) -> bool:
+    """Whether an InvalidArgument from building views over an index's refs says that the refs went stale (their
+    blocks freed: the pool's ``resolve`` or ``hold`` refused one), not that the index itself is wrong. Read from the
+    error's ``call``, which the C++ library sets on every refusal of a BlockRef; any other InvalidArgument (the
+    Python checks, tensors_of_index, the strided views) is a malformed index."""
+    return getattr(e, "call", "") in ("resolve", "hold")
 
 
 def decode(name: str, mem: np.ndarray) -> Index:

@@ -705,7 +705,7 @@ def open_tensors(
                 try:
                     out = opened.tensors(raw, readonly)
                 except InvalidArgument as e:
-                    if _index.is_malformed(e):
+                    if not _index.is_stale(e):
                         raise
                     raise PeerDied(f"the tensors of {name!r} were freed (their owner closed or died): {e}") from None
                 if _index.read_stamp(index, mem, 0) == v:

@@ -335,7 +335,7 @@ class Reader:
             try:
                 out = self._opened.tensors(raw, self._readonly)
             except InvalidArgument as e:
-                if _index.is_malformed(e):
+                if not _index.is_stale(e):
                     raise
                 if self._sem.value == v and self._sem.status != "ok":
                     if self._last is not None:
