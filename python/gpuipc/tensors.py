@@ -447,13 +447,21 @@ def build_torch(
 
 def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment, np.ndarray]:
     seg = Segment.open(name, readonly=True, wait=wait)
-    mem = np.frombuffer(seg.view(), dtype=np.uint8)  # its bytes (as_array's dtype machinery cost ~0.1 ms at first)
-    # The name appears when the segment is created, a moment before its owner writes the index: a zero magic
-    # means "being written" (segments start zeroed).
-    deadline = time.monotonic() + 5.0
-    while not mem[:8].any() and time.monotonic() < deadline:
-        time.sleep(0.001)
-    return _index.decode(name, mem), seg, mem
+    mem: Optional[np.ndarray] = None
+    try:
+        mem = np.frombuffer(seg.view(), dtype=np.uint8)  # its bytes (as_array's dtype machinery cost ~0.1 ms at first)
+        # The name appears when the segment is created, a moment before its owner writes the index: a zero magic
+        # means "being written" (segments start zeroed).
+        deadline = time.monotonic() + 5.0
+        while not mem[:8].any() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return _index.decode(name, mem), seg, mem
+    except BaseException:
+        # Given back now, not by the garbage collector: the traceback keeps this frame, so its locals must let go
+        # of the mapping too (an array over it keeps it).
+        mem = None
+        seg.close()
+        raise
 
 
 def join_pool(pool_name: str, readonly: bool, device: Optional[int], owner: str) -> Pool:
@@ -714,4 +722,5 @@ def open_tensors(
         finally:
             opened.close()
     finally:
+        del mem  # an error's traceback keeps this frame: the index's mapping must not stay with it
         seg.close()

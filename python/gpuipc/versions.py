@@ -261,14 +261,28 @@ class Reader:
         index, self._seg, self._mem = _index if _index is not None else read_index(name, wait)
         self._owns_seg = _index is None
         if not index.versioning:
-            if self._owns_seg:
-                self._seg.close()
+            self._let_go_of_index()
             raise InvalidArgument(f"tensors {name!r} were shared without versions: use gpuipc.open_tensors({name!r})")
         self._index = index
         self._readonly = readonly
-        self._sem = Semaphore.open(index.versioning["semaphore"], role="waiter", wait=wait)
-        self._opened = _Opened(name, index, readonly, device)
+        try:
+            self._sem = Semaphore.open(index.versioning["semaphore"], role="waiter", wait=wait)
+            try:
+                self._opened = _Opened(name, index, readonly, device)
+            except BaseException:
+                self._sem.close()
+                raise
+        except BaseException:
+            self._let_go_of_index()
+            raise
         self._last: Optional[Tuple[int, Dict[str, Any]]] = None
+
+    def _let_go_of_index(self) -> None:
+        """A constructor that fails gives the index's mapping back at once, not with the garbage collector: the
+        error's traceback keeps this half-made Reader, and an array over the mapping keeps the mapping."""
+        self._mem = None
+        if self._owns_seg:
+            self._seg.close()
 
     @property
     def version(self) -> int:

@@ -149,6 +149,27 @@ def test_publisher_killed(name, runtime_dir):
     gpuipc.unlink_tensors(name)
 
 
+def test_a_reader_that_fails_to_open_gives_the_index_back_at_once(name):
+    """A Reader that cannot open (here its version semaphore is gone) closes the index it mapped before it raises,
+    instead of leaving it to the garbage collector (the exception's frames keep the half-made Reader alive)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=helpers.publisher_forever, args=(name, name + "-ready", 1))
+    p.start()
+    try:
+        helpers.wait_for_name(name + "-ready")
+        gpuipc.Semaphore.unlink(name + ".version")
+        assert gpuipc.Segment.stat(name).references == 1  # the publisher's
+        with pytest.raises(gpuipc.NotFound) as failed:
+            gpuipc.open_tensors(name, versioned=True)
+        assert gpuipc.Segment.stat(name).references == 1, failed.value
+    finally:
+        p.kill()
+        p.join()
+    gpuipc.unlink_tensors(name)
+
+
 def test_reader_killed_leaves_nothing(name):
     import multiprocessing
 
