@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -90,6 +91,28 @@ TEST(CliArguments, RmOfAPoolOrAChannelRemovesItsChunksOrBuffersToo) {
   EXPECT_EQ(stopped.exit_code, 5) << stopped.err;
   EXPECT_NE(stopped.err.find("not removed: '" + keep + "'"), std::string::npos) << stopped.err;
   Segment::unlink(keep);
+}
+
+TEST(CliArguments, RmOfAChannelOfAnotherReleaseOrOfAPoolsLeftChunksRemovesThemAll) {
+  // A channel whose control block is of another layout version (as another gpuipc release makes it): Channel::stat
+  // refuses it, yet it is a channel, and its buffers go with it.
+  const auto chan = unique_name("oldchan");
+  {
+    auto c = Channel::create(chan, {.slots = 2, .slot_bytes = 4096, .kind = SegmentKind::Host}, ChannelRole::Producer);
+    auto control = Segment::open(chan);
+    const std::uint32_t other_version = 99;
+    std::memcpy(static_cast<std::byte*>(control.data()) + sizeof(std::uint32_t), &other_version, sizeof other_version);
+    EXPECT_THROW(Channel::stat(chan), Error);
+  }
+  // A pool whose control block was removed alone (Segment::unlink): its chunks are still a pool's.
+  const auto pool = unique_name("halfpool");
+  { auto p = Pool::create(pool, {.kind = SegmentKind::Host, .chunk_bytes = 1 << 16, .max_bytes = 1 << 17}); }
+  Segment::unlink(pool);
+  const auto o = run("gpuipc", {"rm", chan, pool});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  for (const auto& left : {chan, chan + ".slots", pool + ".chunk.0"}) {
+    EXPECT_THROW(Segment::stat(left), Error) << left << " was left behind";
+  }
 }
 
 TEST(CliArguments, LeadingZerosAreDecimal) {

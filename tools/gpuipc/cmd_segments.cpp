@@ -180,23 +180,8 @@ void register_segments(CLI::App& app, int& exit_code) {
     for (std::size_t k = 0; k < rm_names.size(); ++k) {
       const std::string& n = rm_names[k];
       try {
-        // A pool or a channel is more than its name: its chunks or its buffers (NAME.chunk.<n>, NAME.slots) would be
-        // left behind, and a pool of that name could not be made again.
-        const auto is = [&](auto stat) {
-          try {
-            (void)stat(n);
-            return true;
-          } catch (const Error&) {
-            return false;
-          }
-        };
-        if (is([](const std::string& x) { return Pool::stat(x); })) {
-          Pool::unlink(n);
-        } else if (is([](const std::string& x) { return Channel::stat(x); })) {
-          Channel::unlink(n);
-        } else {
-          Segment::unlink(n);
-        }
+        // A pool or a channel is more than its name: its chunks or its buffers (NAME.chunk.<n>, NAME.slots) go with it.
+        unlink_any(n);
       } catch (const Error&) {
         // The error is printed by the caller; say which names it left alone.
         if (k + 1 < rm_names.size()) {
