@@ -46,7 +46,8 @@ struct CreateOptions {
 /// Options of Segment::open.
 struct OpenOptions {
   Access access = Access::ReadWrite;
-  /// Wait this long for the segment to be created when it does not exist yet (0: fail at once with NotFound).
+  /// Wait this long for the segment to be created when it does not exist yet (0: fail at once with NotFound). The
+  /// process's other threads' calls go on meanwhile (the broker connection is not held while the open waits).
   std::chrono::milliseconds wait{0};
   /// Device kinds: the device whose context maps the segment. -1: the calling thread's current context's device,
   /// else the device the memory lives on. Another GPU than the owner's maps it through peer access.
