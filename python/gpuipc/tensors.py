@@ -447,7 +447,6 @@ def build_torch(
 
 def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment, np.ndarray]:
     seg = Segment.open(name, readonly=True, wait=wait)
-    mem: Optional[np.ndarray] = None
     try:
         mem = np.frombuffer(seg.view(), dtype=np.uint8)  # its bytes (as_array's dtype machinery cost ~0.1 ms at first)
         # The name appears when the segment is created, a moment before its owner writes the index: a zero magic
@@ -459,7 +458,7 @@ def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment,
     except BaseException:
         # Given back now, not by the garbage collector: the traceback keeps this frame, so its locals must let go
         # of the mapping too (an array over it keeps it).
-        mem = None
+        mem = None  # type: ignore[assignment]
         seg.close()
         raise
 
