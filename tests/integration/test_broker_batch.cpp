@@ -78,6 +78,66 @@ TEST(BrokerBatch, EveryRequestIsSentBeforeAnyAnswerAndAnswersAreMatchedById) {
   EXPECT_EQ(wait_child(child), 0);
 }
 
+TEST(BrokerBatch, ABatchThatTimesOutKeepsTheConnectionAndGivesBackWhatItsLateAnswersCounted) {
+  TempDir dir("gpuipc-batch");
+  const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
+  const pid_t child = start_child([&] {
+    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
+    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
+    ::setenv("GPUIPC_CONNECT_TIMEOUT_MS", "300", 1);        // NOLINT(concurrency-mt-unsafe)
+    std::vector<proto::Body> bodies;
+    bodies.emplace_back(proto::Open{"a", proto::Access::ReadOnly, 0});
+    bodies.emplace_back(proto::Stat{"b"});
+    try {
+      (void)core::BrokerClient::instance().request_batch(bodies);
+      return 3;
+    } catch (const Error& e) {
+      GPUIPC_CHILD_CHECK(e.code() == ErrorCode::Timeout);
+    }
+    // The same connection: the late answers come first, and this request gets its own.
+    const auto r = core::BrokerClient::instance().request(proto::Stat{"c"});
+    const auto* st = std::get_if<proto::StatReply>(&r.msg.body);
+    GPUIPC_CHILD_CHECK(st != nullptr && st->info.name == "c");
+    return 0;
+  });
+  ASSERT_TRUE(os::wait_readable(listener.get(), 10000));
+  const auto sock = os::accept_seqpacket(listener.get());
+  ASSERT_TRUE(sock);
+  proto::Message hello;
+  ASSERT_EQ(receive(sock.get(), hello), os::IoStatus::Ok);
+  send_bytes(sock.get(), proto::encode(reply_to(hello.request_id, proto::HelloReply{1, 0, 0, "test"})));
+  proto::Message open, stat;
+  ASSERT_EQ(receive(sock.get(), open, 3000), os::IoStatus::Ok);
+  ASSERT_EQ(receive(sock.get(), stat, 3000), os::IoStatus::Ok);
+  // Unanswered: the client times out and sends its next request on the same connection (a client that dropped it
+  // would make a broker take its process for dead).
+  proto::Message next;
+  ASSERT_EQ(receive(sock.get(), next, 5000), os::IoStatus::Ok);
+  ASSERT_TRUE(std::holds_alternative<proto::Stat>(next.body));
+  EXPECT_EQ(std::get<proto::Stat>(next.body).name, "c");
+  proto::OpenReply opened;
+  opened.info.id = 77;
+  opened.info.name = "a";
+  opened.info.size = 4096;
+  send_bytes(sock.get(), proto::encode(reply_to(open.request_id, opened)));
+  proto::StatReply late;
+  late.info.name = "b";
+  late.info.id = 78;
+  late.info.size = 4096;
+  send_bytes(sock.get(), proto::encode(reply_to(stat.request_id, late)));
+  proto::StatReply answer;
+  answer.info.name = "c";
+  answer.info.id = 79;
+  answer.info.size = 4096;
+  send_bytes(sock.get(), proto::encode(reply_to(next.request_id, answer)));
+  // The reference the late Open's answer counted is given back.
+  proto::Message close;
+  ASSERT_EQ(receive(sock.get(), close, 5000), os::IoStatus::Ok);
+  ASSERT_TRUE(std::holds_alternative<proto::Close>(close.body));
+  EXPECT_EQ(std::get<proto::Close>(close.body).id, 77U);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
 TEST(BrokerBatch, MoreRequestsThanTheBrokerQueuesGoInSeveralBatches) {
   const auto a = unique_name("a"), b = unique_name("b");
   auto sa = Segment::create(a, 4096), sb = Segment::create(b, 4096);
