@@ -29,6 +29,18 @@ proto::Message reply_to(std::uint32_t rid, proto::Body body) {
   return m;
 }
 
+/// The fake broker's side of a client's connect: accepts it and answers its Hello. An empty fd when it did not come.
+os::UniqueFd accept_and_greet(int listener) {
+  if (!os::wait_readable(listener, 10000)) return {};
+  auto sock = os::accept_seqpacket(listener);
+  proto::Message hello;
+  if (!sock || receive(sock.get(), hello) != os::IoStatus::Ok || !std::holds_alternative<proto::Hello>(hello.body)) {
+    return {};
+  }
+  send_bytes(sock.get(), proto::encode(reply_to(hello.request_id, proto::HelloReply{1, 0, 0, "test"})));
+  return sock;
+}
+
 TEST(BrokerBatch, EveryRequestIsSentBeforeAnyAnswerAndAnswersAreMatchedById) {
   TempDir dir("gpuipc-batch");
   const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
@@ -51,13 +63,8 @@ TEST(BrokerBatch, EveryRequestIsSentBeforeAnyAnswerAndAnswersAreMatchedById) {
     }
     return 0;
   });
-  ASSERT_TRUE(os::wait_readable(listener.get(), 10000));
-  const auto sock = os::accept_seqpacket(listener.get());
+  const auto sock = accept_and_greet(listener.get());
   ASSERT_TRUE(sock);
-  proto::Message hello;
-  ASSERT_EQ(receive(sock.get(), hello), os::IoStatus::Ok);
-  ASSERT_TRUE(std::holds_alternative<proto::Hello>(hello.body));
-  send_bytes(sock.get(), proto::encode(reply_to(hello.request_id, proto::HelloReply{1, 0, 0, "test"})));
   // A client that waited for each answer before sending the next request would leave the second receive empty.
   std::vector<proto::Message> requests(names.size());
   for (auto& r : requests) ASSERT_EQ(receive(sock.get(), r, 3000), os::IoStatus::Ok);
@@ -100,12 +107,8 @@ TEST(BrokerBatch, ABatchThatTimesOutKeepsTheConnectionAndGivesBackWhatItsLateAns
     GPUIPC_CHILD_CHECK(st != nullptr && st->info.name == "c");
     return 0;
   });
-  ASSERT_TRUE(os::wait_readable(listener.get(), 10000));
-  const auto sock = os::accept_seqpacket(listener.get());
+  const auto sock = accept_and_greet(listener.get());
   ASSERT_TRUE(sock);
-  proto::Message hello;
-  ASSERT_EQ(receive(sock.get(), hello), os::IoStatus::Ok);
-  send_bytes(sock.get(), proto::encode(reply_to(hello.request_id, proto::HelloReply{1, 0, 0, "test"})));
   proto::Message open, stat;
   ASSERT_EQ(receive(sock.get(), open, 3000), os::IoStatus::Ok);
   ASSERT_EQ(receive(sock.get(), stat, 3000), os::IoStatus::Ok);
