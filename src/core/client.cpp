@@ -44,9 +44,15 @@ std::int64_t reply_poll_ns() {
   return ns;
 }
 
-/// When a reply waited for with `timeout` is late: the later of `timeout` and GPUIPC_CONNECT_TIMEOUT_MS from now.
-std::chrono::steady_clock::time_point reply_deadline(std::chrono::milliseconds timeout) {
-  return base::deadline_after(std::chrono::steady_clock::now(), std::max(timeout, connect_timeout()));
+/// How long the reply to a request that may wait `timeout` is waited for: the longer of `timeout` and
+/// GPUIPC_CONNECT_TIMEOUT_MS.
+std::chrono::milliseconds reply_limit(std::chrono::milliseconds timeout) {
+  return std::max(timeout, connect_timeout());
+}
+
+/// `limit` from now (saturated).
+std::chrono::steady_clock::time_point deadline_in(std::chrono::milliseconds limit) {
+  return base::deadline_after(std::chrono::steady_clock::now(), limit);
 }
 
 /// Whole ms from now to `deadline` (rounded up), for poll(2): 0..INT_MAX.
@@ -370,12 +376,13 @@ void BrokerClient::abandon_locked(std::uint32_t id) {
 
 Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int> fds,
                                     std::chrono::milliseconds timeout) {
-  const auto deadline = reply_deadline(timeout);
+  const auto limit = reply_limit(timeout);
+  const auto deadline = deadline_in(limit);
   const std::uint32_t id = send_locked(body, fds);
   for (;;) {
     Reply reply;
     try {
-      reply = receive_locked(deadline, std::max(timeout, connect_timeout()));
+      reply = receive_locked(deadline, limit);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::Timeout) abandon_locked(id);
       throw;
@@ -402,11 +409,12 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
       std::vector<bool> answered(n, false);
       try {
         for (; sent < n; ++sent) ids[sent] = send_locked(bodies[first + sent], {});
-        const auto deadline = reply_deadline(timeout);
+        const auto limit = reply_limit(timeout);
+        const auto deadline = deadline_in(limit);
         for (std::size_t got = 0; got < n;) {
           Reply reply;
           try {
-            reply = receive_locked(deadline, std::max(timeout, connect_timeout()));
+            reply = receive_locked(deadline, limit);
           } catch (const Error& e) {
             if (e.code() == ErrorCode::Timeout) {
               for (std::size_t k = 0; k < n; ++k) {
@@ -444,7 +452,8 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
 }
 
 Reply BrokerClient::request_waiting(const proto::Body& body, std::chrono::milliseconds timeout) {
-  const auto deadline = reply_deadline(timeout);
+  const auto limit = reply_limit(timeout);
+  const auto deadline = deadline_in(limit);
   const os::UniqueFd wake = os::event_fd();
   std::unique_lock lock(m_mutex);
   for (int attempt = 0;; ++attempt) {
@@ -476,7 +485,7 @@ Reply BrokerClient::request_waiting(const proto::Body& body, std::chrono::millis
       }
       if (std::chrono::steady_clock::now() >= deadline) {
         abandon_locked(id);
-        throw no_answer(std::max(timeout, connect_timeout()));
+        throw no_answer(limit);
       }
       // Waits without the lock: other threads' calls go on meanwhile, and whichever reads this answer parks it
       // here. The fd may be closed and its number reused while we wait: whoever closes it signals `wake` first.

@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <span>
+#include <string>
 #include <system_error>
 
 #include "base/deadline.hpp"
@@ -307,22 +309,23 @@ void set_nonblocking(int fd, bool on) {
   if (wanted != flags && ::fcntl(fd, F_SETFL, wanted) != 0) throw_system("fcntl(F_SETFL)", fmt::format("fd {}", fd));
 }
 
-bool wait_readable(int fd, int timeout_ms) {
+namespace {
+
+/// poll(2) of `fds` for at most `timeout_ms` (< 0: for ever), retrying EINTR with the time left: its count of
+/// ready fds, 0 on timeout. Throws Error(System) naming the fds.
+int poll_retrying(std::span<pollfd> fds, int timeout_ms) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
   int remaining = timeout_ms;
   for (;;) {
-    pollfd pfd{fd, POLLIN, 0};
-    const int rc = ::poll(&pfd, 1, remaining);
-    if (rc > 0) {
-      if ((pfd.revents & POLLNVAL) != 0) {
-        throw Error(ErrorCode::InvalidArgument, fmt::format("fd {}: poll failed: not an open file descriptor", fd),
-                    "poll", EBADF);
-      }
-      return true;  // POLLIN, POLLHUP or POLLERR: the next read reports which
+    const int rc = ::poll(fds.data(), fds.size(), remaining);
+    if (rc >= 0) return rc;
+    const int err = errno;
+    if (err != EINTR) {
+      std::string what = "fd";
+      for (const pollfd& p : fds) what += fmt::format(" {}", p.fd);
+      throw_system("poll", what, err);
     }
-    if (rc == 0) return false;
-    if (errno != EINTR) throw_system("poll", fmt::format("fd {}", fd));
     if (timeout_ms >= 0) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
       remaining = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
@@ -330,21 +333,21 @@ bool wait_readable(int fd, int timeout_ms) {
   }
 }
 
-bool wait_readable_or_woken(int fd, int wake, int timeout_ms) {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
-  int remaining = timeout_ms;
-  for (;;) {
-    std::array<pollfd, 2> pfd{{{wake, POLLIN, 0}, {fd, POLLIN, 0}}};
-    const int rc = ::poll(pfd.data(), pfd.size(), remaining);
-    if (rc > 0) return true;
-    if (rc == 0) return false;
-    if (errno != EINTR) throw_system("poll", fmt::format("fds {} and {}", fd, wake));
-    if (timeout_ms >= 0) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      remaining = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
-    }
+}  // namespace
+
+bool wait_readable(int fd, int timeout_ms) {
+  std::array<pollfd, 1> pfd{{{fd, POLLIN, 0}}};
+  if (poll_retrying(pfd, timeout_ms) == 0) return false;
+  if ((pfd[0].revents & POLLNVAL) != 0) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("fd {}: poll failed: not an open file descriptor", fd), "poll",
+                EBADF);
   }
+  return true;  // POLLIN, POLLHUP or POLLERR: the next read reports which
+}
+
+bool wait_readable_or_woken(int fd, int wake, int timeout_ms) {
+  std::array<pollfd, 2> pfd{{{wake, POLLIN, 0}, {fd, POLLIN, 0}}};
+  return poll_retrying(pfd, timeout_ms) > 0;
 }
 
 bool wait_hangup(int sock, int wake) {

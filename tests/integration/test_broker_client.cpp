@@ -113,6 +113,24 @@ TEST(BrokerClient, ABrokerThatAnswersLateDoesNotTakeThisProcessForDead) {
   Segment::unlink(seg_name);
 }
 
+TEST(BrokerClient, CallsToAStoppedBrokerTimeOutOneByOneAndNeverHang) {
+  const auto name = unique_name("stopped");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  {
+    const ScopedEnv env("GPUIPC_CONNECT_TIMEOUT_MS", "20");
+    StoppedBroker stopped;
+    ASSERT_TRUE(stopped.ok());
+    // More requests than the broker's socket queues and than the client leaves unanswered (64): each ends in
+    // Timeout, none blocks in a send to a full queue.
+    for (int i = 0; i < 100; ++i) {
+      EXPECT_EQ(code_of([&] { (void)Segment::stat(name); }), ErrorCode::Timeout) << i;
+    }
+  }
+  EXPECT_TRUE(wait_until([&] { return Segment::stat(name).id == seg.id(); }, 10s));
+  seg = Segment();
+  Segment::unlink(name);
+}
+
 TEST(BrokerClient, AnOpenThatWaitsForItsNameDoesNotHoldUpTheProcesssOtherCalls) {
   const auto waited = unique_name("waited");
   const auto other = unique_name("other");
