@@ -365,18 +365,22 @@ Block Pool::allocate(std::size_t bytes, std::size_t alignment) {
 void Pool::free(Block&& block, StreamHandle stream) {
   GPUIPC_TRACE("gpuipc::Pool::free");
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "free on an empty Pool handle", "free");
-  auto& im = *m_impl;
   if (!block) {
     throw Error(ErrorCode::InvalidArgument,
-                fmt::format("pool '{}': free of an empty Block (already freed, or moved from): a double free?", im.name),
+                fmt::format("pool '{}': free of an empty Block (already freed, or moved from): a double free?",
+                            m_impl->name),
                 "free");
   }
-  if (block.m_pool != m_impl) {
+  if (block.m_pool != m_impl && block.m_ref.pool != m_impl->geo().pool_id) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("pool '{}': free of a block of pool '{}' (id {:#x}); free it through its own pool",
-                            im.name, block.m_pool->name, block.m_ref.pool),
+                            m_impl->name, block.m_pool->name, block.m_ref.pool),
                 "free");
   }
+  // A block allocated through another handle of this pool (another open in this process) is that handle's: its
+  // membership holds the block, so its handle frees it. The Block keeps that handle's state alive.
+  const std::shared_ptr<Impl> owner = block.m_pool;
+  auto& im = *owner;
   const BlockRef ref = block.m_ref;
   // A member registers the control block at its first stream-ordered free. When that fails, the free fails and the
   // caller keeps the Block: freeing it at once could hand its memory out while the stream still uses it.

@@ -416,6 +416,17 @@ TEST(PoolsHost, MisuseGetsInvalidArgumentNamingWhatIsWrong) {
   EXPECT_TRUE(throws([&] { pool.release(good); }, ErrorCode::InvalidArgument, "holds no reference"));
   Block c = pool.allocate(1000);
   EXPECT_TRUE(throws([&] { other.free(std::move(c)); }, ErrorCode::InvalidArgument, "free it through its own pool"));
+  {
+    // A second handle of the same pool in this process frees a block the first allocated (as the first's).
+    Pool again = Pool::open(name);
+    const auto live = Pool::stat(name).live_blocks;
+    Block d = pool.allocate(1000);
+    EXPECT_EQ(Pool::stat(name).live_blocks, live + 1);
+    EXPECT_NO_THROW(again.free(std::move(d)));
+    EXPECT_FALSE(d);
+    EXPECT_EQ(Pool::stat(name).live_blocks, live);
+    EXPECT_TRUE(throws([&] { again.free(std::move(d)); }, ErrorCode::InvalidArgument, "double free"));
+  }
   pool.free(std::move(c));
   EXPECT_TRUE(throws([&] { pool.free(std::move(c)); }, ErrorCode::InvalidArgument, "double free"));
   EXPECT_TRUE(throws([&] { pool.allocate(kChunk + 1); }, ErrorCode::InvalidArgument, "chunk size"));

@@ -131,6 +131,19 @@ def test_errors(name):
         gpuipc.Pool.stat(name + "p")
 
 
+def test_free_through_another_handle_of_the_same_pool(name):
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20) as pool, gpuipc.Pool.open(name) as again:
+        block = pool.allocate(100)
+        assert pool.stats()["live_blocks"] == 1
+        again.free(block)  # the handle that allocated it frees it
+        assert pool.stats()["live_blocks"] == 0
+        with pytest.raises(gpuipc.InvalidArgument, match="double free"):
+            again.free(block)
+        with gpuipc.Pool.create(name + "q", chunk_bytes=1 << 20) as stranger:
+            with pytest.raises(gpuipc.InvalidArgument, match="its own pool"):
+                stranger.free(pool.allocate(100))
+
+
 def test_block_freed_by_garbage_collection(name):
     with gpuipc.Pool.create(name, chunk_bytes=1 << 20) as pool:
         pool.allocate(100)  # dropped at once
