@@ -31,6 +31,7 @@ from ._devices import device_ordinal, resolve as _device
 from .pool import Pool
 from .segment import Segment
 from .semaphore import Semaphore
+from ._index import is_stale
 from .tensors import HeldBlock, HeldBlocks
 
 from ._stream_format import (
@@ -324,6 +325,11 @@ class StreamReader:
         try:
             return self._held.get(*key)
         except InvalidArgument as e:
+            if not is_stale(e):  # not a freed block: the name is no pool of this gpuipc, or the ref is forged
+                raise ProtocolError(
+                    f"stream {self.name!r}: version {d.version} names block {k!r} of {key[0]!r}, which this reader "
+                    f"cannot use ({e})"
+                ) from None
             raise InvalidState(
                 f"stream {self.name!r}: version {d.version} names a block of pool {key[0]!r} that is no longer there "
                 f"({e}): the publisher freed or replaced a tensor before its readers had copied it"
@@ -399,8 +405,8 @@ class StreamReader:
         Raises Timeout, PeerDied (the publisher died, or a reference piece's pool is gone: ``into`` may hold part of
         the new version, never reported as received), Closed, ChecksumMismatch (naming the bucket), InvalidState
         (the publisher abandoned the version, evicted this reader, or freed a tensor it sent by reference before
-        this reader copied it), InvalidArgument (dtype, shape or kind of a tensor), TypeError (not an array).
-        After an error in the middle of a version the next call skips what is left of it."""
+        this reader copied it), ProtocolError (a malformed bucket, or one naming a block this reader cannot use),
+        InvalidArgument (dtype, shape or kind of a tensor), TypeError (not an array). After an error in the middle of a version the next call skips what is left of it."""
         if not isinstance(into, Mapping):
             raise InvalidArgument(f"receive takes a mapping of names to tensors, not a {type(into).__name__}")
         deadline, s, sig = self._begin(timeout, stream)

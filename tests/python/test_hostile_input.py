@@ -162,6 +162,23 @@ def test_a_stream_reader_stops_at_a_malformed_bucket(name, pieces, blocks):
                 rd.receive({"a": np.zeros(64, np.float32)}, timeout=2)
 
 
+def test_a_bucket_naming_a_block_of_something_that_is_no_pool_is_a_protocol_error(name):
+    """A reference piece whose table names a segment that is no pool: ProtocolError naming the block, not the
+    InvalidState that says the publisher freed a tensor (which a stale ref of a real pool gets)."""
+    ref = struct.pack("<QQQQII", 1, 1, 0, 4096, 0, 0).hex()
+    with gpuipc.Segment.create(name + "-s", 4096, kind="host"), \
+            gpuipc.stream_publisher(name, 4096, 2, readers=1, kind="host") as pub, gpuipc.stream_reader(name) as rd:
+        src = {"a": np.arange(64, dtype=np.float32)}
+        t = threading.Thread(target=pub.publish, args=(src,))
+        t.start()
+        assert rd.receive({"a": np.zeros(64, np.float32)}, timeout=10) == 1
+        t.join()
+        _put_desc(pub._mem, 2, 1, rd._next, [["a", "float32", [64], 0, 16, 0, 0]], [[name + "-s", ref]])
+        pub._filled.signal_host(rd._next)
+        with pytest.raises(gpuipc.ProtocolError, match="cannot use"):
+            rd.receive({"a": np.zeros(64, np.float32)}, timeout=2)
+
+
 def test_python_doctor_judges_the_runtime_directory_as_the_library_does(tmp_path):
     sticky = tmp_path / "sticky"
     sticky.mkdir()
