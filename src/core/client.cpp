@@ -280,13 +280,23 @@ void BrokerClient::connect_locked() {
   }
 }
 
-std::uint32_t BrokerClient::send_locked(const proto::Body& body, std::span<const int> fds) {
+std::uint32_t BrokerClient::send_locked(const proto::Body& body, std::span<const int> fds,
+                                        std::chrono::steady_clock::time_point deadline) {
   proto::Message msg;
   msg.request_id = m_next_request++;
   if (msg.request_id == 0) msg.request_id = m_next_request++;  // 0 is the broker's own (a closing connection)
   msg.body = body;
   const auto bytes = proto::encode(msg, fds.size());
-  if (os::send_message(m_sock.get(), bytes, fds, proto::kMaxMessageSize) != os::IoStatus::Ok) {
+  // Bounded like the wait for the answer: a broker that stopped reading (SIGSTOP, a debugger) fills its queue
+  // with this connection's requests, and a blocking send would then hold the client's lock for as long.
+  const auto st = os::send_message(m_sock.get(), bytes, fds, proto::kMaxMessageSize, ms_until(deadline));
+  if (st == os::IoStatus::WouldBlock) {
+    throw Error(ErrorCode::Timeout,
+                "the gpuipc broker has stopped reading its requests (its queue stayed full; stopped, or hung?): "
+                "the request was not sent. Check gpuipcd; `gpuipc daemon --stop` and a new call restart it",
+                "send");
+  }
+  if (st != os::IoStatus::Ok) {
     disconnect_locked();
     throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "send");
   }
@@ -356,7 +366,7 @@ void BrokerClient::route_locked(Reply&& reply) {
     // too (its own answer is discarded the same way).
     if (const auto* open = std::get_if<proto::OpenReply>(&reply.msg.body)) {
       GPUIPC_LOG_DEBUG("late answer to request {}: giving back its reference to segment {}", id, open->info.id);
-      const std::uint32_t close = send_locked(proto::Close{open->info.id}, {});
+      const std::uint32_t close = send_locked(proto::Close{open->info.id}, {}, deadline_in(connect_timeout()));
       m_abandoned.insert(close);
     }
     return;
@@ -378,7 +388,7 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
                                     std::chrono::milliseconds timeout) {
   const auto limit = reply_limit(timeout);
   const auto deadline = deadline_in(limit);
-  const std::uint32_t id = send_locked(body, fds);
+  const std::uint32_t id = send_locked(body, fds, deadline);
   for (;;) {
     Reply reply;
     try {
@@ -408,9 +418,16 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
       std::vector<std::uint32_t> ids(n);
       std::vector<bool> answered(n, false);
       try {
-        for (; sent < n; ++sent) ids[sent] = send_locked(bodies[first + sent], {});
         const auto limit = reply_limit(timeout);
         const auto deadline = deadline_in(limit);
+        try {
+          for (; sent < n; ++sent) ids[sent] = send_locked(bodies[first + sent], {}, deadline);
+        } catch (const Error& e) {
+          if (e.code() == ErrorCode::Timeout) {
+            for (std::size_t k = 0; k < sent; ++k) abandon_locked(ids[k]);
+          }
+          throw;
+        }
         for (std::size_t got = 0; got < n;) {
           Reply reply;
           try {
@@ -460,7 +477,7 @@ Reply BrokerClient::request_waiting(const proto::Body& body, std::chrono::millis
     if (!m_sock) connect_locked();
     std::uint32_t id = 0;
     try {
-      id = send_locked(body, {});
+      id = send_locked(body, {}, deadline);
     } catch (const Error& e) {
       if (attempt == 0 && e.code() == ErrorCode::PeerDied && !m_sock) continue;  // as request()
       throw;

@@ -123,8 +123,10 @@ class BrokerClient {
   BrokerClient() = default;
   void connect_locked();
   Reply exchange_locked(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout);
-  /// Sends one request and returns its id (never 0).
-  std::uint32_t send_locked(const proto::Body& body, std::span<const int> fds);
+  /// Sends one request and returns its id (never 0). Throws Timeout, with nothing sent and the connection kept,
+  /// when the broker's queue stays full (it stopped reading) until `deadline`; PeerDied with the connection dropped.
+  std::uint32_t send_locked(const proto::Body& body, std::span<const int> fds,
+                            std::chrono::steady_clock::time_point deadline);
   /// The next message from the broker, decoded (an ErrorReply too, unless it is the broker's own: request id 0,
   /// the connection is closing, thrown). Throws PeerDied or Protocol with the connection dropped, or Timeout
   /// (`deadline` passed; `limit`, the wait it stands for, is in the message) with the connection kept.

@@ -177,7 +177,8 @@ IoStatus io_failure(const char* call, int sock, int err) {
 }
 }  // namespace
 
-IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<const int> fds, std::size_t max_bytes) {
+IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<const int> fds, std::size_t max_bytes,
+                      int timeout_ms) {
   if (payload.size() > max_bytes) {
     throw Error(
         ErrorCode::InvalidArgument,
@@ -212,22 +213,31 @@ IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<co
     std::memcpy(CMSG_DATA(cmsg), fds.data(), fds.size() * sizeof(int));
   }
 
+  const bool timed = timeout_ms >= 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  ssize_t n = -1;
+  int err = 0;
   for (;;) {
-    const ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
-    if (n >= 0) {
-      if (static_cast<std::size_t>(n) != payload.size()) {
-        // SOCK_SEQPACKET sends whole records; a short count means the fd is not such a socket.
-        throw Error(ErrorCode::System,
-                    fmt::format("{}: sendmsg sent {} of {} bytes (not a SOCK_SEQPACKET socket?)", fd_what(sock), n,
-                                payload.size()),
-                    "sendmsg");
-      }
-      return IoStatus::Ok;
-    }
-    const int err = errno;
+    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | (timed ? MSG_DONTWAIT : 0));
+    if (n >= 0) break;
+    err = errno;
     if (err == EINTR) continue;
-    return io_failure("sendmsg", sock, err);
+    if (!timed || (err != EAGAIN && err != EWOULDBLOCK)) break;
+    // Full: wait for room until the deadline, then again. (A blocking sendmsg waits the same way: a Unix datagram
+    // socket's sender is woken, and polls writable, once the peer has drained its queue to a quarter of the buffer.)
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) break;
+    wait_writable(sock, static_cast<int>(std::min<long long>(left, INT_MAX)));
   }
+  if (n < 0) return io_failure("sendmsg", sock, err);
+  if (static_cast<std::size_t>(n) != payload.size()) {
+    // SOCK_SEQPACKET sends whole records; a short count means the fd is not such a socket.
+    throw Error(
+        ErrorCode::System,
+        fmt::format("{}: sendmsg sent {} of {} bytes (not a SOCK_SEQPACKET socket?)", fd_what(sock), n, payload.size()),
+        "sendmsg");
+  }
+  return IoStatus::Ok;
 }
 
 IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& size, std::vector<UniqueFd>& fds,
@@ -343,6 +353,11 @@ bool wait_readable(int fd, int timeout_ms) {
                 EBADF);
   }
   return true;  // POLLIN, POLLHUP or POLLERR: the next read reports which
+}
+
+bool wait_writable(int fd, int timeout_ms) {
+  std::array<pollfd, 1> pfd{{{fd, POLLOUT, 0}}};
+  return poll_retrying(pfd, timeout_ms) > 0;
 }
 
 bool wait_readable_or_woken(int fd, int wake, int timeout_ms) {

@@ -94,8 +94,10 @@ std::pair<UniqueFd, UniqueFd> seqpacket_pair();
 /// Sends `payload` (at most `max_bytes`) plus `fds` (at most kMaxFds) as one message. Throws
 /// Error(InvalidArgument) for an oversized message or an empty payload (a zero-length SOCK_SEQPACKET message reads
 /// as end-of-stream on the other side), Error(System) for other failures. Returns Ok, WouldBlock or Closed.
+/// `timeout_ms` >= 0: waits at most that long for room in the peer's queue (a peer that stopped reading; on a
+/// blocking socket too), then returns WouldBlock with nothing sent. < 0: as the socket's mode says.
 IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<const int> fds = {},
-                      std::size_t max_bytes = 65536);
+                      std::size_t max_bytes = 65536, int timeout_ms = -1);
 
 /// Receives one message into `buffer`; `size` gets its length and `fds` (cleared first) the fds that came with it
 /// (at most `max_fds` are accepted; a message with more counts as Truncated). On Truncated (MSG_TRUNC or
@@ -113,6 +115,11 @@ void set_nonblocking(int fd, bool on);
 /// poll(2) for POLLIN on one fd, retrying EINTR with the remaining time. timeout_ms < 0 waits forever.
 /// Returns true when readable (or hung up), false on timeout.
 bool wait_readable(int fd, int timeout_ms);
+
+/// poll(2) for POLLOUT on one fd, retrying EINTR with the remaining time (< 0: for ever). Returns true when
+/// writable (or hung up, or erred: the next send reports which), false on timeout. A Unix datagram or seqpacket
+/// socket polls writable once its peer has drained the queue to a quarter of the send buffer.
+bool wait_writable(int fd, int timeout_ms);
 
 /// poll(2) for POLLIN on `fd` or `wake`, for at most `timeout_ms` (< 0: for ever), retrying EINTR: true when either
 /// is readable (or `fd` hung up, erred or is no longer open: the caller looks again under the lock that owns `fd`),

@@ -4,6 +4,9 @@
 // reads every request before it answers any, and answers them in reverse) and against the real gpuipcd.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -138,6 +141,80 @@ TEST(BrokerBatch, ABatchThatTimesOutKeepsTheConnectionAndGivesBackWhatItsLateAns
   ASSERT_EQ(receive(sock.get(), close, 5000), os::IoStatus::Ok);
   ASSERT_TRUE(std::holds_alternative<proto::Close>(close.body));
   EXPECT_EQ(std::get<proto::Close>(close.body).id, 77U);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+/// In a client process: the send buffer of its connection to the broker (the one connected seqpacket socket that
+/// is not listening) made as small as the kernel allows, so that a few unread requests fill it. False when none.
+bool shrink_broker_connection_send_buffer() {
+  for (int fd = 3; fd < 1024; ++fd) {
+    int type = 0;
+    int listening = 0;
+    socklen_t len = sizeof(int);
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET) continue;
+    len = sizeof(int);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening != 0) continue;
+    const int one = 1;
+    return ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &one, sizeof(one)) == 0;
+  }
+  return false;
+}
+
+TEST(BrokerBatch, ABrokerThatStopsReadingGivesTimeoutInsteadOfASendThatBlocks) {
+  TempDir dir("gpuipc-batch");
+  const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
+  const SyncPipe timed_out;
+  const pid_t child = start_child([&] {
+    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
+    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
+    ::setenv("GPUIPC_CONNECT_TIMEOUT_MS", "300", 1);        // NOLINT(concurrency-mt-unsafe)
+    auto& client = core::BrokerClient::instance();
+    (void)client.request(proto::Stat{"first"});
+    GPUIPC_CHILD_CHECK(shrink_broker_connection_send_buffer());
+    // More requests than the shrunk queue holds, to a broker that reads none of them: a blocking send would wait
+    // (holding the client's lock) until the broker reads again, here for ever.
+    std::vector<proto::Body> bodies(core::BrokerClient::kMaxBatch, proto::Body{proto::Stat{"queued"}});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      (void)client.request_batch(bodies);
+      return 3;
+    } catch (const Error& e) {
+      GPUIPC_CHILD_CHECK(e.code() == ErrorCode::Timeout);
+      GPUIPC_CHILD_CHECK(std::string(e.what()).find("stopped reading") != std::string::npos);
+    }
+    GPUIPC_CHILD_CHECK(std::chrono::steady_clock::now() - start < 3s);
+    timed_out.notify();
+    // The connection stays: once the broker reads again, the answers to what was sent are discarded and the next
+    // request gets its own.
+    const auto r = client.request(proto::Stat{"after"});
+    const auto* st = std::get_if<proto::StatReply>(&r.msg.body);
+    GPUIPC_CHILD_CHECK(st != nullptr && st->info.name == "after");
+    return 0;
+  });
+  const auto sock = accept_and_greet(listener.get());
+  ASSERT_TRUE(sock);
+  const auto answer = [&](const proto::Message& m) {
+    proto::StatReply st;
+    st.info.name = std::get<proto::Stat>(m.body).name;
+    st.info.id = m.request_id;
+    st.info.size = 4096;
+    send_bytes(sock.get(), proto::encode(reply_to(m.request_id, st)));
+  };
+  proto::Message first;
+  ASSERT_EQ(receive(sock.get(), first, 3000), os::IoStatus::Ok);
+  answer(first);
+  const bool in_time = timed_out.wait(10s);  // the old client blocked in a send until this side read
+  int queued = 0;
+  for (;;) {
+    proto::Message m;
+    ASSERT_EQ(receive(sock.get(), m, 5000), os::IoStatus::Ok);
+    answer(m);
+    if (std::get<proto::Stat>(m.body).name == "after") break;
+    ++queued;
+  }
+  EXPECT_TRUE(in_time);
+  EXPECT_GT(queued, 0);
+  EXPECT_LT(queued, static_cast<int>(core::BrokerClient::kMaxBatch));
   EXPECT_EQ(wait_child(child), 0);
 }
 

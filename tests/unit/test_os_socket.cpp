@@ -313,6 +313,45 @@ TEST(OsSocket, WouldBlockOnEmptyAndFullNonBlockingSockets) {
   EXPECT_EQ(::fcntl(a.get(), F_GETFL) & O_NONBLOCK, 0);
 }
 
+TEST(OsSocket, ASendWithATimeoutOnABlockingSocketWaitsForRoomAtMostThatLong) {
+  auto [a, b] = os::seqpacket_pair();  // both blocking
+  const std::string chunk(4096, 'c');
+  int sent = 0;
+  IoStatus status = IoStatus::Ok;
+  for (; sent < 100'000 && (status = os::send_message(a.get(), bytes(chunk), {}, 65536, 0)) == IoStatus::Ok; ++sent) {
+  }
+  ASSERT_EQ(status, IoStatus::WouldBlock) << "the socket never filled after " << sent << " messages";
+  EXPECT_EQ(::fcntl(a.get(), F_GETFL) & O_NONBLOCK, 0);  // still a blocking socket
+
+  // Full and nobody reads: WouldBlock once the time is up, nothing sent.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(os::send_message(a.get(), bytes(chunk), {}, 65536, 100), IoStatus::WouldBlock);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
+
+  // The queue drained while it waits: sent, well before its time.
+  std::thread reader([fd = b.get(), sent] {
+    std::this_thread::sleep_for(50ms);
+    std::array<std::byte, 4096> buf{};
+    std::size_t size = 0;
+    std::vector<os::UniqueFd> fds;
+    for (int i = 0; i < sent; ++i) (void)os::receive_message(fd, buf, size, fds);
+  });
+  const auto drained = std::chrono::steady_clock::now();
+  EXPECT_EQ(os::send_message(a.get(), bytes(chunk), {}, 65536, 10000), IoStatus::Ok);
+  EXPECT_LT(std::chrono::steady_clock::now() - drained, 5s);
+  reader.join();
+
+  // The peer gone while it waits: Closed.
+  while (os::send_message(a.get(), bytes(chunk), {}, 65536, 0) == IoStatus::Ok) {
+  }
+  std::thread closer([&b] {
+    std::this_thread::sleep_for(50ms);
+    b.reset();
+  });
+  EXPECT_EQ(os::send_message(a.get(), bytes(chunk), {}, 65536, 10000), IoStatus::Closed);
+  closer.join();
+}
+
 TEST(OsSocket, PeerCredentialsAcrossFork) {
   const test::TempDir dir;
   const std::string path = dir.file("broker.sock");
