@@ -300,6 +300,13 @@ std::string Registry::check_memory(const proto::Create& req, int fd) {
   // Host memory is a memfd the broker can check: exactly the declared size, then sealed so that nobody can
   // shrink it under another process's mapping (which would SIGBUS that process).
   try {
+    // First of all a memfd that can still be sealed: F_GET_SEALS fails on any other file, and a tmpfs file that is
+    // no such memfd has F_SEAL_SEAL. Nothing below may touch another file: a broker run as root would chmod
+    // whatever file or directory a client can open (/tmp, a setuid program) before the seal refused it.
+    if ((os::memfd_seals(fd) & F_SEAL_SEAL) != 0) {
+      return "host segments must be memfds created with MFD_ALLOW_SEALING; this fd is sealed against sealing (a "
+             "memfd without MFD_ALLOW_SEALING, or a tmpfs file)";
+    }
     const std::size_t actual = os::fd_size(fd);
     if (actual != req.size) return fmt::format("the memfd is {} bytes but Create declares {}", actual, req.size);
     // A read-only opener gets a read-only file description; the inode must not let it reopen the file writable

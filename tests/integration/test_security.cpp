@@ -1,11 +1,12 @@
 // The defects an unprivileged local user found against a shared broker (issue "Nothing lost, nothing hangs,
 // nobody snoops"), each reproduced through the library's own calls or the wire protocol, as another uid where
 // that matters (CI runs as root: children setuid to 65534; without root those tests skip and say so).
-#include <gtest/gtest.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -166,6 +167,55 @@ TEST(Security, ADeviceSegmentMustBeADriverExportNotTheClientsOwnSocket) {
   sock.reset();
   EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_references() <= before; }, 2s));
   EXPECT_THROW(Segment::stat(c.name), Error);
+}
+
+TEST(Security, AHostCreateTouchesNoFileThatIsNotASealableMemfd) {
+  // A broker run as root may chmod any file: before the seal refused them, a Create with an fd of a file or a
+  // directory the client could open had their group and other bits (and setuid) taken away.
+  TempDir dir("gpuipc-notmemfd");
+  const std::string file = dir.path() + "/file";
+  write_file(file, std::string(4096, 'x'));
+  ASSERT_EQ(::chmod(file.c_str(), 04755), 0);
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  struct Case {
+    std::string path;
+    int flags;
+    unsigned mode;
+  };
+  auto sock = raw_hello(1, "not-a-memfd");
+  std::uint32_t rid = 2;
+  for (const Case& c : {Case{file, O_RDONLY, 04755}, Case{dir.path(), O_RDONLY | O_DIRECTORY, 0755}}) {
+    const os::UniqueFd fd(::open(c.path.c_str(), c.flags | O_CLOEXEC));
+    ASSERT_TRUE(fd) << c.path;
+    proto::Create create;
+    create.name = unique_name();
+    create.kind = proto::Kind::Host;
+    create.size = os::fd_size(fd.get());
+    create.mode = 0600;
+    const int raw = fd.get();
+    auto r = raw_request(sock.get(), rid++, create, std::span<const int>(&raw, 1));
+    const auto* e = std::get_if<proto::ErrorReply>(&r.body);
+    ASSERT_NE(e, nullptr) << c.path;
+    EXPECT_EQ(e->code, static_cast<std::uint8_t>(ErrorCode::InvalidArgument));
+    EXPECT_NE(e->message.find("memfd"), std::string::npos) << e->message;
+    EXPECT_EQ(os::file_owner(fd.get()).mode, c.mode) << c.path << " was chmodded by the broker";
+    EXPECT_THROW(Segment::stat(create.name), Error);
+  }
+  // A memfd that cannot be sealed is refused the same way, its mode left as it is.
+  const os::UniqueFd unsealable(::memfd_create("gpuipc-unsealable", MFD_CLOEXEC));
+  ASSERT_TRUE(unsealable);
+  ASSERT_EQ(::ftruncate(unsealable.get(), 4096), 0);
+  ASSERT_EQ(::fchmod(unsealable.get(), 0644), 0);
+  proto::Create create;
+  create.name = unique_name();
+  create.kind = proto::Kind::Host;
+  create.size = 4096;
+  const int raw = unsealable.get();
+  auto r = raw_request(sock.get(), rid++, create, std::span<const int>(&raw, 1));
+  const auto* e = std::get_if<proto::ErrorReply>(&r.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_NE(e->message.find("MFD_ALLOW_SEALING"), std::string::npos) << e->message;
+  EXPECT_EQ(os::file_owner(unsealable.get()).mode, 0644U);
 }
 
 TEST(Security, ParkedOpensAreCappedPerConnection) {
