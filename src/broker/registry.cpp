@@ -611,6 +611,16 @@ void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& 
     fail(code, fmt::format("cannot join '{}': {}", seg.name, why));
     return;
   }
+  // The entry was free, so a record of that index is stale: its member left without the broker (a semaphore's
+  // close clears its own entry). Kept, such records would pile up for a process that opens and closes again.
+  for (auto e = seg.joined.begin(); e != seg.joined.end();) {
+    if (e->second.member != member) {
+      ++e;
+      continue;
+    }
+    if (!seg.name.empty()) m_journal.left(seg.name, e->second.member, e->second.token);
+    e = seg.joined.erase(e);
+  }
   auto& joined = seg.joined.emplace(caller.conn, Joined{member, token, role})->second;
   journal_joined(seg, joined, caller.conn);
   out.push_back(reply(caller.conn, rid, proto::JoinReply{member, token}));

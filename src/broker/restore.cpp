@@ -339,6 +339,19 @@ void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejo
   } else {
     why = check_rejoin(it->second.block, joined);
   }
+  if (why.empty()) {
+    // An entry the broker already tracks is not taken again: by this connection, a second record of it (each one
+    // a journal line, and a repair at close); by another, a takeover; after a Leave, a new wait for its process
+    // each time (a pool member that left owing frees keeps its entry until they land).
+    const auto& seg = it->second;
+    const auto same = [&](const Joined& j) { return j.member == joined.member && j.token == joined.token; };
+    if (std::any_of(seg.joined.begin(), seg.joined.end(), [&](const auto& e) { return same(e.second); })) {
+      why = "a connection holds that entry already";
+    } else if (std::any_of(seg.exiting.begin(), seg.exiting.end(),
+                           [&](const SegmentRecord::Unclaimed& u) { return same(u.joined); })) {
+      why = "that entry left; it is removed once its process's stream writes have landed";
+    }
+  }
   if (!why.empty()) {
     out.push_back(reply(caller.conn, rid,
                          error_reply(rid, ErrorCode::InvalidArgument,

@@ -89,6 +89,41 @@ TEST(Security, AForgedHelloPidCannotRemoveAnotherProcessesMember) {
   Channel::unlink(name);
 }
 
+TEST(Security, AMemberEntryIsRejoinedOnceAndNotByAnotherConnection) {
+  // Rejoin is for a broker that restarted. Taken again while the broker tracks the entry, it added a record (a
+  // journal line, a repair at close) each time, or handed the entry to another connection.
+  const auto name = unique_name("chan");
+  auto producer = Channel::create(name, small_host_channel(), ChannelRole::Producer);
+  auto a = raw_hello(1, "member");
+  auto b = raw_hello(1, "thief");
+  std::vector<os::UniqueFd> fds;
+  auto r = raw_request(a.get(), 2, proto::Open{name, proto::Access::ReadWrite, 0}, {}, &fds);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(r.body));
+  const auto id = std::get<proto::OpenReply>(r.body).info.id;
+  r = raw_request(b.get(), 2, proto::Open{name, proto::Access::ReadWrite, 0}, {}, &fds);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(r.body));
+  const auto consumer = static_cast<std::uint8_t>(proto::Role::Consumer);
+  r = raw_request(a.get(), 3, proto::Join{id, consumer});
+  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(r.body));
+  const auto joined = std::get<proto::JoinReply>(r.body);
+  const proto::Rejoin again{id, joined.member, joined.token, consumer};
+  for (const int sock : {a.get(), b.get()}) {
+    r = raw_request(sock, 4, again);
+    const auto* e = std::get_if<proto::ErrorReply>(&r.body);
+    ASSERT_NE(e, nullptr) << "a Rejoin of an entry the broker tracks was accepted";
+    EXPECT_NE(e->message.find("holds that entry already"), std::string::npos) << e->message;
+  }
+  // The entry is still a's: its Leave works, and then nobody can rejoin it.
+  r = raw_request(a.get(), 5, proto::Leave{id, joined.member, joined.token});
+  EXPECT_TRUE(std::holds_alternative<proto::OkReply>(r.body));
+  r = raw_request(b.get(), 5, again);
+  EXPECT_TRUE(std::holds_alternative<proto::ErrorReply>(r.body));
+  a.reset();
+  b.reset();
+  producer = Channel();
+  Channel::unlink(name);
+}
+
 TEST(Security, AHelloWithPidZeroCannotWrapTheMemberCounts) {
   const auto name = unique_name("chan");
   auto producer = Channel::create(name, small_host_channel(), ChannelRole::Producer);
