@@ -338,11 +338,15 @@ void Server::dispatch(std::vector<Outgoing>& out) {
 }
 
 void Server::queue(ConnId id, Connection& c, std::vector<std::byte> bytes, os::UniqueFd fd) {
-  if (c.outbox.size() >= m_options.max_queued_replies) {
-    GPUIPC_LOG_WARN("connection {} (pid {}) does not read its replies: closing", id, c.creds.pid);
+  if (c.outbox.size() >= m_options.max_queued_replies || c.outbox_bytes + bytes.size() > m_options.max_queued_bytes ||
+      (fd && c.outbox_fds >= m_options.max_queued_fds)) {
+    GPUIPC_LOG_WARN("connection {} (pid {}) does not read its replies ({} queued, {} bytes, {} fds): closing", id,
+                    c.creds.pid, c.outbox.size(), c.outbox_bytes, c.outbox_fds);
     c.closing = true;
     return;
   }
+  c.outbox_bytes += bytes.size();
+  c.outbox_fds += fd ? 1 : 0;
   c.outbox.push_back(Connection::Queued{std::move(bytes), std::move(fd)});
   if (c.outbox.size() == 1) flush(id, c);
 }
@@ -368,7 +372,7 @@ void Server::flush(ConnId id, Connection& c) {
       c.closing = true;
       return;
     }
-    c.outbox.pop_front();
+    c.pop_front();
   }
   m_epoll.modify(c.sock.get(), EPOLLIN, id);
 }
@@ -405,7 +409,7 @@ void Server::reap_closing() {
       } catch (const Error&) {
         break;
       }
-      c.outbox.pop_front();
+      c.pop_front();
     }
     close_connection(id);
   }

@@ -32,6 +32,11 @@ struct ServerOptions {
   std::size_t max_connections_per_uid = 512;
   std::size_t max_connections = 8192;
   std::size_t max_queued_replies = 256;       ///< per connection, before it is closed as not reading
+  /// Per connection, what its unread replies may hold past the socket's own buffer before it is closed as not
+  /// reading: bytes (List replies are up to 17 KiB), and fds (an Open's reply carries one; a client sends at most
+  /// 64 requests before it reads, and the socket's buffer takes about 200 replies first).
+  std::size_t max_queued_bytes = std::size_t{1} << 20;
+  std::size_t max_queued_fds = 64;
   /// After a restart, how long names linked when the last broker died wait for a holder to announce them.
   std::chrono::milliseconds restore_grace{30000};
   /// After a request, how long the broker looks for the next one without sleeping (GPUIPC_BROKER_POLL_US): a
@@ -70,6 +75,14 @@ class Server {
       os::UniqueFd fd;
     };
     std::deque<Queued> outbox;
+    std::size_t outbox_bytes = 0;  ///< of the replies in `outbox`
+    std::size_t outbox_fds = 0;
+
+    void pop_front() noexcept {
+      outbox_bytes -= outbox.front().bytes.size();
+      outbox_fds -= outbox.front().fd ? 1 : 0;
+      outbox.pop_front();
+    }
   };
 
   void accept_all();

@@ -269,6 +269,41 @@ TEST(Security, ParkedOpensAreCappedPerConnection) {
   expect_still_serving();
 }
 
+TEST(Security, AClientThatReadsNoRepliesCannotMakeTheBrokerHoldManyFds) {
+  // Each Open's reply carries an fd; once the client's socket is full they wait in the broker. 256 replies were
+  // allowed to wait, each with its fd (512 connections a user: 131072 fds); now 64 fds a connection.
+  const auto name = unique_name();
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  const int baseline = BrokerEnvironment::broker_fd_baseline();
+  auto sock = raw_hello(1, "hoarder");
+  constexpr std::uint32_t kOpens = 400;  // about 200 replies fit in the socket; the rest waited in the broker
+  std::uint32_t sent = 0;
+  for (; sent < kOpens; ++sent) {
+    const auto bytes = proto::encode(proto::Message{10 + sent, proto::Open{name, proto::Access::ReadOnly, 0}});
+    if (os::send_message(sock.get(), bytes, {}, proto::kMaxMessageSize, 2000) != os::IoStatus::Ok) break;
+  }
+  int most = 0;
+  for (int i = 0; i < 50; ++i) {
+    most = std::max(most, BrokerEnvironment::broker_fd_count() - baseline);
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_LE(most, 64 + 8) << "the broker held that many more fds for a client that reads nothing";
+  // It was cut off: fewer answers than requests, then the end of the connection.
+  std::uint32_t answered = 0;
+  for (;;) {
+    proto::Message m;
+    std::vector<os::UniqueFd> fds;
+    if (receive(sock.get(), m, 3000, &fds) != os::IoStatus::Ok) break;
+    ++answered;
+  }
+  EXPECT_LT(answered, sent);
+  sock.reset();
+  expect_still_serving();
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::references_of(name) == 1; }, 5s));
+  seg = Segment();
+  Segment::unlink(name);
+}
+
 TEST(Security, StatAndListShowACallerOnlyWhatItCouldOpen) {
   SKIP_UNLESS_ROOT();
   const auto hidden = unique_name("hidden");
