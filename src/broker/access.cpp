@@ -95,6 +95,16 @@ void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credenti
             .body));
     return;
   }
+  if (auto held = seg.refs.find(conn); held != seg.refs.end() && held->second >= m_quotas.refs_per_connection) {
+    // (The library takes one reference a mapping and shares it between handles: this is a loop of Opens.)
+    out.push_back(reply(conn, rid,
+                        error_reply(rid, ErrorCode::QuotaExceeded,
+                                    fmt::format("segment '{}': this connection holds {} references to it, the most "
+                                                "one connection may; close some",
+                                                seg.name, held->second))
+                            .body));
+    return;
+  }
   os::UniqueFd fd;
   try {
     // A read-only opener of host memory gets a read-only file description: it cannot map it writable at all.

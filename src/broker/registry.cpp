@@ -49,9 +49,9 @@ Outgoing reply(ConnId conn, std::uint32_t rid, proto::Body body, os::UniqueFd fd
 }
 
 std::uint32_t SegmentRecord::total_refs() const noexcept {
-  std::uint32_t n = 0;
+  std::uint64_t n = 0;  // (saturated: 8192 connections at their cap would wrap a u32)
   for (const auto& [conn, count] : refs) n += count;
-  return n;
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(n, UINT32_MAX));
 }
 
 proto::Message error_reply(std::uint32_t request_id, ErrorCode code, std::string message, int sys_errno) {

@@ -35,6 +35,9 @@ struct Quotas {
   /// from its RLIMIT_NOFILE. One uid may take at most half of it, so one user cannot lock the others out.
   std::uint64_t fds = 1U << 20;
   std::size_t pending_opens_per_connection = 64;  ///< opens parked waiting for a name, per connection
+  /// References one connection may hold to one segment: far above what a process takes (its library shares a
+  /// mapping's reference between handles), far below what would wrap the u32 counts.
+  std::uint32_t refs_per_connection = 1U << 20;
 };
 
 /// Who is asking: a connection and its SO_PEERCRED credentials.
@@ -56,7 +59,7 @@ struct SegmentRecord : SegmentAttributes {
   os::UniqueFd memory;                      ///< keeps the memory alive while registered
   os::Mapping control;                      ///< semaphores and channels: the broker's view, for repairs
   ControlBlock block;                       ///< over `control`, with the geometry read once at Create
-  std::map<ConnId, std::uint32_t> refs;     ///< references per connection
+  std::map<ConnId, std::uint32_t> refs;     ///< references per connection (Quotas::refs_per_connection)
   std::set<ConnId> writers;                 ///< connections holding a read-write reference
   std::multimap<ConnId, Joined> joined;     ///< member entries each connection joined (Join)
   /// After a broker restart: member entries the journal says the last broker's clients held and nobody has

@@ -93,6 +93,40 @@ struct ChannelBlock {
   void* at = nullptr;
 };
 
+TEST(BrokerReferences, OneConnectionsReferencesToASegmentAreCappedAndTheTotalSaturates) {
+  // A loop of Opens on one connection wrapped its u32 count (and the total every reply carries) after 2^32.
+  Registry registry(Quotas{.refs_per_connection = 3});
+  const os::Credentials me{::getpid(), ::getuid(), ::getgid(), {}};
+  registry.add_connection(1, me);
+  registry.add_connection(2, me);
+  std::uint32_t rid = 1;
+  const auto ask = [&](ConnId conn, proto::Body body, std::vector<os::UniqueFd> fds = {}) {
+    std::vector<Outgoing> out;
+    registry.handle(Caller{conn, me}, proto::Message{rid++, std::move(body)}, fds, 0, out);
+    return out.empty() ? proto::Message{} : std::move(out.back().msg);
+  };
+  std::vector<os::UniqueFd> fds;
+  fds.push_back(os::memfd_create("refs", 4096));
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+      ask(1, proto::Create{"refs", proto::Kind::Host, 0600, 4096, {}, 0}, std::move(fds)).body));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(ask(1, proto::Open{"refs", proto::Access::ReadOnly, 0}).body));
+  }
+  const auto refused = ask(1, proto::Open{"refs", proto::Access::ReadOnly, 0});
+  const auto* e = std::get_if<proto::ErrorReply>(&refused.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->code, static_cast<std::uint8_t>(ErrorCode::QuotaExceeded));
+  EXPECT_NE(e->message.find("holds 3 references"), std::string::npos) << e->message;
+  // Another connection has its own.
+  const auto other = ask(2, proto::Open{"refs", proto::Access::ReadOnly, 0});
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(other.body));
+  EXPECT_EQ(std::get<proto::OpenReply>(other.body).info.references, 4U);
+
+  SegmentRecord seg;
+  seg.refs = {{1, UINT32_MAX}, {2, 5}};
+  EXPECT_EQ(seg.total_refs(), UINT32_MAX);
+}
+
 TEST(RepairChannel, ProducerDeadWhileWritingAbandonsTheSlot) {
   ChannelBlock b(4);
   b.member(0, 100, proto::Role::Producer);
