@@ -45,18 +45,23 @@ void Registry::notify(const SegmentRecord& seg, proto::EventKind kind, const pro
 }
 
 void Registry::expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out) {
-  for (auto it = m_beating.begin(); it != m_beating.end();) {
-    auto seg = m_segments.find(*it);
-    if (seg == m_segments.end() || seg->second.beats.empty()) {
-      it = m_beating.erase(it);
-      continue;
-    }
-    for (auto& [conn, b] : seg->second.beats) {
-      if (b.hung || b.deadline_ns > now_ns) continue;
-      b.hung = true;
-      notify(seg->second, proto::EventKind::Hung, holder_of(seg->second, conn), conn, out);
-    }
-    ++it;
+  while (!m_beat_deadlines.empty() && std::get<0>(*m_beat_deadlines.begin()) <= now_ns) {
+    const auto [deadline, id, conn] = *m_beat_deadlines.begin();
+    m_beat_deadlines.erase(m_beat_deadlines.begin());
+    auto seg = m_segments.find(id);
+    if (seg == m_segments.end()) continue;
+    auto b = seg->second.beats.find(conn);
+    if (b == seg->second.beats.end() || b->second.hung || b->second.deadline_ns != deadline) continue;
+    b->second.hung = true;
+    notify(seg->second, proto::EventKind::Hung, holder_of(seg->second, conn), conn, out);
+  }
+}
+
+void Registry::drop_beats(SegmentRecord& seg, ConnId conn) noexcept {
+  for (auto b = conn == 0 ? seg.beats.begin() : seg.beats.find(conn); b != seg.beats.end();) {
+    if (!b->second.hung) m_beat_deadlines.erase({b->second.deadline_ns, seg.id, b->first});
+    b = seg.beats.erase(b);
+    if (conn != 0) break;
   }
 }
 
@@ -119,14 +124,15 @@ void Registry::heartbeat(const Caller& caller, std::uint32_t rid, const proto::H
   }
   auto& seg = m_segments.at(it->second);
   if (req.deadline_ms == 0) {
-    seg.beats.erase(caller.conn);
+    drop_beats(seg, caller.conn);
   } else {
-    auto& b = seg.beats[caller.conn];
-    const bool was_hung = b.hung;
-    b.deadline_ns = now_ns + static_cast<std::int64_t>(req.deadline_ms) * 1'000'000;
-    b.ms = req.deadline_ms;
-    b.hung = false;
-    m_beating.insert(seg.id);
+    const auto [b, fresh] = seg.beats.try_emplace(caller.conn);
+    const bool was_hung = !fresh && b->second.hung;
+    if (!fresh && !was_hung) m_beat_deadlines.erase({b->second.deadline_ns, seg.id, caller.conn});
+    b->second.deadline_ns = now_ns + static_cast<std::int64_t>(req.deadline_ms) * 1'000'000;
+    b->second.ms = req.deadline_ms;
+    b->second.hung = false;
+    m_beat_deadlines.emplace(b->second.deadline_ns, seg.id, caller.conn);
     if (was_hung) notify(seg, proto::EventKind::Alive, holder_of(seg, caller.conn), caller.conn, out);
   }
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));

@@ -218,7 +218,7 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
         notify(seg, proto::EventKind::Died, gone, conn, *out);
       }
       seg.refs.erase(conn);
-      seg.beats.erase(conn);
+      drop_beats(seg, conn);
       if (repair) {
         repair_for(seg, conn);
       } else {
@@ -474,7 +474,7 @@ void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close
     auto gone = holder_of(it->second, caller.conn);
     gone.references = 0;
     refs.erase(caller.conn);
-    it->second.beats.erase(caller.conn);
+    drop_beats(it->second, caller.conn);
     notify(it->second, proto::EventKind::Left, gone, caller.conn, out);
     repair_for(it->second, caller.conn);
     if (it->second.creator == caller.conn) exporter_left(it->second, proto::PoisonReason::Closed);
@@ -521,7 +521,7 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
   seg.name.clear();
   // Heartbeats and watches go by name: a name that is gone takes no heartbeat, so the deadlines set under it must
   // not expire into Hung events about processes that are alive.
-  seg.beats.clear();
+  drop_beats(seg);
   m_names.erase(it);
   m_journal.unlinked(req.name);
   bump_names_generation();
@@ -574,12 +574,9 @@ std::optional<std::int64_t> Registry::next_deadline() const {
   if (!m_unclaimed.empty()) d = d ? std::min(*d, m_unclaimed_check_ns) : m_unclaimed_check_ns;
   if (!m_exiting.empty()) d = d ? std::min(*d, m_exiting_check_ns) : m_exiting_check_ns;
   for (const auto& [name, r] : m_restore) d = d ? std::min(*d, r.deadline_ns) : r.deadline_ns;
-  for (const auto id : m_beating) {
-    auto it = m_segments.find(id);
-    if (it == m_segments.end()) continue;
-    for (const auto& [conn, b] : it->second.beats) {
-      if (!b.hung) d = d ? std::min(*d, b.deadline_ns) : b.deadline_ns;
-    }
+  if (!m_beat_deadlines.empty()) {
+    const std::int64_t b = std::get<0>(*m_beat_deadlines.begin());
+    d = d ? std::min(*d, b) : b;
   }
   return d;
 }

@@ -8,9 +8,10 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <string>
-#include <unordered_map>
 #include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "broker/journal.hpp"
@@ -195,6 +196,8 @@ class Registry {
               std::vector<Outgoing>& out);
   /// Marks heartbeats whose deadline passed as hung and tells watchers.
   void expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out);
+  /// Removes `conn`'s heartbeat on `seg` (all of them when `conn` is 0), and their deadlines.
+  void drop_beats(SegmentRecord& seg, ConnId conn = 0) noexcept;
   /// Records a new linked name in the journal (not device_ipc shares, which die with their exporter anyway).
   void journal_linked(const SegmentRecord& seg) noexcept;
   /// Answers the opens parked on `seg`'s name.
@@ -288,7 +291,9 @@ class Registry {
   static constexpr std::int64_t kExitingLookNs = 1'000'000;
   std::set<std::uint64_t> m_exiting;
   std::int64_t m_exiting_check_ns = 0;
-  std::set<std::uint64_t> m_beating;         // segments with heartbeats (expire_beats looks at these only)
+  // Every heartbeat not hung, by deadline (deadline, segment id, connection): expire_beats and next_deadline look
+  // at the first ones only, whatever the number of heartbeats (one uid may hold millions).
+  std::set<std::tuple<std::int64_t, std::uint64_t, ConnId>> m_beat_deadlines;
   // Channels whose dead members still owe stream writes, and when to look at them next: 1 ms after a death or a
   // write made, backing off to 32 ms while none lands (a survivor's stream holds one back).
   static constexpr std::int64_t kOwedFirstLookNs = 1'000'000;

@@ -127,6 +127,60 @@ TEST(BrokerReferences, OneConnectionsReferencesToASegmentAreCappedAndTheTotalSat
   EXPECT_EQ(seg.total_refs(), UINT32_MAX);
 }
 
+TEST(BrokerHeartbeats, DeadlinesAreKeptInOrderAndForgottenWithTheirHeartbeat) {
+  Registry registry(Quotas{});
+  const auto creds = [](pid_t pid) { return os::Credentials{pid, ::getuid(), ::getgid(), {}}; };
+  for (ConnId c = 1; c <= 3; ++c) registry.add_connection(c, creds(static_cast<pid_t>(1000 + c)));
+  std::uint32_t rid = 1;
+  std::vector<Outgoing> out;
+  const auto ask = [&](ConnId conn, proto::Body body, std::int64_t now_ns, std::vector<os::UniqueFd> fds = {}) {
+    out.clear();
+    registry.handle(Caller{conn, creds(static_cast<pid_t>(1000 + conn))}, proto::Message{rid++, std::move(body)}, fds,
+                    now_ns, out);
+    return out.empty() ? proto::Message{} : out.back().msg;
+  };
+  const auto hung = [&](std::int64_t now_ns) {
+    out.clear();
+    registry.expire(now_ns, out);
+    std::vector<std::uint32_t> pids;
+    for (const auto& o : out) {
+      const auto* e = std::get_if<proto::Event>(&o.msg.body);
+      if (e != nullptr && e->kind == static_cast<std::uint8_t>(proto::EventKind::Hung)) pids.push_back(e->holder.pid);
+    }
+    return pids;
+  };
+  constexpr std::int64_t ms = 1'000'000;
+  std::vector<os::UniqueFd> fds;
+  fds.push_back(os::memfd_create("beats", 4096));
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+      ask(1, proto::Create{"beats", proto::Kind::Host, 0600, 4096, {}, 0}, 0, std::move(fds)).body));
+  ASSERT_TRUE(
+      std::holds_alternative<proto::OpenReply>(ask(2, proto::Open{"beats", proto::Access::ReadOnly, 0}, 0).body));
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(3, proto::Watch{"beats"}, 0).body));
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(1, proto::Heartbeat{"beats", 10}, 0).body));
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(2, proto::Heartbeat{"beats", 20}, 0).body));
+  EXPECT_EQ(registry.next_deadline(), 10 * ms);
+  // A beat moves its deadline: the old one is gone.
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(1, proto::Heartbeat{"beats", 100}, 5 * ms).body));
+  EXPECT_EQ(registry.next_deadline(), 20 * ms);
+  EXPECT_TRUE(hung(15 * ms).empty());
+  EXPECT_EQ(hung(25 * ms), std::vector<std::uint32_t>{1002});
+  EXPECT_EQ(registry.next_deadline(), 105 * ms);
+  EXPECT_TRUE(hung(30 * ms).empty()) << "told twice";
+  // Beating again after hung: a deadline again. Stopping, or closing, forgets it.
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(2, proto::Heartbeat{"beats", 50}, 30 * ms).body));
+  EXPECT_EQ(registry.next_deadline(), 80 * ms);
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(2, proto::Heartbeat{"beats", 0}, 31 * ms).body));
+  EXPECT_EQ(registry.next_deadline(), 105 * ms);
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(2, proto::Heartbeat{"beats", 50}, 32 * ms).body));
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(2, proto::Close{1}, 33 * ms).body));
+  EXPECT_EQ(registry.next_deadline(), 105 * ms);
+  // Unlinking forgets every heartbeat of the name.
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(1, proto::Unlink{"beats"}, 34 * ms).body));
+  EXPECT_EQ(registry.next_deadline(), std::nullopt);
+  EXPECT_TRUE(hung(200 * ms).empty());
+}
+
 TEST(RepairChannel, ProducerDeadWhileWritingAbandonsTheSlot) {
   ChannelBlock b(4);
   b.member(0, 100, proto::Role::Producer);
