@@ -129,6 +129,10 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
 }
 
 void Registry::repair_later(SegmentRecord& seg, SegmentRecord::Unclaimed u) {
+  if (u.left) {
+    m_frees_interval_ns = kExitingLookNs;
+    m_frees_check_ns = os::monotonic_ns() + kExitingLookNs;
+  }
   seg.exiting.push_back(std::move(u));
   if (m_exiting.insert(seg.id).second && m_exiting.size() == 1)
     m_exiting_check_ns = os::monotonic_ns() + kExitingLookNs;
@@ -136,6 +140,8 @@ void Registry::repair_later(SegmentRecord& seg, SegmentRecord::Unclaimed u) {
 
 void Registry::repair_exited(std::int64_t now_ns) {
   if (m_exiting.empty() || now_ns < m_exiting_check_ns) return;
+  const bool look_at_frees = now_ns >= m_frees_check_ns;
+  bool any_landed = false;
   for (auto it = m_exiting.begin(); it != m_exiting.end();) {
     auto s = m_segments.find(*it);
     if (s == m_segments.end()) {
@@ -144,9 +150,14 @@ void Registry::repair_exited(std::int64_t now_ns) {
     }
     auto& seg = s->second;
     std::vector<Joined> exited;
+    std::optional<std::uint64_t> pending;  // one pass over the pool's records for all its leavers
     std::erase_if(seg.exiting, [&](const SegmentRecord::Unclaimed& u) {
-      const bool landed =
-          u.left && seg.control && !shm::pool_member_frees_pending(seg.block.data, seg.block.size, u.joined.member);
+      bool landed = false;
+      if (u.left && seg.control && look_at_frees) {
+        if (!pending) pending = shm::pool_members_with_frees_pending(seg.block.data, seg.block.size);
+        landed = u.joined.member < proto::kMaxMembers && (*pending & (std::uint64_t{1} << u.joined.member)) == 0;
+        any_landed = any_landed || landed;
+      }
       if (!landed && !os::pidfd_wait_exit(u.pidfd.get(), 0)) return false;
       exited.push_back(u.joined);
       return true;
@@ -155,6 +166,10 @@ void Registry::repair_exited(std::int64_t now_ns) {
     it = seg.exiting.empty() ? m_exiting.erase(it) : std::next(it);
   }
   m_exiting_check_ns = now_ns + kExitingLookNs;
+  if (look_at_frees) {
+    m_frees_interval_ns = any_landed ? kExitingLookNs : std::min(2 * m_frees_interval_ns, kFreesLookMaxNs);
+    m_frees_check_ns = now_ns + m_frees_interval_ns;
+  }
 }
 
 void Registry::repair_member(SegmentRecord& seg, const Joined& member, pid_t pid) {

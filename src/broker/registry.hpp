@@ -291,6 +291,12 @@ class Registry {
   static constexpr std::int64_t kExitingLookNs = 1'000'000;
   std::set<std::uint64_t> m_exiting;
   std::int64_t m_exiting_check_ns = 0;
+  // Pool members that left owing frees (SegmentRecord::Unclaimed::left): their pools' records are read (up to a
+  // pool's whole table, which its members size) 1 ms after a leave or a landing, backing off to 32 ms while none
+  // lands. Their processes' exits are looked at every pass, as above.
+  static constexpr std::int64_t kFreesLookMaxNs = 32'000'000;
+  std::int64_t m_frees_check_ns = 0;
+  std::int64_t m_frees_interval_ns = kExitingLookNs;
   // Every heartbeat not hung, by deadline (deadline, segment id, connection): expire_beats and next_deadline look
   // at the first ones only, whatever the number of heartbeats (one uid may hold millions).
   std::set<std::tuple<std::int64_t, std::uint64_t, ConnId>> m_beat_deadlines;

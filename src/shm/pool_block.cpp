@@ -595,6 +595,19 @@ bool pool_member_frees_pending(void* control, std::size_t size, std::uint32_t me
   return false;
 }
 
+std::uint64_t pool_members_with_frees_pending(void* control, std::size_t size) noexcept {
+  const PoolBlock b(control, size);
+  if (!b.valid()) return 0;
+  std::uint64_t pending = 0;
+  const std::uint32_t end = b.record_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
+    BlockRecord& r = b.record(i);
+    const std::uint32_t member = load(r.releaser);
+    if (member < proto::kMaxMembers && load(r.released) < load(r.generation)) pending |= bit(member);
+  }
+  return pending;
+}
+
 bool pool_member_uses_memory(void* control, std::size_t size, std::uint32_t member_index) noexcept {
   const PoolBlock b(control, size);
   if (!b.valid() || member_index >= proto::kMaxMembers) return false;

@@ -293,6 +293,10 @@ int pool_remove_member(void* control, std::size_t size, std::uint32_t member_ind
 /// Lock-free: whether member `member_index` freed blocks on a stream that has not written their `released` yet.
 bool pool_member_frees_pending(void* control, std::size_t size, std::uint32_t member_index) noexcept;
 
+/// Lock-free: the members (bit i: member i) that freed blocks on a stream that has not written their `released`
+/// yet, in one pass over the records.
+std::uint64_t pool_members_with_frees_pending(void* control, std::size_t size) noexcept;
+
 /// Lock-free: whether member `member_index` holds a live block or has a stream-ordered free pending, memory its
 /// process's GPU work may still be using. False when the block does not validate. The broker asks before it repairs
 /// a dead member: a killed process's kernels run on until its exit has torn its contexts down.

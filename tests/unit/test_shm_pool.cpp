@@ -269,6 +269,7 @@ TEST(ShmPool, ALeaveKeepingPendingFreesReleasesHoldsAndLeavesThoseBlocksDraining
   ASSERT_EQ(p.block.release(0, freed, true, kTimeout), PoolStatus::Ok);
   EXPECT_TRUE(pool_member_frees_pending(p.mem.get(), p.size, 0));
   EXPECT_FALSE(pool_member_frees_pending(p.mem.get(), p.size, 1));
+  EXPECT_EQ(pool_members_with_frees_pending(p.mem.get(), p.size), 1U);
   EXPECT_EQ(pool_remove_member(p.mem.get(), p.size, 0, /*keep_pending_frees=*/true), 1);
   EXPECT_EQ(p.block.check_live(held), PoolStatus::Stale);  // freed
   EXPECT_EQ(p.block.counts().draining_blocks, 1U);
@@ -278,6 +279,7 @@ TEST(ShmPool, ALeaveKeepingPendingFreesReleasesHoldsAndLeavesThoseBlocksDraining
   EXPECT_EQ(p.alloc(1, 1024, x), PoolStatus::NoSpace);                    // not the draining one
   atomic(p.block.record(freed.record).released).store(freed.generation);  // what the stream writes
   EXPECT_FALSE(pool_member_frees_pending(p.mem.get(), p.size, 0));
+  EXPECT_EQ(pool_members_with_frees_pending(p.mem.get(), p.size), 0U);
   EXPECT_EQ(p.alloc(1, 1024, x), PoolStatus::Ok);
   EXPECT_EQ(x.offset, freed.offset);
 }
