@@ -406,7 +406,8 @@ class StreamReader:
         the new version, never reported as received), Closed, ChecksumMismatch (naming the bucket), InvalidState
         (the publisher abandoned the version, evicted this reader, or freed a tensor it sent by reference before
         this reader copied it), ProtocolError (a malformed bucket, or one naming a block this reader cannot use),
-        InvalidArgument (dtype, shape or kind of a tensor), TypeError (not an array). After an error in the middle of a version the next call skips what is left of it."""
+        InvalidArgument (dtype, shape or kind of a tensor), TypeError (not an array). After an error in the middle
+        of a version the next call skips what is left of it."""
         if not isinstance(into, Mapping):
             raise InvalidArgument(f"receive takes a mapping of names to tensors, not a {type(into).__name__}")
         deadline, s, sig = self._begin(timeout, stream)
