@@ -117,6 +117,7 @@ void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credenti
     return;
   }
   const bool first = ++seg.refs[conn] == 1;
+  if (first) note_holding(conn, seg.id, true);
   if (access == proto::Access::ReadWrite) seg.writers.insert(conn);
   out.push_back(reply(conn, rid, proto::OpenReply{info_of(seg)}, std::move(fd)));
   if (first) notify(seg, proto::EventKind::Joined, holder_of(seg, conn), conn, out);

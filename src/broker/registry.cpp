@@ -102,7 +102,9 @@ void Registry::bump_names_generation() noexcept {
 }
 
 void Registry::add_connection(ConnId conn, const os::Credentials& creds) {
-  m_connections[conn] = ConnectionInfo{creds, {}, {}, {}};
+  ConnectionInfo info;
+  info.creds = creds;
+  m_connections[conn] = std::move(info);
 }
 
 void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
@@ -221,9 +223,35 @@ void Registry::settle_owing(std::int64_t now_ns) {
   m_owed_check_ns = now_ns + m_owed_interval_ns;
 }
 
+void Registry::note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept {
+  auto c = m_connections.find(conn);
+  if (c == m_connections.end()) return;  // (then drop_connection looks at every segment)
+  try {
+    if (holds) {
+      c->second.holding.insert(id);
+    } else {
+      c->second.holding.erase(id);
+    }
+  } catch (...) {  // out of memory: not indexed; the connection's close then looks at every segment
+    c->second.holding_complete = false;
+  }
+}
+
 void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* out) {
+  // The segments this connection holds or watches, when they are known: a connection's close does not cost the
+  // broker a walk over every segment (a loop of connects and closes would keep it busy).
+  std::set<std::uint64_t> ids;
+  if (const auto info = m_connections.find(conn); info != m_connections.end() && info->second.holding_complete) {
+    ids = info->second.holding;
+    ids.insert(info->second.watching.begin(), info->second.watching.end());
+  } else {
+    for (const auto& [id, seg] : m_segments) ids.insert(id);
+  }
   std::vector<std::uint64_t> touched;
-  for (auto& [id, seg] : m_segments) {
+  for (const std::uint64_t id : ids) {
+    auto found = m_segments.find(id);
+    if (found == m_segments.end()) continue;
+    auto& seg = found->second;
     seg.watchers.erase(conn);
     if (seg.refs.count(conn) != 0) {
       // A connection that goes while holding references: its process exited or was killed without closing them.
@@ -444,6 +472,7 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
   seg.refs[caller.conn] = 1;
   seg.writers.insert(caller.conn);
   auto& stored = link(std::move(seg));
+  note_holding(caller.conn, stored.id, true);
   GPUIPC_LOG_INFO("created segment '{}' id {} ({} {}) for uid {} pid {}", req.name, stored.id, kind_name(req.kind),
                   human_bytes(req.size), caller.creds.uid, caller.creds.pid);
   out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(stored)}));
@@ -489,6 +518,7 @@ void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close
     auto gone = holder_of(it->second, caller.conn);
     gone.references = 0;
     refs.erase(caller.conn);
+    note_holding(caller.conn, req.id, false);
     drop_beats(it->second, caller.conn);
     notify(it->second, proto::EventKind::Left, gone, caller.conn, out);
     repair_for(it->second, caller.conn);

@@ -196,6 +196,8 @@ class Registry {
               std::vector<Outgoing>& out);
   /// Marks heartbeats whose deadline passed as hung and tells watchers.
   void expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out);
+  /// Records whether `conn` holds references to segment `id` (SegmentRecord::refs), for drop_connection.
+  void note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept;
   /// Removes `conn`'s heartbeat on `seg` (all of them when `conn` is 0), and their deadlines.
   void drop_beats(SegmentRecord& seg, ConnId conn = 0) noexcept;
   /// Records a new linked name in the journal (not device_ipc shares, which die with their exporter anyway).
@@ -266,6 +268,8 @@ class Registry {
     os::Credentials creds;
     std::set<std::uint64_t> pending;  // parked opens
     std::set<std::uint64_t> watching;  // segments it watches
+    std::set<std::uint64_t> holding;   // segments it holds references to: what its close looks at
+    bool holding_complete = true;      // false once an insert into `holding` failed (out of memory)
     std::optional<std::uint64_t> start;  // its process's start (os::process_start_ticks), read at its first Join
   };
   std::unordered_map<ConnId, ConnectionInfo> m_connections;

@@ -257,7 +257,7 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
                        req.name));
       return;
     }
-    ++seg.refs[caller.conn];
+    if (++seg.refs[caller.conn] == 1) note_holding(caller.conn, seg.id, true);
     if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
     out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(seg)}));
     return;
@@ -320,6 +320,7 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
   if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
   m_restore.erase(r);
   auto& stored = link(std::move(seg));
+  note_holding(caller.conn, stored.id, true);
   if (stored.control) {
     restore_owed(stored);
     adopt_unclaimed(stored);

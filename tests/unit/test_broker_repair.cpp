@@ -127,6 +127,52 @@ TEST(BrokerReferences, OneConnectionsReferencesToASegmentAreCappedAndTheTotalSat
   EXPECT_EQ(seg.total_refs(), UINT32_MAX);
 }
 
+TEST(BrokerReferences, AClosingConnectionDropsWhatItHeldAndWatchedOnly) {
+  // A close looks at the segments the connection held or watched (an index), not at every segment; a connection
+  // the registry was not told of (no index) is still dropped everywhere.
+  Registry registry(Quotas{});
+  const os::Credentials me{::getpid(), ::getuid(), ::getgid(), {}};
+  registry.add_connection(1, me);
+  registry.add_connection(2, me);
+  std::uint32_t rid = 1;
+  const auto ask = [&](ConnId conn, proto::Body body, std::vector<os::UniqueFd> fds = {}) {
+    std::vector<Outgoing> out;
+    registry.handle(Caller{conn, me}, proto::Message{rid++, std::move(body)}, fds, 0, out);
+    return out.empty() ? proto::Message{} : std::move(out.back().msg);
+  };
+  const auto create = [&](ConnId conn, const char* name) {
+    std::vector<os::UniqueFd> fds;
+    fds.push_back(os::memfd_create(name, 4096));
+    return std::get<proto::OpenReply>(
+               ask(conn, proto::Create{name, proto::Kind::Host, 0600, 4096, {}, 0}, std::move(fds)).body)
+        .info.id;
+  };
+  const auto references = [&](const char* name) {
+    const auto r = ask(1, proto::Stat{name});
+    return std::holds_alternative<proto::StatReply>(r.body) ? std::get<proto::StatReply>(r.body).info.references : 0U;
+  };
+  const auto a = create(1, "a");
+  create(1, "b");
+  create(9, "c");  // connection 9: never added
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(ask(2, proto::Open{"a", proto::Access::ReadOnly, 0}).body));
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(ask(2, proto::Open{"b", proto::Access::ReadOnly, 0}).body));
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(2, proto::Close{a}).body));  // 2 of its 3 left on "a"
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(ask(9, proto::Open{"a", proto::Access::ReadOnly, 0}).body));
+  EXPECT_EQ(references("a"), 4U);
+  EXPECT_EQ(references("b"), 2U);
+  registry.drop_connection(2);
+  EXPECT_EQ(references("a"), 2U);
+  EXPECT_EQ(references("b"), 1U);
+  EXPECT_EQ(references("c"), 1U);
+  registry.drop_connection(9);
+  EXPECT_EQ(references("a"), 1U);
+  EXPECT_EQ(references("c"), 0U);  // gone with connection 9, found without an index
+  EXPECT_TRUE(std::holds_alternative<proto::StatReply>(ask(1, proto::Stat{"c"}).body));  // the name keeps it
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(ask(1, proto::Unlink{"c"}).body));
+  EXPECT_EQ(registry.total_references(), 2U);  // "a" and "b", connection 1's
+}
+
 TEST(BrokerHeartbeats, DeadlinesAreKeptInOrderAndForgottenWithTheirHeartbeat) {
   Registry registry(Quotas{});
   const auto creds = [](pid_t pid) { return os::Credentials{pid, ::getuid(), ::getgid(), {}}; };
