@@ -93,32 +93,43 @@ struct ChannelBlock {
   void* at = nullptr;
 };
 
-TEST(BrokerReferences, OneConnectionsReferencesToASegmentAreCappedAndTheTotalSaturates) {
-  // A loop of Opens on one connection wrapped its u32 count (and the total every reply carries) after 2^32.
-  Registry registry(Quotas{.refs_per_connection = 3});
-  const os::Credentials me{::getpid(), ::getuid(), ::getgid(), {}};
-  registry.add_connection(1, me);
-  registry.add_connection(2, me);
-  std::uint32_t rid = 1;
-  const auto ask = [&](ConnId conn, proto::Body body, std::vector<os::UniqueFd> fds = {}) {
+/// A registry with connections 1 and 2 of this process's uid, and requests sent to it as either.
+struct TwoConnections {
+  explicit TwoConnections(Quotas quotas = {}) : registry(quotas) {
+    registry.add_connection(1, me);
+    registry.add_connection(2, me);
+  }
+  proto::Message ask(ConnId conn, proto::Body body, std::vector<os::UniqueFd> fds = {}) {
     std::vector<Outgoing> out;
     registry.handle(Caller{conn, me}, proto::Message{rid++, std::move(body)}, fds, 0, out);
     return out.empty() ? proto::Message{} : std::move(out.back().msg);
-  };
-  std::vector<os::UniqueFd> fds;
-  fds.push_back(os::memfd_create("refs", 4096));
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
-      ask(1, proto::Create{"refs", proto::Kind::Host, 0600, 4096, {}, 0}, std::move(fds)).body));
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(ask(1, proto::Open{"refs", proto::Access::ReadOnly, 0}).body));
   }
-  const auto refused = ask(1, proto::Open{"refs", proto::Access::ReadOnly, 0});
+  /// Creates host segment `name` (4096 bytes) as `conn`: its reply.
+  proto::Message create(ConnId conn, const char* name) {
+    std::vector<os::UniqueFd> fds;
+    fds.push_back(os::memfd_create(name, 4096));
+    return ask(conn, proto::Create{name, proto::Kind::Host, 0600, 4096, {}, 0}, std::move(fds));
+  }
+  os::Credentials me{::getpid(), ::getuid(), ::getgid(), {}};
+  Registry registry;
+  std::uint32_t rid = 1;
+};
+
+TEST(BrokerReferences, OneConnectionsReferencesToASegmentAreCappedAndTheTotalSaturates) {
+  // A loop of Opens on one connection wrapped its u32 count (and the total every reply carries) after 2^32.
+  TwoConnections b(Quotas{.refs_per_connection = 3});
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(1, "refs").body));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(
+        std::holds_alternative<proto::OpenReply>(b.ask(1, proto::Open{"refs", proto::Access::ReadOnly, 0}).body));
+  }
+  const auto refused = b.ask(1, proto::Open{"refs", proto::Access::ReadOnly, 0});
   const auto* e = std::get_if<proto::ErrorReply>(&refused.body);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->code, static_cast<std::uint8_t>(ErrorCode::QuotaExceeded));
   EXPECT_NE(e->message.find("holds 3 references"), std::string::npos) << e->message;
   // Another connection has its own.
-  const auto other = ask(2, proto::Open{"refs", proto::Access::ReadOnly, 0});
+  const auto other = b.ask(2, proto::Open{"refs", proto::Access::ReadOnly, 0});
   ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(other.body));
   EXPECT_EQ(std::get<proto::OpenReply>(other.body).info.references, 4U);
 
@@ -130,22 +141,11 @@ TEST(BrokerReferences, OneConnectionsReferencesToASegmentAreCappedAndTheTotalSat
 TEST(BrokerReferences, AClosingConnectionDropsWhatItHeldAndWatchedOnly) {
   // A close looks at the segments the connection held or watched (an index), not at every segment; a connection
   // the registry was not told of (no index) is still dropped everywhere.
-  Registry registry(Quotas{});
-  const os::Credentials me{::getpid(), ::getuid(), ::getgid(), {}};
-  registry.add_connection(1, me);
-  registry.add_connection(2, me);
-  std::uint32_t rid = 1;
-  const auto ask = [&](ConnId conn, proto::Body body, std::vector<os::UniqueFd> fds = {}) {
-    std::vector<Outgoing> out;
-    registry.handle(Caller{conn, me}, proto::Message{rid++, std::move(body)}, fds, 0, out);
-    return out.empty() ? proto::Message{} : std::move(out.back().msg);
-  };
+  TwoConnections b;
+  auto& registry = b.registry;
+  const auto ask = [&](ConnId conn, proto::Body body) { return b.ask(conn, std::move(body)); };
   const auto create = [&](ConnId conn, const char* name) {
-    std::vector<os::UniqueFd> fds;
-    fds.push_back(os::memfd_create(name, 4096));
-    return std::get<proto::OpenReply>(
-               ask(conn, proto::Create{name, proto::Kind::Host, 0600, 4096, {}, 0}, std::move(fds)).body)
-        .info.id;
+    return std::get<proto::OpenReply>(b.create(conn, name).body).info.id;
   };
   const auto references = [&](const char* name) {
     const auto r = ask(1, proto::Stat{name});
