@@ -340,17 +340,19 @@ void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejo
   } else {
     why = check_rejoin(it->second.block, joined);
   }
+  const auto same = [&](const Joined& j) { return j.member == joined.member && j.token == joined.token; };
   if (why.empty()) {
-    // An entry the broker already tracks is not taken again: by this connection, a second record of it (each one
-    // a journal line, and a repair at close); by another, a takeover; after a Leave, a new wait for its process
-    // each time (a pool member that left owing frees keeps its entry until they land).
+    // A connection's entry is not taken again: by that connection, a second record (a journal line, a repair at
+    // close, each time); by another, a takeover. An entry waiting for its process to exit (its connection closed,
+    // or it left owing frees) comes back only to that process, and then waits no more: Leave and Rejoin in a loop
+    // added a wait (a pidfd, a look at the pool's records) each time.
     const auto& seg = it->second;
-    const auto same = [&](const Joined& j) { return j.member == joined.member && j.token == joined.token; };
     if (std::any_of(seg.joined.begin(), seg.joined.end(), [&](const auto& e) { return same(e.second); })) {
       why = "a connection holds that entry already";
-    } else if (std::any_of(seg.exiting.begin(), seg.exiting.end(),
-                           [&](const SegmentRecord::Unclaimed& u) { return same(u.joined); })) {
-      why = "that entry left; it is removed once its process's stream writes have landed";
+    } else if (std::any_of(seg.exiting.begin(), seg.exiting.end(), [&](const SegmentRecord::Unclaimed& u) {
+                 return same(u.joined) && u.joined.pid != caller.creds.pid;
+               })) {
+      why = "that entry is another process's, removed once it has exited";
     }
   }
   if (!why.empty()) {
@@ -361,9 +363,8 @@ void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejo
     return;
   }
   auto& seg = it->second;
-  std::erase_if(seg.unclaimed, [&](const SegmentRecord::Unclaimed& u) {
-    return u.joined.member == joined.member && u.joined.token == joined.token;
-  });
+  std::erase_if(seg.unclaimed, [&](const SegmentRecord::Unclaimed& u) { return same(u.joined); });
+  std::erase_if(seg.exiting, [&](const SegmentRecord::Unclaimed& u) { return same(u.joined); });
   auto& stored = seg.joined.emplace(caller.conn, joined)->second;
   journal_joined(seg, stored, caller.conn);
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));

@@ -727,6 +727,40 @@ TEST(BrokerLeave, APoolMemberOwingAStreamFreeIsRemovedOnceItLandsOrItsProcessExi
   }
 }
 
+// A pool member that left owing a free waits in the broker for it (or its exit). Rejoined by its own process, it is
+// that connection's member again and waits no more (Leave and Rejoin in a loop added a wait each time); another
+// process cannot take it.
+TEST(BrokerLeave, APoolMemberThatLeftOwingAFreeComesBackOnlyToItsOwnProcess) {
+  LiveChild holder_process;
+  PoolOverABroker p(holder_process.pid);
+  ASSERT_NE(p.member, proto::kNoMember);
+  shm::BlockLocation loc;
+  ASSERT_EQ(p.allocate(loc), shm::PoolStatus::Ok);
+  ASSERT_EQ(p.block.release(p.member, loc, true, std::chrono::seconds(1)), shm::PoolStatus::Ok);
+  ASSERT_EQ(shm::pool_remove_member(p.shared.data(), p.bytes, p.member, true), 0);
+  const proto::Leave leave{p.id, p.member, p.token};
+  const proto::Rejoin rejoin{p.id, p.member, p.token, static_cast<std::uint8_t>(proto::Role::Holder)};
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(std::holds_alternative<proto::OkReply>(p.broker.ask(1, holder_process.pid, leave).body)) << round;
+    const auto stolen = p.broker.ask(2, ::getpid(), rejoin);  // connection 2 holds the pool read-write too
+    const auto* e = std::get_if<proto::ErrorReply>(&stolen.body);
+    ASSERT_NE(e, nullptr) << "another process took the entry";
+    EXPECT_NE(e->message.find("another process's"), std::string::npos) << e->message;
+    ASSERT_TRUE(std::holds_alternative<proto::OkReply>(p.broker.ask(1, holder_process.pid, rejoin).body)) << round;
+    const auto twice = p.broker.ask(1, holder_process.pid, rejoin);
+    ASSERT_TRUE(std::holds_alternative<proto::ErrorReply>(twice.body)) << "rejoined twice";
+  }
+  // Joined again, it no longer waits for the free: its landing does not remove the member.
+  proto::atomic(p.block.record(loc.record).released).store(loc.generation);
+  p.broker.tick();
+  EXPECT_EQ(p.block.header().members[p.member].token, p.token) << "removed though it rejoined";
+  // Its connection's close repairs it as any member's.
+  p.broker.registry.drop_connection(1);
+  holder_process.kill();
+  p.broker.tick();
+  EXPECT_EQ(p.block.header().members[p.member].token, 0U);
+}
+
 // A dead consumer's stream a round or more behind in a slot whose later rounds other members published and
 // released since: its writes are still made (the slot's last releaser is someone else).
 TEST(RepairChannel, AStreamRoundsBehindIsWrittenFor) {
