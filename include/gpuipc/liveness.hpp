@@ -53,9 +53,12 @@ enum class LivenessEvent : std::uint8_t {
   Died,    ///< its process went (exit or kill) while it held references
   Hung,    ///< it missed its heartbeat deadline
   Alive,   ///< it beat again after missing a deadline
+  /// Not about a holder (`holder` is empty): this watcher fell behind, and the broker dropped events of the name
+  /// rather than queue them without bound. Read holders(name) again for where things stand.
+  Lost,
 };
 
-/// "joined", "left", "died", "hung", "alive".
+/// "joined", "left", "died", "hung", "alive", "lost".
 std::string_view to_string(LivenessEvent event) noexcept;
 /// "none", "alive", "hung".
 std::string_view to_string(HeartbeatState state) noexcept;

@@ -331,10 +331,26 @@ void Server::dispatch(std::vector<Outgoing>& out) {
   for (auto& o : out) {
     auto it = m_connections.find(o.conn);
     if (it == m_connections.end() || it->second.closing) continue;  // o.fd closes with o
+    if (o.msg.request_id == 0 && std::holds_alternative<proto::Event>(o.msg.body)) {
+      queue_event(o.conn, it->second, o.msg);
+      continue;
+    }
     const std::size_t nfds = o.fd ? 1 : 0;
     queue(o.conn, it->second, encode_or_error(o.msg, nfds), std::move(o.fd));
   }
   out.clear();
+}
+
+void Server::queue_event(ConnId id, Connection& c, const proto::Message& msg) {
+  const auto& e = std::get<proto::Event>(msg.body);
+  // Once one is dropped, the rest are too until the watcher has read what waits and its Lost: it never sees an
+  // event of a name after a gap without the Lost between.
+  if (!c.lost.empty() || c.outbox_events >= m_options.max_queued_events) {
+    if (c.lost.size() < 1024) c.lost.emplace(e.id, e.name);
+    return;
+  }
+  c.push_back(Connection::Queued{encode_or_error(msg, 0), {}, true});
+  if (c.outbox.size() == 1) flush(id, c);
 }
 
 void Server::queue(ConnId id, Connection& c, std::vector<std::byte> bytes, os::UniqueFd fd) {
@@ -345,14 +361,25 @@ void Server::queue(ConnId id, Connection& c, std::vector<std::byte> bytes, os::U
     c.closing = true;
     return;
   }
-  c.outbox_bytes += bytes.size();
-  c.outbox_fds += fd ? 1 : 0;
-  c.outbox.push_back(Connection::Queued{std::move(bytes), std::move(fd)});
+  c.push_back(Connection::Queued{std::move(bytes), std::move(fd)});
   if (c.outbox.size() == 1) flush(id, c);
 }
 
 void Server::flush(ConnId id, Connection& c) {
-  while (!c.outbox.empty()) {
+  for (;;) {
+    if (c.outbox.empty()) {
+      if (c.lost.empty()) break;
+      // A watcher that fell behind has read what waited: one Lost per name whose events were dropped, then its
+      // events come again.
+      for (const auto& [segment, name] : std::exchange(c.lost, {})) {
+        proto::Event lost;
+        lost.kind = static_cast<std::uint8_t>(proto::EventKind::Lost);
+        lost.id = segment;
+        lost.name = name;
+        lost.unix_ns = unix_now_ns();
+        c.push_back(Connection::Queued{encode_or_error(proto::Message{0, lost}, 0), {}, true});
+      }
+    }
     auto& q = c.outbox.front();
     const int fd = q.fd.get();
     os::IoStatus st;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,9 @@ struct ServerOptions {
   /// 64 requests before it reads, and the socket's buffer takes about 200 replies first).
   std::size_t max_queued_bytes = std::size_t{1} << 20;
   std::size_t max_queued_fds = 64;
+  /// Per watcher connection, events waiting past the socket's buffer before further ones are dropped (and the
+  /// watcher told Lost once it has read those): anyone who may open a watched name can make events at will.
+  std::size_t max_queued_events = 64;
   /// After a restart, how long names linked when the last broker died wait for a holder to announce them.
   std::chrono::milliseconds restore_grace{30000};
   /// After a request, how long the broker looks for the next one without sleeping (GPUIPC_BROKER_POLL_US): a
@@ -73,14 +77,26 @@ class Server {
     struct Queued {
       std::vector<std::byte> bytes;
       os::UniqueFd fd;
+      bool event = false;  ///< an Event for a watcher
     };
     std::deque<Queued> outbox;
     std::size_t outbox_bytes = 0;  ///< of the replies in `outbox`
     std::size_t outbox_fds = 0;
+    std::size_t outbox_events = 0;
+    /// Names (by segment id) whose events were dropped while this watcher was behind: once `outbox` has drained,
+    /// each gets a Lost event. At most the names it watches (64).
+    std::map<std::uint64_t, std::string> lost;
 
+    void push_back(Queued q) {
+      outbox_bytes += q.bytes.size();
+      outbox_fds += q.fd ? 1 : 0;
+      outbox_events += q.event ? 1 : 0;
+      outbox.push_back(std::move(q));
+    }
     void pop_front() noexcept {
       outbox_bytes -= outbox.front().bytes.size();
       outbox_fds -= outbox.front().fd ? 1 : 0;
+      outbox_events -= outbox.front().event ? 1 : 0;
       outbox.pop_front();
     }
   };
@@ -90,6 +106,9 @@ class Server {
   bool handle_message(ConnId id, Connection& c, std::span<const std::byte> bytes, std::vector<os::UniqueFd>& fds);
   void dispatch(std::vector<Outgoing>& out);
   void queue(ConnId id, Connection& c, std::vector<std::byte> bytes, os::UniqueFd fd);
+  /// Queues an Event for watcher `c`, or drops it (recording its name in `c.lost`) while the watcher has
+  /// kMaxQueuedEvents waiting unread: a watcher that falls behind is told Lost, not cut off.
+  void queue_event(ConnId id, Connection& c, const proto::Message& msg);
   void flush(ConnId id, Connection& c);
   void close_connection(ConnId id, bool repair = true);
   void reap_closing();

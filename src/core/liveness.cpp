@@ -74,6 +74,8 @@ std::string_view to_string(LivenessEvent event) noexcept {
       return "hung";
     case LivenessEvent::Alive:
       return "alive";
+    case LivenessEvent::Lost:
+      return "lost";
   }
   return "?";
 }
@@ -148,7 +150,7 @@ struct Watcher::Impl {
     WatchEvent w;
     w.event = static_cast<LivenessEvent>(e.kind - 1);
     w.name = e.name;
-    w.holder = holder_of(e.holder);
+    if (w.event != LivenessEvent::Lost) w.holder = holder_of(e.holder);  // (a Lost event is about no holder)
     w.unix_ns = e.unix_ns;
     queued.push_back(std::move(w));
     if (queued.size() == 1) os::event_fd_signal(queued_fd.get());

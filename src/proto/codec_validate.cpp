@@ -267,8 +267,8 @@ std::string validate(const Watch& m, const Path& p) {
 }
 
 std::string validate(const Event& m, const Path& p) {
-  if (m.kind < static_cast<std::uint8_t>(EventKind::Joined) || m.kind > static_cast<std::uint8_t>(EventKind::Alive)) {
-    return fail(p, "kind", fmt::format("invalid EventKind {} (1 Joined to 5 Alive)", m.kind));
+  if (m.kind < static_cast<std::uint8_t>(EventKind::Joined) || m.kind > static_cast<std::uint8_t>(EventKind::Lost)) {
+    return fail(p, "kind", fmt::format("invalid EventKind {} (1 Joined to 6 Lost)", m.kind));
   }
   if (!m.name.empty()) {
     if (auto e = check_name(m.name); !e.empty()) return fail(p, "name", e);

@@ -306,7 +306,8 @@ struct Watch {
   bool operator==(const Watch&) const = default;
 };
 
-enum class EventKind : std::uint8_t { Joined = 1, Left = 2, Died = 3, Hung = 4, Alive = 5 };
+/// Lost: the broker dropped events of that name for this watcher, which read too slowly (holder empty): ask Holders.
+enum class EventKind : std::uint8_t { Joined = 1, Left = 2, Died = 3, Hung = 4, Alive = 5, Lost = 6 };
 
 /// Pushed to watchers (request_id 0).
 struct Event {

@@ -14,7 +14,9 @@
 #include "gpuipc/liveness.hpp"
 #include "gpuipc/segment.hpp"
 #include "os/process.hpp"
+#include "proto/messages.hpp"
 #include "support/broker_env.hpp"
+#include "support/raw_client.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
@@ -148,6 +150,49 @@ TEST(Liveness, WatcherSeesJoinLeaveDeathAndAHungHeartbeat) {
   EXPECT_EQ(e.event, LivenessEvent::Left);  // its Segment closes on the way out
   EXPECT_EQ(wait_child(beater), 0);
   EXPECT_FALSE(w.next(200ms).has_value());  // it stopped beating before it left: no Hung after Alive
+  Segment::unlink(name);
+}
+
+TEST(Liveness, AWatcherThatFallsBehindIsToldLostAndIsNotCutOff) {
+  // Whoever may open a watched name makes events at will. A watcher that does not keep up was cut off once 256
+  // waited; now the broker drops them and says Lost once the watcher has read what waits.
+  const auto name = unique_name("flood");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  auto watcher = Watcher::watch(name);
+  auto sock = raw_hello(1, "toggler");
+  std::uint32_t rid = 2;
+  for (int i = 0; i < 1500; ++i) {  // 3000 events, none read meanwhile
+    std::vector<os::UniqueFd> fds;
+    const auto r = raw_request(sock.get(), rid++, proto::Open{name, proto::Access::ReadOnly, 0}, {}, &fds);
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(r.body));
+    ASSERT_TRUE(std::holds_alternative<proto::OkReply>(
+        raw_request(sock.get(), rid++, proto::Close{std::get<proto::OpenReply>(r.body).info.id}).body));
+  }
+  int before = 0;
+  bool lost = false;
+  while (auto e = watcher.next(2s)) {
+    if (e->event == LivenessEvent::Lost) {
+      EXPECT_EQ(e->name, name);
+      EXPECT_EQ(e->holder.pid, 0U);
+      EXPECT_EQ(to_string(e->event), "lost");
+      lost = true;
+      break;
+    }
+    ++before;
+  }
+  EXPECT_TRUE(lost) << "no Lost after " << before << " events";
+  EXPECT_LT(before, 3000);
+  // Still watching: the next change comes.
+  std::vector<os::UniqueFd> fds;
+  const auto r = raw_request(sock.get(), rid++, proto::Open{name, proto::Access::ReadOnly, 0}, {}, &fds);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(r.body));
+  std::optional<WatchEvent> joined;
+  while ((joined = watcher.next(2s)) && joined->event != LivenessEvent::Joined) {
+  }
+  ASSERT_TRUE(joined.has_value());
+  EXPECT_EQ(joined->holder.pid, static_cast<std::uint32_t>(::getpid()));
+  sock.reset();
+  seg = Segment();
   Segment::unlink(name);
 }
 

@@ -687,7 +687,7 @@ std::vector<Bad> bad_messages() {
   v.push_back(Bad{"watch_name", Watch{""}, "Watch.name:"});
   v.push_back(Bad{"heartbeat_long", Heartbeat{"x", kMaxHeartbeatMs + 1}, "Heartbeat.deadline_ms: 3600001 ms"});
   v.push_back(Bad{"event_kind_0", Event{0, 1, "x", HolderInfo{}, 0}, "Event.kind: invalid EventKind 0"});
-  v.push_back(Bad{"event_kind_6", Event{6, 1, "x", HolderInfo{}, 0}, "Event.kind: invalid EventKind 6"});
+  v.push_back(Bad{"event_kind_7", Event{7, 1, "x", HolderInfo{}, 0}, "Event.kind: invalid EventKind 7"});
   v.push_back(Bad{"event_access", Event{1, 1, "x", HolderInfo{1, 1, 1, 3, 0, 0, 0, 0}, 0}, "Event.holder.access:"});
   v.push_back(Bad{"holders_reply_beat", HoldersReply{{HolderInfo{1, 1, 1, 1, 0, 0, 3, 0}}, false},
                   "HoldersReply.entries[0].beat: invalid Beat 3"});

@@ -110,6 +110,17 @@ void register_watch(CLI::App& app, int& exit_code) {
       const auto e = w.next(left);
       if (!e) break;  // the timeout passed
       ++seen;
+      if (e->event == LivenessEvent::Lost) {  // about no process: this watch fell behind and missed events
+        if (watch_json) {
+          emit(nlohmann::json{{"event", "lost"}, {"name", e->name}, {"unix_ns", e->unix_ns}}.dump());
+        } else {
+          emit(
+              fmt::format("{} {:<7} {}: events were dropped while this watch fell behind; `gpuipc who {}` shows the "
+                          "holders now",
+                          clock_string(e->unix_ns), to_string(e->event), e->name, e->name));
+        }
+        continue;
+      }
       if (watch_json) {
         auto j = to_json(e->holder);
         j["event"] = std::string(to_string(e->event));
