@@ -163,6 +163,11 @@ bool take(std::atomic_ref<std::uint64_t> st, std::uint64_t s, std::uint64_t& ind
   return true;
 }
 
+/// How often one claim may move the head or tail past a slot taken ahead of it. A ring in order needs a few per
+/// slot at most; a peer that wrote a far-ahead round into every slot, or an index far behind, would otherwise keep
+/// the claimer helping for up to 2^48 steps. Past it the claim finds nothing, and the caller's wait times out.
+constexpr std::uint32_t kMaxHelps = 1U << 16;
+
 proto::PoisonReason reason_of(std::uint32_t word) noexcept {
   return word == static_cast<std::uint32_t>(proto::PoisonReason::Closed) ? proto::PoisonReason::Closed
                                                                          : proto::PoisonReason::PeerDied;
@@ -172,7 +177,7 @@ proto::PoisonReason reason_of(std::uint32_t word) noexcept {
 
 bool ring_try_acquire(const Ring& ring, std::uint32_t member, std::uint64_t& seq, proto::PoisonReason& gone) noexcept {
   auto& h = ring.header();
-  for (;;) {
+  for (std::uint32_t helped = 0;;) {
     if (atomic(h.consumers).load() == 0) {
       if (const auto word = atomic(h.consumers_gone).load(); word != 0) {
         gone = reason_of(word);
@@ -187,11 +192,11 @@ bool ring_try_acquire(const Ring& ring, std::uint32_t member, std::uint64_t& seq
       if (take(st, s, h.head, pos, Phase::Writing, member, seq, gone)) return true;
       continue;
     }
-    if (round >= pos) {  // claimed by another producer (or abandoned) but head not moved yet: help it along
+    if (round >= pos && ++helped <= kMaxHelps) {  // claimed (or abandoned) but head not moved yet: help it along
       advance(h.head, pos);
       continue;
     }
-    return false;  // the slot still holds message pos - n: every slot is in flight
+    return false;  // the slot still holds message pos - n: every slot is in flight (or the ring is corrupt)
   }
 }
 
@@ -250,7 +255,7 @@ bool ring_try_receive(const Ring& ring, std::uint32_t member, std::uint64_t& seq
     std::uint32_t seen = orphans;
     atomic(h.orphans).compare_exchange_strong(seen, 0U);  // all taken already
   }
-  for (;;) {
+  for (std::uint32_t helped = 0;;) {
     const std::uint64_t pos = atomic(h.tail).load(std::memory_order_acquire);
     auto st = atomic(ring.slot(pos).state);
     const std::uint64_t s = st.load(std::memory_order_acquire);
@@ -260,7 +265,7 @@ bool ring_try_receive(const Ring& ring, std::uint32_t member, std::uint64_t& seq
       if (take(st, s, h.tail, pos, Phase::Reading, member, seq, gone)) return true;
       continue;
     }
-    if (round > pos || (round == pos && phase == Phase::Reading)) {
+    if ((round > pos || (round == pos && phase == Phase::Reading)) && ++helped <= kMaxHelps) {
       // Taken by another consumer, or abandoned by a dead producer: move the tail past it.
       advance(h.tail, pos);
       continue;

@@ -133,6 +133,20 @@ TEST_F(ShmChannelRing, HostRoundTrip) {
   EXPECT_TRUE(ring_member_writes_done(b.ring(), c));
 }
 
+// A peer that writes a far-ahead round into every slot and sets the head or tail back: a claim helps the index
+// along a bounded number of steps, then finds nothing (the caller's wait then times out). It helped for up to 2^48.
+TEST_F(ShmChannelRing, AClaimOnARingScribbledFarAheadEnds) {
+  constexpr std::uint64_t kFar = (std::uint64_t{1} << 48) - 1;
+  for (std::uint64_t i = 0; i < 2; ++i) b.slot(i).state = proto::pack_state(kFar - 1 + i, Phase::Writing, p);
+  b.h().head = 0;
+  EXPECT_FALSE(ring_try_acquire(b.ring(), p, seq, gone));
+  EXPECT_LT(b.h().head, kFar);
+  for (std::uint64_t i = 0; i < 2; ++i) b.slot(i).state = proto::pack_state(kFar - 1 + i, Phase::Reading, c);
+  b.h().tail = 0;
+  EXPECT_FALSE(ring_try_receive(b.ring(), c, seq, gone));
+  EXPECT_LT(b.h().tail, kFar);
+}
+
 TEST_F(ShmChannelRing, FullRingAndGivingBack) {
   ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
   ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
