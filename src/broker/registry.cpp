@@ -695,8 +695,21 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
     fail("this broker cannot see the process (another PID namespace): leave without the broker");
     return;
   }
+  // What the broker keeps for members that left owing stream work (a pidfd, their writes, journal lines) is bounded:
+  // Join and Leave in a loop, with writes that never land, grew it without end. Past kMaxMembers such leavers of
+  // one object, a member leaves on its own (its library waits, bounded, for its stream).
+  const bool pool = (seg.flags & proto::kFlagPool) != 0;
+  const std::size_t waiting =
+      pool ? static_cast<std::size_t>(std::count_if(seg.exiting.begin(), seg.exiting.end(),
+                                                    [](const SegmentRecord::Unclaimed& u) { return u.left; }))
+           : seg.block.leavers.size();
+  if (waiting >= proto::kMaxMembers) {
+    fail(fmt::format("{} members that left still owe stream work, the most the broker keeps: leave without the broker",
+                     waiting));
+    return;
+  }
   const Joined member = j->second;
-  if ((seg.flags & proto::kFlagPool) != 0) {
+  if (pool) {
     // A pool member whose stream has not reached some of its frees (it released its holds itself): its entry, and
     // those blocks, go once the frees have landed or the process has exited. The journal keeps it joined until then.
     auto fd = pidfd_of(caller.creds.pid, member.pid == caller.creds.pid ? member.start : 0);

@@ -727,6 +727,36 @@ TEST(BrokerLeave, APoolMemberOwingAStreamFreeIsRemovedOnceItLandsOrItsProcessExi
   }
 }
 
+// Join and Leave in a loop, each time owing a stream write that never lands: the broker kept a leaver (a pidfd, the
+// writes, a journal line of all of them) for each, without end. It keeps kMaxMembers; past that a member is told to
+// leave on its own (its library then waits, bounded, for its stream).
+TEST(BrokerLeave, TheBrokerKeepsABoundedNumberOfChannelMembersThatLeftOwingWrites) {
+  test::TempDir dir;
+  LiveChild process;
+  JournaledBroker broker(dir.file("names.journal"), process.pid);
+  ChannelBlock b(2);
+  const auto memfd = os::memfd_create("channel-control", b.bytes);
+  auto shared = os::Mapping::map(memfd.get(), b.bytes, true);
+  b.move_to(shared.data());
+  const auto created = broker.ask(
+      1, process.pid, proto::Create{"leavers", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  std::size_t left = 0;
+  for (; left < proto::kMaxMembers + 5; ++left) {
+    const auto joined = broker.ask(1, process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
+    ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body)) << left;
+    const auto m = std::get<proto::JoinReply>(joined.body);
+    b.owe(m.member, 1000 + left, false, 1U << 30);  // waits for a `freed` that never comes
+    const auto r = broker.ask(1, process.pid, proto::Leave{id, m.member, m.token});
+    if (const auto* e = std::get_if<proto::ErrorReply>(&r.body)) {
+      EXPECT_NE(e->message.find("leave without the broker"), std::string::npos) << e->message;
+      break;
+    }
+  }
+  EXPECT_EQ(left, proto::kMaxMembers);
+}
+
 // A pool member that left owing a free waits in the broker for it (or its exit). Rejoined by its own process, it is
 // that connection's member again and waits no more (Leave and Rejoin in a loop added a wait each time); another
 // process cannot take it.
