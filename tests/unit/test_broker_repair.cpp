@@ -648,6 +648,15 @@ struct PoolOverABroker {
     scratch.reserve(16);
     return block.allocate(member, 4096, 256, loc, scratch, std::chrono::seconds(1));
   }
+  /// A block allocated and freed on a stream that has not written its `released` yet, then the member's own leave
+  /// that keeps that free pending: what the library's close does before it sends Leave.
+  shm::BlockLocation owe_a_free_and_leave_locally() {
+    shm::BlockLocation loc;
+    EXPECT_EQ(allocate(loc), shm::PoolStatus::Ok);
+    EXPECT_EQ(block.release(member, loc, true, std::chrono::seconds(1)), shm::PoolStatus::Ok);
+    EXPECT_EQ(shm::pool_remove_member(shared.data(), bytes, member, true), 0);
+    return loc;
+  }
   shm::RecordState state(const shm::BlockLocation& loc) {
     return static_cast<shm::RecordState>(block.record(loc.record).state);
   }
@@ -703,11 +712,7 @@ TEST(BrokerLeave, APoolMemberOwingAStreamFreeIsRemovedOnceItLandsOrItsProcessExi
     LiveChild holder_process;
     PoolOverABroker p(holder_process.pid);
     ASSERT_NE(p.member, proto::kNoMember);
-    shm::BlockLocation loc;
-    ASSERT_EQ(p.allocate(loc), shm::PoolStatus::Ok);
-    ASSERT_EQ(p.block.release(p.member, loc, true, std::chrono::seconds(1)), shm::PoolStatus::Ok);
-    // What the library's close does before it sends Leave.
-    ASSERT_EQ(shm::pool_remove_member(p.shared.data(), p.bytes, p.member, true), 0);
+    const shm::BlockLocation loc = p.owe_a_free_and_leave_locally();
     const auto r = p.broker.ask(1, holder_process.pid, proto::Leave{p.id, p.member, p.token});
     ASSERT_TRUE(std::holds_alternative<proto::OkReply>(r.body));
     p.broker.tick();
@@ -764,10 +769,7 @@ TEST(BrokerLeave, APoolMemberThatLeftOwingAFreeComesBackOnlyToItsOwnProcess) {
   LiveChild holder_process;
   PoolOverABroker p(holder_process.pid);
   ASSERT_NE(p.member, proto::kNoMember);
-  shm::BlockLocation loc;
-  ASSERT_EQ(p.allocate(loc), shm::PoolStatus::Ok);
-  ASSERT_EQ(p.block.release(p.member, loc, true, std::chrono::seconds(1)), shm::PoolStatus::Ok);
-  ASSERT_EQ(shm::pool_remove_member(p.shared.data(), p.bytes, p.member, true), 0);
+  const shm::BlockLocation loc = p.owe_a_free_and_leave_locally();
   const proto::Leave leave{p.id, p.member, p.token};
   const proto::Rejoin rejoin{p.id, p.member, p.token, static_cast<std::uint8_t>(proto::Role::Holder)};
   for (int round = 0; round < 3; ++round) {
