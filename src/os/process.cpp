@@ -370,9 +370,20 @@ void spawn_detached(const std::vector<std::string>& argv, const std::string& log
     throw_system("waitpid", fmt::format("intermediate child {} starting {}", child, program));
   }
 
+  // The pipe reaches end of file once the program's execv closed it, or with a failure report before that. But a
+  // process that another thread of this one forked meanwhile (without exec: a worker pool) holds a copy of the
+  // write end for as long as it lives, so wait for the outcome at most kSpawnOutcomeWait: past it, the program
+  // most likely started (its failure comes within milliseconds), and a caller that waits for it finds out.
   SpawnFailure failure{0, 0};
   std::size_t got = 0;
+  const auto outcome_deadline = std::chrono::steady_clock::now() + kSpawnOutcomeWait;
   while (got < sizeof(failure)) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(outcome_deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !wait_readable(status_read.get(), static_cast<int>(left.count()))) {
+      if (got == 0) return;  // no word from the children: the program is taken as started
+      break;                 // a report cut short (below)
+    }
     const ssize_t n = ::read(status_read.get(), reinterpret_cast<char*>(&failure) + got, sizeof(failure) - got);
     if (n > 0) {
       got += static_cast<std::size_t>(n);

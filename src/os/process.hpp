@@ -93,9 +93,14 @@ std::int64_t monotonic_ns() noexcept;
 /// The path of the running executable (/proc/self/exe), or empty.
 std::string self_exe_path();
 
+/// How long spawn_detached waits for the detached program's execv to succeed or fail.
+inline constexpr std::chrono::milliseconds kSpawnOutcomeWait{2000};
+
 /// Starts `argv[0]` (an absolute path) with `argv`, detached: double fork, setsid, stdin/stdout to /dev/null,
 /// stderr to `log_path` (appended; /dev/null when empty), all other fds closed. Returns once the intermediate
-/// child has been reaped, so no zombie is left. Throws Error if the program cannot be started.
+/// child has been reaped, so no zombie is left, and the program's execv succeeded or kSpawnOutcomeWait passed
+/// without a word from it (a process another thread forked meanwhile can hold the pipe that tells). Throws Error
+/// if the program cannot be started.
 void spawn_detached(const std::vector<std::string>& argv, const std::string& log_path);
 
 /// What run_captured saw: the exit code (128 + the signal when one ended it; -1 when it was killed at the time

@@ -7,12 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gpuipc/error.hpp"
 #include "os/fd.hpp"
@@ -351,6 +353,43 @@ TEST(OsProcess, SpawnDetachedReportsAMissingProgram) {
   EXPECT_THROW(os::spawn_detached({"sh", "-c", "true"}, ""), Error) << "relative paths are refused";
   EXPECT_THROW(os::spawn_detached({}, ""), Error);
   EXPECT_THROW(os::spawn_detached({"/bin/true"}, dir.file("missing-dir/log")), Error) << "an unopenable log";
+}
+
+TEST(OsProcess, SpawnDetachedReturnsWhileAnotherThreadsForksHoldItsStatusPipe) {
+  // A process that forks without exec (a worker pool) while spawn_detached runs: the children inherit the exec
+  // status pipe, so its end of file comes only when they exit. spawn_detached waited for it, holding the client's
+  // lock while the library started a broker: every call of the process hung as long as those children lived.
+  constexpr int kSleepers = 300;
+  std::atomic<bool> done{false};
+  std::vector<pid_t> sleepers;
+  sleepers.reserve(kSleepers);
+  std::thread forker([&] {
+    for (int i = 0; i < kSleepers; ++i) {
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        ::sleep(60);  // async-signal-safe only: this process has other threads
+        ::_exit(0);
+      }
+      if (pid > 0) sleepers.push_back(pid);
+    }
+    done.store(true);
+  });
+  auto longest = std::chrono::steady_clock::duration::zero();
+  int spawned = 0;
+  while (!done.load()) {
+    const auto start = std::chrono::steady_clock::now();
+    os::spawn_detached({"/bin/true"}, "");
+    longest = std::max(longest, std::chrono::steady_clock::now() - start);
+    ++spawned;
+  }
+  forker.join();
+  for (const pid_t pid : sleepers) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  EXPECT_GT(spawned, 0);
+  // A bound on a wait that used to last as long as the sleepers (60 s), not a measure of speed.
+  EXPECT_LT(longest, 20s) << "spawn_detached waited for processes it did not start";
 }
 
 }  // namespace
