@@ -95,7 +95,7 @@ inline std::optional<ArrayHeader> decode_array_header(std::span<const std::byte>
                 .nbytes = p.nbytes,
                 .shape = std::vector<std::int64_t>(p.ndim),
                 .meta = bytes.subspan(sizeof p + shape_bytes, p.meta_len)};
-  std::memcpy(h.shape.data(), bytes.data() + sizeof p, shape_bytes);
+  if (shape_bytes != 0) std::memcpy(h.shape.data(), bytes.data() + sizeof p, shape_bytes);  // a 0-d array: data() null
   return h;
 }
 
