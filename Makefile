@@ -75,9 +75,9 @@ tsan: deps
 
 fuzz-build: deps
 	cmake --preset fuzz >/dev/null
-	cmake --build --preset fuzz -j $(JOBS) --target fuzz_proto_decode fuzz_block_ref fuzz_shm
+	cmake --build --preset fuzz -j $(JOBS) --target fuzz_proto_decode fuzz_block_ref fuzz_shm fuzz_broker
 
-## The fuzzers (wire protocol, BlockRef decoding, shared control blocks) under libFuzzer + ASan, FUZZ_SECONDS (default 60) each.
+## The fuzzers (wire protocol, BlockRef decoding, shared control blocks, broker state) under libFuzzer + ASan, FUZZ_SECONDS (default 60) each.
 fuzz: fuzz-build
 	scripts/fuzz.sh $(FUZZ_SECONDS)
 
