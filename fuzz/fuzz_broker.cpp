@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "broker/registry.hpp"
+#include "fuzz_input.hpp"
 #include "gpuipc/error.hpp"
 #include "os/fd.hpp"
 #include "os/memfd.hpp"
@@ -40,32 +41,7 @@ using namespace gpuipc::broker;  // NOLINT(google-build-using-namespace)
   std::abort();
 }
 
-/// The input, read front to back; reads past its end give zeros.
-class Input {
- public:
-  Input(const std::uint8_t* data, std::size_t size) noexcept : m_data(data), m_size(size) {}
-  bool empty() const noexcept { return m_at >= m_size; }
-  std::uint8_t byte() noexcept { return m_at < m_size ? m_data[m_at++] : 0; }
-  std::uint64_t bytes(int n) noexcept {
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(byte()) << (8 * i);
-    return v;
-  }
-  std::uint32_t u32() noexcept { return static_cast<std::uint32_t>(bytes(4)); }
-  std::uint64_t u64() noexcept { return bytes(8); }
-  /// The next `n` bytes (fewer at the end).
-  std::span<const std::byte> take(std::size_t n) noexcept {
-    n = std::min(n, m_size - std::min(m_at, m_size));
-    const std::span<const std::byte> s(reinterpret_cast<const std::byte*>(m_data + m_at), n);
-    m_at += n;
-    return s;
-  }
-
- private:
-  const std::uint8_t* m_data;
-  std::size_t m_size;
-  std::size_t m_at = 0;
-};
+using fuzz::Input;
 
 const bool kTrace = std::getenv("FUZZ_BROKER_TRACE") != nullptr;
 
@@ -200,6 +176,17 @@ class Session {
     return in.u64() % 64;
   }
 
+  /// A segment id (id()), with the member and token of an entry some connection joined, or any.
+  Joined member_entry(Input& in) {
+    Joined j{id(in), in.byte() % 64U, in.u32()};
+    if (!m_joined.empty() && (in.byte() & 1) != 0) {
+      const Joined& known = m_joined[in.byte() % m_joined.size()];
+      j.member = known.member;
+      j.token = known.token;
+    }
+    return j;
+  }
+
   /// A Create the way the library makes one (its memory, made and filled in first), with the input choosing
   /// where it departs from that: the flags, the size, the memfd's size, the fds sent, the mode.
   void create(Input& in) {
@@ -303,18 +290,12 @@ class Session {
         break;
       }
       case 8: {  // Leave of an entry some connection joined, or of anything
-        Joined j{id(in), in.byte() % 64U, in.u32()};
-        if (!m_joined.empty() && (in.byte() & 1) != 0) j = m_joined[in.byte() % m_joined.size()];
+        const Joined j = member_entry(in);
         ask(in, proto::Leave{j.id, j.member, j.token});
         break;
       }
-      case 9: {  // after a restart: the member entry a connection joined, under the id Announce gave its name
-        Joined j{id(in), in.byte() % 64U, in.u32()};
-        if (!m_joined.empty() && (in.byte() & 1) != 0) {
-          const std::uint64_t now_id = j.id;
-          j = m_joined[in.byte() % m_joined.size()];
-          j.id = now_id;
-        }
+      case 9: {  // after a restart: a member entry a connection joined, under the id Announce gave its name
+        const Joined j = member_entry(in);
         ask(in, proto::Rejoin{j.id, j.member, j.token, static_cast<std::uint8_t>(in.byte() % 6)});
         break;
       }

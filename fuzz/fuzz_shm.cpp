@@ -21,6 +21,7 @@
 #include <optional>
 #include <vector>
 
+#include "fuzz_input.hpp"
 #include "proto/shm.hpp"
 #include "shm/channel_ring.hpp"
 #include "shm/counting_block.hpp"
@@ -33,25 +34,7 @@ namespace {
 
 using namespace gpuipc;  // NOLINT(google-build-using-namespace): a test harness
 
-/// The input, read front to back; reads past its end give zeros (libFuzzer then learns to make longer inputs).
-class Input {
- public:
-  Input(const std::uint8_t* data, std::size_t size) noexcept : m_data(data), m_size(size) {}
-  bool empty() const noexcept { return m_at >= m_size; }
-  std::uint8_t byte() noexcept { return m_at < m_size ? m_data[m_at++] : 0; }
-  std::uint64_t bytes(int n) noexcept {
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(byte()) << (8 * i);
-    return v;
-  }
-  std::uint32_t u32() noexcept { return static_cast<std::uint32_t>(bytes(4)); }
-  std::uint64_t u64() noexcept { return bytes(8); }
-
- private:
-  const std::uint8_t* m_data;
-  std::size_t m_size;
-  std::size_t m_at = 0;
-};
+using fuzz::Input;
 
 /// A zeroed block of exactly `size` bytes (rounded to the 64-byte alignment of the layouts) on the heap, so that
 /// ASan sees any access past it.
