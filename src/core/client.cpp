@@ -77,28 +77,12 @@ Error no_answer(std::chrono::milliseconds limit) {
 /// and the connection is dropped (the broker then repairs what this process holds, as for a process that died).
 constexpr std::size_t kMaxAbandoned = 64;
 
-// This process's connection to the broker and the watcher's copy of it (-1: none), for the fork handler below. Set
-// after the fd is made and cleared before it is closed: a child never turns an fd of its own into /dev/null.
-std::array<std::atomic<int>, 2> g_connection_fds{-1, -1};
-
-/// pthread_atfork's child handler: the child must not keep the parent's broker connection open (the broker would
-/// not see the parent die while the child lives, and would repair nothing). Each fd becomes /dev/null, so that the
-/// copies the left-behind client objects still own close harmlessly. Async-signal-safe.
-void forget_parent_connection() noexcept {
-  for (auto& slot : g_connection_fds) {
-    const int fd = slot.exchange(-1);
-    if (fd >= 0) os::replace_with_dev_null(fd);
-  }
-}
-
 }  // namespace
 
 BrokerClient& BrokerClient::instance() {
   static std::mutex guard;
   static BrokerClient* client = nullptr;
   static pid_t owner = 0;
-  static std::once_flag at_fork;
-  std::call_once(at_fork, [] { os::at_fork_in_child(forget_parent_connection); });
   std::lock_guard lock(guard);
   const pid_t pid = os::current_pid();
   if (client == nullptr || owner != pid) {
@@ -174,10 +158,13 @@ void BrokerClient::connect_locked() {
   auto delay = std::chrono::microseconds(200);
   for (;;) {
     try {
-      m_sock = os::connect_seqpacket(
-          path, std::chrono::duration_cast<std::chrono::milliseconds>(
-                    std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{})));
-      g_connection_fds[0].store(m_sock.get());
+      // A ParentOnlyFd from before the connect: a child forked meanwhile (by any thread) must not keep the
+      // connection, or the broker would not see this process die while the child lives, and would repair nothing.
+      os::ParentOnlyFd sock(os::seqpacket_socket);
+      os::connect_seqpacket(sock.get(), path,
+                            std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
+                                deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{})));
+      m_sock = std::move(sock);
       break;
     } catch (const Error& e) {
       if (e.code() != ErrorCode::NotFound) {
@@ -551,7 +538,6 @@ bool BrokerClient::request_on(std::uint64_t generation, const proto::Body& body)
 void BrokerClient::set_rebind_hook(RebindHook hook) noexcept { g_rebind.store(hook); }
 
 void BrokerClient::disconnect_locked() noexcept {
-  g_connection_fds[0].store(-1);
   m_sock.reset();
   m_abandoned.clear();  // their answers never come
   for (const auto& [id, parked] : m_parked) os::event_fd_signal(parked.wake);
@@ -562,8 +548,6 @@ void BrokerClient::keep_connected() {
   if (m_watching.load(std::memory_order_acquire)) return;
   std::lock_guard lock(m_mutex);
   if (m_watching.load(std::memory_order_relaxed)) return;
-  // Outside the try: when no thread starts, its copy of the connection must close only after the fork handler's
-  // record of it is cleared (below), or a later fd of that number would become /dev/null in a child.
   std::shared_ptr<Watched> first;
   try {
     m_watch_wake = os::event_fd();
@@ -571,7 +555,6 @@ void BrokerClient::keep_connected() {
     os::start_thread_without_signals([this, first] { watch(std::move(*first)); });
     m_watching.store(true, std::memory_order_release);
   } catch (const std::exception& e) {
-    g_connection_fds[1].store(-1);
     m_watch_wake.reset();
     GPUIPC_LOG_WARN(
         "cannot watch the broker connection ({}): after a broker restart, names and memberships come "
@@ -583,10 +566,7 @@ void BrokerClient::keep_connected() {
 BrokerClient::Watched BrokerClient::watched_locked() {
   Watched w;
   // A copy of the connection: the caller threads may replace m_sock at any time (they signal the watcher).
-  if (m_sock) {
-    w.sock = os::dup_fd(m_sock.get(), "broker connection");
-    g_connection_fds[1].store(w.sock.get());
-  }
+  if (m_sock) w.sock = os::ParentOnlyFd([this] { return os::dup_fd(m_sock.get(), "broker connection"); });
   w.generation = m_generation.load();
   w.page = m_status.load(std::memory_order_acquire);
   return w;
@@ -609,21 +589,13 @@ void BrokerClient::watch(Watched first) {
       }
       generation = w.generation;
       page = w.page;
-      bool hung_up = false;
-      try {
-        hung_up = os::wait_hangup(w.sock ? w.sock.get() : -1, wake);
-      } catch (...) {
-        g_connection_fds[1].store(-1);  // cleared before the copy closes (the fork handler's rule)
-        throw;
-      }
-      g_connection_fds[1].store(-1);
+      const bool hung_up = os::wait_hangup(w.sock ? w.sock.get() : -1, wake);
       w.sock.reset();
       if (!hung_up) {
         os::event_fd_drain(wake);
         continue;
       }
     } catch (const std::exception& e) {
-      g_connection_fds[1].store(-1);
       GPUIPC_LOG_WARN("the broker connection's watcher stops: {}", e.what());
       m_watching.store(false, std::memory_order_release);
       return;

@@ -145,7 +145,7 @@ class BrokerClient {
   void disconnect_locked() noexcept;
   /// What the watcher waits on: a copy of the connection (none when there is none), its generation, its status page.
   struct Watched {
-    os::UniqueFd sock;
+    os::ParentOnlyFd sock;
     std::uint64_t generation = 0;
     const proto::StatusPage* page = nullptr;
   };
@@ -158,7 +158,7 @@ class BrokerClient {
   // Recursive: giving names back (the rebind hook) runs under it and may drop the last handle of a mapping, whose
   // destructor sends its Close on the connection being set up (request_on) from the same thread.
   mutable std::recursive_mutex m_mutex;
-  os::UniqueFd m_sock;
+  os::ParentOnlyFd m_sock;              // a forked child gets /dev/null in its place
   os::UniqueFd m_watch_wake;            // eventfd: the connection was replaced or dropped (the watcher looks again)
   std::atomic<bool> m_watching{false};  // the watcher thread runs
   std::atomic<std::uint64_t> m_generation{0};

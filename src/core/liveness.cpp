@@ -120,7 +120,7 @@ void heartbeat(std::string_view name, std::chrono::milliseconds deadline) {
 }
 
 struct Watcher::Impl {
-  os::UniqueFd sock;
+  os::ParentOnlyFd sock;  // a forked child does not keep the watch (the broker would send to it for the child's life)
   std::uint32_t next_request = 1;
   std::deque<WatchEvent> queued;  // events that arrived while waiting for a reply
   // fd(): an epoll of the socket and of an eventfd that is set while `queued` holds events, so that it polls
@@ -191,7 +191,8 @@ Watcher Watcher::watch(std::string_view name) {
   // Through the process's own connection first: it starts a broker if none runs, and says NotFound plainly.
   (void)holders(n);
   auto impl = std::make_unique<Impl>();
-  impl->sock = os::connect_seqpacket(config::socket_path(), connect_timeout());
+  impl->sock = os::ParentOnlyFd(os::seqpacket_socket);
+  os::connect_seqpacket(impl->sock.get(), config::socket_path(), connect_timeout());
   impl->poller.add(impl->sock.get(), EPOLLIN, 0);
   impl->poller.add(impl->queued_fd.get(), EPOLLIN, 1);
   proto::Hello hello;

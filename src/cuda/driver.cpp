@@ -2,7 +2,6 @@
 
 #include <cudaTypedefs.h>
 #include <fmt/format.h>
-#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +15,7 @@
 #include "base/log.hpp"
 #include "os/dynamic_library.hpp"
 #include "os/path.hpp"
+#include "os/process.hpp"
 
 namespace gpuipc::cuda {
 namespace {
@@ -367,7 +367,7 @@ void load(DriverApi& api) {
                 "cuInit", 0, static_cast<int>(r));
   }
   // A child forked from here on inherits the table but cannot use CUDA; driver() tells it so.
-  ::pthread_atfork(nullptr, nullptr, on_fork_child);
+  os::at_fork_in_child(on_fork_child);
   GPUIPC_LOG_DEBUG("CUDA driver {} loaded from {}", version_string(version), api.library);
 }
 

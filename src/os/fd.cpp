@@ -2,11 +2,15 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 
 #include "base/errors.hpp"
 
@@ -26,6 +30,68 @@ void replace_with_dev_null(int fd) noexcept {
   if (null < 0) return;
   (void)::dup3(null, fd, O_CLOEXEC);
   (void)::close(null);
+}
+
+namespace {
+
+// The fds of ParentOnlyFds, each plus one (0: a free slot; zero-initialized before any constructor runs), and
+// the gate that fork(2) waits at (pthread_atfork: the prepare handler takes it, the parent and child handlers give it
+// back, as POSIX's rationale for pthread_atfork has it). A plain pthread mutex: the child handler must be
+// async-signal-safe.
+std::array<std::atomic<int>, kMaxParentOnlyFds> g_parent_only;
+pthread_mutex_t g_fork_gate = PTHREAD_MUTEX_INITIALIZER;
+
+void hold_forks() noexcept { (void)::pthread_mutex_lock(&g_fork_gate); }
+void release_forks() noexcept { (void)::pthread_mutex_unlock(&g_fork_gate); }
+void forget_in_child() noexcept {
+  for (auto& slot : g_parent_only) {
+    const int fd = slot.exchange(0) - 1;
+    if (fd >= 0) replace_with_dev_null(fd);
+  }
+  release_forks();
+}
+
+/// Holds off fork(2) in the process's other threads for its scope. Registers the fork handlers on first use.
+class ForkGate {
+ public:
+  ForkGate() noexcept {
+    static std::once_flag registered;
+    std::call_once(registered, [] { (void)::pthread_atfork(hold_forks, release_forks, forget_in_child); });
+    hold_forks();
+  }
+  ~ForkGate() { release_forks(); }
+  ForkGate(const ForkGate&) = delete;
+  ForkGate& operator=(const ForkGate&) = delete;
+};
+
+}  // namespace
+
+ParentOnlyFd::ParentOnlyFd(const std::function<UniqueFd()>& make) {
+  const ForkGate gate;
+  UniqueFd fd = make();
+  if (!fd) return;
+  for (int i = 0; i < kMaxParentOnlyFds; ++i) {
+    int expected = 0;
+    if (g_parent_only[static_cast<std::size_t>(i)].compare_exchange_strong(expected, fd.get() + 1)) {
+      m_slot = i;
+      break;
+    }
+  }
+  m_fd = fd.release();
+}
+
+void ParentOnlyFd::reset() noexcept {
+  if (m_fd < 0) return;
+  const ForkGate gate;
+  if (m_slot >= 0) {
+    // Only if it still holds this fd: in a forked child the handler has cleared it, and the child's own
+    // ParentOnlyFds may have taken the slot since (this fd, still open, cannot be theirs).
+    int expected = m_fd + 1;
+    (void)g_parent_only[static_cast<std::size_t>(m_slot)].compare_exchange_strong(expected, 0);
+  }
+  ::close(m_fd);
+  m_fd = -1;
+  m_slot = -1;
 }
 
 UniqueFd dup_fd(int fd, const char* what) {

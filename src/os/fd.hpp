@@ -1,6 +1,7 @@
 // Owning file descriptors.
 #pragma once
 
+#include <functional>
 #include <utility>
 
 namespace gpuipc::os {
@@ -39,6 +40,47 @@ UniqueFd dup_fd(int fd, const char* what = "fd");
 /// and its owner's later close is harmless. Async-signal-safe (for fork handlers); does nothing if /dev/null cannot
 /// be opened.
 void replace_with_dev_null(int fd) noexcept;
+
+/// How many ParentOnlyFds can be recorded at once; more are owned as a UniqueFd owns its fd.
+inline constexpr int kMaxParentOnlyFds = 64;
+
+/// Owns an fd that a child forked from this process without exec does not keep: in the child it becomes /dev/null
+/// (replace_with_dev_null, from a pthread_atfork child handler), so that a connection's peer sees this process go
+/// when it exits, whatever children it forked. Making the fd and recording it, and forgetting it and closing it,
+/// each hold off fork(2) in the process's other threads: no child sees the fd half-way. Move-only. Beyond
+/// kMaxParentOnlyFds at once, the fd is not recorded (a child keeps it, as with a UniqueFd).
+class ParentOnlyFd {
+ public:
+  ParentOnlyFd() noexcept = default;
+  /// Runs `make`, with fork(2) held off in other threads, and records the fd it returns. `make` must not fork;
+  /// what it throws propagates (nothing is recorded).
+  explicit ParentOnlyFd(const std::function<UniqueFd()>& make);
+  ParentOnlyFd(const ParentOnlyFd&) = delete;
+  ParentOnlyFd& operator=(const ParentOnlyFd&) = delete;
+  ParentOnlyFd(ParentOnlyFd&& other) noexcept
+      : m_fd(std::exchange(other.m_fd, -1)), m_slot(std::exchange(other.m_slot, -1)) {}
+  ParentOnlyFd& operator=(ParentOnlyFd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      m_fd = std::exchange(other.m_fd, -1);
+      m_slot = std::exchange(other.m_slot, -1);
+    }
+    return *this;
+  }
+  ~ParentOnlyFd() { reset(); }
+
+  int get() const noexcept { return m_fd; }
+  bool valid() const noexcept { return m_fd >= 0; }
+  explicit operator bool() const noexcept { return valid(); }
+  /// Whether a forked child gets /dev/null in its place (false beyond kMaxParentOnlyFds).
+  bool recorded() const noexcept { return m_slot >= 0; }
+  /// Forgets the record and closes the fd, with fork(2) held off in other threads.
+  void reset() noexcept;
+
+ private:
+  int m_fd = -1;
+  int m_slot = -1;
+};
 
 /// Number of entries in /proc/self/fd (the directory's own fd excluded). For leak checks in tests and tools.
 int count_open_fds();

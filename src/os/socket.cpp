@@ -125,18 +125,22 @@ UniqueFd accept_seqpacket(int listen_fd) {
   }
 }
 
-UniqueFd connect_seqpacket(const std::string& path, std::chrono::milliseconds timeout) {
-  using clock = std::chrono::steady_clock;
-  const sockaddr_un addr = socket_address(path, "connect");
-  const std::string what = socket_what(path);
+UniqueFd seqpacket_socket() {
   // Non-blocking while connecting: a blocking Unix connect to a listener whose backlog is full waits for room
   // with no bound (a stopped broker would hang every client). Non-blocking, it fails with EAGAIN instead.
   UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!sock) throw_system("socket", what);
+  if (!sock) throw_system("socket", "AF_UNIX SOCK_SEQPACKET");
+  return sock;
+}
+
+void connect_seqpacket(int sock, const std::string& path, std::chrono::milliseconds timeout) {
+  using clock = std::chrono::steady_clock;
+  const sockaddr_un addr = socket_address(path, "connect");
+  const std::string what = socket_what(path);
   const auto deadline = base::deadline_after(clock::now(), timeout);
   auto pause = std::chrono::microseconds(100);
   for (;;) {
-    if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
+    if (::connect(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
     const int err = errno;
     if (err == EINTR) continue;
     if (err == EISCONN) break;  // an interrupted attempt that completed after all
@@ -157,8 +161,13 @@ UniqueFd connect_seqpacket(const std::string& path, std::chrono::milliseconds ti
     ::usleep(static_cast<useconds_t>(pause.count()));
     pause = std::min(pause * 2, std::chrono::microseconds(10000));
   }
-  const int flags = ::fcntl(sock.get(), F_GETFL);
-  if (flags < 0 || ::fcntl(sock.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) throw_system("fcntl(F_SETFL)", what);
+  const int flags = ::fcntl(sock, F_GETFL);
+  if (flags < 0 || ::fcntl(sock, F_SETFL, flags & ~O_NONBLOCK) != 0) throw_system("fcntl(F_SETFL)", what);
+}
+
+UniqueFd connect_seqpacket(const std::string& path, std::chrono::milliseconds timeout) {
+  UniqueFd sock = seqpacket_socket();
+  connect_seqpacket(sock.get(), path, timeout);
   return sock;
 }
 

@@ -82,6 +82,13 @@ std::optional<ActivationSocket> take_activation_socket();
 /// pending one vanished (ECONNABORTED); throws on other errors (EMFILE: Error(System) naming the limit).
 UniqueFd accept_seqpacket(int listen_fd);
 
+/// A new AF_UNIX SOCK_SEQPACKET socket (CLOEXEC | NONBLOCK), for connect_seqpacket(int, ...). Throws Error(System).
+UniqueFd seqpacket_socket();
+
+/// Connects `sock` (from seqpacket_socket) to `path` and makes it blocking, waiting and failing as
+/// connect_seqpacket(path, timeout) does. For a caller that must own the socket before it connects (ParentOnlyFd).
+void connect_seqpacket(int sock, const std::string& path, std::chrono::milliseconds timeout);
+
 /// Connects to `path` and returns a blocking CLOEXEC socket. A listener whose backlog is full (it accepts nothing:
 /// stopped, or swamped) is retried until `timeout`, then Error(Timeout). Throws Error(NotFound) when nothing
 /// listens there (ENOENT, ECONNREFUSED), other codes as errno maps.

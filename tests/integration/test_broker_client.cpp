@@ -16,10 +16,12 @@
 #include <thread>
 #include <vector>
 
+#include "base/config.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/liveness.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
+#include "os/socket.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
 
@@ -127,6 +129,63 @@ TEST(BrokerClient, CallsToAStoppedBrokerTimeOutOneByOneAndNeverHang) {
     }
   }
   EXPECT_TRUE(wait_until([&] { return Segment::stat(name).id == seg.id(); }, 10s));
+  seg = Segment();
+  Segment::unlink(name);
+}
+
+TEST(BrokerClient, AChildForkedWhileTheProcessConnectsDoesNotKeepItsConnection) {
+  // A child forked by another thread while the process connects (here: waiting on a stopped broker's full
+  // backlog) must not keep the connection: the broker would not see the process die while the child lives, and
+  // would repair nothing. The connection's socket used to be made before, and recorded for the fork handler only
+  // after, the connect.
+  const auto name = unique_name("forkconn");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  const std::uint64_t base = BrokerEnvironment::references_of(name);
+  SyncPipe go;
+  SyncPipe forked;
+  SyncPipe opened;
+  Shared<std::atomic<pid_t>> grandchild;
+  const pid_t proc = start_child([&] {
+    GPUIPC_CHILD_CHECK(go.wait(10s));
+    std::thread forker([&] {
+      std::this_thread::sleep_for(300ms);  // the main thread is in its connect by now: the broker is stopped
+      const pid_t kid = ::fork();
+      if (kid == 0) {
+        ::pause();  // lives on, holding whatever fds it inherited
+        ::_exit(0);
+      }
+      grandchild[0] = kid;
+      forked.notify();
+    });
+    const Segment opened_seg = Segment::open(name);  // connects: waits until the broker continues
+    forker.join();
+    opened.notify();
+    ::pause();
+    return 0;
+  });
+  {
+    StoppedBroker stopped;
+    ASSERT_TRUE(stopped.ok());
+    std::vector<os::UniqueFd> backlog;  // fills the listener's queue, so that a connect waits
+    for (int i = 0; i < 4096; ++i) {
+      try {
+        backlog.push_back(os::connect_seqpacket(config::socket_path(), 0ms));
+      } catch (const Error& e) {
+        ASSERT_EQ(e.code(), ErrorCode::Timeout) << e.what();
+        break;
+      }
+    }
+    go.notify();
+    ASSERT_TRUE(forked.wait(10s));
+    stopped.resume();
+  }
+  ASSERT_TRUE(opened.wait(10s));
+  EXPECT_EQ(BrokerEnvironment::references_of(name), base + 1);
+  ::kill(proc, SIGKILL);
+  EXPECT_EQ(wait_child(proc), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::references_of(name) == base; }, 5s))
+      << BrokerEnvironment::references_of(name) << " references: the killed process's connection is still open";
+  ::kill(grandchild[0].load(), SIGKILL);  // reparented: reaped by init (or the subreaper)
   seg = Segment();
   Segment::unlink(name);
 }

@@ -1,18 +1,29 @@
-// UniqueFd ownership, dup_fd and count_open_fds.
+// UniqueFd and ParentOnlyFd ownership, dup_fd and count_open_fds.
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "gpuipc/error.hpp"
 #include "os/fd.hpp"
+#include "os/socket.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc {
 namespace {
+
+using namespace std::chrono_literals;
 
 bool fd_is_open(int fd) { return ::fcntl(fd, F_GETFD) != -1 || errno != EBADF; }
 
@@ -114,6 +125,127 @@ TEST(OsFd, CountOpenFdsTracksOpenAndClose) {
   ::close(fds[0]);
   ::close(fds[1]);
   EXPECT_EQ(os::count_open_fds(), before) << test::describe_open_fds();
+}
+
+bool is_dev_null(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && S_ISCHR(st.st_mode) && major(st.st_rdev) == 1 && minor(st.st_rdev) == 3;
+}
+
+/// Whether poll says the pipe's read end `r` has hung up (every write end closed) within `timeout_ms`.
+bool hung_up(int r, int timeout_ms) {
+  pollfd p{r, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) == 1 && (p.revents & POLLHUP) != 0;
+}
+
+TEST(ParentOnlyFd, AForkedChildHoldsDevNullInItsPlace) {
+  // The point: the parent closing its end is the end of it, whatever children it forked live on.
+  auto [r, w] = make_pipe();
+  const os::UniqueFd read_end(r);
+  os::ParentOnlyFd write_end([w = w] { return os::UniqueFd(w); });
+  ASSERT_TRUE(write_end.recorded());
+  EXPECT_EQ(write_end.get(), w);
+  test::SyncPipe checked;
+  const pid_t child = test::start_child([&] {
+    GPUIPC_CHILD_CHECK(is_dev_null(w));  // the same number, another file
+    checked.notify();
+    ::pause();  // lives on, holding what it inherited
+    return 0;
+  });
+  ASSERT_TRUE(checked.wait(10s));
+  EXPECT_FALSE(is_dev_null(w));  // the parent's is still the pipe
+  write_end.reset();
+  EXPECT_FALSE(write_end.valid());
+  EXPECT_TRUE(hung_up(r, 5000));  // the child's copy was not the pipe's
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(test::wait_child(child), 128 + SIGKILL);
+}
+
+TEST(ParentOnlyFd, MovesKeepTheRecordAndAnEmptyMakeRecordsNothing) {
+  auto [r, w] = make_pipe();
+  const os::UniqueFd read_end(r);
+  os::ParentOnlyFd a([w = w] { return os::UniqueFd(w); });
+  os::ParentOnlyFd b(std::move(a));
+  EXPECT_FALSE(a.valid());  // NOLINT(bugprone-use-after-move): the moved-from state is what is tested
+  EXPECT_TRUE(b.recorded());
+  os::ParentOnlyFd c;
+  c = std::move(b);
+  EXPECT_EQ(c.get(), w);
+  EXPECT_EQ(test::run_child([&] {
+              GPUIPC_CHILD_CHECK(is_dev_null(w));
+              return 0;
+            }),
+            0);
+  c.reset();
+  EXPECT_FALSE(fd_is_open(w));
+  const os::ParentOnlyFd none([] { return os::UniqueFd(); });
+  EXPECT_FALSE(none.valid());
+  EXPECT_FALSE(none.recorded());
+  EXPECT_THROW(os::ParentOnlyFd([]() -> os::UniqueFd { throw Error(ErrorCode::System, "made nothing"); }), Error);
+}
+
+TEST(ParentOnlyFd, BeyondTheLimitAnFdIsOwnedButNotRecorded) {
+  std::vector<os::ParentOnlyFd> fds;
+  for (int i = 0; i <= os::kMaxParentOnlyFds; ++i) fds.emplace_back(os::seqpacket_socket);
+  for (int i = 0; i < os::kMaxParentOnlyFds; ++i) EXPECT_TRUE(fds[static_cast<std::size_t>(i)].recorded()) << i;
+  EXPECT_FALSE(fds.back().recorded());
+  EXPECT_TRUE(fds.back().valid());
+  fds.front().reset();  // a slot comes free
+  const os::ParentOnlyFd again(os::seqpacket_socket);
+  EXPECT_TRUE(again.recorded());
+}
+
+TEST(ParentOnlyFd, AChildsLeftoverCopyClosingDoesNotForgetTheChildsOwn) {
+  // In the child the parent's objects still exist (over /dev/null); the child's own may take their slots, and
+  // the leftovers' close must not clear those.
+  auto [r, w] = make_pipe();
+  const os::UniqueFd read_end(r);
+  os::ParentOnlyFd parents([w = w] { return os::UniqueFd(w); });
+  EXPECT_EQ(test::run_child([&] {
+              auto [r2, w2] = make_pipe();
+              const os::ParentOnlyFd own([w2 = w2] { return os::UniqueFd(w2); });
+              parents.reset();  // the leftover: closes its /dev/null
+              const int grandchild = test::run_child([w2 = w2] { return is_dev_null(w2) ? 0 : 1; });
+              GPUIPC_CHILD_CHECK(grandchild == 0);
+              ::close(r2);
+              return 0;
+            }),
+            0);
+}
+
+TEST(ParentOnlyFd, ForksInOtherThreadsNeverSeeOneHalfMadeOrHalfClosed) {
+  // One thread makes and closes sockets as ParentOnlyFds in a loop while this one forks: a child must never hold
+  // one of them as a socket, which it would if a fork fell between socket() and its record, or between the
+  // record's removal and close().
+  const auto sockets_held = [] {
+    int n = 0;
+    for (int fd = 0; fd < 1024; ++fd) {
+      struct stat st {};
+      if (::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) ++n;
+    }
+    return n;
+  };
+  ASSERT_EQ(sockets_held(), 0) << "this test needs a process with no sockets open; it has: "
+                               << test::describe_open_fds();
+  std::atomic<bool> stop{false};
+  std::atomic<long> made{0};
+  std::thread maker([&] {
+    while (!stop.load()) {
+      os::ParentOnlyFd sock(os::seqpacket_socket);
+      made.fetch_add(1);
+    }
+  });
+  int leaked = 0;
+  constexpr int kForks = 300;
+  for (int i = 0; i < kForks; ++i) {
+    const int code = test::run_child([&] { return sockets_held() == 0 ? 0 : 1; });
+    ASSERT_TRUE(code == 0 || code == 1) << code;
+    leaked += code;
+  }
+  stop = true;
+  maker.join();
+  EXPECT_EQ(leaked, 0) << "of " << kForks << " children, while " << made.load() << " sockets were made";
+  EXPECT_GT(made.load(), 0);
 }
 
 }  // namespace
