@@ -15,11 +15,13 @@ namespace gpuipc::config {
 namespace {
 
 constexpr std::array kRegistry{
-    EnvVar{"GPUIPC_RUNTIME_DIR", "$XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID (else ~/.gpuipc if another user owns it)",
+    EnvVar{"GPUIPC_RUNTIME_DIR",
+           "$XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID (else ~/.gpuipc if another user owns it)",
            "Directory of the broker's socket and lock file; processes that share it share segments."},
     EnvVar{"GPUIPC_LOG", "warn", "Log level: off, error, warn, info, debug or trace."},
-    EnvVar{"GPUIPC_RESTORE_GRACE_MS", "30000",
-           "After a broker restart, how long names linked before it wait for a process that maps them to announce them."},
+    EnvVar{
+        "GPUIPC_RESTORE_GRACE_MS", "30000",
+        "After a broker restart, how long names linked before it wait for a process that maps them to announce them."},
     EnvVar{"GPUIPC_DAEMON", "gpuipcd next to the program or library, then $PATH",
            "Path of the gpuipcd executable the library starts on demand."},
     EnvVar{"GPUIPC_NO_AUTOSTART", "0", "When 1, the library never starts a broker; connecting fails if none runs."},
@@ -28,6 +30,8 @@ constexpr std::array kRegistry{
     EnvVar{"GPUIPC_QUOTA_BYTES", "unlimited", "Most bytes of segments one uid may have registered at once."},
     EnvVar{"GPUIPC_QUOTA_SEGMENTS", "4096", "Most segments (and semaphores, channels) one uid may have at once."},
     EnvVar{"GPUIPC_CONNECT_TIMEOUT_MS", "5000", "How long a client waits for the broker to start and answer."},
+    EnvVar{"GPUIPC_HELLO_TIMEOUT_MS", "10000",
+           "The broker closes a connection that has not said Hello this long after it accepted it; 0: never."},
     EnvVar{"GPUIPC_CUDA_LIBRARY", "libcuda.so.1", "The CUDA driver library to load at run time."},
     EnvVar{"GPUIPC_NVTX", "1", "When 0, library calls push no NVTX ranges (for nsys and other NVTX tools)."},
     EnvVar{"GPUIPC_BROKER_POLL_US", "1000",

@@ -16,6 +16,7 @@ ServerOptions default_options(bool on_demand) {
   o.quotas.bytes = config::env_u64("GPUIPC_QUOTA_BYTES", UINT64_MAX);
   o.quotas.segments = config::env_u64("GPUIPC_QUOTA_SEGMENTS", 4096);
   o.restore_grace = config::env_ms("GPUIPC_RESTORE_GRACE_MS", std::chrono::milliseconds(30000));
+  o.hello_timeout = config::env_ms("GPUIPC_HELLO_TIMEOUT_MS", std::chrono::milliseconds(10000));
   o.poll =
       std::chrono::microseconds(std::min<std::uint64_t>(config::env_u64("GPUIPC_BROKER_POLL_US", 1000), 1'000'000));
   o.idle_timeout = on_demand ? config::env_ms("GPUIPC_IDLE_TIMEOUT_MS", std::chrono::milliseconds(30000))

@@ -103,6 +103,10 @@ void Server::run() {
     const std::int64_t now = os::monotonic_ns();
     std::int64_t timeout_ns = -1;
     if (auto d = m_registry.next_deadline()) timeout_ns = std::max<std::int64_t>(0, *d - now);
+    if (auto d = expire_ungreeted(now)) {
+      const std::int64_t left = std::max<std::int64_t>(0, *d - now);
+      timeout_ns = timeout_ns < 0 ? left : std::min(timeout_ns, left);
+    }
     if (m_accept_paused_until_ns != 0) {
       if (now >= m_accept_paused_until_ns) {
         m_accept_paused_until_ns = 0;
@@ -148,6 +152,7 @@ void Server::run() {
     std::vector<Outgoing> out;
     m_registry.expire(os::monotonic_ns(), out);
     dispatch(out);
+    (void)expire_ungreeted(os::monotonic_ns());
     reap_closing();
     if (!(m_connections.empty() && m_registry.empty())) m_idle_since_ns = os::monotonic_ns();
   }
@@ -201,6 +206,12 @@ void Server::accept_all() {
     c.sock = std::move(sock);
     c.creds = creds;
     m_connections.emplace(id, std::move(c));
+    if (m_options.hello_timeout.count() > 0) {
+      const std::int64_t limit_ns = m_options.hello_timeout.count() > INT64_MAX / 4'000'000
+                                        ? INT64_MAX / 4
+                                        : m_options.hello_timeout.count() * 1'000'000;
+      m_ungreeted.emplace_back(os::monotonic_ns() + limit_ns, id);
+    }
     GPUIPC_LOG_DEBUG("connection {} from pid {} uid {}", id, creds.pid, creds.uid);
   }
 }
@@ -415,6 +426,23 @@ void Server::close_connection(ConnId id, bool repair) {
   m_registry.drop_connection(id, repair, &out);
   m_connections.erase(it);
   dispatch(out);  // watchers hear of the death
+}
+
+std::optional<std::int64_t> Server::expire_ungreeted(std::int64_t now) {
+  while (!m_ungreeted.empty()) {
+    const auto [deadline, id] = m_ungreeted.front();
+    auto it = m_connections.find(id);
+    if (it != m_connections.end() && !it->second.greeted && !it->second.closing) {
+      if (deadline > now) return deadline;
+      // Closed without a word: a client that says nothing reads nothing either, and the library, whose Hello
+      // follows its connect at once, sees a broker that hung up and connects again.
+      GPUIPC_LOG_INFO("connection {} (pid {} uid {}) said no Hello within {} ms: closing it", id, it->second.creds.pid,
+                      it->second.creds.uid, m_options.hello_timeout.count());
+      it->second.closing = true;
+    }
+    m_ungreeted.pop_front();
+  }
+  return std::nullopt;
 }
 
 void Server::reap_closing() {

@@ -32,6 +32,9 @@ struct ServerOptions {
   std::chrono::milliseconds idle_timeout{0};  ///< exit after this long with no client and nothing registered; 0: never
   std::size_t max_connections_per_uid = 512;
   std::size_t max_connections = 8192;
+  /// A connection that has not said Hello this long after it was accepted is closed (GPUIPC_HELLO_TIMEOUT_MS): it
+  /// would hold one of its uid's connections and one of the broker's fds for nothing. 0: never.
+  std::chrono::milliseconds hello_timeout{10000};
   std::size_t max_queued_replies = 256;       ///< per connection, before it is closed as not reading
   /// Per connection, what its unread replies may hold past the socket's own buffer before it is closed as not
   /// reading: bytes (List replies are up to 17 KiB), and fds (an Open's reply carries one; a client sends at most
@@ -112,6 +115,9 @@ class Server {
   void flush(ConnId id, Connection& c);
   void close_connection(ConnId id, bool repair = true);
   void reap_closing();
+  /// Drops the entries of m_ungreeted that said Hello or went, marks those past their time closing (as of `now`),
+  /// and returns the next one's deadline.
+  std::optional<std::int64_t> expire_ungreeted(std::int64_t now);
 
   ServerOptions m_options;
   std::string m_socket_path;
@@ -124,6 +130,7 @@ class Server {
   Registry m_registry;
   std::unordered_map<ConnId, Connection> m_connections;
   std::unordered_map<uid_t, std::size_t> m_per_uid;
+  std::deque<std::pair<std::int64_t, ConnId>> m_ungreeted;  // (Hello's deadline, connection), in accept order
   ConnId m_next_conn = 16;  // keys below are the listener, the signalfd and the wakeup eventfd
   std::int64_t m_idle_since_ns = 0;
   std::int64_t m_last_request_ns = 0;  // when a client's message was last served: polling goes on until `poll` after

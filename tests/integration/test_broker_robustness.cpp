@@ -6,8 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstring>
+#include <thread>
 
 #include "base/config.hpp"
 #include "gpuipc/segment.hpp"
@@ -204,6 +206,36 @@ TEST(BrokerDaemon, PollSettingIsCheckedAtStartAndZeroStillServes) {
                   {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_NO_AUTOSTART=1", "GPUIPC_BROKER_POLL_US=0"});
   EXPECT_EQ(made.exit_code, 0) << made.err;
   EXPECT_EQ(wait_child(broker, 10s), 0) << read_file(dir.file("broker.log")).value_or("");
+}
+
+TEST(BrokerDaemon, AConnectionThatSaysNoHelloIsClosedAfterTheHelloTimeout) {
+  TempDir dir("gpuipc-rt-hello");
+  const std::string bin = GPUIPC_BUILD_BIN_DIR "/gpuipcd";
+  const auto bad = run_program(bin, {"--runtime-dir", dir.path()}, {"GPUIPC_HELLO_TIMEOUT_MS=soon"}, -1, 10s);
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("GPUIPC_HELLO_TIMEOUT_MS"), std::string::npos) << bad.err;
+  const pid_t broker = start_program(bin, {"--runtime-dir", dir.path(), "--verbose"}, {"GPUIPC_HELLO_TIMEOUT_MS=300"},
+                                     -1, dir.file("broker.log"));
+  const std::string sock = dir.file("broker.sock");
+  ASSERT_TRUE(wait_until([&] { return ::access(sock.c_str(), F_OK) == 0; }, 5s));
+  const auto t0 = std::chrono::steady_clock::now();
+  const os::UniqueFd silent = os::connect_seqpacket(sock);
+  const os::UniqueFd greeted = os::connect_seqpacket(sock);
+  send_bytes(greeted.get(), proto::encode(proto::Message{1, proto::Hello{1, "greeted"}}));
+  proto::Message msg;
+  ASSERT_EQ(receive(greeted.get(), msg), os::IoStatus::Ok);
+  ASSERT_TRUE(std::holds_alternative<proto::HelloReply>(msg.body));
+  // The silent one is closed, without a reply, once its time is up; not before.
+  EXPECT_EQ(receive(silent.get(), msg, 5000), os::IoStatus::Closed);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 290ms);
+  // The one that said Hello stays, however quiet, and is served.
+  std::this_thread::sleep_for(300ms);
+  const proto::Message listed = raw_request(greeted.get(), 2, proto::List{});
+  EXPECT_TRUE(std::holds_alternative<proto::ListReply>(listed.body));
+  ::kill(broker, SIGTERM);
+  EXPECT_EQ(wait_child(broker, 10s), 0);
+  const std::string log = read_file(dir.file("broker.log")).value_or("");
+  EXPECT_NE(log.find("said no Hello within 300 ms"), std::string::npos) << log;
 }
 
 TEST(BrokerDaemon, AClientWithAMalformedPollSettingFailsSayingSo) {
