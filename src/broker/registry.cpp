@@ -677,11 +677,12 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
   };
   auto it = m_segments.find(req.id);
   if (it == m_segments.end() || !it->second.control ||
-      (it->second.flags & (proto::kFlagChannel | proto::kFlagPool)) == 0) {
-    fail("no channel or pool has that id");
+      (it->second.flags & (proto::kFlagChannel | proto::kFlagPool | proto::kFlagSemaphore)) == 0) {
+    fail("no semaphore, channel or pool has that id");
     return;
   }
   auto& seg = it->second;
+  const bool semaphore = (seg.flags & proto::kFlagSemaphore) != 0;
   auto [first, last] = seg.joined.equal_range(caller.conn);
   const auto j = std::find_if(
       first, last, [&](const auto& e) { return e.second.member == req.member && e.second.token == req.token; });
@@ -691,7 +692,7 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
   }
   // Its stream's writes are waited for until the process exits: one this broker cannot see (another PID
   // namespace) has no exit to wait for. It leaves on its own then (its library waits, bounded, for its stream).
-  if (caller.creds.pid <= 0) {
+  if (!semaphore && caller.creds.pid <= 0) {
     fail("this broker cannot see the process (another PID namespace): leave without the broker");
     return;
   }

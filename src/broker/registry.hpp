@@ -183,7 +183,8 @@ class Registry {
   void rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejoin& req, std::vector<Outgoing>& out);
   /// A channel member of this connection leaves while its stream still owes writes: removed now (Closed), its
   /// writes made by its stream or, once its process has exited, by the broker as their turns come (repair.hpp,
-  /// leave_member).
+  /// leave_member). A pool member: removed once its frees land or its process exits. A semaphore signaller: removed
+  /// now.
   void leave(const Caller& caller, std::uint32_t rid, const proto::Leave& req, std::vector<Outgoing>& out);
   void holders(const Caller& caller, std::uint32_t rid, const proto::Holders& req, std::vector<Outgoing>& out);
   void watch(const Caller& caller, std::uint32_t rid, const proto::Watch& req, std::vector<Outgoing>& out);

@@ -182,6 +182,14 @@ std::string_view repair_waits_for_exit(const ControlBlock& block, const Joined& 
 }
 
 bool leave_member(ControlBlock& block, const Joined& m, pid_t pid, std::uint64_t start) {
+  if ((block.flags & proto::kFlagSemaphore) != 0) {
+    // No stream work to wait for: the library leaves a semaphore through the broker only for an entry it never
+    // used (a Join it gave up on); the last signaller leaving poisons it (Closed), as a close does.
+    const bool removed = shm::semaphore_remove_member(*static_cast<proto::SemaphoreBlock*>(block.data), m.member,
+                                                      m.token, proto::PoisonReason::Closed);
+    if (removed) GPUIPC_LOG_INFO("semaphore member {} left through the broker", m.member);
+    return removed;
+  }
   if ((block.flags & proto::kFlagChannel) == 0) return false;
   const shm::Ring ring{block.data, block.ring};
   if (!shm::holds_token(ring.header().members, m.member, m.token)) return false;

@@ -86,10 +86,11 @@ std::string check_rejoin(const ControlBlock& block, const Joined& member) noexce
 /// is its start time for the journal).
 bool remove_member(ControlBlock& block, const Joined& member, pid_t pid = 0);
 
-/// Removes channel member `member`, which leaves while its process lives (Leave, reason Closed): the writes its
-/// stream still owes are taken over into block.leavers, waiting for process `pid` (its start `start`, 0: unknown)
-/// to exit or the stream to make them, instead of being written ahead of the stream. Returns whether it removed the
-/// entry (false: the token is not in it).
+/// Removes channel or semaphore member `member`, which leaves while its process lives (Leave, reason Closed). A
+/// channel member's writes its stream still owes are taken over into block.leavers, waiting for process `pid` (its
+/// start `start`, 0: unknown) to exit or the stream to make them, instead of being written ahead of the stream; a
+/// semaphore's last signaller leaving poisons it (Closed). Returns whether it removed the entry (false: the token is
+/// not in it).
 bool leave_member(ControlBlock& block, const Joined& member, pid_t pid, std::uint64_t start);
 
 /// A pidfd of process `pid` if it still runs and started at `start` (0: any start), else an empty fd. Taken before

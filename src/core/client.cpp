@@ -348,13 +348,23 @@ void BrokerClient::route_locked(Reply&& reply) {
     os::event_fd_signal(p->second.wake);
     return;
   }
-  if (m_abandoned.erase(id) != 0) {
+  if (const auto abandoned = m_abandoned.find(id); abandoned != m_abandoned.end()) {
+    const std::uint64_t joined_segment = abandoned->second;
+    m_abandoned.erase(abandoned);
     // Its caller had its Timeout. A reference the answer counted is this connection's: give it back, unanswered
     // too (its own answer is discarded the same way).
     if (const auto* open = std::get_if<proto::OpenReply>(&reply.msg.body)) {
       GPUIPC_LOG_DEBUG("late answer to request {}: giving back its reference to segment {}", id, open->info.id);
       const std::uint32_t close = send_locked(proto::Close{open->info.id}, {}, deadline_in(connect_timeout()));
-      m_abandoned.insert(close);
+      m_abandoned.emplace(close, 0);
+    }
+    // So is a member entry: a member nobody uses would keep a semaphore from being poisoned when its last real
+    // signaller leaves (its waiters would wait until this process exits), and would be repaired as dead then.
+    if (const auto* join = std::get_if<proto::JoinReply>(&reply.msg.body); join != nullptr && joined_segment != 0) {
+      GPUIPC_LOG_DEBUG("late answer to request {}: leaving member {} of segment {}", id, join->member, joined_segment);
+      const std::uint32_t leave =
+          send_locked(proto::Leave{joined_segment, join->member, join->token}, {}, deadline_in(connect_timeout()));
+      m_abandoned.emplace(leave, 0);
     }
     return;
   }
@@ -362,9 +372,10 @@ void BrokerClient::route_locked(Reply&& reply) {
   throw Error(ErrorCode::Protocol, fmt::format("reply {} answers no request that waits for one", id), "recv");
 }
 
-void BrokerClient::abandon_locked(std::uint32_t id) {
+void BrokerClient::abandon_locked(std::uint32_t id, const proto::Body* body) {
   if (!m_sock) return;  // its answer will never come
-  m_abandoned.insert(id);
+  const auto* join = body != nullptr ? std::get_if<proto::Join>(body) : nullptr;
+  m_abandoned.emplace(id, join != nullptr ? join->id : 0);
   if (m_abandoned.size() > kMaxAbandoned) {
     GPUIPC_LOG_WARN("the gpuipc broker has left {} requests unanswered: dropping the connection", m_abandoned.size());
     disconnect_locked();
@@ -381,7 +392,7 @@ Reply BrokerClient::exchange_locked(const proto::Body& body, std::span<const int
     try {
       reply = receive_locked(deadline, limit);
     } catch (const Error& e) {
-      if (e.code() == ErrorCode::Timeout) abandon_locked(id);
+      if (e.code() == ErrorCode::Timeout) abandon_locked(id, &body);
       throw;
     }
     if (reply.msg.request_id != id) {
@@ -411,7 +422,7 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
           for (; sent < n; ++sent) ids[sent] = send_locked(bodies[first + sent], {}, deadline);
         } catch (const Error& e) {
           if (e.code() == ErrorCode::Timeout) {
-            for (std::size_t k = 0; k < sent; ++k) abandon_locked(ids[k]);
+            for (std::size_t k = 0; k < sent; ++k) abandon_locked(ids[k], &bodies[first + k]);
           }
           throw;
         }
@@ -422,7 +433,7 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
           } catch (const Error& e) {
             if (e.code() == ErrorCode::Timeout) {
               for (std::size_t k = 0; k < n; ++k) {
-                if (!answered[k]) abandon_locked(ids[k]);
+                if (!answered[k]) abandon_locked(ids[k], &bodies[first + k]);
               }
             }
             throw;

@@ -137,9 +137,9 @@ class BrokerClient {
   /// request_waiting, or an abandoned request's (discarded, and a reference it counted given back). Any other is a
   /// protocol error: the connection is dropped and Error(Protocol) thrown.
   void route_locked(Reply&& reply);
-  /// Request `id` timed out: its answer, when it comes, is discarded. Drops the connection when too many are
-  /// outstanding (a broker that answers nothing).
-  void abandon_locked(std::uint32_t id);
+  /// Request `id` (`body`, when known) timed out: its answer, when it comes, is discarded, and what it did undone.
+  /// Drops the connection when too many are outstanding (a broker that answers nothing).
+  void abandon_locked(std::uint32_t id, const proto::Body* body = nullptr);
 
   /// Drops the connection (m_sock) and tells the watcher, which holds a copy of it, to let go too.
   void disconnect_locked() noexcept;
@@ -173,9 +173,10 @@ class BrokerClient {
     std::optional<Reply> reply;
   };
   std::map<std::uint32_t, Parked> m_parked;
-  /// Requests given up on (timed out): their answers are discarded when they come, and the reference an OpenReply
-  /// counted (Open, Create, Announce) is given back. Emptied when the connection goes (its answers never come).
-  std::set<std::uint32_t> m_abandoned;
+  /// Requests given up on (timed out): their answers are discarded when they come, the reference an OpenReply
+  /// counted (Open, Create, Announce) is given back, and the member entry a Join took is left (the value: the
+  /// Join's segment id, else 0). Emptied when the connection goes (its answers never come).
+  std::map<std::uint32_t, std::uint64_t> m_abandoned;
   std::uint32_t m_broker_pid = 0;
   std::string m_broker_version;
   std::uint64_t m_greeted_generation = 0;  // the last connection the broker answered Hello on

@@ -254,8 +254,9 @@ struct Rejoin {
 /// "remove member `member` (token `token`) of the object whose control block is segment `id`, and make what its
 /// stream still owes when the stream would have, once this process has exited if the stream has not made them by
 /// then". A pool member whose stream has not reached some of its frees (it released its holds itself): "remove it
-/// once those frees have landed, or once this process has exited". The member must be one this connection joined.
-/// Answered with OkReply once the broker has taken it over.
+/// once those frees have landed, or once this process has exited". A semaphore signaller: "remove it now" (sent for a
+/// Join given up on whose answer came late). The member must be one this connection joined. Answered with OkReply
+/// once the broker has taken it over.
 struct Leave {
   std::uint64_t id = 0;
   std::uint32_t member = 0;

@@ -17,11 +17,14 @@
 #include <vector>
 
 #include "base/config.hpp"
+#include "core/client.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/liveness.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
 #include "os/socket.hpp"
+#include "proto/messages.hpp"
+#include "proto/shm.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
 
@@ -188,6 +191,33 @@ TEST(BrokerClient, AChildForkedWhileTheProcessConnectsDoesNotKeepItsConnection) 
   ::kill(grandchild[0].load(), SIGKILL);  // reparented: reaped by init (or the subreaper)
   seg = Segment();
   Segment::unlink(name);
+}
+
+TEST(BrokerClient, AJoinAnsweredAfterItsTimeoutIsLeftAgain) {
+  // A Join given up on (the broker stopped) whose answer comes late: the member entry it took must be left, or the
+  // semaphore keeps a signaller nobody uses. Its last real signaller's close would then not poison it (Closed),
+  // and its waiters would wait until this process exited.
+  const auto name = unique_name("latejoin");
+  auto creator = Semaphore::create(name, {.kind = SegmentKind::Host});  // a signaller
+  auto waiter = Semaphore::open(name, {.role = SemaphoreRole::Waiter});
+  const Segment seg = Segment::open(name);  // read-write: may Join
+  auto& client = core::BrokerClient::instance();
+  {
+    const ScopedEnv env("GPUIPC_CONNECT_TIMEOUT_MS", "300");
+    StoppedBroker stopped;
+    ASSERT_TRUE(stopped.ok());
+    EXPECT_EQ(
+        code_of([&] {
+          (void)client.request(proto::Join{seg.id(), static_cast<std::uint8_t>(proto::Role::Signaller)}, {}, 300ms);
+        }),
+        ErrorCode::Timeout);
+  }
+  // The next call reads the late answer and leaves the entry (the Leave goes before this call's request).
+  (void)Segment::stat(name);
+  creator = Semaphore();  // the last signaller leaves: poisoned, Closed
+  EXPECT_EQ(waiter.wait_host(1, 5s).status, Status::Closed);
+  waiter = Semaphore();
+  Semaphore::unlink(name);
 }
 
 TEST(BrokerClient, AnOpenThatWaitsForItsNameDoesNotHoldUpTheProcesssOtherCalls) {
