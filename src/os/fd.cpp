@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <array>
@@ -52,16 +53,26 @@ void forget_in_child() noexcept {
 }
 
 /// Holds off fork(2) in the process's other threads for its scope. Registers the fork handlers on first use.
+/// Signals are blocked in this thread meanwhile: a handler that forked here would wait for the gate it holds.
 class ForkGate {
  public:
   ForkGate() noexcept {
     static std::once_flag registered;
     std::call_once(registered, [] { (void)::pthread_atfork(hold_forks, release_forks, forget_in_child); });
+    sigset_t all{};
+    sigfillset(&all);
+    (void)::pthread_sigmask(SIG_BLOCK, &all, &m_old);
     hold_forks();
   }
-  ~ForkGate() { release_forks(); }
+  ~ForkGate() {
+    release_forks();
+    (void)::pthread_sigmask(SIG_SETMASK, &m_old, nullptr);
+  }
   ForkGate(const ForkGate&) = delete;
   ForkGate& operator=(const ForkGate&) = delete;
+
+ private:
+  sigset_t m_old{};
 };
 
 }  // namespace

@@ -1,9 +1,11 @@
 // UniqueFd and ParentOnlyFd ownership, dup_fd and count_open_fds.
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -210,6 +213,38 @@ TEST(ParentOnlyFd, AChildsLeftoverCopyClosingDoesNotForgetTheChildsOwn) {
               ::close(r2);
               return 0;
             }),
+            0);
+}
+
+extern "C" void fork_in_handler(int /*sig*/) {
+  const int saved = errno;
+  const pid_t kid = ::fork();
+  if (kid == 0) ::_exit(0);
+  if (kid > 0) (void)::waitpid(kid, nullptr, 0);
+  errno = saved;
+}
+
+TEST(ParentOnlyFd, ASignalHandlerThatForksWhileItsThreadHoldsTheGateDoesNotHang) {
+  // The gate blocks signals in the thread that holds it: a handler run inside it that forked would wait for the
+  // gate its own thread holds, for ever.
+  EXPECT_EQ(test::run_child(
+                [] {
+                  struct sigaction sa {};
+                  sa.sa_handler = fork_in_handler;
+                  ::sigaction(SIGUSR1, &sa, nullptr);
+                  std::atomic<bool> stop{false};
+                  std::thread maker([&] {
+                    while (!stop.load()) os::ParentOnlyFd sock(os::seqpacket_socket);
+                  });
+                  for (int i = 0; i < 500; ++i) {
+                    ::pthread_kill(maker.native_handle(), SIGUSR1);
+                    std::this_thread::sleep_for(200us);
+                  }
+                  stop = true;
+                  maker.join();
+                  return 0;
+                },
+                20s),
             0);
 }
 
