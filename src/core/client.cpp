@@ -593,7 +593,7 @@ void BrokerClient::watch(Watched first) {
     try {
       Watched w;
       if (first_turn) {
-        w = std::move(first);
+        w = std::move(first);  // NOLINT(bugprone-use-after-move): moved once, on the first turn only
       } else {
         std::lock_guard lock(m_mutex);
         w = watched_locked();
