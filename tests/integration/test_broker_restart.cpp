@@ -3,12 +3,14 @@
 // and gives it back the names and memberships it still holds, with the owner and mode from the broker's journal;
 // names nobody maps go after the grace time. A member that dies before it rejoined is repaired too: the journal
 // names its process. A broker stopped on purpose is not started again behind its back.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -274,6 +276,37 @@ TEST_F(BrokerRestartPipeline, AMemberThatRejoinsLateIsNotRepaired) {
   }
   EXPECT_EQ(wait_child(consumer), 0);  // it received every message: it was never taken for dead
   consumer = 0;
+}
+
+TEST(BrokerRestart, AProcessThatExitsWhileItsWatcherReconnectsExitsCleanly) {
+  // exit() runs the static destructors while the watcher thread may be reconnecting (spawning a broker, saying
+  // Hello, giving names back): nothing it uses may be gone from under it.
+  const auto name = unique_name("exitrace");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0644});
+  std::vector<int> codes;
+  for (int trial = 0; trial < 30; ++trial) {
+    SyncPipe ready;
+    SyncPipe go;
+    const pid_t kid = start_child([&, trial] {
+      auto mine = Segment::open(name, {.access = Access::ReadOnly});  // maps it: the watcher runs
+      ready.notify();
+      if (!go.wait(10s)) return 3;
+      std::this_thread::sleep_for(std::chrono::microseconds(trial * 700));
+      std::exit(0);  // NOLINT(concurrency-mt-unsafe): the point of the test
+    });
+    ASSERT_TRUE(ready.wait(10s));
+    kill_broker();
+    go.notify();
+    codes.push_back(wait_child(kid, 20s));
+    (void)Segment::stat(name);  // a broker again, with the name
+  }
+  std::string bad;
+  for (std::size_t i = 0; i < codes.size(); ++i) {
+    if (codes[i] != 0) bad += fmt::format(" trial {}: {}", i, codes[i]);
+  }
+  EXPECT_TRUE(bad.empty()) << bad;
+  seg = Segment();
+  Segment::unlink(name);
 }
 
 TEST(BrokerRestart, ABrokerStoppedOnPurposeIsNotStartedAgainBehindItsBack) {
