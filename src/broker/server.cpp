@@ -434,8 +434,8 @@ std::optional<std::int64_t> Server::expire_ungreeted(std::int64_t now) {
     auto it = m_connections.find(id);
     if (it != m_connections.end() && !it->second.greeted && !it->second.closing) {
       if (deadline > now) return deadline;
-      // Closed without a word: a client that says nothing reads nothing either, and the library, whose Hello
-      // follows its connect at once, sees a broker that hung up and connects again.
+      // Closed without a word: a client that says nothing reads nothing either. The library's Hello follows its
+      // connect at once; a process stopped in between gets PeerDied from that call and connects again at the next.
       GPUIPC_LOG_INFO("connection {} (pid {} uid {}) said no Hello within {} ms: closing it", id, it->second.creds.pid,
                       it->second.creds.uid, m_options.hello_timeout.count());
       it->second.closing = true;
