@@ -275,8 +275,12 @@ class Session {
       case 3:
         ask(in, proto::Close{id(in)});
         break;
-      case 4:
-        ask(in, proto::Unlink{name(in)});
+      case 4:  // by name, or by id
+        if ((in.byte() & 3) == 0) {
+          ask(in, proto::UnlinkId{id(in)});
+        } else {
+          ask(in, proto::Unlink{name(in)});
+        }
         break;
       case 5:
         ask(in, proto::Stat{name(in)});

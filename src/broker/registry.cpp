@@ -80,6 +80,7 @@ Registry::Registry(Quotas quotas)
   auto* page = static_cast<proto::StatusPage*>(m_status_map.data());
   page->magic = proto::kStatusMagic;
   page->version = proto::kStatusVersion;
+  page->features = proto::kFeatureUnlinkId;
   page->broker_pid = static_cast<std::uint64_t>(os::current_pid());
   std::atomic_ref<std::uint64_t>(page->names_generation).store(1, std::memory_order_release);
 }
@@ -301,6 +302,8 @@ void Registry::handle(const Caller& caller, const proto::Message& request, std::
           close(caller, rid, body, out);
         } else if constexpr (std::is_same_v<T, proto::Unlink>) {
           unlink(caller, rid, body, out);
+        } else if constexpr (std::is_same_v<T, proto::UnlinkId>) {
+          unlink_id(caller, rid, body, out);
         } else if constexpr (std::is_same_v<T, proto::Stat>) {
           stat(caller, rid, body, out);
         } else if constexpr (std::is_same_v<T, proto::List>) {
@@ -552,25 +555,42 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
                         error_reply(rid, ErrorCode::NotFound, fmt::format("no segment named '{}' to unlink", req.name)).body));
     return;
   }
-  auto& seg = m_segments.at(it->second);
+  unlink_segment(caller, rid, m_segments.at(it->second), out);
+}
+
+void Registry::unlink_id(const Caller& caller, std::uint32_t rid, const proto::UnlinkId& req,
+                         std::vector<Outgoing>& out) {
+  auto it = m_segments.find(req.id);
+  if (it == m_segments.end() || it->second.name.empty()) {
+    out.push_back(reply(caller.conn, rid,
+                        error_reply(rid, ErrorCode::NotFound,
+                                    fmt::format("segment id {} has no name to unlink (unlinked, or gone)", req.id))
+                            .body));
+    return;
+  }
+  unlink_segment(caller, rid, it->second, out);
+}
+
+void Registry::unlink_segment(const Caller& caller, std::uint32_t rid, SegmentRecord& seg, std::vector<Outgoing>& out) {
   if (caller.creds.uid != 0 && caller.creds.uid != seg.owner_uid) {
     out.push_back(reply(caller.conn, rid,
                         error_reply(rid, ErrorCode::PermissionDenied,
                                     fmt::format("segment '{}' is owned by uid {}; only its owner or root may unlink it "
                                                 "(you are uid {})",
-                                                req.name, seg.owner_uid, caller.creds.uid))
+                                                seg.name, seg.owner_uid, caller.creds.uid))
                             .body));
     return;
   }
   const std::uint64_t id = seg.id;
+  const std::string name = std::move(seg.name);
   seg.name.clear();
   // Heartbeats and watches go by name: a name that is gone takes no heartbeat, so the deadlines set under it must
   // not expire into Hung events about processes that are alive.
   drop_beats(seg);
-  m_names.erase(it);
-  m_journal.unlinked(req.name);
+  m_names.erase(name);
+  m_journal.unlinked(name);
   bump_names_generation();
-  GPUIPC_LOG_INFO("unlinked segment '{}' id {} ({} references remain)", req.name, id, seg.total_refs());
+  GPUIPC_LOG_INFO("unlinked segment '{}' id {} ({} references remain)", name, id, seg.total_refs());
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));
   maybe_destroy(id);
 }

@@ -175,6 +175,10 @@ class Registry {
                      proto::Access access, std::vector<Outgoing>& out);
   void close(const Caller& caller, std::uint32_t rid, const proto::Close& req, std::vector<Outgoing>& out);
   void unlink(const Caller& caller, std::uint32_t rid, const proto::Unlink& req, std::vector<Outgoing>& out);
+  /// Unlink by segment id: only while segment `req.id` still has a name (never one made since under that name).
+  void unlink_id(const Caller& caller, std::uint32_t rid, const proto::UnlinkId& req, std::vector<Outgoing>& out);
+  /// Removes the name of `seg` (which has one) for `caller`, when the caller owns it or is root; answers either way.
+  void unlink_segment(const Caller& caller, std::uint32_t rid, SegmentRecord& seg, std::vector<Outgoing>& out);
   void stat(const Caller& caller, std::uint32_t rid, const proto::Stat& req, std::vector<Outgoing>& out);
   void list(const Caller& caller, std::uint32_t rid, const proto::List& req, std::vector<Outgoing>& out);
   void join(const Caller& caller, std::uint32_t rid, const proto::Join& req, std::vector<Outgoing>& out);

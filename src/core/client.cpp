@@ -103,6 +103,12 @@ std::uint64_t BrokerClient::names_generation() const noexcept {
       .load(std::memory_order_acquire);
 }
 
+bool BrokerClient::broker_has(std::uint32_t feature) const noexcept {
+  // Written once before the broker shared the page: a plain read.
+  const proto::StatusPage* page = m_status.load(std::memory_order_acquire);
+  return page != nullptr && (page->features & feature) != 0;
+}
+
 std::uint32_t BrokerClient::broker_pid() {
   std::lock_guard lock(m_mutex);
   if (!m_sock) connect_locked();
@@ -348,22 +354,30 @@ void BrokerClient::route_locked(Reply&& reply) {
     return;
   }
   if (const auto abandoned = m_abandoned.find(id); abandoned != m_abandoned.end()) {
-    const std::uint64_t joined_segment = abandoned->second;
+    const Abandoned undo = abandoned->second;
     m_abandoned.erase(abandoned);
     // Its caller had its Timeout. A reference the answer counted is this connection's: give it back, unanswered
     // too (its own answer is discarded the same way).
     if (const auto* open = std::get_if<proto::OpenReply>(&reply.msg.body)) {
+      // A Create's name would keep its memory (a GPU allocation, for a device segment) registered for ever, and
+      // the name taken, with nobody holding either. Removed by id: the name may be someone else's by now.
+      if (undo.create && broker_has(proto::kFeatureUnlinkId)) {
+        GPUIPC_LOG_DEBUG("late answer to request {}: unlinking the segment {} it created", id, open->info.id);
+        m_abandoned.emplace(send_locked(proto::UnlinkId{open->info.id}, {}, deadline_in(connect_timeout())),
+                            Abandoned{});
+      }
       GPUIPC_LOG_DEBUG("late answer to request {}: giving back its reference to segment {}", id, open->info.id);
       const std::uint32_t close = send_locked(proto::Close{open->info.id}, {}, deadline_in(connect_timeout()));
-      m_abandoned.emplace(close, 0);
+      m_abandoned.emplace(close, Abandoned{});
     }
     // So is a member entry: a member nobody uses would keep a semaphore from being poisoned when its last real
     // signaller leaves (its waiters would wait until this process exits), and would be repaired as dead then.
-    if (const auto* join = std::get_if<proto::JoinReply>(&reply.msg.body); join != nullptr && joined_segment != 0) {
-      GPUIPC_LOG_DEBUG("late answer to request {}: leaving member {} of segment {}", id, join->member, joined_segment);
+    if (const auto* join = std::get_if<proto::JoinReply>(&reply.msg.body); join != nullptr && undo.join_segment != 0) {
+      GPUIPC_LOG_DEBUG("late answer to request {}: leaving member {} of segment {}", id, join->member,
+                       undo.join_segment);
       const std::uint32_t leave =
-          send_locked(proto::Leave{joined_segment, join->member, join->token}, {}, deadline_in(connect_timeout()));
-      m_abandoned.emplace(leave, 0);
+          send_locked(proto::Leave{undo.join_segment, join->member, join->token}, {}, deadline_in(connect_timeout()));
+      m_abandoned.emplace(leave, Abandoned{});
     }
     return;
   }
@@ -374,7 +388,8 @@ void BrokerClient::route_locked(Reply&& reply) {
 void BrokerClient::abandon_locked(std::uint32_t id, const proto::Body* body) {
   if (!m_sock) return;  // its answer will never come
   const auto* join = body != nullptr ? std::get_if<proto::Join>(body) : nullptr;
-  m_abandoned.emplace(id, join != nullptr ? join->id : 0);
+  m_abandoned.emplace(id, Abandoned{.create = body != nullptr && std::holds_alternative<proto::Create>(*body),
+                                    .join_segment = join != nullptr ? join->id : 0});
   if (m_abandoned.size() > kMaxAbandoned) {
     GPUIPC_LOG_WARN("the gpuipc broker has left {} requests unanswered: dropping the connection", m_abandoned.size());
     disconnect_locked();

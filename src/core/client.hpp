@@ -140,6 +140,8 @@ class BrokerClient {
   /// Drops the connection when too many are outstanding (a broker that answers nothing).
   void abandon_locked(std::uint32_t id, const proto::Body* body = nullptr);
 
+  /// Whether the connected broker's status page has `feature` (a proto::kFeature* bit): false without a page.
+  bool broker_has(std::uint32_t feature) const noexcept;
   /// Drops the connection (m_sock) and tells the watcher, which holds a copy of it, to let go too.
   void disconnect_locked() noexcept;
   /// What the watcher waits on: a copy of the connection (none when there is none), its generation, its status page.
@@ -172,10 +174,15 @@ class BrokerClient {
     std::optional<Reply> reply;
   };
   std::map<std::uint32_t, Parked> m_parked;
-  /// Requests given up on (timed out): their answers are discarded when they come, the reference an OpenReply
-  /// counted (Open, Create, Announce) is given back, and the member entry a Join took is left (the value: the
-  /// Join's segment id, else 0). Emptied when the connection goes (its answers never come).
-  std::map<std::uint32_t, std::uint64_t> m_abandoned;
+  /// A request given up on (timed out): what its late answer must undo.
+  struct Abandoned {
+    bool create = false;             ///< a Create: its name is removed too (UnlinkId), where the broker can
+    std::uint64_t join_segment = 0;  ///< a Join: its segment id (the member entry it took is left); else 0
+  };
+  /// Requests given up on, by request id: their answers are discarded when they come, the reference an OpenReply
+  /// counted (Open, Create, Announce) is given back, a Create's name removed, and the member entry a Join took
+  /// left. Emptied when the connection goes (its answers never come).
+  std::map<std::uint32_t, Abandoned> m_abandoned;
   std::uint32_t m_broker_pid = 0;
   std::string m_broker_version;
   std::uint64_t m_greeted_generation = 0;  // the last connection the broker answered Hello on

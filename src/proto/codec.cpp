@@ -32,12 +32,13 @@ static_assert(
     kAt<MessageType::Error, ErrorReply> && kAt<MessageType::Join, Join> && kAt<MessageType::JoinReply, JoinReply> &&
     kAt<MessageType::Announce, Announce> && kAt<MessageType::Rejoin, Rejoin> && kAt<MessageType::Holders, Holders> &&
     kAt<MessageType::HoldersReply, HoldersReply> && kAt<MessageType::Watch, Watch> && kAt<MessageType::Event, Event> &&
-    kAt<MessageType::Heartbeat, Heartbeat> && kAt<MessageType::Leave, Leave> && std::variant_size_v<Body> == 23);
+    kAt<MessageType::Heartbeat, Heartbeat> && kAt<MessageType::Leave, Leave> && kAt<MessageType::UnlinkId, UnlinkId> &&
+    std::variant_size_v<Body> == 24);
 
 // u32 magic + u16 version + u16 type + u32 request_id, then the u16 body_length.
 constexpr std::size_t kBodyLengthOffset = 12;
 constexpr std::uint16_t kFirstType = 1;
-constexpr std::uint16_t kLastType = 23;
+constexpr std::uint16_t kLastType = 24;
 
 struct Header {
   std::uint32_t magic = 0;
@@ -122,6 +123,8 @@ std::string_view message_name(MessageType type) noexcept {
       return "Heartbeat";
     case MessageType::Leave:
       return "Leave";
+    case MessageType::UnlinkId:
+      return "UnlinkId";
   }
   return "?";
 }

@@ -69,6 +69,7 @@ void put(wire::Writer& w, const Open& m) {
 }
 void put(wire::Writer& w, const OpenReply& m) { put_info(w, m.info); }
 void put(wire::Writer& w, const Close& m) { w.u64(m.id); }
+void put(wire::Writer& w, const UnlinkId& m) { w.u64(m.id); }
 void put(wire::Writer& w, const Unlink& m) { put_string(w, m.name); }
 void put(wire::Writer& w, const Stat& m) { put_string(w, m.name); }
 void put(wire::Writer& w, const StatReply& m) { put_info(w, m.info); }
@@ -231,6 +232,7 @@ class BodyReader {
   }
   bool body(const Path& p, OpenReply& m) { return info(Path{p.message, "info"}, m.info); }
   bool body(const Path& p, Close& m) { return u64(p, "id", m.id); }
+  bool body(const Path& p, UnlinkId& m) { return u64(p, "id", m.id); }
   bool body(const Path& p, Unlink& m) { return string(p, "name", m.name); }
   bool body(const Path& p, Stat& m) { return string(p, "name", m.name); }
   bool body(const Path& p, StatReply& m) { return info(Path{p.message, "info"}, m.info); }

@@ -165,6 +165,11 @@ std::string validate(const Close& m, const Path& p) {
   return {};
 }
 
+std::string validate(const UnlinkId& m, const Path& p) {
+  if (auto e = check_id(m.id); !e.empty()) return fail(p, "id", e);
+  return {};
+}
+
 std::string validate(const Unlink& m, const Path& p) {
   if (auto e = check_name(m.name); !e.empty()) return fail(p, "name", e);
   return {};

@@ -1,5 +1,5 @@
-// The broker wire format, version 2 (Holders, Watch, Event and Heartbeat were added to it: a broker that predates
-// them answers them as malformed): one message per SOCK_SEQPACKET datagram, fixed layout, little-endian,
+// The broker wire format, version 2 (Holders, Watch, Event, Heartbeat, Leave and UnlinkId were added to it: a broker
+// that predates them answers them as malformed): one message per SOCK_SEQPACKET datagram, fixed layout, little-endian,
 // file descriptors alongside by SCM_RIGHTS. Pure data: no I/O here. See docs/protocol.md.
 //
 // Every message starts with a 16-byte header:
@@ -66,6 +66,7 @@ enum class MessageType : std::uint16_t {
   Event = 21,
   Heartbeat = 22,
   Leave = 23,
+  UnlinkId = 24,
 };
 
 /// Segment kinds (include/gpuipc/segment.hpp mirrors these values). DeviceIpc: cudaMalloc memory adopted with a
@@ -265,6 +266,15 @@ struct Leave {
   bool operator==(const Leave&) const = default;
 };
 
+/// Removes the name of segment `id`, if it still has one: Unlink that cannot reach a segment since made under the
+/// same name by someone else. Sent for a Create given up on whose answer came late (the library's own undo), only to
+/// a broker whose status page has kFeatureUnlinkId (an older one answers it as malformed). The same rights as Unlink.
+struct UnlinkId {
+  std::uint64_t id = 0;
+
+  bool operator==(const UnlinkId&) const = default;
+};
+
 /// Who has segment `name` open: one entry per connection (process) holding references. Needs read permission (like
 /// Stat).
 struct Holders {
@@ -330,9 +340,9 @@ struct Heartbeat {
   bool operator==(const Heartbeat&) const = default;
 };
 
-using Body =
-    std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unlink, Stat, StatReply, List, ListReply, OkReply,
-                 ErrorReply, Join, JoinReply, Announce, Rejoin, Holders, HoldersReply, Watch, Event, Heartbeat, Leave>;
+using Body = std::variant<Hello, HelloReply, Create, Open, OpenReply, Close, Unlink, Stat, StatReply, List, ListReply,
+                          OkReply, ErrorReply, Join, JoinReply, Announce, Rejoin, Holders, HoldersReply, Watch, Event,
+                          Heartbeat, Leave, UnlinkId>;
 
 struct Message {
   std::uint32_t request_id = 0;

@@ -11,6 +11,9 @@ namespace gpuipc::proto {
 inline constexpr std::uint32_t kStatusMagic = 0x54534947;  // "GIST"
 inline constexpr std::uint32_t kStatusVersion = 1;
 
+/// StatusPage::features bits: requests this broker accepts beyond those every version-2 broker accepts.
+inline constexpr std::uint32_t kFeatureUnlinkId = 1U << 0;  ///< UnlinkId (messages.hpp)
+
 /// How the running broker was started (StatusPage::mode; `gpuipc daemon status` prints it).
 enum class BrokerMode : std::uint32_t {
   Unknown = 0,          ///< a broker that predates the field
@@ -45,7 +48,8 @@ struct alignas(64) StatusPage {
   std::uint64_t broker_pid;
   /// The rest is written once, before the broker shares the page, and never changes.
   std::uint32_t mode;             ///< a BrokerMode
-  std::uint32_t reserved;         ///< 0
+  /// kFeature* bits (0 from a broker that predates the field): a client sends such a request only when its bit is set.
+  std::uint32_t features;
   std::uint64_t started_unix_ns;  ///< when the broker started (CLOCK_REALTIME)
   std::uint64_t idle_timeout_ms;  ///< exits after this long idle; 0: never
   /// Set to 1 (release) when the broker shuts down on purpose (SIGTERM, SIGINT, `gpuipc daemon --stop`), before

@@ -220,6 +220,53 @@ TEST(BrokerClient, AJoinAnsweredAfterItsTimeoutIsLeftAgain) {
   Semaphore::unlink(name);
 }
 
+TEST(BrokerClient, ACreateAnsweredAfterItsTimeoutLeavesNoNameBehind) {
+  // A Create given up on (the broker stopped) whose answer comes late: the broker registered the name and holds the
+  // memory, which nobody holds any more (the caller had its Timeout and let its memory go). The name must go again,
+  // or the memory (a GPU allocation, for a device segment) stays until someone unlinks a name they never got.
+  const auto name = unique_name("latecreate");
+  const int fds_before = BrokerEnvironment::broker_fd_baseline();
+  {
+    const ScopedEnv env("GPUIPC_CONNECT_TIMEOUT_MS", "300");
+    StoppedBroker stopped;
+    ASSERT_TRUE(stopped.ok());
+    EXPECT_EQ(code_of([&] { (void)Segment::create(name, 1 << 20, {.kind = SegmentKind::Host, .mode = 0600}); }),
+              ErrorCode::Timeout);
+  }
+  // The next call reads the late answer and undoes it (its requests go before this call's).
+  (void)Segment::list();
+  EXPECT_EQ(code_of([&] { (void)Segment::stat(name); }), ErrorCode::NotFound)
+      << "the name of the abandoned Create is still registered";
+  for (const auto& info : Segment::list()) EXPECT_NE(info.name, name);
+  EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() <= fds_before; }, 5s))
+      << "the broker still holds the abandoned segment's memory: " << BrokerEnvironment::broker_fd_count() << " fds, "
+      << fds_before << " before";
+  // The name is free for a new Create, and UnlinkId never reaches a segment made since under the same name.
+  auto again = Segment::create(name, 4096, {.kind = SegmentKind::Host, .mode = 0600});
+  EXPECT_EQ(Segment::stat(name).id, again.id());
+  again = Segment();
+  Segment::unlink(name);
+}
+
+TEST(BrokerClient, AnUnlinkByIdRemovesOnlyTheNameOfThatSegment) {
+  // UnlinkId names a segment, not a name: after an unlink and a new Create under the same name, the old id finds
+  // nothing and the new segment keeps its name. Owner-or-root, like Unlink.
+  const auto name = unique_name("unlinkid");
+  auto& client = core::BrokerClient::instance();
+  auto first = Segment::create(name, 4096, {.kind = SegmentKind::Host, .mode = 0600});
+  const std::uint64_t old_id = first.id();
+  Segment::unlink(name);
+  auto second = Segment::create(name, 4096, {.kind = SegmentKind::Host, .mode = 0600});
+  EXPECT_EQ(code_of([&] { (void)client.request(proto::UnlinkId{old_id}, {}, 5s); }), ErrorCode::NotFound);
+  EXPECT_EQ(Segment::stat(name).id, second.id());
+  EXPECT_EQ(code_of([&] { (void)client.request(proto::UnlinkId{old_id + 1000000}, {}, 5s); }), ErrorCode::NotFound);
+  (void)client.request(proto::UnlinkId{second.id()}, {}, 5s);
+  EXPECT_EQ(code_of([&] { (void)Segment::stat(name); }), ErrorCode::NotFound);
+  EXPECT_EQ(code_of([&] { (void)client.request(proto::UnlinkId{second.id()}, {}, 5s); }), ErrorCode::NotFound);
+  first = Segment();
+  second = Segment();
+}
+
 TEST(BrokerClient, AnOpenThatWaitsForItsNameDoesNotHoldUpTheProcesssOtherCalls) {
   const auto waited = unique_name("waited");
   const auto other = unique_name("other");

@@ -84,6 +84,7 @@ MessageType answer_to(MessageType t) {
       return MessageType::HoldersReply;
     case MessageType::Close:
     case MessageType::Unlink:
+    case MessageType::UnlinkId:
     case MessageType::Rejoin:
     case MessageType::Leave:
     case MessageType::Watch:
@@ -223,8 +224,12 @@ class Client {
       const std::uint64_t id = some_id(c);
       if (auto at = std::find(c.ids.begin(), c.ids.end(), id); at != c.ids.end()) c.ids.erase(at);
       send(c, proto::Close{id});
-    } else if (r < 47) {
-      send(c, proto::Unlink{name()});
+    } else if (r < 47) {  // by name, or by id (a segment of any name, or none)
+      if (pick(3) == 0) {
+        send(c, proto::UnlinkId{some_id(c)});
+      } else {
+        send(c, proto::Unlink{name()});
+      }
     } else if (r < 49) {
       send(c, proto::Stat{name()});
     } else if (r < 51) {  // liveness: who holds a name, watch it (events follow), heartbeats that expire or not

@@ -82,7 +82,7 @@ Bytes raw_body(const Body& body) {
           r.str(m.name).u8(static_cast<std::uint8_t>(m.access)).u32(m.wait_ms);
         } else if constexpr (std::is_same_v<T, OpenReply> || std::is_same_v<T, StatReply>) {
           r.info(m.info);
-        } else if constexpr (std::is_same_v<T, Close>) {
+        } else if constexpr (std::is_same_v<T, Close> || std::is_same_v<T, UnlinkId>) {
           r.u64(m.id);
         } else if constexpr (std::is_same_v<T, Unlink> || std::is_same_v<T, Stat>) {
           r.str(m.name);
@@ -239,6 +239,8 @@ std::vector<Example> examples() {
   add("close_max", Close{~0ULL});
   add("unlink", Unlink{"frames"});
   add("unlink_max", Unlink{max_name()});
+  add("unlink_id", UnlinkId{7});
+  add("unlink_id_max", UnlinkId{~0ULL});
   add("stat", Stat{"a.b_c-9"});
   add("stat_reply", StatReply{small_info(3)});
   add("stat_reply_max", StatReply{max_info(77)});
@@ -476,7 +478,7 @@ TEST(Proto, RefusesOtherVersions) {
 }
 
 TEST(Proto, RefusesUnknownTypes) {
-  for (std::uint16_t t : {0, 24, 999, 0xFFFF}) {
+  for (std::uint16_t t : {0, 25, 999, 0xFFFF}) {
     const std::string e = decode_error(raw_header(t, 0, 0), 0);
     EXPECT_TRUE(starts_with(e, "header.type: unknown message type " + std::to_string(t))) << e;
   }
@@ -696,6 +698,7 @@ std::vector<Bad> bad_messages() {
   v.push_back(Bad{"announce_size_0", Announce{"x", Access::ReadOnly, 0}, "Announce.size: size 0", 1});
   v.push_back(Bad{"rejoin_token_0", Rejoin{9, 1, 0, 2}, "Rejoin.token: 0 marks a free entry"});
   v.push_back(Bad{"leave_token_0", Leave{9, 1, 0}, "Leave.token: 0 marks a free entry"});
+  v.push_back(Bad{"unlink_id_0", UnlinkId{0}, "UnlinkId.id: segment id 0"});
   v.push_back(Bad{"leave_member", Leave{9, 64, 1}, "Leave.member: 64 is not below 64"});
   v.push_back(Bad{"join_role_9", Join{7, 9}, "Join.role: invalid Role 9"});
   v.push_back(Bad{"join_reply_token_0", JoinReply{3, 0}, "JoinReply.token: 0 marks a free entry"});
