@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <new>
 
 #include "base/errors.hpp"
 
@@ -35,21 +36,47 @@ void replace_with_dev_null(int fd) noexcept {
 
 namespace {
 
-// The fds of ParentOnlyFds, each plus one (0: a free slot; zero-initialized before any constructor runs), and
-// the gate that fork(2) waits at (pthread_atfork: the prepare handler takes it, the parent and child handlers give it
-// back, as POSIX's rationale for pthread_atfork has it). A plain pthread mutex: the child handler must be
-// async-signal-safe.
-std::array<std::atomic<int>, kMaxParentOnlyFds> g_parent_only;
+// The fds of ParentOnlyFds, each plus one (0: a free slot), in blocks chained from g_first (zero-initialized before
+// any constructor runs; the next block is allocated when every slot is taken, and never freed: readers hold
+// pointers into it), and the gate that fork(2) waits at (pthread_atfork: the prepare handler takes it, the parent and
+// child handlers give it back, as POSIX's rationale for pthread_atfork has it). Slots change only under the gate, so
+// the child handler, which runs while the forking thread holds it, sees none half-changed. A plain pthread mutex: the
+// child handler must be async-signal-safe (it only reads the chain, closes and dups).
+struct SlotBlock {
+  std::array<std::atomic<int>, 64> fds;
+  std::atomic<SlotBlock*> next;
+};
+SlotBlock g_first;
 pthread_mutex_t g_fork_gate = PTHREAD_MUTEX_INITIALIZER;
 
 void hold_forks() noexcept { (void)::pthread_mutex_lock(&g_fork_gate); }
 void release_forks() noexcept { (void)::pthread_mutex_unlock(&g_fork_gate); }
 void forget_in_child() noexcept {
-  for (auto& slot : g_parent_only) {
-    const int fd = slot.exchange(0) - 1;
-    if (fd >= 0) replace_with_dev_null(fd);
+  for (SlotBlock* b = &g_first; b != nullptr; b = b->next.load()) {
+    for (auto& slot : b->fds) {
+      const int fd = slot.exchange(0) - 1;
+      if (fd >= 0) replace_with_dev_null(fd);
+    }
   }
   release_forks();
+}
+
+/// A free slot, holding `fd` + 1 now; a new block when every one is taken; nullptr when none can be allocated. Under
+/// the gate.
+std::atomic<int>* record(int fd) noexcept {
+  for (SlotBlock* b = &g_first;; b = b->next.load()) {
+    for (auto& slot : b->fds) {
+      if (slot.load() == 0) {
+        slot.store(fd + 1);
+        return &slot;
+      }
+    }
+    if (b->next.load() == nullptr) {
+      auto* added = new (std::nothrow) SlotBlock();  // NOLINT(cppcoreguidelines-owning-memory): never freed, above
+      if (added == nullptr) return nullptr;
+      b->next.store(added);
+    }
+  }
 }
 
 /// Holds off fork(2) in the process's other threads for its scope. Registers the fork handlers on first use.
@@ -81,28 +108,22 @@ ParentOnlyFd::ParentOnlyFd(const std::function<UniqueFd()>& make) {
   const ForkGate gate;
   UniqueFd fd = make();
   if (!fd) return;
-  for (int i = 0; i < kMaxParentOnlyFds; ++i) {
-    int expected = 0;
-    if (g_parent_only[static_cast<std::size_t>(i)].compare_exchange_strong(expected, fd.get() + 1)) {
-      m_slot = i;
-      break;
-    }
-  }
+  m_slot = record(fd.get());
   m_fd = fd.release();
 }
 
 void ParentOnlyFd::reset() noexcept {
   if (m_fd < 0) return;
   const ForkGate gate;
-  if (m_slot >= 0) {
+  if (m_slot != nullptr) {
     // Only if it still holds this fd: in a forked child the handler has cleared it, and the child's own
     // ParentOnlyFds may have taken the slot since (this fd, still open, cannot be theirs).
     int expected = m_fd + 1;
-    (void)g_parent_only[static_cast<std::size_t>(m_slot)].compare_exchange_strong(expected, 0);
+    (void)m_slot->compare_exchange_strong(expected, 0);
   }
   ::close(m_fd);
   m_fd = -1;
-  m_slot = -1;
+  m_slot = nullptr;
 }
 
 UniqueFd dup_fd(int fd, const char* what) {

@@ -1,6 +1,7 @@
 // Owning file descriptors.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <utility>
 
@@ -41,14 +42,12 @@ UniqueFd dup_fd(int fd, const char* what = "fd");
 /// be opened.
 void replace_with_dev_null(int fd) noexcept;
 
-/// How many ParentOnlyFds can be recorded at once; more are owned as a UniqueFd owns its fd.
-inline constexpr int kMaxParentOnlyFds = 64;
-
 /// Owns an fd that a child forked from this process without exec does not keep: in the child it becomes /dev/null
 /// (replace_with_dev_null, from a pthread_atfork child handler), so that a connection's peer sees this process go
 /// when it exits, whatever children it forked. Making the fd and recording it, and forgetting it and closing it,
-/// each hold off fork(2) in the process's other threads: no child sees the fd half-way. Move-only. Beyond
-/// kMaxParentOnlyFds at once, the fd is not recorded (a child keeps it, as with a UniqueFd).
+/// each hold off fork(2) in the process's other threads: no child sees the fd half-way. Move-only. Any number can be
+/// recorded (the record grows by 64 slots at a time, a few hundred bytes, kept for the process's life); only when
+/// that allocation fails is an fd not recorded (a child keeps it, as with a UniqueFd).
 class ParentOnlyFd {
  public:
   ParentOnlyFd() noexcept = default;
@@ -58,12 +57,12 @@ class ParentOnlyFd {
   ParentOnlyFd(const ParentOnlyFd&) = delete;
   ParentOnlyFd& operator=(const ParentOnlyFd&) = delete;
   ParentOnlyFd(ParentOnlyFd&& other) noexcept
-      : m_fd(std::exchange(other.m_fd, -1)), m_slot(std::exchange(other.m_slot, -1)) {}
+      : m_fd(std::exchange(other.m_fd, -1)), m_slot(std::exchange(other.m_slot, nullptr)) {}
   ParentOnlyFd& operator=(ParentOnlyFd&& other) noexcept {
     if (this != &other) {
       reset();
       m_fd = std::exchange(other.m_fd, -1);
-      m_slot = std::exchange(other.m_slot, -1);
+      m_slot = std::exchange(other.m_slot, nullptr);
     }
     return *this;
   }
@@ -72,14 +71,14 @@ class ParentOnlyFd {
   int get() const noexcept { return m_fd; }
   bool valid() const noexcept { return m_fd >= 0; }
   explicit operator bool() const noexcept { return valid(); }
-  /// Whether a forked child gets /dev/null in its place (false beyond kMaxParentOnlyFds).
-  bool recorded() const noexcept { return m_slot >= 0; }
+  /// Whether a forked child gets /dev/null in its place (false only when the record could not grow).
+  bool recorded() const noexcept { return m_slot != nullptr; }
   /// Forgets the record and closes the fd, with fork(2) held off in other threads.
   void reset() noexcept;
 
  private:
   int m_fd = -1;
-  int m_slot = -1;
+  std::atomic<int>* m_slot = nullptr;  ///< its slot in the record (src/os/fd.cpp)
 };
 
 /// Number of entries in /proc/self/fd (the directory's own fd excluded). For leak checks in tests and tools.
