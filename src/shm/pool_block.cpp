@@ -512,30 +512,30 @@ PoolCounts PoolBlock::counts() const noexcept {
   return c;
 }
 
-int PoolBlock::remove_locked(std::uint32_t member, bool keep_pending_frees) noexcept {
+int PoolBlock::remove_locked(std::uint64_t members, bool keep_pending_frees) noexcept {
   int released = 0;
-  const std::uint64_t mine = bit(member);
+  const auto removed = [members](std::uint32_t m) { return m < proto::kMaxMembers && (members & bit(m)) != 0; };
   const std::uint32_t end = record_end();
   for (std::uint32_t i = 0; i < end; ++i) {
     BlockRecord& r = m_records[i];
     const RecordState s = state_of(r);
     // Its stream will never write `released` (the process is gone, or waited for its stream before leaving).
-    if (load(r.releaser) == member && !keep_pending_frees) {
+    if (!keep_pending_frees && removed(load(r.releaser))) {
       store(r.releaser, proto::kNoMember);
       if (s == RecordState::Draining) set_unused(r);
     }
-    if (s != RecordState::Live || (load(r.holders) & mine) == 0) continue;
+    if (s != RecordState::Live || (load(r.holders) & members) == 0) continue;
     ++released;
-    if ((atomic(r.holders).fetch_and(~mine, std::memory_order_acq_rel) & ~mine) == 0) retire(r);
+    if ((atomic(r.holders).fetch_and(~members, std::memory_order_acq_rel) & ~members) == 0) retire(r);
   }
   for (std::uint32_t c = 0; c < m_geo.max_chunks; ++c) {
     PoolChunk& ch = m_header->chunks[c];
-    if (state_of(ch) == ChunkState::Creating && load(ch.creator) == member) set_state(ch, ChunkState::Absent);
+    if (state_of(ch) == ChunkState::Creating && removed(load(ch.creator))) set_state(ch, ChunkState::Absent);
   }
   // It paused the pool (or was pausing or resuming it): the pool stays paused, with no pauser, so that any member
   // may resume it; the contents it saved are gone with it. Memory it may have released: the epoch moves on.
   const std::uint32_t w = load(m_header->pause);
-  if (pause_state_of(w) != PauseState::Active && pauser_of(w) == member) {
+  if (pause_state_of(w) != PauseState::Active && removed(pauser_of(w))) {
     if (pause_state_of(w) == PauseState::Pausing) atomic(m_header->epoch).fetch_add(1, std::memory_order_acq_rel);
     store(m_header->pause, pause_word(PauseState::Paused, kNoPauser));
   }
@@ -543,13 +543,14 @@ int PoolBlock::remove_locked(std::uint32_t member, bool keep_pending_frees) noex
 }
 
 void PoolBlock::remove_deferred() noexcept {
+  // All of them in one pass over the records: a pass each made a word that any member can write (all 64 bits set)
+  // cost every lock holder, the broker's repairs included, 64 passes over up to kMaxRecords records.
   const std::uint64_t dead = load(m_header->deferred);
+  remove_locked(dead);
   for (std::uint32_t m = 0; m < proto::kMaxMembers; ++m) {
-    if ((dead & bit(m)) == 0) continue;
-    remove_locked(m);
-    store(m_header->members[m].token, 0U);  // its entry, kept until now so that nobody could claim it
-    atomic(m_header->deferred).fetch_and(~bit(m), std::memory_order_acq_rel);
+    if ((dead & bit(m)) != 0) store(m_header->members[m].token, 0U);  // kept until now: nobody could claim it
   }
+  atomic(m_header->deferred).fetch_and(~dead, std::memory_order_acq_rel);
 }
 
 int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index, bool keep_pending_frees) noexcept {
@@ -558,7 +559,7 @@ int pool_remove_member(void* control, std::size_t size, std::uint32_t member_ind
   const bool dead_owner = load(b.m_header->lock) == member_index + 1;
   if (keep_pending_frees) {  // a live member: it holds no lock now, and its entry stays for the broker's removal
     if (!b.lock(member_index, kRepairLockTimeout)) return -1;
-    const int released = b.remove_locked(member_index, true);
+    const int released = b.remove_locked(bit(member_index), true);
     b.unlock();
     wake(b.m_header->wake_seq);
     return released;
@@ -578,7 +579,7 @@ int pool_remove_member(void* control, std::size_t size, std::uint32_t member_ind
       if (state_of(r) == RecordState::Live && load(r.holders) == 0) b.retire(r);
     }
   }
-  const int released = b.remove_locked(member_index);
+  const int released = b.remove_locked(bit(member_index));
   b.unlock();
   wake(b.m_header->wake_seq);
   return released;

@@ -256,9 +256,10 @@ class PoolBlock {
   bool find_record(std::uint32_t& index) noexcept;
   /// Record `r` -> Unused, and the search hint lowered to it (under the lock).
   void set_unused(BlockRecord& r) noexcept;
-  /// Releases every hold of `member`, its pending stream frees (unless `keep_pending_frees`) and a chunk it was
-  /// creating (under the lock).
-  int remove_locked(std::uint32_t member, bool keep_pending_frees = false) noexcept;
+  /// Releases every hold of the members whose bits are set in `members`, their pending stream frees (unless
+  /// `keep_pending_frees`), chunks they were creating and a pause they made, in one pass (under the lock). Returns
+  /// the records that lost a hold.
+  int remove_locked(std::uint64_t members, bool keep_pending_frees = false) noexcept;
   /// Finishes the removals recorded in `deferred` (under the lock).
   void remove_deferred() noexcept;
   PoolStatus allocate_fixed(std::uint32_t member, std::uint64_t bytes, BlockLocation& out) noexcept;

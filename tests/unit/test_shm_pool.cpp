@@ -418,6 +418,38 @@ TEST(ShmPool, ADeathInsideTheLockIsRepaired) {
   EXPECT_EQ(p.header().deferred, 0U);
 }
 
+TEST(ShmPool, SeveralDeferredRemovalsAreFinishedTogetherByTheNextLockHolder) {
+  // Members 3 and 4 die while member 1 holds the lock: both removals are deferred, and member 1's next lock finishes
+  // them in one pass. A block both held is freed; one member 5 also holds stays, held by 5 alone.
+  TestPool p(PoolMode::Variable, 16, 1 << 16, 1);
+  BlockLocation only3, only4, both, with5;
+  for (const std::uint32_t m : {3U, 4U, 5U}) p.header().members[m].token = 100 + m;
+  ASSERT_EQ(p.alloc(3, 256, only3), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(4, 256, only4), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(3, 256, both), PoolStatus::Ok);
+  ASSERT_EQ(p.block.hold(4, both, kTimeout), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(4, 256, with5), PoolStatus::Ok);
+  ASSERT_EQ(p.block.hold(5, with5, kTimeout), PoolStatus::Ok);
+  atomic(p.header().lock).store(1 + 1);
+  EXPECT_EQ(p.remove(3), -1);
+  EXPECT_EQ(p.remove(4), -1);
+  EXPECT_EQ(p.header().deferred, (1ULL << 3) | (1ULL << 4));
+  atomic(p.header().lock).store(0);
+  BlockLocation x;
+  ASSERT_EQ(p.alloc(1, 1, x), PoolStatus::Ok);  // takes the lock: finishes both removals
+  EXPECT_EQ(p.header().deferred, 0U);
+  EXPECT_EQ(p.header().members[3].token, 0U);
+  EXPECT_EQ(p.header().members[4].token, 0U);
+  EXPECT_EQ(p.header().members[5].token, 105U);
+  EXPECT_EQ(p.block.check_live(only3), PoolStatus::Stale);
+  EXPECT_EQ(p.block.check_live(only4), PoolStatus::Stale);
+  EXPECT_EQ(p.block.check_live(both), PoolStatus::Stale);
+  EXPECT_EQ(p.block.check_live(with5), PoolStatus::Ok);
+  EXPECT_EQ(atomic(p.block.record(with5.record).holders).load(), 1ULL << 5);
+  EXPECT_EQ(p.block.counts().live_blocks, 2U);  // with5 and x
+  EXPECT_TRUE(p.disjoint());
+}
+
 /// A death at every step of a script: member 0 runs the first k operations, dies, and the repair leaves exactly
 /// member 1's blocks and nothing else, with the pool usable.
 TEST(ShmPool, DeathAtEveryStepOfAScriptLeavesOnlyTheSurvivorsBlocks) {
