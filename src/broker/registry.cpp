@@ -561,7 +561,8 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
 void Registry::unlink_id(const Caller& caller, std::uint32_t rid, const proto::UnlinkId& req,
                          std::vector<Outgoing>& out) {
   auto it = m_segments.find(req.id);
-  if (it == m_segments.end() || it->second.name.empty()) {
+  // A segment the caller may not read is NotFound, as for Stat: an id must not tell its name.
+  if (it == m_segments.end() || it->second.name.empty() || !visible_to(caller.creds, it->second)) {
     out.push_back(reply(caller.conn, rid,
                         error_reply(rid, ErrorCode::NotFound,
                                     fmt::format("segment id {} has no name to unlink (unlinked, or gone)", req.id))

@@ -331,6 +331,37 @@ TEST(Security, StatAndListShowACallerOnlyWhatItCouldOpen) {
   Segment::unlink(shown);
 }
 
+TEST(Security, AnUnlinkByIdNeitherTellsNorRemovesAnotherUsersName) {
+  // UnlinkId names a segment by its id, which any client can guess (ids count up): a segment the caller may not
+  // read is NotFound, its name untold (as for Stat), and one it may read but does not own is PermissionDenied.
+  SKIP_UNLESS_ROOT();
+  const auto hidden = unique_name("hidden");
+  const auto shown = unique_name("shown");
+  auto a = Segment::create(hidden, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  auto b = Segment::create(shown, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0644});
+  const std::uint64_t hidden_id = a.id();
+  const std::uint64_t shown_id = b.id();
+  EXPECT_EQ(run_child([&] {
+              if (!become_nobody()) return 90;
+              auto sock = raw_hello(1, "prober");
+              auto r = raw_request(sock.get(), 2, proto::UnlinkId{hidden_id});
+              const auto* e = std::get_if<proto::ErrorReply>(&r.body);
+              GPUIPC_CHILD_CHECK(e != nullptr && e->code == static_cast<std::uint8_t>(ErrorCode::NotFound));
+              GPUIPC_CHILD_CHECK(e->message.find(hidden) == std::string::npos);
+              r = raw_request(sock.get(), 3, proto::UnlinkId{shown_id});
+              e = std::get_if<proto::ErrorReply>(&r.body);
+              GPUIPC_CHILD_CHECK(e != nullptr && e->code == static_cast<std::uint8_t>(ErrorCode::PermissionDenied));
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(Segment::stat(hidden).id, hidden_id);
+  EXPECT_EQ(Segment::stat(shown).id, shown_id);
+  a = Segment();
+  b = Segment();
+  Segment::unlink(hidden);
+  Segment::unlink(shown);
+}
+
 TEST(Security, SupplementaryGroupsGrantTheGroupsBits) {
   SKIP_UNLESS_ROOT();
   const auto name = unique_name();
