@@ -241,7 +241,8 @@ TEST(BrokerClient, ACreateAnsweredAfterItsTimeoutLeavesNoNameBehind) {
   EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() <= fds_before; }, 5s))
       << "the broker still holds the abandoned segment's memory: " << BrokerEnvironment::broker_fd_count() << " fds, "
       << fds_before << " before";
-  // The name is free for a new Create, and UnlinkId never reaches a segment made since under the same name.
+  // The name is free for a new Create. (That UnlinkId spares a segment made since under the same name is the next
+  // test's.)
   auto again = Segment::create(name, 4096, {.kind = SegmentKind::Host, .mode = 0600});
   EXPECT_EQ(Segment::stat(name).id, again.id());
   again = Segment();
