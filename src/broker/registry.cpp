@@ -114,19 +114,19 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
   const auto c = m_connections.find(conn);
   const pid_t pid = c == m_connections.end() ? 0 : c->second.creds.pid;
   for (auto it = first; it != last; ++it) {
+    // Its process, while it runs (the same watch for all its entries, and for its other connections).
+    const ProcessWatch process =
+        pid > 0 ? watch_process(pid, it->second.pid == pid ? it->second.start : 0, c->second.creds.uid) : nullptr;
     // A member killed while its stream may still write memory it held (a channel slot it claimed, pool blocks):
     // that memory goes to the next user only once the process has exited (its contexts torn down).
-    if (const auto holding = pid > 0 && seg.control ? repair_waits_for_exit(seg.block, it->second) : "";
-        !holding.empty()) {
-      if (auto fd = pidfd_of(pid, it->second.pid == pid ? it->second.start : 0);
-          fd && !os::pidfd_wait_exit(fd.get(), 0)) {
-        GPUIPC_LOG_INFO("'{}': member {} (pid {}) is gone holding {}: repaired once its process has exited", seg.name,
-                        it->second.member, pid, holding);
-        repair_later(seg, SegmentRecord::Unclaimed{it->second, std::move(fd)});
-        continue;
-      }
+    if (const auto holding = process && seg.control ? repair_waits_for_exit(seg.block, it->second) : "";
+        !holding.empty() && !exited(process)) {
+      GPUIPC_LOG_INFO("'{}': member {} (pid {}) is gone holding {}: repaired once its process has exited", seg.name,
+                      it->second.member, pid, holding);
+      repair_later(seg, SegmentRecord::Unclaimed{it->second, process});
+      continue;
     }
-    repair_member(seg, it->second, pid);
+    repair_member(seg, it->second, process);
   }
   seg.joined.erase(first, last);
 }
@@ -152,7 +152,7 @@ void Registry::repair_exited(std::int64_t now_ns) {
       continue;
     }
     auto& seg = s->second;
-    std::vector<Joined> exited;
+    std::vector<Joined> gone;
     std::optional<std::uint64_t> pending;  // one pass over the pool's records for all its leavers
     std::erase_if(seg.exiting, [&](const SegmentRecord::Unclaimed& u) {
       bool landed = false;
@@ -161,11 +161,11 @@ void Registry::repair_exited(std::int64_t now_ns) {
         landed = u.joined.member < proto::kMaxMembers && (*pending & (std::uint64_t{1} << u.joined.member)) == 0;
         any_landed = any_landed || landed;
       }
-      if (!landed && !os::pidfd_wait_exit(u.pidfd.get(), 0)) return false;
-      exited.push_back(u.joined);
+      if (!landed && !exited(u.process)) return false;
+      gone.push_back(u.joined);
       return true;
     });
-    for (const auto& j : exited) repair_member(seg, j, 0);  // exited (its GPU work has too), or its frees landed
+    for (const auto& j : gone) repair_member(seg, j);  // exited (its GPU work has too), or its frees landed
     it = seg.exiting.empty() ? m_exiting.erase(it) : std::next(it);
   }
   m_exiting_check_ns = now_ns + kExitingLookNs;
@@ -175,8 +175,14 @@ void Registry::repair_exited(std::int64_t now_ns) {
   }
 }
 
-void Registry::repair_member(SegmentRecord& seg, const Joined& member, pid_t pid) {
-  const bool removed = seg.control && remove_member(seg.block, member, pid);
+ProcessWatch Registry::watch_process(pid_t pid, std::uint64_t start, uid_t uid) noexcept {
+  const auto segments = m_segments_per_uid.find(uid);
+  const std::uint64_t used = segments == m_segments_per_uid.end() ? 0 : segments->second;
+  return m_exits.watch(pid, start, uid, static_cast<std::size_t>(fds_per_uid() - std::min(used, fds_per_uid())));
+}
+
+void Registry::repair_member(SegmentRecord& seg, const Joined& member, const ProcessWatch& process) {
+  const bool removed = seg.control && remove_member(seg.block, member, process);
   if (seg.name.empty()) return;
   // What is still owed goes into the journal before the entry's "left" line: a broker killed from here on leaves
   // the next one the writes to make (repeats are harmless: a write that has landed is skipped).
@@ -188,12 +194,12 @@ void Registry::repair_member(SegmentRecord& seg, const Joined& member, pid_t pid
 JournalOwed Registry::owed_of(const SegmentRecord& seg) const {
   JournalOwed o{seg.name, seg.block.owed, {}};
   for (const auto& d : seg.block.dying) {
-    if (d.pid > 0) o.processes.emplace_back(d.pid, d.start);
+    if (d && d->pid > 0) o.processes.emplace_back(d->pid, d->start);
   }
   // A leaver's writes too: a broker started after this one makes them once every process listed has exited.
   for (const auto& l : seg.block.leavers) {
     o.writes.insert(o.writes.end(), l.writes.begin(), l.writes.end());
-    if (l.process.pid > 0) o.processes.emplace_back(l.process.pid, l.process.start);
+    if (l.process && l.process->pid > 0) o.processes.emplace_back(l.process->pid, l.process->start);
   }
   return o;
 }
@@ -403,13 +409,18 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
   // Quotas: what this uid already has registered (linked or still referenced), and the broker's fd budget.
   const std::uint64_t bytes = m_bytes_per_uid[caller.creds.uid];
   const std::uint64_t count = m_segments_per_uid[caller.creds.uid];
-  const std::uint64_t per_uid_fds = std::max<std::uint64_t>(m_quotas.fds / 2, 1);
-  if (count + 1 > m_quotas.segments || count + 1 > per_uid_fds) {
-    const bool fds_bound = per_uid_fds < m_quotas.segments;
+  const std::uint64_t per_uid_fds = fds_per_uid();
+  // (The processes of the uid the broker waits for the exit of take a pidfd each from the same share.)
+  const std::uint64_t watched = m_exits.watched(caller.creds.uid);
+  if (count + 1 > m_quotas.segments || count + watched + 1 > per_uid_fds) {
+    const bool fds_bound = count + watched + 1 > per_uid_fds;
     fail(ErrorCode::QuotaExceeded,
-         fmt::format("quota exceeded: uid {} already has {} segments registered and the broker allows {} ({}); "
+         fmt::format("quota exceeded: uid {} already has {} segments registered{} and the broker allows {} ({}); "
                      "unlink segments you no longer need (gpuipc ls, gpuipc rm)",
-                     caller.creds.uid, count, fds_bound ? per_uid_fds : m_quotas.segments,
+                     caller.creds.uid, count,
+                     watched == 0 ? std::string()
+                                  : fmt::format(" (and {} of its processes are waited for, a pidfd each)", watched),
+                     fds_bound ? per_uid_fds : m_quotas.segments,
                      fds_bound ? "half of its file descriptor budget" : "GPUIPC_QUOTA_SEGMENTS"));
     return;
   }
@@ -731,22 +742,24 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
     return;
   }
   const Joined member = j->second;
-  if (pool) {
-    // A pool member whose stream has not reached some of its frees (it released its holds itself): its entry, and
-    // those blocks, go once the frees have landed or the process has exited. The journal keeps it joined until then.
-    auto fd = pidfd_of(caller.creds.pid, member.pid == caller.creds.pid ? member.start : 0);
-    if (!fd) {
+  ProcessWatch process;  // what its stream owes waits for it (a semaphore's member owes none)
+  if (!semaphore) {
+    process = watch_process(caller.creds.pid, member.pid == caller.creds.pid ? member.start : 0, caller.creds.uid);
+    if (!process) {
       fail("its process cannot be waited for: leave without the broker");
       return;
     }
+  }
+  if (pool) {
+    // A pool member whose stream has not reached some of its frees (it released its holds itself): its entry, and
+    // those blocks, go once the frees have landed or the process has exited. The journal keeps it joined until then.
     seg.joined.erase(j);
-    repair_later(seg, SegmentRecord::Unclaimed{member, std::move(fd), true});
+    repair_later(seg, SegmentRecord::Unclaimed{member, std::move(process), true});
     out.push_back(reply(caller.conn, rid, proto::OkReply{}));
     return;
   }
   seg.joined.erase(j);
-  const bool removed =
-      leave_member(seg.block, member, caller.creds.pid, member.pid == caller.creds.pid ? member.start : 0);
+  const bool removed = leave_member(seg.block, member, process);
   if (!seg.name.empty()) {
     if (removed && !seg.block.leavers.empty()) m_journal.owed(owed_of(seg));
     m_journal.left(seg.name, member.member, member.token);

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "broker/exit_watch.hpp"
 #include "broker/journal.hpp"
 #include "broker/repair.hpp"
 #include "gpuipc/error.hpp"
@@ -64,18 +66,18 @@ struct SegmentRecord : SegmentAttributes {
   std::set<ConnId> writers;                 ///< connections holding a read-write reference
   std::multimap<ConnId, Joined> joined;     ///< member entries each connection joined (Join)
   /// After a broker restart: member entries the journal says the last broker's clients held and nobody has
-  /// rejoined yet. Each is repaired once its process is gone (`pidfd` readable, or it was gone already); one whose
+  /// rejoined yet. Each is repaired once its process is gone (`process` exited, or it was gone already); one whose
   /// process this broker cannot see (pid 0) waits for its Rejoin, or for the name to go.
   struct Unclaimed {
     Joined joined;
-    os::UniqueFd pidfd;
+    ProcessWatch process;
     /// In `exiting`: a pool member that left (Leave) while its stream had not reached some of its frees; repaired
     /// as soon as they have landed, or its process has exited.
     bool left = false;
   };
   std::vector<Unclaimed> unclaimed;
   /// Member entries of connections that closed whose repair waits for their process to exit (repair.hpp,
-  /// repair_waits_for_exit): repaired once `pidfd` is readable. And pool members that left owing stream frees.
+  /// repair_waits_for_exit): repaired once `process` has exited. And pool members that left owing stream frees.
   std::vector<Unclaimed> exiting;
   ConnId creator = 0;                       ///< the connection that created it
   std::set<ConnId> watchers;  ///< connections that watch it (Watch)
@@ -243,9 +245,14 @@ class Registry {
   void repair_later(SegmentRecord& seg, SegmentRecord::Unclaimed u);
   /// Repairs one member entry of `seg` no connection holds (its process is gone) and journals it.
   void repair_gone(SegmentRecord& seg, const Joined& member);
-  /// Removes `member` from `seg` (remove_member: its process `pid`, 0 when unknown or exited) and journals that it
-  /// left, with the stream writes still owed after it.
-  void repair_member(SegmentRecord& seg, const Joined& member, pid_t pid);
+  /// Removes `member` from `seg` (remove_member: `process`, empty when exited or not to be waited for) and journals
+  /// that it left, with the stream writes still owed after it.
+  void repair_member(SegmentRecord& seg, const Joined& member, const ProcessWatch& process = {});
+  /// A watch of process `pid` (started at `start`, 0: any) for `uid`, within the uid's share of the broker's fds
+  /// (ExitWatch::watch; its segments take the rest of the share).
+  ProcessWatch watch_process(pid_t pid, std::uint64_t start, uid_t uid) noexcept;
+  /// The broker's fds one uid may take: its segments and the processes watched for it together.
+  std::uint64_t fds_per_uid() const noexcept { return std::max<std::uint64_t>(m_quotas.fds / 2, 1); }
   /// The stream writes dead members of `seg` still owe, and the processes they wait for, as the journal records them.
   JournalOwed owed_of(const SegmentRecord& seg) const;
   /// Looks at `seg` again for owed writes to make (settle_owing) while it has any.
@@ -264,6 +271,7 @@ class Registry {
   void exporter_left(SegmentRecord& seg, proto::PoisonReason why);
 
   Quotas m_quotas;
+  ExitWatch m_exits;
   os::UniqueFd m_status_fd;
   os::Mapping m_status_map;
   std::uint64_t m_next_id = 1;

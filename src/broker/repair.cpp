@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "base/log.hpp"
 #include "os/process.hpp"
 #include "shm/counting_block.hpp"
@@ -129,18 +131,25 @@ std::string check_rejoin(const ControlBlock& block, const Joined& m) noexcept {
   return {};
 }
 
-void reserve_owed(ControlBlock& block) {
+namespace {
+
+/// The writes `block` keeps owed, its dead members' and its leavers'.
+std::size_t owed_kept(const ControlBlock& block) noexcept {
   std::size_t n = block.owed.size();
   for (const auto& l : block.leavers) n += l.writes.size();
-  block.owed.reserve(n);
+  return n;
 }
+
+}  // namespace
+
+void reserve_owed(ControlBlock& block) { block.owed.reserve(owed_kept(block)); }
 
 bool settle_owed(ControlBlock& block) noexcept {
   const shm::Ring ring{block.data, block.ring};
   std::erase_if(block.leavers, [&](ControlBlock::Leaver& l) {
     l.writes.resize(shm::ring_drop_landed(ring, l.writes));
     if (l.writes.empty()) return true;
-    if (l.process.pidfd && !os::pidfd_wait_exit(l.process.pidfd.get(), 0)) return false;
+    if (!exited(l.process)) return false;
     // Exited: its stream makes no more. No allocation: reserve_owed made room.
     block.owed.insert(block.owed.end(), l.writes.begin(), l.writes.end());
     return true;
@@ -149,22 +158,43 @@ bool settle_owed(ControlBlock& block) noexcept {
     block.dying.clear();
     return !block.leavers.empty();
   }
-  std::erase_if(block.dying, [](const ControlBlock::Dying& d) { return os::pidfd_wait_exit(d.pidfd.get(), 0); });
+  std::erase_if(block.dying, [](const ProcessWatch& d) { return exited(d); });
   if (!block.dying.empty()) return true;
   block.owed.resize(shm::ring_settle_owed(ring, block.owed));
   return !block.owed.empty() || !block.leavers.empty();
 }
 
-os::UniqueFd pidfd_of(pid_t pid, std::uint64_t start) noexcept {
-  if (pid <= 0) return {};
-  try {
-    auto fd = os::pidfd_open(pid);
-    if (start != 0 && os::process_start_ticks(pid) != start) return {};
-    return fd;
-  } catch (const std::exception&) {  // gone (NotFound) or no pidfd
-    return {};
-  }
+std::size_t max_owed_writes(std::uint32_t slots) noexcept {
+  return static_cast<std::size_t>(proto::kMaxMembers) * proto::owed_capacity(slots);
 }
+
+namespace {
+
+/// Member `member`'s owed writes, from its table.
+std::vector<proto::OwedWrite> take_owed(const ControlBlock& block, std::uint32_t member) {
+  std::vector<proto::OwedWrite> owed(proto::owed_capacity(block.ring.slots));
+  owed.resize(shm::ring_take_owed(shm::Ring{block.data, block.ring}, member, owed));
+  owed.shrink_to_fit();
+  return owed;
+}
+
+/// Cuts `owed` (a removed member's) to what `block` has room to keep (max_owed_writes). The rest are written now,
+/// ahead of the stream that owed them, as when a member leaves without the broker: none is lost, so no survivor's
+/// stream waits for ever.
+void keep_within_room(const ControlBlock& block, std::uint32_t member, std::vector<proto::OwedWrite>& owed) noexcept {
+  const std::size_t most = max_owed_writes(block.ring.slots);
+  const std::size_t kept = owed_kept(block);
+  const std::size_t room = most - std::min(kept, most);
+  if (owed.size() <= room) return;
+  GPUIPC_LOG_WARN(
+      "channel member {} owed {} stream writes, and the broker keeps {} already, the most its members' tables hold: "
+      "{} are written now, ahead of its stream",
+      member, owed.size(), kept, owed.size() - room);
+  shm::ring_write_owed_now(shm::Ring{block.data, block.ring}, std::span<const proto::OwedWrite>(owed).subspan(room));
+  owed.resize(room);
+}
+
+}  // namespace
 
 std::string_view repair_waits_for_exit(const ControlBlock& block, const Joined& m) noexcept {
   if ((block.flags & proto::kFlagChannel) != 0 && m.role == proto::Role::Producer) {
@@ -181,7 +211,7 @@ std::string_view repair_waits_for_exit(const ControlBlock& block, const Joined& 
   return {};
 }
 
-bool leave_member(ControlBlock& block, const Joined& m, pid_t pid, std::uint64_t start) {
+bool leave_member(ControlBlock& block, const Joined& m, const ProcessWatch& process) {
   if ((block.flags & proto::kFlagSemaphore) != 0) {
     // No stream work to wait for: the library leaves a semaphore through the broker only for an entry it never
     // used (a Join it gave up on); the last signaller leaving poisons it (Closed), as a close does.
@@ -193,19 +223,15 @@ bool leave_member(ControlBlock& block, const Joined& m, pid_t pid, std::uint64_t
   if ((block.flags & proto::kFlagChannel) == 0) return false;
   const shm::Ring ring{block.data, block.ring};
   if (!shm::holds_token(ring.header().members, m.member, m.token)) return false;
-  std::vector<proto::OwedWrite> owed(proto::owed_capacity(block.ring.slots));
-  owed.resize(shm::ring_take_owed(ring, m.member, owed));
+  std::vector<proto::OwedWrite> owed = take_owed(block, m.member);
   shm::ring_forget_owed(ring, m.member);  // taken over: the removal below writes none of them ahead of the stream
   if (!shm::channel_remove_member(block.data, block.ring, m.member, m.token, m.role, proto::PoisonReason::Closed)) {
     return false;
   }
+  keep_within_room(block, m.member, owed);
   if (!owed.empty()) {
-    ControlBlock::Leaver l{ControlBlock::Dying{}, std::move(owed)};
-    try {
-      l.process = ControlBlock::Dying{os::pidfd_open(pid), pid, start};
-    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone already (or no pidfd): made as their turns come
-    }
-    block.leavers.push_back(std::move(l));
+    // Without a process to wait for (gone already, or not watched), made as their turns come.
+    block.leavers.push_back(ControlBlock::Leaver{process, std::move(owed)});
     reserve_owed(block);
     if (settle_owed(block)) {
       GPUIPC_LOG_INFO(
@@ -218,26 +244,22 @@ bool leave_member(ControlBlock& block, const Joined& m, pid_t pid, std::uint64_t
   return true;
 }
 
-bool remove_member(ControlBlock& block, const Joined& m, pid_t pid) {
+bool remove_member(ControlBlock& block, const Joined& m, const ProcessWatch& process) {
   bool removed = false;
   if ((block.flags & proto::kFlagSemaphore) != 0) {
     removed = shm::semaphore_remove_member(*static_cast<proto::SemaphoreBlock*>(block.data), m.member, m.token,
                                            proto::PoisonReason::PeerDied);
   } else if ((block.flags & proto::kFlagChannel) != 0) {
-    const shm::Ring ring{block.data, block.ring};
     // What its stream still owed, before the repair moves the slots on (the states tell which steps it made).
-    std::vector<proto::OwedWrite> owed(proto::owed_capacity(block.ring.slots));
-    owed.resize(shm::ring_take_owed(ring, m.member, owed));
+    std::vector<proto::OwedWrite> owed = take_owed(block, m.member);
     removed = shm::channel_remove_member(block.data, block.ring, m.member, m.token, m.role,
                                          proto::PoisonReason::PeerDied);
+    if (removed) keep_within_room(block, m.member, owed);
     if (removed && !owed.empty()) {
       block.owed.insert(block.owed.end(), owed.begin(), owed.end());
       reserve_owed(block);
-      if (pid > 0) {
-        try {
-          block.dying.push_back(ControlBlock::Dying{os::pidfd_open(pid), pid, m.pid == pid ? m.start : 0});
-        } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone already (or no pidfd): nothing to wait for
-        }
+      if (process && std::find(block.dying.begin(), block.dying.end(), process) == block.dying.end()) {
+        block.dying.push_back(process);
       }
       if (settle_owed(block)) {
         GPUIPC_LOG_INFO("channel member {} is gone owing {} stream writes: they are made as their turns come", m.member,

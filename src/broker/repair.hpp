@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "broker/exit_watch.hpp"
 #include "gpuipc/error.hpp"
 #include "os/fd.hpp"
 #include "proto/shm.hpp"
@@ -32,21 +33,15 @@ struct ControlBlock {
   /// Channels: stream writes dead members still owe, each made once the wait before it in its stream would pass
   /// (shm::ring_settle_owed; the registry looks again while any is left).
   std::vector<proto::OwedWrite> owed{};
-  /// Channels: processes whose owed writes are in `owed` and which have not exited yet (a pidfd, and the pid and
-  /// start time the journal records). None is made before they all have: a killed process's GPU work runs on until
-  /// its exit tears its contexts down, and a stream write of its landing after ours (and after the ring moved on)
-  /// would take the word back.
-  struct Dying {
-    os::UniqueFd pidfd;
-    pid_t pid = 0;
-    std::uint64_t start = 0;  ///< os::process_start_ticks; 0: unknown
-  };
-  std::vector<Dying> dying{};
+  /// Channels: processes whose owed writes are in `owed` and which have not exited yet (each once). None is made
+  /// before they all have: a killed process's GPU work runs on until its exit tears its contexts down, and a stream
+  /// write of its landing after ours (and after the ring moved on) would take the word back.
+  std::vector<ProcessWatch> dying{};
   /// Channels: members that left (Leave) while their stream still owed writes. Their process lives on, and so does
   /// its stream, which makes the writes itself: each is dropped once it has landed. What is left when the process
   /// exits goes to `owed`, made as its turn comes.
   struct Leaver {
-    Dying process;
+    ProcessWatch process;
     std::vector<proto::OwedWrite> writes;
   };
   std::vector<Leaver> leavers{};
@@ -82,20 +77,19 @@ std::string check_rejoin(const ControlBlock& block, const Joined& member) noexce
 
 /// Removes a member whose connection is gone (PeerDied), if its entry still holds its token. Returns whether it
 /// did (false: it had left cleanly). A channel member's owed stream writes go to block.owed, made as their turns
-/// come once process `pid` (the connection's; 0: unknown) has exited (`member.start`, when `member.pid` is `pid`,
-/// is its start time for the journal).
-bool remove_member(ControlBlock& block, const Joined& member, pid_t pid = 0);
+/// come once `process` (its process; empty: exited, or not to be waited for) has exited.
+bool remove_member(ControlBlock& block, const Joined& member, const ProcessWatch& process = {});
 
 /// Removes channel or semaphore member `member`, which leaves while its process lives (Leave, reason Closed). A
-/// channel member's writes its stream still owes are taken over into block.leavers, waiting for process `pid` (its
-/// start `start`, 0: unknown) to exit or the stream to make them, instead of being written ahead of the stream; a
-/// semaphore's last signaller leaving poisons it (Closed). Returns whether it removed the entry (false: the token is
-/// not in it).
-bool leave_member(ControlBlock& block, const Joined& member, pid_t pid, std::uint64_t start);
+/// channel member's writes its stream still owes are taken over into block.leavers, waiting for `process` to exit
+/// or the stream to make them, instead of being written ahead of the stream; a semaphore's last signaller leaving
+/// poisons it (Closed). Returns whether it removed the entry (false: the token is not in it).
+bool leave_member(ControlBlock& block, const Joined& member, const ProcessWatch& process);
 
-/// A pidfd of process `pid` if it still runs and started at `start` (0: any start), else an empty fd. Taken before
-/// the start is read: a pid used again after that read is not the process the pidfd names.
-os::UniqueFd pidfd_of(pid_t pid, std::uint64_t start) noexcept;
+/// How many owed stream writes the broker keeps for a channel of `slots`, its dead members' and its leavers'
+/// together: as many as the members' tables in its control block hold (kMaxMembers of them). Members that wrote
+/// writes into their tables that never come due, joining and dying in a loop, grew block.owed without end.
+std::size_t max_owed_writes(std::uint32_t slots) noexcept;
 
 /// Whether the repair of dead member `member` must wait for its process to exit, and why (empty: it need not): a
 /// channel producer holding a slot it claimed and did not publish, whose stream may still be writing it (repaired

@@ -113,10 +113,10 @@ void Registry::maybe_compact_journal() noexcept {
 
 namespace {
 
-/// Whether the process of an unclaimed member entry is gone: its pidfd says it exited, or (without a pidfd) its
+/// Whether the process of an unclaimed member entry is gone: its watch says it exited, or (without one) its
 /// pid names no process, or another one than the journal's (a later start).
 bool process_gone(const SegmentRecord::Unclaimed& u) {
-  if (u.pidfd) return os::pidfd_wait_exit(u.pidfd.get(), 0);
+  if (u.process) return exited(u.process);
   if (u.joined.pid <= 0) return false;  // not visible to this broker: wait for its Rejoin
   if (u.joined.start == 0) return !os::process_alive(u.joined.pid);
   return os::process_start_ticks(u.joined.pid) != u.joined.start;
@@ -128,7 +128,7 @@ void Registry::repair_gone(SegmentRecord& seg, const Joined& member) {
   GPUIPC_LOG_INFO("member {} of '{}' (pid {}) died while no broker watched it: repairing it after the broker restart",
                   member.member, seg.name, member.pid);
   // Its process has exited, so its GPU work has too: what its stream owed is written as the turns come (pid 0).
-  repair_member(seg, member, 0);
+  repair_member(seg, member);
 }
 
 void Registry::restore_owed(SegmentRecord& seg) {
@@ -142,8 +142,9 @@ void Registry::restore_owed(SegmentRecord& seg) {
     // another process has now, or one whose start the last broker did not know (it could be another process by now,
     // which would hold the writes back for as long as it runs) is not waited for.
     if (start == 0) continue;
-    if (auto fd = pidfd_of(static_cast<pid_t>(pid), start)) {
-      seg.block.dying.push_back(ControlBlock::Dying{std::move(fd), static_cast<pid_t>(pid), start});
+    if (auto process = watch_process(static_cast<pid_t>(pid), start, seg.owner_uid);
+        process && std::find(seg.block.dying.begin(), seg.block.dying.end(), process) == seg.block.dying.end()) {
+      seg.block.dying.push_back(std::move(process));
     }
   }
   seg.block.owed.insert(seg.block.owed.end(), o.writes.begin(), o.writes.end());
@@ -170,7 +171,7 @@ void Registry::adopt_unclaimed(SegmentRecord& seg) {
       m_journal.left(seg.name, m.member, m.token);  // it left (cleanly) while no broker watched
       continue;
     }
-    u.pidfd = pidfd_of(u.joined.pid, u.joined.start);  // none: process_gone tells
+    u.process = watch_process(u.joined.pid, u.joined.start, seg.owner_uid);  // none: process_gone tells
     if (process_gone(u)) {
       repair_gone(seg, u.joined);
       continue;

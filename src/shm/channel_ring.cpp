@@ -374,6 +374,12 @@ std::size_t ring_settle_owed(const Ring& ring, std::span<proto::OwedWrite> owed)
   return left;
 }
 
+void ring_write_owed_now(const Ring& ring, std::span<const proto::OwedWrite> owed) noexcept {
+  for (const auto& w : owed) {
+    if (!landed(ring, w)) write_owed(ring, w);
+  }
+}
+
 std::uint32_t channel_join(const Ring& ring, std::uint32_t token, proto::Role role) noexcept {
   if (role != proto::Role::Producer && role != proto::Role::Consumer) return proto::kNoMember;
   auto& h = ring.header();

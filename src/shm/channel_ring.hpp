@@ -171,6 +171,10 @@ std::size_t ring_drop_landed(const Ring& ring, std::span<proto::OwedWrite> owed)
 /// still waiting are moved to the front of `owed`; returns how many.
 std::size_t ring_settle_owed(const Ring& ring, std::span<proto::OwedWrite> owed) noexcept;
 
+/// Writes each owed write that has not landed now, whether or not its turn has come (as a clean leave does with
+/// what its stream still owes): for the writes the broker has no room to keep.
+void ring_write_owed_now(const Ring& ring, std::span<const proto::OwedWrite> owed) noexcept;
+
 /// Claims a member entry for `token` as a producer or consumer, counts it and empties its owed table (broker,
 /// answering Join). Returns the entry's index, or proto::kNoMember when the table is full or the role is neither.
 std::uint32_t channel_join(const Ring& ring, std::uint32_t token, proto::Role role) noexcept;

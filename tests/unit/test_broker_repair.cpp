@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <utility>
 #include <variant>
@@ -386,7 +387,8 @@ TEST(RepairChannel, OwedWritesWaitForTheProcessToExit) {
   LiveChild child;
   ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
   ASSERT_EQ(check_control(cb), "");
-  EXPECT_TRUE(remove_member(cb, Joined{1, 300, proto::Role::Consumer}, child.pid));
+  ExitWatch exits;
+  EXPECT_TRUE(remove_member(cb, Joined{1, 300, proto::Role::Consumer}, exits.watch(child.pid, 0, ::getuid(), 1)));
   EXPECT_EQ(b.slot(0).freed, 0U);  // its turn has come, but the process lives
   EXPECT_TRUE(settle_owed(cb));
   EXPECT_EQ(b.slot(0).freed, 0U);
@@ -402,8 +404,10 @@ void leave_owing_a_release(bool process_exits) {
   LiveChild child;
   ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
   ASSERT_EQ(check_control(cb), "");
-  EXPECT_FALSE(leave_member(cb, Joined{1, 999, proto::Role::Consumer}, child.pid, 0));  // not its token
-  EXPECT_TRUE(leave_member(cb, Joined{1, 300, proto::Role::Consumer}, child.pid, 0));
+  ExitWatch exits;
+  const ProcessWatch process = exits.watch(child.pid, 0, ::getuid(), 1);
+  EXPECT_FALSE(leave_member(cb, Joined{1, 999, proto::Role::Consumer}, process));  // not its token
+  EXPECT_TRUE(leave_member(cb, Joined{1, 300, proto::Role::Consumer}, process));
   EXPECT_EQ(b.h().members[1].token, 0U);
   EXPECT_EQ(b.h().consumers_gone, static_cast<std::uint32_t>(proto::PoisonReason::Closed));
   EXPECT_EQ(b.slot(0).freed, 0U) << "written ahead of the stream";
@@ -762,6 +766,140 @@ TEST(BrokerLeave, TheBrokerKeepsABoundedNumberOfChannelMembersThatLeftOwingWrite
   EXPECT_EQ(left, proto::kMaxMembers);
 }
 
+/// How many fds this process has open (the registry under test runs in it).
+std::size_t open_fd_count() {
+  std::error_code ec;
+  std::size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != std::filesystem::end(it);
+       it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+// A connection that joins a channel, owes a stream write that never lands, and closes, while its process lives on:
+// the broker repairs the entry and waits for the process's exit before it makes the write (a pidfd, the writes). In
+// a loop the entry is free again each time, and the broker kept a pidfd for each repair without end, until its fds
+// ran out for every user. It keeps one per process.
+TEST(BrokerRepairWaits, ConnectionsClosedOwingWritesCostTheBrokerOneFdPerProcess) {
+  test::TempDir dir;
+  LiveChild process;
+  JournaledBroker broker(dir.file("names.journal"), process.pid);
+  ChannelBlock b(2);
+  const auto memfd = os::memfd_create("channel-control", b.bytes);
+  auto shared = os::Mapping::map(memfd.get(), b.bytes, true);
+  b.move_to(shared.data());
+  const auto created = broker.ask(
+      1, process.pid, proto::Create{"dying", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  const std::size_t fds_before = open_fd_count();
+  constexpr int kRounds = 300;
+  for (int i = 0; i < kRounds; ++i) {
+    const ConnId conn = 10 + static_cast<ConnId>(i);
+    broker.registry.add_connection(conn, JournaledBroker::creds(process.pid));
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+        broker.ask(conn, process.pid, proto::Open{"dying", proto::Access::ReadWrite, 0}).body))
+        << i;
+    const auto joined =
+        broker.ask(conn, process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
+    ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body)) << i;
+    const auto m = std::get<proto::JoinReply>(joined.body);
+    b.owe(m.member, 1000 + static_cast<std::uint64_t>(i), false, 1U << 30);  // waits for a `freed` that never comes
+    broker.registry.drop_connection(conn);
+  }
+  broker.tick();
+  EXPECT_LE(open_fd_count(), fds_before + 1) << test::describe_open_fds();
+  // Once the process has exited nothing waits for it.
+  process.kill();
+  broker.tick();
+  EXPECT_LE(open_fd_count(), fds_before);
+}
+
+// The broker's watches of processes: one per process however many waits share it, charged to a uid while held,
+// and none past what the uid is allowed (its repairs then wait for nothing, as for a process it cannot see).
+TEST(ExitWatch, OneWatchPerProcessWithinTheUidsShare) {
+  ExitWatch exits;
+  LiveChild b;
+  LiveChild a;  // forked after b: no process but this one holds its pipe, so it exits at a.kill()
+  const uid_t uid = ::getuid();
+  ProcessWatch first = exits.watch(a.pid, 0, uid, 1);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(exits.watch(a.pid, 0, uid, 1), first) << "a second pidfd for the same process";
+  EXPECT_EQ(exits.watch(a.pid, first->start, uid, 1), first);
+  EXPECT_FALSE(exits.watch(a.pid, first->start + 1, uid, 1)) << "another start is another process, gone";
+  EXPECT_EQ(exits.watched(uid), 1U);
+  EXPECT_FALSE(exits.watch(b.pid, 0, uid, 1)) << "past the uid's share";
+  EXPECT_TRUE(exits.watch(b.pid, 0, uid + 1, 1)) << "another uid's share";
+  EXPECT_FALSE(exits.watch(0, 0, uid, 1));
+  EXPECT_FALSE(exited(first));
+  a.kill();
+  EXPECT_TRUE(exited(first));
+  EXPECT_FALSE(exits.watch(a.pid, 0, uid, 2)) << "a process that has exited";
+  first.reset();
+  EXPECT_EQ(exits.watched(uid), 0U);
+  EXPECT_TRUE(exits.watch(b.pid, 0, uid, 1));
+  EXPECT_TRUE(exited(ProcessWatch{}));
+}
+
+// A channel whose members write writes into their owed tables that never come due (a turn that never comes), then
+// die, in a loop: the broker kept every write, without end. It keeps as many as the members' tables hold, and
+// writes the rest at once.
+TEST(RepairChannel, TheOwedWritesKeptForAChannelAreBoundedByItsTables) {
+  ChannelBlock b(2);
+  ControlBlock cb{b.mem.data(), b.bytes, proto::kFlagChannel, {}};
+  ASSERT_EQ(check_control(cb), "");
+  const std::uint32_t per_member = proto::owed_capacity(2);
+  const std::size_t most = max_owed_writes(2);
+  ASSERT_EQ(most, std::size_t{proto::kMaxMembers} * per_member);
+  // Later rounds owe lower sequences, so a write made at once never lands one the broker kept.
+  std::uint64_t seq = 10'000'000;
+  for (std::uint32_t round = 0; round < proto::kMaxMembers + 1; ++round) {
+    b.member(0, 100 + round, proto::Role::Producer);
+    for (std::uint32_t k = 0; k < per_member; ++k) b.owe(0, --seq, false, 1U << 30);
+    ASSERT_TRUE(remove_member(cb, Joined{0, 100 + round, proto::Role::Producer})) << round;
+    EXPECT_LE(cb.owed.size(), most) << round;
+  }
+  EXPECT_EQ(cb.owed.size(), most);
+  // The last round's writes were made: each slot's `filled` has reached the highest of them for that slot.
+  const std::uint64_t highest = seq + per_member - 1;
+  EXPECT_EQ(b.slot(highest % 2).filled, highest + 1);
+  EXPECT_EQ(b.slot((highest - 1) % 2).filled, highest);
+}
+
+// Each process the broker waits for takes one of its fds (a pidfd), from the same share of them as the uid's
+// segments: a uid cannot take the others' fds by making the broker wait for its processes.
+TEST(BrokerRepairWaits, ProcessesWaitedForTakeTheirUidsShareOfTheBrokersFds) {
+  test::TempDir dir;
+  LiveChild process;
+  JournaledBroker broker(dir.file("names.journal"), process.pid);
+  Quotas quotas;
+  quotas.fds = 4;  // two a uid
+  broker.registry.set_quotas(quotas);
+  ChannelBlock b(2);
+  const auto memfd = os::memfd_create("channel-control", b.bytes);
+  auto shared = os::Mapping::map(memfd.get(), b.bytes, true);
+  b.move_to(shared.data());
+  const auto created = broker.ask(
+      1, process.pid, proto::Create{"waits", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  const auto joined = broker.ask(1, process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
+  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
+  const std::uint32_t member = std::get<proto::JoinReply>(joined.body).member;
+  b.slot(0).state = proto::pack_state(0, Phase::Writing, member);  // a claim its stream may still be filling
+  broker.registry.drop_connection(1);                              // repaired once the process has exited
+  const auto data = os::memfd_create("data", 4096);
+  const proto::Create another{"another", proto::Kind::Host, 0600, 4096, {}, 0};
+  const auto refused = broker.ask(2, ::getpid(), another, data.get());
+  const auto* e = std::get_if<proto::ErrorReply>(&refused.body);
+  ASSERT_NE(e, nullptr) << "a third fd for the uid";
+  EXPECT_EQ(e->code, static_cast<std::uint8_t>(ErrorCode::QuotaExceeded));
+  EXPECT_NE(e->message.find("1 of its processes are waited for"), std::string::npos) << e->message;
+  process.kill();
+  broker.tick();
+  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(broker.ask(2, ::getpid(), another, data.get()).body));
+}
 // A pool member that left owing a free waits in the broker for it (or its exit). Rejoined by its own process, it is
 // that connection's member again and waits no more (Leave and Rejoin in a loop added a wait each time); another
 // process cannot take it.
