@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace gpuipc {
 
@@ -49,6 +50,10 @@ struct BrokerInfo {
   std::uint64_t started_unix_ns = 0;  ///< when it started (CLOCK_REALTIME); 0 when unknown
   std::uint64_t idle_timeout_ms = 0;  ///< it exits after this long idle; 0: never
   std::string socket_path;            ///< where this process connected
+  /// Requests it takes beyond those of every broker of this protocol version ("unlink_id": a create given up on
+  /// after a Timeout leaves no name behind). Empty from a broker that predates them; a bit this library does not
+  /// know is named "bit N".
+  std::vector<std::string> features;
 };
 
 /// The running broker's report. Connects if needed, starting a broker on demand like any call (check

@@ -133,6 +133,7 @@ BrokerClient::BrokerStatus BrokerClient::broker_status() {
     s.mode = static_cast<proto::BrokerMode>(page->mode);
     s.started_unix_ns = page->started_unix_ns;
     s.idle_timeout_ms = page->idle_timeout_ms;
+    s.features = page->features;
   }
   return s;
 }

@@ -106,6 +106,7 @@ class BrokerClient {
     proto::BrokerMode mode = proto::BrokerMode::Unknown;
     std::uint64_t started_unix_ns = 0;  ///< 0 when unknown
     std::uint64_t idle_timeout_ms = 0;  ///< 0: it never exits when idle
+    std::uint32_t features = 0;         ///< proto::kFeature* bits (0 from a broker that predates them)
     std::string socket_path;            ///< where this client connected
   };
   /// The broker's status (connects if needed, starting a broker on demand like any call; see broker_listening).

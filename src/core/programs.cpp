@@ -2,6 +2,8 @@
 // see it, over core::BrokerClient, base/config and src/os.
 #include "gpuipc/programs.hpp"
 
+#include <fmt/format.h>
+
 #include <csignal>
 #include <filesystem>
 
@@ -61,13 +63,21 @@ std::string_view to_string(BrokerMode mode) noexcept {
 BrokerInfo broker_info() {
   auto& client = core::BrokerClient::instance();
   const auto s = client.broker_status();
-  return {.pid = s.pid,
-          .pid_here = client.broker_pid_here(),
-          .version = s.version,
-          .mode = static_cast<BrokerMode>(s.mode),
-          .started_unix_ns = s.started_unix_ns,
-          .idle_timeout_ms = s.idle_timeout_ms,
-          .socket_path = s.socket_path};
+  BrokerInfo info{.pid = s.pid,
+                  .pid_here = client.broker_pid_here(),
+                  .version = s.version,
+                  .mode = static_cast<BrokerMode>(s.mode),
+                  .started_unix_ns = s.started_unix_ns,
+                  .idle_timeout_ms = s.idle_timeout_ms,
+                  .socket_path = s.socket_path,
+                  .features = {}};
+  for (unsigned i = 0; i < 32; ++i) {
+    const std::uint32_t bit = 1U << i;
+    if ((s.features & bit) == 0) continue;
+    const char* name = proto::feature_name(bit);
+    info.features.emplace_back(name != nullptr ? std::string(name) : fmt::format("bit {}", i));
+  }
+  return info;
 }
 
 std::uint32_t stop_broker() {

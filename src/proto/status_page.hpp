@@ -14,6 +14,11 @@ inline constexpr std::uint32_t kStatusVersion = 1;
 /// StatusPage::features bits: requests this broker accepts beyond those every version-2 broker accepts.
 inline constexpr std::uint32_t kFeatureUnlinkId = 1U << 0;  ///< UnlinkId (messages.hpp)
 
+/// The name of one kFeature* bit ("unlink_id"), or nullptr for a bit this version does not know.
+constexpr const char* feature_name(std::uint32_t bit) noexcept {
+  return bit == kFeatureUnlinkId ? "unlink_id" : nullptr;
+}
+
 /// How the running broker was started (StatusPage::mode; `gpuipc daemon status` prints it).
 enum class BrokerMode : std::uint32_t {
   Unknown = 0,          ///< a broker that predates the field

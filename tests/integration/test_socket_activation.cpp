@@ -205,6 +205,11 @@ TEST(DaemonStatus, OnDemandBrokerAndNoBroker) {
   EXPECT_EQ(j.value("pid", 0), BrokerEnvironment::broker_pid());
   EXPECT_EQ(j.value("socket", ""), BrokerEnvironment::runtime_dir() + "/broker.sock");
   EXPECT_GT(j.value("idle_timeout_ms", 0), 0);
+  // What it takes beyond protocol version 2's requests (the status page's `features`).
+  EXPECT_EQ(j.value("features", nlohmann::json()), nlohmann::json::array({"unlink_id"})) << o.out;
+  const auto text = run_program(kGpuipc, {"daemon", "status"}, {});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("features:  unlink_id\n"), std::string::npos) << text.out;
 
   TempDir empty("gpuipc-act");
   const auto none = status_json(empty, 5);

@@ -1,5 +1,6 @@
 // gpuipc daemon: run the broker in the foreground, start it in the background, stop it, or say how it runs.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <iostream>
@@ -60,7 +61,8 @@ int daemon_status(bool json) {
                      {"socket", s.socket_path},
                      {"runtime_dir", runtime_dir()},
                      {"version", s.version},
-                     {"idle_timeout_ms", s.idle_timeout_ms}};
+                     {"idle_timeout_ms", s.idle_timeout_ms},
+                     {"features", s.features}};
     j["started_unix_ns"] = known_start ? nlohmann::json(s.started_unix_ns) : nlohmann::json(nullptr);
     j["uptime_s"] = known_start ? nlohmann::json(uptime_s) : nlohmann::json(nullptr);
     std::cout << j.dump() << "\n";
@@ -74,7 +76,9 @@ int daemon_status(bool json) {
             << fmt::format("idle exit: {}\n",
                            s.idle_timeout_ms == 0
                                ? std::string("never")
-                               : fmt::format("after {} ms with no client and nothing registered", s.idle_timeout_ms));
+                               : fmt::format("after {} ms with no client and nothing registered", s.idle_timeout_ms))
+            << fmt::format("features:  {}\n", s.features.empty() ? std::string("none (a broker older than this tool)")
+                                                                 : fmt::format("{}", fmt::join(s.features, " ")));
   return kExitOk;
 }
 
