@@ -93,10 +93,12 @@ bool parse_left(const std::string& line, std::string& name, std::uint32_t& membe
 }
 
 /// Replays what the stream writes of one name are, across its "O name (code after)..." and "X name pid start"
-/// lines: a write or process named twice counts once, and at most kMaxOwed writes are kept (a channel's dead members
-/// owe at most kMaxMembers owed tables' worth at a time; the rest of a longer history has landed long since).
+/// lines: a write or process named twice counts once, and at most kMaxOwed writes are kept (the broker keeps at most
+/// kMaxMembers owed tables' worth for a channel, repair.hpp's max_owed_writes; the rest of a longer history has landed
+/// long since).
 struct OwedReplay {
-  static constexpr std::size_t kMaxOwed = 1U << 16;
+  static constexpr std::size_t kMaxOwed =
+      static_cast<std::size_t>(proto::kMaxMembers) * proto::owed_capacity(proto::kMaxSlots);
   std::set<std::pair<std::uint64_t, std::uint64_t>> writes;
   std::set<std::pair<std::int64_t, std::uint64_t>> processes;
 

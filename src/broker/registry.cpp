@@ -182,13 +182,24 @@ ProcessWatch Registry::watch_process(pid_t pid, std::uint64_t start, uid_t uid) 
 }
 
 void Registry::repair_member(SegmentRecord& seg, const Joined& member, const ProcessWatch& process) {
-  const bool removed = seg.control && remove_member(seg.block, member, process);
+  std::vector<proto::OwedWrite> kept;
+  const bool removed = seg.control && remove_member(seg.block, member, process, &kept);
   if (seg.name.empty()) return;
   // What is still owed goes into the journal before the entry's "left" line: a broker killed from here on leaves
   // the next one the writes to make (repeats are harmless: a write that has landed is skipped).
-  if (removed && !seg.block.owed.empty()) m_journal.owed(owed_of(seg));
+  if (removed && !seg.block.owed.empty()) journal_owed(seg, std::move(kept), process);
   m_journal.left(seg.name, member.member, member.token);
   watch_owed(seg);
+}
+
+void Registry::journal_owed(const SegmentRecord& seg, std::vector<proto::OwedWrite> writes,
+                            const ProcessWatch& process) {
+  // Only what this member added: the replay takes the union of a name's lines since the journal's last compaction,
+  // which writes them all (owed_of). Each repair wrote every write the channel owed, up to 64 tables' worth (8 MB
+  // of lines), however little it added.
+  JournalOwed o{seg.name, std::move(writes), {}};
+  if (process && process->pid > 0) o.processes.emplace_back(process->pid, process->start);
+  m_journal.owed(o);
 }
 
 JournalOwed Registry::owed_of(const SegmentRecord& seg) const {
@@ -759,9 +770,10 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
     return;
   }
   seg.joined.erase(j);
-  const bool removed = leave_member(seg.block, member, process);
+  std::vector<proto::OwedWrite> kept;
+  const bool removed = leave_member(seg.block, member, process, &kept);
   if (!seg.name.empty()) {
-    if (removed && !seg.block.leavers.empty()) m_journal.owed(owed_of(seg));
+    if (removed && !seg.block.leavers.empty()) journal_owed(seg, std::move(kept), process);
     m_journal.left(seg.name, member.member, member.token);
   }
   watch_owed(seg);

@@ -255,6 +255,8 @@ class Registry {
   std::uint64_t fds_per_uid() const noexcept { return std::max<std::uint64_t>(m_quotas.fds / 2, 1); }
   /// The stream writes dead members of `seg` still owe, and the processes they wait for, as the journal records them.
   JournalOwed owed_of(const SegmentRecord& seg) const;
+  /// Journals `writes`, owed stream writes one member of `seg` added, which wait for `process` (empty: none).
+  void journal_owed(const SegmentRecord& seg, std::vector<proto::OwedWrite> writes, const ProcessWatch& process);
   /// Looks at `seg` again for owed writes to make (settle_owing) while it has any.
   void watch_owed(const SegmentRecord& seg);
   /// A channel came back after a broker restart: takes the stream writes the journal says its dead members still

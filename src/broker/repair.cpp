@@ -211,7 +211,8 @@ std::string_view repair_waits_for_exit(const ControlBlock& block, const Joined& 
   return {};
 }
 
-bool leave_member(ControlBlock& block, const Joined& m, const ProcessWatch& process) {
+bool leave_member(ControlBlock& block, const Joined& m, const ProcessWatch& process,
+                  std::vector<proto::OwedWrite>* kept) {
   if ((block.flags & proto::kFlagSemaphore) != 0) {
     // No stream work to wait for: the library leaves a semaphore through the broker only for an entry it never
     // used (a Join it gave up on); the last signaller leaving poisons it (Closed), as a close does.
@@ -229,6 +230,7 @@ bool leave_member(ControlBlock& block, const Joined& m, const ProcessWatch& proc
     return false;
   }
   keep_within_room(block, m.member, owed);
+  if (kept != nullptr) *kept = owed;
   if (!owed.empty()) {
     // Without a process to wait for (gone already, or not watched), made as their turns come.
     block.leavers.push_back(ControlBlock::Leaver{process, std::move(owed)});
@@ -244,7 +246,8 @@ bool leave_member(ControlBlock& block, const Joined& m, const ProcessWatch& proc
   return true;
 }
 
-bool remove_member(ControlBlock& block, const Joined& m, const ProcessWatch& process) {
+bool remove_member(ControlBlock& block, const Joined& m, const ProcessWatch& process,
+                   std::vector<proto::OwedWrite>* kept) {
   bool removed = false;
   if ((block.flags & proto::kFlagSemaphore) != 0) {
     removed = shm::semaphore_remove_member(*static_cast<proto::SemaphoreBlock*>(block.data), m.member, m.token,
@@ -255,6 +258,7 @@ bool remove_member(ControlBlock& block, const Joined& m, const ProcessWatch& pro
     removed = shm::channel_remove_member(block.data, block.ring, m.member, m.token, m.role,
                                          proto::PoisonReason::PeerDied);
     if (removed) keep_within_room(block, m.member, owed);
+    if (removed && kept != nullptr) *kept = owed;
     if (removed && !owed.empty()) {
       block.owed.insert(block.owed.end(), owed.begin(), owed.end());
       reserve_owed(block);

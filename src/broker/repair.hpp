@@ -77,14 +77,18 @@ std::string check_rejoin(const ControlBlock& block, const Joined& member) noexce
 
 /// Removes a member whose connection is gone (PeerDied), if its entry still holds its token. Returns whether it
 /// did (false: it had left cleanly). A channel member's owed stream writes go to block.owed, made as their turns
-/// come once `process` (its process; empty: exited, or not to be waited for) has exited.
-bool remove_member(ControlBlock& block, const Joined& member, const ProcessWatch& process = {});
+/// come once `process` (its process; empty: exited, or not to be waited for) has exited; `kept` (when given) gets
+/// those the broker keeps, for the journal.
+bool remove_member(ControlBlock& block, const Joined& member, const ProcessWatch& process = {},
+                   std::vector<proto::OwedWrite>* kept = nullptr);
 
 /// Removes channel or semaphore member `member`, which leaves while its process lives (Leave, reason Closed). A
 /// channel member's writes its stream still owes are taken over into block.leavers, waiting for `process` to exit
 /// or the stream to make them, instead of being written ahead of the stream; a semaphore's last signaller leaving
-/// poisons it (Closed). Returns whether it removed the entry (false: the token is not in it).
-bool leave_member(ControlBlock& block, const Joined& member, const ProcessWatch& process);
+/// poisons it (Closed). Returns whether it removed the entry (false: the token is not in it). `kept` (when given)
+/// gets the writes the broker keeps, for the journal.
+bool leave_member(ControlBlock& block, const Joined& member, const ProcessWatch& process,
+                  std::vector<proto::OwedWrite>* kept = nullptr);
 
 /// How many owed stream writes the broker keeps for a channel of `slots`, its dead members' and its leavers'
 /// together: as many as the members' tables in its control block hold (kMaxMembers of them). Members that wrote

@@ -900,6 +900,45 @@ TEST(BrokerRepairWaits, ProcessesWaitedForTakeTheirUidsShareOfTheBrokersFds) {
   broker.tick();
   EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(broker.ask(2, ::getpid(), another, data.get()).body));
 }
+
+// Each repair of a member owing writes journaled every write the channel owed, not only the member's: with a
+// channel owing many (members that died owing writes that do not come due), one cheap join and close cost the broker
+// megabytes of journal lines. It journals what the member added.
+TEST(BrokerRepairWaits, ARepairJournalsOnlyTheWritesItsMemberOwed) {
+  test::TempDir dir;
+  LiveChild process;
+  const std::string journal = dir.file("names.journal");
+  JournaledBroker broker(journal, process.pid);
+  ChannelBlock b(2);
+  const auto memfd = os::memfd_create("channel-control", b.bytes);
+  auto shared = os::Mapping::map(memfd.get(), b.bytes, true);
+  b.move_to(shared.data());
+  const auto created =
+      broker.ask(1, process.pid, proto::Create{"journaled", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel},
+                 memfd.get());
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  const std::uint32_t per_member = proto::owed_capacity(2);
+  std::uint64_t seq = 10'000'000;
+  std::uintmax_t before = 0;
+  std::uintmax_t grown = 0;
+  for (int round = 0; round < 16; ++round) {
+    const ConnId conn = 10 + static_cast<ConnId>(round);
+    broker.registry.add_connection(conn, JournaledBroker::creds(process.pid));
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+        broker.ask(conn, process.pid, proto::Open{"journaled", proto::Access::ReadWrite, 0}).body));
+    const auto joined =
+        broker.ask(conn, process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
+    ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body)) << round;
+    const auto m = std::get<proto::JoinReply>(joined.body);
+    for (std::uint32_t k = 0; k < per_member; ++k) b.owe(m.member, --seq, false, 1U << 30);
+    before = std::filesystem::file_size(journal);
+    broker.registry.drop_connection(conn);
+    grown = std::filesystem::file_size(journal) - before;
+  }
+  // The last round added 64 writes (about 20 bytes each) to the 960 the channel owed already.
+  EXPECT_LT(grown, 64U * 48U) << "bytes of journal for one repair";
+}
 // A pool member that left owing a free waits in the broker for it (or its exit). Rejoined by its own process, it is
 // that connection's member again and waits no more (Leave and Rejoin in a loop added a wait each time); another
 // process cannot take it.
