@@ -736,28 +736,52 @@ TEST(BrokerLeave, APoolMemberOwingAStreamFreeIsRemovedOnceItLandsOrItsProcessExi
   }
 }
 
+/// A JournaledBroker (its journal in a temporary directory) and a channel "ch" of two slots that process `pid`
+/// created on connection 1: the test's view of its control block is `b`.
+struct ChannelOfAProcess {
+  explicit ChannelOfAProcess(pid_t pid)
+      : memfd(os::memfd_create("channel-control", b.bytes)),
+        shared(os::Mapping::map(memfd.get(), b.bytes, true)),
+        broker((b.move_to(shared.data()), dir.file("names.journal")), pid) {
+    const auto created =
+        broker.ask(1, pid, proto::Create{"ch", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
+    EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+    if (const auto* r = std::get_if<proto::OpenReply>(&created.body)) id = r->info.id;
+  }
+  /// A new connection `conn` of process `pid` opens the channel and joins it as a producer.
+  proto::JoinReply join_on_new_connection(ConnId conn, pid_t pid) {
+    broker.registry.add_connection(conn, JournaledBroker::creds(pid));
+    EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(
+        broker.ask(conn, pid, proto::Open{"ch", proto::Access::ReadWrite, 0}).body));
+    return join(conn, pid);
+  }
+  /// Connection `conn` of process `pid` joins the channel as a producer.
+  proto::JoinReply join(ConnId conn, pid_t pid) {
+    const auto joined = broker.ask(conn, pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
+    EXPECT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
+    const auto* r = std::get_if<proto::JoinReply>(&joined.body);
+    return r != nullptr ? *r : proto::JoinReply{proto::kNoMember, 0};
+  }
+  test::TempDir dir;
+  ChannelBlock b{2};
+  os::UniqueFd memfd;
+  os::Mapping shared;
+  JournaledBroker broker;
+  std::uint64_t id = 0;
+};
+
 // Join and Leave in a loop, each time owing a stream write that never lands: the broker kept a leaver (a pidfd, the
 // writes, a journal line of all of them) for each, without end. It keeps kMaxMembers; past that a member is told to
 // leave on its own (its library then waits, bounded, for its stream).
 TEST(BrokerLeave, TheBrokerKeepsABoundedNumberOfChannelMembersThatLeftOwingWrites) {
-  test::TempDir dir;
   LiveChild process;
-  JournaledBroker broker(dir.file("names.journal"), process.pid);
-  ChannelBlock b(2);
-  const auto memfd = os::memfd_create("channel-control", b.bytes);
-  auto shared = os::Mapping::map(memfd.get(), b.bytes, true);
-  b.move_to(shared.data());
-  const auto created = broker.ask(
-      1, process.pid, proto::Create{"leavers", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
-  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  ChannelOfAProcess c(process.pid);
   std::size_t left = 0;
   for (; left < proto::kMaxMembers + 5; ++left) {
-    const auto joined = broker.ask(1, process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
-    ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body)) << left;
-    const auto m = std::get<proto::JoinReply>(joined.body);
-    b.owe(m.member, 1000 + left, false, 1U << 30);  // waits for a `freed` that never comes
-    const auto r = broker.ask(1, process.pid, proto::Leave{id, m.member, m.token});
+    const auto m = c.join(1, process.pid);
+    ASSERT_NE(m.member, proto::kNoMember) << left;
+    c.b.owe(m.member, 1000 + left, false, 1U << 30);  // waits for a `freed` that never comes
+    const auto r = c.broker.ask(1, process.pid, proto::Leave{c.id, m.member, m.token});
     if (const auto* e = std::get_if<proto::ErrorReply>(&r.body)) {
       EXPECT_NE(e->message.find("leave without the broker"), std::string::npos) << e->message;
       break;
@@ -782,37 +806,22 @@ std::size_t open_fd_count() {
 // a loop the entry is free again each time, and the broker kept a pidfd for each repair without end, until its fds
 // ran out for every user. It keeps one per process.
 TEST(BrokerRepairWaits, ConnectionsClosedOwingWritesCostTheBrokerOneFdPerProcess) {
-  test::TempDir dir;
   LiveChild process;
-  JournaledBroker broker(dir.file("names.journal"), process.pid);
-  ChannelBlock b(2);
-  const auto memfd = os::memfd_create("channel-control", b.bytes);
-  auto shared = os::Mapping::map(memfd.get(), b.bytes, true);
-  b.move_to(shared.data());
-  const auto created = broker.ask(
-      1, process.pid, proto::Create{"dying", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
-  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  ChannelOfAProcess c(process.pid);
   const std::size_t fds_before = open_fd_count();
   constexpr int kRounds = 300;
   for (int i = 0; i < kRounds; ++i) {
     const ConnId conn = 10 + static_cast<ConnId>(i);
-    broker.registry.add_connection(conn, JournaledBroker::creds(process.pid));
-    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
-        broker.ask(conn, process.pid, proto::Open{"dying", proto::Access::ReadWrite, 0}).body))
-        << i;
-    const auto joined =
-        broker.ask(conn, process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
-    ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body)) << i;
-    const auto m = std::get<proto::JoinReply>(joined.body);
-    b.owe(m.member, 1000 + static_cast<std::uint64_t>(i), false, 1U << 30);  // waits for a `freed` that never comes
-    broker.registry.drop_connection(conn);
+    const auto m = c.join_on_new_connection(conn, process.pid);
+    ASSERT_NE(m.member, proto::kNoMember) << i;
+    c.b.owe(m.member, 1000 + static_cast<std::uint64_t>(i), false, 1U << 30);  // waits for a `freed` that never comes
+    c.broker.registry.drop_connection(conn);
   }
-  broker.tick();
+  c.broker.tick();
   EXPECT_LE(open_fd_count(), fds_before + 1) << test::describe_open_fds();
   // Once the process has exited nothing waits for it.
   process.kill();
-  broker.tick();
+  c.broker.tick();
   EXPECT_LE(open_fd_count(), fds_before);
 }
 
@@ -870,75 +879,50 @@ TEST(RepairChannel, TheOwedWritesKeptForAChannelAreBoundedByItsTables) {
 // Each process the broker waits for takes one of its fds (a pidfd), from the same share of them as the uid's
 // segments: a uid cannot take the others' fds by making the broker wait for its processes.
 TEST(BrokerRepairWaits, ProcessesWaitedForTakeTheirUidsShareOfTheBrokersFds) {
-  test::TempDir dir;
   LiveChild process;
-  JournaledBroker broker(dir.file("names.journal"), process.pid);
+  ChannelOfAProcess c(process.pid);
   Quotas quotas;
   quotas.fds = 4;  // two a uid
-  broker.registry.set_quotas(quotas);
-  ChannelBlock b(2);
-  const auto memfd = os::memfd_create("channel-control", b.bytes);
-  auto shared = os::Mapping::map(memfd.get(), b.bytes, true);
-  b.move_to(shared.data());
-  const auto created = broker.ask(
-      1, process.pid, proto::Create{"waits", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel}, memfd.get());
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
-  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
-  const auto joined = broker.ask(1, process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
-  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
-  const std::uint32_t member = std::get<proto::JoinReply>(joined.body).member;
-  b.slot(0).state = proto::pack_state(0, Phase::Writing, member);  // a claim its stream may still be filling
-  broker.registry.drop_connection(1);                              // repaired once the process has exited
+  c.broker.registry.set_quotas(quotas);
+  const auto m = c.join(1, process.pid);
+  ASSERT_NE(m.member, proto::kNoMember);
+  c.b.slot(0).state = proto::pack_state(0, Phase::Writing, m.member);  // a claim its stream may still be filling
+  c.broker.registry.drop_connection(1);                                // repaired once the process has exited
   const auto data = os::memfd_create("data", 4096);
   const proto::Create another{"another", proto::Kind::Host, 0600, 4096, {}, 0};
-  const auto refused = broker.ask(2, ::getpid(), another, data.get());
+  const auto refused = c.broker.ask(2, ::getpid(), another, data.get());
   const auto* e = std::get_if<proto::ErrorReply>(&refused.body);
   ASSERT_NE(e, nullptr) << "a third fd for the uid";
   EXPECT_EQ(e->code, static_cast<std::uint8_t>(ErrorCode::QuotaExceeded));
   EXPECT_NE(e->message.find("1 of its processes are waited for"), std::string::npos) << e->message;
   process.kill();
-  broker.tick();
-  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(broker.ask(2, ::getpid(), another, data.get()).body));
+  c.broker.tick();
+  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(c.broker.ask(2, ::getpid(), another, data.get()).body));
 }
 
 // Each repair of a member owing writes journaled every write the channel owed, not only the member's: with a
 // channel owing many (members that died owing writes that do not come due), one cheap join and close cost the broker
 // megabytes of journal lines. It journals what the member added.
 TEST(BrokerRepairWaits, ARepairJournalsOnlyTheWritesItsMemberOwed) {
-  test::TempDir dir;
   LiveChild process;
-  const std::string journal = dir.file("names.journal");
-  JournaledBroker broker(journal, process.pid);
-  ChannelBlock b(2);
-  const auto memfd = os::memfd_create("channel-control", b.bytes);
-  auto shared = os::Mapping::map(memfd.get(), b.bytes, true);
-  b.move_to(shared.data());
-  const auto created =
-      broker.ask(1, process.pid, proto::Create{"journaled", proto::Kind::Host, 0600, b.bytes, {}, proto::kFlagChannel},
-                 memfd.get());
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
-  const std::uint64_t id = std::get<proto::OpenReply>(created.body).info.id;
+  ChannelOfAProcess c(process.pid);
+  const std::string journal = c.dir.file("names.journal");
   const std::uint32_t per_member = proto::owed_capacity(2);
   std::uint64_t seq = 10'000'000;
-  std::uintmax_t before = 0;
   std::uintmax_t grown = 0;
   for (int round = 0; round < 16; ++round) {
     const ConnId conn = 10 + static_cast<ConnId>(round);
-    broker.registry.add_connection(conn, JournaledBroker::creds(process.pid));
-    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
-        broker.ask(conn, process.pid, proto::Open{"journaled", proto::Access::ReadWrite, 0}).body));
-    const auto joined =
-        broker.ask(conn, process.pid, proto::Join{id, static_cast<std::uint8_t>(proto::Role::Producer)});
-    ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body)) << round;
-    const auto m = std::get<proto::JoinReply>(joined.body);
-    for (std::uint32_t k = 0; k < per_member; ++k) b.owe(m.member, --seq, false, 1U << 30);
-    before = std::filesystem::file_size(journal);
-    broker.registry.drop_connection(conn);
+    const auto m = c.join_on_new_connection(conn, process.pid);
+    ASSERT_NE(m.member, proto::kNoMember) << round;
+    for (std::uint32_t k = 0; k < per_member; ++k) c.b.owe(m.member, --seq, false, 1U << 30);
+    const std::uintmax_t before = std::filesystem::file_size(journal);
+    c.broker.registry.drop_connection(conn);
     grown = std::filesystem::file_size(journal) - before;
   }
   // The last round added 64 writes (about 20 bytes each) to the 960 the channel owed already.
   EXPECT_LT(grown, 64U * 48U) << "bytes of journal for one repair";
 }
+
 // A pool member that left owing a free waits in the broker for it (or its exit). Rejoined by its own process, it is
 // that connection's member again and waits no more (Leave and Rejoin in a loop added a wait each time); another
 // process cannot take it.
