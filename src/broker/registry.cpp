@@ -183,6 +183,7 @@ ProcessWatch Registry::watch_process(pid_t pid, std::uint64_t start, uid_t uid) 
 
 void Registry::repair_member(SegmentRecord& seg, const Joined& member, const ProcessWatch& process) {
   std::vector<proto::OwedWrite> kept;
+  limit_owed(seg);
   const bool removed = seg.control && remove_member(seg.block, member, process, &kept);
   if (seg.name.empty()) return;
   // What is still owed goes into the journal before the entry's "left" line: a broker killed from here on leaves
@@ -215,7 +216,24 @@ JournalOwed Registry::owed_of(const SegmentRecord& seg) const {
   return o;
 }
 
-void Registry::watch_owed(const SegmentRecord& seg) {
+void Registry::charge_owed(SegmentRecord& seg) noexcept {
+  const std::size_t now = owed_kept(seg.block);
+  if (now == seg.owed_charged) return;
+  auto it = m_owed_per_uid.try_emplace(seg.owner_uid, 0).first;
+  it->second = it->second - std::min(it->second, seg.owed_charged) + now;
+  seg.owed_charged = now;
+  if (it->second == 0) m_owed_per_uid.erase(it);
+}
+
+void Registry::limit_owed(SegmentRecord& seg) noexcept {
+  const auto it = m_owed_per_uid.find(seg.owner_uid);
+  const std::size_t used = it == m_owed_per_uid.end() ? 0 : it->second;
+  const std::size_t room = m_quotas.owed_writes - std::min(used, m_quotas.owed_writes);
+  seg.block.most_owed = seg.owed_charged + room;
+}
+
+void Registry::watch_owed(SegmentRecord& seg) {
+  charge_owed(seg);
   if ((!seg.block.owed.empty() || !seg.block.leavers.empty()) && m_owing.insert(seg.id).second && m_owing.size() == 1) {
     m_owed_interval_ns = kOwedFirstLookNs;
     m_owed_check_ns = os::monotonic_ns() + m_owed_interval_ns;
@@ -228,7 +246,9 @@ void Registry::settle_owing(std::int64_t now_ns) {
   for (auto it = m_owing.begin(); it != m_owing.end();) {
     auto seg = m_segments.find(*it);
     const std::size_t before = seg == m_segments.end() ? 0 : seg->second.block.owed.size();
-    if (seg == m_segments.end() || !settle_owed(seg->second.block)) {
+    const bool left = seg != m_segments.end() && settle_owed(seg->second.block);
+    if (seg != m_segments.end()) charge_owed(seg->second);
+    if (!left) {
       progress = true;
       it = m_owing.erase(it);
       continue;
@@ -633,6 +653,9 @@ void Registry::maybe_destroy(std::uint64_t id) {
   for (const ConnId w : it->second.watchers) {
     if (auto c = m_connections.find(w); c != m_connections.end()) c->second.watching.erase(id);
   }
+  it->second.block.owed.clear();
+  it->second.block.leavers.clear();
+  charge_owed(it->second);  // gives its share back
   m_unclaimed.erase(id);
   m_exiting.erase(id);
   m_segments.erase(it);
@@ -771,6 +794,7 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
   }
   seg.joined.erase(j);
   std::vector<proto::OwedWrite> kept;
+  limit_owed(seg);
   const bool removed = leave_member(seg.block, member, process, &kept);
   if (!seg.name.empty()) {
     if (removed && !seg.block.leavers.empty()) journal_owed(seg, std::move(kept), process);

@@ -41,6 +41,10 @@ struct Quotas {
   /// References one connection may hold to one segment: far above what a process takes (its library shares a
   /// mapping's reference between handles), far below what would wrap the u32 counts.
   std::uint32_t refs_per_connection = 1U << 20;
+  /// Owed stream writes (16 bytes each) the broker keeps for the channels one uid owns together, each looked at on
+  /// every pass of its timer (every 1 to 32 ms) until it is made: 64 full tables of the largest channel's. Past it,
+  /// what a dying member owes is written at once.
+  std::size_t owed_writes = std::size_t{proto::kMaxMembers} * proto::owed_capacity(proto::kMaxSlots);
 };
 
 /// Who is asking: a connection and its SO_PEERCRED credentials.
@@ -87,6 +91,7 @@ struct SegmentRecord : SegmentAttributes {
     bool hung = false;             ///< it missed the deadline (watchers were told)
   };
   std::map<ConnId, Beat> beats;  ///< heartbeats of connections that hold it
+  std::size_t owed_charged = 0;  ///< owed writes of its block counted in its owner's Quotas::owed_writes
   std::uint32_t total_refs() const noexcept;
 };
 
@@ -257,8 +262,12 @@ class Registry {
   JournalOwed owed_of(const SegmentRecord& seg) const;
   /// Journals `writes`, owed stream writes one member of `seg` added, which wait for `process` (empty: none).
   void journal_owed(const SegmentRecord& seg, std::vector<proto::OwedWrite> writes, const ProcessWatch& process);
-  /// Looks at `seg` again for owed writes to make (settle_owing) while it has any.
-  void watch_owed(const SegmentRecord& seg);
+  /// Looks at `seg` again for owed writes to make (settle_owing) while it has any, and counts them for its owner.
+  void watch_owed(SegmentRecord& seg);
+  /// Counts the owed writes `seg` keeps now in its owner's share (Quotas::owed_writes).
+  void charge_owed(SegmentRecord& seg) noexcept;
+  /// Lets `seg`'s block keep no more owed writes than its owner's share has room for (ControlBlock::most_owed).
+  void limit_owed(SegmentRecord& seg) noexcept;
   /// A channel came back after a broker restart: takes the stream writes the journal says its dead members still
   /// owed (made as their turns come, once the processes they wait for have exited).
   void restore_owed(SegmentRecord& seg);
@@ -328,6 +337,7 @@ class Registry {
   std::int64_t m_owed_interval_ns = kOwedFirstLookNs;
   std::unordered_map<uid_t, std::uint64_t> m_segments_per_uid;
   std::unordered_map<uid_t, std::uint64_t> m_bytes_per_uid;
+  std::unordered_map<uid_t, std::size_t> m_owed_per_uid;  // SegmentRecord::owed_charged, by owner
 };
 
 /// The permission bits (r=4, w=2) `creds` has on an object of `mode` owned by uid/gid, like a file (the group

@@ -131,16 +131,11 @@ std::string check_rejoin(const ControlBlock& block, const Joined& m) noexcept {
   return {};
 }
 
-namespace {
-
-/// The writes `block` keeps owed, its dead members' and its leavers'.
 std::size_t owed_kept(const ControlBlock& block) noexcept {
   std::size_t n = block.owed.size();
   for (const auto& l : block.leavers) n += l.writes.size();
   return n;
 }
-
-}  // namespace
 
 void reserve_owed(ControlBlock& block) { block.owed.reserve(owed_kept(block)); }
 
@@ -178,17 +173,17 @@ std::vector<proto::OwedWrite> take_owed(const ControlBlock& block, std::uint32_t
   return owed;
 }
 
-/// Cuts `owed` (a removed member's) to what `block` has room to keep (max_owed_writes). The rest are written now,
-/// ahead of the stream that owed them, as when a member leaves without the broker: none is lost, so no survivor's
-/// stream waits for ever.
+/// Cuts `owed` (a removed member's) to what `block` has room to keep (max_owed_writes, block.most_owed). The rest
+/// are written now, ahead of the stream that owed them, as when a member leaves without the broker: none is lost, so
+/// no survivor's stream waits for ever.
 void keep_within_room(const ControlBlock& block, std::uint32_t member, std::vector<proto::OwedWrite>& owed) noexcept {
-  const std::size_t most = max_owed_writes(block.ring.slots);
+  const std::size_t most = std::min(max_owed_writes(block.ring.slots), block.most_owed);
   const std::size_t kept = owed_kept(block);
   const std::size_t room = most - std::min(kept, most);
   if (owed.size() <= room) return;
   GPUIPC_LOG_WARN(
-      "channel member {} owed {} stream writes, and the broker keeps {} already, the most its members' tables hold: "
-      "{} are written now, ahead of its stream",
+      "channel member {} owed {} stream writes, and the broker keeps {} already, the most it keeps for this channel "
+      "(what its members' tables hold, and the owner's share): {} are written now, ahead of its stream",
       member, owed.size(), kept, owed.size() - room);
   shm::ring_write_owed_now(shm::Ring{block.data, block.ring}, std::span<const proto::OwedWrite>(owed).subspan(room));
   owed.resize(room);

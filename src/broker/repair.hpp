@@ -45,6 +45,9 @@ struct ControlBlock {
     std::vector<proto::OwedWrite> writes;
   };
   std::vector<Leaver> leavers{};
+  /// Channels: the most owed writes (`owed` and the leavers' together) it may keep: max_owed_writes, lowered by the
+  /// registry to what is left of the owner uid's share (Quotas::owed_writes).
+  std::size_t most_owed = SIZE_MAX;
 };
 
 /// The smallest control block a Create with these flags (one of proto::kFlag*) may declare.
@@ -94,6 +97,9 @@ bool leave_member(ControlBlock& block, const Joined& member, const ProcessWatch&
 /// together: as many as the members' tables in its control block hold (kMaxMembers of them). Members that wrote
 /// writes into their tables that never come due, joining and dying in a loop, grew block.owed without end.
 std::size_t max_owed_writes(std::uint32_t slots) noexcept;
+
+/// The owed writes `block` keeps, its dead members' and its leavers'.
+std::size_t owed_kept(const ControlBlock& block) noexcept;
 
 /// Whether the repair of dead member `member` must wait for its process to exit, and why (empty: it need not): a
 /// channel producer holding a slot it claimed and did not publish, whose stream may still be writing it (repaired
