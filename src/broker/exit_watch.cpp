@@ -12,15 +12,22 @@ namespace gpuipc::broker {
 struct ExitWatch::State {
   std::unordered_map<pid_t, std::weak_ptr<const WatchedProcess>> by_pid;
   std::unordered_map<uid_t, std::size_t> per_uid;
+  ExitPasses passes;
+  std::uint64_t opened = 0;  ///< passes opened so far
 };
 
 bool exited(const ProcessWatch& process) noexcept {
-  if (!process || !process->pidfd) return true;
+  if (!process || !process->pidfd || process->gone) return true;
+  const std::uint64_t pass = process->passes != nullptr ? process->passes->current : 0;
+  if (pass != 0 && process->running_in == pass) return false;
+  if (process->passes != nullptr) ++process->passes->looks;
   try {
-    return os::pidfd_wait_exit(process->pidfd.get(), 0);
+    process->gone = os::pidfd_wait_exit(process->pidfd.get(), 0);
   } catch (const Error&) {  // not a pidfd any more: nothing to wait for
-    return true;
+    process->gone = true;
   }
+  if (!process->gone) process->running_in = pass;
+  return process->gone;
 }
 
 ExitWatch::ExitWatch() : m_state(std::make_shared<State>()) {}
@@ -45,7 +52,7 @@ ProcessWatch ExitWatch::watch(pid_t pid, std::uint64_t start, uid_t uid, std::si
     auto fd = os::pidfd_open(pid);
     const std::uint64_t started = os::process_start_ticks(pid);
     if (start != 0 && started != start) return {};
-    auto process = std::make_unique<WatchedProcess>(WatchedProcess{std::move(fd), pid, started});
+    auto process = std::make_unique<WatchedProcess>(WatchedProcess{std::move(fd), pid, started, &m_state->passes});
     ++m_state->per_uid[uid];  // given back by the deleter, which runs also when the shared_ptr cannot be made
     ProcessWatch w(process.release(), [state = m_state, uid](const WatchedProcess* p) noexcept {
       if (auto c = state->per_uid.find(uid); c != state->per_uid.end() && --c->second == 0) state->per_uid.erase(c);
@@ -60,6 +67,16 @@ ProcessWatch ExitWatch::watch(pid_t pid, std::uint64_t start, uid_t uid, std::si
   } catch (const std::exception&) {  // gone (NotFound), no pidfd, or no memory: nothing waits for it
     return {};
   }
+}
+
+std::uint64_t ExitWatch::looks() const noexcept { return m_state->passes.looks; }
+
+ExitWatch::Pass::Pass(ExitWatch& watch) noexcept : m_state(watch.m_state), m_outer(m_state->passes.current == 0) {
+  if (m_outer) m_state->passes.current = ++m_state->opened;
+}
+
+ExitWatch::Pass::~Pass() {
+  if (m_outer) m_state->passes.current = 0;
 }
 
 std::size_t ExitWatch::watched(uid_t uid) const noexcept {

@@ -15,21 +15,35 @@
 
 namespace gpuipc::broker {
 
+/// What the watches of one ExitWatch share: the pass open now (0: none) and how many polls they made.
+struct ExitPasses {
+  std::uint64_t current = 0;
+  std::uint64_t looks = 0;
+};
+
 /// A process being waited for.
 struct WatchedProcess {
   os::UniqueFd pidfd;
   pid_t pid = 0;
   std::uint64_t start = 0;  ///< os::process_start_ticks; 0: unknown
+  // What exited() last saw: gone for good, or running during pass `running_in` of its ExitWatch's `passes`, in
+  // which exited() asks the kernel no more.
+  ExitPasses* passes = nullptr;
+  mutable std::uint64_t running_in = 0;
+  mutable bool gone = false;
 };
 
 /// A share of a watched process; empty: nothing to wait for.
 using ProcessWatch = std::shared_ptr<const WatchedProcess>;
 
-/// Whether the watched process has exited (true for an empty watch).
+/// Whether the watched process has exited (true for an empty watch). Within an ExitWatch::Pass, a process seen
+/// running is taken to run until the pass ends: one poll a process a pass, however many waits share it.
 bool exited(const ProcessWatch& process) noexcept;
 
 /// Hands out one shared watch per process. Watches may outlive it.
 class ExitWatch {
+  struct State;
+
  public:
   ExitWatch();
 
@@ -42,8 +56,23 @@ class ExitWatch {
   /// How many processes are watched for `uid` (each holds one of the broker's fds).
   std::size_t watched(uid_t uid) const noexcept;
 
+  /// How many times exited() has asked the kernel about a process of this watch (for tests).
+  std::uint64_t looks() const noexcept;
+
+  /// One look at the processes waited for (a timer's pass): while it lasts, exited() polls each process once.
+  class Pass {
+   public:
+    explicit Pass(ExitWatch& watch) noexcept;
+    ~Pass();
+    Pass(const Pass&) = delete;
+    Pass& operator=(const Pass&) = delete;
+
+   private:
+    std::shared_ptr<State> m_state;
+    bool m_outer = false;  ///< false: a pass was open already (nested), and stays open
+  };
+
  private:
-  struct State;
   std::shared_ptr<State> m_state;
 };
 

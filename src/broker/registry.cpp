@@ -137,14 +137,20 @@ void Registry::repair_later(SegmentRecord& seg, SegmentRecord::Unclaimed u) {
     m_frees_check_ns = os::monotonic_ns() + kExitingLookNs;
   }
   seg.exiting.push_back(std::move(u));
-  if (m_exiting.insert(seg.id).second && m_exiting.size() == 1)
-    m_exiting_check_ns = os::monotonic_ns() + kExitingLookNs;
+  // Looked at 1 ms from now, however long the others have waited.
+  const std::int64_t soon = os::monotonic_ns() + kExitingLookNs;
+  const bool first = m_exiting.insert(seg.id).second && m_exiting.size() == 1;
+  m_exiting_check_ns = first ? soon : std::min(m_exiting_check_ns, soon);
+  m_exiting_interval_ns = kExitingLookNs;
 }
 
 void Registry::repair_exited(std::int64_t now_ns) {
   if (m_exiting.empty() || now_ns < m_exiting_check_ns) return;
   const bool look_at_frees = now_ns >= m_frees_check_ns;
   bool any_landed = false;
+  bool any_gone = false;
+  bool any_left = false;  // pool members that left owing frees wait on
+
   for (auto it = m_exiting.begin(); it != m_exiting.end();) {
     auto s = m_segments.find(*it);
     if (s == m_segments.end()) {
@@ -161,18 +167,26 @@ void Registry::repair_exited(std::int64_t now_ns) {
         landed = u.joined.member < proto::kMaxMembers && (*pending & (std::uint64_t{1} << u.joined.member)) == 0;
         any_landed = any_landed || landed;
       }
-      if (!landed && !exited(u.process)) return false;
+      if (!landed && !exited(u.process)) {
+        any_left = any_left || u.left;
+        return false;
+      }
       gone.push_back(u.joined);
       return true;
     });
+    any_gone = any_gone || !gone.empty();
     for (const auto& j : gone) repair_member(seg, j);  // exited (its GPU work has too), or its frees landed
     it = seg.exiting.empty() ? m_exiting.erase(it) : std::next(it);
   }
-  m_exiting_check_ns = now_ns + kExitingLookNs;
   if (look_at_frees) {
     m_frees_interval_ns = any_landed ? kExitingLookNs : std::min(2 * m_frees_interval_ns, kFreesLookMaxNs);
     m_frees_check_ns = now_ns + m_frees_interval_ns;
   }
+  // Every 1 ms while processes exit, backing off to 32 ms while none does: each pass looks at every entry (one uid
+  // may have thousands waiting), and a killed process exits within milliseconds.
+  m_exiting_interval_ns = any_gone ? kExitingLookNs : std::min(2 * m_exiting_interval_ns, kExitingLookMaxNs);
+  m_exiting_check_ns = now_ns + m_exiting_interval_ns;
+  if (any_left) m_exiting_check_ns = std::min(m_exiting_check_ns, m_frees_check_ns);
 }
 
 ProcessWatch Registry::watch_process(pid_t pid, std::uint64_t start, uid_t uid) noexcept {
@@ -276,6 +290,7 @@ void Registry::note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept 
 }
 
 void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* out) {
+  const ExitWatch::Pass pass(m_exits);  // its process is looked at once for all its entries
   // The segments this connection holds or watches, when they are known: a connection's close does not cost the
   // broker a walk over every segment (a loop of connects and closes would keep it busy).
   std::set<std::uint64_t> ids;
@@ -662,6 +677,8 @@ void Registry::maybe_destroy(std::uint64_t id) {
 }
 
 void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
+  // One poll a process for all the repairs and writes that wait for it (thousands may wait for one process).
+  const ExitWatch::Pass pass(m_exits);
   repair_unclaimed(now_ns);
   repair_exited(now_ns);
   settle_owing(now_ns);

@@ -147,6 +147,8 @@ class Registry {
   /// Sets the quotas (the server lowers `fds` to what its RLIMIT_NOFILE allows).
   void set_quotas(const Quotas& quotas) noexcept { m_quotas = quotas; }
   const Quotas& quotas() const noexcept { return m_quotas; }
+  /// How many times the broker has polled a process it waits for (ExitWatch::looks; for tests).
+  std::uint64_t exit_looks() const noexcept { return m_exits.looks(); }
 
   /// Opens the names journal at `path`: the names linked when the last broker died wait until `now_ns + grace_ns`
   /// for a process that still maps one to Announce it (restore.cpp). Throws Error(System).
@@ -314,9 +316,11 @@ class Registry {
   static constexpr std::int64_t kUnclaimedLookNs = 20'000'000;
   std::set<std::uint64_t> m_unclaimed;
   std::int64_t m_unclaimed_check_ns = 0;
-  // Segments with members whose repair waits for their process to exit (SegmentRecord::exiting), looked at every
-  // 1 ms: a process killed while its stream wrote a slot it claimed exits within milliseconds.
+  // Segments with members whose repair waits for their process to exit (SegmentRecord::exiting), looked at 1 ms
+  // after one is added or a process exits, backing off to 32 ms while none exits.
   static constexpr std::int64_t kExitingLookNs = 1'000'000;
+  static constexpr std::int64_t kExitingLookMaxNs = 32'000'000;
+  std::int64_t m_exiting_interval_ns = kExitingLookNs;
   std::set<std::uint64_t> m_exiting;
   std::int64_t m_exiting_check_ns = 0;
   // Pool members that left owing frees (SegmentRecord::Unclaimed::left): their pools' records are read (up to a

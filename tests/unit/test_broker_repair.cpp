@@ -978,6 +978,29 @@ TEST(BrokerRepairWaits, TheOwedWritesKeptForAUidsChannelsAreBoundedTogether) {
   EXPECT_EQ(second.b.slot(1).filled, 0U);
 }
 
+// Repairs that wait for one process look at it once a pass of the broker's timer, however many there are: each
+// polled its own pidfd, every millisecond, so a uid's thousands of entries waiting for one live process kept the
+// broker busy.
+TEST(BrokerRepairWaits, APassLooksAtEachProcessOnceHoweverManyRepairsWaitForIt) {
+  LiveChild process;
+  ChannelOfAProcess c(process.pid);
+  std::vector<proto::JoinReply> members;
+  for (const ConnId conn : {ConnId{10}, ConnId{11}}) {
+    members.push_back(c.join_on_new_connection(conn, process.pid));
+    ASSERT_NE(members.back().member, proto::kNoMember);
+    const std::uint64_t seq = conn - 10;  // each holds a claim its stream may still be filling
+    c.b.slot(static_cast<std::uint32_t>(seq)).state = proto::pack_state(seq, Phase::Writing, members.back().member);
+  }
+  c.broker.registry.drop_connection(10);
+  c.broker.registry.drop_connection(11);
+  const std::uint64_t before = c.broker.registry.exit_looks();
+  c.broker.tick();
+  EXPECT_EQ(c.broker.registry.exit_looks() - before, 1U) << "polls of one process in one pass";
+  for (const auto& m : members) EXPECT_EQ(c.b.h().members[m.member].token, m.token) << "repaired while it runs";
+  process.kill();
+  c.broker.tick();
+  for (const auto& m : members) EXPECT_EQ(c.b.h().members[m.member].token, 0U) << "not repaired once it exited";
+}
 // A pool member that left owing a free waits in the broker for it (or its exit). Rejoined by its own process, it is
 // that connection's member again and waits no more (Leave and Rejoin in a loop added a wait each time); another
 // process cannot take it.
