@@ -150,7 +150,6 @@ void Registry::repair_exited(std::int64_t now_ns) {
   bool any_landed = false;
   bool any_gone = false;
   bool any_left = false;  // pool members that left owing frees wait on
-
   for (auto it = m_exiting.begin(); it != m_exiting.end();) {
     auto s = m_segments.find(*it);
     if (s == m_segments.end()) {
@@ -230,13 +229,15 @@ JournalOwed Registry::owed_of(const SegmentRecord& seg) const {
   return o;
 }
 
-void Registry::charge_owed(SegmentRecord& seg) noexcept {
+void Registry::charge_owed(SegmentRecord& seg) {
   const std::size_t now = owed_kept(seg.block);
-  if (now == seg.owed_charged) return;
-  auto it = m_owed_per_uid.try_emplace(seg.owner_uid, 0).first;
-  it->second = it->second - std::min(it->second, seg.owed_charged) + now;
+  if (now > seg.owed_charged) {
+    m_owed_per_uid[seg.owner_uid] += now - seg.owed_charged;  // (bad_alloc: nothing changed)
+  } else if (auto it = m_owed_per_uid.find(seg.owner_uid); it != m_owed_per_uid.end()) {
+    it->second -= std::min(it->second, seg.owed_charged - now);
+    if (it->second == 0) m_owed_per_uid.erase(it);
+  }
   seg.owed_charged = now;
-  if (it->second == 0) m_owed_per_uid.erase(it);
 }
 
 void Registry::limit_owed(SegmentRecord& seg) noexcept {

@@ -266,8 +266,9 @@ class Registry {
   void journal_owed(const SegmentRecord& seg, std::vector<proto::OwedWrite> writes, const ProcessWatch& process);
   /// Looks at `seg` again for owed writes to make (settle_owing) while it has any, and counts them for its owner.
   void watch_owed(SegmentRecord& seg);
-  /// Counts the owed writes `seg` keeps now in its owner's share (Quotas::owed_writes).
-  void charge_owed(SegmentRecord& seg) noexcept;
+  /// Counts the owed writes `seg` keeps now in its owner's share (Quotas::owed_writes). Throws std::bad_alloc only
+  /// when the count grows.
+  void charge_owed(SegmentRecord& seg);
   /// Lets `seg`'s block keep no more owed writes than its owner's share has room for (ControlBlock::most_owed).
   void limit_owed(SegmentRecord& seg) noexcept;
   /// A channel came back after a broker restart: takes the stream writes the journal says its dead members still
