@@ -127,7 +127,8 @@ bool process_gone(const SegmentRecord::Unclaimed& u) {
 void Registry::repair_gone(SegmentRecord& seg, const Joined& member) {
   GPUIPC_LOG_INFO("member {} of '{}' (pid {}) died while no broker watched it: repairing it after the broker restart",
                   member.member, seg.name, member.pid);
-  // Its process has exited, so its GPU work has too: what its stream owed is written as the turns come (pid 0).
+  // Its process has exited, so its GPU work has too: what its stream owed is written as the turns come (no process
+  // to wait for).
   repair_member(seg, member);
 }
 
