@@ -367,7 +367,7 @@ void load(DriverApi& api) {
                 "cuInit", 0, static_cast<int>(r));
   }
   // A child forked from here on inherits the table but cannot use CUDA; driver() tells it so.
-  os::at_fork_in_child(on_fork_child);
+  os::at_fork(nullptr, nullptr, on_fork_child);
   GPUIPC_LOG_DEBUG("CUDA driver {} loaded from {}", version_string(version), api.library);
 }
 

@@ -15,6 +15,7 @@
 #include <new>
 
 #include "base/errors.hpp"
+#include "os/process.hpp"
 
 namespace gpuipc::os {
 
@@ -80,26 +81,21 @@ std::atomic<int>* record(int fd) noexcept {
 }
 
 /// Holds off fork(2) in the process's other threads for its scope. Registers the fork handlers on first use.
-/// Signals are blocked in this thread meanwhile: a handler that forked here would wait for the gate it holds.
+/// Signals are blocked in this thread meanwhile (from before the registration, which takes glibc's atfork lock): a
+/// handler that forked here would wait for the gate, or that lock, held by its own thread.
 class ForkGate {
  public:
   ForkGate() noexcept {
     static std::once_flag registered;
-    std::call_once(registered, [] { (void)::pthread_atfork(hold_forks, release_forks, forget_in_child); });
-    sigset_t all{};
-    sigfillset(&all);
-    (void)::pthread_sigmask(SIG_BLOCK, &all, &m_old);
+    std::call_once(registered, [] { at_fork(hold_forks, release_forks, forget_in_child); });
     hold_forks();
   }
-  ~ForkGate() {
-    release_forks();
-    (void)::pthread_sigmask(SIG_SETMASK, &m_old, nullptr);
-  }
+  ~ForkGate() { release_forks(); }
   ForkGate(const ForkGate&) = delete;
   ForkGate& operator=(const ForkGate&) = delete;
 
  private:
-  sigset_t m_old{};
+  const SignalsBlocked m_blocked;  // first: blocked before the registration and the gate, restored after both
 };
 
 }  // namespace

@@ -70,20 +70,22 @@ bool process_alive(pid_t pid) noexcept {
   return ::kill(pid, 0) == 0 || errno == EPERM;
 }
 
-void at_fork_in_child(void (*handler)()) noexcept { (void)::pthread_atfork(nullptr, nullptr, handler); }
+SignalsBlocked::SignalsBlocked() noexcept {
+  sigset_t all{};
+  sigfillset(&all);
+  (void)::pthread_sigmask(SIG_BLOCK, &all, &m_old);
+}
+
+SignalsBlocked::~SignalsBlocked() { (void)::pthread_sigmask(SIG_SETMASK, &m_old, nullptr); }
+
+void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept {
+  const SignalsBlocked blocked;
+  (void)::pthread_atfork(prepare, parent, child);
+}
 
 void start_thread_without_signals(std::function<void()> body) {
-  sigset_t all{};
-  sigset_t old{};
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);  // the new thread inherits the mask
-  try {
-    std::thread(std::move(body)).detach();
-  } catch (...) {
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    throw;
-  }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  const SignalsBlocked blocked;  // the new thread inherits the mask
+  std::thread(std::move(body)).detach();
 }
 
 std::uint64_t process_start_ticks(pid_t pid) noexcept {

@@ -22,9 +22,22 @@ UniqueFd pidfd_open(pid_t pid);
 /// Polls a pidfd: true once the process has exited, false when `timeout_ms` passed first (-1: wait forever).
 bool pidfd_wait_exit(int pidfd, int timeout_ms);
 
-/// Runs `handler` in the child after every fork(2) of this process from now on (pthread_atfork). It must be
-/// async-signal-safe.
-void at_fork_in_child(void (*handler)()) noexcept;
+/// Blocks every signal in the calling thread for its scope; the destructor restores the mask it found.
+class SignalsBlocked {
+ public:
+  SignalsBlocked() noexcept;
+  ~SignalsBlocked();
+  SignalsBlocked(const SignalsBlocked&) = delete;
+  SignalsBlocked& operator=(const SignalsBlocked&) = delete;
+
+ private:
+  sigset_t m_old{};
+};
+
+/// Registers fork(2) handlers for this process from now on (pthread_atfork; any may be null), with every signal
+/// blocked meanwhile: glibc registers under the lock that fork takes, so a signal handler that forked inside the
+/// registration would wait for its own thread for ever. The child handler must be async-signal-safe.
+void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
 
 /// Starts a detached thread running `body` with every signal blocked, so that a process's signal handlers never
 /// run on the library's thread. Throws std::system_error when no thread can be made.

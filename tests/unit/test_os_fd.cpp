@@ -21,6 +21,7 @@
 #include "gpuipc/error.hpp"
 #include "os/fd.hpp"
 #include "os/socket.hpp"
+#include "support/atfork_probe.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc {
@@ -253,6 +254,24 @@ TEST(ParentOnlyFd, ASignalHandlerThatForksWhileItsThreadHoldsTheGateDoesNotHang)
                 },
                 20s),
             0);
+}
+
+TEST(ParentOnlyFd, TheFirstGateRegistersItsForkHandlersWithEverySignalBlocked) {
+  // The first gate in a process registers the fork handlers: pthread_atfork, under glibc's atfork lock, which fork(2)
+  // takes too. A handler that forked inside the registration waited for the lock its own thread held, for ever. The
+  // test above hung so, now and then, under load: each of its children makes its first gate while signals arrive,
+  // and gdb showed the forking handler on top of __register_atfork. The window is a few instructions wide; the probe
+  // sees the mask the registration runs under instead.
+  constexpr int kNoProbe = 2;
+  const int code = test::run_child([] {
+    const os::ParentOnlyFd sock(os::seqpacket_socket);  // the first gate in this process, if none came before
+    const test::AtforkRegistrations seen = test::atfork_registrations();
+    if (seen.count == 0) return kNoProbe;
+    GPUIPC_CHILD_CHECK(seen.with_signals_open == 0);
+    return 0;
+  });
+  if (code == kNoProbe) GTEST_SKIP() << "pthread_atfork does not reach the probe's __register_atfork in this build";
+  EXPECT_EQ(code, 0);
 }
 
 TEST(ParentOnlyFd, ForksInOtherThreadsNeverSeeOneHalfMadeOrHalfClosed) {

@@ -20,6 +20,7 @@
 #include "os/fd.hpp"
 #include "os/process.hpp"
 #include "os/socket.hpp"
+#include "support/atfork_probe.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc {
@@ -102,6 +103,34 @@ TEST(OsProcess, SignalFdDeliversSignalsSentToSelf) {
   }
   ASSERT_EQ(::pthread_sigmask(SIG_SETMASK, &old, nullptr), 0);
   EXPECT_THROW((void)os::signal_fd({9999}), Error);
+}
+
+namespace fork_counts {
+std::atomic<int> prepared{0};
+std::atomic<int> in_parent{0};
+std::atomic<int> in_child{0};
+void prepare() { prepared.fetch_add(1); }
+void parent() { in_parent.fetch_add(1); }
+void child() { in_child.fetch_add(1); }
+}  // namespace fork_counts
+
+TEST(OsProcess, AtForkRegistersWithEverySignalBlockedAndLeavesTheMaskAsItWas) {
+  sigset_t before{};
+  ASSERT_EQ(::pthread_sigmask(SIG_SETMASK, nullptr, &before), 0);
+  const test::AtforkRegistrations was = test::atfork_registrations();
+  os::at_fork(fork_counts::prepare, fork_counts::parent, fork_counts::child);
+  const test::AtforkRegistrations now = test::atfork_registrations();
+  if (now.count == was.count) GTEST_SKIP() << "pthread_atfork does not reach the probe's __register_atfork here";
+  EXPECT_EQ(now.count, was.count + 1);
+  EXPECT_EQ(now.with_signals_open, was.with_signals_open) << "registered with a signal unblocked";
+  sigset_t after{};
+  ASSERT_EQ(::pthread_sigmask(SIG_SETMASK, nullptr, &after), 0);
+  for (const int sig : {SIGUSR1, SIGTERM, SIGINT, SIGCHLD})
+    EXPECT_EQ(sigismember(&after, sig), sigismember(&before, sig));
+  EXPECT_EQ(test::run_child([] { return fork_counts::in_child.load() == 1 ? 0 : 1; }), 0);
+  EXPECT_EQ(fork_counts::prepared.load(), 1);
+  EXPECT_EQ(fork_counts::in_parent.load(), 1);
+  EXPECT_EQ(fork_counts::in_child.load(), 0) << "the child's handler ran in the child only";
 }
 
 TEST(OsProcess, EventFdSignalsAndDrains) {
