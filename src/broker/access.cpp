@@ -105,6 +105,12 @@ void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credenti
                             .body));
     return;
   }
+  if (seg.refs.count(conn) == 0) {
+    if (auto why = opens_refusal(conn, seg.name); !why.empty()) {
+      out.push_back(reply(conn, rid, error_reply(rid, ErrorCode::QuotaExceeded, std::move(why)).body));
+      return;
+    }
+  }
   os::UniqueFd fd;
   try {
     // A read-only opener of host memory gets a read-only file description: it cannot map it writable at all.

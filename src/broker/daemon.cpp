@@ -15,6 +15,7 @@ ServerOptions default_options(bool on_demand) {
   o.runtime_dir = config::runtime_dir();
   o.quotas.bytes = config::env_u64("GPUIPC_QUOTA_BYTES", UINT64_MAX);
   o.quotas.segments = config::env_u64("GPUIPC_QUOTA_SEGMENTS", 4096);
+  o.quotas.opens = config::env_u64("GPUIPC_QUOTA_OPENS", 65536);
   o.restore_grace = config::env_ms("GPUIPC_RESTORE_GRACE_MS", std::chrono::milliseconds(30000));
   o.hello_timeout = config::env_ms("GPUIPC_HELLO_TIMEOUT_MS", std::chrono::milliseconds(10000));
   o.poll =
@@ -34,6 +35,9 @@ void add_options(CLI::App& app, ServerOptions& options) {
   app.add_option("--quota-bytes", options.quotas.bytes, "bytes of segments one uid may register (GPUIPC_QUOTA_BYTES)");
   app.add_option("--quota-segments", options.quotas.segments,
                  "segments one uid may register (GPUIPC_QUOTA_SEGMENTS)");
+  app.add_option("--quota-opens", options.quotas.opens,
+                 "segments one uid's processes may hold open together, each process's counted apart "
+                 "(GPUIPC_QUOTA_OPENS)");
 }
 
 int run_daemon(ServerOptions options) {

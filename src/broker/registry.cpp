@@ -103,9 +103,17 @@ void Registry::bump_names_generation() noexcept {
 }
 
 void Registry::add_connection(ConnId conn, const os::Credentials& creds) {
-  ConnectionInfo info;
-  info.creds = creds;
-  m_connections[conn] = std::move(info);
+  auto& uid = m_uid_opens[creds.uid];
+  try {
+    ConnectionInfo info;
+    info.creds = creds;
+    info.uid = &uid;  // (a node's address: stable while it is in the map)
+    m_connections[conn] = std::move(info);
+  } catch (...) {
+    if (uid.connections == 0) m_uid_opens.erase(creds.uid);
+    throw;
+  }
+  ++uid.connections;
 }
 
 void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
@@ -279,6 +287,13 @@ void Registry::settle_owing(std::int64_t now_ns) {
 void Registry::note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept {
   auto c = m_connections.find(conn);
   if (c == m_connections.end()) return;  // (then drop_connection looks at every segment)
+  if (c->second.uid != nullptr && holds) {
+    ++c->second.held;
+    ++c->second.uid->held;
+  } else if (c->second.uid != nullptr) {
+    --c->second.held;
+    --c->second.uid->held;
+  }
   try {
     if (holds) {
       c->second.holding.insert(id);
@@ -288,6 +303,16 @@ void Registry::note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept 
   } catch (...) {  // out of memory: not indexed; the connection's close then looks at every segment
     c->second.holding_complete = false;
   }
+}
+
+std::string Registry::opens_refusal(ConnId conn, const std::string& name) const {
+  const auto c = m_connections.find(conn);
+  if (c == m_connections.end() || c->second.uid == nullptr || c->second.uid->held < m_quotas.opens) return {};
+  return fmt::format(
+      "quota exceeded: the processes of uid {} hold {} segments open together (each process's counted "
+      "apart), the most the broker allows (GPUIPC_QUOTA_OPENS); close segments you no longer use "
+      "before opening '{}'",
+      c->second.creds.uid, c->second.uid->held, name);
 }
 
 void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* out) {
@@ -331,6 +356,10 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
     const std::set<std::uint64_t> pending = std::move(c->second.pending);
     c->second.pending.clear();
     for (auto id : pending) unpark(id);
+    if (UidOpens* uid = c->second.uid; uid != nullptr) {
+      uid->held -= c->second.held;  // (its references were dropped above, without note_holding)
+      if (--uid->connections == 0) m_uid_opens.erase(c->second.creds.uid);
+    }
     m_connections.erase(conn);
   }
 }
@@ -469,6 +498,10 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                                   : fmt::format(" (and {} of its processes are waited for, a pidfd each)", watched),
                      fds_bound ? per_uid_fds : m_quotas.segments,
                      fds_bound ? "half of its file descriptor budget" : "GPUIPC_QUOTA_SEGMENTS"));
+    return;
+  }
+  if (auto why = opens_refusal(caller.conn, req.name); !why.empty()) {
+    fail(ErrorCode::QuotaExceeded, std::move(why));
     return;
   }
   if (m_segments.size() + 1 > m_quotas.fds) {

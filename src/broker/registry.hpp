@@ -45,6 +45,10 @@ struct Quotas {
   /// every pass of its timer (every 1 to 32 ms) until it is made: 64 full tables of the largest channel's. Past it,
   /// what a dying member owes is written at once.
   std::size_t owed_writes = std::size_t{proto::kMaxMembers} * proto::owed_capacity(proto::kMaxSlots);
+  /// Segments one uid's connections may hold references to together, each (segment, connection) counted once
+  /// (GPUIPC_QUOTA_OPENS): the broker keeps some 300 bytes for each (references, writers, heartbeat, the
+  /// connection's index), so that one uid's 512 connections opening its 4096 segments would take it 600 MB.
+  std::size_t opens = 65536;
 };
 
 /// Who is asking: a connection and its SO_PEERCRED credentials.
@@ -210,8 +214,11 @@ class Registry {
               std::vector<Outgoing>& out);
   /// Marks heartbeats whose deadline passed as hung and tells watchers.
   void expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out);
-  /// Records whether `conn` holds references to segment `id` (SegmentRecord::refs), for drop_connection.
+  /// Records whether `conn` holds references to segment `id` (SegmentRecord::refs), for drop_connection, and
+  /// counts it in its uid's Quotas::opens.
   void note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept;
+  /// Why `conn` may not start holding `name` (its uid's connections hold Quotas::opens segments), or empty.
+  std::string opens_refusal(ConnId conn, const std::string& name) const;
   /// Removes `conn`'s heartbeat on `seg` (all of them when `conn` is 0), and their deadlines.
   void drop_beats(SegmentRecord& seg, ConnId conn = 0) noexcept;
   /// Records a new linked name in the journal (not device_ipc shares, which die with their exporter anyway).
@@ -291,12 +298,20 @@ class Registry {
   std::uint64_t m_next_id = 1;
   std::map<std::uint64_t, SegmentRecord> m_segments;      // by id (ordered: List pages by id)
   std::unordered_map<std::string, std::uint64_t> m_names;  // linked names -> id
+  // Per uid with connections: how many, and the segments they hold references to (Quotas::opens).
+  struct UidOpens {
+    std::size_t connections = 0;
+    std::size_t held = 0;
+  };
+  std::unordered_map<uid_t, UidOpens> m_uid_opens;
   struct ConnectionInfo {
     os::Credentials creds;
     std::set<std::uint64_t> pending;  // parked opens
     std::set<std::uint64_t> watching;  // segments it watches
     std::set<std::uint64_t> holding;   // segments it holds references to: what its close looks at
     bool holding_complete = true;      // false once an insert into `holding` failed (out of memory)
+    std::size_t held = 0;              // segments it holds references to, counted in `uid` (whatever `holding` has)
+    UidOpens* uid = nullptr;           // its uid's entry in m_uid_opens (none: a connection never added)
     std::optional<std::uint64_t> start;  // its process's start (os::process_start_ticks), read at its first Join
   };
   std::unordered_map<ConnId, ConnectionInfo> m_connections;

@@ -43,6 +43,7 @@ TEST(CliArguments, CountsAreDecimalDigitsThatFit) {
       {"watch", "x", "--count", "-3"},
       {"daemon", "--foreground", "--quota-bytes", "-1"},
       {"daemon", "--foreground", "--quota-segments", "99999999999999999999"},
+      {"daemon", "--foreground", "--quota-opens", "0x10"},
       {"daemon", "--foreground", "--idle-timeout-ms", "+5"},
   };
   for (const auto& args : bad) {

@@ -139,6 +139,49 @@ TEST(BrokerReferences, OneConnectionsReferencesToASegmentAreCappedAndTheTotalSat
   EXPECT_EQ(seg.total_refs(), UINT32_MAX);
 }
 
+TEST(BrokerReferences, TheSegmentsAUidsConnectionsHoldAreBoundedTogether) {
+  // The broker keeps some 300 bytes for each (segment, connection) holding references: one uid's 512 connections
+  // opening its 4096 segments made it keep 600 MB (bench/analysis/experiments/broker_holdings_memory.cpp).
+  TwoConnections b(Quotas{.opens = 3});
+  const auto refused = [](const proto::Message& m) {
+    const auto* e = std::get_if<proto::ErrorReply>(&m.body);
+    return e != nullptr && e->code == static_cast<std::uint8_t>(ErrorCode::QuotaExceeded) &&
+           e->message.find("GPUIPC_QUOTA_OPENS") != std::string::npos;
+  };
+  const auto open = [&](ConnId conn, const char* name) {
+    return b.ask(conn, proto::Open{name, proto::Access::ReadOnly, 0});
+  };
+  const auto a = std::get<proto::OpenReply>(b.create(1, "a").body).info.id;      // 1: (a, 1)
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(open(2, "a").body));      // 2: (a, 2)
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(1, "b").body));  // 3: (b, 1)
+  EXPECT_TRUE(refused(open(2, "b")));
+  EXPECT_TRUE(refused(b.create(2, "c"))) << "a Create takes one too";
+  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(open(2, "a").body)) << "a segment already held costs none";
+  // Another uid has its own.
+  const os::Credentials other{::getpid(), ::getuid() + 1, ::getgid(), {}};
+  b.registry.add_connection(3, other);
+  std::vector<os::UniqueFd> fds;
+  fds.push_back(os::memfd_create("theirs", 4096));
+  std::vector<Outgoing> out;
+  b.registry.handle(Caller{3, other},
+                    proto::Message{b.rid++, proto::Create{"theirs", proto::Kind::Host, 0600, 4096, {}, 0}}, fds, 0,
+                    out);
+  ASSERT_EQ(out.size(), 1U);
+  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(out[0].msg.body));
+  // A Close that lets go of a segment gives its place back, and so does a closed connection.
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(2, proto::Close{a}).body));  // 2 references: one left
+  EXPECT_TRUE(refused(open(2, "b")));
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(2, proto::Close{a}).body));
+  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(open(2, "b").body));
+  EXPECT_TRUE(refused(open(2, "a")));
+  b.registry.drop_connection(2);
+  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(1, "c").body));
+  b.registry.add_connection(2, b.me);
+  EXPECT_TRUE(refused(open(2, "a"))) << "connection 1 holds a, b and c";
+  b.registry.drop_connection(1);
+  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(open(2, "a").body));
+}
+
 TEST(BrokerReferences, AClosingConnectionDropsWhatItHeldAndWatchedOnly) {
   // A close looks at the segments the connection held or watched (an index), not at every segment; a connection
   // the registry was not told of (no index) is still dropped everywhere.
