@@ -39,6 +39,9 @@ ProcessWatch ExitWatch::watch(pid_t pid, std::uint64_t start, uid_t uid, std::si
       if (ProcessWatch w = known->second.lock(); w && !exited(w)) {
         // The process that has the pid now: the one asked for, unless that one started at another time (gone).
         return start == 0 || w->start == start ? w : ProcessWatch{};
+      } else if (w && start != 0 && w->start == start) {
+        // The process asked for, seen exited: nothing to wait for (not reaped yet, it would take a second pidfd).
+        return {};
       }
     }
     if (const std::size_t count = watched(uid); count >= allowed) {

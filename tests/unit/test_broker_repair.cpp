@@ -907,6 +907,34 @@ TEST(ExitWatch, OneWatchPerProcessWithinTheUidsShare) {
   EXPECT_TRUE(exited(ProcessWatch{}));
 }
 
+TEST(ExitWatch, AProcessSeenExitedButNotReapedTakesNoSecondPidfd) {
+  // A zombie's pid is still there: pidfd_open succeeds, and its start is the same. Asked for again (a later repair of
+  // the same connection's entries), the watch seen exited is the answer, not a new pidfd charged to the uid.
+  ExitWatch exits;
+  const uid_t uid = ::getuid();
+  int fds[2] = {-1, -1};
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[1]);
+    char c = 0;
+    (void)!::read(fds[0], &c, 1);
+    ::_exit(0);
+  }
+  ::close(fds[0]);
+  const ProcessWatch first = exits.watch(pid, 0, uid, 4);
+  ASSERT_TRUE(first);
+  ::close(fds[1]);  // it exits, and stays a zombie until the waitpid below
+  ASSERT_TRUE(test::wait_until([&] { return exited(first); }, std::chrono::seconds(5)));
+  const int open_before = os::count_open_fds();
+  const ProcessWatch again = exits.watch(pid, first->start, uid, 4);
+  EXPECT_FALSE(again) << "a second watch of a process that has exited";
+  EXPECT_EQ(os::count_open_fds(), open_before);
+  EXPECT_EQ(exits.watched(uid), 1U);
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+}
+
 // A channel whose members write writes into their owed tables that never come due (a turn that never comes), then
 // die, in a loop: the broker kept every write, without end. It keeps as many as the members' tables hold, and
 // writes the rest at once.
