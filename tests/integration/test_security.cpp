@@ -464,13 +464,8 @@ TEST(Security, TheBrokersFdBudgetFollowsItsLimitAndIsSharedBetweenUsers) {
               ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);
               std::vector<Segment> held;
               for (int i = 0; i < 16; ++i) held.push_back(Segment::create("fd-" + std::to_string(i), 4096));
-              try {
-                held.push_back(Segment::create("fd-16", 4096));
-                return 2;
-              } catch (const Error& e) {
-                GPUIPC_CHILD_CHECK(e.code() == ErrorCode::QuotaExceeded);
-                GPUIPC_CHILD_CHECK(std::string(e.what()).find("file descriptor budget") != std::string::npos);
-              }
+              GPUIPC_CHILD_CHECK(fails_with([&] { held.push_back(Segment::create("fd-16", 4096)); },
+                                            ErrorCode::QuotaExceeded, "file descriptor budget"));
               return 0;
             }),
             0);
@@ -527,13 +522,8 @@ TEST(Security, TheSegmentsOneUsersProcessesHoldOpenAreBoundedTogether) {
   EXPECT_EQ(run_child([&] {
               ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);
               const auto one = Segment::open("opens-1");  // the third
-              try {
-                (void)Segment::open("opens-2");
-                return 2;
-              } catch (const Error& e) {
-                GPUIPC_CHILD_CHECK(e.code() == ErrorCode::QuotaExceeded);
-                GPUIPC_CHILD_CHECK(std::string(e.what()).find("GPUIPC_QUOTA_OPENS") != std::string::npos);
-              }
+              GPUIPC_CHILD_CHECK(
+                  fails_with([] { (void)Segment::open("opens-2"); }, ErrorCode::QuotaExceeded, "GPUIPC_QUOTA_OPENS"));
               return 0;
             }),
             0);

@@ -74,6 +74,20 @@ int run_child(const std::function<int()>& body, std::chrono::milliseconds timeou
   return wait_child(start_child(body), timeout);
 }
 
+bool fails_with(const std::function<void()>& call, ErrorCode code, std::string_view text) {
+  const std::string expected = std::string(to_string(code)) + " with \"" + std::string(text) + "\"";
+  try {
+    call();
+  } catch (const Error& e) {
+    if (e.code() == code && std::string_view(e.what()).find(text) != std::string_view::npos) return true;
+    std::fprintf(stderr, "threw %s: %s; expected %s\n", std::string(to_string(e.code())).c_str(), e.what(),
+                 expected.c_str());
+    return false;
+  }
+  std::fprintf(stderr, "did not throw; expected %s\n", expected.c_str());
+  return false;
+}
+
 void report_child_failure(const char* file, int line, const char* expr) noexcept {
   std::fprintf(stderr, "%s:%d: child check failed: %s\n", file, line, expr);
   std::fflush(stderr);

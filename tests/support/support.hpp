@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpuipc/error.hpp"
 #include "os/fd.hpp"
 
 namespace gpuipc::test {
@@ -67,6 +68,10 @@ int run_child(const std::function<int()>& body, std::chrono::milliseconds timeou
 
 /// Prints "file:line: child check failed: expr" to stderr (used by GPUIPC_CHILD_CHECK).
 void report_child_failure(const char* file, int line, const char* expr) noexcept;
+
+/// Whether `call` throws gpuipc::Error with `code` and a message containing `text`; says on stderr what it did
+/// instead when not. For `GPUIPC_CHILD_CHECK(fails_with([] { ... }, ErrorCode::QuotaExceeded, "..."))`.
+bool fails_with(const std::function<void()>& call, ErrorCode code, std::string_view text);
 
 /// Inside a start_child / run_child body: returns 1 from the body, after saying which check failed, when `cond` is
 /// false.
