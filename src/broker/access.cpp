@@ -6,6 +6,7 @@
 
 #include "broker/registry.hpp"
 #include "os/memfd.hpp"
+#include "shm/pool_block.hpp"
 
 namespace gpuipc::broker {
 
@@ -14,6 +15,39 @@ unsigned permission_bits(const os::Credentials& creds, std::uint16_t mode, uid_t
   if (creds.uid == owner_uid) return (mode >> 6) & 7;
   if (creds.in_group(owner_gid)) return (mode >> 3) & 7;
   return mode & 7;
+}
+
+const SegmentAttributes* Registry::named(const std::string& name) const {
+  if (auto it = m_names.find(name); it != m_names.end()) return &m_segments.at(it->second);
+  if (auto r = m_restore.find(name); r != m_restore.end()) return &r->second.entry;
+  return nullptr;
+}
+
+std::string Registry::chunk_refusal(const os::Credentials& creds, const std::string& name) const {
+  const std::string_view pool_name = proto::pool_of_chunk(name);
+  if (pool_name.empty()) return {};
+  const SegmentAttributes* pool = named(std::string(pool_name));
+  if (pool == nullptr || (pool->flags & proto::kFlagPool) == 0) return {};
+  if ((permission_bits(creds, pool->mode, pool->owner_uid, pool->owner_gid) & 6) == 6) return {};
+  return fmt::format(
+      "'{}' names a chunk of pool '{}', which uid {} may not read and write: only its members make "
+      "a pool's chunks; choose another name",
+      name, pool_name, creds.uid);
+}
+
+std::string Registry::pool_chunks_refusal(const os::Credentials& creds, const SegmentRecord& pool) const {
+  // check_control checked it: 1..kMaxChunks.
+  const std::uint32_t chunks = static_cast<const shm::PoolHeader*>(pool.block.data)->max_chunks;
+  for (std::uint32_t c = 0; c < chunks; ++c) {
+    const std::string chunk = fmt::format("{}.chunk.{}", pool.name, c);
+    const SegmentAttributes* taken = named(chunk);
+    if (taken == nullptr || taken->owner_uid == creds.uid) continue;
+    return fmt::format(
+        "pool '{}': segment '{}' exists, owned by uid {}, and the pool would grow into it; remove it "
+        "(gpuipc rm {}, as uid {} or root) or choose another pool name",
+        pool.name, chunk, taken->owner_uid, chunk, taken->owner_uid);
+  }
+  return {};
 }
 
 void Registry::wake_waiting(SegmentRecord& seg, std::vector<Outgoing>& out) {

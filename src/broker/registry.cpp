@@ -482,6 +482,10 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                      req.name, kind_name(other.kind), human_bytes(other.size), other.owner_uid, req.name));
     return;
   }
+  if (auto why = chunk_refusal(caller.creds, req.name); !why.empty()) {
+    fail(ErrorCode::PermissionDenied, std::move(why));
+    return;
+  }
   // Quotas: what this uid already has registered (linked or still referenced), and the broker's fd budget.
   const std::uint64_t bytes = m_bytes_per_uid[caller.creds.uid];
   const std::uint64_t count = m_segments_per_uid[caller.creds.uid];
@@ -560,6 +564,12 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
     if (auto why = map_control(seg, fds[0].get(), true, code); !why.empty()) {
       fail(code, std::move(why));
       return;
+    }
+    if ((req.flags & proto::kFlagPool) != 0) {
+      if (auto why = pool_chunks_refusal(caller.creds, seg); !why.empty()) {
+        fail(ErrorCode::AlreadyExists, std::move(why));
+        return;
+      }
     }
   }
   seg.memory = std::move(fds[0]);

@@ -219,6 +219,16 @@ class Registry {
   void note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept;
   /// Why `conn` may not start holding `name` (its uid's connections hold Quotas::opens segments), or empty.
   std::string opens_refusal(ConnId conn, const std::string& name) const;
+  /// What `name` stands for now: a linked segment's attributes, or a name from before a restart that waits for
+  /// its Announce; nullptr when it is neither.
+  const SegmentAttributes* named(const std::string& name) const;
+  /// Why `creds` may not create `name`, a chunk name of a pool that exists (proto::pool_of_chunk) which `creds`
+  /// may not read and write, or empty. A member that finds a chunk's name taken used to map what is there as the
+  /// chunk: another user's segment would then hold the pool's data.
+  std::string chunk_refusal(const os::Credentials& creds, const std::string& name) const;
+  /// Why `creds` may not create `pool` (a pool's control block, mapped): one of its chunk names is held by another
+  /// uid, made before the pool existed; or empty.
+  std::string pool_chunks_refusal(const os::Credentials& creds, const SegmentRecord& pool) const;
   /// Removes `conn`'s heartbeat on `seg` (all of them when `conn` is 0), and their deadlines.
   void drop_beats(SegmentRecord& seg, ConnId conn = 0) noexcept;
   /// Records a new linked name in the journal (not device_ipc shares, which die with their exporter anyway).

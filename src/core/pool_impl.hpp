@@ -25,6 +25,7 @@
 #include "cuda/device.hpp"
 #include "cuda/host_registration.hpp"
 #include "gpuipc/pool.hpp"
+#include "os/identity.hpp"
 #include "os/memfd.hpp"
 #include "shm/members.hpp"
 #include "shm/pool_block.hpp"
@@ -357,8 +358,33 @@ struct Pool::Impl {
       if (e.code() != ErrorCode::AlreadyExists) throw;
       seg = detail::open_segment(n, {.access = Access::ReadWrite, .wait = {}, .device = mapping_request()}, true, at);
       if (seg.size() < geo().chunk_bytes || seg.kind() != kind) throw;
+      check_adoptable(seg);
     }
     return install(c, std::move(seg), epoch);
+  }
+
+  /// A chunk's segment found made already is adopted only when one of the pool's members made it: its owner is
+  /// this process's uid, or the pool's owner while the pool's name still names this pool. The broker lets only
+  /// members make the chunk names of a pool that exists; once the name is gone they are anyone's, and another
+  /// user's segment there would get the pool's data. Throws AlreadyExists.
+  void check_adoptable(const Segment& seg) const {
+    const SegmentInfo made = Segment::stat(seg.name());
+    bool ours = made.id == seg.id() && made.owner_uid == os::current_uid();
+    if (!ours && made.id == seg.id()) {
+      try {
+        const SegmentInfo pool = Segment::stat(name);
+        ours = pool.id == control.id() && pool.owner_uid == made.owner_uid;
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::NotFound) throw;
+      }
+    }
+    if (ours) return;
+    throw Error(ErrorCode::AlreadyExists,
+                fmt::format("pool '{}': segment '{}' exists, owned by uid {}, neither this process's nor the pool "
+                            "owner's, so it is no chunk of this pool and the pool cannot grow into it; remove it "
+                            "(gpuipc rm {}, as uid {} or root)",
+                            name, seg.name(), made.owner_uid, seg.name(), made.owner_uid),
+                "allocate");
   }
 
   void create_chunk(std::uint32_t c) {

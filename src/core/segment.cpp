@@ -241,13 +241,7 @@ namespace {
 /// Whether `name` ends as the segments a channel or a pool makes beside its control block do: `X.slots` (a channel's
 /// buffers) or `X.chunk.<digits>` (a pool's chunks). Channel::create takes a `X.slots` that nobody holds for the
 /// leftover of a killed create and reclaims it, and pools sweep their chunks by name.
-bool reserved_name(std::string_view name) {
-  if (name.ends_with(".slots")) return true;
-  const auto dot = name.rfind('.');
-  if (dot == std::string_view::npos || dot + 1 == name.size()) return false;
-  const std::string_view digits = name.substr(dot + 1);
-  return digits.find_first_not_of("0123456789") == std::string_view::npos && name.substr(0, dot).ends_with(".chunk");
-}
+bool reserved_name(std::string_view name) { return name.ends_with(".slots") || !proto::pool_of_chunk(name).empty(); }
 
 }  // namespace
 

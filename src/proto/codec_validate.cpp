@@ -336,4 +336,13 @@ std::string check_name(std::string_view name) {
   return {};
 }
 
+std::string_view pool_of_chunk(std::string_view name) noexcept {
+  constexpr std::string_view kChunk = ".chunk.";
+  const auto at = name.rfind(kChunk);
+  if (at == std::string_view::npos || at == 0) return {};
+  const std::string_view digits = name.substr(at + kChunk.size());
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos) return {};
+  return name.substr(0, at);
+}
+
 }  // namespace gpuipc::proto

@@ -362,6 +362,10 @@ std::size_t max_fds(MessageType type) noexcept;
 /// Whether `name` is a valid object name (see kMaxNameLength). Returns an empty string when valid, else why not.
 std::string check_name(std::string_view name);
 
+/// The pool that a name of a pool's chunk (`POOL.chunk.<digits>`) belongs to, else empty. The broker lets only a
+/// pool's members create such names while the pool exists, and refuses a pool whose chunk names another uid holds.
+std::string_view pool_of_chunk(std::string_view name) noexcept;
+
 /// Encodes `msg` announcing `fd_count` fds. Throws std::invalid_argument if the message breaks a limit
 /// (callers build messages from checked values; the broker never encodes client-supplied garbage).
 std::vector<std::byte> encode(const Message& msg, std::size_t fd_count = 0);

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "base/config.hpp"
 #include "core/segment_internal.hpp"
 #include "gpuipc/channel.hpp"
+#include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 #include "os/memfd.hpp"
 #include "os/socket.hpp"
@@ -541,6 +543,105 @@ TEST(Security, TheSegmentsOneUsersProcessesHoldOpenAreBoundedTogether) {
             0);
   ::kill(broker, SIGTERM);
   EXPECT_EQ(wait_child(broker, 10s), 0);
+}
+
+/// A segment named like a pool's chunk, readable and writable by everyone, made as a hostile client would (the
+/// library's Segment::create refuses such names; the broker is what must).
+Segment squat(const std::string& name) {
+  return detail::create_segment(name, 64 << 10, {.kind = SegmentKind::Host, .device = 0, .mode = 0666}, 0);
+}
+
+/// A small host pool whose blocks of 48 KiB take a 64 KiB chunk each: a second block makes chunk 1.
+PoolOptions two_chunk_pool() {
+  PoolOptions o;
+  o.kind = SegmentKind::Host;
+  o.mode = 0600;
+  o.chunk_bytes = 64 << 10;
+  o.max_bytes = 4 * o.chunk_bytes;
+  return o;
+}
+
+/// Writes `secret` into two blocks of `pool`, the second in a chunk the growth makes; keeps them.
+std::vector<Block> fill_two_chunks(Pool& pool, char secret) {
+  std::vector<Block> blocks;
+  for (int i = 0; i < 2; ++i) {
+    blocks.push_back(pool.allocate(48 << 10));
+    std::memset(blocks.back().data(), secret, blocks.back().size());
+  }
+  return blocks;
+}
+
+/// Whether the bytes of segment `name`, as another uid maps it, are `secret` (exit 0), it cannot open it (exit 3),
+/// or they are something else (exit 4).
+int nobody_reads(const std::string& name, char secret) {
+  return run_child([&] {
+    if (!become_nobody()) return 90;
+    try {
+      auto seg = Segment::open(name, {.access = Access::ReadOnly});
+      return static_cast<const char*>(seg.data())[0] == secret ? 0 : 4;
+    } catch (const Error& e) {
+      return e.code() == ErrorCode::PermissionDenied ? 3 : 5;
+    }
+  });
+}
+
+TEST(Security, NobodyButAPoolsMembersMakesItsChunks) {
+  // A pool grows by creating NAME.chunk.K, and a member that finds the name taken adopted the segment there as
+  // the chunk (one a member made before it died). Another user who made that name first, readable by everyone,
+  // read what the owner then put in its private pool.
+  SKIP_UNLESS_ROOT();
+  const auto name = unique_name("pool");
+  auto pool = Pool::create(name, two_chunk_pool());
+  EXPECT_EQ(run_child([&] {
+              if (!become_nobody()) return 90;
+              GPUIPC_CHILD_CHECK(
+                  fails_with([&] { (void)squat(name + ".chunk.1"); }, ErrorCode::PermissionDenied, "only its members"));
+              return 0;
+            }),
+            0);
+  const auto blocks = fill_two_chunks(pool, 's');
+  EXPECT_EQ(blocks[1].ref().chunk, 1U);
+  EXPECT_EQ(nobody_reads(name + ".chunk.1", 's'), 3);
+}
+
+TEST(Security, APoolIsNotMadeOverChunkNamesAnotherUserTookFirst) {
+  // The same, the name taken before the pool exists: the pool's creation is refused, naming the segment and its
+  // owner, rather than grow into it later.
+  SKIP_UNLESS_ROOT();
+  const auto name = unique_name("pool");
+  (void)Segment::list();  // the broker started, by root: a child of another uid could not
+  EXPECT_EQ(run_child([&] {
+              if (!become_nobody()) return 90;
+              const auto taken = squat(name + ".chunk.1");
+              return 0;
+            }),
+            0);
+  EXPECT_TRUE(
+      fails_with([&] { (void)Pool::create(name, two_chunk_pool()); }, ErrorCode::AlreadyExists, name + ".chunk.1"));
+  Segment::unlink(name + ".chunk.1");
+  auto pool = Pool::create(name, two_chunk_pool());
+  const auto blocks = fill_two_chunks(pool, 's');
+  EXPECT_EQ(nobody_reads(name + ".chunk.1", 's'), 3);
+}
+
+TEST(Security, AMemberOfAnUnlinkedPoolDoesNotGrowIntoAnotherUsersSegment) {
+  // Once the pool's name is gone, its chunk names are anyone's: a member that still grows it must not adopt
+  // another user's segment as its chunk.
+  SKIP_UNLESS_ROOT();
+  const auto name = unique_name("pool");
+  auto pool = Pool::create(name, two_chunk_pool());
+  Pool::unlink(name);
+  EXPECT_EQ(run_child([&] {
+              if (!become_nobody()) return 90;
+              const auto taken = squat(name + ".chunk.1");
+              return 0;
+            }),
+            0);
+  const Block first = pool.allocate(48 << 10);
+  EXPECT_TRUE(fails_with([&] { (void)pool.allocate(48 << 10); }, ErrorCode::System, "owned by uid 65534"));
+  Segment::unlink(name + ".chunk.1");
+  const Block second = pool.allocate(48 << 10);  // its own chunk, once the name is free
+  EXPECT_EQ(second.ref().chunk, 1U);
 }
 
 }  // namespace
