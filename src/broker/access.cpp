@@ -23,16 +23,27 @@ const SegmentAttributes* Registry::named(const std::string& name) const {
   return nullptr;
 }
 
-std::string Registry::chunk_refusal(const os::Credentials& creds, const std::string& name) const {
+std::string Registry::name_refusal(const os::Credentials& creds, const std::string& name) const {
   const std::string_view pool_name = proto::pool_of_chunk(name);
-  if (pool_name.empty()) return {};
-  const SegmentAttributes* pool = named(std::string(pool_name));
-  if (pool == nullptr || (pool->flags & proto::kFlagPool) == 0) return {};
-  if ((permission_bits(creds, pool->mode, pool->owner_uid, pool->owner_gid) & 6) == 6) return {};
-  return fmt::format(
-      "'{}' names a chunk of pool '{}', which uid {} may not read and write: only its members make "
-      "a pool's chunks; choose another name",
-      name, pool_name, creds.uid);
+  for (std::size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) {
+    const std::string above = name.substr(0, dot);
+    const SegmentAttributes* seg = named(above);
+    if (seg == nullptr) continue;
+    const bool chunk = above == pool_name && (seg->flags & proto::kFlagPool) != 0;
+    const unsigned need = chunk ? 6 : 4;
+    if ((permission_bits(creds, seg->mode, seg->owner_uid, seg->owner_gid) & need) == need) continue;
+    if (chunk) {
+      return fmt::format(
+          "'{}' names a chunk of pool '{}', which uid {} may not read and write: only its members "
+          "make a pool's chunks; choose another name",
+          name, above, creds.uid);
+    }
+    return fmt::format(
+        "'{}' lies under '{}', which uid {} may not read: only those who may use an object make "
+        "names under its name (a stream's readers, a pool's chunks); choose another name",
+        name, above, creds.uid);
+  }
+  return {};
 }
 
 std::string Registry::pool_chunks_refusal(const os::Credentials& creds, const SegmentRecord& pool) const {

@@ -482,7 +482,7 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                      req.name, kind_name(other.kind), human_bytes(other.size), other.owner_uid, req.name));
     return;
   }
-  if (auto why = chunk_refusal(caller.creds, req.name); !why.empty()) {
+  if (auto why = name_refusal(caller.creds, req.name); !why.empty()) {
     fail(ErrorCode::PermissionDenied, std::move(why));
     return;
   }

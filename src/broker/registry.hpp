@@ -222,10 +222,12 @@ class Registry {
   /// What `name` stands for now: a linked segment's attributes, or a name from before a restart that waits for
   /// its Announce; nullptr when it is neither.
   const SegmentAttributes* named(const std::string& name) const;
-  /// Why `creds` may not create `name`, a chunk name of a pool that exists (proto::pool_of_chunk) which `creds`
-  /// may not read and write, or empty. A member that finds a chunk's name taken used to map what is there as the
-  /// chunk: another user's segment would then hold the pool's data.
-  std::string chunk_refusal(const os::Credentials& creds, const std::string& name) const;
+  /// Why `creds` may not create `name`, or empty. Names under an existing object's name (`P.x` while `P` exists)
+  /// are for those who may read it, and a pool's chunk names (proto::pool_of_chunk) for those who may read and
+  /// write the pool: a member that finds a chunk's name taken used to map what is there as the chunk (another
+  /// user's segment would then hold the pool's data), and a stream publisher waited for ever on a reader slot that
+  /// someone who may not read the stream made.
+  std::string name_refusal(const os::Credentials& creds, const std::string& name) const;
   /// Why `creds` may not create `pool` (a pool's control block, mapped): one of its chunk names is held by another
   /// uid, made before the pool existed; or empty.
   std::string pool_chunks_refusal(const os::Credentials& creds, const SegmentRecord& pool) const;

@@ -545,6 +545,31 @@ TEST(Security, TheSegmentsOneUsersProcessesHoldOpenAreBoundedTogether) {
   EXPECT_EQ(wait_child(broker, 10s), 0);
 }
 
+TEST(Security, NamesUnderAnObjectsNameAreForThoseWhoMayReadIt) {
+  // A stream's readers make their slots as NAME.reader.<i>, and its publisher waits for every reader it finds
+  // there: anyone who made such a name, the stream unreadable to them, kept the publisher waiting for ever.
+  SKIP_UNLESS_ROOT();
+  const auto hidden = unique_name("hidden");
+  const auto shown = unique_name("shown");
+  auto a = Segment::create(hidden, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  auto b = Segment::create(shown, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0644});
+  EXPECT_EQ(run_child([&] {
+              if (!become_nobody()) return 90;
+              GPUIPC_CHILD_CHECK(fails_with([&] { (void)Segment::create(hidden + ".reader.0", 4096); },
+                                            ErrorCode::PermissionDenied, "may not read"));
+              GPUIPC_CHILD_CHECK(fails_with([&] { (void)Segment::create(hidden + ".x.y", 4096); },
+                                            ErrorCode::PermissionDenied, "may not read"));
+              // Under a name it may read, or under no object at all: as before.
+              (void)Segment::create(shown + ".reader.0", 4096);
+              Segment::unlink(shown + ".reader.0");
+              const auto free = unique_name("free") + ".reader.0";
+              (void)Segment::create(free, 4096);
+              Segment::unlink(free);
+              return 0;
+            }),
+            0);
+}
+
 /// A segment named like a pool's chunk, readable and writable by everyone, made as a hostile client would (the
 /// library's Segment::create refuses such names; the broker is what must).
 Segment squat(const std::string& name) {

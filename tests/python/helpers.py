@@ -62,6 +62,17 @@ def unlink_as_other_user(name: str) -> str:
         return type(e).__name__
 
 
+def create_semaphore_as_other_user(name: str) -> Tuple[str, str]:
+    """Drops to uid 65534 and creates semaphore `name`: ("ok", "") or (exception class, message)."""
+    drop_privileges()
+    try:
+        gpuipc.Semaphore.create(name, initial=0, kind="host", mode=0o666).close()
+        gpuipc.Semaphore.unlink(name)
+        return "ok", ""
+    except gpuipc.Error as e:
+        return type(e).__name__, str(e)
+
+
 def create_later(name: str, delay: float, value: int) -> None:
     """Creates host segment `name` after `delay` seconds, writes `value` and keeps it for a while."""
     time.sleep(delay)

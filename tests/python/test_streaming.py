@@ -700,3 +700,19 @@ def test_stream_publisher_sizes(name):
         gpuipc.stream_publisher(name, 1 << 40, 2, kind="host")
     with pytest.raises(gpuipc.InvalidArgument, match="buckets must be 1..1024, not True"):
         gpuipc.stream_publisher(name, 4096, True, kind="host")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to another uid")
+def test_only_those_who_may_read_a_stream_make_its_reader_slots(name, spawn):
+    """A reader's slot is a semaphore it makes under the stream's name, and the publisher waits for every reader it
+    finds there: another user who may not read the stream made one, and the publisher waited for it for ever."""
+    from gpuipc._stream_format import _slot_name
+
+    with gpuipc.stream_publisher(name, 4096, 2, readers=1, kind="host", mode=0o600) as pub:
+        pub.init()
+        cls, msg = spawn(helpers.create_semaphore_as_other_user, _slot_name(name, 0))
+        assert cls == "PermissionDenied" and "may not read" in msg, (cls, msg)
+    shown = name + "s"
+    with gpuipc.stream_publisher(shown, 4096, 2, readers=1, kind="host", mode=0o644) as pub:
+        pub.init()
+        assert spawn(helpers.create_semaphore_as_other_user, _slot_name(shown, 0)) == ("ok", "")
