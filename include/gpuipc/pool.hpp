@@ -218,6 +218,11 @@ class Pool {
   Access access() const noexcept;
   /// The pool's id (BlockRef::pool).
   std::uint64_t id() const noexcept;
+  /// The owner's uid and gid and the permission bits of the pool's control block (Segment::owner_uid), which
+  /// joining it is checked against.
+  std::uint32_t owner_uid() const noexcept;
+  std::uint32_t owner_gid() const noexcept;
+  unsigned mode() const noexcept;
   PoolMode pool_mode() const noexcept;
   /// Bytes of each chunk (variable mode) or of each block (fixed mode).
   std::size_t chunk_bytes() const noexcept;

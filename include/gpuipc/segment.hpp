@@ -116,6 +116,11 @@ class Segment {
   const std::string& name() const noexcept;
   /// The broker's id of this segment.
   std::uint64_t id() const noexcept;
+  /// Its owner's uid and gid, and its permission bits, as the broker said when this process created or opened it
+  /// (SegmentInfo's; 0 for an empty handle).
+  std::uint32_t owner_uid() const noexcept;
+  std::uint32_t owner_gid() const noexcept;
+  unsigned mode() const noexcept;
   explicit operator bool() const noexcept { return m_map != nullptr; }
   /// Drops this handle now (the mapping goes when the process's last handle does).
   void close() noexcept;

@@ -32,7 +32,7 @@ from .pool import Pool
 from .segment import Segment
 from .semaphore import Semaphore
 from ._index import is_stale
-from .tensors import HeldBlock, HeldBlocks
+from .tensors import HeldBlock, HeldBlocks, vouch_of
 
 from ._stream_format import (
     _D_ABORT,
@@ -94,7 +94,9 @@ class StreamReader:
     """A reader of stream ``name`` (:func:`stream_reader`): :meth:`receive` or :meth:`receive_iter` per version.
     A context manager (``with`` closes)."""
 
-    def __init__(self, name: str, *, device: Optional[int] = None, wait: Optional[float] = None) -> None:
+    def __init__(
+        self, name: str, *, device: Optional[int] = None, wait: Optional[float] = None, trust_pools: bool = False
+    ) -> None:
         self.name = name
         self._closed = False
         self._slot_sem: Optional[Semaphore] = None
@@ -149,7 +151,8 @@ class StreamReader:
                 # would let a piece past a block's end through, and its copy read less than it says.
                 raise InvalidArgument(f"stream {name!r} is malformed (its header's bucket_bytes {h.bucket_bytes} "
                                       f"is more than its staging blocks hold)")
-            self._held = HeldBlocks(True, self._device if h.device_staging else None, f"stream {name!r}")
+            self._held = HeldBlocks(True, self._device if h.device_staging else None, f"stream {name!r}",
+                                    vouch_of(self._seg, trust_pools))
             self._filled = Semaphore.open(name + ".filled", role="waiter", wait=wait, device=self._device)
             self._slot = self._claim(wait)
         except BaseException:
@@ -626,10 +629,15 @@ class StreamReader:
         return f"<gpuipc.StreamReader {self.name!r} slot={getattr(self, '_slot', None)} version={getattr(self, '_version', 0)}>"
 
 
-def stream_reader(name: str, *, device: Optional[int] = None, wait: Optional[float] = None) -> StreamReader:
+def stream_reader(
+    name: str, *, device: Optional[int] = None, wait: Optional[float] = None, trust_pools: bool = False
+) -> StreamReader:
     """Joins stream ``name`` as a reader: maps its staging buckets once and claims a reader slot. The reader is
     admitted at the publisher's next version (:meth:`StreamPublisher.start`); a :meth:`StreamReader.receive`
     before that waits for it. wait: seconds to wait for the stream to be created, and for a free slot. device: the
-    GPU that maps device staging (None: the publisher's). Raises NotFound, Timeout, QuotaExceeded (every slot is
-    taken), PeerDied (the stream's pool is gone), PermissionDenied."""
-    return StreamReader(name, device=device, wait=wait)
+    GPU that maps device staging (None: the publisher's). trust_pools: copy from blocks of every pool the
+    publisher's buckets name that this process may join; by default only of those the stream's owner could read
+    itself, judged from its uid and primary gid (docs/torch.md#whose-pools). Raises NotFound, Timeout,
+    QuotaExceeded (every slot is taken), PeerDied (the stream's pool is gone), PermissionDenied (also from receive,
+    for a pool the stream's owner could not read)."""
+    return StreamReader(name, device=device, wait=wait, trust_pools=trust_pools)

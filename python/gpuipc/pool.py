@@ -463,6 +463,21 @@ class Pool:
         return self._pool.id
 
     @property
+    def owner_uid(self) -> int:
+        """The uid that owns the pool's control block, as the broker said when this process created or opened it."""
+        return self._pool.owner_uid
+
+    @property
+    def owner_gid(self) -> int:
+        """The gid of the pool's control block's owner (as :attr:`owner_uid`)."""
+        return self._pool.owner_gid
+
+    @property
+    def mode(self) -> int:
+        """The pool's control block's permission bits (as :attr:`owner_uid`)."""
+        return self._pool.mode
+
+    @property
     def readonly(self) -> bool:
         return self._readonly
 

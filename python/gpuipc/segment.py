@@ -125,6 +125,21 @@ class Segment:
         return self._seg.id
 
     @property
+    def owner_uid(self) -> int:
+        """The uid that owns the segment, as the broker said when this process created or opened it."""
+        return self._seg.owner_uid
+
+    @property
+    def owner_gid(self) -> int:
+        """The gid of the segment's owner (as :attr:`owner_uid`)."""
+        return self._seg.owner_gid
+
+    @property
+    def mode(self) -> int:
+        """The segment's permission bits (as :attr:`owner_uid`)."""
+        return self._seg.mode
+
+    @property
     def address(self) -> int:
         """Host address (host kinds) or device address (device) of the first byte."""
         return self._seg.address

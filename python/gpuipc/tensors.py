@@ -20,7 +20,7 @@ from . import _gpuipc, _index
 from ._dtypes import dlpack_of_name, dtype_of
 from ._names import unlink_names
 from ._tensorinfo import DL_CUDA, TensorInfo, describe
-from .errors import AlreadyExists, Error, InvalidArgument, NotFound, PeerDied
+from .errors import AlreadyExists, Error, InvalidArgument, NotFound, PeerDied, PermissionDenied
 from .pool import Block, BlockRef, Pool, find_block
 from .segment import Segment
 
@@ -463,13 +463,50 @@ def read_index(name: str, wait: Optional[float]) -> Tuple[_index.Index, Segment,
         raise
 
 
-def join_pool(pool_name: str, readonly: bool, device: Optional[int], owner: str) -> Pool:
-    """Joins the pool that another process's tensors live in. Raises PeerDied when it is gone (``owner`` names what
-    the tensors belong to), and what Pool.open raises."""
+#: (uid, gid) of the owner of what names a pool (a tensor index, a stream), which the pool is checked against; None:
+#: every pool this process may join is taken (trust_pools=True).
+Vouch = Optional[Tuple[int, int]]
+
+
+def vouch_of(seg: Segment, trust_pools: bool) -> Vouch:
+    """The Vouch of the index or stream ``seg``."""
+    return None if trust_pools else (seg.owner_uid, seg.owner_gid)
+
+
+def may_use(pool: Pool, vouch: Vouch, readonly: bool) -> bool:
+    """Whether the owner ``vouch`` names could use ``pool`` as this reader will (read, or read and write), as the
+    broker judges permissions (docs/segments.md#permissions) from the owner's uid and primary gid: its supplementary
+    groups are not known here."""
+    if vouch is None:
+        return True
+    uid, gid = vouch
+    if uid == 0 or pool.owner_uid == uid:
+        return True
+    bits = (pool.mode >> 3) & 7 if pool.owner_gid == gid else pool.mode & 7
+    need = 4 if readonly else 6
+    return bits & need == need
+
+
+def join_pool(pool_name: str, readonly: bool, device: Optional[int], owner: str, vouch: Vouch) -> Pool:
+    """Joins the pool that another process's tensors live in, when what names it could use it itself (``vouch``):
+    a hostile index or stream could otherwise point a reader at memory that only the reader may use (its own
+    pools, or others' it may read), for it to load as weights or to write into. Raises PeerDied when it is gone
+    (``owner`` names what the tensors belong to), PermissionDenied, and what Pool.open raises."""
     try:
-        return Pool.open(pool_name, readonly=readonly, device=device)
+        pool = Pool.open(pool_name, readonly=readonly, device=device)
     except NotFound:
         raise PeerDied(f"the pool {pool_name!r} of {owner} is gone (its owner removed it)") from None
+    if may_use(pool, vouch, readonly):
+        return pool
+    assert vouch is not None
+    facts = f"owner uid {pool.owner_uid}, gid {pool.owner_gid}, mode {pool.mode:04o}"
+    pool.close()
+    raise PermissionDenied(
+        f"{owner} names pool {pool_name!r} ({facts}), which its owner (uid {vouch[0]}, gid {vouch[1]}) may not "
+        f"{'read' if readonly else 'read and write'}: a reader joins only pools that the owner of what names them "
+        "could use, so that nobody can point it at memory only the reader may use. Give the pool a mode that lets "
+        "that owner in, or pass trust_pools=True where the owner reaches it through a supplementary group"
+    )
 
 
 @dataclass
@@ -486,10 +523,11 @@ class HeldBlocks:
     (bucketed streaming's reference pieces). :meth:`retain` drops the blocks no longer named (their holds go back:
     the owner's frees take effect) and the pools left without blocks; :meth:`close` drops everything."""
 
-    def __init__(self, readonly: bool, device: Optional[int], owner: str) -> None:
+    def __init__(self, readonly: bool, device: Optional[int], owner: str, vouch: Vouch) -> None:
         self._readonly = readonly
         self._device = device
         self._owner = owner
+        self._vouch = vouch
         self._pools: Dict[str, Pool] = {}
         self._blocks: Dict[Tuple[str, bytes], HeldBlock] = {}
 
@@ -506,7 +544,9 @@ class HeldBlocks:
             pool.close()  # the blocks held in it keep it joined until retain drops them
             pool = None
         if pool is None:
-            pool = self._pools[pool_name] = join_pool(pool_name, self._readonly, self._device, self._owner)
+            pool = self._pools[pool_name] = join_pool(
+                pool_name, self._readonly, self._device, self._owner, self._vouch
+            )
         # the one call open_tensors resolves and holds blocks with (_Opened.views)
         held = self._blocks[key] = HeldBlock(pool._pool.views_of(ref, self._readonly, True, False)[0])
         return held
@@ -523,7 +563,9 @@ class HeldBlocks:
             try:
                 pool = self._pools.get(pool_name)
                 if pool is None:
-                    pool = self._pools[pool_name] = join_pool(pool_name, self._readonly, self._device, self._owner)
+                    pool = self._pools[pool_name] = join_pool(
+                        pool_name, self._readonly, self._device, self._owner, self._vouch
+                    )
                 pool._pool.map_chunks(b"".join(refs))
             except Error:
                 pass
@@ -547,7 +589,7 @@ class HeldBlocks:
 class _Opened:
     """The pools of one index, opened once each."""
 
-    def __init__(self, name: str, index: _index.Index, readonly: bool, device: Optional[int]) -> None:
+    def __init__(self, name: str, index: _index.Index, readonly: bool, device: Optional[int], vouch: Vouch) -> None:
         self.name = name
         self.index = index
         self.readonly = readonly
@@ -559,7 +601,7 @@ class _Opened:
         for k, pool_name in enumerate(index.pools):
             if k not in used or pool_name in self.pools:
                 continue
-            self.pools[pool_name] = join_pool(pool_name, readonly, device, f"tensors {name!r}")
+            self.pools[pool_name] = join_pool(pool_name, readonly, device, f"tensors {name!r}", vouch)
 
     def map_chunks(self, raw: bytes) -> None:
         """Maps the chunks the slot's raw refs name, one broker round trip per pool (Pool.map_chunks) where
@@ -678,7 +720,8 @@ class _Opened:
 
 
 def open_tensors(
-    name: str, *, readonly: bool = True, wait: Optional[float] = None, device: Optional[int] = None, versioned: bool = False
+    name: str, *, readonly: bool = True, wait: Optional[float] = None, device: Optional[int] = None,
+    versioned: bool = False, trust_pools: bool = False,
 ) -> Any:
     """The tensors shared under ``name``, as a dict of views (no copy): NumPy arrays for host memory, ArrayViews
     (DLPack, ``__cuda_array_interface__``) for GPU memory, torch tensors where torch tensors were shared and torch
@@ -687,16 +730,18 @@ def open_tensors(
     One open of the index, one pool join per pool, one resolve (and hold) per storage; the views hold their memory
     until they go. readonly: map read-only (NumPy arrays are not writeable). wait: seconds to wait for the name.
     device: the GPU that maps device memory (None: the current one). versioned: return a :class:`gpuipc.Reader`
-    (publish_tensors) instead of a dict. Raises NotFound, Timeout, InvalidArgument (not a tensor index), PeerDied
-    (the owner freed the tensors or died before this open), PermissionDenied.
+    (publish_tensors) instead of a dict. trust_pools: join every pool the index names that this process may join;
+    by default only those the index's owner could use itself as this open will (read, or read and write), judged
+    from its uid and primary gid (docs/torch.md#whose-pools). Raises NotFound, Timeout, InvalidArgument (not a
+    tensor index), PeerDied (the owner freed the tensors or died before this open), PermissionDenied.
     """
     if versioned:
         from .versions import Reader
 
-        return Reader(name, readonly=readonly, wait=wait, device=device)
+        return Reader(name, readonly=readonly, wait=wait, device=device, trust_pools=trust_pools)
     index, seg, mem = read_index(name, wait)
     try:
-        opened = _Opened(name, index, readonly, device)
+        opened = _Opened(name, index, readonly, device, vouch_of(seg, trust_pools))
         try:
             for _ in range(1000):
                 v = _index.read_stamp(index, mem, 0) if index.slots == 1 else None
@@ -706,7 +751,8 @@ def open_tensors(
                 if v is None:
                     from .versions import Reader
 
-                    with Reader(name, readonly=readonly, device=device, _index=(index, seg, mem)) as r:
+                    with Reader(name, readonly=readonly, device=device, trust_pools=trust_pools,
+                                _index=(index, seg, mem)) as r:
                         return r.snapshot()[1]
                 raw = _index.read_refs_raw(index, mem, 0)
                 try:

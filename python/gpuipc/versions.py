@@ -30,6 +30,7 @@ from .tensors import (
     current_stream_of,
     read_index,
     storage_views,
+    vouch_of,
 )
 
 __all__ = ["publish_tensors", "Publisher", "Reader"]
@@ -255,7 +256,7 @@ class Reader:
 
     def __init__(
         self, name: str, *, readonly: bool = True, wait: Optional[float] = None, device: Optional[int] = None,
-        _index: Optional[Tuple[Any, Any, Any]] = None,
+        trust_pools: bool = False, _index: Optional[Tuple[Any, Any, Any]] = None,
     ) -> None:
         self.name = name
         index, self._seg, self._mem = _index if _index is not None else read_index(name, wait)
@@ -268,7 +269,7 @@ class Reader:
         try:
             self._sem = Semaphore.open(index.versioning["semaphore"], role="waiter", wait=wait)
             try:
-                self._opened = _Opened(name, index, readonly, device)
+                self._opened = _Opened(name, index, readonly, device, vouch_of(self._seg, trust_pools))
             except BaseException:
                 self._sem.close()
                 raise

@@ -450,7 +450,8 @@ void bind_pool(nb::module_& m) {
           "raw"_a, "first"_a, "flat"_a, "sflat"_a, "dtypes"_a, "readonly"_a, "hold"_a,
           "The tensors of a tensor index (gpuipc/_index.py) that lie alone at the start of a storage named in\n"
           "``raw`` (the 40-byte refs of storages ``first``, ``first + 1``, ...): [(tensor position, DLPack capsule)].\n"
-          "flat, sflat: the index's tensor and storage columns (little-endian int64); dtypes[i]: ((code, bits, lanes), typestr) of the\n"
+          "flat, sflat: the index's tensor and storage columns (little-endian int64); dtypes[i]: ((code, bits, lanes), "
+          "typestr) of the\n"
           "index's dtype i, or None (those tensors are left out). Raises InvalidArgument for a malformed index or a\n"
           "stale ref (holds taken so far are given back).")
       .def(
@@ -554,6 +555,9 @@ void bind_pool(nb::module_& m) {
       .def_prop_ro("name", [](PyPool& p) { return p.get().name(); })
       .def_prop_ro("kind", [](PyPool& p) { return std::string(to_string(p.get().kind())); })
       .def_prop_ro("id", [](PyPool& p) { return p.get().id(); })
+      .def_prop_ro("owner_uid", [](PyPool& p) { return p.get().owner_uid(); })
+      .def_prop_ro("owner_gid", [](PyPool& p) { return p.get().owner_gid(); })
+      .def_prop_ro("mode", [](PyPool& p) { return p.get().mode(); })
       .def_prop_ro("fixed", [](PyPool& p) { return p.get().pool_mode() == PoolMode::Fixed; })
       .def_prop_ro("chunk_bytes", [](PyPool& p) { return p.get().chunk_bytes(); })
       .def_prop_ro("block_bytes", [](PyPool& p) { return p.get().block_bytes(); })

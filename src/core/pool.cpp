@@ -492,6 +492,9 @@ int Pool::mapping_device() const noexcept {
 }
 Access Pool::access() const noexcept { return m_impl ? m_impl->access : Access::ReadOnly; }
 std::uint64_t Pool::id() const noexcept { return m_impl ? m_impl->geo().pool_id : 0; }
+std::uint32_t Pool::owner_uid() const noexcept { return m_impl ? m_impl->control.owner_uid() : 0; }
+std::uint32_t Pool::owner_gid() const noexcept { return m_impl ? m_impl->control.owner_gid() : 0; }
+unsigned Pool::mode() const noexcept { return m_impl ? m_impl->control.mode() : 0; }
 PoolMode Pool::pool_mode() const noexcept {
   return m_impl && m_impl->geo().mode == shm::PoolMode::Fixed ? PoolMode::Fixed : PoolMode::Variable;
 }

@@ -230,6 +230,9 @@ const std::string& Segment::name() const noexcept {
   return m_map ? m_map->name : kEmpty;
 }
 std::uint64_t Segment::id() const noexcept { return m_map ? m_map->id.load() : 0; }
+std::uint32_t Segment::owner_uid() const noexcept { return m_map ? m_map->owner_uid : 0; }
+std::uint32_t Segment::owner_gid() const noexcept { return m_map ? m_map->owner_gid : 0; }
+unsigned Segment::mode() const noexcept { return m_map ? m_map->mode : 0; }
 void Segment::close() noexcept { m_map.reset(); }
 bool Segment::alive() const noexcept { return !m_map || m_map->alive(); }
 void Segment::check_alive() const {
@@ -315,6 +318,19 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
                                                  place_at == 0);
 }
 
+namespace {
+
+/// What a Create's or an Open's answer says of the segment that the mapping keeps: its size as registered (for
+/// Announce), its owner and mode.
+void note_broker_info(detail::Mapping& m, const proto::SegmentInfo& info) noexcept {
+  m.broker_size = info.size;
+  m.owner_uid = info.owner_uid;
+  m.owner_gid = info.owner_gid;
+  m.mode = info.mode;
+}
+
+}  // namespace
+
 Segment detail::SegmentAccess::register_created(std::shared_ptr<Mapping> m, const proto::Create& req, os::UniqueFd fd,
                                                 int device, bool read_only_too, bool cached) {
   auto& client = core::BrokerClient::instance();
@@ -324,7 +340,7 @@ Segment detail::SegmentAccess::register_created(std::shared_ptr<Mapping> m, cons
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Create with something else", "create");
   m->id = r->info.id;
   m->client_generation = reply.generation;
-  m->broker_size = r->info.size;
+  note_broker_info(*m, r->info);
   m->memory = std::move(fd);
   remember_for_restart(m);
   // Cached under the device it was made with and under "any device" (-1, OpenOptions' default), so that the
@@ -396,7 +412,7 @@ Segment map_opened(const std::string& n, const OpenOptions& options, bool regist
       m->gpu = core::register_host_memory(m->host.data(), m->size, options.device < 0 ? 0 : options.device, read_only);
     }
   }
-  m->broker_size = r->info.size;
+  note_broker_info(*m, r->info);
   m->memory = std::move(reply.fds[0]);
   remember_for_restart(m);
   if (place_at == 0) {

@@ -32,6 +32,9 @@ struct Mapping {
   std::uint64_t view_offset = 0;        // device kinds: data() is gpu->device_pointer() + view_offset
   std::atomic<std::uint64_t> client_generation{0};  // the broker connection that holds our reference
   std::uint64_t broker_size = 0;        // SegmentInfo::size as the broker registered it (for Announce)
+  std::uint32_t owner_uid = 0;          // SegmentInfo's owner and mode when this process created or opened it
+  std::uint32_t owner_gid = 0;
+  unsigned mode = 0;
   os::UniqueFd memory;                  // the memory's fd, kept to give the name back to a restarted broker
   os::Mapping host;                     // host kinds; device_ipc: its record (proto::DeviceIpcRecord)
   std::unique_ptr<core::GpuMemory> gpu; // device kinds, and the registration of host_pinned; set before the

@@ -35,6 +35,23 @@ TEST(SegmentsHost, CreateInOneProcessModifyInAnotherSeenInFirst) {
   Segment::unlink(name);
 }
 
+TEST(SegmentsHost, AHandleKnowsItsOwnerAndModeAsTheBrokerSaid) {
+  const auto name = unique_name();
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0640});
+  EXPECT_EQ(seg.owner_uid(), ::getuid());
+  EXPECT_EQ(seg.owner_gid(), ::getgid());
+  EXPECT_EQ(seg.mode(), 0640U);
+  EXPECT_EQ(run_child([&] {
+              const auto opened = Segment::open(name, {.access = Access::ReadOnly});
+              GPUIPC_CHILD_CHECK(opened.owner_uid() == ::getuid() && opened.owner_gid() == ::getgid());
+              GPUIPC_CHILD_CHECK(opened.mode() == 0640U);
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(Segment().mode(), 0U);
+  Segment::unlink(name);
+}
+
 TEST(SegmentsHost, OtherUidIsRefusedWithOwnerAndMode) {
   if (::getuid() != 0) GTEST_SKIP() << "needs root to setuid a child to another uid";
   const auto name = unique_name();

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 import gpuipc
+from gpuipc import _index
 
 
 def drop_privileges() -> None:
@@ -71,6 +74,38 @@ def create_semaphore_as_other_user(name: str) -> Tuple[str, str]:
         return "ok", ""
     except gpuipc.Error as e:
         return type(e).__name__, str(e)
+
+
+def forge_index(name, body, flat, storages, refs, stamp=1):
+    """Writes a tensor index ``name`` (as share_tensors lays it out) with these JSON body and columns, and slot 0's
+    refs; returns its segment."""
+    js = json.dumps(body).encode() if isinstance(body, dict) else body
+    fb, sb = np.asarray(flat, "<i8").tobytes(), np.asarray(storages, "<i8").tobytes()
+    count = len(storages) // 4
+    start = (32 + len(js) + 7) // 8 * 8
+    offset = (start + len(fb) + len(sb) + 63) // 64 * 64
+    seg = gpuipc.Segment.create(name, offset + _index.slot_bytes(count))
+    m = seg.as_array("uint8")
+    head = _index._HEADER.pack(_index.MAGIC, _index.FORMAT, len(js), 1, count, offset) + js
+    head += bytes(start - len(head)) + fb + sb
+    m[: len(head)] = np.frombuffer(head, np.uint8)
+    m[offset : offset + 8] = np.frombuffer(struct.pack("<Q", stamp), np.uint8)
+    m[offset + 16 : offset + 16 + len(refs)] = np.frombuffer(refs, np.uint8)
+    return seg
+
+
+def index_body(names, dtypes=("float32",), pools=("P",), words=0, **extra):
+    return {"format": 2, "names": list(names), "dtypes": list(dtypes), "frameworks": ["numpy"], "pools": list(pools),
+            "tensor_words": words, "versioning": None, **extra}
+
+
+def forge_index_as_other_user(name: str, pool_name: str, ref: bytes) -> str:
+    """Drops to uid 65534 and writes tensor index ``name`` naming block ``ref`` of pool ``pool_name`` (which it may
+    not use) as tensor "a", 16 float32; the name stays after this process exits."""
+    drop_privileges()
+    flat = [0, 0, 0, 0, 1, 16, 1]
+    forge_index(name, index_body(["a"], pools=[pool_name], words=len(flat)), flat, [0, 64, 0, 0], ref).close()
+    return "ok"
 
 
 def create_later(name: str, delay: float, value: int) -> None:

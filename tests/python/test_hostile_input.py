@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import gpuipc
+import helpers
 from gpuipc import _index
 from gpuipc import _stream_format as F
 from gpuipc.__main__ import _runtime_dir_report
@@ -30,29 +31,6 @@ def test_a_strided_view_whose_span_wraps_round_is_refused(name):
         with pytest.raises(gpuipc.InvalidArgument, match="too large"):
             v.as_strided((1, 32, 1), "<f4", [2], [1 << 62], 0)  # (2^62 + 1) x 4 bytes wraps to 4
         assert v.as_strided((1, 8, 1), "|u1", [4, 7], [7, 1], 0).nbytes == 28  # a plain one still works
-
-
-def _forge(name, body, flat, storages, refs, stamp=1):
-    """Writes a tensor index ``name`` (as share_tensors lays it out) with these JSON body and columns, and slot 0's
-    refs; returns its segment."""
-    js = json.dumps(body).encode() if isinstance(body, dict) else body
-    fb, sb = np.asarray(flat, "<i8").tobytes(), np.asarray(storages, "<i8").tobytes()
-    count = len(storages) // 4
-    start = (32 + len(js) + 7) // 8 * 8
-    offset = (start + len(fb) + len(sb) + 63) // 64 * 64
-    seg = gpuipc.Segment.create(name, offset + _index.slot_bytes(count))
-    m = seg.as_array("uint8")
-    head = _index._HEADER.pack(_index.MAGIC, _index.FORMAT, len(js), 1, count, offset) + js
-    head += bytes(start - len(head)) + fb + sb
-    m[: len(head)] = np.frombuffer(head, np.uint8)
-    m[offset : offset + 8] = np.frombuffer(struct.pack("<Q", stamp), np.uint8)
-    m[offset + 16 : offset + 16 + len(refs)] = np.frombuffer(refs, np.uint8)
-    return seg
-
-
-def _body(names, dtypes=("float32",), pools=("P",), words=0, **extra):
-    return {"format": 2, "names": list(names), "dtypes": list(dtypes), "frameworks": ["numpy"], "pools": list(pools),
-            "tensor_words": words, "versioning": None, **extra}
 
 
 #: (case, body changes, tensor column, what the error names). The storage is a real 64-byte float32 block.
@@ -75,9 +53,9 @@ def test_a_forged_tensor_index_is_refused_as_malformed(name, case, change, flat,
     exception, not an array over memory the storage does not have."""
     with gpuipc.Pool.create(name + "P", chunk_bytes=1 << 16, max_bytes=1 << 16) as pool:
         block = pool.allocate(64)
-        body = _body(["a"], pools=[name + "P"], words=len(flat))
+        body = helpers.index_body(["a"], pools=[name + "P"], words=len(flat))
         body.update({k: ([name + "P" if p == "P" else p for p in v] if k == "pools" else v) for k, v in change.items()})
-        with _forge(name, body, flat, [0, 64, 0, 0], bytes(block.ref)):
+        with helpers.forge_index(name, body, flat, [0, 64, 0, 0], bytes(block.ref)):
             with pytest.raises(gpuipc.InvalidArgument, match="malformed") as e:
                 gpuipc.open_tensors(name)
             assert says in str(e.value), (case, str(e.value))
@@ -86,7 +64,7 @@ def test_a_forged_tensor_index_is_refused_as_malformed(name, case, change, flat,
 
 def test_a_tensor_index_of_two_slots_without_versioning_is_malformed(name):
     """(Its reader was told to use open_tensors, the call that sent it there.)"""
-    with _forge(name, _body([]), [], [], b"") as seg:
+    with helpers.forge_index(name, helpers.index_body([]), [], [], b"") as seg:
         seg.as_array("uint8")[16:20] = np.frombuffer(struct.pack("<I", 2), np.uint8)  # slots
         with pytest.raises(gpuipc.InvalidArgument, match="two slots and no versioning"):
             gpuipc.open_tensors(name)
@@ -94,7 +72,7 @@ def test_a_tensor_index_of_two_slots_without_versioning_is_malformed(name):
 
 def test_a_tensor_index_nested_thousands_deep_is_malformed_not_a_recursion_error(name):
     nested = b"[" * 100000 + b"]" * 100000
-    with _forge(name, nested, [], [], b""):
+    with helpers.forge_index(name, nested, [], [], b""):
         with pytest.raises(gpuipc.InvalidArgument, match="malformed"):
             gpuipc.open_tensors(name)
 
@@ -106,7 +84,7 @@ def test_open_waits_for_a_slot_its_owner_is_rewriting(name):
         block = pool.allocate(64)
         block.numpy("float32")[:] = 7
         flat = [0, 0, 0, 0, 1, 16, 1]
-        with _forge(name, _body(["a"], pools=[name + "P"], words=len(flat)), flat, [0, 64, 0, 0], bytes(block.ref),
+        with helpers.forge_index(name, helpers.index_body(["a"], pools=[name + "P"], words=len(flat)), flat, [0, 64, 0, 0], bytes(block.ref),
                     stamp=0) as seg:
             mem = seg.as_array("uint8")
             stamp_at = _index.decode(name, mem).slot_offset
@@ -194,3 +172,52 @@ def test_python_doctor_judges_the_runtime_directory_as_the_library_does(tmp_path
     link.symlink_to(real)
     assert "symbolic link" in _runtime_dir_report(str(link))["error"]
     assert stat.S_ISLNK(os.lstat(link).st_mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to another uid")
+def test_an_index_cannot_point_a_reader_at_a_pool_its_owner_could_not_use(name, spawn):
+    """A reader joins the pools an index names with its own permissions: another user's index that named the
+    reader's private pool had it take that pool's bytes as the tensors (and write into them, opened writable)."""
+    with gpuipc.Pool.create(name + "P", chunk_bytes=1 << 16, max_bytes=1 << 16, mode=0o600) as pool:
+        block = pool.allocate(64)
+        block.numpy("float32")[:] = 7
+        assert spawn(helpers.forge_index_as_other_user, name, name + "P", bytes(block.ref)) == "ok"
+        assert gpuipc.Segment.stat(name).owner_uid == 65534
+        with pytest.raises(gpuipc.PermissionDenied, match="may not read: a reader joins only pools"):
+            gpuipc.open_tensors(name)
+        assert gpuipc.Pool.stat(name + "P")["members"] == 1  # the refused join was left again
+        got = gpuipc.open_tensors(name, trust_pools=True)  # the reader's own choice
+        assert float(got["a"].sum()) == 7 * 16
+        del got
+        block.free()
+    gpuipc.Segment.unlink(name)
+    # A pool everyone may read: the index's owner could read it too, but not write it.
+    with gpuipc.Pool.create(name + "R", chunk_bytes=1 << 16, max_bytes=1 << 16, mode=0o644) as pool:
+        block = pool.allocate(64)
+        block.numpy("float32")[:] = 3
+        assert spawn(helpers.forge_index_as_other_user, name, name + "R", bytes(block.ref)) == "ok"
+        got = gpuipc.open_tensors(name)
+        assert float(got["a"].sum()) == 3 * 16
+        del got
+        with pytest.raises(gpuipc.PermissionDenied, match="may not read and write"):
+            gpuipc.open_tensors(name, readonly=False)
+        block.free()
+    gpuipc.Segment.unlink(name)
+
+
+def test_a_stream_reader_takes_blocks_only_of_pools_the_streams_owner_could_read(name):
+    """The same for the blocks a stream's buckets name: the reader's HeldBlocks judge each pool by the stream's
+    owner."""
+    from gpuipc.tensors import HeldBlocks
+
+    with gpuipc.Pool.create(name + "P", chunk_bytes=1 << 16, max_bytes=1 << 16, mode=0o600) as pool:
+        block = pool.allocate(64)
+        stranger = HeldBlocks(True, None, f"stream {name!r}", (os.getuid() + 1, os.getgid() + 1))
+        with pytest.raises(gpuipc.PermissionDenied, match=f"stream {name!r} names pool"):
+            stranger.get(name + "P", bytes(block.ref))
+        mine = HeldBlocks(True, None, f"stream {name!r}", (os.getuid(), os.getgid()))
+        assert mine.get(name + "P", bytes(block.ref)).view.nbytes == 64
+        mine.close()
+        block.free()
+    with gpuipc.stream_publisher(name, 4096, 2, readers=1, kind="host") as pub, gpuipc.stream_reader(name) as rd:
+        assert rd._held._vouch == (pub._seg.owner_uid, pub._seg.owner_gid) == (os.getuid(), os.getgid())
