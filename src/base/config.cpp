@@ -31,6 +31,8 @@ constexpr std::array kRegistry{
     EnvVar{"GPUIPC_QUOTA_SEGMENTS", "4096", "Most segments (and semaphores, channels) one uid may have at once."},
     EnvVar{"GPUIPC_QUOTA_OPENS", "65536",
            "Most segments one uid's processes may hold open together, each process's opens counted apart."},
+    EnvVar{"GPUIPC_QUOTA_OPENS_TOTAL", "1048576",
+           "Most segments every uid's processes may hold open together, each process's opens counted apart."},
     EnvVar{"GPUIPC_CONNECT_TIMEOUT_MS", "5000", "How long a client waits for the broker to start and answer."},
     EnvVar{"GPUIPC_HELLO_TIMEOUT_MS", "10000",
            "The broker closes a connection that has not said Hello this long after it accepted it; 0: never."},

@@ -16,6 +16,7 @@ ServerOptions default_options(bool on_demand) {
   o.quotas.bytes = config::env_u64("GPUIPC_QUOTA_BYTES", UINT64_MAX);
   o.quotas.segments = config::env_u64("GPUIPC_QUOTA_SEGMENTS", 4096);
   o.quotas.opens = config::env_u64("GPUIPC_QUOTA_OPENS", 65536);
+  o.quotas.opens_total = config::env_u64("GPUIPC_QUOTA_OPENS_TOTAL", std::uint64_t{1} << 20);
   o.restore_grace = config::env_ms("GPUIPC_RESTORE_GRACE_MS", std::chrono::milliseconds(30000));
   o.hello_timeout = config::env_ms("GPUIPC_HELLO_TIMEOUT_MS", std::chrono::milliseconds(10000));
   o.poll =
@@ -38,6 +39,8 @@ void add_options(CLI::App& app, ServerOptions& options) {
   app.add_option("--quota-opens", options.quotas.opens,
                  "segments one uid's processes may hold open together, each process's counted apart "
                  "(GPUIPC_QUOTA_OPENS)");
+  app.add_option("--quota-opens-total", options.quotas.opens_total,
+                 "the same over every uid's processes (GPUIPC_QUOTA_OPENS_TOTAL)");
 }
 
 int run_daemon(ServerOptions options) {

@@ -290,9 +290,11 @@ void Registry::note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept 
   if (c->second.uid != nullptr && holds) {
     ++c->second.held;
     ++c->second.uid->held;
+    ++m_opens_held;
   } else if (c->second.uid != nullptr) {
     --c->second.held;
     --c->second.uid->held;
+    --m_opens_held;
   }
   try {
     if (holds) {
@@ -307,7 +309,15 @@ void Registry::note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept 
 
 std::string Registry::opens_refusal(ConnId conn, const std::string& name) const {
   const auto c = m_connections.find(conn);
-  if (c == m_connections.end() || c->second.uid == nullptr || c->second.uid->held < m_quotas.opens) return {};
+  if (c == m_connections.end() || c->second.uid == nullptr) return {};
+  if (m_opens_held >= m_quotas.opens_total) {
+    return fmt::format(
+        "quota exceeded: the processes of every uid hold {} segments open together (each process's counted apart), "
+        "the most the broker allows in all (GPUIPC_QUOTA_OPENS_TOTAL); close segments you no longer use before "
+        "opening '{}', or ask whoever runs the broker to raise it",
+        m_opens_held, name);
+  }
+  if (c->second.uid->held < m_quotas.opens) return {};
   return fmt::format(
       "quota exceeded: the processes of uid {} hold {} segments open together (each process's counted "
       "apart), the most the broker allows (GPUIPC_QUOTA_OPENS); close segments you no longer use "
@@ -358,6 +368,7 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
     for (auto id : pending) unpark(id);
     if (UidOpens* uid = c->second.uid; uid != nullptr) {
       uid->held -= c->second.held;  // (its references were dropped above, without note_holding)
+      m_opens_held -= c->second.held;
       if (--uid->connections == 0) m_uid_opens.erase(c->second.creds.uid);
     }
     m_connections.erase(conn);

@@ -49,6 +49,9 @@ struct Quotas {
   /// (GPUIPC_QUOTA_OPENS): the broker keeps some 300 bytes for each (references, writers, heartbeat, the
   /// connection's index), so that one uid's 512 connections opening its 4096 segments would take it 600 MB.
   std::size_t opens = 65536;
+  /// The same over every uid (GPUIPC_QUOTA_OPENS_TOTAL): the per-uid bound multiplies by the uids that connect,
+  /// and one user with subordinate uids (/etc/subuid, a rootless container's) has many. About 300 MB at the default.
+  std::size_t opens_total = std::size_t{1} << 20;
 };
 
 /// Who is asking: a connection and its SO_PEERCRED credentials.
@@ -217,7 +220,8 @@ class Registry {
   /// Records whether `conn` holds references to segment `id` (SegmentRecord::refs), for drop_connection, and
   /// counts it in its uid's Quotas::opens.
   void note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept;
-  /// Why `conn` may not start holding `name` (its uid's connections hold Quotas::opens segments), or empty.
+  /// Why `conn` may not start holding `name` (its uid's connections hold Quotas::opens segments, or every uid's
+  /// Quotas::opens_total), or empty.
   std::string opens_refusal(ConnId conn, const std::string& name) const;
   /// What `name` stands for now: a linked segment's attributes, or a name from before a restart that waits for
   /// its Announce; nullptr when it is neither.
@@ -316,6 +320,7 @@ class Registry {
     std::size_t held = 0;
   };
   std::unordered_map<uid_t, UidOpens> m_uid_opens;
+  std::size_t m_opens_held = 0;  // UidOpens::held summed over every uid (Quotas::opens_total)
   struct ConnectionInfo {
     os::Credentials creds;
     std::set<std::uint64_t> pending;  // parked opens

@@ -44,6 +44,7 @@ TEST(CliArguments, CountsAreDecimalDigitsThatFit) {
       {"daemon", "--foreground", "--quota-bytes", "-1"},
       {"daemon", "--foreground", "--quota-segments", "99999999999999999999"},
       {"daemon", "--foreground", "--quota-opens", "0x10"},
+      {"daemon", "--foreground", "--quota-opens-total", "-1"},
       {"daemon", "--foreground", "--idle-timeout-ms", "+5"},
   };
   for (const auto& args : bad) {

@@ -106,10 +106,10 @@ struct TwoConnections {
     return out.empty() ? proto::Message{} : std::move(out.back().msg);
   }
   /// Creates host segment `name` (4096 bytes) as `conn`: its reply.
-  proto::Message create(ConnId conn, const char* name) {
+  proto::Message create(ConnId conn, const char* name, std::uint16_t mode = 0600) {
     std::vector<os::UniqueFd> fds;
     fds.push_back(os::memfd_create(name, 4096));
-    return ask(conn, proto::Create{name, proto::Kind::Host, 0600, 4096, {}, 0}, std::move(fds));
+    return ask(conn, proto::Create{name, proto::Kind::Host, mode, 4096, {}, 0}, std::move(fds));
   }
   os::Credentials me{::getpid(), ::getuid(), ::getgid(), {}};
   Registry registry;
@@ -180,6 +180,38 @@ TEST(BrokerReferences, TheSegmentsAUidsConnectionsHoldAreBoundedTogether) {
   EXPECT_TRUE(refused(open(2, "a"))) << "connection 1 holds a, b and c";
   b.registry.drop_connection(1);
   EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(open(2, "a").body));
+}
+
+TEST(BrokerReferences, TheSegmentsEveryUidsConnectionsHoldAreBoundedTogether) {
+  // The per-uid bound multiplies by the uids that connect: one user with subordinate uids has many, each with its
+  // own 65536, which let the broker keep gigabytes. Three places in all, here: two uids fill them.
+  TwoConnections b(Quotas{.opens = 3, .opens_total = 3});
+  const auto refused = [](const proto::Message& m) {
+    const auto* e = std::get_if<proto::ErrorReply>(&m.body);
+    return e != nullptr && e->code == static_cast<std::uint8_t>(ErrorCode::QuotaExceeded) &&
+           e->message.find("GPUIPC_QUOTA_OPENS_TOTAL") != std::string::npos;
+  };
+  const os::Credentials other{::getpid(), ::getuid() + 1, ::getgid(), {}};
+  b.registry.add_connection(3, other);
+  const auto ask_as_other = [&](const proto::Body& body) {
+    std::vector<os::UniqueFd> fds;
+    if (std::holds_alternative<proto::Create>(body)) fds.push_back(os::memfd_create("theirs", 4096));
+    std::vector<Outgoing> out;
+    b.registry.handle(Caller{3, other}, proto::Message{b.rid++, body}, fds, 0, out);
+    return out.at(0).msg;
+  };
+  const auto a = std::get<proto::OpenReply>(b.create(1, "a", 0644).body).info.id;      // 1: (a, 1)
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(1, "b", 0644).body));  // 2: (b, 1)
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+      ask_as_other(proto::Create{"theirs", proto::Kind::Host, 0600, 4096, {}, 0}).body));  // 3: (theirs, 3)
+  EXPECT_TRUE(refused(ask_as_other(proto::Open{"a", proto::Access::ReadOnly, 0})))
+      << "its uid holds one of its three: the broker's three are taken";
+  EXPECT_TRUE(refused(b.ask(2, proto::Open{"a", proto::Access::ReadOnly, 0})));
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(1, proto::Close{a}).body));  // a place back
+  EXPECT_TRUE(
+      std::holds_alternative<proto::OpenReply>(ask_as_other(proto::Open{"b", proto::Access::ReadOnly, 0}).body));
+  b.registry.drop_connection(3);  // and its two
+  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(b.ask(2, proto::Open{"b", proto::Access::ReadOnly, 0}).body));
 }
 
 TEST(BrokerReferences, AClosingConnectionDropsWhatItHeldAndWatchedOnly) {

@@ -84,7 +84,7 @@ int daemon_status(bool json) {
 
 /// The broker's options of `gpuipc daemon --foreground`, as given: gpuipcd parses them again (src/broker/daemon.cpp).
 struct ForegroundOptions {
-  std::string runtime_dir, idle_timeout_ms, quota_bytes, quota_segments, quota_opens;
+  std::string runtime_dir, idle_timeout_ms, quota_bytes, quota_segments, quota_opens, quota_opens_total;
 };
 
 /// Hands `--foreground` to gpuipcd, which runs the broker in this process (the same pid) with gpuipc's exit codes.
@@ -94,11 +94,10 @@ struct ForegroundOptions {
     throw Error(ErrorCode::NotFound, "gpuipcd is not next to gpuipc nor on PATH (set GPUIPC_DAEMON)", "daemon");
   }
   std::vector<std::string> args{"--gpuipc-cli"};
-  const std::pair<const char*, const std::string*> given[] = {{"--runtime-dir", &o.runtime_dir},
-                                                              {"--idle-timeout-ms", &o.idle_timeout_ms},
-                                                              {"--quota-bytes", &o.quota_bytes},
-                                                              {"--quota-segments", &o.quota_segments},
-                                                              {"--quota-opens", &o.quota_opens}};
+  const std::pair<const char*, const std::string*> given[] = {
+      {"--runtime-dir", &o.runtime_dir}, {"--idle-timeout-ms", &o.idle_timeout_ms},
+      {"--quota-bytes", &o.quota_bytes}, {"--quota-segments", &o.quota_segments},
+      {"--quota-opens", &o.quota_opens}, {"--quota-opens-total", &o.quota_opens_total}};
   for (const auto& [flag, value] : given) {
     if (cmd.count(flag) > 0) args.insert(args.end(), {flag, *value});
   }
@@ -129,12 +128,15 @@ void register_daemon(CLI::App& app, int& exit_code) {
                   "segments one uid's processes may hold open together, each process's counted apart "
                   "(GPUIPC_QUOTA_OPENS)")
       ->transform(kWholeNumber);
+  cmd->add_option("--quota-opens-total", options.quota_opens_total,
+                  "the same over every uid's processes (GPUIPC_QUOTA_OPENS_TOTAL)")
+      ->transform(kWholeNumber);
   auto* status = cmd->add_subcommand("status", "say how the running broker was started, its pid, uptime and socket");
   static bool json = false;
   status->add_flag("--json", json, "one JSON object instead of text");
   status->callback([cmd, &exit_code] {
     for (const char* o : {"--foreground", "--stop", "--runtime-dir", "--idle-timeout-ms", "--quota-bytes",
-                          "--quota-segments", "--quota-opens"}) {
+                          "--quota-segments", "--quota-opens", "--quota-opens-total"}) {
       if (cmd->count(o) > 0) throw CLI::ValidationError(o, "does not go with `daemon status`");
     }
     exit_code = daemon_status(json);
@@ -142,7 +144,8 @@ void register_daemon(CLI::App& app, int& exit_code) {
   cmd->callback([cmd, status, &exit_code] {
     if (status->parsed()) return;  // its own callback ran
     if (foreground) run_foreground(*cmd, options);
-    for (const char* o : {"--runtime-dir", "--idle-timeout-ms", "--quota-bytes", "--quota-segments", "--quota-opens"}) {
+    for (const char* o : {"--runtime-dir", "--idle-timeout-ms", "--quota-bytes", "--quota-segments", "--quota-opens",
+                          "--quota-opens-total"}) {
       if (cmd->count(o) > 0) {
         throw CLI::ValidationError(o, "applies to --foreground only; for a broker started on demand set the "
                                       "GPUIPC_* environment variables instead (docs/env/)");
