@@ -306,12 +306,18 @@ TEST(Security, AClientThatReadsNoRepliesCannotMakeTheBrokerHoldManyFds) {
   Segment::unlink(name);
 }
 
+/// Two host segments of this (root) process: `hidden` (0600), which another uid may not read, and `shown` (0644).
+struct HiddenAndShown {
+  std::string hidden = unique_name("hidden");
+  std::string shown = unique_name("shown");
+  Segment a = Segment::create(hidden, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  Segment b = Segment::create(shown, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0644});
+};
+
 TEST(Security, StatAndListShowACallerOnlyWhatItCouldOpen) {
   SKIP_UNLESS_ROOT();
-  const auto hidden = unique_name("hidden");
-  const auto shown = unique_name("shown");
-  auto a = Segment::create(hidden, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
-  auto b = Segment::create(shown, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0644});
+  HiddenAndShown made;
+  auto& [hidden, shown, a, b] = made;
   EXPECT_EQ(run_child([&] {
               if (!become_nobody()) return 90;
               try {
@@ -337,10 +343,8 @@ TEST(Security, AnUnlinkByIdNeitherTellsNorRemovesAnotherUsersName) {
   // UnlinkId names a segment by its id, which any client can guess (ids count up): a segment the caller may not
   // read is NotFound, its name untold (as for Stat), and one it may read but does not own is PermissionDenied.
   SKIP_UNLESS_ROOT();
-  const auto hidden = unique_name("hidden");
-  const auto shown = unique_name("shown");
-  auto a = Segment::create(hidden, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
-  auto b = Segment::create(shown, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0644});
+  HiddenAndShown made;
+  auto& [hidden, shown, a, b] = made;
   const std::uint64_t hidden_id = a.id();
   const std::uint64_t shown_id = b.id();
   EXPECT_EQ(run_child([&] {
@@ -549,10 +553,8 @@ TEST(Security, NamesUnderAnObjectsNameAreForThoseWhoMayReadIt) {
   // A stream's readers make their slots as NAME.reader.<i>, and its publisher waits for every reader it finds
   // there: anyone who made such a name, the stream unreadable to them, kept the publisher waiting for ever.
   SKIP_UNLESS_ROOT();
-  const auto hidden = unique_name("hidden");
-  const auto shown = unique_name("shown");
-  auto a = Segment::create(hidden, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
-  auto b = Segment::create(shown, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0644});
+  HiddenAndShown made;
+  auto& [hidden, shown, a, b] = made;
   EXPECT_EQ(run_child([&] {
               if (!become_nobody()) return 90;
               GPUIPC_CHILD_CHECK(fails_with([&] { (void)Segment::create(hidden + ".reader.0", 4096); },
