@@ -598,10 +598,14 @@ class _Opened:
         used = {index.storage_flat[i] for i in range(0, len(index.storage_flat), 4)}
         if not all(type(k) is int and 0 <= k < len(index.pools) for k in used):
             raise InvalidArgument(f"tensor index {name!r} is malformed (a storage's pool)")
-        for k, pool_name in enumerate(index.pools):
-            if k not in used or pool_name in self.pools:
-                continue
-            self.pools[pool_name] = join_pool(pool_name, readonly, device, f"tensors {name!r}", vouch)
+        try:
+            for k, pool_name in enumerate(index.pools):
+                if k not in used or pool_name in self.pools:
+                    continue
+                self.pools[pool_name] = join_pool(pool_name, readonly, device, f"tensors {name!r}", vouch)
+        except BaseException:
+            self.close()  # the pools joined so far, now: the error's traceback keeps this half-made object
+            raise
 
     def map_chunks(self, raw: bytes) -> None:
         """Maps the chunks the slot's raw refs name, one broker round trip per pool (Pool.map_chunks) where

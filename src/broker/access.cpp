@@ -2,6 +2,7 @@
 // and list (docs/segments.md#permissions). Part of the Registry (registry.hpp).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 #include "broker/registry.hpp"
@@ -47,8 +48,10 @@ std::string Registry::name_refusal(const os::Credentials& creds, const std::stri
 }
 
 std::string Registry::pool_chunks_refusal(const os::Credentials& creds, const SegmentRecord& pool) const {
-  // check_control checked it: 1..kMaxChunks.
-  const std::uint32_t chunks = static_cast<const shm::PoolHeader*>(pool.block.data)->max_chunks;
+  // Read once more from memory its creator maps writable: check_control's 1..kMaxChunks need not hold now.
+  auto& header = *static_cast<shm::PoolHeader*>(pool.block.data);
+  const std::uint32_t chunks =
+      std::min(proto::atomic(header.max_chunks).load(std::memory_order_relaxed), shm::kMaxChunks);
   for (std::uint32_t c = 0; c < chunks; ++c) {
     const std::string chunk = fmt::format("{}.chunk.{}", pool.name, c);
     const SegmentAttributes* taken = named(chunk);

@@ -99,12 +99,17 @@ def index_body(names, dtypes=("float32",), pools=("P",), words=0, **extra):
             "tensor_words": words, "versioning": None, **extra}
 
 
-def forge_index_as_other_user(name: str, pool_name: str, ref: bytes) -> str:
-    """Drops to uid 65534 and writes tensor index ``name`` naming block ``ref`` of pool ``pool_name`` (which it may
-    not use) as tensor "a", 16 float32; the name stays after this process exits."""
+def forge_index_as_other_user(name: str, pool_names: List[str], refs: List[bytes]) -> str:
+    """Drops to uid 65534 and writes tensor index ``name`` naming block ``refs[k]`` of pool ``pool_names[k]`` (pools
+    it may not use) as tensor "t<k>", 16 float32 each; the name stays after this process exits."""
     drop_privileges()
-    flat = [0, 0, 0, 0, 1, 16, 1]
-    forge_index(name, index_body(["a"], pools=[pool_name], words=len(flat)), flat, [0, 64, 0, 0], ref).close()
+    flat: List[int] = []
+    storages: List[int] = []
+    for k in range(len(refs)):
+        flat += [k, 0, 0, 0, 1, 16, 1]
+        storages += [k, 64, 0, 0]
+    body = index_body([f"t{k}" for k in range(len(refs))], pools=pool_names, words=len(flat))
+    forge_index(name, body, flat, storages, b"".join(refs)).close()
     return "ok"
 
 

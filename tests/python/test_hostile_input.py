@@ -181,13 +181,13 @@ def test_an_index_cannot_point_a_reader_at_a_pool_its_owner_could_not_use(name, 
     with gpuipc.Pool.create(name + "P", chunk_bytes=1 << 16, max_bytes=1 << 16, mode=0o600) as pool:
         block = pool.allocate(64)
         block.numpy("float32")[:] = 7
-        assert spawn(helpers.forge_index_as_other_user, name, name + "P", bytes(block.ref)) == "ok"
+        assert spawn(helpers.forge_index_as_other_user, name, [name + "P"], [bytes(block.ref)]) == "ok"
         assert gpuipc.Segment.stat(name).owner_uid == 65534
         with pytest.raises(gpuipc.PermissionDenied, match="may not read: a reader joins only pools"):
             gpuipc.open_tensors(name)
         assert gpuipc.Pool.stat(name + "P")["members"] == 1  # the refused join was left again
         got = gpuipc.open_tensors(name, trust_pools=True)  # the reader's own choice
-        assert float(got["a"].sum()) == 7 * 16
+        assert float(got["t0"].sum()) == 7 * 16
         del got
         block.free()
     gpuipc.Segment.unlink(name)
@@ -195,13 +195,26 @@ def test_an_index_cannot_point_a_reader_at_a_pool_its_owner_could_not_use(name, 
     with gpuipc.Pool.create(name + "R", chunk_bytes=1 << 16, max_bytes=1 << 16, mode=0o644) as pool:
         block = pool.allocate(64)
         block.numpy("float32")[:] = 3
-        assert spawn(helpers.forge_index_as_other_user, name, name + "R", bytes(block.ref)) == "ok"
+        assert spawn(helpers.forge_index_as_other_user, name, [name + "R"], [bytes(block.ref)]) == "ok"
         got = gpuipc.open_tensors(name)
-        assert float(got["a"].sum()) == 3 * 16
+        assert float(got["t0"].sum()) == 3 * 16
         del got
         with pytest.raises(gpuipc.PermissionDenied, match="may not read and write"):
             gpuipc.open_tensors(name, readonly=False)
         block.free()
+    gpuipc.Segment.unlink(name)
+    # Two pools, the second refused: the first is left again at once, not when the error's traceback goes.
+    with gpuipc.Pool.create(name + "A", chunk_bytes=1 << 16, max_bytes=1 << 16, mode=0o666) as a, \
+            gpuipc.Pool.create(name + "B", chunk_bytes=1 << 16, max_bytes=1 << 16, mode=0o600) as b:
+        blocks = [a.allocate(64), b.allocate(64)]
+        refs = [bytes(x.ref) for x in blocks]
+        assert spawn(helpers.forge_index_as_other_user, name, [name + "A", name + "B"], refs) == "ok"
+        with pytest.raises(gpuipc.PermissionDenied, match=f"pool {name + 'B'!r}") as err:
+            gpuipc.open_tensors(name)
+        assert gpuipc.Pool.stat(name + "A")["members"] == 1, "while the error (its traceback) is still held"
+        del err
+        for x in blocks:
+            x.free()
     gpuipc.Segment.unlink(name)
 
 
