@@ -26,17 +26,6 @@ constexpr std::size_t kChunk = 512ULL << 20;
 
 CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
-/// Whether `code` throws Error with `expected` and `needle` in its message.
-template <typename F>
-bool throws(F&& code, ErrorCode expected, const std::string& needle) {
-  try {
-    code();
-  } catch (const Error& e) {
-    return e.code() == expected && std::string(e.what()).find(needle) != std::string::npos;
-  }
-  return false;
-}
-
 std::size_t free_now() { return cuda::memory_info(0).free; }
 
 /// Free GPU memory once it rose to at least `at_least` (the broker closes its fd of a released chunk a moment after
@@ -69,8 +58,10 @@ TEST(PoolPauseDevice, PauseReturnsTheMemoryAndResumeRestoresItAtTheSameAddress) 
                                paused >> 20, (2 * kChunk) >> 20);
                   GPUIPC_CHILD_CHECK(paused > before && paused - before >= 2 * kChunk * 9 / 10);
                   GPUIPC_CHILD_CHECK(pool.paused());
-                  GPUIPC_CHILD_CHECK(throws([&] { pool.resolve(a.ref()); }, ErrorCode::InvalidState, "paused by pid"));
-                  GPUIPC_CHILD_CHECK(throws([&] { pool.allocate(4096); }, ErrorCode::InvalidState, "paused by pid"));
+                  GPUIPC_CHILD_CHECK(
+                      fails_with([&] { pool.resolve(a.ref()); }, ErrorCode::InvalidState, "paused by pid"));
+                  GPUIPC_CHILD_CHECK(
+                      fails_with([&] { pool.allocate(4096); }, ErrorCode::InvalidState, "paused by pid"));
                   pool.resume();
                   const std::size_t resumed = free_now();
                   GPUIPC_CHILD_CHECK(resumed < paused && paused - resumed >= 2 * kChunk * 9 / 10);
@@ -169,8 +160,8 @@ TEST(PoolPauseDevice, AReaderIsToldKeepsTheOldMemoryUntilRefreshThenSeesTheResum
     mapped.notify();
     GPUIPC_CHILD_CHECK(paused.wait(120s));
     const std::string by = "paused by pid " + std::to_string(owner);
-    GPUIPC_CHILD_CHECK(throws([&] { pool.resolve(ref[0]); }, ErrorCode::InvalidState, by));
-    GPUIPC_CHILD_CHECK(throws([&] { pool.hold(ref[0]); }, ErrorCode::InvalidState, by));
+    GPUIPC_CHILD_CHECK(fails_with([&] { pool.resolve(ref[0]); }, ErrorCode::InvalidState, by));
+    GPUIPC_CHILD_CHECK(fails_with([&] { pool.hold(ref[0]); }, ErrorCode::InvalidState, by));
     // Not crashed: its mapping still holds the old memory and its bytes.
     GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), dptr(p), ref[0].size / 4, 21) == 0);
     pool.refresh();  // lets go of the old memory
@@ -218,7 +209,7 @@ TEST(PoolPauseDevice, AReaderThatDoesNotRefreshUntilAfterResumeIsToldThenRemaps)
                   void* const p = pool.resolve(ref[0]);
                   mapped.notify();
                   GPUIPC_CHILD_CHECK(cycled.wait(120s));
-                  GPUIPC_CHILD_CHECK(throws([&] { pool.resolve(ref[0]); }, ErrorCode::InvalidState, "refresh()"));
+                  GPUIPC_CHILD_CHECK(fails_with([&] { pool.resolve(ref[0]); }, ErrorCode::InvalidState, "refresh()"));
                   // Its stale mapping still shows the old memory's bytes: stale, not a fault.
                   GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), dptr(p), ref[0].size / 4, 31) == 0);
                   pool.refresh();
@@ -242,7 +233,7 @@ TEST(PoolPauseDevice, HostPinnedPoolsRefuseToPause) {
                   auto pool = Pool::create(
                       name,
                       {.kind = SegmentKind::HostPinned, .device = 0, .chunk_bytes = 1 << 20, .max_bytes = 1 << 20});
-                  GPUIPC_CHILD_CHECK(throws([&] { pool.pause(); }, ErrorCode::Unsupported, "pinned"));
+                  GPUIPC_CHILD_CHECK(fails_with([&] { pool.pause(); }, ErrorCode::Unsupported, "pinned"));
                   GPUIPC_CHILD_CHECK(!pool.paused());
                   Block b = pool.allocate(4096);
                   GPUIPC_CHILD_CHECK(b);

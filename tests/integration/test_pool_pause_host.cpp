@@ -33,22 +33,6 @@ bool zeros(const void* p, std::size_t n) {
   return true;
 }
 
-/// Whether `code` runs into Error with `expected` and a message containing `needle`.
-template <typename F>
-::testing::AssertionResult throws(F&& code, ErrorCode expected, const std::string& needle) {
-  try {
-    code();
-  } catch (const Error& e) {
-    if (e.code() != expected)
-      return ::testing::AssertionFailure() << "code " << to_string(e.code()) << ": " << e.what();
-    if (std::string(e.what()).find(needle) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message without '" << needle << "': " << e.what();
-    }
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "no exception";
-}
-
 TEST(PoolPauseHost, KeepContentsReleasesThePagesAndRestoresThemAtTheSameAddress) {
   const auto name = unique_name("pause");
   auto pool = make_pool(name);
@@ -71,12 +55,12 @@ TEST(PoolPauseHost, KeepContentsReleasesThePagesAndRestoresThemAtTheSameAddress)
   EXPECT_TRUE(zeros(pa, a.size()));
   EXPECT_TRUE(zeros(b.data(), b.size()));
   const std::string pid = std::to_string(::getpid());
-  EXPECT_TRUE(throws([&] { pool.allocate(16); }, ErrorCode::InvalidState, "paused by pid " + pid));
+  EXPECT_TRUE(fails_with([&] { pool.allocate(16); }, ErrorCode::InvalidState, "paused by pid " + pid));
   Block none;
   EXPECT_EQ(pool.try_allocate(16, 256, none), Status::InvalidState);
-  EXPECT_TRUE(throws([&] { pool.resolve(a.ref()); }, ErrorCode::InvalidState, "resume"));
-  EXPECT_TRUE(throws([&] { pool.hold(a.ref()); }, ErrorCode::InvalidState, "paused"));
-  EXPECT_TRUE(throws([&] { pool.pause(); }, ErrorCode::InvalidState, "paused by pid"));
+  EXPECT_TRUE(fails_with([&] { pool.resolve(a.ref()); }, ErrorCode::InvalidState, "resume"));
+  EXPECT_TRUE(fails_with([&] { pool.hold(a.ref()); }, ErrorCode::InvalidState, "paused"));
+  EXPECT_TRUE(fails_with([&] { pool.pause(); }, ErrorCode::InvalidState, "paused by pid"));
   pool.resume();
   EXPECT_FALSE(pool.paused());
   EXPECT_EQ(pool.stats().state, PoolState::Active);
@@ -84,7 +68,7 @@ TEST(PoolPauseHost, KeepContentsReleasesThePagesAndRestoresThemAtTheSameAddress)
   EXPECT_EQ(pool.resolve(a.ref()), pa) << "the pauser needs no refresh";
   EXPECT_TRUE(holds_pattern(pa, a.size(), 1));
   EXPECT_TRUE(holds_pattern(b.data(), b.size(), 2));
-  EXPECT_TRUE(throws([&] { pool.resume(); }, ErrorCode::InvalidState, "not paused"));
+  EXPECT_TRUE(fails_with([&] { pool.resume(); }, ErrorCode::InvalidState, "not paused"));
   Block c = pool.allocate(1000);  // allocation works again
   EXPECT_TRUE(c);
   a = Block();
@@ -161,10 +145,10 @@ TEST(PoolPauseHost, AReaderIsToldAndKeepsItsPointerAfterResumeAndRefresh) {
     GPUIPC_CHILD_CHECK(paused.wait(10s));
     const std::string by = "paused by pid " + std::to_string(me);
     GPUIPC_CHILD_CHECK(p.paused());
-    GPUIPC_CHILD_CHECK(throws([&] { p.resolve(ref[0]); }, ErrorCode::InvalidState, by));
-    GPUIPC_CHILD_CHECK(throws([&] { p.hold(ref[0]); }, ErrorCode::InvalidState, by));
-    GPUIPC_CHILD_CHECK(throws([&] { p.allocate(16); }, ErrorCode::InvalidState, by));
-    GPUIPC_CHILD_CHECK(throws([&] { p.resume(); }, ErrorCode::InvalidState, "another process"));
+    GPUIPC_CHILD_CHECK(fails_with([&] { p.resolve(ref[0]); }, ErrorCode::InvalidState, by));
+    GPUIPC_CHILD_CHECK(fails_with([&] { p.hold(ref[0]); }, ErrorCode::InvalidState, by));
+    GPUIPC_CHILD_CHECK(fails_with([&] { p.allocate(16); }, ErrorCode::InvalidState, by));
+    GPUIPC_CHILD_CHECK(fails_with([&] { p.resume(); }, ErrorCode::InvalidState, "another process"));
     GPUIPC_CHILD_CHECK(zeros(ptr, ref[0].size));  // released pages read as zeros: no crash
     p.refresh();                                  // while paused: drops what it can, changes no address
     told.notify();
@@ -202,8 +186,8 @@ TEST(PoolPauseHost, AReaderThatMappedBeforeThePauseMustRefreshAfterResume) {
     GPUIPC_CHILD_CHECK(cycled.wait(10s));
     GPUIPC_CHILD_CHECK(!p.paused());
     GPUIPC_CHILD_CHECK(p.stats().epoch == 1);
-    GPUIPC_CHILD_CHECK(throws([&] { p.resolve(ref[0]); }, ErrorCode::InvalidState, "refresh()"));
-    GPUIPC_CHILD_CHECK(throws([&] { p.allocate(16); }, ErrorCode::InvalidState, "refresh()"));
+    GPUIPC_CHILD_CHECK(fails_with([&] { p.resolve(ref[0]); }, ErrorCode::InvalidState, "refresh()"));
+    GPUIPC_CHILD_CHECK(fails_with([&] { p.allocate(16); }, ErrorCode::InvalidState, "refresh()"));
     p.refresh();
     GPUIPC_CHILD_CHECK(p.resolve(ref[0]) == ptr);
     GPUIPC_CHILD_CHECK(holds_pattern(ptr, ref[0].size, 6));
@@ -226,7 +210,7 @@ TEST(PoolPauseHost, OnlyAWriterMayPause) {
   auto pool = make_pool(name);
   EXPECT_EQ(run_child([&] {
               auto p = Pool::open(name, {.access = Access::ReadOnly});
-              GPUIPC_CHILD_CHECK(throws([&] { p.pause(); }, ErrorCode::PermissionDenied, "write access"));
+              GPUIPC_CHILD_CHECK(fails_with([&] { p.pause(); }, ErrorCode::PermissionDenied, "write access"));
               GPUIPC_CHILD_CHECK(!p.paused());
               return 0;
             }),
@@ -252,13 +236,13 @@ TEST(PoolPauseHost, APauserSigkilledWhilePausedLeavesItForAnyWriterToResume) {
   });
   ASSERT_TRUE(paused.wait(10s));
   EXPECT_EQ(pool.stats().paused_by_pid, static_cast<std::uint32_t>(pauser));
-  EXPECT_TRUE(throws([&] { pool.resume(); }, ErrorCode::InvalidState, "another process"));
+  EXPECT_TRUE(fails_with([&] { pool.resume(); }, ErrorCode::InvalidState, "another process"));
   ::kill(pauser, SIGKILL);
   EXPECT_EQ(wait_child(pauser), 128 + SIGKILL);
   ASSERT_TRUE(wait_until([&] { return pool.stats().pauser_gone; }, 5s)) << "the broker did not repair the pause";
   EXPECT_EQ(pool.stats().members, 1U);
   EXPECT_EQ(pool.stats().state, PoolState::Paused);
-  EXPECT_TRUE(throws([&] { pool.resolve(a.ref()); }, ErrorCode::InvalidState, "is gone"));
+  EXPECT_TRUE(fails_with([&] { pool.resolve(a.ref()); }, ErrorCode::InvalidState, "is gone"));
   pool.resume();  // by a process that did not pause it: the saved contents died with the pauser
   EXPECT_FALSE(pool.paused());
   EXPECT_EQ(pool.resolve(a.ref()), pa);

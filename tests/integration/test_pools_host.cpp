@@ -29,21 +29,6 @@ Pool one_chunk_pool(const std::string& name) {
   return Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = kChunk, .max_blocks = 64});
 }
 
-/// Whether `code` runs into Error with `expected` and a message containing `needle`.
-template <typename F>
-::testing::AssertionResult throws(F&& code, ErrorCode expected, const std::string& needle) {
-  try {
-    code();
-  } catch (const Error& e) {
-    if (e.code() != expected) return ::testing::AssertionFailure() << "code " << to_string(e.code()) << ": " << e.what();
-    if (std::string(e.what()).find(needle) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message without '" << needle << "': " << e.what();
-    }
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "no exception";
-}
-
 TEST(PoolsHost, AllocateInAResolveInBReuseOnlyAfterBReleased) {
   const auto name = unique_name("pool");
   auto pool = one_chunk_pool(name);
@@ -74,7 +59,7 @@ TEST(PoolsHost, AllocateInAResolveInBReuseOnlyAfterBReleased) {
   ASSERT_EQ(pool.try_allocate(kChunk, 256, again), Status::Ok);
   EXPECT_EQ(again.ref().offset, 0U);
   EXPECT_NE(again.ref().generation, ref[0].generation);
-  EXPECT_TRUE(throws([&] { pool.resolve(ref[0]); }, ErrorCode::InvalidArgument, "generation"));
+  EXPECT_TRUE(fails_with([&] { pool.resolve(ref[0]); }, ErrorCode::InvalidArgument, "generation"));
   Pool::unlink(name);
 }
 
@@ -106,7 +91,7 @@ TEST(PoolsHost, ASigkilledHoldersHoldsAreReleasedByTheBroker) {
   EXPECT_TRUE(wait_until([&] { return pool.stats().live_blocks == 0; }, 5s)) << "the dead holder's holds remain";
   EXPECT_EQ(pool.stats().members, 1U);
   Block whole = pool.allocate(kChunk);  // every byte free again
-  EXPECT_TRUE(throws([&] { pool.hold(ref[0]); }, ErrorCode::InvalidArgument, "not live"));
+  EXPECT_TRUE(fails_with([&] { pool.hold(ref[0]); }, ErrorCode::InvalidArgument, "not live"));
   Pool::unlink(name);
 }
 
@@ -246,7 +231,7 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   }
   EXPECT_EQ(pool.stats().chunks, 3U);
   EXPECT_EQ(blocks[2].ref().chunk, 2U);
-  EXPECT_TRUE(throws([&] { pool.allocate(1); }, ErrorCode::QuotaExceeded, "used 192.0 KiB of max 192.0 KiB"));
+  EXPECT_TRUE(fails_with([&] { pool.allocate(1); }, ErrorCode::QuotaExceeded, "used 192.0 KiB of max 192.0 KiB"));
   Shared<BlockRef> refs(3);
   for (int i = 0; i < 3; ++i) refs[i] = blocks[i].ref();
   EXPECT_EQ(run_child([&] {
@@ -267,7 +252,7 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   blocks.clear();
   EXPECT_EQ(pool.stats().used_bytes, 0U);
   Pool::unlink(name);
-  EXPECT_TRUE(throws([&] { Segment::stat(name + ".chunk.2"); }, ErrorCode::NotFound, "chunk.2"));
+  EXPECT_TRUE(fails_with([&] { Segment::stat(name + ".chunk.2"); }, ErrorCode::NotFound, "chunk.2"));
 }
 
 TEST(PoolsHost, MapChunksMapsEveryChunkTheRefsNameInOneCall) {
@@ -331,11 +316,11 @@ TEST(PoolsHost, MapChunksThrowsTheFirstFailureAfterMappingTheRest) {
   Segment::unlink(name + ".chunk.1");  // its memory stays (the creator maps it); its name is gone
   EXPECT_EQ(run_child([&] {
               auto p = Pool::open(name);
-              GPUIPC_CHILD_CHECK(throws([&] { p.map_chunks(std::span<const BlockRef>(&refs[0], 4)); },
-                                        ErrorCode::NotFound, "chunk.1"));
+              GPUIPC_CHILD_CHECK(fails_with([&] { p.map_chunks(std::span<const BlockRef>(&refs[0], 4)); },
+                                            ErrorCode::NotFound, "chunk.1"));
               Pool::unlink(name);
               for (int i : {0, 2, 3}) GPUIPC_CHILD_CHECK(holds_pattern(p.resolve(refs[i]), kChunk, i));
-              GPUIPC_CHILD_CHECK(throws([&] { p.resolve(refs[1]); }, ErrorCode::NotFound, "chunk.1"));
+              GPUIPC_CHILD_CHECK(fails_with([&] { p.resolve(refs[1]); }, ErrorCode::NotFound, "chunk.1"));
               return 0;
             }),
             0);
@@ -349,8 +334,8 @@ TEST(PoolsHost, APoolOfAnotherReleaseIsRefusedSayingSo) {
     auto control = Segment::open(name);  // the control block: its layout version is the second word
     static_cast<std::uint32_t*>(control.data())[1] = 1;
   }
-  EXPECT_TRUE(throws([&] { Pool::open(name); }, ErrorCode::InvalidArgument, "made by another gpuipc release"));
-  EXPECT_TRUE(throws([&] { Pool::stat(name); }, ErrorCode::InvalidArgument, "control block is version 1"));
+  EXPECT_TRUE(fails_with([&] { Pool::open(name); }, ErrorCode::InvalidArgument, "made by another gpuipc release"));
+  EXPECT_TRUE(fails_with([&] { Pool::stat(name); }, ErrorCode::InvalidArgument, "control block is version 1"));
   pool = Pool();
   Pool::unlink(name);
 }
@@ -361,13 +346,13 @@ TEST(PoolsHost, MaxBytesIsHonouredOrRefusedNeverCut) {
     return Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = chunk, .max_bytes = max, .max_blocks = 64});
   };
   // 16384 chunks of 64 KiB: it was cut to 1024 (64 MiB) without a word.
-  EXPECT_TRUE(throws([&] { create(64 << 10, 1ULL << 30); }, ErrorCode::InvalidArgument,
-                     "max_bytes 1073741824 is 16384 chunks of 65536 bytes, and a pool holds at most 1024: raise "
-                     "chunk_bytes to at least 1048576 or lower max_bytes to at most 67108864"));
-  EXPECT_TRUE(throws([&] { create(64 << 10, 1ULL << 62); }, ErrorCode::InvalidArgument, "at most 1024"));
+  EXPECT_TRUE(fails_with([&] { create(64 << 10, 1ULL << 30); }, ErrorCode::InvalidArgument,
+                         "max_bytes 1073741824 is 16384 chunks of 65536 bytes, and a pool holds at most 1024: raise "
+                         "chunk_bytes to at least 1048576 or lower max_bytes to at most 67108864"));
+  EXPECT_TRUE(fails_with([&] { create(64 << 10, 1ULL << 62); }, ErrorCode::InvalidArgument, "at most 1024"));
   // 5000 bytes is a chunk of 8192.
-  EXPECT_TRUE(throws([&] { create(5000, 5000); }, ErrorCode::InvalidArgument, "less than one chunk (8192 bytes"));
-  EXPECT_TRUE(throws([&] { Pool::stat(name); }, ErrorCode::NotFound, name));  // nothing left behind
+  EXPECT_TRUE(fails_with([&] { create(5000, 5000); }, ErrorCode::InvalidArgument, "less than one chunk (8192 bytes"));
+  EXPECT_TRUE(fails_with([&] { Pool::stat(name); }, ErrorCode::NotFound, name));  // nothing left behind
   {
     auto pool = create(64 << 10, 64 << 20);  // exactly 1024 chunks
     EXPECT_EQ(pool.stats().max_bytes, 64u << 20);
@@ -380,8 +365,8 @@ TEST(PoolsHost, AFixedPoolSaysWhyItsBlocksCannotHaveAnAlignment) {
   const auto name = unique_name("pool");
   auto pool = Pool::create(
       name, {.kind = SegmentKind::Host, .pool_mode = PoolMode::Fixed, .block_bytes = 256, .block_count = 4});
-  EXPECT_TRUE(throws([&] { pool.allocate(10, 4096); }, ErrorCode::InvalidArgument,
-                     "its fixed blocks are 256 bytes apart, so they are not aligned to 4096"));
+  EXPECT_TRUE(fails_with([&] { pool.allocate(10, 4096); }, ErrorCode::InvalidArgument,
+                         "its fixed blocks are 256 bytes apart, so they are not aligned to 4096"));
   Block b = pool.allocate(10, 256);
   b = Block();
   pool = Pool();
@@ -399,23 +384,24 @@ TEST(PoolsHost, MisuseGetsInvalidArgumentNamingWhatIsWrong) {
     change(r);
     return r;
   };
-  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.offset += 256; })); }, ErrorCode::InvalidArgument,
-                     "not live"));
-  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.offset = kChunk; })); }, ErrorCode::InvalidArgument,
-                     "out of range"));
-  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.generation += 1; })); }, ErrorCode::InvalidArgument,
-                     "generation"));
-  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.chunk = 5; })); }, ErrorCode::InvalidArgument,
-                     "chunk 5"));
-  EXPECT_TRUE(throws([&] { pool.resolve(forged([](BlockRef& r) { r.index = 1000; })); }, ErrorCode::InvalidArgument,
-                     "block index 1000"));
-  EXPECT_TRUE(throws([&] { other.resolve(good); }, ErrorCode::InvalidArgument, "belongs to pool id"));
-  EXPECT_TRUE(throws([&] { pool.release(good); }, ErrorCode::InvalidArgument, "holds no reference"));
+  EXPECT_TRUE(fails_with([&] { pool.resolve(forged([](BlockRef& r) { r.offset += 256; })); },
+                         ErrorCode::InvalidArgument, "not live"));
+  EXPECT_TRUE(fails_with([&] { pool.resolve(forged([](BlockRef& r) { r.offset = kChunk; })); },
+                         ErrorCode::InvalidArgument, "out of range"));
+  EXPECT_TRUE(fails_with([&] { pool.resolve(forged([](BlockRef& r) { r.generation += 1; })); },
+                         ErrorCode::InvalidArgument, "generation"));
+  EXPECT_TRUE(fails_with([&] { pool.resolve(forged([](BlockRef& r) { r.chunk = 5; })); }, ErrorCode::InvalidArgument,
+                         "chunk 5"));
+  EXPECT_TRUE(fails_with([&] { pool.resolve(forged([](BlockRef& r) { r.index = 1000; })); }, ErrorCode::InvalidArgument,
+                         "block index 1000"));
+  EXPECT_TRUE(fails_with([&] { other.resolve(good); }, ErrorCode::InvalidArgument, "belongs to pool id"));
+  EXPECT_TRUE(fails_with([&] { pool.release(good); }, ErrorCode::InvalidArgument, "holds no reference"));
   pool.hold(good);
   pool.release(good);
-  EXPECT_TRUE(throws([&] { pool.release(good); }, ErrorCode::InvalidArgument, "holds no reference"));
+  EXPECT_TRUE(fails_with([&] { pool.release(good); }, ErrorCode::InvalidArgument, "holds no reference"));
   Block c = pool.allocate(1000);
-  EXPECT_TRUE(throws([&] { other.free(std::move(c)); }, ErrorCode::InvalidArgument, "free it through its own pool"));
+  EXPECT_TRUE(
+      fails_with([&] { other.free(std::move(c)); }, ErrorCode::InvalidArgument, "free it through its own pool"));
   {
     // A second handle of the same pool in this process frees a block the first allocated (as the first's).
     Pool again = Pool::open(name);
@@ -425,16 +411,16 @@ TEST(PoolsHost, MisuseGetsInvalidArgumentNamingWhatIsWrong) {
     EXPECT_NO_THROW(again.free(std::move(d)));
     EXPECT_FALSE(d);
     EXPECT_EQ(Pool::stat(name).live_blocks, live);
-    EXPECT_TRUE(throws([&] { again.free(std::move(d)); }, ErrorCode::InvalidArgument, "double free"));
+    EXPECT_TRUE(fails_with([&] { again.free(std::move(d)); }, ErrorCode::InvalidArgument, "double free"));
   }
   pool.free(std::move(c));
-  EXPECT_TRUE(throws([&] { pool.free(std::move(c)); }, ErrorCode::InvalidArgument, "double free"));
-  EXPECT_TRUE(throws([&] { pool.allocate(kChunk + 1); }, ErrorCode::InvalidArgument, "chunk size"));
-  EXPECT_TRUE(throws([&] { pool.allocate(8, 3); }, ErrorCode::InvalidArgument, "power of two"));
-  EXPECT_TRUE(throws([&] { Pool::create(name + "-c", {.chunk_bytes = 0}); }, ErrorCode::InvalidArgument,
-                     "chunk_bytes"));
-  EXPECT_TRUE(throws([&] { Pool::open(name + ".chunk.0"); }, ErrorCode::InvalidArgument, "not a gpuipc pool"));
-  EXPECT_TRUE(throws([&] { Pool::open(name + "-missing"); }, ErrorCode::NotFound, "missing"));
+  EXPECT_TRUE(fails_with([&] { pool.free(std::move(c)); }, ErrorCode::InvalidArgument, "double free"));
+  EXPECT_TRUE(fails_with([&] { pool.allocate(kChunk + 1); }, ErrorCode::InvalidArgument, "chunk size"));
+  EXPECT_TRUE(fails_with([&] { pool.allocate(8, 3); }, ErrorCode::InvalidArgument, "power of two"));
+  EXPECT_TRUE(
+      fails_with([&] { Pool::create(name + "-c", {.chunk_bytes = 0}); }, ErrorCode::InvalidArgument, "chunk_bytes"));
+  EXPECT_TRUE(fails_with([&] { Pool::open(name + ".chunk.0"); }, ErrorCode::InvalidArgument, "not a gpuipc pool"));
+  EXPECT_TRUE(fails_with([&] { Pool::open(name + "-missing"); }, ErrorCode::NotFound, "missing"));
   Block none;
   EXPECT_EQ(pool.try_allocate(0, 256, none), Status::InvalidState);
   b = Block();
@@ -449,15 +435,15 @@ TEST(PoolsHost, FixedBlocksAndStatFromANonMember) {
   EXPECT_EQ(pool.block_bytes(), 1024U);
   std::vector<Block> blocks;
   for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(1024));
-  EXPECT_TRUE(throws([&] { pool.allocate(1); }, ErrorCode::QuotaExceeded, "exhausted"));
-  EXPECT_TRUE(throws([&] { pool.allocate(1025); }, ErrorCode::InvalidArgument, "block_bytes"));
+  EXPECT_TRUE(fails_with([&] { pool.allocate(1); }, ErrorCode::QuotaExceeded, "exhausted"));
+  EXPECT_TRUE(fails_with([&] { pool.allocate(1025); }, ErrorCode::InvalidArgument, "block_bytes"));
   blocks.pop_back();
   const auto st = Pool::stat(name);
   EXPECT_EQ(st.live_blocks, 3U);
   EXPECT_EQ(st.used_bytes, 3072U);
   EXPECT_EQ(st.largest_free_block, 1024U);
   EXPECT_EQ(st.members, 1U);
-  EXPECT_TRUE(throws([&] { Pool::stat(name + ".chunk.0"); }, ErrorCode::InvalidArgument, "not a gpuipc pool"));
+  EXPECT_TRUE(fails_with([&] { Pool::stat(name + ".chunk.0"); }, ErrorCode::InvalidArgument, "not a gpuipc pool"));
   Pool::unlink(name);
 }
 

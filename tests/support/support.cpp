@@ -74,18 +74,20 @@ int run_child(const std::function<int()>& body, std::chrono::milliseconds timeou
   return wait_child(start_child(body), timeout);
 }
 
-bool fails_with(const std::function<void()>& call, ErrorCode code, std::string_view text) {
+::testing::AssertionResult fails_with(const std::function<void()>& call, ErrorCode code, std::string_view text) {
   const std::string expected = std::string(to_string(code)) + " with \"" + std::string(text) + "\"";
+  std::string instead;
   try {
     call();
+    instead = "did not throw";
   } catch (const Error& e) {
-    if (e.code() == code && std::string_view(e.what()).find(text) != std::string_view::npos) return true;
-    std::fprintf(stderr, "threw %s: %s; expected %s\n", std::string(to_string(e.code())).c_str(), e.what(),
-                 expected.c_str());
-    return false;
+    if (e.code() == code && std::string_view(e.what()).find(text) != std::string_view::npos) {
+      return ::testing::AssertionSuccess();
+    }
+    instead = "threw " + std::string(to_string(e.code())) + ": " + e.what();
   }
-  std::fprintf(stderr, "did not throw; expected %s\n", expected.c_str());
-  return false;
+  std::fprintf(stderr, "%s; expected %s\n", instead.c_str(), expected.c_str());
+  return ::testing::AssertionFailure() << instead << "; expected " << expected;
 }
 
 void report_child_failure(const char* file, int line, const char* expr) noexcept {

@@ -2,6 +2,7 @@
 // injection and bounded polling. Test code only: these call POSIX directly and abort nothing on failure.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/types.h>
@@ -69,9 +70,10 @@ int run_child(const std::function<int()>& body, std::chrono::milliseconds timeou
 /// Prints "file:line: child check failed: expr" to stderr (used by GPUIPC_CHILD_CHECK).
 void report_child_failure(const char* file, int line, const char* expr) noexcept;
 
-/// Whether `call` throws gpuipc::Error with `code` and a message containing `text`; says on stderr what it did
-/// instead when not. For `GPUIPC_CHILD_CHECK(fails_with([] { ... }, ErrorCode::QuotaExceeded, "..."))`.
-bool fails_with(const std::function<void()>& call, ErrorCode code, std::string_view text);
+/// Whether `call` throws gpuipc::Error with `code` and a message containing `text`; when not, what it did instead
+/// (in the result, and on stderr for a child's check). For `EXPECT_TRUE(fails_with([] { ... }, ErrorCode::NotFound,
+/// "..."))` and `GPUIPC_CHILD_CHECK(fails_with(...))`.
+::testing::AssertionResult fails_with(const std::function<void()>& call, ErrorCode code, std::string_view text);
 
 /// Inside a start_child / run_child body: returns 1 from the body, after saying which check failed, when `cond` is
 /// false.
