@@ -357,7 +357,7 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
         seg.writers.erase(conn);
         seg.joined.erase(conn);
       }
-      if (seg.creator == conn) exporter_left(seg, proto::PoisonReason::PeerDied);
+      if (seg.creator == conn) creator_left(seg, proto::PoisonReason::PeerDied);
       touched.push_back(id);
     }
   }
@@ -373,6 +373,11 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
     }
     m_connections.erase(conn);
   }
+}
+
+void Registry::creator_left(SegmentRecord& seg, proto::PoisonReason why) {
+  if (seg.control) creator_gone(seg.block);
+  exporter_left(seg, why);
 }
 
 std::size_t Registry::total_references() const noexcept {
@@ -637,7 +642,7 @@ void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close
     drop_beats(it->second, caller.conn);
     notify(it->second, proto::EventKind::Left, gone, caller.conn, out);
     repair_for(it->second, caller.conn);
-    if (it->second.creator == caller.conn) exporter_left(it->second, proto::PoisonReason::Closed);
+    if (it->second.creator == caller.conn) creator_left(it->second, proto::PoisonReason::Closed);
   }
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));
   maybe_destroy(req.id);
@@ -815,12 +820,14 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
   };
   auto it = m_segments.find(req.id);
   if (it == m_segments.end() || !it->second.control ||
-      (it->second.flags & (proto::kFlagChannel | proto::kFlagPool | proto::kFlagSemaphore)) == 0) {
-    fail("no semaphore, channel or pool has that id");
+      (it->second.flags & (proto::kFlagChannel | proto::kFlagPool | proto::kFlagSemaphore | proto::kFlagCounting)) ==
+          0) {
+    fail("no semaphore, channel, pool or counting semaphore has that id");
     return;
   }
   auto& seg = it->second;
-  const bool semaphore = (seg.flags & proto::kFlagSemaphore) != 0;
+  // Semaphores and counting semaphores: no stream work to wait for.
+  const bool semaphore = (seg.flags & (proto::kFlagSemaphore | proto::kFlagCounting)) != 0;
   auto [first, last] = seg.joined.equal_range(caller.conn);
   const auto j = std::find_if(
       first, last, [&](const auto& e) { return e.second.member == req.member && e.second.token == req.token; });

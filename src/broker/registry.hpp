@@ -303,6 +303,9 @@ class Registry {
   void maybe_compact_journal() noexcept;
 
   void bump_names_generation() noexcept;
+  /// The creator of `seg` dropped its last reference or its connection: exporter_left, and a counting semaphore's
+  /// grant it never joined to take is given back (creator_gone).
+  void creator_left(SegmentRecord& seg, proto::PoisonReason why);
   /// The creator of a DeviceIpc segment dropped its last reference or its connection: the memory dies with it.
   /// Unlinks the name and writes exporter_gone = `why` into the record (broker/adopted.cpp).
   void exporter_left(SegmentRecord& seg, proto::PoisonReason why);

@@ -107,6 +107,12 @@ std::uint32_t join_member(ControlBlock& block, proto::Role role, std::uint32_t t
   return index;
 }
 
+void creator_gone(ControlBlock& block) noexcept {
+  if ((block.flags & proto::kFlagCounting) == 0 || block.grant == 0) return;
+  shm::counting_give_back(*static_cast<proto::CountingBlock*>(block.data), block.grant, block.counting_max);
+  block.grant = 0;
+}
+
 std::string check_rejoin(const ControlBlock& block, const Joined& m) noexcept {
   shm::MemberTable* members = nullptr;
   bool role_ok = false;
@@ -214,6 +220,13 @@ bool leave_member(ControlBlock& block, const Joined& m, const ProcessWatch& proc
     const bool removed = shm::semaphore_remove_member(*static_cast<proto::SemaphoreBlock*>(block.data), m.member,
                                                       m.token, proto::PoisonReason::Closed);
     if (removed) GPUIPC_LOG_INFO("semaphore member {} left through the broker", m.member);
+    return removed;
+  }
+  if ((block.flags & proto::kFlagCounting) != 0) {
+    // The same: a Join given up on. Whatever it holds (a creator's grant) is given back.
+    const bool removed = shm::counting_remove_member(*static_cast<proto::CountingBlock*>(block.data), m.member, m.token,
+                                                     block.counting_max);
+    if (removed) GPUIPC_LOG_INFO("counting semaphore member {} left through the broker", m.member);
     return removed;
   }
   if ((block.flags & proto::kFlagChannel) == 0) return false;

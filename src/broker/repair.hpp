@@ -74,6 +74,10 @@ std::string check_control(ControlBlock& block, bool fresh = true);
 std::uint32_t join_member(ControlBlock& block, proto::Role role, std::uint32_t token, bool creator, ErrorCode& code,
                           std::string& why);
 
+/// The creator's connection has gone (closed, or its process died): a counting semaphore's grant that it never
+/// joined to take becomes available (otherwise max_count - initial permits would be held by nobody for good).
+void creator_gone(ControlBlock& block) noexcept;
+
 /// Whether `member` (after a broker restart) still holds its entry of `block` with a role the object has: the
 /// entry holds its token and its role. Empty string when it does, else why not.
 std::string check_rejoin(const ControlBlock& block, const Joined& member) noexcept;
@@ -85,7 +89,8 @@ std::string check_rejoin(const ControlBlock& block, const Joined& member) noexce
 bool remove_member(ControlBlock& block, const Joined& member, const ProcessWatch& process = {},
                    std::vector<proto::OwedWrite>* kept = nullptr);
 
-/// Removes channel or semaphore member `member`, which leaves while its process lives (Leave, reason Closed). A
+/// Removes channel, semaphore or counting semaphore member `member`, which leaves while its process lives (Leave,
+/// reason Closed; a counting semaphore's member gives back what it holds). A
 /// channel member's writes its stream still owes are taken over into block.leavers, waiting for `process` to exit
 /// or the stream to make them, instead of being written ahead of the stream; a semaphore's last signaller leaving
 /// poisons it (Closed). Returns whether it removed the entry (false: the token is not in it). `kept` (when given)

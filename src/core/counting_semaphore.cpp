@@ -48,15 +48,22 @@ struct CountingSemaphore::Impl {
 
 namespace {
 
-std::unique_ptr<CountingSemaphore::Impl> attach(Segment seg, const char* call) {
-  auto impl = std::make_unique<CountingSemaphore::Impl>();
-  impl->block = shm::counting_block(seg.data(), seg.size());
-  if (impl->block == nullptr) {
+/// The block of `seg`, or InvalidArgument when it is not a counting semaphore of this version. Only a host
+/// segment's data is read: another kind's address is GPU memory (or pages this process must not touch as a block).
+proto::CountingBlock* block_of(const Segment& seg, const char* call) {
+  proto::CountingBlock* block = seg.kind() == SegmentKind::Host ? shm::counting_block(seg.data(), seg.size()) : nullptr;
+  if (block == nullptr) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("'{}' is not a gpuipc counting semaphore (version {}); `gpuipc stat {}` says what it is",
                             seg.name(), proto::kCountingVersion, seg.name()),
                 call);
   }
+  return block;
+}
+
+std::unique_ptr<CountingSemaphore::Impl> attach(Segment seg, const char* call) {
+  auto impl = std::make_unique<CountingSemaphore::Impl>();
+  impl->block = block_of(seg, call);
   impl->max = std::min(atomic(impl->block->max_count).load(), proto::kCountingMaxPermits);
   impl->segment = std::move(seg);
   impl->member = core::join_member(impl->segment, proto::Role::Holder);
@@ -113,12 +120,7 @@ void CountingSemaphore::unlink(std::string_view name) { Segment::unlink(name); }
 
 CountingSemaphoreStats CountingSemaphore::stat(std::string_view name) {
   Segment seg = detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
-  proto::CountingBlock* b = shm::counting_block(seg.data(), seg.size());
-  if (b == nullptr) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("'{}' is not a gpuipc counting semaphore (version {})", name, proto::kCountingVersion),
-                "stat");
-  }
+  proto::CountingBlock* b = block_of(seg, "stat");
   CountingSemaphoreStats st;
   st.available = shm::counting_available(*b);
   st.max_count = atomic(b->max_count).load();
@@ -146,20 +148,25 @@ Status CountingSemaphore::acquire(std::uint32_t n, std::chrono::nanoseconds time
                 "acquire");
   }
   proto::CountingBlock& b = *s.block;
-  // No overtaking: with anyone queued, a newcomer queues too.
-  if (atomic(b.waiting).load(std::memory_order_seq_cst) == 0 && s.try_take(n)) return Status::Ok;
+  // No overtaking: with anyone queued, a newcomer queues too. `waiting` says that nobody is, in one load; when it
+  // says otherwise the queue itself is looked at, so that a count that is wrong (a member's scribble, or a member
+  // of an older release killed as it left the queue) cannot keep try_acquire from ever taking free permits.
+  if ((atomic(b.waiting).load(std::memory_order_seq_cst) == 0 || !shm::counting_queued(b)) && s.try_take(n)) {
+    return Status::Ok;
+  }
   if (timeout.count() == 0) return Status::WouldBlock;
   using clock = std::chrono::steady_clock;
   const auto deadline = base::deadline_after(clock::now(), timeout);
   const bool forever = deadline == clock::time_point::max();  // (also a timeout past what the clock holds)
+  // Behind another thread of this handle that waits: its turn comes when that one is served or gives up. This
+  // wait is interruptible like the one in the queue (a Ctrl-C must not wait for the other thread).
   std::unique_lock<std::mutex> waiting(s.wait, std::defer_lock);
-  if (forever) {
-    waiting.lock();
-  } else {
-    while (!waiting.try_lock()) {
-      if (clock::now() >= deadline) return Status::Timeout;
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
+  constexpr std::chrono::nanoseconds kTurnPoll = std::chrono::microseconds(200);
+  constexpr int kPollsPerCheck = 250;  // `interrupted` about every 50 ms, as in the queue
+  for (int polls = 1; !waiting.try_lock(); ++polls) {
+    if (!forever && clock::now() >= deadline) return Status::Timeout;
+    if (interrupted != nullptr && polls % kPollsPerCheck == 0 && interrupted(context)) return Status::Interrupted;
+    std::this_thread::sleep_for(kTurnPoll);
   }
   shm::counting_enqueue(b, s.member.index, n);
   // Sleeps on the futex from the start (no spinning); the head of the queue alone takes permits, then leaves the

@@ -153,7 +153,13 @@ void counting_enqueue(proto::CountingBlock& b, std::uint32_t member, std::uint32
 void counting_dequeue(proto::CountingBlock& b, std::uint32_t member, bool wake) noexcept {
   if (member >= proto::kMaxMembers) return;
   auto& slot = b.slots[member];
-  if (atomic(slot.ticket).exchange(0, std::memory_order_seq_cst) != 0) saturating_decrement(b.waiting);
+  // The count first, then the ticket: killed between the two, the member leaves a ticket that the broker's
+  // repair counts off again (one waiter too few until the queue empties: a newcomer may pass a waiter once).
+  // The other order left one waiter too many for good, and a zero-timeout acquire then never took the fast path.
+  if (atomic(slot.ticket).load(std::memory_order_seq_cst) != 0) {
+    saturating_decrement(b.waiting);
+    atomic(slot.ticket).store(0, std::memory_order_seq_cst);
+  }
   atomic(slot.want).store(0);
   if (wake) bump_and_wake(b.wake_seq, &b.sleepers);
 }
@@ -169,6 +175,33 @@ bool counting_is_head(const proto::CountingBlock& block, std::uint32_t member) n
     if (t != 0 && t < mine && atomic(b.members[i].token).load() != 0) return false;
   }
   return true;
+}
+
+bool counting_queued(const proto::CountingBlock& block) noexcept {
+  auto& b = const_cast<proto::CountingBlock&>(block);
+  for (std::uint32_t i = 0; i < proto::kMaxMembers; ++i) {
+    if (atomic(b.slots[i].ticket).load(std::memory_order_seq_cst) != 0 && atomic(b.members[i].token).load() != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void counting_give_back(proto::CountingBlock& b, std::uint32_t n, std::uint32_t max_count) noexcept {
+  if (n == 0) return;
+  auto state = atomic(b.state);
+  std::uint64_t cur = state.load(std::memory_order_seq_cst);
+  // Bounded like the repair: a block that members keep changing (or scribble on) must not hold the broker.
+  for (int tries = 0; tries < (1 << 12); ++tries) {
+    complete(b, cur);  // the tag goes: its operation is applied first
+    const std::uint32_t count = low_of(cur);
+    const std::uint32_t next = count + n > max_count || count + n < count ? max_count : count + n;
+    if (state.compare_exchange_weak(cur, next, std::memory_order_seq_cst)) {
+      bump_and_wake(b.wake_seq, &b.sleepers);
+      return;
+    }
+  }
+  GPUIPC_LOG_WARN("counting semaphore: {} permits not given back (other members kept changing the block)", n);
 }
 
 bool counting_remove_member(proto::CountingBlock& b, std::uint32_t index, std::uint32_t token,

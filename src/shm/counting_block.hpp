@@ -53,6 +53,12 @@ void counting_enqueue(proto::CountingBlock& block, std::uint32_t member, std::ui
 /// oldest tries (a waiter that got its permits passes wake only when some are left: with none left, the next
 /// release wakes them anyway).
 void counting_dequeue(proto::CountingBlock& block, std::uint32_t member, bool wake = true) noexcept;
+/// Whether any member whose entry is held is in the queue. `waiting` says so without a scan, but may count one
+/// waiter too few for a while after a member was killed leaving it (never one too many).
+bool counting_queued(const proto::CountingBlock& block) noexcept;
+/// Makes `n` permits that no member holds available (up to `max_count`) and wakes the waiters: the creator's
+/// grant when the creator went without joining (broker only).
+void counting_give_back(proto::CountingBlock& block, std::uint32_t n, std::uint32_t max_count) noexcept;
 /// Whether member `member` is the oldest waiter of those whose entry is still held.
 bool counting_is_head(const proto::CountingBlock& block, std::uint32_t member) noexcept;
 

@@ -5,6 +5,7 @@
 
 #include <csignal>
 
+#include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/segment.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
@@ -19,6 +20,24 @@ const bool kRegistered = register_broker_environment();
 
 constexpr std::size_t kBytes = 64ULL << 20;
 constexpr std::size_t kWords = kBytes / 4;
+
+TEST(SegmentsDevice, ACountingSemaphoreOpenOrStatOfADeviceSegmentIsRefused) {
+  // Both read the block at the segment's address: for a device segment a GPU address, which the host read as
+  // memory (the process crashed) instead of saying that it is no counting semaphore.
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto seg = Segment::create(name, 1 << 20, {.kind = SegmentKind::Device, .device = 0, .mode = 0600});
+              for (const auto& call : {std::function<void()>([&] { (void)CountingSemaphore::open(name); }),
+                                       std::function<void()>([&] { (void)CountingSemaphore::stat(name); })}) {
+                GPUIPC_CHILD_CHECK(fails_with(call, ErrorCode::InvalidArgument, "is not a gpuipc counting semaphore"));
+              }
+              return 0;
+            }),
+            0);
+  Segment::unlink(name);
+}
 
 TEST(SegmentsDevice, DataWrittenByAIsReadByBAndBack) {
   GPUIPC_REQUIRE_GPU();

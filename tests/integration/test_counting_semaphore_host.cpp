@@ -1,5 +1,7 @@
 // Counting semaphores across real processes: basic semantics, timeouts, over-release, permits of a SIGKILLed or
-// closing holder coming back, queue order, and contention between processes with no permit lost or duplicated.
+// closing holder coming back, queue order, contention between processes with no permit lost or duplicated, a
+// creator that goes before it joins and a miscounted queue (a handle copied into a forked child:
+// test_forked_handles.cpp).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -7,8 +9,10 @@
 #include <csignal>
 #include <thread>
 
+#include "core/segment_internal.hpp"
 #include "gpuipc/counting_semaphore.hpp"
 #include "os/process.hpp"
+#include "proto/shm.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
 
@@ -263,6 +267,75 @@ TEST(CountingSemaphore, LsAndStatShowTheCounts) {
   const auto ls = run_program(cli, {"ls"});
   ASSERT_EQ(ls.exit_code, 0) << ls.err;
   EXPECT_NE(ls.out.find("  counting semaphore: 2 of 5 permits available"), std::string::npos) << ls.out;
+  CountingSemaphore::unlink(name);
+}
+
+TEST(CountingSemaphore, ACreatorThatGoesBeforeJoiningLeavesItsPermitsAvailable) {
+  // Create and the creator's Join are two requests: a creator killed between them (or whose Join failed) held
+  // the max_count - initial permits of its grant nowhere, and they were lost for good.
+  const auto name = unique_name("csem");
+  EXPECT_EQ(run_child([&] {
+              // What CountingSemaphore::create does, without the join that follows.
+              auto seg = detail::create_segment(name, sizeof(proto::CountingBlock), {.kind = SegmentKind::Host},
+                                                proto::kFlagCounting, [](void* p) {
+                                                  auto* b = static_cast<proto::CountingBlock*>(p);
+                                                  b->version = proto::kCountingVersion;
+                                                  b->max_count = 4;
+                                                  b->initial = 0;
+                                                  proto::atomic(b->magic).store(proto::kCountingMagic);
+                                                });
+              ::_exit(0);  // no destructor: as if killed
+              return 0;
+            }),
+            0);
+  auto a = CountingSemaphore::open(name);
+  ASSERT_TRUE(wait_until([&] { return a.available() == 4; }, 10s)) << a.available() << " available";
+  EXPECT_EQ(a.try_acquire(4), Status::Ok);
+  CountingSemaphore::unlink(name);
+}
+
+TEST(CountingSemaphore, AMiscountedQueueDoesNotKeepTryAcquireFromFreePermits) {
+  // `waiting` one too high, as a member of an older release killed while it left the queue left it (or a
+  // scribble): nobody is queued, yet every zero-timeout acquire answered WouldBlock.
+  const auto name = unique_name("csem");
+  auto a = CountingSemaphore::create(name, {.initial = 1, .max_count = 1});
+  auto raw = Segment::open(name, {.access = Access::ReadWrite, .device = -1});
+  proto::atomic(static_cast<proto::CountingBlock*>(raw.data())->waiting).store(1);
+  EXPECT_EQ(a.try_acquire(1), Status::Ok);
+  // A real waiter still keeps a newcomer out.
+  const pid_t waiter = start_child([&] {
+    auto b = CountingSemaphore::open(name);
+    GPUIPC_CHILD_CHECK(b.acquire(1, 10s) == Status::Ok);
+    ::usleep(100'000);
+    return 0;
+  });
+  ASSERT_TRUE(wait_until([&] { return CountingSemaphore::stat(name).waiting == 2; }, 10s));
+  a.release(1);
+  EXPECT_EQ(a.try_acquire(1), Status::WouldBlock);
+  EXPECT_EQ(wait_child(waiter), 0);
+  CountingSemaphore::unlink(name);
+}
+
+TEST(CountingSemaphore, AWaitBehindAnotherThreadOfTheHandleIsInterruptible) {
+  // Threads of one handle wait one at a time; the second waited for its turn without looking at `interrupted` (in
+  // Python: a Ctrl-C did nothing until the first thread was served or gave up).
+  const auto name = unique_name("csem");
+  auto a = CountingSemaphore::create(name, {.initial = 0, .max_count = 1});
+  std::thread first([&] { EXPECT_EQ(a.acquire(1, 3s), Status::Timeout); });
+  ASSERT_TRUE(wait_until([&] { return a.waiting() == 1; }, 10s));
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(100ms);
+    stop = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = a.acquire(
+      1, std::chrono::nanoseconds(-1), [](void* c) { return static_cast<std::atomic<bool>*>(c)->load(); }, &stop);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  stopper.join();
+  first.join();
+  EXPECT_EQ(st, Status::Interrupted);
+  EXPECT_LT(waited, 2s) << "interrupted only once the first thread gave up (3 s)";
   CountingSemaphore::unlink(name);
 }
 

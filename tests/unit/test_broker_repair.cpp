@@ -23,6 +23,7 @@
 #include "os/process.hpp"
 #include "proto/shm.hpp"
 #include "shm/channel_ring.hpp"
+#include "shm/counting_block.hpp"
 #include "shm/pool_block.hpp"
 #include "shm/semaphore_block.hpp"
 #include "support/support.hpp"
@@ -667,6 +668,71 @@ TEST(BrokerLeave, OnlyTheConnectionThatJoinedAnEntryLeavesIt) {
   c.broker.registry.drop_connection(1);
   EXPECT_EQ(b.h().producers_gone, static_cast<std::uint32_t>(proto::PoisonReason::Closed));  // not PeerDied
   EXPECT_EQ(b.h().consumers, 1U);
+}
+
+/// A counting semaphore "cs" (initial 1 of 3) registered with a JournaledBroker by connection 2, which has not
+/// joined it yet.
+struct CountingOverABroker {
+  CountingOverABroker()
+      : memfd(os::memfd_create("counting-control", sizeof(proto::CountingBlock))),
+        shared(os::Mapping::map(memfd.get(), sizeof(proto::CountingBlock), true)),
+        broker(dir.file("names.journal"), ::getpid()) {
+    auto& b = block();
+    b.version = proto::kCountingVersion;
+    b.max_count = 3;
+    b.initial = 1;
+    b.state = 1;
+    b.magic = proto::kCountingMagic;
+    const auto created =
+        broker.ask(2, ::getpid(),
+                   proto::Create{"cs", proto::Kind::Host, 0600, sizeof(proto::CountingBlock), {}, proto::kFlagCounting},
+                   memfd.get());
+    EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(created.body));
+    if (const auto* r = std::get_if<proto::OpenReply>(&created.body)) id = r->info.id;
+  }
+  proto::CountingBlock& block() { return *static_cast<proto::CountingBlock*>(shared.data()); }
+  test::TempDir dir;
+  os::UniqueFd memfd;
+  os::Mapping shared;
+  JournaledBroker broker;
+  std::uint64_t id = 0;
+};
+
+// The answer to a counting semaphore's Join that the library gave up on is undone with Leave, as for the other
+// objects (it was refused: the entry stayed, holding the creator's grant, until the process's last Close).
+TEST(BrokerLeave, ACountingSemaphoresMemberLeavesGivingBackWhatItHolds) {
+  CountingOverABroker c;
+  const auto joined = c.broker.ask(2, ::getpid(), proto::Join{c.id, static_cast<std::uint8_t>(proto::Role::Holder)});
+  const auto* j = std::get_if<proto::JoinReply>(&joined.body);
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(shm::counting_held(c.block(), j->member), 2U);  // the creator's grant
+  const auto left = c.broker.ask(2, ::getpid(), proto::Leave{c.id, j->member, j->token});
+  EXPECT_TRUE(std::holds_alternative<proto::OkReply>(left.body))
+      << (std::holds_alternative<proto::ErrorReply>(left.body) ? std::get<proto::ErrorReply>(left.body).message : "");
+  EXPECT_EQ(shm::counting_members(c.block()), 0U);
+  EXPECT_EQ(shm::counting_available(c.block()), 3U);
+}
+
+// Create and the creator's Join are two requests: a creator whose connection goes between them leaves its grant
+// available, not held by nobody.
+TEST(BrokerRepair, ACountingSemaphoresCreatorThatGoesBeforeJoiningLeavesItsGrantAvailable) {
+  for (const bool closes : {false, true}) {
+    CountingOverABroker c;
+    if (closes) {
+      EXPECT_TRUE(std::holds_alternative<proto::OkReply>(c.broker.ask(2, ::getpid(), proto::Close{c.id}).body));
+    } else {
+      c.broker.registry.drop_connection(2);
+    }
+    EXPECT_EQ(shm::counting_available(c.block()), 3U) << (closes ? "closed" : "dropped");
+  }
+  // A creator that joined has its grant already: its going gives back what it holds, no more.
+  CountingOverABroker c;
+  const auto joined = c.broker.ask(2, ::getpid(), proto::Join{c.id, static_cast<std::uint8_t>(proto::Role::Holder)});
+  ASSERT_TRUE(std::holds_alternative<proto::JoinReply>(joined.body));
+  ASSERT_EQ(shm::counting_apply(c.block(), std::get<proto::JoinReply>(joined.body).member, false, 1, 3),
+            shm::CountingResult::Done);
+  c.broker.registry.drop_connection(2);
+  EXPECT_EQ(shm::counting_available(c.block()), 3U);
 }
 
 // A producer whose connection closes while it holds a slot it claimed is repaired only once its process has exited:
