@@ -109,10 +109,11 @@ class Channel {
   Channel& operator=(Channel&&) noexcept;
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
-  /// Leaves: acquired slots are given up, received messages go back to the queue, and the last producer (or
-  /// consumer) leaving tells the other side (Closed). A slot is given up at once, whatever its stream still has
-  /// queued: a kernel still filling it can write over the slot's next message. Publish what you acquired first (an
-  /// aborted array header, on the stream that fills it, for a message consumers should skip: docs/channels.md).
+  /// Leaves: acquired slots are given up, received messages go back to the queue, and the last producer (or consumer)
+  /// leaving tells the other side (Closed). In a forked child, a copy of its parent's handle leaves nothing: the entry,
+  /// its slots and messages stay the parent's. A slot is given up at once, whatever its stream still has queued: a
+  /// kernel still filling it can write over the slot's next message. Publish what you acquired first (an aborted array
+  /// header, on the stream that fills it, for a message consumers should skip: docs/channels.md).
   ~Channel();
 
   // Producer. -----------------------------------------------------------------------------------------------
@@ -121,7 +122,8 @@ class Channel {
   /// this waits until the consumer's stream has released the slot; on the host it also waits, within `timeout`,
   /// while this handle's stream is 64 or more messages behind its host (4 per slot over 16 slots: docs/channels.md,
   /// "Owed stream writes"). Returns Ok, Timeout, WouldBlock, PeerDied or Closed (no consumer left), InvalidState (not
-  /// a producer; too many acquired). No allocation, no exception.
+  /// a producer; too many acquired; a handle a forked child got from its parent, whose entry it may not use: open
+  /// the channel again in the child). No allocation, no exception.
   Status acquire(StreamHandle stream, std::chrono::nanoseconds timeout, SlotView& slot) noexcept;
   /// Publishes the oldest acquired slot with `bytes` of payload and `header` (at most header_bytes), in stream
   /// order: consumers' streams see the data once `stream` has reached this point.
@@ -139,7 +141,8 @@ class Channel {
   /// Takes the next message, waiting on the host up to `timeout` for one to be published. For device channels,
   /// work enqueued on `stream` after this waits for the producer's stream; on the host it also waits while this
   /// handle's stream is as far behind as acquire says. Returns Ok, Timeout, WouldBlock, PeerDied or Closed (no
-  /// producer left and nothing left to drain), InvalidState.
+  /// producer left and nothing left to drain), InvalidState (not a consumer; too many held; a forked child's copy of
+  /// its parent's handle, as for acquire).
   Status receive(StreamHandle stream, std::chrono::nanoseconds timeout, MessageView& message) noexcept;
   /// Releases the oldest received message in stream order: its slot is reused once `stream` has reached this.
   Status release(StreamHandle stream) noexcept;

@@ -60,14 +60,16 @@ class CountingSemaphore {
   CountingSemaphore& operator=(CountingSemaphore&&) noexcept;
   CountingSemaphore(const CountingSemaphore&) = delete;
   CountingSemaphore& operator=(const CountingSemaphore&) = delete;
-  /// Leaves: every permit this handle still holds is released (waking waiters), as when the process dies.
+  /// Leaves: every permit this handle still holds is released (waking waiters), as when the process dies. In a
+  /// forked child, a copy of its parent's handle releases nothing.
   ~CountingSemaphore();
 
-  /// Takes `n` permits, waiting up to `timeout` (negative: forever) for them. Waiters are served in the order
-  /// they started waiting, and an acquire that finds anyone waiting queues behind them (no overtaking). Returns
-  /// Ok, Timeout, or WouldBlock for a zero timeout with too few permits free. n == 0 returns Ok. Throws
-  /// Error(InvalidArgument) for n > max_count (it could never succeed) or an empty handle. Uncontended: no system
-  /// call, no allocation. Thread-safe; threads of one handle wait one at a time.
+  /// Takes `n` permits, waiting up to `timeout` (negative: forever) for them. Waiters are served in the order they
+  /// started waiting, and an acquire that finds anyone waiting queues behind them (no overtaking). Returns Ok, Timeout,
+  /// or WouldBlock for a zero timeout with too few permits free. n == 0 returns Ok. Throws Error(InvalidArgument) for
+  /// n above max_count (it could never succeed) or an empty handle, Error(InvalidState) in a forked child for its
+  /// parent's handle (the permits it counts are the parent's: open the semaphore again). Uncontended: no system call,
+  /// no allocation. Thread-safe; threads of one handle wait one at a time.
   Status acquire(std::uint32_t n, std::chrono::nanoseconds timeout);
   /// acquire, calling `interrupted(context)` about every 50 ms while it sleeps: when that returns true it leaves
   /// the queue and returns Interrupted (how the Python module lets Ctrl-C through without losing its place).
@@ -75,10 +77,11 @@ class CountingSemaphore {
   /// acquire(n, 0): Ok or WouldBlock.
   Status try_acquire(std::uint32_t n = 1);
   /// Gives back `n` permits this handle holds and wakes waiters (a system call only when someone sleeps).
-  /// Throws Error(InvalidArgument) when this handle holds fewer than `n` (the message says how many it holds).
+  /// Throws Error(InvalidArgument) when this handle holds fewer than `n` (the message says how many it holds),
+  /// Error(InvalidState) like acquire.
   void release(std::uint32_t n = 1);
 
-  /// Permits this handle holds.
+  /// Permits this handle holds (0 in a forked child for its parent's handle).
   std::uint32_t held() const noexcept;
   /// Permits available now (a snapshot).
   std::uint32_t available() const noexcept;

@@ -144,12 +144,13 @@ class Pool {
 
   /// Allocates `bytes` aligned to `alignment` (a power of two up to 4096), adding a chunk when needed. Throws
   /// Error: QuotaExceeded (with used and max bytes) when the pool is full, InvalidArgument for a size above the
-  /// chunk (or block) size or a bad alignment, InvalidState while the pool is paused, Timeout when the pool lock
-  /// stays taken, and what creating a chunk throws.
+  /// chunk (or block) size or a bad alignment, InvalidState while the pool is paused or in a forked child for its
+  /// parent's handle (its blocks are the parent's: open the pool again), Timeout when the pool lock stays taken, and
+  /// what creating a chunk throws.
   Block allocate(std::size_t bytes, std::size_t alignment = 256);
   /// allocate without exceptions: Ok; WouldBlock when the pool is full; InvalidState for bad arguments, a closed
-  /// handle or a paused pool; Timeout when the pool lock stays taken; DriverError when a new chunk could not be
-  /// created.
+  /// handle, a paused pool or a forked child's copy of its parent's handle; Timeout when the pool lock stays taken;
+  /// DriverError when a new chunk could not be created.
   Status try_allocate(std::size_t bytes, std::size_t alignment, Block& out) noexcept;
   /// Frees `block`. For device and host_pinned pools the memory is reused only after `stream` has passed this
   /// point (like cudaFreeAsync); host pools free at once. `stream` nullptr: the legacy default stream of the calling
@@ -173,8 +174,8 @@ class Pool {
   /// after mapping the others; resolve tries it again.
   void map_chunks(std::span<const BlockRef> refs) const;
   /// Takes a hold on the block: its memory is not reused until this process releases it (or dies). Holds of one
-  /// process are counted. Throws Error(InvalidArgument) like resolve; InvalidState while the pool is paused;
-  /// Timeout when the pool lock stays taken.
+  /// process are counted. Throws Error(InvalidArgument) like resolve; InvalidState while the pool is paused, or as
+  /// allocate in a forked child; Timeout when the pool lock stays taken.
   void hold(const BlockRef& ref);
   /// Gives back one hold. Throws Error(InvalidArgument) when this process holds no reference to the block.
   void release(const BlockRef& ref);
@@ -191,9 +192,9 @@ class Pool {
   /// pool is then paused, or active again when nothing was released yet).
   void pause(const PauseOptions& options = {});
   /// Backs every chunk with memory again, at the same addresses in this process, and restores the contents pause
-  /// saved. Allowed to the process that paused the pool, or to any member with write access once that process is
-  /// gone (the contents it saved are then lost). Other members call refresh() before they resolve blocks in chunks
-  /// they had mapped. Throws Error: InvalidState when the pool is not paused or another live process paused it;
+  /// saved. Allowed to the handle that paused the pool (another handle, of this process too, is another member),
+  /// or to any member with write access once that one is gone (the contents it saved are then lost). Other members call refresh() before they resolve blocks in chunks
+  /// they had mapped. Throws Error: InvalidState when the pool is not paused or another live member paused it;
   /// PermissionDenied for a read-only handle; what creating or mapping memory throws (the pool stays paused).
   void resume();
   /// Whether the pool is paused (or being paused or resumed) now.

@@ -61,7 +61,10 @@ void check_status(Status status, std::string_view what) {
     case Status::PeerDied: why = "the other side is gone (it exited or crashed without closing)"; break;
     case Status::Closed: why = "the other side closed it"; break;
     case Status::Interrupted: why = "interrupted by a signal"; break;
-    case Status::InvalidState: why = "not allowed here (wrong role, nothing held, too big, or a host-kind object)"; break;
+    case Status::InvalidState:
+      why = "not allowed here (wrong role, nothing held, too big, a host-kind object, or a handle this process got "
+            "from its parent at fork: open it again here)";
+      break;
     case Status::DriverError: why = "the CUDA driver refused the stream operation (bad stream, wrong context, no driver)"; break;
   }
   throw StatusError(status, fmt::format("{}: {}", what, why));

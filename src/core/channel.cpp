@@ -60,6 +60,7 @@ struct Channel::Impl {
   SegmentKind kind = SegmentKind::Host;
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;  // the broker's token in our member entry
+  std::uint32_t forks = 0;  // core::forks_so_far() at the join
   // Sequences this member holds (acquired, or received), oldest first: a ring of capacity n.
   std::vector<std::uint64_t> held;
   std::size_t held_first = 0;
@@ -160,6 +161,7 @@ struct Channel::Impl {
                                                                            : proto::Role::Consumer);
     member = m.index;
     token = m.token;
+    forks = m.forks;
   }
 
   /// Clean leave: give up acquired slots, hand back received messages, tell the other side if we were the last.
@@ -170,6 +172,10 @@ struct Channel::Impl {
   /// what is still owed at once.
   void leave() noexcept {
     if (member == proto::kNoMember || h == nullptr) return;
+    if (!here()) {
+      forget();  // a forked child's copy of its parent's handle: the entry, its slots and messages are the parent's
+      return;
+    }
     if (gpu() && !shm::ring_member_writes_done(ring(), member) &&
         core::leave_through_broker(control, core::Membership{member, token})) {
       forget();
@@ -185,6 +191,9 @@ struct Channel::Impl {
     shm::channel_remove_member(h, geometry, member, token, r, proto::PoisonReason::Closed);
     forget();
   }
+
+  /// Whether this process joined (a forked child's copy of its parent's handle may not use the parent's entry).
+  bool here() const noexcept { return core::joined_here(core::Membership{member, token, forks}); }
 
   /// This handle is no longer a member (its entry was cleared).
   void forget() noexcept {
@@ -461,7 +470,8 @@ void Channel::unlink(std::string_view name) {
 
 Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, SlotView& out) noexcept {
   GPUIPC_TRACE("gpuipc::Channel::acquire");
-  if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == m_impl->n) return Status::InvalidState;
+  if (!m_impl || !m_impl->here() || m_impl->role != ChannelRole::Producer || m_impl->held_count == m_impl->n)
+    return Status::InvalidState;
   auto& im = *m_impl;
   const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
                                          cuda::StreamTarget::GpuMemory);
@@ -504,7 +514,8 @@ Status Channel::acquire(StreamHandle stream, std::chrono::nanoseconds timeout, S
 
 Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, std::size_t bytes) noexcept {
   GPUIPC_TRACE("gpuipc::Channel::publish");
-  if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count == 0) return Status::InvalidState;
+  if (!m_impl || !m_impl->here() || m_impl->role != ChannelRole::Producer || m_impl->held_count == 0)
+    return Status::InvalidState;
   auto& im = *m_impl;
   const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
                                          cuda::StreamTarget::GpuMemory);
@@ -529,7 +540,8 @@ Status Channel::send(StreamHandle stream, const void* source, std::size_t bytes,
                      std::chrono::nanoseconds timeout, std::uint64_t& sequence) noexcept {
   GPUIPC_TRACE("gpuipc::Channel::send");
   // The slot sent is the one acquired here: with older acquired slots still held, publish would take those.
-  if (!m_impl || m_impl->role != ChannelRole::Producer || m_impl->held_count != 0) return Status::InvalidState;
+  if (!m_impl || !m_impl->here() || m_impl->role != ChannelRole::Producer || m_impl->held_count != 0)
+    return Status::InvalidState;
   auto& im = *m_impl;
   if (header.size() > im.geometry.header_bytes || bytes > im.slot_bytes) return Status::InvalidState;
   // The copy too: on the legacy default stream it runs in the channel's context, whose GPU maps the slot.
@@ -553,7 +565,8 @@ Status Channel::send(StreamHandle stream, const void* source, std::size_t bytes,
 
 Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, MessageView& out) noexcept {
   GPUIPC_TRACE("gpuipc::Channel::receive");
-  if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == m_impl->n) return Status::InvalidState;
+  if (!m_impl || !m_impl->here() || m_impl->role != ChannelRole::Consumer || m_impl->held_count == m_impl->n)
+    return Status::InvalidState;
   auto& im = *m_impl;
   const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
                                          cuda::StreamTarget::GpuMemory);
@@ -585,7 +598,8 @@ Status Channel::receive(StreamHandle stream, std::chrono::nanoseconds timeout, M
 
 Status Channel::release(StreamHandle stream) noexcept {
   GPUIPC_TRACE("gpuipc::Channel::release");
-  if (!m_impl || m_impl->role != ChannelRole::Consumer || m_impl->held_count == 0) return Status::InvalidState;
+  if (!m_impl || !m_impl->here() || m_impl->role != ChannelRole::Consumer || m_impl->held_count == 0)
+    return Status::InvalidState;
   auto& im = *m_impl;
   const cuda::StreamContextScope context(im.gpu() ? im.ctx.get() : nullptr, static_cast<CUstream>(stream),
                                          cuda::StreamTarget::GpuMemory);

@@ -35,7 +35,8 @@ struct CountingSemaphore::Impl {
   /// Releases what this handle holds and clears its entry: the same transition as the broker's repair.
   void leave() noexcept {
     if (!member || block == nullptr) return;
-    shm::counting_remove_member(*block, member.index, member.token, max);
+    // In a forked child the entry is the parent's: its permits and its place stay the parent's.
+    if (core::joined_here(member)) shm::counting_remove_member(*block, member.index, member.token, max);
     core::forget_member(member);
     member = {};
   }
@@ -72,6 +73,20 @@ std::unique_ptr<CountingSemaphore::Impl> attach(Segment seg, const char* call) {
 
 [[noreturn]] void throw_empty(const char* call) {
   throw Error(ErrorCode::InvalidArgument, "empty CountingSemaphore handle (moved from or default-made)", call);
+}
+
+/// The handle's Impl, for an operation on its permits: the handle is not empty, and is this process's own.
+CountingSemaphore::Impl& usable(const std::unique_ptr<CountingSemaphore::Impl>& impl, const char* call) {
+  if (!impl) throw_empty(call);
+  if (!core::joined_here(impl->member)) {
+    throw Error(ErrorCode::InvalidState,
+                fmt::format("counting semaphore '{}': this handle was opened by the process this one was forked "
+                            "from, and its permits are that process's; open the semaphore again in this process "
+                            "(CountingSemaphore::open)",
+                            impl->segment.name()),
+                call);
+  }
+  return *impl;
 }
 
 }  // namespace
@@ -137,9 +152,8 @@ Status CountingSemaphore::acquire(std::uint32_t n, std::chrono::nanoseconds time
 Status CountingSemaphore::acquire(std::uint32_t n, std::chrono::nanoseconds timeout, bool (*interrupted)(void*),
                                   void* context) {
   GPUIPC_TRACE("gpuipc::CountingSemaphore::acquire");
-  if (!m_impl) throw_empty("acquire");
+  Impl& s = usable(m_impl, "acquire");
   if (n == 0) return Status::Ok;
-  Impl& s = *m_impl;
   if (n > s.max) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("acquire({}) of counting semaphore '{}': it has only {} permits in all, so this could "
@@ -195,9 +209,8 @@ Status CountingSemaphore::acquire(std::uint32_t n, std::chrono::nanoseconds time
 Status CountingSemaphore::try_acquire(std::uint32_t n) { return acquire(n, std::chrono::nanoseconds(0)); }
 
 void CountingSemaphore::release(std::uint32_t n) {
-  if (!m_impl) throw_empty("release");
+  Impl& s = usable(m_impl, "release");
   if (n == 0) return;
-  Impl& s = *m_impl;
   shm::CountingResult r;
   {
     std::lock_guard lock(s.op);
@@ -214,7 +227,7 @@ void CountingSemaphore::release(std::uint32_t n) {
 }
 
 std::uint32_t CountingSemaphore::held() const noexcept {
-  return m_impl ? shm::counting_held(*m_impl->block, m_impl->member.index) : 0;
+  return m_impl && core::joined_here(m_impl->member) ? shm::counting_held(*m_impl->block, m_impl->member.index) : 0;
 }
 std::uint32_t CountingSemaphore::available() const noexcept {
   return m_impl ? shm::counting_available(*m_impl->block) : 0;

@@ -1,11 +1,13 @@
 #include "core/membership.hpp"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <variant>
 
 #include "base/log.hpp"
 #include "core/segment_internal.hpp"
+#include "os/process.hpp"
 #include "proto/messages.hpp"
 
 namespace gpuipc::core {
@@ -14,6 +16,7 @@ namespace {
 struct Joined {
   std::weak_ptr<detail::Mapping> control;
   proto::Role role = proto::Role::None;
+  std::uint32_t forks = 0;  ///< forks_so_far() at the join: a forked child does not rejoin its parent's entries
 };
 
 /// The memberships this process holds, by (index, token): tokens are the broker's and unique while held.
@@ -27,9 +30,17 @@ Registry& registry() {
   return *r;
 }
 
+std::atomic<std::uint32_t> g_forks{0};  // NOLINT: process-wide by nature
+
+void count_fork_in_child() { g_forks.fetch_add(1, std::memory_order_relaxed); }  // async-signal-safe
+
 }  // namespace
 
+std::uint32_t forks_so_far() noexcept { return g_forks.load(std::memory_order_relaxed); }
+
 Membership join_member(const Segment& control, proto::Role role) {
+  static std::once_flag counting_forks;
+  std::call_once(counting_forks, [] { os::at_fork(nullptr, nullptr, count_fork_in_child); });
   proto::Join req;
   req.id = control.id();
   req.role = static_cast<std::uint8_t>(role);
@@ -38,9 +49,9 @@ Membership join_member(const Segment& control, proto::Role role) {
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Join with something else", "join");
   auto& reg = registry();
   std::lock_guard lock(reg.mutex);
-  reg.joined[{r->member, r->token}] = Joined{detail::SegmentAccess::mapping(control), role};
+  reg.joined[{r->member, r->token}] = Joined{detail::SegmentAccess::mapping(control), role, forks_so_far()};
   BrokerClient::instance().keep_connected();  // rejoins at once when the broker dies (its mapping did this already)
-  return Membership{r->member, r->token};
+  return Membership{r->member, r->token, forks_so_far()};
 }
 
 bool leave_through_broker(const Segment& control, const Membership& member) noexcept {
@@ -68,6 +79,7 @@ void rejoin_members(std::uint64_t generation, const BrokerClient::Exchange& exch
   auto& reg = registry();
   std::lock_guard lock(reg.mutex);
   for (auto& [key, j] : reg.joined) {
+    if (j.forks != forks_so_far()) continue;  // the entry of a process this one was forked from
     auto control = j.control.lock();
     if (!control || control->client_generation != generation) continue;  // its name did not come back
     proto::Rejoin req;

@@ -11,12 +11,22 @@
 
 namespace gpuipc::core {
 
-/// A member entry this process holds: its index in the table and the broker's token in it.
+/// A member entry this process holds: its index in the table, the broker's token in it, and forks_so_far() when
+/// it was joined.
 struct Membership {
   std::uint32_t index = proto::kNoMember;
   std::uint32_t token = 0;
+  std::uint32_t forks = 0;
   explicit operator bool() const noexcept { return index != proto::kNoMember; }
 };
+
+/// How many forks made this process from the one that first joined anything (counted in the child, from the first
+/// join_member on): a handle copied into a forked child holds its parent's entry, which the child must neither use
+/// nor clear. One relaxed load.
+std::uint32_t forks_so_far() noexcept;
+
+/// Whether `member` was joined by this process (not by a process this one was forked from).
+inline bool joined_here(const Membership& member) noexcept { return member.forks == forks_so_far(); }
 
 /// Joins the object whose control block is `control` (opened read-write by this process) with `role`. One
 /// broker round trip. Throws Error: PermissionDenied (not opened read-write), QuotaExceeded (the member table is

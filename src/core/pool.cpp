@@ -285,7 +285,7 @@ PoolStats Pool::stat(std::string_view name) {
 
 Status Pool::try_allocate(std::size_t bytes, std::size_t alignment, Block& out) noexcept {
   GPUIPC_TRACE("gpuipc::Pool::try_allocate");
-  if (!m_impl || alignment > 4096) return Status::InvalidState;
+  if (!m_impl || alignment > 4096 || !m_impl->here()) return Status::InvalidState;
   try {
     shm::BlockLocation loc;
     std::string error;
@@ -308,6 +308,7 @@ Block Pool::allocate(std::size_t bytes, std::size_t alignment) {
   GPUIPC_TRACE("gpuipc::Pool::allocate");
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "allocate on an empty Pool handle", "allocate");
   auto& im = *m_impl;
+  im.check_here("allocate");
   const auto& g = im.geo();
   if (alignment == 0 || alignment > 4096 || (alignment & (alignment - 1)) != 0) {
     throw Error(ErrorCode::InvalidArgument,
@@ -456,6 +457,7 @@ void Pool::map_chunks(std::span<const BlockRef> refs) const {
 void Pool::hold(const BlockRef& ref) {
   if (!m_impl) throw Error(ErrorCode::InvalidArgument, "hold on an empty Pool handle", "hold");
   auto& im = *m_impl;
+  im.check_here("hold");
   if (std::string why = im.check_ref(ref); !why.empty()) im.throw_bad_ref(ref, "hold", why);
   const auto loc = location_of(ref);
   if (im.block.pause_info().state != shm::PauseState::Active) throw im.paused_error("hold");

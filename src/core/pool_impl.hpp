@@ -79,6 +79,7 @@ struct Pool::Impl {
   cuda::PrimaryContext ctx;
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;  // the broker's token in our member entry
+  std::uint32_t forks = 0;  // core::forks_so_far() at the join
 
   std::mutex chunks_mutex;
   std::vector<core::VaSlot> slots;                           // device pools, by index: where chunk i is mapped,
@@ -168,6 +169,22 @@ struct Pool::Impl {
     const auto m = core::join_member(control, proto::Role::Holder);
     member = m.index;
     token = m.token;
+    forks = m.forks;
+  }
+
+  /// Whether this process may use the member entry: it joined it, or there is none (a forked child's copy of its
+  /// parent's handle holds the parent's entry and blocks).
+  bool here() const noexcept {
+    return member == proto::kNoMember || core::joined_here(core::Membership{member, token, forks});
+  }
+  /// Throws InvalidState for `call` where here() is false.
+  void check_here(std::string_view call) const {
+    if (here()) return;
+    throw Error(ErrorCode::InvalidState,
+                fmt::format("pool '{}': {} refused: this handle was opened by the process this one was forked from, "
+                            "and its blocks are that process's; open the pool again in this process (Pool::open)",
+                            name, call),
+                std::string(call));
   }
 
   /// Clean leave: release every hold this member has (the same function the broker runs when the process dies) and
@@ -177,6 +194,13 @@ struct Pool::Impl {
   /// 10 s) for the stream, then frees them. (Releasing the mappings afterwards waits for the process's GPU work.)
   void leave() noexcept {
     if (member == proto::kNoMember || !block.valid()) return;
+    if (!core::joined_here(core::Membership{member, token, forks})) {
+      // A forked child's copy of its parent's handle: the entry and the blocks it holds are the parent's.
+      core::forget_member(core::Membership{member, token});
+      member = proto::kNoMember;
+      token = 0;
+      return;
+    }
     // Only a member that released with a stream has frees to wait for. The look reads every record of the control
     // block (4 MiB for 65536 blocks), most of which a reader never touched: a reader's whole close, which reads them
     // twice with this look, took 0.54-0.70 ms on an H200 machine (experiments/open-parts-25eb9cd-h200-20261127.log).
@@ -459,6 +483,7 @@ struct Pool::Impl {
     if (it->second.owned || it->second.holds > 0) return shm::PoolStatus::Ok;
     const bool pending = it->second.pending;
     holds.erase(it);
+    if (!here()) return shm::PoolStatus::Ok;  // a forked child's copy: the parent's hold stays the parent's
     if (pending) stream_released.store(true, std::memory_order_relaxed);
     return block.release(member, loc, pending, pool_detail::kLockTimeout);
   }

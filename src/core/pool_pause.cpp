@@ -39,6 +39,7 @@ std::vector<std::uint32_t> ready_chunks(const shm::PoolBlock& b) {
 }
 
 void check_writer(const Pool::Impl& im, std::string_view call) {
+  im.check_here(call);
   if (im.access != Access::ReadWrite) {
     throw Error(ErrorCode::PermissionDenied,
                 fmt::format("pool '{}': {} refused: this handle maps the pool read-only; only a member with write "

@@ -47,6 +47,7 @@ struct Semaphore::Impl {
   SemaphoreRole role = SemaphoreRole::Waiter;
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;             // the broker's token in our member entry
+  std::uint32_t forks = 0;             // core::forks_so_far() at the join
   std::uint64_t stream_signalled = 0;  // highest value handed to a stream: leave() waits for it to land
   CUevent legacy_probe = nullptr;      // made at the first signal(wake_host) on the legacy default stream,
   CUcontext probe_ctx = nullptr;       // in this context (made again when the caller's current context is another)
@@ -79,12 +80,20 @@ struct Semaphore::Impl {
     const auto m = core::join_member(segment, proto::Role::Signaller);
     member = m.index;
     token = m.token;
+    forks = m.forks;
   }
 
   /// A signaller leaving cleanly. The last one poisons the semaphore (Closed): no stream waits forever for a
   /// value nobody can signal any more.
   void leave() noexcept {
     if (member == proto::kNoMember || block == nullptr) return;
+    if (!core::joined_here(core::Membership{member, token, forks})) {
+      // A forked child's copy of its parent's handle: the entry is the parent's, which signals on (and whose
+      // leave, or death, poisons the semaphore when it was the last signaller).
+      core::forget_member(core::Membership{member, token});
+      member = proto::kNoMember;
+      return;
+    }
     // A signal still queued on a stream would land after the poison and erase it: wait for ours (bounded).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while ((atomic(block->value).load(std::memory_order_acquire) & proto::kMaxValue) < stream_signalled &&

@@ -141,3 +141,31 @@ def test_counts_out_of_range_are_refused_with_gpuipc_errors(name):
                 call(-1)
         assert sem.held == 0 and sem.available == 1
     gpuipc.CountingSemaphore.unlink(name)
+
+
+def test_a_forked_child_neither_uses_nor_releases_its_parents_handle(name):
+    """multiprocessing's fork start method hands the parent's object to the child as it is: the child's copy holds
+    the parent's member entry. Its calls are refused and its close releases nothing (it released the parent's
+    permits, and its acquires mixed their counts with the parent's)."""
+    with gpuipc.CountingSemaphore.create(name, initial=1, max_count=2) as sem:
+        sem.acquire(1)  # the parent holds both permits
+        pid = os.fork()
+        if pid == 0:  # the child: no pytest from here on, only an exit status
+            code = 1
+            try:
+                try:
+                    sem.acquire(1, timeout=0)
+                except gpuipc.InvalidState as e:
+                    code = 0 if "open the semaphore again in this process" in str(e) else 2
+                if sem.held != 0:
+                    code = 3
+                sem.close()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert sem.held == 2 and sem.available == 0
+        assert gpuipc.CountingSemaphore.stat(name)["holders"] == 1
+        sem.release(2)
+        assert sem.available == 2
+    gpuipc.CountingSemaphore.unlink(name)
