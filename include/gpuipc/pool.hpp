@@ -191,11 +191,12 @@ class Pool {
   /// cannot be released); Timeout when the pool lock stays taken; what saving or releasing the memory throws (the
   /// pool is then paused, or active again when nothing was released yet).
   void pause(const PauseOptions& options = {});
-  /// Backs every chunk with memory again, at the same addresses in this process, and restores the contents pause
-  /// saved. Allowed to the handle that paused the pool (another handle, of this process too, is another member),
-  /// or to any member with write access once that one is gone (the contents it saved are then lost). Other members call refresh() before they resolve blocks in chunks
-  /// they had mapped. Throws Error: InvalidState when the pool is not paused or another live member paused it;
-  /// PermissionDenied for a read-only handle; what creating or mapping memory throws (the pool stays paused).
+  /// Backs every chunk with memory again, at the same addresses in this process, and restores the contents pause saved.
+  /// Allowed to the handle that paused the pool (another handle, of this process too, is another member), or to any
+  /// member with write access once that one is gone (the contents it saved are then lost). Other members call refresh()
+  /// before they resolve blocks in chunks they had mapped. Throws Error: InvalidState when the pool is not paused or
+  /// another live member paused it; PermissionDenied for a read-only handle; what creating or mapping memory throws
+  /// (the pool stays paused).
   void resume();
   /// Whether the pool is paused (or being paused or resumed) now.
   bool paused() const noexcept;

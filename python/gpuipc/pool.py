@@ -427,9 +427,10 @@ class Pool:
 
     def resume(self) -> None:
         """Backs the chunks with memory again at the same addresses (restoring kept contents). Allowed to the
-        process that paused the pool, or to any writer once that process is gone (its saved contents are then lost).
-        Other processes that had the pool mapped call :meth:`refresh` before they resolve again. Raises
-        InvalidState when the pool is not paused or another live process paused it."""
+        handle that paused the pool (another handle, of this process too, is another member), or to any writer once
+        that one is gone (its saved contents are then lost). Other processes that had the pool mapped call
+        :meth:`refresh` before they resolve again. Raises InvalidState when the pool is not paused or another live
+        handle paused it."""
         self._pool.resume()
 
     def refresh(self) -> None:

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "base/log.hpp"
 #include "core/gpu_memory.hpp"
 #include "core/membership.hpp"
 #include "core/segment_internal.hpp"
@@ -374,17 +376,31 @@ struct Pool::Impl {
   std::byte* create_chunk_locked(std::uint32_t c, std::uint64_t epoch) {
     const std::string n = pool_detail::chunk_name(name, c);
     const std::uint64_t at = slot_address(c);
+    const std::optional<SegmentInfo> linked = linked_control();
     Segment seg;
     try {
-      seg = detail::create_segment(n, geo().chunk_bytes, {.kind = kind, .device = chunk_device(), .mode = control_mode()},
-                                   0, {}, at, chunk_mapper());
+      seg = detail::create_segment(n, geo().chunk_bytes,
+                                   {.kind = kind, .device = chunk_device(), .mode = linked ? linked->mode : 0600U}, 0,
+                                   {}, at, chunk_mapper());
     } catch (const Error& e) {
       if (e.code() != ErrorCode::AlreadyExists) throw;
       seg = detail::open_segment(n, {.access = Access::ReadWrite, .wait = {}, .device = mapping_request()}, true, at);
       if (seg.size() < geo().chunk_bytes || seg.kind() != kind) throw;
       check_adoptable(seg);
     }
-    return install(c, std::move(seg), epoch);
+    std::byte* base = install(c, std::move(seg), epoch);
+    // After Pool::unlink the pool's names are gone, its chunks' included: a chunk made now (growing, resuming) must
+    // not be the one name left, keeping its memory registered after every member has gone. Members that map it
+    // keep it, as with the chunks that were unlinked.
+    if (!linked) {
+      try {
+        pool_detail::unlink_if_present(n);
+      } catch (const Error& e) {
+        GPUIPC_LOG_WARN("pool '{}' was unlinked: its new chunk's name '{}' stays ({}); gpuipc rm {}", name, n, e.what(),
+                        n);
+      }
+    }
+    return base;
   }
 
   /// A chunk's segment found made already is adopted only when one of the pool's members made it: its owner is
@@ -443,12 +459,15 @@ struct Pool::Impl {
                  std::string(call));
   }
 
-  unsigned control_mode() const {
+  /// What the broker says of the pool's name while it still names this pool's control block; nullopt once the
+  /// name is gone (Pool::unlink) or names another object.
+  std::optional<SegmentInfo> linked_control() const {
     try {
-      return Segment::stat(name).mode;
+      SegmentInfo info = Segment::stat(name);
+      if (info.id == control.id()) return info;
     } catch (const Error&) {
-      return 0600;
     }
+    return std::nullopt;
   }
 
   /// Counts a hold of this process on the block at `loc`; the first reference takes the shared hold (`take` runs

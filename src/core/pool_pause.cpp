@@ -165,8 +165,8 @@ void Pool::resume() {
       }
       throw Error(
           ErrorCode::InvalidState,
-          fmt::format("pool '{}': resume refused: it is {} by another process (pid {}); only that process "
-                      "may resume it (any writer may once it is gone)",
+          fmt::format("pool '{}': resume refused: it is {} through another handle (of pid {}); only that "
+                      "handle may resume it (any writer may once it is closed, or its process gone)",
                       im.name, p.state == shm::PauseState::Paused ? "paused" : "being paused or resumed", p.pid),
           "resume");
     }

@@ -434,6 +434,9 @@ void PoolBlock::end_resume(std::uint32_t member, bool ok) noexcept {
   if (!valid()) return;
   std::uint32_t w = load(m_header->pause);
   if (pause_state_of(w) != PauseState::Resuming || pauser_of(w) != member) return;
+  // A failed resume released the memory it had made (its chunks' names unlinked): a member that mapped one of them
+  // meanwhile, at this epoch, must see its mapping stale, as after a pause.
+  if (!ok) atomic(m_header->epoch).fetch_add(1, std::memory_order_acq_rel);
   atomic(m_header->pause)
       .compare_exchange_strong(w, ok ? 0U : pause_word(PauseState::Paused, member), std::memory_order_acq_rel);
   wake(m_header->wake_seq);

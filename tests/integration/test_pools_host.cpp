@@ -255,6 +255,23 @@ TEST(PoolsHost, ChunksAreAddedOnDemandAndMappedWhenFirstResolved) {
   EXPECT_TRUE(fails_with([&] { Segment::stat(name + ".chunk.2"); }, ErrorCode::NotFound, "chunk.2"));
 }
 
+TEST(PoolsHost, AChunkGrownAfterUnlinkLeavesNoNameBehind) {
+  // Pool::unlink removes the names of the pool and of its chunks. A member that grew the pool afterwards
+  // registered the new chunk's name, which then kept its memory after every member had gone.
+  const auto name = unique_name("pool");
+  {
+    auto pool = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = kChunk, .max_bytes = 3 * kChunk});
+    Block first = pool.allocate(kChunk);
+    Pool::unlink(name);
+    Block grown = pool.allocate(kChunk);  // a new chunk, made after the unlink
+    ASSERT_EQ(grown.ref().chunk, 1U);
+    static_cast<char*>(grown.data())[kChunk - 1] = 'g';  // its maker maps it
+    EXPECT_EQ(pool.resolve(grown.ref()), grown.data());
+    EXPECT_TRUE(fails_with([&] { Segment::stat(name + ".chunk.1"); }, ErrorCode::NotFound, "chunk.1"));
+  }
+  for (const auto& info : Segment::list()) EXPECT_NE(info.name.rfind(name, 0), 0U) << info.name << " stayed";
+}
+
 TEST(PoolsHost, MapChunksMapsEveryChunkTheRefsNameInOneCall) {
   const auto name = unique_name("pool");
   const auto other = unique_name("other");

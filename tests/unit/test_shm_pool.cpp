@@ -319,6 +319,25 @@ TEST(ShmPool, PauseRefusesAllocationAndHoldsUntilResumedByThePauser) {
   EXPECT_EQ(p.block.pause_info().epoch, 1U);
 }
 
+TEST(ShmPool, AFailedResumeMakesWhatWasMappedDuringItStale) {
+  // A resume backs the chunks with new memory, one by one, under their names; when a later one fails it unlinks
+  // them again. A member that mapped one in between did so at the epoch of the pause, and kept that memory as the
+  // chunk's after the next resume made new memory.
+  TestPool p(PoolMode::Variable, 8, 4096, 1);
+  ASSERT_EQ(p.block.begin_pause(0, 4242, kTimeout), PoolStatus::Ok);
+  p.block.end_pause(0, true);
+  ASSERT_EQ(p.block.pause_info().epoch, 1U);
+  ASSERT_EQ(p.block.begin_resume(0, 4242, kTimeout), PoolStatus::Ok);
+  const std::uint64_t mapped_at = p.block.pause_info().epoch;  // a member maps a chunk the resume made
+  p.block.end_resume(0, false);
+  EXPECT_EQ(p.block.pause_info().state, PauseState::Paused);
+  EXPECT_GT(p.block.pause_info().epoch, mapped_at) << "a mapping of the released memory looks current";
+  ASSERT_EQ(p.block.begin_resume(0, 4242, kTimeout), PoolStatus::Ok);
+  const std::uint64_t resumed_at = p.block.pause_info().epoch;
+  p.block.end_resume(0, true);
+  EXPECT_EQ(p.block.pause_info().epoch, resumed_at) << "a resume that succeeds does not move it";
+}
+
 TEST(ShmPool, APauserThatDiesLeavesThePoolPausedForAnyMemberToResume) {
   for (const bool during : {false, true}) {
     TestPool p(PoolMode::Variable, 8, 4096, 1);
