@@ -10,7 +10,7 @@
 namespace gpuipc {
 
 /// The path of program `name` (e.g. "gpuipc-demo"), searched as the broker is: next to the executable, else next
-/// to the library (each also in ../bin and bin/), else on $PATH. Empty when none is found.
+/// to the library (each also in ../bin and bin/), else on $PATH. An absolute path; empty when none is found.
 std::string program_path(std::string_view name);
 
 /// Replaces this process with `argv` (argv[0] an absolute path, as program_path returns): the new program keeps

@@ -37,7 +37,9 @@ std::string program_path(std::string_view name) {
       if (os::is_executable(p)) return std::filesystem::weakly_canonical(p).string();
     }
   }
-  return os::find_in_path(program);
+  // Absolute, as exec_program and the broker's start need: a relative PATH entry ("bin") finds a relative path.
+  const std::string found = os::find_in_path(program);
+  return found.empty() ? found : std::filesystem::absolute(found).lexically_normal().string();
 }
 
 void exec_program(const std::vector<std::string>& argv) { os::exec_replace(argv); }

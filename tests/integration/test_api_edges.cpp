@@ -1,19 +1,24 @@
 // The edges of the public C++ API: "wait for ever" written as the largest duration (std::chrono::nanoseconds::max(),
 // milliseconds::max()) waits, it does not time out at once, spin a core or drop the broker connection; enum values
-// out of range are refused with gpuipc::Error; the names a channel or a pool makes beside its own are reserved.
+// out of range are refused with gpuipc::Error; the names a channel or a pool makes beside its own are reserved; a
+// program found through a relative PATH entry is named by an absolute path.
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <filesystem>
 #include <thread>
 
 #include "gpuipc/channel.hpp"
 #include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/pool.hpp"
+#include "gpuipc/programs.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
 #include "support/broker_env.hpp"
@@ -184,6 +189,26 @@ TEST(ApiEdges, APoolsChunksAreSweptAfterItsControlBlockWentAlone) {
   { auto again = Pool::create(name, {.kind = SegmentKind::Host, .chunk_bytes = 1 << 16, .max_bytes = 1 << 16}); }
   Pool::unlink(name);
   EXPECT_THROW(Pool::unlink(name), Error);  // nothing left: NotFound
+}
+
+TEST(ApiEdges, AProgramFoundThroughARelativePathEntryIsNamedAbsolutely) {
+  // exec_program (`gpuipc demo`) and the broker's start take only absolute paths: with PATH=bin:..., program_path
+  // answered "bin/gpuipc-...", which they refused.
+  test::TempDir dir;
+  ASSERT_EQ(::mkdir(dir.file("bin").c_str(), 0700), 0);
+  test::write_file(dir.file("bin/gpuipc-relative-test"), "#!/bin/sh\n");
+  ASSERT_EQ(::chmod(dir.file("bin/gpuipc-relative-test").c_str(), 0700), 0);
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  const char* old = std::getenv("PATH");
+  const std::string saved = old != nullptr ? old : "";
+  ASSERT_EQ(::chdir(dir.path().c_str()), 0);
+  ::setenv("PATH", "bin", 1);
+  const std::string found = program_path("gpuipc-relative-test");
+  ::setenv("PATH", saved.c_str(), 1);
+  ASSERT_EQ(::chdir(cwd), 0);
+  ASSERT_TRUE(found.starts_with('/')) << found;
+  EXPECT_TRUE(std::filesystem::equivalent(found, dir.file("bin/gpuipc-relative-test"))) << found;
 }
 
 }  // namespace
