@@ -114,6 +114,9 @@ def main() -> int:
                 print(line)
     finally:
         shared.close()  # removes the name; the workers are done with it
+        # The pool's name outlives this process like any other, and with it the memory of its chunks (docs/torch.md,
+        # MemPool): unlinked, that memory goes once this process lets go of it.
+        gpuipc.Pool.unlink(args.name + ".weights")
     return 0
 
 

@@ -108,6 +108,7 @@ class StreamReader:
         self._token = 0  # the first bucket this reader reads (its admit word), 0 until admitted
         self._next = 0  # the next bucket to read
         self._in_version = False  # a version was left half read (error, timeout): skip its rest first
+        self._walks = 0  # calls that read buckets (_buckets) so far: an older one's iterator is stale
         self._stream_released = 0  # the last bucket given back on a stream (device staging)
         self._last_stream: Any = None  # the torch stream of the last receive (device staging)
         self._broken: Optional[str] = None  # why a malformed bucket stopped this reader
@@ -495,7 +496,11 @@ class StreamReader:
         InvalidState, `abandoned` ends the message; checksums) and given back to the publisher once the caller
         moves past it (or stops), or at once for a bucket of no staged bytes that is not the version's last. Sets
         :attr:`version` after the last one."""
+        self._walks += 1
+        walk = self._walks
         while True:
+            if walk != self._walks:  # a later receive skipped the rest of this one's version
+                raise InvalidState(f"stream {self.name!r}: a later receive took over from this iterator; it has ended")
             d = self._next_bucket(deadline)
             if not self._in_version:
                 self._used = set()
@@ -514,9 +519,12 @@ class StreamReader:
                 self._verify(d, slot, s)
                 yield d, slot
             finally:
-                if not early:
+                # An iterator let go (closed, collected) after a later call drained the rest of its version: that
+                # call gave this bucket back and read past it, and a release now would take the reader back to it.
+                current = d.seq == self._next
+                if current and not early:
                     self._release(d.seq, sig)
-                if d.flags & (_D_LAST | _D_ABORT):
+                if current and d.flags & (_D_LAST | _D_ABORT):
                     self._in_version = False
             if d.flags & _D_LAST:
                 self._version = d.version

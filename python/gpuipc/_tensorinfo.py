@@ -85,6 +85,9 @@ def _from_torch(what: str, t: Any) -> TensorInfo:
     else:
         raise Unsupported(f"{what} lives on {dev}: gpuipc shares CPU and CUDA tensors")
     dt = _dtype(what, t.dtype)
+    if t.is_conj() or t.is_neg():  # torch's lazy conjugation/negation: the bytes in memory are not the values
+        raise InvalidArgument(f"{what} is a lazily conjugated or negated view (t.is_conj() or t.is_neg()): its bytes "
+                              "are not its values; pass t.resolve_conj().resolve_neg()")
     strides = tuple(int(s) for s in t.stride())
     if any(s < 0 for s in strides):
         raise InvalidArgument(f"{what} has a negative stride; pass t.contiguous()")
@@ -130,7 +133,7 @@ def _from_cai(what: str, obj: Any) -> TensorInfo:
 
 def describe(obj: Any, what: str = "the array") -> TensorInfo:
     """A TensorInfo for a torch tensor, NumPy array, anything with ``__dlpack__`` or ``__cuda_array_interface__``.
-    Raises InvalidArgument (negative or unaligned strides), Unsupported (element types, devices), TypeError (not an
+    Raises InvalidArgument (negative or unaligned strides, a lazily conjugated or negated torch view), Unsupported (element types, devices), TypeError (not an
     array)."""
     if type(obj).__module__.startswith("torch") and hasattr(obj, "untyped_storage"):
         return _from_torch(what, obj)

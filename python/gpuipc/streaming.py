@@ -561,8 +561,10 @@ class StreamPublisher:
 
     def update(self, named_tensors: Any) -> None:
         """Adds tensors to the version in progress: an iterable of (name, tensor) pairs or a mapping. Each is copied
-        into the staging buckets at once (stream-ordered on the version's stream); a tensor larger than the room
-        left is split across buckets. Contiguous tensors only travel as they are; others are copied contiguous
+        into the staging buckets before this returns (stream-ordered on the version's stream: enqueued there; the
+        copies of one call go together), so a tensor may change once the call returned (on the host, or on a stream
+        ordered after the version's), not before: a generator that refills one buffer for each name it yields
+        refills it under copies not enqueued yet. A tensor larger than the room left is split across buckets. Contiguous tensors only travel as they are; others are copied contiguous
         first. A tensor in gpuipc pool memory goes by reference instead (by_reference "auto" or True): readers copy
         it from where it lies, so it must not change before :meth:`finish`'s wait. Raises InvalidState (no version
         in progress), InvalidArgument (a name twice, a name too long for a descriptor; by_reference=True and a
@@ -580,6 +582,18 @@ class StreamPublisher:
             if self._replay.fits(items, self._stream_handle):
                 items = items[self._send_again(self._replay, items) :]
         self._walk(items)
+        self._copy_pending()
+
+    def _copy_pending(self) -> None:
+        """Enqueues the open bucket's copies of torch sources (made together, at the end of an update() call or when
+        the bucket is sent): update() reads its tensors before it returns, not when their bucket fills."""
+        b = self._bucket
+        if b is None or not b.dsts:
+            return
+        torch = _torch()
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            _Copies(torch, b.dsts, b.srcs).run(torch, non_blocking=self._stream is not None)
+        b.dsts, b.srcs = [], []
 
     def _walk(self, items: Any) -> None:
         """Lays ``items`` into buckets (sending each once full), recording the version for _Replay while every
@@ -753,7 +767,13 @@ class StreamPublisher:
             self._add_pieces(key, seen.meta, seen.mlen, seen.total, src, seen.info, seen.torch, seen.ref, seen)
             return
         source = t
-        info = describe(t, f"tensor {key!r}")
+        try:
+            info = describe(t, f"tensor {key!r}")
+        except InvalidArgument:
+            if not isinstance(t, np.ndarray):
+                raise
+            t = np.ascontiguousarray(t)  # negative or unaligned strides, which describe refuses: sent as a copy
+            info = describe(t, f"tensor {key!r}")
         torch_src = _is_torch(t)
         src: Any = None
         ref = self._reference(key, info) if self._by_reference is not False else None
@@ -901,7 +921,7 @@ class StreamPublisher:
         return np.asarray(whole)[ref.offset : ref.offset + n]
 
     def _copy_in(self, slot: int, off: int, src: Any, info: Optional[TensorInfo], pos: int, n: int, torch_src: bool) -> None:
-        if torch_src:  # enqueued with the bucket's other copies when it is published (_flush)
+        if torch_src:  # enqueued with the call's other copies when update() returns, or its bucket goes (_copy_pending)
             b = self._bucket
             assert b is not None
             b.dsts.append(self._stage_tensor(slot)[off : off + n])
@@ -929,11 +949,7 @@ class StreamPublisher:
             else:
                 self._record.buckets.append((b.pieces, b.blocks, b.block_index, b.json_len, b.referenced,
                                              len(self._record.keys)))
-        if b.dsts:
-            torch = _torch()
-            with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-                _Copies(torch, b.dsts, b.srcs).run(torch, non_blocking=self._stream is not None)
-            b.dsts, b.srcs = [], []
+        self._copy_pending()
         used = min(b.cursor, self._bucket_bytes)
         checksum = 0
         if self._checksum:

@@ -52,9 +52,15 @@ def _gpu_torch_missing() -> str:
     ],
 )
 def test_gpu_example_runs(script, args, expect):
-    r = _run(script, args, 110)  # under the conftest's per-test limit of 120 s
+    import gpuipc  # (no CUDA in this process: listing names asks the broker only)
+
+    name = f"example-{os.getpid()}"
+    r = _run(script, [*args, "--name", name], 110)  # under the conftest's per-test limit of 120 s
     if r.returncode == 2 and "needs a GPU" in r.stderr:
         pytest.skip(r.stderr.strip())  # torch without CUDA
     assert r.returncode == 0, r.stdout + r.stderr
     for line in expect:
         assert line in r.stdout, r.stdout
+    # Nothing left registered: a name left behind keeps its memory (weights_server.py's MemPool pool kept 1 GiB).
+    left = [s.name for s in gpuipc.Segment.list() if s.name.startswith(name)]
+    assert left == [], left

@@ -79,6 +79,32 @@ def test_receive_iter_and_lifecycle(name):
         into = {"t": np.zeros((10, 10))}
         assert rd.receive(into, timeout=10) == 2
         assert np.array_equal(into["t"], src) and rd.skipped == ["b"]
+        # negative strides too (refused before: describe() came before the contiguous copy)
+        rev = np.arange(100, dtype=np.float32)[::-1]
+        assert pub.publish({"r": rev}) == 3
+        into = {"r": np.zeros(100, dtype=np.float32)}
+        assert rd.receive(into, timeout=10) == 3 and np.array_equal(into["r"], rev)
+
+
+def test_an_iterator_let_go_after_a_later_receive_does_not_take_the_reader_back(name):
+    """A receive_iter left in the middle of a version, then a receive (which skips the rest of that version): the
+    iterator's end, when it was collected, gave its bucket back again and set the reader to read after it, so the
+    next receive met a ring slot of another bucket and the reader stopped for good (ProtocolError)."""
+    a = np.arange(2048, dtype=np.float32)  # 8 KiB: two buckets of 4 KiB
+    with gpuipc.stream_publisher(name, 4096, 8, kind="host") as pub, gpuipc.stream_reader(name) as rd:
+        assert pub.wait_readers(1, timeout=10) == 1
+        pub.publish({"a": a})
+        it = rd.receive_iter(timeout=10)
+        next(it)  # the first bucket of version 1, held
+        pub.publish({"a": a + 1})
+        into = {"a": np.zeros_like(a)}
+        assert rd.receive(into, timeout=10) == 2 and np.array_equal(into["a"], a + 1)
+        with pytest.raises(gpuipc.InvalidState, match="a later receive took over"):
+            next(it)
+        del it
+        gc.collect()
+        pub.publish({"a": a + 2})
+        assert rd.receive(into, timeout=10) == 3 and np.array_equal(into["a"], a + 2)
 
 
 def test_checksum_mismatch_names_the_bucket(name):
@@ -282,6 +308,25 @@ def test_publisher_follows_torch_tensors_changed_between_versions(name):
         del gone
         gc.collect()
         assert "gone" not in pub._seen
+
+
+def test_update_reads_its_torch_tensors_before_it_returns(name):
+    """A torch source's copy into the staging bucket was enqueued only when the bucket was sent (or at finish()), so
+    a buffer reused for the next name (the way a model larger than a spare copy is streamed) was read once, with its
+    last contents, for every name."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    buf = torch.empty(1000, dtype=torch.float32)
+    with gpuipc.stream_publisher(name, 64 << 10, 8, kind="host") as pub, gpuipc.stream_reader(name) as rd:
+        assert pub.wait_readers(1, timeout=10) == 1
+        assert pub.start() == 1
+        for i, key in enumerate(("a", "b", "c")):
+            buf.fill_(float(i + 1))
+            pub.update({key: buf})
+        assert pub.finish() == 1
+        into = {k: torch.zeros(1000) for k in ("a", "b", "c")}
+        assert rd.receive(into, timeout=10) == 1
+        assert [into[k][0].item() for k in ("a", "b", "c")] == [1.0, 2.0, 3.0]
+        assert all(torch.equal(into[k], torch.full((1000,), float(i + 1))) for i, k in enumerate(("a", "b", "c")))
 
 
 # Reference pieces: tensors that live in gpuipc pool memory go by reference (readers copy from the publisher's block)

@@ -270,6 +270,24 @@ def test_malformed_index_columns_are_refused(name):
                 gpuipc.open_tensors(name)
 
 
+def test_torch_lazily_negated_views_are_refused_not_shared_as_their_bytes(name):
+    """A lazily negated view (torch's neg bit, as conjugation of complex tensors uses it) keeps the bytes of the
+    tensor it views and a bit that says "negate": shared as its bytes, it opened with the signs flipped. It is
+    refused, saying how to resolve it, and a resolved copy travels right."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    x = torch.tensor([1.0, -2.0, 3.5])
+    if not hasattr(x, "_neg_view"):
+        pytest.skip("this torch has no lazily negated views")
+    neg = x._neg_view()
+    assert neg.is_neg() and torch.equal(neg, -x)
+    with pytest.raises(gpuipc.InvalidArgument, match="resolve_neg"):
+        gpuipc.share_tensors(name, {"n": neg})
+    with gpuipc.share_tensors(name, {"n": neg.resolve_neg()}):
+        got = gpuipc.open_tensors(name)
+        assert torch.equal(got["n"], -x)
+        del got
+
+
 def test_torch_cpu_layout_shared_storage_and_holds(name, monkeypatch):
     """torch tensors (host memory): a tensor alone on its storage is one typed DLPack import (h, w, s), the others
     come from one import per chunk, a storage slice per storage and a set_ per tensor; dtype, shape, strides,
