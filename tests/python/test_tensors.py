@@ -288,6 +288,21 @@ def test_torch_lazily_negated_views_are_refused_not_shared_as_their_bytes(name):
         del got
 
 
+def test_torch_float8_travels_as_its_bytes_as_the_docs_say(name):
+    """NumPy has no 8-bit floats, so a float8 tensor is Unsupported (docs/torch.md): its uint8 view is shared and
+    viewed back as float8 where it opens, bit for bit."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8_e4m3fn")
+    w = torch.linspace(-4, 4, 64).to(torch.float8_e4m3fn)
+    with pytest.raises(gpuipc.Unsupported):
+        gpuipc.share_tensors(name, {"w": w})
+    with gpuipc.share_tensors(name, {"w": w.view(torch.uint8)}):
+        got = gpuipc.open_tensors(name)["w"].view(torch.float8_e4m3fn)
+        assert got.dtype == torch.float8_e4m3fn and torch.equal(got.view(torch.uint8), w.view(torch.uint8))
+        del got
+
+
 def test_torch_cpu_layout_shared_storage_and_holds(name, monkeypatch):
     """torch tensors (host memory): a tensor alone on its storage is one typed DLPack import (h, w, s), the others
     come from one import per chunk, a storage slice per storage and a set_ per tensor; dtype, shape, strides,
