@@ -155,7 +155,13 @@ class _TorchBlock:
         pass
 
 
-_TORCH_POOLS: Dict[str, "Pool"] = {}
+_TORCH_POOLS: Dict[str, "Pool"] = {}  # a handle on each gpuipc.torch.MemPool pool met, by name
+
+
+def forget_torch_pools() -> None:
+    """Drops the cached handles (gpuipc.torch.detach): each closes once no block found through it is in use, so a
+    detached and unlinked pool's memory is not kept by this process for good."""
+    _TORCH_POOLS.clear()
 
 
 def _torch_block(address: int, nbytes: int) -> Optional[_TorchBlock]:
@@ -172,7 +178,7 @@ def _torch_block(address: int, nbytes: int) -> Optional[_TorchBlock]:
     if address + nbytes > base + ref.size:
         return None
     pool = _TORCH_POOLS.get(pool_name)
-    if pool is None:
+    if pool is None or pool.closed or pool.id != ref.pool:  # (a new pool made under the name since: opened again)
         pool = _TORCH_POOLS[pool_name] = Pool.open(pool_name)
     return _TorchBlock(ref, base, pool, ref_bytes)
 

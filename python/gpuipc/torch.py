@@ -143,5 +143,11 @@ def pool_stats(device: int = 0) -> Optional[Tuple[int, int, int]]:
 
 def detach(device: int = 0) -> int:
     """Stops routing the device's allocations to its pool once torch holds nothing in it. Returns the blocks
-    torch still holds there (0: detached)."""
-    return _gpuipc._torch_pool_detach(device)
+    torch still holds there (0: detached). Once detached, the handles that share_tensors and the stream publisher
+    opened on MemPool pools are let go (each closes once nothing found through it is in use)."""
+    held = _gpuipc._torch_pool_detach(device)
+    if held == 0:
+        from .pool import forget_torch_pools  # noqa: PLC0415
+
+        forget_torch_pools()
+    return held

@@ -224,6 +224,44 @@ def torch_block_freed_once_torch_gives_it_back(name: str) -> dict:
     return out
 
 
+def torch_mempool_made_again_under_its_name(name: str) -> dict:
+    """A MemPool whose blocks share_tensors found (opening the pool), detached and unlinked, then a new MemPool
+    under the same name: the handle found blocks through must be the new pool's, and the old one let go."""
+    import gpuipc.pool as gp
+    import gpuipc.torch as gt
+
+    torch = torch_cuda()
+    pool = gt.MemPool(name, device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.ones(1 << 20, device="cuda")
+    first = gp.find_block(a.data_ptr(), a.numel() * a.element_size())
+    out = {"first_is_cached": gp._TORCH_POOLS.get(name) is first.pool}
+    del a, first
+    del pool
+    torch.cuda.synchronize()
+    out["detached"] = gt.detach(0)
+    gpuipc.Pool.unlink(name)
+    out["cached_after_detach"] = name in gp._TORCH_POOLS
+    pool = gt.MemPool(name, device=0, chunk_bytes=64 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        b = torch.full((1 << 20,), 2.0, device="cuda")
+    second = gp.find_block(b.data_ptr(), b.numel() * b.element_size())
+    try:
+        whole = torch.from_dlpack(second.view().__dlpack__())  # the block's bytes, through the handle found
+        start = b.data_ptr() - second.address
+        got = whole[start : start + b.numel() * b.element_size()].view(torch.float32)
+        out["second_reads"] = bool(torch.equal(got, b))
+        del whole, got
+    except gpuipc.Error as e:
+        out["second_reads"] = f"{type(e).__name__}: {e}"
+    del b, second
+    del pool
+    torch.cuda.synchronize()
+    gt.detach(0)
+    gpuipc.Pool.unlink(name)
+    return out
+
+
 def torch_sum_segment(name: str, n: int) -> float:
     torch = torch_cuda()
     with gpuipc.Segment.open(name, readonly=True) as seg:

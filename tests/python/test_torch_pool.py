@@ -49,6 +49,18 @@ def test_a_mempool_block_knows_when_torch_gave_it_back(name, spawn):
                  "freed": True, "detached": 0}, r
 
 
+@pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
+def test_a_mempool_made_again_under_its_name_is_found_afresh(name, spawn):
+    """The handle opened on a MemPool's pool to find its blocks was kept for good: after detach and unlink it held
+    the old pool's memory until the process exited, and a new MemPool under the same name was looked up in the old
+    pool (InvalidArgument: another pool id)."""
+    pytest.importorskip("torch")
+    r = spawn(gpu_helpers.torch_mempool_made_again_under_its_name, name)
+    assert r["first_is_cached"] and r["detached"] == 0, r
+    assert not r["cached_after_detach"], r
+    assert r["second_reads"] is True, r
+
+
 def test_a_mempool_block_is_freed_once_its_address_holds_nothing_or_another_block(monkeypatch):
     """_TorchBlock.recheck says freed when the allocator's table has nothing at the block's address, or another
     block (the address allocated again); freed stays freed; a live block stays live. recheck_torch_blocks leaves
