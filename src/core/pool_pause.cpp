@@ -2,10 +2,12 @@
 // member that mapped chunks before a pause (docs/pools.md). Part of Pool (gpuipc/pool.hpp, core/pool_impl.hpp).
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "base/format.hpp"
@@ -36,6 +38,32 @@ std::vector<std::uint32_t> ready_chunks(const shm::PoolBlock& b) {
       out.push_back(c);
   }
   return out;
+}
+
+/// Waits until no chunk is being made. A member (or a thread of this process) that reserved a chunk before this
+/// pause began makes it afterwards: made after the pause's look at the chunks, it kept its memory while the pool
+/// read paused. None begins now (allocate refuses a pool that is not active), and a maker that dies is repaired (its
+/// chunk goes back to Absent). Throws Timeout after kChunkWait.
+void wait_for_chunks_in_making(const Pool::Impl& im) {
+  const auto deadline = std::chrono::steady_clock::now() + pool_detail::kChunkWait;
+  for (;;) {
+    std::optional<std::uint32_t> making;
+    for (std::uint32_t c = 0; c < im.block.geometry().max_chunks && !making; ++c) {
+      if (atomic(im.block.header().chunks[c].state).load() == static_cast<std::uint32_t>(shm::ChunkState::Creating)) {
+        making = c;
+      }
+    }
+    if (!making) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw Error(ErrorCode::Timeout,
+                  fmt::format("pool '{}': pause refused: chunk {} is still being made by another member after {} s "
+                              "(the pool stays active); try again",
+                              im.name, *making,
+                              std::chrono::duration_cast<std::chrono::seconds>(pool_detail::kChunkWait).count()),
+                  "pause");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void check_writer(const Pool::Impl& im, std::string_view call) {
@@ -78,6 +106,7 @@ void Pool::pause(const PauseOptions& options) {
   }
   bool released = false;
   try {
+    wait_for_chunks_in_making(im);
     const std::vector<std::uint32_t> ready = ready_chunks(im.block);
     const bool device = im.kind == SegmentKind::Device;
     std::lock_guard chunks_lock(im.chunks_mutex);

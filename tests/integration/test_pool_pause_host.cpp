@@ -5,11 +5,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
+#include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "core/segment_internal.hpp"
 #include "gpuipc/pool.hpp"
+#include "shm/pool_block.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
 
@@ -31,6 +37,54 @@ bool zeros(const void* p, std::size_t n) {
     if (b[i] != 0) return false;
   }
   return true;
+}
+
+/// The member entries held in pool `control`'s table now (their indices).
+std::set<std::uint32_t> members_of(const shm::PoolBlock& control) {
+  std::set<std::uint32_t> out;
+  for (std::uint32_t i = 0; i < proto::kMaxMembers; ++i) {
+    if (proto::atomic(control.header().members[i].token).load() != 0) out.insert(i);
+  }
+  return out;
+}
+
+TEST(PoolPauseHost, AChunkBeingMadeWhenThePauseBeginsIsReleasedToo) {
+  // Another member reserved chunk 1 before the pause began and makes it afterwards: the pause looked at the chunks
+  // at once, released chunk 0 only, and chunk 1 kept its memory while the pool read paused.
+  const auto name = unique_name("pause");
+  auto pool = make_pool(name);
+  Block first = pool.allocate(kChunk);  // chunk 0, full
+  auto raw = Segment::open(name, {.access = Access::ReadWrite, .device = -1});
+  shm::PoolBlock control(raw.data(), raw.size());
+  const auto before = members_of(control);
+  auto other = Pool::open(name);  // the member that grows the pool
+  std::uint32_t maker = proto::kNoMember;
+  for (const std::uint32_t m : members_of(control)) {
+    if (before.count(m) == 0) maker = m;
+  }
+  ASSERT_NE(maker, proto::kNoMember);
+  shm::BlockLocation loc;
+  std::vector<shm::OccupiedRange> scratch;
+  scratch.reserve(64);  // the allocator's scratch holds max_blocks ranges (it does not allocate)
+  ASSERT_EQ(control.allocate(maker, kChunk, 256, loc, scratch, std::chrono::seconds(5)), shm::PoolStatus::NeedChunk);
+  ASSERT_EQ(loc.chunk, 1U);
+  std::atomic<bool> paused{false};
+  std::thread pauser([&] {
+    pool.pause();
+    paused = true;
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(paused.load()) << "the pause did not wait for the chunk being made";
+  // What the maker does: the chunk's segment, its bytes written, then marked made.
+  auto chunk = detail::create_segment(name + ".chunk.1", kChunk, {.kind = SegmentKind::Host}, 0);
+  fill_pattern(chunk.data(), chunk.size(), 7);
+  control.chunk_created(maker, 1, true);
+  pauser.join();
+  EXPECT_TRUE(pool.paused());
+  EXPECT_TRUE(zeros(chunk.data(), chunk.size())) << "chunk 1 kept its pages through the pause";
+  EXPECT_TRUE(zeros(first.data(), first.size()));
+  pool.resume();
+  Pool::unlink(name);
 }
 
 TEST(PoolPauseHost, KeepContentsReleasesThePagesAndRestoresThemAtTheSameAddress) {
@@ -148,7 +202,7 @@ TEST(PoolPauseHost, AReaderIsToldAndKeepsItsPointerAfterResumeAndRefresh) {
     GPUIPC_CHILD_CHECK(fails_with([&] { p.resolve(ref[0]); }, ErrorCode::InvalidState, by));
     GPUIPC_CHILD_CHECK(fails_with([&] { p.hold(ref[0]); }, ErrorCode::InvalidState, by));
     GPUIPC_CHILD_CHECK(fails_with([&] { p.allocate(16); }, ErrorCode::InvalidState, by));
-    GPUIPC_CHILD_CHECK(fails_with([&] { p.resume(); }, ErrorCode::InvalidState, "another process"));
+    GPUIPC_CHILD_CHECK(fails_with([&] { p.resume(); }, ErrorCode::InvalidState, "another handle"));
     GPUIPC_CHILD_CHECK(zeros(ptr, ref[0].size));  // released pages read as zeros: no crash
     p.refresh();                                  // while paused: drops what it can, changes no address
     told.notify();
@@ -236,7 +290,7 @@ TEST(PoolPauseHost, APauserSigkilledWhilePausedLeavesItForAnyWriterToResume) {
   });
   ASSERT_TRUE(paused.wait(10s));
   EXPECT_EQ(pool.stats().paused_by_pid, static_cast<std::uint32_t>(pauser));
-  EXPECT_TRUE(fails_with([&] { pool.resume(); }, ErrorCode::InvalidState, "another process"));
+  EXPECT_TRUE(fails_with([&] { pool.resume(); }, ErrorCode::InvalidState, "another handle"));
   ::kill(pauser, SIGKILL);
   EXPECT_EQ(wait_child(pauser), 128 + SIGKILL);
   ASSERT_TRUE(wait_until([&] { return pool.stats().pauser_gone; }, 5s)) << "the broker did not repair the pause";
