@@ -8,9 +8,10 @@ Import it explicitly (``import gpuipc.cupy``); the ``gpuipc`` package itself nev
     shared = gpuipc.share_tensors("arrays.set", {"a": a})  # by BlockRef: no copy
     gpuipc.cupy.set_allocator(None)                      # back to CuPy's own memory pool
 
-Each CuPy allocation is one pool block (at most the pool's ``chunk_bytes``), freed when CuPy frees the memory, in
-the order of the stream current at that moment (like CuPy's own pool, which reuses memory per stream). See
-docs/torch.md.
+Each CuPy allocation is one pool block (at most the pool's ``chunk_bytes``), labelled with the pool's GPU, and freed
+when CuPy frees the memory, in the order of the stream that was current when it was allocated (as CuPy's own pool
+gives memory back to the stream it was allocated on): work still queued there keeps the block until it has run,
+wherever the array is dropped. See docs/torch.md.
 """
 
 from __future__ import annotations
@@ -32,18 +33,19 @@ def _cupy() -> Any:
 
 
 class _Owner:
-    """Keeps a block while CuPy's Memory object lives; frees it, stream-ordered, when CuPy lets go."""
+    """Keeps a block while CuPy's Memory object lives; frees it when CuPy lets go, in the order of the stream that
+    was current at the allocation (kept alive until then)."""
 
     __slots__ = ("block", "stream")
 
-    def __init__(self, block: Block, cupy: Any) -> None:
+    def __init__(self, block: Block, stream: Any) -> None:
         self.block = block
-        self.stream = cupy.cuda.get_current_stream
+        self.stream = stream
 
     def __del__(self) -> None:
         try:
             if not self.block.freed:
-                self.block.free(self.stream().ptr)
+                self.block.free(self.stream.ptr)
         except Exception:  # noqa: BLE001 - at interpreter exit CuPy or the broker may be gone already
             pass
 
@@ -62,8 +64,11 @@ def set_allocator(pool: Optional[Pool]) -> None:
 
     def malloc(nbytes: int) -> Any:
         block = pool.allocate(max(int(nbytes), 1))
-        device = cupy.cuda.runtime.getDevice()
-        mem = cupy.cuda.UnownedMemory(block.address, block.size, _Owner(block, cupy), device)
+        # The GPU the pool's memory is mapped for, not the current one: CuPy then refuses to use the array from a
+        # kernel on another GPU rather than have it fault there.
+        device = int(block.view().__dlpack_device__()[1])
+        mem = cupy.cuda.UnownedMemory(block.address, block.size, _Owner(block, cupy.cuda.get_current_stream()),
+                                      device)
         return cupy.cuda.MemoryPointer(mem, 0)
 
     cupy.cuda.set_allocator(malloc)

@@ -144,6 +144,34 @@ def test_cupy_allocator(name):
         assert np.isfinite(float(b.sum()))
 
 
+def test_cupy_memory_is_freed_on_the_stream_it_was_allocated_on(name):
+    """An array made under a non-blocking stream and dropped outside it: its block was freed on the stream current
+    at the drop (the legacy one), so the pool handed its memory out again while the array's stream still used it."""
+    cupy = pytest.importorskip("cupy", reason="needs CuPy")
+    import gpuipc.cupy as gcupy
+
+    spin = cupy.RawKernel(
+        r'extern "C" __global__ void spin(long long n) { long long t = clock64(); while (clock64() - t < n) {} }', "spin")
+    with gpuipc.Pool.create(name, kind="device", chunk_bytes=8 << 20, max_bytes=16 << 20) as pool:
+        gcupy.set_allocator(pool)
+        try:
+            s = cupy.cuda.Stream(non_blocking=True)
+            with s:
+                a = cupy.ones(1 << 16, dtype=cupy.float32)  # a block of 256 KiB
+                spin((1,), (1,), (cupy.int64(3_000_000_000),))  # about a second of work queued on s
+            _, address, pool_name = gcupy.block_of(a)
+            assert pool_name == name
+            del a  # outside `with s`: the current stream is the legacy one now
+            gc.collect()
+            time.sleep(0.05)  # a free on the idle legacy stream would have landed by now
+            b = pool.allocate(1 << 18)
+            assert b.address != address, "the array's memory was handed out while its stream still ran"
+            b.free()
+            s.synchronize()
+        finally:
+            gcupy.set_allocator(None)
+
+
 def test_bucket_copies_land_every_byte_whatever_the_alignment():
     """The copies a bucket enqueues (_Copies): int64 bulks with uint8 ends, pieces at odd addresses, and a piece large
     enough to be copied on its own all write exactly their bytes, and nothing beside them."""
