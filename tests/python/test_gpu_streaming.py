@@ -159,14 +159,15 @@ def test_cupy_memory_is_freed_on_the_stream_it_was_allocated_on(name):
             with s:
                 a = cupy.ones(1 << 16, dtype=cupy.float32)  # a block of 256 KiB
                 spin((1,), (1,), (cupy.int64(3_000_000_000),))  # about a second of work queued on s
-            _, address, pool_name = gcupy.block_of(a)
-            assert pool_name == name
+            assert gcupy.block_of(a)[2] == name
             del a  # outside `with s`: the current stream is the legacy one now
             gc.collect()
             time.sleep(0.05)  # a free on the idle legacy stream would have landed by now
-            b = pool.allocate(1 << 18)
-            assert b.address != address, "the array's memory was handed out while its stream still ran"
-            b.free()
+            st = pool.stats()
+            assert st["frees"] == 1, st
+            # Still draining behind the spin on s (on an H200: 1 now, 0 with the free on the legacy stream:
+            # bench/results/experiments/cupy-free-stream-ddc557a-h200-20261130.log)
+            assert st["draining_blocks"] == 1, st
             s.synchronize()
         finally:
             gcupy.set_allocator(None)
