@@ -348,10 +348,13 @@ struct Pool::Impl {
   }
 
   /// The ordinal, in this process, of the GPU a new chunk is made on: device pools find it by the UUID the creator
-  /// wrote (ordinals differ between processes that see the GPUs in other orders: CUDA_VISIBLE_DEVICES); pools
-  /// made before the UUID was kept, and host kinds, use the creator's ordinal. Throws Error(NoDevice) when this
-  /// process does not see that GPU.
+  /// wrote (ordinals differ between processes that see the GPUs in other orders: CUDA_VISIBLE_DEVICES); pools made
+  /// before the UUID was kept use the creator's ordinal; host_pinned ones the ordinal this handle opened with.
+  /// Throws Error(NoDevice) when this process does not see that GPU.
   int chunk_device() const {
+    // host_pinned: registered (portable) in this process's own context, as its opens register them; the creator's
+    // ordinal may name another GPU here, or none.
+    if (kind == SegmentKind::HostPinned) return open_device < 0 ? 0 : open_device;
     const auto& uuid = geo().device_uuid;
     if (!gpu_named()) return geo().device;
     if (const auto ordinal = cuda::find_device(uuid)) return *ordinal;

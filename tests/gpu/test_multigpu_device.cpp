@@ -580,6 +580,48 @@ TEST(MultiGpu, PoolChunksGoToThePoolsGpuWhateverTheOrderAMemberSees) {
   Pool::unlink(name);
 }
 
+TEST(MultiGpu, AHostPinnedPoolGrowsInAMemberThatSeesOnlyAnotherGpu) {
+  // A host_pinned chunk is registered (portable) in the context of the member that makes it. It was registered
+  // with the creator's ordinal: a member that sees one GPU (its 0, the creator's 1) got NoDevice growing the pool.
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("cvd-pinned");
+  Shared<BlockRef> refs(1);
+  SyncPipe created, done, checked;
+  constexpr std::size_t kBlock = 3 << 20;
+  const pid_t a = start_child([&] {
+    see_gpus({0, 1});
+    Gpu g(1);
+    auto pool = Pool::create(name, {.kind = SegmentKind::HostPinned,
+                                    .device = 1,
+                                    .mode = 0600,
+                                    .pool_mode = PoolMode::Variable,
+                                    .chunk_bytes = 4 << 20,
+                                    .max_bytes = 16 << 20});
+    Block b = pool.allocate(kBlock);
+    created.notify();
+    GPUIPC_CHILD_CHECK(done.wait(120s));
+    const auto* other = static_cast<const unsigned char*>(pool.resolve(refs[0]));
+    GPUIPC_CHILD_CHECK(other[0] == 0x5a && other[kBlock - 1] == 0x5a);
+    checked.notify();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              see_gpus({1});
+              auto pool = Pool::open(name);
+              Block b = pool.allocate(kBlock);  // a new chunk, made here
+              GPUIPC_CHILD_CHECK(b.ref().chunk == 1);
+              std::memset(b.data(), 0x5a, kBlock);
+              refs[0] = b.ref();
+              done.notify();
+              GPUIPC_CHILD_CHECK(checked.wait(120s));
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(wait_child(a), 0);
+  Pool::unlink(name);
+}
+
 TEST(MultiGpu, ChannelBetweenAProcessSeeingOneGpuAndOneSeeingBoth) {
   GPUIPC_REQUIRE_TWO_GPUS();
   const auto name = unique_name("cvd-ch");
