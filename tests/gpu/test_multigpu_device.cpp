@@ -41,6 +41,17 @@ void see_gpus(std::initializer_list<int> ordinals) {
   ::setenv("CUDA_VISIBLE_DEVICES", visible_devices(ordinals).c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
 }
 
+/// A variable pool of `kind` on GPU `device` (this process's ordinal), mode 0600: 4 MiB chunks, at most four, so
+/// that a 3 MiB block fills a chunk and the next one grows the pool.
+PoolOptions four_small_chunks(SegmentKind kind, int device) {
+  return {.kind = kind,
+          .device = device,
+          .mode = 0600,
+          .pool_mode = PoolMode::Variable,
+          .chunk_bytes = 4 << 20,
+          .max_bytes = 16 << 20};
+}
+
 /// A device segment on GPU `owner` filled with pattern `seed`, kept by a child until `done` is notified; then
 /// the child checks that the contents are pattern `expect_after` (the same seed: untouched).
 pid_t start_owner(const std::string& name, int owner, std::uint64_t seed, std::uint64_t expect_after,
@@ -197,8 +208,7 @@ TEST(MultiGpu, PoolOnGpu1UsedFromGpu0AndItsNewChunksStayOnGpu1) {
   constexpr std::size_t kBlock = 3 << 20;  // two blocks do not fit one 4 MiB chunk: the second adds a chunk
   const pid_t a = start_child([&] {
     Gpu g(1);
-    auto pool = Pool::create(name, {.kind = SegmentKind::Device, .device = 1, .mode = 0600,
-                                    .pool_mode = PoolMode::Variable, .chunk_bytes = 4 << 20, .max_bytes = 16 << 20});
+    auto pool = Pool::create(name, four_small_chunks(SegmentKind::Device, 1));
     Block b = pool.allocate(kBlock);
     g.k.fill_pattern(g.stream.get(), reinterpret_cast<CUdeviceptr>(b.data()), kBlock / 4, 31);
     g.stream.synchronize();
@@ -281,12 +291,7 @@ TEST(MultiGpu, PoolOpenedWithoutADeviceMapsEveryChunkForTheGpuCurrentAtOpen) {
   constexpr std::size_t kBlock = 3 << 20;  // one block per 4 MiB chunk
   const pid_t owner = start_child([&] {
     Gpu g(0);
-    auto pool = Pool::create(name, {.kind = SegmentKind::Device,
-                                    .device = 0,
-                                    .mode = 0600,
-                                    .pool_mode = PoolMode::Variable,
-                                    .chunk_bytes = 4 << 20,
-                                    .max_bytes = 16 << 20});
+    auto pool = Pool::create(name, four_small_chunks(SegmentKind::Device, 0));
     Block a = pool.allocate(kBlock);
     Block b = pool.allocate(kBlock);
     GPUIPC_CHILD_CHECK(a.ref().chunk == 0 && b.ref().chunk == 1);
@@ -548,8 +553,7 @@ TEST(MultiGpu, PoolChunksGoToThePoolsGpuWhateverTheOrderAMemberSees) {
   const pid_t a = start_child([&] {
     see_gpus({0, 1});
     Gpu g(1);
-    auto pool = Pool::create(name, {.kind = SegmentKind::Device, .device = 1, .mode = 0600,
-                                    .pool_mode = PoolMode::Variable, .chunk_bytes = 4 << 20, .max_bytes = 16 << 20});
+    auto pool = Pool::create(name, four_small_chunks(SegmentKind::Device, 1));
     Block b = pool.allocate(kBlock);
     created.notify();
     GPUIPC_CHILD_CHECK(done.wait(120s));
@@ -591,12 +595,7 @@ TEST(MultiGpu, AHostPinnedPoolGrowsInAMemberThatSeesOnlyAnotherGpu) {
   const pid_t a = start_child([&] {
     see_gpus({0, 1});
     Gpu g(1);
-    auto pool = Pool::create(name, {.kind = SegmentKind::HostPinned,
-                                    .device = 1,
-                                    .mode = 0600,
-                                    .pool_mode = PoolMode::Variable,
-                                    .chunk_bytes = 4 << 20,
-                                    .max_bytes = 16 << 20});
+    auto pool = Pool::create(name, four_small_chunks(SegmentKind::HostPinned, 1));
     Block b = pool.allocate(kBlock);
     created.notify();
     GPUIPC_CHILD_CHECK(done.wait(120s));
