@@ -109,6 +109,7 @@ class StreamReader:
         self._next = 0  # the next bucket to read
         self._in_version = False  # a version was left half read (error, timeout): skip its rest first
         self._walks = 0  # calls that read buckets (_buckets) so far: an older one's iterator is stale
+        self._handed_all = False  # the bucket _buckets yielded last was read whole (every piece handed out)
         self._stream_released = 0  # the last bucket given back on a stream (device staging)
         self._last_stream: Any = None  # the torch stream of the last receive (device staging)
         self._broken: Optional[str] = None  # why a malformed bucket stopped this reader
@@ -511,6 +512,7 @@ class StreamReader:
             # as they are until every reader consumed the version's last bucket (finish() waits for that one, and
             # it goes back after all of this reader's copies of the version, on their stream)
             early = d.used == 0 and not d.staged and not d.flags & (_D_LAST | _D_ABORT)
+            self._handed_all = False
             try:
                 if d.flags & _D_ABORT:
                     raise InvalidState(f"stream {self.name!r}: the publisher abandoned version {d.version}{abandoned}")
@@ -518,6 +520,7 @@ class StreamReader:
                     self._release(d.seq, sig, True)
                 self._verify(d, slot, s)
                 yield d, slot
+                self._handed_all = True
             finally:
                 # An iterator let go (closed, collected) after a later call drained the rest of its version: that
                 # call gave this bucket back and read past it, and a release now would take the reader back to it.
@@ -526,14 +529,20 @@ class StreamReader:
                     self._release(d.seq, sig)
                 if current and d.flags & (_D_LAST | _D_ABORT):
                     self._in_version = False
+                # A loop left after the version's last piece (receive_iter's caller broke out there) received it
+                if current and d.flags & _D_LAST and self._handed_all:
+                    self._received(d)
             if d.flags & _D_LAST:
-                self._version = d.version
-                # the publisher's blocks this version did not name are let go (their holds, and plans using them)
-                assert self._held is not None
-                if self._held.retain(self._used):
-                    self._plans.clear()
-                    self._mapped.clear()
                 return
+
+    def _received(self, d: _Desc) -> None:
+        """The version of last bucket `d` is in: :attr:`version`; the publisher's blocks it did not name are let go
+        (their holds, and plans using them)."""
+        self._version = d.version
+        assert self._held is not None
+        if self._held.retain(self._used):
+            self._plans.clear()
+            self._mapped.clear()
 
     def _destination(self, key: str, t: Any, dtype: str, shape: List[int]) -> Any:
         info = describe(t, f"into[{key!r}]")
@@ -574,13 +583,16 @@ class StreamReader:
         arrays for host staging): copy each before asking for the next, on ``stream`` (device staging; None: torch's
         current stream), since the bucket goes back to the publisher when the iterator moves past it (and after the
         last one the publisher may change its tensors). Ends after the version's last bucket (:attr:`version` is then
-        that version). Raises what :meth:`receive` raises. Leaving the loop early skips the rest of the version at
+        that version, as it is once the last piece was handed out and the loop left). Raises what :meth:`receive` raises. Leaving the loop early skips the rest of the version at
         the next call."""
         deadline, s, sig = self._begin(timeout, stream)
         with contextlib.closing(self._buckets(deadline, s, sig, "")) as buckets:
             for d, slot in buckets:
-                for piece in d.pieces:
-                    yield self._item(d, slot, piece)
+                for i, piece in enumerate(d.pieces):
+                    item = self._item(d, slot, piece)
+                    if i == len(d.pieces) - 1:
+                        self._handed_all = True  # a break after this piece still leaves the bucket read whole
+                    yield item
 
     def _item(self, d: _Desc, slot: int, piece: List[Any]) -> StreamItem:
         key, dtype, shape, pos, n, off = piece[:_STAGED]

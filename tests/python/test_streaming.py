@@ -107,6 +107,27 @@ def test_an_iterator_let_go_after_a_later_receive_does_not_take_the_reader_back(
         assert rd.receive(into, timeout=10) == 3 and np.array_equal(into["a"], a + 2)
 
 
+def test_a_loop_left_after_the_last_piece_has_received_the_version(name):
+    """A caller that breaks out of receive_iter once it has the version's last piece (it knows the names it wants)
+    read the whole version, but :attr:`version` stayed at the one before (the generator was closed at its yield, and
+    the version was set after it); a break before the last piece still leaves it unreceived."""
+    a = np.arange(2048, dtype=np.float32)  # 8 KiB: two buckets of 4 KiB
+    with gpuipc.stream_publisher(name, 4096, 8, kind="host") as pub, gpuipc.stream_reader(name) as rd:
+        assert pub.wait_readers(1, timeout=10) == 1
+        assert pub.publish({"a": a, "b": a[:10]}) == 1
+        for item in rd.receive_iter(timeout=10):
+            if item.name == "b":
+                break
+        assert rd.version == 1
+        assert pub.publish({"a": a + 1, "b": a[:10]}) == 2
+        for item in rd.receive_iter(timeout=10):
+            break  # the first piece of two buckets' worth: the version is not in
+        assert rd.version == 1
+        assert pub.publish({"a": a + 2}) == 3
+        into = {"a": np.zeros_like(a)}
+        assert rd.receive(into, timeout=10) == 3 and np.array_equal(into["a"], a + 2)
+
+
 def test_checksum_mismatch_names_the_bucket(name):
     with gpuipc.stream_publisher(name, 4096, 8, kind="host", checksum=True) as pub, gpuipc.stream_reader(name) as rd:
         pub.wait_readers(1, timeout=10)
