@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 [ -d build/bin ] || { echo "build/ is not built: run make build first" >&2; exit 1; }
 # Results name the commit they measured: the build must be of a clean, committed tree, built after the commit.
 head=$(git rev-parse HEAD)
-if ! git diff --quiet HEAD -- src include tools bench python; then
-  echo "uncommitted changes in src include tools bench python: commit, rebuild, then bundle" >&2; exit 1
+if [ -n "$(git status --porcelain -- . ':(exclude)bench/results')" ]; then
+  echo "uncommitted changes (or untracked files) outside bench/results: commit, rebuild, then bundle" >&2; exit 1
 fi
 built=$(sed -n 's/.*GPUIPC_BENCH_GIT_COMMIT "\(.*\)"/\1/p' build/bench/bench_commit.hpp 2>/dev/null)
 if [ -n "$built" ] && [ "$built" != "$head" ]; then

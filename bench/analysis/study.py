@@ -299,11 +299,14 @@ def q1_channels(d: Doc, dev: str) -> bool:
     t = metric(doc, "torch_handoff_rtt_p50_us_1MiB")
     c = metric(doc, "cudacore_handoff_rtt_p50_us_1MiB")
     sem, ev = metric(doc, "sem_rtt_us"), metric(doc, "ipc_event_rtt_us")
+    sem_host = metric(doc, "sem_host_sync_rtt_us")
     d.para(f"**Handing buffers over** ({provenance(doc)}): a 1 MiB buffer handed to another process and acknowledged "
            f"through a gpuipc channel takes {f(h, 'us')} (median), against {f(t, 'us')} with torch.multiprocessing "
            f"({x(ratio(t, h))} slower) and {f(c, 'us')} with cuda.core IPC pools ({x(ratio(c, h))} slower). A "
-           f"stream-ordered cross-process round trip through a gpuipc semaphore takes {f(sem, 'us')}, through IPC "
-           f"events {f(ev, 'us')}.")
+           f"stream-ordered cross-process round trip through a gpuipc semaphore takes {f(sem, 'us')} enqueued back "
+           f"to back"
+           + (f" ({f(sem_host, 'us')} with the host waiting for each, as it must for IPC events)" if sem_host else "")
+           + f", through IPC events {f(ev, 'us')}.")
     sr, srm = metric(doc, "stream_throughput_ratio"), metric(doc, "stream_throughput_ratio_mps")
     if sr is not None:
         d.para(f"Streaming 8 MiB frames from one process to another reaches {x(sr)} of the one-process frame rate "

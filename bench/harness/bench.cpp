@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <stdexcept>
 
 #include "bench.hpp"
 #include "bench_commit.hpp"
@@ -169,14 +170,42 @@ void progress(const Options& options, const std::string& what) {
 
 std::string git_commit() { return GPUIPC_BENCH_GIT_COMMIT; }
 
+void note_python_module(Result& r, const nlohmann::json& j) {
+  if (!j.contains("gpuipc_commit") || !j["gpuipc_commit"].is_string()) return;
+  const auto commit = j["gpuipc_commit"].get<std::string>();
+  if (commit == r.python_commit) return;
+  const bool first = r.python_commit.empty();
+  r.python_commit = first ? commit : r.python_commit + "," + commit;
+  if (commit != git_commit()) {
+    r.notes.push_back(
+        fmt::format("the gpuipc Python module measured ({}) was built from {}, this benchmark binary from "
+                    "{}: the Python figures are of that build",
+                    j.value("gpuipc_path", std::string("?")), commit, git_commit()));
+  }
+}
+
+nlohmann::json measured_environment() {
+  nlohmann::json env = nlohmann::json::object();
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view kv(*e);
+    const auto eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    const auto name = kv.substr(0, eq);
+    if (name.starts_with("GPUIPC_") || name == "CUDA_VISIBLE_DEVICES" || name.starts_with("CUDA_MPS_")) {
+      env[std::string(name)] = std::string(kv.substr(eq + 1));
+    }
+  }
+  return env;
+}
+
 std::string write_result(const std::string& suite, const Result& result, const DeviceMeta& meta,
                          const Options& options) {
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
   std::string path = options.json_path;
   if (path.empty()) {
-    path = fmt::format("{}/{}-{}-{:%Y%m%d}.json", options.out_dir, suite, meta.ok ? meta.short_name : "cpu",
-                       fmt::gmtime(t));
+    path = fmt::format("{}/{}{}-{}-{:%Y%m%d}.json", options.out_dir, suite, options.quick ? "-quick" : "",
+                       meta.ok ? meta.short_name : "cpu", fmt::gmtime(t));
   }
   nlohmann::json doc{{"suite", suite},
                      {"commit", git_commit()},
@@ -184,12 +213,20 @@ std::string write_result(const std::string& suite, const Result& result, const D
                      {"driver", meta.driver},
                      {"date", fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(t))},
                      {"mps", result.mps},
+                     {"quick", options.quick},
+                     {"environment", measured_environment()},
                      {"metrics", result.metrics},
                      {"notes", result.notes},
                      {"samples", result.samples}};
+  if (!result.python_commit.empty()) doc["python_commit"] = result.python_commit;
   const auto dir = std::filesystem::path(path).parent_path();
   if (!dir.empty()) std::filesystem::create_directories(dir);
-  std::ofstream(path) << doc.dump(2) << "\n";
+  // (replace: an environment variable or a path need not be UTF-8; the document still is)
+  const std::string text = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::ofstream out(path);
+  out << text;
+  out.flush();
+  if (!out) throw std::runtime_error(fmt::format("cannot write the result file {}", path));
   return path;
 }
 

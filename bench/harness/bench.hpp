@@ -38,6 +38,7 @@ struct Result {
   nlohmann::json samples = nlohmann::json::array();   ///< per-measurement detail (sizes, distributions, ...)
   std::vector<std::string> notes;                     ///< plain-language findings, printed and stored
   bool mps = false;
+  std::string python_commit;  ///< the commit of the gpuipc Python module a script measured (note_python_module)
 };
 
 struct Suite {
@@ -78,6 +79,14 @@ nlohmann::json sample(const std::string& name, const std::string& unit, const st
 
 /// A one-line progress report on stderr (only on a terminal, and only when enabled).
 void progress(const Options& options, const std::string& what);
+
+/// Records which gpuipc Python module script result `j` measured (its "gpuipc_commit", "gpuipc_path"): in
+/// Result::python_commit, and as a note when it is not this binary's commit (a stale wheel, another checkout).
+void note_python_module(Result& r, const nlohmann::json& j);
+
+/// The environment variables that change what a suite measures (GPUIPC_*, CUDA_VISIBLE_DEVICES, CUDA_MPS_*), as
+/// they are now: {name: value}.
+nlohmann::json measured_environment();
 
 /// Writes the result document for `suite`; returns the path written.
 std::string write_result(const std::string& suite, const Result& result, const DeviceMeta& meta,

@@ -60,9 +60,12 @@ std::string python_interpreter() {
 
 std::string find_script(const std::string& relative) {
   namespace fs = std::filesystem;
-  std::vector<fs::path> candidates{fs::current_path() / relative};
+  // The tree this binary was built in first (build/bin/../..: its scripts are of the commit it records), then the
+  // current directory (an installed binary).
+  std::vector<fs::path> candidates;
   const auto exe = os::self_exe_path();
   if (!exe.empty()) candidates.push_back(fs::path(exe).parent_path() / "../.." / relative);
+  candidates.push_back(fs::current_path() / relative);
   for (const auto& c : candidates) {
     std::error_code ec;
     if (fs::exists(c, ec)) return fs::weakly_canonical(c, ec).string();
@@ -90,6 +93,7 @@ nlohmann::json run_python_json(const std::string& relative_script, const std::st
       const auto end = out.find('\n', pos);
       auto j = json::parse(out.substr(pos, end == std::string::npos ? std::string::npos : end - pos));
       if (run.status != 0 && !j.contains("error")) j["error"] = why;
+      j["script"] = script;  // which checkout's script ran
       if (j.contains("error")) j["log"] = tail(out, 6000);
       return j;
     } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): reported below

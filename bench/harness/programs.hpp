@@ -28,8 +28,9 @@ ProgramRun run_program(const std::vector<std::string>& argv,
 /// The interpreter Python benchmarks run with: $GPUIPC_BENCH_PYTHON, else `python3` from PATH.
 std::string python_interpreter();
 
-/// The absolute path of `relative` (e.g. "bench/analysis/baselines/handoff.py"), looked up under the current directory and
-/// then the source tree of this binary (<build>/bin/../..); empty when it is in neither.
+/// The absolute path of `relative` (e.g. "bench/analysis/baselines/handoff.py"), looked up under the source tree of
+/// this binary (<build>/bin/../..: the scripts of the commit it records) and then the current directory; empty when
+/// it is in neither.
 std::string find_script(const std::string& relative);
 
 /// Runs `python_interpreter() <script> <args>` (stderr merged into stdout), killed after `limit`. Its result is the

@@ -433,6 +433,9 @@ def main():
         import gpuipc
 
         out["version"] = gpuipc.__version__
+        # the module measured, which need not be the suite binary's build (the suite compares)
+        out["gpuipc_commit"] = getattr(gpuipc, "__commit__", "unknown (older than __commit__)")
+        out["gpuipc_path"] = os.path.dirname(gpuipc.__file__)
         if not a.host:
             import torch
 

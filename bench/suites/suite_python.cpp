@@ -37,6 +37,7 @@ Result run(const Options& o, const DeviceMeta& meta) {
   const json py =
       run_python_json("bench/suites/python_handoff.py", fmt::format("--bytes {} --iters {}", kBytes, iters), kLimit);
   r.samples.push_back({{"what", "py_handoff_1MiB"}, {"result", py}});
+  note_python_module(r, py);
   const bool py_ok = !py.contains("error");
   if (py_ok) {
     r.metrics["py_handoff_rtt_p50_us_1MiB"] = py["p50_us"];

@@ -99,15 +99,17 @@ Summary keep(Result& r, const std::string& name, const std::vector<double>& v, c
 
 double num(const json& j, const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : -1; }
 
-json run_part(const Options& o, const std::string& what, const std::string& args) {
+json run_part(Result& r, const Options& o, const std::string& what, const std::string& args) {
   progress(o, "weights: " + what);
-  return run_python_json("bench/suites/weights.py", args, kPartLimit);
+  json j = run_python_json("bench/suites/weights.py", args, kPartLimit);
+  note_python_module(r, j);
+  return j;
 }
 
 /// gpuipc.open_tensors in fresh processes; returns the median (ms) or -1. `suffix` names the dict's metrics.
 double measure_open(Result& r, const Options& o, const std::filesystem::path& spec, const std::string& label,
                     const std::string& suffix, int consumers) {
-  const json j = run_part(o, "gpuipc.open_tensors of the " + label + " dict in fresh processes",
+  const json j = run_part(r, o, "gpuipc.open_tensors of the " + label + " dict in fresh processes",
                           fmt::format("--part open --spec '{}' --consumers {}", spec.string(), consumers));
   r.samples.push_back({{"name", "weights_open" + suffix}, {"result", j}});
   const auto p50 = "weights_open_ms" + suffix;
@@ -178,7 +180,7 @@ void measure_torch(Result& r, const Options& o, const std::filesystem::path& spe
 }
 
 void measure_segments(Result& r, const Options& o, const Specs& specs, int consumers, double gpuipc_ms) {
-  const json j = run_part(o, "one segment per tensor and a JSON index (the old way), 2 GiB",
+  const json j = run_part(r, o, "one segment per tensor and a JSON index (the old way), 2 GiB",
                           fmt::format("--part segments --spec '{}' --consumers {}", specs.small.string(), consumers));
   r.samples.push_back({{"name", "segment_per_tensor_open"}, {"result", j}});
   if (const auto why = why_not(j); !why.empty()) {
@@ -200,7 +202,7 @@ void measure_updates(Result& r, const Options& o, const Specs& specs) {
   const int updates = o.quick ? 50 : 200;
   const int copies = o.quick ? 5 : 20;
   const json j = run_part(
-      o, "pub.update() until a reader's wait_version returns, versions=1 and 2",
+      r, o, "pub.update() until a reader's wait_version returns, versions=1 and 2",
       fmt::format("--part update --spec '{}' --updates {} --copies {}", specs.small.string(), updates, copies));
   r.samples.push_back({{"name", "weights_update"}, {"result", j}});
   if (const auto why = why_not(j); !why.empty()) {
@@ -258,7 +260,7 @@ void measure_stream(Result& r, const Options& o, const Specs& specs) {
   const int reps = o.quick ? 2 : 5;
   // --quick streams the 2 GiB dict only.
   const std::string large_arg = o.quick ? std::string() : fmt::format(" --spec-large '{}'", specs.large.string());
-  const json j = run_part(o, "bucketed streaming to another process vs a local device-to-device copy",
+  const json j = run_part(r, o, "bucketed streaming to another process vs a local device-to-device copy",
                           fmt::format("--part stream --spec '{}'{} --reps {}", specs.small.string(), large_arg, reps));
   r.samples.push_back({{"name", "weights_stream"}, {"result", j}});
   const auto all = {"weights_stream_gbs",       "weights_stream_p99_gbs",       "local_d2d_gbs",

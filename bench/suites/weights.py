@@ -232,7 +232,10 @@ def main():
         import gpuipc
 
         res = PARTS[a.part](a)
-        return {"torch": torch.__version__, "gpuipc": gpuipc.__version__, **res}
+        return {"torch": torch.__version__, "gpuipc": gpuipc.__version__,
+                # the module measured, which need not be the suite binary's build (the suite compares)
+                "gpuipc_commit": getattr(gpuipc, "__commit__", "unknown (older than __commit__)"),
+                "gpuipc_path": os.path.dirname(gpuipc.__file__), **res}
 
     try:
         return report.finish(out, body)

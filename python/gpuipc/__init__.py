@@ -62,6 +62,9 @@ ArrayView = _gpuipc.ArrayView
 #: The release version, from project(VERSION) in CMakeLists.txt through the extension (the wheel's metadata reads
 #: the same line).
 __version__ = _gpuipc.version()
+#: The git commit the extension was built from ("-dirty" appended when the tree had changes; "unknown" outside git):
+#: what benchmark results of this module name.
+__commit__: str = _gpuipc.build_commit()
 
 __all__ = [
     "Segment",

@@ -10,6 +10,7 @@
 #include "gpuipc/device.hpp"
 #include "gpuipc/version.hpp"
 
+#include "bench_commit.hpp"
 #include "common.hpp"
 
 namespace gpuipc::py {
@@ -105,6 +106,10 @@ NB_MODULE(_gpuipc, m) {
   m.def(
       "version", []() { return std::string(gpuipc::version()); },
       "The release version of the C++ library inside this module (gpuipc.__version__).");
+  m.def(
+      "build_commit", []() { return std::string(GPUIPC_BENCH_GIT_COMMIT); },
+      "The git commit this module was built from, '-dirty' appended when the tree had changes; 'unknown' when it "
+      "was built outside git (gpuipc.__commit__).");
   m.def(
       "protocol_version", []() { return gpuipc::protocol_version(); },
       "The broker wire protocol version this module speaks.");

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -16,6 +17,11 @@ def test_daemon_ships_inside_the_package():
     assert os.access(daemon, os.X_OK), "the wheel must carry an executable gpuipcd"
     if "GPUIPC_DAEMON" not in os.environ or os.environ["GPUIPC_DAEMON"] == daemon:
         assert os.path.realpath(gpuipc.daemon_path()) == os.path.realpath(daemon)
+
+
+def test_the_package_names_the_commit_it_was_built_from():
+    # what benchmark results of the module name (bench/suites/python_handoff.py, weights.py)
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", gpuipc.__commit__), gpuipc.__commit__
 
 
 def test_broker_started_from_the_package(name, runtime_dir):
