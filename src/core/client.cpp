@@ -658,18 +658,28 @@ void BrokerClient::watch(Watched first) {
   }
 }
 
-Reply BrokerClient::request(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout) {
-  std::lock_guard lock(m_mutex);
+template <class Send>
+Reply BrokerClient::retrying_locked(const Send& send) {
   for (int attempt = 0;; ++attempt) {
     if (!m_sock) connect_locked();
     try {
-      return exchange_locked(body, fds, timeout);
+      return send();
     } catch (const Error& e) {
       // The broker went away (restart, crash): reconnect once. Its references are gone with it.
       if (attempt == 0 && e.code() == ErrorCode::PeerDied && !m_sock) continue;
       throw;
     }
   }
+}
+
+Reply BrokerClient::request(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout) {
+  std::lock_guard lock(m_mutex);
+  return retrying_locked([&] { return exchange_locked(body, fds, timeout); });
+}
+
+Reply BrokerClient::request_built(const std::function<proto::Body(std::uint64_t generation)>& build) {
+  std::lock_guard lock(m_mutex);
+  return retrying_locked([&] { return exchange_locked(build(m_generation.load()), {}, std::chrono::milliseconds(0)); });
 }
 
 Error error_from_reply(const proto::ErrorReply& reply, const char* call) {

@@ -43,6 +43,12 @@ class BrokerClient {
   Reply request(const proto::Body& body, std::span<const int> fds = {},
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
+  /// As `request`, for a body that names segments by the broker's ids (Join, Leave): `build` makes it under the
+  /// connection's lock, given the generation of the connection it goes out on (after any reconnect, and again if
+  /// it reconnects once), so the ids it reads are that broker's. A body made before could carry a dead broker's id
+  /// to its successor, which numbers from 1 again: another segment's. `build` throws to send nothing.
+  Reply request_built(const std::function<proto::Body(std::uint64_t generation)>& build);
+
   /// As `request`, for a request the broker may hold for up to `timeout` before it answers (an Open that waits for
   /// its name): the connection is not held meanwhile, so other threads' calls go on, their replies and this one's
   /// told apart by request id. Sends no fds.
@@ -122,6 +128,10 @@ class BrokerClient {
  private:
   BrokerClient() = default;
   void connect_locked();
+  /// `send()`'s reply, connecting first when there is no connection, and once more when the broker went away
+  /// (PeerDied with the connection dropped). Under m_mutex.
+  template <class Send>
+  Reply retrying_locked(const Send& send);
   Reply exchange_locked(const proto::Body& body, std::span<const int> fds, std::chrono::milliseconds timeout);
   /// Sends one request and returns its id (never 0). Throws Timeout, with nothing sent and the connection kept,
   /// when the broker's queue stays full (it stopped reading) until `deadline`; PeerDied with the connection dropped.

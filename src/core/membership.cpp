@@ -1,5 +1,7 @@
 #include "core/membership.hpp"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -34,6 +36,21 @@ std::atomic<std::uint32_t> g_forks{0};  // NOLINT: process-wide by nature
 
 void count_fork_in_child() { g_forks.fetch_add(1, std::memory_order_relaxed); }  // async-signal-safe
 
+/// The broker's id of `control` on the connection of `generation`, for a request made under the client's lock
+/// (BrokerClient::request_built): after a broker restart, the new broker's. Throws InvalidState when the mapping is
+/// not registered through that connection (the new broker did not take its name back).
+std::uint64_t id_on(const Segment& control, std::uint64_t generation) {
+  const auto& map = detail::SegmentAccess::mapping(control);
+  if (!map || map->client_generation.load() != generation) {
+    throw Error(ErrorCode::InvalidState,
+                fmt::format("segment '{}' is not registered with the running broker (it was restarted and did not "
+                            "take the name back): open it again",
+                            map ? map->name : std::string()),
+                "join");
+  }
+  return map->id.load();
+}
+
 }  // namespace
 
 std::uint32_t forks_so_far() noexcept { return g_forks.load(std::memory_order_relaxed); }
@@ -41,10 +58,12 @@ std::uint32_t forks_so_far() noexcept { return g_forks.load(std::memory_order_re
 Membership join_member(const Segment& control, proto::Role role) {
   static std::once_flag counting_forks;
   std::call_once(counting_forks, [] { os::at_fork(nullptr, nullptr, count_fork_in_child); });
-  proto::Join req;
-  req.id = control.id();
-  req.role = static_cast<std::uint8_t>(role);
-  auto reply = BrokerClient::instance().request(req);
+  auto reply = BrokerClient::instance().request_built([&](std::uint64_t generation) -> proto::Body {
+    proto::Join req;
+    req.id = id_on(control, generation);
+    req.role = static_cast<std::uint8_t>(role);
+    return req;
+  });
   const auto* r = std::get_if<proto::JoinReply>(&reply.msg.body);
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Join with something else", "join");
   auto& reg = registry();
@@ -56,11 +75,13 @@ Membership join_member(const Segment& control, proto::Role role) {
 
 bool leave_through_broker(const Segment& control, const Membership& member) noexcept {
   try {
-    proto::Leave req;
-    req.id = control.id();
-    req.member = member.index;
-    req.token = member.token;
-    auto reply = BrokerClient::instance().request(req);
+    auto reply = BrokerClient::instance().request_built([&](std::uint64_t generation) -> proto::Body {
+      proto::Leave req;
+      req.id = id_on(control, generation);
+      req.member = member.index;
+      req.token = member.token;
+      return req;
+    });
     if (std::holds_alternative<proto::OkReply>(reply.msg.body)) return true;
     GPUIPC_LOG_DEBUG("the broker did not take over member {}'s leave: it leaves on its own", member.index);
   } catch (const std::exception& e) {

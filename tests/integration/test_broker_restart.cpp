@@ -20,6 +20,7 @@
 #include "gpuipc/channel.hpp"
 #include "gpuipc/liveness.hpp"
 #include "gpuipc/segment.hpp"
+#include "gpuipc/semaphore.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
 
@@ -321,6 +322,34 @@ TEST(BrokerRestart, ABrokerStoppedOnPurposeIsNotStartedAgainBehindItsBack) {
   EXPECT_EQ(info.id, seg.id());
   seg = Segment();
   Segment::unlink(name);
+}
+
+TEST(BrokerRestart, AJoinThroughTheNextBrokerNamesThatBrokersIdOfTheSegment) {
+  // A Join was made with the segment id of the broker the handle was opened through, then sent on the connection to
+  // the next one (which numbers from 1 again): it joined whatever had that id there, or was refused.
+  for (int i = 0; i < 3; ++i) {  // ids the next broker gives to the two semaphores below, not to these
+    const auto pad = unique_name("pad");
+    Segment::create(pad, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0600});
+    Segment::unlink(pad);
+  }
+  const auto a = unique_name("a"), b = unique_name("b");
+  auto sa = Semaphore::create(a, {.initial = 0, .kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  auto sb = Semaphore::create(b, {.initial = 0, .kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  auto warm = Semaphore::open(a, {.role = SemaphoreRole::Signaller});
+  const auto before_a = Semaphore::stat(a).signallers, before_b = Semaphore::stat(b).signallers;
+  // Stopped on purpose: the watchers start no broker, so the next call reconnects itself, with its request made.
+  const pid_t pid = BrokerEnvironment::broker_pid();
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  ASSERT_TRUE(wait_until([&] { return ::kill(pid, 0) != 0 || task_state(pid) == 'Z'; }, 5s));
+  auto again = Semaphore::open(a, {.role = SemaphoreRole::Signaller});  // mapped already: only the Join goes out
+  EXPECT_EQ(Semaphore::stat(a).signallers, before_a + 1);
+  EXPECT_EQ(Semaphore::stat(b).signallers, before_b);
+  again = Semaphore();
+  warm = Semaphore();
+  sa = Semaphore();
+  sb = Semaphore();
+  Semaphore::unlink(a);
+  Semaphore::unlink(b);
 }
 
 TEST(BrokerRestart, TheJournalStaysSmallWhileNamesComeAndGo) {
