@@ -357,7 +357,15 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
         seg.writers.erase(conn);
         seg.joined.erase(conn);
       }
-      if (seg.creator == conn) creator_left(seg, proto::PoisonReason::PeerDied);
+      if (seg.creator == conn) {
+        // A broker stopping (no repair) says nothing of a creator's death: a device_ipc exporter lives on, and its
+        // openers' memory with it. A counting semaphore's grant goes back all the same (nobody else holds it).
+        if (repair) {
+          creator_left(seg, proto::PoisonReason::PeerDied);
+        } else if (seg.control) {
+          creator_gone(seg.block);
+        }
+      }
       touched.push_back(id);
     }
   }

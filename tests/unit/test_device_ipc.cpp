@@ -179,6 +179,16 @@ TEST(RegistryDeviceIpc, ExporterConnectionDropUnlinksAndSaysPeerDied) {
   EXPECT_EQ(b.registry.segment_count(), 0U);
 }
 
+TEST(RegistryDeviceIpc, ABrokerStoppingDoesNotSayTheExporterDied) {
+  // A clean stop (SIGTERM, `gpuipc daemon --stop`, a service restart) drops every connection without repair: the
+  // exporter lives, and its openers' memory with it. It was told PeerDied (alive() false, check_alive() threw).
+  Broker b;
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+  b.registry.mark_stopping();
+  b.registry.drop_connection(1, /*repair=*/false);
+  EXPECT_EQ(b.exporter_gone(), 0U);
+}
+
 TEST(RegistryDeviceIpc, ExportersLastCloseEndsTheShareButAnOpenersCloseDoesNot) {
   Broker b;
   const auto created = b.create(good_record());
