@@ -143,21 +143,9 @@ void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credenti
             .body));
     return;
   }
-  if (auto held = seg.refs.find(conn); held != seg.refs.end() && held->second >= m_quotas.refs_per_connection) {
-    // (The library takes one reference a mapping and shares it between handles: this is a loop of Opens.)
-    out.push_back(reply(conn, rid,
-                        error_reply(rid, ErrorCode::QuotaExceeded,
-                                    fmt::format("segment '{}': this connection holds {} references to it, the most "
-                                                "one connection may; close some",
-                                                seg.name, held->second))
-                            .body));
+  if (auto why = reference_refusal(seg, conn); !why.empty()) {
+    out.push_back(reply(conn, rid, error_reply(rid, ErrorCode::QuotaExceeded, std::move(why)).body));
     return;
-  }
-  if (seg.refs.count(conn) == 0) {
-    if (auto why = opens_refusal(conn, seg.name); !why.empty()) {
-      out.push_back(reply(conn, rid, error_reply(rid, ErrorCode::QuotaExceeded, std::move(why)).body));
-      return;
-    }
   }
   os::UniqueFd fd;
   try {
@@ -175,6 +163,18 @@ void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credenti
   if (access == proto::Access::ReadWrite) seg.writers.insert(conn);
   out.push_back(reply(conn, rid, proto::OpenReply{info_of(seg)}, std::move(fd)));
   if (first) notify(seg, proto::EventKind::Joined, holder_of(seg, conn), conn, out);
+}
+
+std::string Registry::reference_refusal(const SegmentRecord& seg, ConnId conn) const {
+  if (auto held = seg.refs.find(conn); held != seg.refs.end()) {
+    // (The library takes one reference a mapping and shares it between handles: this is a loop of Opens.)
+    if (held->second < m_quotas.refs_per_connection) return {};
+    return fmt::format(
+        "segment '{}': this connection holds {} references to it, the most one connection may; close "
+        "some",
+        seg.name, held->second);
+  }
+  return opens_refusal(conn, seg.name);
 }
 
 bool Registry::visible_to(const os::Credentials& creds, const SegmentRecord& seg) noexcept {

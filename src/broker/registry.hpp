@@ -223,6 +223,9 @@ class Registry {
   /// Why `conn` may not start holding `name` (its uid's connections hold Quotas::opens segments, or every uid's
   /// Quotas::opens_total), or empty.
   std::string opens_refusal(ConnId conn, const std::string& name) const;
+  /// Why `conn` may not take another reference to `seg` (Open, Announce): it holds Quotas::refs_per_connection of
+  /// them, or holds none and opens_refusal says no. Empty when it may.
+  std::string reference_refusal(const SegmentRecord& seg, ConnId conn) const;
   /// What `name` stands for now: a linked segment's attributes, or a name from before a restart that waits for
   /// its Announce; nullptr when it is neither.
   const SegmentAttributes* named(const std::string& name) const;

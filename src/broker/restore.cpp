@@ -259,6 +259,10 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
                        req.name));
       return;
     }
+    if (auto why = reference_refusal(seg, caller.conn); !why.empty()) {  // as an Open's
+      fail(ErrorCode::QuotaExceeded, std::move(why));
+      return;
+    }
     if (++seg.refs[caller.conn] == 1) note_holding(caller.conn, seg.id, true);
     if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
     out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(seg)}));
@@ -272,6 +276,10 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
     return;
   }
   const JournalEntry& e = r->second.entry;
+  if (auto why = opens_refusal(caller.conn, req.name); !why.empty()) {  // as an Open's
+    fail(ErrorCode::QuotaExceeded, std::move(why));
+    return;
+  }
   if ((permission_bits(caller.creds, e.mode, e.owner_uid, e.owner_gid) & need) != need) {
     fail(ErrorCode::PermissionDenied, fmt::format("segment '{}' is mode {:04o} owned by uid {}: you may not hold it "
                                                   "as announced",
@@ -285,8 +293,9 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
         fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': that fd is not its memory", req.name));
         return;
       }
-      // A read-only holder's fd would let no later opener write: the broker keeps a writable description.
-      memory = req.access == proto::Access::ReadWrite ? std::move(fds[0]) : os::reopen_readwrite(fd);
+      // A read-only description (a read-only holder's, or one sent as read-write) would let no later opener
+      // write: the broker keeps a writable one of its own.
+      memory = os::reopen_readwrite(fd);
     } else if (e.kind == proto::Kind::Device) {
       // A driver export carries no identity: only the owner (or root) may say which memory the name is.
       if (!os::is_nvidia_export(fd) || req.size != e.size || (caller.creds.uid != 0 && caller.creds.uid != e.owner_uid)) {

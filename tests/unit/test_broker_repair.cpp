@@ -215,6 +215,39 @@ TEST(BrokerReferences, TheSegmentsEveryUidsConnectionsHoldAreBoundedTogether) {
   EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(b.ask(2, proto::Open{"b", proto::Access::ReadOnly, 0}).body));
 }
 
+TEST(BrokerReferences, AnAnnounceOfANameGivenBackIsBoundedAsAnOpenIs) {
+  // Announce took a reference with no check: one memfd re-announced from many connections, or many times, grew the
+  // broker's per-(segment, connection) state past the bounds the quotas set (and the u32 count could wrap).
+  const auto refused = [](const proto::Message& m, const char* says) {
+    const auto* e = std::get_if<proto::ErrorReply>(&m.body);
+    return e != nullptr && e->code == static_cast<std::uint8_t>(ErrorCode::QuotaExceeded) &&
+           e->message.find(says) != std::string::npos;
+  };
+  os::UniqueFd memory;
+  const auto announce = [&](TwoConnections& b, ConnId conn) {
+    std::vector<os::UniqueFd> fds;
+    fds.push_back(os::dup_fd(memory.get()));
+    return b.ask(conn, proto::Announce{"ann", proto::Access::ReadWrite, 4096}, std::move(fds));
+  };
+  const auto create = [&](TwoConnections& b) {
+    memory = os::memfd_create("announced", 4096);  // (a fresh one: Create seals what it takes)
+    std::vector<os::UniqueFd> fds;
+    fds.push_back(os::dup_fd(memory.get()));
+    return b.ask(1, proto::Create{"ann", proto::Kind::Host, 0600, 4096, {}, 0}, std::move(fds));
+  };
+  {
+    TwoConnections b(Quotas{.refs_per_connection = 2});
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(create(b).body));
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announce(b, 1).body));
+    EXPECT_TRUE(refused(announce(b, 1), "holds 2 references"));
+  }
+  {
+    TwoConnections b(Quotas{.opens = 1});
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(create(b).body));
+    EXPECT_TRUE(refused(announce(b, 2), "GPUIPC_QUOTA_OPENS"));  // this uid's connections hold one segment already
+  }
+}
+
 TEST(BrokerReferences, AClosingConnectionDropsWhatItHeldAndWatchedOnly) {
   // A close looks at the segments the connection held or watched (an index), not at every segment; a connection
   // the registry was not told of (no index) is still dropped everywhere.
@@ -583,6 +616,31 @@ class OwedAcrossABrokerKill : public ::testing::Test {
   os::UniqueFd memfd;
   os::Mapping shared;
 };
+
+// A name given back with a read-only description of its memory, though announced read-write: the broker kept that
+// description as the segment's memory, and every later read-write opener got one it could not map writable.
+TEST(BrokerRestoreMemory, ANameGivenBackKeepsAWritableDescriptionWhateverTheAnnouncerSent) {
+  test::TempDir dir;
+  const std::string journal = dir.file("names.journal");
+  auto memory = os::memfd_create("given-back", 4096);
+  {
+    JournaledBroker first(journal, ::getpid());
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+        first.ask(1, ::getpid(), proto::Create{"back", proto::Kind::Host, 0600, 4096, {}, 0}, memory.get()).body));
+  }  // killed
+  JournaledBroker next(journal, ::getpid());
+  const auto read_only = os::reopen_readonly(memory.get());
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+      next.ask(1, ::getpid(), proto::Announce{"back", proto::Access::ReadWrite, 4096}, read_only.get()).body));
+  std::vector<os::UniqueFd> none;
+  std::vector<Outgoing> out;
+  next.registry.handle(Caller{2, JournaledBroker::creds(::getpid())},
+                       proto::Message{99, proto::Open{"back", proto::Access::ReadWrite, 0}}, none, 0, out);
+  ASSERT_EQ(out.size(), 1U);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(out[0].msg.body));
+  ASSERT_TRUE(out[0].fd);
+  EXPECT_NO_THROW(os::Mapping::map(out[0].fd.get(), 4096, true));
+}
 
 // The next broker makes the write from its journal once the channel comes back, and still not before the producer's
 // process has exited. Before, the write was lost with the broker, and a consumer's stream waiting for the message
