@@ -9,6 +9,10 @@
 #include <sstream>
 #include <tuple>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/errors.hpp"
 #include "base/log.hpp"
 #include "os/process.hpp"
 #include "proto/shm.hpp"
@@ -134,9 +138,32 @@ struct OwedReplay {
   }
 };
 
+/// Refuses a journal someone else could have written: its lines name owners and memory that the next broker gives
+/// back, so a file planted (or made writable) by another user in a runtime directory they may write (a sticky one,
+/// such as /tmp) would forge them.
+void check_journal_file(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;  // none yet: this broker writes the first
+  const auto refuse = [&](const std::string& why) {
+    throw Error(ErrorCode::PermissionDenied,
+                fmt::format("the broker's journal {} {}: the broker does not replay a journal that another user could "
+                            "have written. Remove it (the names it holds are lost) and use a runtime directory only "
+                            "the broker's user can write (GPUIPC_RUNTIME_DIR)",
+                            path, why),
+                "open_journal");
+  };
+  if (!S_ISREG(st.st_mode)) refuse("is not a regular file");
+  if (st.st_uid != ::geteuid())
+    refuse(fmt::format("is owned by uid {}, not the broker's uid {}", st.st_uid, ::geteuid()));
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    refuse(fmt::format("is mode {:04o}, writable by group or others", st.st_mode & 07777));
+  }
+}
+
 }  // namespace
 
 Journal Journal::open(const std::string& path, JournalState& state) {
+  check_journal_file(path);
   std::map<std::string, JournalEntry> names;
   std::map<std::tuple<std::string, std::uint32_t, std::uint32_t>, JournalMember> joined;
   std::map<std::string, OwedReplay> owed;

@@ -1,6 +1,7 @@
 // The broker's journal (src/broker/journal.hpp): the names, member entries and owed stream writes a broker started
 // after another one died replays, and the compaction that keeps it from growing without bound.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <string>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "broker/journal.hpp"
+#include "gpuipc/error.hpp"
 #include "proto/shm.hpp"
 #include "support/support.hpp"
 
@@ -30,6 +32,30 @@ JournalEntry entry(const std::string& name) {
   e.file_dev = 7;
   e.file_ino = 42;
   return e;
+}
+
+TEST(BrokerJournal, AJournalOthersCouldHaveWrittenIsNotReplayed) {
+  // Its lines say who owns a name and which memory it is: a file another user planted (or could write) in a runtime
+  // directory they may write (sticky, such as /tmp) was replayed, and its forged owners given out.
+  TempDir dir;
+  const std::string path = dir.file("names.journal");
+  {
+    JournalState state;
+    Journal j = Journal::open(path, state);
+    j.linked(entry("kept"));
+  }
+  ASSERT_EQ(::chmod(path.c_str(), 0666), 0);
+  JournalState state;
+  try {
+    (void)Journal::open(path, state);
+    ADD_FAILURE() << "a journal writable by others was replayed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::PermissionDenied);
+    EXPECT_NE(std::string(e.what()).find("mode 0666, writable by group or others"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  const Journal again = Journal::open(path, state);
+  EXPECT_EQ(state.linked.size(), 1U);
 }
 
 TEST(BrokerJournal, MemberEntriesOfNamesStillLinkedAreReplayed) {
