@@ -103,9 +103,12 @@ _STARTS: List[int] = []
 _STARTS_DIRTY = False
 
 
-def _forget(address: int) -> None:
+def _forget(address: int, ref: "weakref.ReferenceType[Block]") -> None:
+    """A collected Block's entry goes, unless a later Block at the same address (the memory freed and handed out
+    again) has taken it."""
     global _STARTS_DIRTY
-    if _BLOCKS.pop(address, None) is not None:
+    if _BLOCKS.get(address) is ref:
+        del _BLOCKS[address]
         _STARTS_DIRTY = True
 
 
@@ -212,9 +215,10 @@ class Block(_Memory):
         self._blk = _handle
         self._pool = pool
         self._address = _handle.address
-        _BLOCKS[self._address] = weakref.ref(self)
+        ref = weakref.ref(self)
+        _BLOCKS[self._address] = ref
         _STARTS_DIRTY = True
-        weakref.finalize(self, _forget, self._address)
+        weakref.finalize(self, _forget, self._address, ref)
 
     @property
     def ref(self) -> BlockRef:
@@ -376,7 +380,9 @@ class Pool:
         if block._pool._pool is not self._pool and block._pool.id != self.id:
             raise InvalidArgument(f"the block belongs to pool {block._pool.name!r}: free it through its own pool")
         self._pool.free(block._blk, stream_handle(stream))
-        _forget(block._address)
+        entry = _BLOCKS.get(block._address)
+        if entry is not None and entry() is block:  # (not a later Block's, should this one be freed again)
+            _forget(block._address, entry)
 
     def resolve(self, ref: BlockRef) -> BlockView:
         """The memory of the block ``ref`` names, mapping its chunk the first time. Raises InvalidArgument for a

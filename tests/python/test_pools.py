@@ -3,6 +3,7 @@ errors; and share() refusing what is not GPU memory."""
 
 from __future__ import annotations
 
+import gc
 import os
 
 import numpy as np
@@ -148,6 +149,22 @@ def test_block_freed_by_garbage_collection(name):
     with gpuipc.Pool.create(name, chunk_bytes=1 << 20) as pool:
         pool.allocate(100)  # dropped at once
         assert pool.stats()["live_blocks"] == 0
+
+
+def test_a_collected_block_does_not_hide_the_block_that_took_its_memory(name):
+    # A Block freed, its memory handed out again, then collected: its finalizer dropped the new Block's entry, so
+    # find_block (share_tensors, cupy.block_of) no longer found it, and share_tensors copied instead of sharing.
+    from gpuipc.pool import find_block
+
+    with gpuipc.Pool.create(name, block_bytes=4096, block_count=1) as pool:
+        first = pool.allocate(4096)
+        first.free()
+        second = pool.allocate(4096)
+        assert second.address == first.address
+        del first
+        gc.collect()
+        assert find_block(second.address, 4096) is second
+        second.free()
 
 
 def test_share_refuses_host_memory(name):
