@@ -171,6 +171,18 @@ nb::dict cuda_array_interface(const ArrayView& v) {
   return d;
 }
 
+/// Whether strided view `v`'s elements lie in row-major order with no gaps (a dimension of one element may have any
+/// stride): its bytes are then those of an unstrided view of the same shape.
+bool row_major(const ArrayView& v) noexcept {
+  std::int64_t expected = 1;
+  for (std::size_t i = v.shape.size(); i-- > 0;) {
+    if (v.shape[i] == 0) return true;  // no elements
+    if (v.shape[i] != 1 && v.strides[i] != expected) return false;
+    expected *= v.shape[i];
+  }
+  return true;
+}
+
 int get_buffer(PyObject* self, Py_buffer* view, int flags) {
   const ArrayView* v = nb::inst_ptr<ArrayView>(nb::handle(self));
   if (v->device_type != kDLCPU) {
@@ -180,8 +192,9 @@ int get_buffer(PyObject* self, Py_buffer* view, int flags) {
     view->obj = nullptr;
     return -1;
   }
-  if (!v->strides.empty()) {
-    PyErr_SetString(PyExc_BufferError, "a strided view has no buffer interface: use numpy.from_dlpack(view)");
+  if (!v->strides.empty() && !row_major(*v)) {
+    PyErr_SetString(PyExc_BufferError,
+                    "a view whose strides are not row-major has no buffer interface: use numpy.from_dlpack(view)");
     view->obj = nullptr;
     return -1;
   }
@@ -240,7 +253,7 @@ void copy_bytes(const ArrayView& dst, std::uintptr_t src, int src_type, int src_
   if (!src_gpu && src_type != kDLCPU && src_type != kDLCUDAHost) {
     throw Error(ErrorCode::Unsupported, "cannot copy from DLPack device type " + std::to_string(src_type), "copy");
   }
-  nb::gil_scoped_release unlocked;
+  GilReleased unlocked;
   copy_synchronous({.address = dst.address, .device = dst_gpu ? dst.device_id : -1},
                    {.address = src, .device = src_gpu ? src_id : -1}, n, to_stream(stream));
 }

@@ -81,6 +81,24 @@ def test_pool_tensors_are_shared_without_copy(name):
         blk.free()
 
 
+def test_a_pool_array_smaller_than_its_block_is_shared_and_opened(name):
+    # The opener cut the block's view to the storage with as_strided, and a strided view had no buffer interface:
+    # open_tensors raised BufferError for any array that did not fill its whole block.
+    with gpuipc.Pool.create(name + "-user", chunk_bytes=1 << 20) as pool:
+        blk = pool.allocate(4096)
+        w = blk.numpy("float64", 100)
+        w[:] = np.arange(100)
+        with gpuipc.share_tensors(name, {"w": w}):
+            got = gpuipc.open_tensors(name)
+            assert np.array_equal(got["w"], np.arange(100))
+            v = blk.view().as_strided((2, 64, 1), "<f8", [10, 10], [10, 1], 0)  # row-major: bytes in order
+            assert bytes(memoryview(v)) == w.tobytes()
+            with pytest.raises(BufferError, match="not row-major"):
+                memoryview(blk.view().as_strided((2, 64, 1), "<f8", [10, 10], [1, 10], 0))
+            del got
+        blk.free()
+
+
 def test_views_hold_their_memory_after_close(name):
     with gpuipc.share_tensors(name, {"x": np.full(1000, 3.0)}) as shared:
         got = gpuipc.open_tensors(name)
