@@ -21,9 +21,15 @@ first use. ``GPUIPC_RUNTIME_DIR`` chooses its socket directory (default ``$XDG_R
 
 from __future__ import annotations
 
+import atexit as _atexit
 import os as _os
 
 from . import _gpuipc
+
+# At exit, a daemon thread still waiting in gpuipc parks instead of taking the GIL back (Python before 3.14 ends such
+# a thread with pthread_exit, which aborted the process through the extension's C++ frames). Registered first, this
+# runs after the exit handlers registered later.
+_atexit.register(_gpuipc._exiting)
 from ._devices import device_ordinal
 from .channel import Channel, ChannelStats, Message, Slot
 from . import errors as _errors

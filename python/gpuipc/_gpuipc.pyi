@@ -583,6 +583,16 @@ def version() -> str:
     The release version of the C++ library inside this module (gpuipc.__version__).
     """
 
+def _exiting() -> None:
+    """
+    Internal: gpuipc's atexit hook. Threads waiting in gpuipc from now on park instead of taking the GIL back.
+    """
+
+def build_commit() -> str:
+    """
+    The git commit this module was built from, '-dirty' appended when the tree had changes; 'unknown' when it was built outside git (gpuipc.__commit__).
+    """
+
 def protocol_version() -> int:
     """The broker wire protocol version this module speaks."""
 

@@ -9,7 +9,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "common.hpp"
@@ -25,13 +27,19 @@ namespace {
 /// One joined channel. Calls are serialised by `mutex` (the core Channel is not thread-safe), taken without the
 /// GIL so that a holder waiting in slices can take the GIL back.
 struct ChannelState {
-  std::mutex mutex;
+  /// Held by one call at a time, and by a wait (acquire, send, receive) for one slice at a time only: close(), a
+  /// message's release or stats from another thread go on between its slices.
+  std::timed_mutex mutex;
+  /// Calls waiting for `mutex` that do not wait themselves (lock(), close()): a wait lets them have it between its
+  /// slices (the mutex is not fair: the waiter would take it again at once).
+  std::atomic<int> contenders{0};
   /// A second handle on the slots' mapping (Channel::slots_segment): views of slots keep it, so they stay valid
   /// after close(). Empty only for an empty channel; views then keep this state.
   Segment slots;
   /// What a view of a slot holds: one shared handle on `slots`, made once (a view per acquire and receive).
   std::shared_ptr<const void> slots_owner;
-  Channel ch;  // declared last: leaves the channel first
+  std::string name;  // the channel's, for messages while the state is not locked
+  Channel ch;        // declared last: leaves the channel first
 };
 
 struct PyChannel {
@@ -52,6 +60,7 @@ PyChannel attach(Channel ch) {
   auto st = std::make_shared<ChannelState>();
   st->slots = ch.slots_segment();
   if (st->slots) st->slots_owner = std::make_shared<const Segment>(st->slots);
+  st->name = ch.name();
   st->ch = std::move(ch);
   return PyChannel(std::move(st));
 }
@@ -59,20 +68,64 @@ PyChannel attach(Channel ch) {
 /// A channel's state, locked. Holds a reference: a concurrent close() cannot free it under the holder.
 struct Locked {
   std::shared_ptr<ChannelState> state;
-  std::unique_lock<std::mutex> lock;
+  std::unique_lock<std::timed_mutex> lock;
   Channel& ch() const noexcept { return state->ch; }
 };
 
-/// Locks the channel's state (the GIL released while waiting for the lock). A closed handle raises Closed.
+/// Counts a call among the state's contenders while it exists.
+struct Contending {
+  explicit Contending(ChannelState& s) noexcept : state(s) { state.contenders.fetch_add(1, std::memory_order_acq_rel); }
+  ~Contending() { state.contenders.fetch_sub(1, std::memory_order_acq_rel); }
+  Contending(const Contending&) = delete;
+  Contending& operator=(const Contending&) = delete;
+  ChannelState& state;
+};
+
+/// Locks the channel's state (the GIL released while waiting for the lock, signals looked at every slice). A closed
+/// handle raises Closed.
 Locked lock(const PyChannel& c) {
   Locked g{c.state, {}};
   if (!g.state) raise_closed("channel");
-  g.lock = std::unique_lock<std::mutex>(g.state->mutex, std::try_to_lock);
+  g.lock = std::unique_lock<std::timed_mutex>(g.state->mutex, std::try_to_lock);
   if (!g.lock.owns_lock()) {  // held by another thread: wait without the GIL (uncontended, this costs nothing)
-    nb::gil_scoped_release unlocked;
-    g.lock.lock();
+    const Contending waiting(*g.state);
+    for (;;) {
+      {
+        GilReleased unlocked;
+        if (g.lock.try_lock_for(kWaitSlice)) break;
+      }
+      check_signals();
+    }
   }
   if (!g.state->ch) raise_closed("channel");
+  return g;
+}
+
+/// wait_in_slices for a channel call that waits (acquire, send, receive): `attempt(channel, slice)` runs with the
+/// state locked for that slice only, so that a wait keeps no other call of the handle waiting for its end (close()
+/// from another thread ends it at the next slice with Closed). Returns the state still locked after the slice that
+/// succeeded; raises what check_status raises for the rest, naming `op`.
+template <class Attempt>
+Locked wait_locked(const PyChannel& c, std::optional<double> timeout, std::string_view op, Attempt&& attempt) {
+  Locked g{c.state, {}};
+  if (!g.state) raise_closed("channel");
+  const auto limit = to_timeout(timeout, "timeout");
+  bool closed = false;
+  const Status s = wait_in_slices(limit, [&](std::chrono::nanoseconds slice) {
+    while (g.state->contenders.load(std::memory_order_acquire) > 0) {  // their turn first (each holds it briefly)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    std::unique_lock<std::timed_mutex> held(g.state->mutex);
+    if (!g.state->ch) {
+      closed = true;
+      return Status::Closed;
+    }
+    const Status r = attempt(g.state->ch, slice);
+    if (r != Status::Timeout) g.lock = std::move(held);
+    return r;
+  });
+  if (closed) raise_closed("channel");
+  if (s != Status::Ok) check_status(s, fmt::format("{} on channel '{}'", op, g.state->name));
   return g;
 }
 
@@ -203,7 +256,7 @@ void bind_channel(nb::module_& m) {
                                    .pacing = to_pacing(pacing),
                                    .pacing_ahead = to_ahead(pacing_ahead)};
             const ChannelRole r = parse_role(role);
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return attach(Channel::create(name, o, r));
           },
           "name"_a, nb::kw_only(), "slots"_a = 4, "slot_bytes"_a = 1 << 20, "header_bytes"_a = 256, "kind"_a = "device",
@@ -228,7 +281,7 @@ void bind_channel(nb::module_& m) {
           [](std::string_view name) {
             ChannelStats st;
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               st = Channel::stat(name);
             }
             return stats_dict(st);
@@ -237,19 +290,17 @@ void bind_channel(nb::module_& m) {
       .def_static(
           "unlink",
           [](std::string_view name) {
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             Channel::unlink(name);
           },
           "name"_a)
       .def(
           "acquire",
           [](PyChannel& c, std::uintptr_t stream, std::optional<double> timeout) {
-            const Locked g = lock(c);
             SlotView slot;
-            const Status s = wait_in_slices(to_timeout(timeout, "timeout"), [&](std::chrono::nanoseconds slice) {
-              return g.ch().acquire(to_stream(stream), slice, slot);
+            const Locked g = wait_locked(c, timeout, "acquire", [&](Channel& ch, std::chrono::nanoseconds slice) {
+              return ch.acquire(to_stream(stream), slice, slot);
             });
-            if (s != Status::Ok) check_status(s, "acquire on channel '" + g.ch().name() + "'");
             const bool gpu = g.ch().kind() == SegmentKind::Device;
             const std::uintptr_t address = gpu ? slot.device_pointer : reinterpret_cast<std::uintptr_t>(slot.data);
             auto view = ArrayView::bytes(owner_of(g, address), address, slot.capacity, false, gpu ? kDLCUDA : kDLCPU,
@@ -283,14 +334,12 @@ void bind_channel(nb::module_& m) {
           "send_copy",
           [](PyChannel& c, std::uintptr_t source, std::size_t nbytes, nb::bytes header, std::uintptr_t stream,
              std::optional<double> timeout) {
-            const Locked g = lock(c);
             const std::span<const std::byte> h(static_cast<const std::byte*>(header.data()), header.size());
             const void* src = reinterpret_cast<const void*>(source);  // NOLINT(performance-no-int-to-ptr)
             std::uint64_t sequence = 0;
-            const Status s = wait_in_slices(to_timeout(timeout, "timeout"), [&](std::chrono::nanoseconds slice) {
-              return g.ch().send(to_stream(stream), src, nbytes, h, slice, sequence);
+            wait_locked(c, timeout, "send", [&](Channel& ch, std::chrono::nanoseconds slice) {
+              return ch.send(to_stream(stream), src, nbytes, h, slice, sequence);
             });
-            if (s != Status::Ok) check_status(s, "send on channel '" + g.ch().name() + "'");
             return sequence;
           },
           "source"_a, "nbytes"_a, "header"_a, "stream"_a, "timeout"_a = nb::none(),
@@ -299,12 +348,10 @@ void bind_channel(nb::module_& m) {
       .def(
           "receive",
           [](PyChannel& c, std::uintptr_t stream, std::optional<double> timeout) {
-            const Locked g = lock(c);
             MessageView msg;
-            const Status s = wait_in_slices(to_timeout(timeout, "timeout"), [&](std::chrono::nanoseconds slice) {
-              return g.ch().receive(to_stream(stream), slice, msg);
+            const Locked g = wait_locked(c, timeout, "receive", [&](Channel& ch, std::chrono::nanoseconds slice) {
+              return ch.receive(to_stream(stream), slice, msg);
             });
-            if (s != Status::Ok) check_status(s, "receive on channel '" + g.ch().name() + "'");
             const bool gpu = g.ch().kind() == SegmentKind::Device;
             const std::uintptr_t address = gpu ? msg.device_pointer : reinterpret_cast<std::uintptr_t>(msg.data);
             auto view = ArrayView::bytes(owner_of(g, address), address, msg.size, true, gpu ? kDLCUDA : kDLCPU,
@@ -387,9 +434,10 @@ void bind_channel(nb::module_& m) {
       .def("close", [](PyChannel& c) {
         std::shared_ptr<ChannelState> st = std::move(c.state);
         if (!st) return;
-        nb::gil_scoped_release unlocked;
+        GilReleased unlocked;
         {
-          std::unique_lock<std::mutex> l(st->mutex);
+          const Contending waiting(*st);
+          std::unique_lock<std::timed_mutex> l(st->mutex);
           // Views hold the slots' mapping through their own handle: leave the channel now. Without that handle
           // the views hold this state, and the channel is left when the last of them goes.
           if (st->slots) {

@@ -64,6 +64,33 @@ std::chrono::nanoseconds to_timeout(std::optional<double> seconds, std::string_v
 /// Throws nb::python_error when a signal handler raised (KeyboardInterrupt for Ctrl-C). Needs the GIL.
 void check_signals();
 
+/// True in a thread other than the one that runs the interpreter's exit, once that exit has begun (gpuipc's atexit
+/// hook, _gpuipc._exiting, says so). Such a thread must not take the GIL back: Python before 3.14 ends a thread that
+/// takes it during finalization with pthread_exit, and its unwinding through a C++ destructor (noexcept) aborted
+/// the process ("terminate called without an active exception") when a daemon thread was waiting in gpuipc.
+bool must_not_take_the_gil() noexcept;
+/// Called by the thread that runs the exit (gpuipc's atexit hook): from now on the others park.
+void mark_interpreter_exiting() noexcept;
+/// Never returns: such a thread waits here, holding nothing of Python's, until the process ends (what Python 3.14
+/// itself does with threads that would take the GIL during finalization).
+[[noreturn]] void park_until_exit() noexcept;
+
+/// nb::gil_scoped_release, except that a thread that would take the GIL back once the interpreter is exiting parks
+/// (park_until_exit) instead.
+class GilReleased {
+ public:
+  GilReleased() noexcept : m_state(PyEval_SaveThread()) {}
+  ~GilReleased() {
+    if (must_not_take_the_gil()) park_until_exit();
+    PyEval_RestoreThread(m_state);
+  }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+
+ private:
+  PyThreadState* m_state;
+};
+
 /// Calls attempt(slice) without the GIL in slices of at most kWaitSlice until it returns anything but
 /// Status::Timeout or `timeout` (negative: forever) has passed, checking for signals between slices. A zero
 /// timeout makes one attempt with a zero slice (the core answers WouldBlock). Returns the last status.
@@ -71,7 +98,7 @@ template <class Attempt>
 Status wait_in_slices(std::chrono::nanoseconds timeout, Attempt&& attempt) {
   using clock = std::chrono::steady_clock;
   if (timeout.count() == 0) {
-    nb::gil_scoped_release unlocked;
+    GilReleased unlocked;
     return attempt(std::chrono::nanoseconds(0));
   }
   const bool forever = timeout.count() < 0;
@@ -82,7 +109,7 @@ Status wait_in_slices(std::chrono::nanoseconds timeout, Attempt&& attempt) {
     if (slice.count() == 0) return Status::Timeout;  // a zero slice would answer WouldBlock
     Status status;
     {
-      nb::gil_scoped_release unlocked;
+      GilReleased unlocked;
       status = attempt(slice);
     }
     if (status != Status::Timeout) return status;
@@ -99,7 +126,7 @@ auto open_in_slices(std::optional<double> wait, std::string_view what, Open&& op
   using clock = std::chrono::steady_clock;
   const auto total = wait ? to_timeout(wait, "wait") : std::chrono::nanoseconds(0);
   if (total.count() == 0) {
-    nb::gil_scoped_release unlocked;
+    GilReleased unlocked;
     return open(std::chrono::milliseconds(0));
   }
   const bool forever = total.count() < 0;
@@ -111,7 +138,7 @@ auto open_in_slices(std::optional<double> wait, std::string_view what, Open&& op
       slice = std::clamp(left, std::chrono::milliseconds(1), slice);
     }
     try {
-      nb::gil_scoped_release unlocked;
+      GilReleased unlocked;
       return open(slice);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::Timeout && e.code() != ErrorCode::NotFound) throw;

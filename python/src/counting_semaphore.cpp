@@ -31,7 +31,7 @@ struct PyCountingSemaphore {
 std::shared_lock<std::shared_mutex> lock_shared(PyCountingSemaphore& s, bool require_open = true) {
   std::shared_lock<std::shared_mutex> lock(*s.mutex, std::defer_lock);
   {
-    nb::gil_scoped_release unlocked;
+    GilReleased unlocked;
     lock.lock();
   }
   if (require_open && !s.sem) raise_closed("counting semaphore");
@@ -53,6 +53,7 @@ bool interrupted(void* context) {
     why->closed = true;
     return true;
   }
+  if (must_not_take_the_gil()) park_until_exit();
   nb::gil_scoped_acquire held;
   return PyErr_CheckSignals() != 0;
 }
@@ -66,7 +67,7 @@ void bind_counting_semaphore(nb::module_& m) {
           "create",
           [](std::string_view name, std::uint32_t initial, std::uint32_t max_count, unsigned mode) {
             CountingSemaphoreOptions o{.initial = initial, .max_count = max_count, .mode = mode};
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return PyCountingSemaphore(CountingSemaphore::create(name, o));
           },
           "name"_a, nb::kw_only(), "initial"_a, "max_count"_a, "mode"_a = 0600)
@@ -82,7 +83,7 @@ void bind_counting_semaphore(nb::module_& m) {
       .def_static(
           "unlink",
           [](std::string_view name) {
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             CountingSemaphore::unlink(name);
           },
           "name"_a)
@@ -91,7 +92,7 @@ void bind_counting_semaphore(nb::module_& m) {
           [](std::string_view name) {
             CountingSemaphoreStats st;
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               st = CountingSemaphore::stat(name);
             }
             nb::dict d;
@@ -111,7 +112,7 @@ void bind_counting_semaphore(nb::module_& m) {
             Status st;
             Interruption why{s.closing.get()};
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               st = s.sem.acquire(n, limit, interrupted, &why);
             }
             if (st == Status::Interrupted) {
@@ -126,7 +127,7 @@ void bind_counting_semaphore(nb::module_& m) {
           "release",
           [](PyCountingSemaphore& s, std::uint32_t n) {
             auto lock = lock_shared(s);
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             s.sem.release(n);
           },
           "n"_a)
@@ -162,7 +163,7 @@ void bind_counting_semaphore(nb::module_& m) {
                    })
       .def("close", [](PyCountingSemaphore& s) {
         s.closing->store(true, std::memory_order_release);  // waiting acquires leave within 50 ms
-        nb::gil_scoped_release unlocked;
+        GilReleased unlocked;
         CountingSemaphore gone;
         {
           std::unique_lock<std::shared_mutex> lock(*s.mutex);

@@ -3,7 +3,11 @@
 // as PermissionError); the translator looks them up by name.
 #include <nanobind/stl/string.h>
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "common.hpp"
@@ -36,7 +40,12 @@ void raise(const char* class_name, const std::string& code, const char* message,
   try {
     nb::object errors = nb::module_::import_("gpuipc.errors");
     nb::object cls = errors.attr("_class_for")(class_name);
-    nb::object exc = cls(message, "code"_a = code, "call"_a = call, "errno"_a = sys_errno, "cu_result"_a = cu_result);
+    // A message may hold bytes that are not UTF-8 (a path from the environment): shown escaped, not lost to a
+    // UnicodeDecodeError in place of the gpuipc error.
+    nb::object text =
+        nb::steal(PyUnicode_DecodeUTF8(message, static_cast<Py_ssize_t>(std::strlen(message)), "backslashreplace"));
+    if (!text.is_valid()) throw nb::python_error();
+    nb::object exc = cls(text, "code"_a = code, "call"_a = call, "errno"_a = sys_errno, "cu_result"_a = cu_result);
     PyErr_SetObject(cls.ptr(), exc.ptr());
   } catch (nb::python_error& e) {
     e.restore();
@@ -93,6 +102,25 @@ std::chrono::nanoseconds to_timeout(std::optional<double> seconds, std::string_v
 
 void check_signals() {
   if (PyErr_CheckSignals() != 0) throw nb::python_error();
+}
+
+namespace {
+std::atomic<bool> g_exiting{false};
+std::atomic<pthread_t> g_exiting_thread{};  // the thread that runs the exit (Py_FinalizeEx): it goes on
+}  // namespace
+
+void mark_interpreter_exiting() noexcept {
+  g_exiting_thread.store(::pthread_self(), std::memory_order_relaxed);
+  g_exiting.store(true, std::memory_order_release);
+}
+
+bool must_not_take_the_gil() noexcept {
+  return g_exiting.load(std::memory_order_acquire) &&
+         ::pthread_equal(::pthread_self(), g_exiting_thread.load(std::memory_order_relaxed)) == 0;
+}
+
+void park_until_exit() noexcept {
+  for (;;) ::pause();
 }
 
 void register_errors(nb::module_& /*m*/) {

@@ -19,7 +19,7 @@ void bind_liveness(nb::module_& m) {
       [](std::string_view name) {
         std::vector<Holder> hs;
         {
-          nb::gil_scoped_release unlocked;
+          GilReleased unlocked;
           hs = holders(name);
         }
         nb::list out;
@@ -46,7 +46,7 @@ void bind_liveness(nb::module_& m) {
         deadline = std::min(deadline, 1e9);
         // Rounded up: a deadline under a millisecond is 1 ms, not 0 (which stops the heartbeats).
         const auto ms = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(deadline * 1000.0)));
-        nb::gil_scoped_release unlocked;
+        GilReleased unlocked;
         heartbeat(name, ms);
       },
       "name"_a, "deadline"_a,

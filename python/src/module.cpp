@@ -5,6 +5,8 @@
 #include <nanobind/stl/string_view.h>
 
 #include <array>
+#include <chrono>
+#include <thread>
 
 #include "gpuipc/broker.hpp"
 #include "gpuipc/device.hpp"
@@ -59,7 +61,7 @@ NB_MODULE(_gpuipc, m) {
         int devices = -1;
         std::string device_error;
         {
-          py::nb::gil_scoped_release unlocked;
+          py::GilReleased unlocked;
           driver = gpuipc::driver_available(&why);
           if (driver) {
             try {
@@ -88,7 +90,7 @@ NB_MODULE(_gpuipc, m) {
         {
           bool listening = false;
           {
-            py::nb::gil_scoped_release unlocked;
+            py::GilReleased unlocked;
             listening = gpuipc::broker_listening();
           }
           d["broker_listening"] = listening;
@@ -99,13 +101,23 @@ NB_MODULE(_gpuipc, m) {
   m.def(
       "_broker_pid",
       []() {
-        py::nb::gil_scoped_release unlocked;
+        py::GilReleased unlocked;
         return gpuipc::broker_info().pid;
       },
       "The broker's pid (connects, starting a broker when none runs and autostart is allowed).");
   m.def(
       "version", []() { return std::string(gpuipc::version()); },
       "The release version of the C++ library inside this module (gpuipc.__version__).");
+  m.def(
+      "_exiting",
+      []() {
+        py::mark_interpreter_exiting();
+        // A thread whose wait ended just before, and that waits for the GIL already, takes it now (it then parks
+        // in its next wait) rather than at finalization, which would end it with pthread_exit.
+        py::GilReleased unlocked;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      },
+      "Internal: gpuipc's atexit hook. Threads waiting in gpuipc from now on park instead of taking the GIL back.");
   m.def(
       "build_commit", []() { return std::string(GPUIPC_BENCH_GIT_COMMIT); },
       "The git commit this module was built from, '-dirty' appended when the tree had changes; 'unknown' when it "
@@ -116,7 +128,7 @@ NB_MODULE(_gpuipc, m) {
   m.def(
       "device_ordinal",
       [](std::string_view uuid) {
-        py::nb::gil_scoped_release unlocked;
+        py::GilReleased unlocked;
         return gpuipc::device_ordinal(uuid);
       },
       py::nb::arg("uuid"),

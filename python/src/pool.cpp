@@ -136,7 +136,7 @@ std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t
   readonly = readonly || pool.access() == Access::ReadOnly;  // a read-only mapping never gives a writable view
   std::vector<ArrayView> views;
   views.reserve(n);
-  nb::gil_scoped_release unlocked;
+  GilReleased unlocked;
   for (std::size_t i = 0; i < n; ++i) {
     const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
     std::shared_ptr<const void> owner;
@@ -268,7 +268,7 @@ void bind_pool(nb::module_& m) {
               o.max_bytes = max_bytes;
               o.max_blocks = max_blocks;
             }
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return PyPool(Pool::create(name, o));
           },
           "name"_a, nb::kw_only(), "kind"_a = "host", "device"_a = 0, "mode"_a = 0600, "chunk_bytes"_a = 64ULL << 20,
@@ -288,7 +288,7 @@ void bind_pool(nb::module_& m) {
       .def_static(
           "unlink",
           [](std::string_view name) {
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             Pool::unlink(name);
           },
           "name"_a, "Removes the names of the pool's control segment and chunks.")
@@ -297,7 +297,7 @@ void bind_pool(nb::module_& m) {
           [](std::string_view name) {
             PoolStats s;
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               s = Pool::stat(name);
             }
             return stats_dict(s);
@@ -309,7 +309,7 @@ void bind_pool(nb::module_& m) {
             Pool pool = p.get();
             PyBlock b{.pool = pool, .block = {}, .counted = {}};
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               b.block = pool.allocate(nbytes, alignment);
             }
             return b;
@@ -322,7 +322,7 @@ void bind_pool(nb::module_& m) {
             if (!b.block)
               throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
             Block gone = std::move(b.block);
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             pool.free(std::move(gone), to_stream(stream));
           },
           "block"_a, "stream"_a = 0, "Frees ``block`` (stream-ordered for device and host_pinned pools).")
@@ -330,7 +330,7 @@ void bind_pool(nb::module_& m) {
           "resolve",
           [](PyPool& p, const RefTuple& ref) {
             Pool pool = p.get();
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return reinterpret_cast<std::uintptr_t>(pool.resolve(to_ref(ref)));
           },
           "ref"_a, "The address of the block ``ref`` names (maps its chunk the first time).")
@@ -342,7 +342,7 @@ void bind_pool(nb::module_& m) {
             std::shared_ptr<const void> owner;
             std::uintptr_t address = 0;
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               if (hold) {
                 owner = std::make_shared<const HeldBlock>(pool, r);
               } else {
@@ -386,7 +386,7 @@ void bind_pool(nb::module_& m) {
             for (std::size_t i = 0; i < refs.size(); ++i) {
               refs[i] = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
             }
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             pool.map_chunks(refs);
           },
           "raw"_a,
@@ -420,7 +420,7 @@ void bind_pool(nb::module_& m) {
             std::vector<Made> made;
             made.reserve(fast.size());
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               // Without holds, one handle on the pool keeps it joined for every capsule.
               const std::shared_ptr<const void> joined = hold ? nullptr : std::make_shared<const Pool>(pool);
               const auto* data = static_cast<const std::byte*>(raw.data());
@@ -473,7 +473,7 @@ void bind_pool(nb::module_& m) {
             std::vector<Span> spans;
             std::vector<std::pair<std::size_t, std::uint64_t>> where(n);  // block -> (span, offset into the chunk)
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               for (std::size_t i = 0; i < n; ++i) {
                 const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
                 auto it = std::find_if(spans.begin(), spans.end(), [&](const Span& s) { return s.chunk == r.chunk; });
@@ -512,7 +512,7 @@ void bind_pool(nb::module_& m) {
           "hold",
           [](PyPool& p, const RefTuple& ref) {
             Pool pool = p.get();
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             pool.hold(to_ref(ref));
           },
           "ref"_a, "Takes a hold on the block: its memory is not reused until released.")
@@ -520,7 +520,7 @@ void bind_pool(nb::module_& m) {
           "release",
           [](PyPool& p, const RefTuple& ref) {
             Pool pool = p.get();
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             pool.release(to_ref(ref));
           },
           "ref"_a, "Gives back one hold.")
@@ -528,7 +528,7 @@ void bind_pool(nb::module_& m) {
           "pause",
           [](PyPool& p, bool keep_contents, bool keep_buffer) {
             Pool pool = p.get();
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             pool.pause({.keep_contents = keep_contents, .keep_buffer = keep_buffer});
           },
           nb::kw_only(), "keep_contents"_a = false, "keep_buffer"_a = false,
@@ -537,7 +537,7 @@ void bind_pool(nb::module_& m) {
           "resume",
           [](PyPool& p) {
             Pool pool = p.get();
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             pool.resume();
           },
           "Backs the chunks with memory again at the same addresses, restoring kept contents.")
@@ -545,7 +545,7 @@ void bind_pool(nb::module_& m) {
           "refresh",
           [](PyPool& p) {
             Pool pool = p.get();
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             pool.refresh();
           },
           "Drops mappings of memory a pause released; maps the new memory at the same addresses once resumed.")
@@ -566,7 +566,7 @@ void bind_pool(nb::module_& m) {
           "close",
           [](PyPool& p) {
             Pool gone = std::move(p.pool);
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             gone = Pool();
           },
           "Drops this handle; blocks and views keep the pool joined until they go.");

@@ -52,7 +52,7 @@ void bind_segment(nb::module_& m) {
           "create",
           [](std::string_view name, std::size_t size, std::string_view kind, int device, unsigned mode) {
             CreateOptions o{.kind = parse_kind(kind), .device = device, .mode = mode};
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return PySegment(Segment::create(name, size, o));
           },
           "name"_a, "size"_a, nb::kw_only(), "kind"_a = "host", "device"_a = 0, "mode"_a = 0600,
@@ -71,7 +71,7 @@ void bind_segment(nb::module_& m) {
       .def_static(
           "unlink",
           [](std::string_view name) {
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             Segment::unlink(name);
           },
           "name"_a, "Removes the name; mappings stay valid until closed.")
@@ -80,7 +80,7 @@ void bind_segment(nb::module_& m) {
           [](std::string_view name) {
             SegmentInfo i;
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               i = Segment::stat(name);
             }
             return info_dict(i);
@@ -91,7 +91,7 @@ void bind_segment(nb::module_& m) {
           []() {
             std::vector<SegmentInfo> all;
             {
-              nb::gil_scoped_release unlocked;
+              GilReleased unlocked;
               all = Segment::list();
             }
             nb::list out;
@@ -125,7 +125,7 @@ void bind_segment(nb::module_& m) {
           "close",
           [](PySegment& s) {
             Segment gone = std::move(s.seg);
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             gone.close();
           },
           "Drops this handle; views keep the mapping until they go.");
@@ -134,7 +134,7 @@ void bind_segment(nb::module_& m) {
       "share",
       [](std::string_view name, std::uintptr_t ptr, std::size_t nbytes, unsigned mode, int device) {
         const ShareOptions o{.device = device, .mode = mode};
-        nb::gil_scoped_release unlocked;
+        GilReleased unlocked;
         return PySegment(share(name, reinterpret_cast<const void*>(ptr), nbytes, o));  // NOLINT(performance-no-int-to-ptr)
       },
       "name"_a, "ptr"_a, "nbytes"_a, nb::kw_only(), "mode"_a = 0600, "device"_a = -1,

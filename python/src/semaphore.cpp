@@ -32,7 +32,7 @@ struct PySemaphore {
 std::shared_lock<std::shared_mutex> lock_shared(PySemaphore& s, bool require_open = true) {
   std::shared_lock<std::shared_mutex> lock(*s.mutex, std::defer_lock);
   {
-    nb::gil_scoped_release unlocked;
+    GilReleased unlocked;
     lock.lock();
   }
   if (require_open && !s.sem) raise_closed("semaphore");
@@ -67,7 +67,7 @@ void bind_semaphore(nb::module_& m) {
           "create",
           [](std::string_view name, std::uint64_t initial, std::string_view kind, int device, unsigned mode) {
             SemaphoreOptions o{.initial = initial, .kind = parse_kind(kind), .device = device, .mode = mode};
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return PySemaphore(Semaphore::create(name, o));
           },
           "name"_a, nb::kw_only(), "initial"_a = 0, "kind"_a = "host_pinned", "device"_a = 0, "mode"_a = 0600)
@@ -90,7 +90,7 @@ void bind_semaphore(nb::module_& m) {
       .def_static(
           "unlink",
           [](std::string_view name) {
-            nb::gil_scoped_release unlocked;
+            GilReleased unlocked;
             Semaphore::unlink(name);
           },
           "name"_a)
@@ -164,7 +164,7 @@ void bind_semaphore(nb::module_& m) {
                    })
       .def("close", [](PySemaphore& s) {
         s.closing->store(true, std::memory_order_release);  // a waiting wait_host leaves within 50 ms
-        nb::gil_scoped_release unlocked;
+        GilReleased unlocked;
         Semaphore gone;
         {
           std::unique_lock<std::shared_mutex> lock(*s.mutex);

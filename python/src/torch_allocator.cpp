@@ -137,7 +137,7 @@ void bind_torch_allocator(nb::module_& m) {
       "_torch_pool_pause",
       [](int device, bool keep_contents, bool keep_buffer) {
         Pool pool = active_pool(device, "pause");
-        nb::gil_scoped_release unlocked;
+        GilReleased unlocked;
         pool.pause({.keep_contents = keep_contents, .keep_buffer = keep_buffer});
       },
       nb::arg("device"), nb::arg("keep_contents"), nb::arg("keep_buffer") = false,
@@ -146,7 +146,7 @@ void bind_torch_allocator(nb::module_& m) {
       "_torch_pool_resume",
       [](int device) {
         Pool pool = active_pool(device, "resume");
-        nb::gil_scoped_release unlocked;
+        GilReleased unlocked;
         pool.resume();
       },
       nb::arg("device"), "Resumes the device's active pool (Pool::resume) at the same addresses.");

@@ -438,6 +438,68 @@ def test_a_closed_channel_raises_closed(name):
     tx.close()  # idempotent
 
 
+def test_a_wait_keeps_no_other_call_of_the_handle_waiting(name):
+    # A recv() held the handle's lock for its whole wait: close() from another thread hung until a message came, and
+    # a message's array or release() in a worker thread waited for the next message.
+    import threading
+
+    with _host_channel(name) as tx:
+        rx = gpuipc.Channel.open(name, "consumer")
+        tx.send(np.arange(4, dtype=np.uint8), timeout=5)
+        held = rx.recv(timeout=5)
+        outcome = []
+
+        def waiter():
+            try:
+                rx.recv(timeout=60)
+                outcome.append("received")
+            except gpuipc.Closed:
+                outcome.append("closed")
+
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        time.sleep(0.3)  # the thread waits in recv
+        t0 = time.monotonic()
+        assert list(held.array) == [0, 1, 2, 3]
+        held.release()
+        rx.close()
+        t.join(10)
+        assert not t.is_alive() and outcome == ["closed"]
+        assert time.monotonic() - t0 < 2
+
+
+DAEMON_WAITER = """
+import sys, threading, time, gpuipc
+name, what = sys.argv[1], sys.argv[2]
+if what == "recv":
+    ch = gpuipc.Channel.create(name, kind="host", role="consumer")
+    wait = lambda: ch.recv()
+elif what == "wait_host":
+    sem = gpuipc.Semaphore.create(name, kind="host")
+    wait = lambda: sem.wait_host(1)
+else:
+    cs = gpuipc.CountingSemaphore.create(name, initial=0, max_count=1)
+    wait = lambda: cs.acquire()
+threading.Thread(target=wait, daemon=True).start()
+time.sleep(0.3)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("what", ["recv", "wait_host", "acquire"])
+def test_a_daemon_thread_waiting_in_gpuipc_lets_the_interpreter_exit(name, what):
+    # Python ends such a thread at finalization with pthread_exit, whose unwinding through the extension's C++
+    # frames aborted the process ("terminate called without an active exception", exit status 134).
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", DAEMON_WAITER, name + what, what], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "exiting" in out.stdout, out.stdout + out.stderr
+    unlink = {"recv": gpuipc.Channel.unlink, "wait_host": gpuipc.Semaphore.unlink}
+    unlink.get(what, gpuipc.CountingSemaphore.unlink)(name + what)
+
+
 CTRL_C = """
 import signal, sys, gpuipc
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even where it was started with SIGINT ignored (nohup, &)

@@ -8,6 +8,8 @@ import json
 import os
 import stat
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -172,6 +174,24 @@ def test_python_doctor_judges_the_runtime_directory_as_the_library_does(tmp_path
     link.symlink_to(real)
     assert "symbolic link" in _runtime_dir_report(str(link))["error"]
     assert stat.S_ISLNK(os.lstat(link).st_mode)
+
+
+def test_an_error_message_with_bytes_that_are_not_utf8_is_still_the_gpuipc_error(tmp_path):
+    # The message named a runtime directory from the environment: its bytes were decoded strictly, and the caller got
+    # a UnicodeDecodeError instead of the gpuipc error that says what is wrong.
+    script = (
+        "import gpuipc\n"
+        "try:\n"
+        "    gpuipc.Segment.open('x')\n"
+        "except gpuipc.Error as e:\n"
+        "    print(type(e).__name__, ascii(str(e)))\n"
+    )
+    env = dict(os.environb)
+    env[b"GPUIPC_RUNTIME_DIR"] = os.fsencode(str(tmp_path)) + b"/bad\xff/rt"
+    env[b"GPUIPC_NO_AUTOSTART"] = b"1"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    assert b"\\\\xff" in out.stdout, out.stdout  # the byte, escaped: "\\xff" as ascii() shows a backslash
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to another uid")
