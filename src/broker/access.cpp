@@ -129,6 +129,8 @@ void Registry::open(const Caller& caller, std::uint32_t rid, const proto::Open& 
 
 void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credentials& creds, std::uint32_t rid,
                              proto::Access access, std::vector<Outgoing>& out) {
+  const bool look = access == proto::Access::Look;  // read-only, and no holder
+  if (look) access = proto::Access::ReadOnly;
   const unsigned have = permission_bits(creds, seg.mode, seg.owner_uid, seg.owner_gid);
   const unsigned need = access == proto::Access::ReadOnly ? 4U : 6U;
   if ((have & need) != need) {
@@ -160,9 +162,16 @@ void Registry::open_existing(SegmentRecord& seg, ConnId conn, const os::Credenti
   }
   const bool first = ++seg.refs[conn] == 1;
   if (first) note_holding(conn, seg.id, true);
+  bool joins = first;
+  if (look) {
+    if (first) seg.lookers.insert(conn);
+    joins = false;
+  } else if (seg.lookers.erase(conn) != 0) {
+    joins = true;  // it only looked until now and holds it from here on: watchers hear of it now
+  }
   if (access == proto::Access::ReadWrite) seg.writers.insert(conn);
   out.push_back(reply(conn, rid, proto::OpenReply{info_of(seg)}, std::move(fd)));
-  if (first) notify(seg, proto::EventKind::Joined, holder_of(seg, conn), conn, out);
+  if (joins) notify(seg, proto::EventKind::Joined, holder_of(seg, conn), conn, out);
 }
 
 std::string Registry::reference_refusal(const SegmentRecord& seg, ConnId conn) const {

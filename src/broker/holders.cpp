@@ -31,7 +31,7 @@ proto::HolderInfo Registry::holder_of(const SegmentRecord& seg, ConnId conn) con
 
 void Registry::notify(const SegmentRecord& seg, proto::EventKind kind, const proto::HolderInfo& holder, ConnId conn,
                       std::vector<Outgoing>& out) {
-  if (seg.watchers.empty()) return;
+  if (seg.watchers.empty() || seg.lookers.count(conn) != 0) return;  // a look is no holder
   proto::Event e;
   e.kind = static_cast<std::uint8_t>(kind);
   e.id = seg.id;
@@ -75,6 +75,7 @@ void Registry::holders(const Caller& caller, std::uint32_t rid, const proto::Hol
   const SegmentRecord& seg = *found;
   proto::HoldersReply r;
   for (const auto& [conn, count] : seg.refs) {
+    if (seg.lookers.count(conn) != 0) continue;  // a look is no holder
     if (r.entries.size() == proto::kMaxHolders) {
       r.more = true;
       break;

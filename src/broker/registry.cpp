@@ -80,7 +80,7 @@ Registry::Registry(Quotas quotas)
   auto* page = static_cast<proto::StatusPage*>(m_status_map.data());
   page->magic = proto::kStatusMagic;
   page->version = proto::kStatusVersion;
-  page->features = proto::kFeatureUnlinkId;
+  page->features = proto::kFeatureUnlinkId | proto::kFeatureLook;
   page->broker_pid = static_cast<std::uint64_t>(os::current_pid());
   std::atomic_ref<std::uint64_t>(page->names_generation).store(1, std::memory_order_release);
 }
@@ -350,6 +350,7 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
         notify(seg, proto::EventKind::Died, gone, conn, *out);
       }
       seg.refs.erase(conn);
+      seg.lookers.erase(conn);
       drop_beats(seg, conn);
       if (repair) {
         repair_for(seg, conn);
@@ -648,7 +649,8 @@ void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close
     refs.erase(caller.conn);
     note_holding(caller.conn, req.id, false);
     drop_beats(it->second, caller.conn);
-    notify(it->second, proto::EventKind::Left, gone, caller.conn, out);
+    notify(it->second, proto::EventKind::Left, gone, caller.conn, out);  // (not for a look)
+    it->second.lookers.erase(caller.conn);
     repair_for(it->second, caller.conn);
     if (it->second.creator == caller.conn) creator_left(it->second, proto::PoisonReason::Closed);
   }

@@ -75,6 +75,7 @@ struct SegmentRecord : SegmentAttributes {
   ControlBlock block;                       ///< over `control`, with the geometry read once at Create
   std::map<ConnId, std::uint32_t> refs;     ///< references per connection (Quotas::refs_per_connection)
   std::set<ConnId> writers;                 ///< connections holding a read-write reference
+  std::set<ConnId> lookers;  ///< connections whose references are all looks (Access::Look): no events, not holders
   std::multimap<ConnId, Joined> joined;     ///< member entries each connection joined (Join)
   /// After a broker restart: member entries the journal says the last broker's clients held and nobody has
   /// rejoined yet. Each is repaired once its process is gone (`process` exited, or it was gone already); one whose

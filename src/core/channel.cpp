@@ -441,7 +441,7 @@ Channel Channel::open(std::string_view name, ChannelRole role, const ChannelOpen
 ChannelStats Channel::stat(std::string_view name) {
   check_channel_name(name);
   // A CUDA-free read-only look: the host_pinned control block of a device channel is mapped without registering it.
-  const Segment control = detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
+  const Segment control = detail::look_at_segment(name);
   const auto g = shm::ring_geometry(control.data(), control.size());
   if (!g) {
     throw Error(ErrorCode::InvalidArgument,

@@ -109,6 +109,11 @@ bool BrokerClient::broker_has(std::uint32_t feature) const noexcept {
   return page != nullptr && (page->features & feature) != 0;
 }
 
+bool BrokerClient::broker_has_connecting(std::uint32_t feature) {
+  (void)broker_pid();
+  return broker_has(feature);
+}
+
 std::uint32_t BrokerClient::broker_pid() {
   std::lock_guard lock(m_mutex);
   if (!m_sock) connect_locked();

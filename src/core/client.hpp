@@ -75,6 +75,11 @@ class BrokerClient {
   /// For destructors: returns false instead of throwing when it could not be delivered.
   bool request_on(std::uint64_t generation, const proto::Body& body) noexcept;
 
+  /// Whether the connected broker's status page has `feature` (a proto::kFeature* bit): false without a page.
+  bool broker_has(std::uint32_t feature) const noexcept;
+  /// The same after connecting (starting a broker) if there is no connection.
+  bool broker_has_connecting(std::uint32_t feature);
+
   /// Changes whenever the connection is replaced (fork, broker restart): references taken under an older
   /// generation are not this connection's to drop.
   std::uint64_t generation() const noexcept { return m_generation.load(std::memory_order_acquire); }
@@ -151,8 +156,6 @@ class BrokerClient {
   /// Drops the connection when too many are outstanding (a broker that answers nothing).
   void abandon_locked(std::uint32_t id, const proto::Body* body = nullptr);
 
-  /// Whether the connected broker's status page has `feature` (a proto::kFeature* bit): false without a page.
-  bool broker_has(std::uint32_t feature) const noexcept;
   /// Drops the connection (m_sock) and tells the watcher, which holds a copy of it, to let go too.
   void disconnect_locked() noexcept;
   /// What the watcher waits on: a copy of the connection (none when there is none), its generation, its status page.

@@ -134,7 +134,7 @@ CountingSemaphore CountingSemaphore::open(std::string_view name, const CountingS
 void CountingSemaphore::unlink(std::string_view name) { Segment::unlink(name); }
 
 CountingSemaphoreStats CountingSemaphore::stat(std::string_view name) {
-  Segment seg = detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
+  Segment seg = detail::look_at_segment(name);
   proto::CountingBlock* b = block_of(seg, "stat");
   CountingSemaphoreStats st;
   st.available = shm::counting_available(*b);

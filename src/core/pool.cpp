@@ -274,7 +274,7 @@ void Pool::unlink(std::string_view name) {
 
 PoolStats Pool::stat(std::string_view name) {
   check_pool_name(name);
-  Segment control = detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
+  Segment control = detail::look_at_segment(name);
   shm::PoolBlock b(control.data(), control.size());
   check_release(control, name, "stat");
   if (!b.valid()) {

@@ -366,7 +366,13 @@ std::chrono::milliseconds broker_wait(const OpenOptions& options) {
   return std::chrono::milliseconds(std::clamp<std::int64_t>(options.wait.count(), 0, UINT32_MAX));
 }
 
-proto::Open open_request(const std::string& name, const OpenOptions& options) {
+/// The device part of a mapping's cache key: the device asked for; -3 for an unregistered host_pinned mapping; -4
+/// for a look (the broker counts it as no holder: it must not serve an open that holds the segment).
+int cache_device(const OpenOptions& options, bool register_pinned, bool look) {
+  return look ? -4 : register_pinned ? options.device : -3;
+}
+
+proto::Open open_request(const std::string& name, const OpenOptions& options, bool look = false) {
   if (options.access != Access::ReadOnly && options.access != Access::ReadWrite) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("open of '{}': access {} is neither ReadOnly nor ReadWrite", name,
@@ -376,6 +382,10 @@ proto::Open open_request(const std::string& name, const OpenOptions& options) {
   proto::Open req;
   req.name = name;
   req.access = static_cast<proto::Access>(options.access);
+  if (look && options.access == Access::ReadOnly &&
+      core::BrokerClient::instance().broker_has_connecting(proto::kFeatureLook)) {
+    req.access = proto::Access::Look;
+  }
   req.wait_ms = static_cast<std::uint32_t>(broker_wait(options).count());
   return req;
 }
@@ -383,7 +393,7 @@ proto::Open open_request(const std::string& name, const OpenOptions& options) {
 /// open_segment after the broker's answer: maps the segment it sent (the reply's fd) and caches the mapping unless
 /// it is placed. `names_gen`: the names generation read before the Open was sent.
 Segment map_opened(const std::string& n, const OpenOptions& options, bool register_pinned, std::uint64_t place_at,
-                   core::Reply&& reply, std::uint64_t names_gen) {
+                   core::Reply&& reply, std::uint64_t names_gen, bool look = false) {
   const auto* r = std::get_if<proto::OpenReply>(&reply.msg.body);
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Open with something else", "open");
   auto m = std::make_shared<detail::Mapping>();
@@ -416,7 +426,8 @@ Segment map_opened(const std::string& n, const OpenOptions& options, bool regist
   m->memory = std::move(reply.fds[0]);
   remember_for_restart(m);
   if (place_at == 0) {
-    MappingCache::instance().put(cache_key(n, options.access, register_pinned ? options.device : -3), m, names_gen);
+    MappingCache::instance().put(cache_key(n, options.access, cache_device(options, register_pinned, look)), m,
+                                 names_gen);
   }
   return detail::SegmentAccess::make(std::move(m));
 }
@@ -428,11 +439,12 @@ namespace {
 /// open_segment's cache lookup: the process's mapping of `n` when it has one that still names the segment (a stale
 /// entry, made before an unlink somewhere, is checked with a Stat), else nullopt. Throws PeerDied for an adopted
 /// segment whose exporter is gone.
-std::optional<Segment> cached_open(const std::string& n, const OpenOptions& options, bool register_pinned) {
+std::optional<Segment> cached_open(const std::string& n, const OpenOptions& options, bool register_pinned,
+                                   bool look = false) {
   auto& client = core::BrokerClient::instance();
   auto& cache = MappingCache::instance();
   // An unregistered host_pinned mapping is cached apart (device -3 is no device anyone asks for).
-  const std::string key = cache_key(n, options.access, register_pinned ? options.device : -3);
+  const std::string key = cache_key(n, options.access, cache_device(options, register_pinned, look));
   auto [hit, fresh] = cache.find(key, client.names_generation(), client.generation());
   if (!hit) return std::nullopt;
   if (!hit->alive()) {
@@ -466,25 +478,27 @@ std::uint32_t detail::control_magic(const Segment& s) noexcept {
   return magic;
 }
 
-std::uint32_t detail::control_magic(std::string_view name) {
-  return control_magic(open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false));
+std::uint32_t detail::control_magic(std::string_view name) { return control_magic(look_at_segment(name)); }
+
+Segment detail::look_at_segment(std::string_view name) {
+  return open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false, 0, true);
 }
 
 Segment detail::open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
-                             std::uint64_t place_at) {
+                             std::uint64_t place_at, bool look) {
   std::string n = check_name_or_throw(name);
   // A placed mapping is this caller's alone: no cache lookup, and it is not cached (map_opened).
   if (place_at == 0) {
-    if (auto hit = cached_open(n, options, register_pinned)) return std::move(*hit);
+    if (auto hit = cached_open(n, options, register_pinned, look)) return std::move(*hit);
   }
   auto& client = core::BrokerClient::instance();
   const std::uint64_t names_gen = client.names_generation();
   // The broker's wait (clamped as it is asked for: wait + 1 s overflowed for milliseconds::max()) and a second. An
   // open that waits does not hold the connection meanwhile: the process's other threads' calls go on.
-  const proto::Open req = open_request(n, options);
+  const proto::Open req = open_request(n, options, look);
   const auto limit = broker_wait(options) + std::chrono::milliseconds(1000);
   auto reply = req.wait_ms > 0 ? client.request_waiting(req, limit) : client.request(req, {}, limit);
-  return map_opened(n, options, register_pinned, place_at, std::move(reply), names_gen);
+  return map_opened(n, options, register_pinned, place_at, std::move(reply), names_gen, look);
 }
 
 std::vector<std::variant<Segment, Error>> detail::open_segments(std::span<const SegmentOpen> opens) {

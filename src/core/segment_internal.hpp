@@ -84,7 +84,11 @@ Segment create_segment(std::string_view name, std::size_t bytes, const CreateOpt
 /// Segment::open, optionally without registering a host_pinned segment with the GPU (a CUDA-free reader);
 /// `place_at` as for create_segment.
 Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
-                     std::uint64_t place_at = 0);
+                     std::uint64_t place_at = 0, bool look = false);
+/// A read-only look at segment `name` (unregistered, CUDA-free): what stat() and the CLI take to read a control block.
+/// The broker counts it as no holder (proto::Access::Look): watchers hear nothing of it and holders() leaves it out.
+/// A broker without kFeatureLook gets a plain read-only open.
+Segment look_at_segment(std::string_view name);
 
 /// One segment for open_segments: open_segment's arguments.
 struct SegmentOpen {

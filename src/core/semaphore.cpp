@@ -175,7 +175,7 @@ void Semaphore::unlink(std::string_view name) { Segment::unlink(name); }
 
 SemaphoreStats Semaphore::stat(std::string_view name) {
   // A CUDA-free read-only look: a host_pinned page is mapped without registering it with the GPU.
-  Segment seg = detail::open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false);
+  Segment seg = detail::look_at_segment(name);
   proto::SemaphoreBlock* b = shm::semaphore_block(seg.data(), seg.size());
   if (b == nullptr) {
     throw Error(ErrorCode::InvalidArgument,

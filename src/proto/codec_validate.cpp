@@ -154,7 +154,9 @@ std::string validate(const Create& m, const Path& p) {
 std::string validate(const Open& m, const Path& p) {
   if (auto e = check_name(m.name); !e.empty()) return fail(p, "name", e);
   const auto a = static_cast<std::uint8_t>(m.access);
-  if (a < 1 || a > 2) return fail(p, "access", fmt::format("invalid Access {} (valid: 1 ReadOnly, 2 ReadWrite)", a));
+  if (a < 1 || a > 3) {
+    return fail(p, "access", fmt::format("invalid Access {} (valid: 1 ReadOnly, 2 ReadWrite, 3 Look)", a));
+  }
   return {};
 }
 

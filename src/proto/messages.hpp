@@ -77,8 +77,10 @@ enum class Kind : std::uint8_t { Device = 1, Host = 2, HostPinned = 3, DeviceIpc
 /// Whether memory of this kind lives on a GPU (its SegmentInfo/Create carry the device's UUID).
 constexpr bool is_device_kind(Kind kind) noexcept { return kind == Kind::Device || kind == Kind::DeviceIpc; }
 
-/// How the opener wants to access a segment.
-enum class Access : std::uint8_t { ReadOnly = 1, ReadWrite = 2 };
+/// How the opener wants to access a segment. Look (Open only, to a broker whose status page has kFeatureLook): read
+/// only, and not as a holder: watchers hear nothing of it and Holders does not list it. What stat() and the CLI's
+/// listings take to read a control block.
+enum class Access : std::uint8_t { ReadOnly = 1, ReadWrite = 2, Look = 3 };
 
 /// 16-byte CUDA device UUID; all zero for host kinds.
 using Uuid = std::array<std::uint8_t, 16>;

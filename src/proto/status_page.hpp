@@ -13,10 +13,11 @@ inline constexpr std::uint32_t kStatusVersion = 1;
 
 /// StatusPage::features bits: requests this broker accepts beyond those every version-2 broker accepts.
 inline constexpr std::uint32_t kFeatureUnlinkId = 1U << 0;  ///< UnlinkId (messages.hpp)
+inline constexpr std::uint32_t kFeatureLook = 1U << 1;      ///< Open with Access::Look (messages.hpp)
 
 /// The name of one kFeature* bit ("unlink_id"), or nullptr for a bit this version does not know.
 constexpr const char* feature_name(std::uint32_t bit) noexcept {
-  return bit == kFeatureUnlinkId ? "unlink_id" : nullptr;
+  return bit == kFeatureUnlinkId ? "unlink_id" : bit == kFeatureLook ? "look" : nullptr;
 }
 
 /// How the running broker was started (StatusPage::mode; `gpuipc daemon status` prints it).

@@ -10,9 +10,12 @@
 #include <sstream>
 #include <thread>
 
+#include "gpuipc/channel.hpp"
 #include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/liveness.hpp"
+#include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
+#include "gpuipc/semaphore.hpp"
 #include "os/process.hpp"
 #include "proto/messages.hpp"
 #include "support/broker_env.hpp"
@@ -68,6 +71,53 @@ TEST(Liveness, HoldersListsPidsAndRoles) {
     EXPECT_EQ(e.code(), ErrorCode::NotFound);
   }
   CountingSemaphore::unlink(name);
+}
+
+TEST(Liveness, AStatOrAListingIsNoHolderWatchersHearOf) {
+  // stat() and the CLI's listings (gpuipc ls, stat, top) open a control block to read it: every one of them reached
+  // the watchers as a join and a leave (`gpuipc watch --count 1` ended at the first `gpuipc ls`), and holders()
+  // listed it meanwhile.
+  const auto sem = unique_name("look-sem"), ch = unique_name("look-ch"), cs = unique_name("look-cs"),
+             pool = unique_name("look-pool");
+  auto s = Semaphore::create(sem, {.initial = 0, .kind = SegmentKind::Host, .device = 0, .mode = 0600});
+  auto c = Channel::create(ch, {.slots = 2, .slot_bytes = 64, .header_bytes = 0, .kind = SegmentKind::Host},
+                           ChannelRole::Producer);
+  auto k = CountingSemaphore::create(cs, {.initial = 1, .max_count = 1});
+  auto p = Pool::create(pool, {.kind = SegmentKind::Host, .chunk_bytes = 1 << 16, .max_bytes = 1 << 16});
+  std::vector<Watcher> watchers;
+  for (const auto& n : {sem, ch, cs, pool}) watchers.push_back(Watcher::watch(n));
+  EXPECT_EQ(run_child([&] {
+              GPUIPC_CHILD_CHECK(Semaphore::stat(sem).signallers == 1);
+              GPUIPC_CHILD_CHECK(Channel::stat(ch).producers == 1);
+              GPUIPC_CHILD_CHECK(CountingSemaphore::stat(cs).available == 1);
+              GPUIPC_CHILD_CHECK(Pool::stat(pool).chunks <= 1);
+              return 0;
+            }),
+            0);
+  const std::string cli = std::string(GPUIPC_BUILD_BIN_DIR) + "/gpuipc";
+  EXPECT_EQ(wait_child(start_program(cli, {"ls"}, {}, -1, "/dev/null")), 0);
+  EXPECT_EQ(wait_child(start_program(cli, {"stat", ch}, {}, -1, "/dev/null")), 0);
+  // A holder now: the first event each watcher hears is its join.
+  SyncPipe go;
+  const pid_t holder = start_child([&] {
+    auto held = Segment::open(sem, {.access = Access::ReadOnly});
+    GPUIPC_CHILD_CHECK(go.wait(10s));
+    return 0;
+  });
+  const auto e = next_event(watchers[0]);
+  EXPECT_EQ(e.event, LivenessEvent::Joined);
+  EXPECT_EQ(e.holder.pid, static_cast<std::uint32_t>(holder));
+  for (std::size_t i = 1; i < watchers.size(); ++i) EXPECT_FALSE(watchers[i].next(0ns).has_value()) << i;
+  go.notify();
+  EXPECT_EQ(wait_child(holder), 0);
+  s = Semaphore();
+  c = Channel();
+  k = CountingSemaphore();
+  p = Pool();
+  Semaphore::unlink(sem);
+  Channel::unlink(ch);
+  CountingSemaphore::unlink(cs);
+  Pool::unlink(pool);
 }
 
 TEST(Liveness, WatcherSeesJoinLeaveDeathAndAHungHeartbeat) {

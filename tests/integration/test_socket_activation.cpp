@@ -206,10 +206,10 @@ TEST(DaemonStatus, OnDemandBrokerAndNoBroker) {
   EXPECT_EQ(j.value("socket", ""), BrokerEnvironment::runtime_dir() + "/broker.sock");
   EXPECT_GT(j.value("idle_timeout_ms", 0), 0);
   // What it takes beyond protocol version 2's requests (the status page's `features`).
-  EXPECT_EQ(j.value("features", nlohmann::json()), nlohmann::json::array({"unlink_id"})) << o.out;
+  EXPECT_EQ(j.value("features", nlohmann::json()), nlohmann::json::array({"unlink_id", "look"})) << o.out;
   const auto text = run_program(kGpuipc, {"daemon", "status"}, {});
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  EXPECT_NE(text.out.find("features:  unlink_id\n"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("features:  unlink_id look\n"), std::string::npos) << text.out;
 
   TempDir empty("gpuipc-act");
   const auto none = status_json(empty, 5);

@@ -711,7 +711,8 @@ std::vector<Bad> bad_messages() {
 
   v.push_back(Bad{"open_name", Open{"a/b", Access::ReadOnly, 0}, "Open.name: invalid character '/' at 1"});
   v.push_back(Bad{"open_access_0", Open{"a", static_cast<Access>(0), 0}, "Open.access: invalid Access 0"});
-  v.push_back(Bad{"open_access_3", Open{"a", static_cast<Access>(3), 0}, "Open.access: invalid Access 3"});
+  v.push_back(Bad{"open_access_4", Open{"a", static_cast<Access>(4), 0}, "Open.access: invalid Access 4"});
+  v.push_back(Bad{"announce_look", Announce{"a", Access::Look, 4096}, "Announce.access: invalid Access 3", 1});
   v.push_back(Bad{"unlink_name", Unlink{""}, "Unlink.name: empty"});
   v.push_back(Bad{"stat_name", Stat{"-"}, "Stat.name: starts with '-'"});
   v.push_back(Bad{"close_0", Close{0}, "Close.id: segment id 0"});
