@@ -12,6 +12,19 @@
 #include "shm/pool_block.hpp"
 
 namespace gpuipc {
+namespace {
+
+/// `unlink` of `name`, when there is such a name to remove (NotFound, or a name too long to be one: nothing).
+template <class Unlink>
+void unlink_if_there(Unlink&& unlink, const std::string& name) {
+  try {
+    unlink(name);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::NotFound && e.code() != ErrorCode::InvalidArgument) throw;
+  }
+}
+
+}  // namespace
 
 void unlink_any(std::string_view name) {
   std::optional<SegmentInfo> info;
@@ -31,7 +44,18 @@ void unlink_any(std::string_view name) {
   // Control blocks are host memory (host_pinned where a stream writes them); device memory is a plain segment, and
   // is not imported just to be removed.
   if (info->kind == SegmentKind::Host || info->kind == SegmentKind::HostPinned) {
-    const std::uint32_t magic = detail::control_magic(name);
+    std::uint32_t magic = 0;
+    try {
+      magic = detail::control_magic(name);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::PermissionDenied) throw;
+      // Its mode keeps even its owner from reading what it is, yet the owner may unlink it (mode bits do not grant
+      // that): the name goes, and whatever a channel's or a pool's would leave (NAME.slots, NAME.chunk.N).
+      Segment::unlink(name);
+      unlink_if_there([](const std::string& n) { Segment::unlink(n); }, std::string(name) + ".slots");
+      unlink_if_there([](const std::string& n) { Pool::unlink(n); }, std::string(name));
+      return;
+    }
     if (magic == shm::kPoolMagic) return Pool::unlink(name);
     if (magic == proto::kChannelMagic) return Channel::unlink(name);
   }

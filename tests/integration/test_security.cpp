@@ -59,6 +59,31 @@ ChannelOptions small_host_channel() {
   return o;
 }
 
+TEST(Security, AnOwnerRemovesWhatItsModeKeepsItFromReading) {
+  // `gpuipc rm` (unlink_any) read the control block's magic to tell a pool or a channel from a plain segment, and
+  // refused (PermissionDenied) an owner whose object's mode did not let it read: mode bits do not grant an unlink.
+  SKIP_UNLESS_ROOT();
+  const auto plain = unique_name("mode0"), chan = unique_name("wonly");
+  (void)BrokerEnvironment::broker_pid();  // started by root, not by the child
+  EXPECT_EQ(
+      run_child([&] {
+        GPUIPC_CHILD_CHECK(become_nobody());
+        { auto s = Segment::create(plain, 4096, {.kind = SegmentKind::Host, .device = 0, .mode = 0}); }
+        {
+          ChannelOptions o = small_host_channel();
+          o.mode = 0200;
+          auto c = Channel::create(chan, o, ChannelRole::Producer);
+        }
+        unlink_any(plain);
+        unlink_any(chan);
+        for (const auto& gone : {plain, chan, chan + ".slots"}) {
+          GPUIPC_CHILD_CHECK(fails_with([&] { (void)Segment::stat(gone); }, ErrorCode::NotFound, "no segment named"));
+        }
+        return 0;
+      }),
+      0);
+}
+
 TEST(Security, AForgedHelloPidCannotRemoveAnotherProcessesMember) {
   SKIP_UNLESS_ROOT();
   const auto name = unique_name("chan");
