@@ -52,9 +52,16 @@ TEST(CliArguments, CountsAreDecimalDigitsThatFit) {
     EXPECT_EQ(o.exit_code, 2) << args[0] << " " << args[1] << " " << args[2] << ": " << o.out << o.err;
     EXPECT_NE(o.err.find("whole number"), std::string::npos) << o.err;
   }
-  for (const char* value : {"-1", "18446744073709551616"}) {  // gpuipcd exits with CLI11's codes (100-127)
-    const auto o = run("gpuipcd", {"--runtime-dir", dir.file("d"), "--quota-bytes", value}, env);
-    EXPECT_TRUE(o.exit_code >= 100 && o.exit_code <= 127) << value << ": " << o.exit_code << o.out << o.err;
+  // gpuipcd exits with CLI11's codes (100-127). Its opens quotas took -1 (no limit), 0x10 and 010 (8) before.
+  for (const auto& [option, value] :
+       std::vector<std::pair<std::string, std::string>>{{"--quota-bytes", "-1"},
+                                                        {"--quota-bytes", "18446744073709551616"},
+                                                        {"--quota-opens", "-1"},
+                                                        {"--quota-opens", "0x10"},
+                                                        {"--quota-opens-total", "-1"}}) {
+    const auto o = run("gpuipcd", {"--runtime-dir", dir.file("d"), option, value}, env);
+    EXPECT_TRUE(o.exit_code >= 100 && o.exit_code <= 127)
+        << option << " " << value << ": " << o.exit_code << o.out << o.err;
     EXPECT_NE(o.err.find("whole number"), std::string::npos) << o.err;
   }
 }
@@ -164,6 +171,22 @@ TEST(CliArguments, ARuntimeDirectoryThatIsAFileIsRefusedAsUnsafe) {
 }
 
 // Any process may call itself anything: a name that is not UTF-8 made `top --json` fail (nlohmann's dump throws).
+TEST(CliArguments, JsonOutputStaysJsonWhenAPathOrAVariableIsNotUtf8) {
+  // nlohmann's dump threw on such a string: no JSON at all, exit 1 ("[json.exception.type_error.316] invalid UTF-8
+  // byte"), and doctor lost its own exit code.
+  const TempDir dir("gpuipc-utf8");
+  const auto status = run("gpuipc", {"daemon", "status", "--json"},
+                          {"GPUIPC_RUNTIME_DIR=" + dir.path() + "/r\xe9", "GPUIPC_NO_AUTOSTART=1"});
+  EXPECT_EQ(status.exit_code, 5) << status.out << status.err;  // no broker there
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(status.out)) << status.out << status.err;
+  EXPECT_EQ(j["running"], false);
+  const auto doctor = run("gpuipc", {"doctor", "--json"},
+                          {"CUDA_VISIBLE_DEVICES=\xff", "GPUIPC_CUDA_LIBRARY=/nonexistent/libcuda.so.1"});
+  ASSERT_NO_THROW(j = nlohmann::json::parse(doctor.out)) << doctor.out << doctor.err;
+  EXPECT_EQ(doctor.exit_code, j["exit_code"].get<int>()) << doctor.err;
+}
+
 TEST(CliArguments, TopJsonShowsAProcessNameThatIsNotUtf8) {
   const std::string name = unique_name("seg");
   SyncPipe ready;

@@ -41,7 +41,7 @@ int daemon_status(bool json) {
   const std::string socket = socket_path();
   if (!broker_listening()) {
     if (json) {
-      std::cout << nlohmann::json{{"running", false}, {"socket", socket}}.dump() << "\n";
+      std::cout << json_text(nlohmann::json{{"running", false}, {"socket", socket}}) << "\n";
     } else {
       std::cout << fmt::format("no gpuipc broker is running on {}\n", socket);
     }
@@ -65,7 +65,7 @@ int daemon_status(bool json) {
                      {"features", s.features}};
     j["started_unix_ns"] = known_start ? nlohmann::json(s.started_unix_ns) : nlohmann::json(nullptr);
     j["uptime_s"] = known_start ? nlohmann::json(uptime_s) : nlohmann::json(nullptr);
-    std::cout << j.dump() << "\n";
+    std::cout << json_text(j) << "\n";
     return kExitOk;
   }
   std::cout << fmt::format("mode:      {}\n", describe_mode(s.mode)) << fmt::format("pid:       {}\n", s.pid)

@@ -457,7 +457,7 @@ void register_doctor(CLI::App& app, int& exit_code) {
   cmd->callback([&exit_code] {
     const Report report = examine();
     if (json) {
-      std::cout << to_json(report).dump(2) << "\n";
+      std::cout << json_text(to_json(report), 2) << "\n";
     } else {
       print_text(report);
     }

@@ -107,7 +107,7 @@ int mps_status(const MpsDirs& d, bool json) {
       }
       j["servers"] = pids;
     }
-    std::cout << j.dump() << "\n";
+    std::cout << json_text(j) << "\n";
   } else if (servers) {
     std::cout << fmt::format("an MPS control daemon runs with its pipe in {} (log {})\nservers: {}\n", d.pipe, d.log,
                              servers->empty() ? "none yet (one starts with the first client)" : *servers);

@@ -128,10 +128,10 @@ void register_segments(CLI::App& app, int& exit_code) {
         if (auto p = pool_of(i)) arr.back()["pool"] = to_json(*p);
         if (auto c = counting_stats(i)) arr.back()["counting_semaphore"] = to_json(*c);
       }
-      std::cout << arr.dump(2) << "\n";
+      std::cout << json_text(arr, 2) << "\n";
     } else {
-      std::cout << fmt::format("{:<32} {:<12} {:>10} {:<40} {:>6} {:>5} {:>4} {}\n", "NAME", "KIND", "SIZE", "DEVICE",
-                               "OWNER", "MODE", "REFS", "PIDS");
+      std::cout << fmt::format("{:<32} {:<12} {:>10} {:<40} {:>6} {:>4} {:>4} {}\n", "NAME", "KIND", "SIZE", "DEVICE",
+                               "OWNER", "MODE", "REFS", "PIDS");  // (MODE: 4 digits)
       for (const auto& i : all) {
         std::cout << fmt::format("{:<32} {:<12} {:>10} {:<40} {:>6} {:04o} {:>4} {}\n",
                                  i.name.empty() ? fmt::format("(unlinked #{})", i.id) : i.name, to_string(i.kind),
@@ -157,7 +157,7 @@ void register_segments(CLI::App& app, int& exit_code) {
       auto j = to_json(i);
       if (pool) j["pool"] = to_json(*pool);
       if (counting) j["counting_semaphore"] = to_json(*counting);
-      std::cout << j.dump(2) << "\n";
+      std::cout << json_text(j, 2) << "\n";
     } else {
       std::cout << fmt::format(
           "name:       {}\nid:         {}\nkind:       {}\nsize:       {} ({} bytes)\ndevice:     {}\nowner:      "

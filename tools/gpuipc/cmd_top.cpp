@@ -4,6 +4,8 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -379,10 +381,10 @@ void register_top(CLI::App& app, int& exit_code) {
       Sample now = take_sample();
       const nlohmann::json j = frame(before, now);
       if (json) {
-        std::cout << j.dump() << "\n";
+        std::cout << json_text(j) << "\n";
       } else {
         // Plain ANSI: clear the screen and home the cursor, then the frame (no curses).
-        if (!once) std::cout << "\x1b[2J\x1b[H";
+        if (!once && ::isatty(STDOUT_FILENO) != 0) std::cout << "\x1b[2J\x1b[H";  // not into files and pipes
         std::cout << render(j);
       }
       std::cout.flush();

@@ -52,7 +52,7 @@ void register_watch(CLI::App& app, int& exit_code) {
     if (who_json) {
       nlohmann::json arr = nlohmann::json::array();
       for (const auto& h : hs) arr.push_back(to_json(h));
-      std::cout << arr.dump(2) << "\n";
+      std::cout << json_text(arr, 2) << "\n";
     } else {
       std::cout << fmt::format("{:>8} {:>6} {:<28} {:>4} {}\n", "PID", "UID", "ROLE", "REFS", "HEARTBEAT");
       for (const auto& h : hs) {
@@ -86,13 +86,13 @@ void register_watch(CLI::App& app, int& exit_code) {
         auto j = to_json(h);
         j["event"] = "holder";
         j["name"] = watch_name;
-        emit(j.dump());
+        emit(json_text(j));
       } else {
         emit(fmt::format("holder  {}: {}", watch_name, holder_line(h)));
       }
     }
     if (watch_json) {
-      emit(nlohmann::json{{"event", "watching"}, {"name", watch_name}, {"holders", hs.size()}}.dump());
+      emit(json_text(nlohmann::json{{"event", "watching"}, {"name", watch_name}, {"holders", hs.size()}}));
     } else {
       emit(fmt::format("watching {} ({} holder{})", watch_name, hs.size(), hs.size() == 1 ? "" : "s"));
     }
@@ -112,7 +112,7 @@ void register_watch(CLI::App& app, int& exit_code) {
       ++seen;
       if (e->event == LivenessEvent::Lost) {  // about no process: this watch fell behind and missed events
         if (watch_json) {
-          emit(nlohmann::json{{"event", "lost"}, {"name", e->name}, {"unix_ns", e->unix_ns}}.dump());
+          emit(json_text(nlohmann::json{{"event", "lost"}, {"name", e->name}, {"unix_ns", e->unix_ns}}));
         } else {
           emit(
               fmt::format("{} {:<7} {}: events were dropped while this watch fell behind; `gpuipc who {}` shows the "
@@ -126,7 +126,7 @@ void register_watch(CLI::App& app, int& exit_code) {
         j["event"] = std::string(to_string(e->event));
         j["name"] = e->name;
         j["unix_ns"] = e->unix_ns;
-        emit(j.dump());
+        emit(json_text(j));
       } else {
         emit(fmt::format("{} {:<7} {}: {}", clock_string(e->unix_ns), to_string(e->event), e->name,
                          holder_line(e->holder)));

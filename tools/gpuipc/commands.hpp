@@ -5,6 +5,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <string>
 #include <string_view>
@@ -23,6 +24,13 @@ void register_demo(CLI::App& app, int& exit_code);   // hands over to gpuipc-dem
 void register_bench(CLI::App& app, int& exit_code);  // hands over to gpuipc-bench
 void register_watch(CLI::App& app, int& exit_code);  // who, watch
 void register_mps(CLI::App& app, int& exit_code);    // mps start, stop, status, env
+
+/// `j` as JSON text (`indent` as nlohmann::json::dump's). Strings that are not UTF-8 (a path or a variable from the
+/// environment, a process name) are printed with U+FFFD in place of their bad bytes: the output stays JSON, and the
+/// command its exit code (nlohmann's dump would throw).
+inline std::string json_text(const nlohmann::json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 /// Replaces this process with gpuipc program `path` (found with gpuipc::program_path) run with `args`, and -v
 /// first when this process logs at debug level (gpuipc -v). Returns only by throwing Error.

@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
   }
   bool idle_given = false;
   gpuipc::broker::add_options(app, options);
-  for (const char* count : {"--idle-timeout-ms", "--quota-bytes", "--quota-segments"}) {
+  for (const char* count :
+       {"--idle-timeout-ms", "--quota-bytes", "--quota-segments", "--quota-opens", "--quota-opens-total"}) {
     app.get_option(count)->transform(gpuipc::cli::kWholeNumber);  // "-1" would read as 2^64 - 1, "010" as octal
   }
   app.parse_complete_callback([&] { idle_given = app.count("--idle-timeout-ms") > 0; });
