@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -152,6 +154,46 @@ TEST(CliArguments, DemoChecksItsCountsBeforeStarting) {
     const auto o = run("gpuipc", args);
     EXPECT_EQ(o.exit_code, 2) << args[2] << " " << args[3] << ": " << o.out << o.err;
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << "refused before the workers start";
+  }
+}
+
+TEST(CliArguments, ADemoWhoseProducerFailsStopsItsConsumerAtOnce) {
+  // The consumer was collected first, and it waited 30 s for a channel the producer had failed to make.
+  const TempDir dir("gpuipc-demo-quota");
+  const auto start = std::chrono::steady_clock::now();
+  const auto o = run("gpuipc", {"demo", "--host", "--frames", "10"},
+                     {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_QUOTA_BYTES=1048576"});
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("quota exceeded"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("consumer: stopped when the producer failed"), std::string::npos) << o.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s) << "the consumer waited for its channel";
+  std::ifstream pid_file(dir.file("broker.pid"));
+  pid_t broker = 0;
+  if (pid_file >> broker && broker > 0) ::kill(broker, SIGTERM);  // the demo's broker, in this directory
+}
+
+TEST(CliArguments, AnInterruptedDemoLeavesNoNameBehind) {
+  // Ctrl-C ended the demo with its channel still registered (32 MiB of GPU memory a run, until `gpuipc rm`).
+  (void)BrokerEnvironment::broker_pid();
+  TempDir dir("gpuipc-demo-int");
+  const pid_t demo = start_program(build_bin_dir() + "/gpuipc", {"demo", "--host", "--frames", "100000000"}, {}, -1,
+                                   dir.file("demo.log"));
+  const std::string name = "gpuipc-demo-" + std::to_string(demo);  // (gpuipc hands over to gpuipc-demo: one pid)
+  const bool made = wait_until(
+      [&] {
+        try {
+          (void)Segment::stat(name + ".slots");
+          return true;
+        } catch (const Error&) {
+          return false;
+        }
+      },
+      30s);
+  ASSERT_TRUE(made) << "the demo made no channel";
+  ::kill(demo, SIGINT);
+  EXPECT_EQ(wait_child(demo, 30s), 128 + SIGINT);
+  for (const auto& left : {name, name + ".slots"}) {
+    EXPECT_THROW((void)Segment::stat(left), Error) << left << " was left behind";
   }
 }
 

@@ -4,10 +4,17 @@
 // with the CPU. A program apart from the CLI because it launches the GPU kernels (testkit/kernels) through src/cuda, which
 // the CLI, a front end of the public API, must not link (docs/architecture.md#layers).
 #include <fmt/format.h>
+#include <poll.h>
+#include <pthread.h>
+
+#include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli.hpp"
@@ -213,6 +220,47 @@ nlohmann::json collect(os::ReportingChild& child) {
   }
 }
 
+/// The two workers' reports, each collected as it comes: when one fails, the other, which would wait for its peer
+/// until its own time runs out (30 s), is stopped at once.
+std::pair<nlohmann::json, nlohmann::json> collect_both(os::ReportingChild& producer, os::ReportingChild& consumer) {
+  pollfd fds[2] = {{producer.report.get(), POLLIN, 0}, {consumer.report.get(), POLLIN, 0}};
+  while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+  }
+  const bool producer_first = fds[0].revents != 0;
+  auto& first = producer_first ? producer : consumer;
+  auto& second = producer_first ? consumer : producer;
+  const auto a = collect(first);
+  if (a.contains("error") && second.pid > 0) ::kill(second.pid, SIGKILL);
+  auto b = collect(second);
+  if (a.contains("error")) {
+    b = nlohmann::json{{"error", fmt::format("stopped when the {} failed", producer_first ? "producer" : "consumer")}};
+  }
+  return producer_first ? std::make_pair(a, b) : std::make_pair(b, a);
+}
+
+/// From its making on, Ctrl-C or SIGTERM stops the workers, removes the demo's channel name (whose memory the broker
+/// would keep registered otherwise: 32 MiB of GPU memory a run at the defaults) and then ends this process by that
+/// signal. A thread waits for them; they are blocked in the others.
+void clean_up_on_signal(const std::string& name, pid_t producer, pid_t consumer) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set, name, producer, consumer] {
+    int sig = 0;
+    if (::sigwait(&set, &sig) != 0) return;
+    for (const pid_t pid : {producer, consumer}) ::kill(pid, SIGKILL);
+    try {
+      Channel::unlink(name);
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): not made yet, or gone already
+    }
+    ::signal(sig, SIG_DFL);
+    ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    ::raise(sig);
+  }).detach();
+}
+
 }  // namespace
 
 }  // namespace gpuipc::cli
@@ -260,8 +308,8 @@ int main(int argc, char** argv) {
     const std::string name = fmt::format("gpuipc-demo-{}", os::current_pid());
     auto producer = spawn([&] { return produce(name, o); });
     auto consumer = spawn([&] { return consume(name, o); });
-    const auto c = collect(consumer);
-    const auto p = collect(producer);
+    clean_up_on_signal(name, producer.pid, consumer.pid);
+    const auto [p, c] = collect_both(producer, consumer);
     try {
       Channel::unlink(name);
     } catch (const Error&) {  // NOLINT(bugprone-empty-catch): the producer may not have created it
