@@ -4,6 +4,7 @@
 // statuses of a broker that cannot be started and of a runtime "directory" that is a file, a process name that is
 // not UTF-8 in `top --json`; an unknown command named as such. Runs the built binaries.
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -205,14 +206,22 @@ TEST(CliArguments, ABrokerThatCannotBeStartedExits7NamingGpuipcDaemon) {
 }
 
 TEST(CliArguments, ARuntimeDirectoryThatIsAFileIsRefusedAsUnsafe) {
+  // `daemon status` and `daemon --stop` connected without the check (status then reported a broker, or said none
+  // runs; --stop signalled whatever listened there).
   const TempDir dir("gpuipc-args");
   write_file(dir.file("afile"), "not a directory");
-  const auto o = run("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.file("afile")});
-  EXPECT_EQ(o.exit_code, 6) << o.out << o.err;
-  EXPECT_NE(o.err.find("is unsafe: it exists but is not a directory"), std::string::npos) << o.err;
+  ASSERT_EQ(::mkdir(dir.file("open").c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(dir.file("open").c_str(), 0777), 0);  // (past the umask)
+  for (const auto& [where, says] : std::vector<std::pair<std::string, std::string>>{
+           {"afile", "is unsafe: it exists but is not a directory"}, {"open", "writable by group or others"}}) {
+    for (const auto& args : std::vector<std::vector<std::string>>{{"ls"}, {"daemon", "status"}, {"daemon", "--stop"}}) {
+      const auto o = run("gpuipc", args, {"GPUIPC_RUNTIME_DIR=" + dir.file(where)});
+      EXPECT_EQ(o.exit_code, 6) << where << " " << args.back() << ": " << o.out << o.err;
+      EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
+    }
+  }
 }
 
-// Any process may call itself anything: a name that is not UTF-8 made `top --json` fail (nlohmann's dump throws).
 TEST(CliArguments, JsonOutputStaysJsonWhenAPathOrAVariableIsNotUtf8) {
   // nlohmann's dump threw on such a string: no JSON at all, exit 1 ("[json.exception.type_error.316] invalid UTF-8
   // byte"), and doctor lost its own exit code.
@@ -229,6 +238,7 @@ TEST(CliArguments, JsonOutputStaysJsonWhenAPathOrAVariableIsNotUtf8) {
   EXPECT_EQ(doctor.exit_code, j["exit_code"].get<int>()) << doctor.err;
 }
 
+// Any process may call itself anything: a name that is not UTF-8 made `top --json` fail (nlohmann's dump throws).
 TEST(CliArguments, TopJsonShowsAProcessNameThatIsNotUtf8) {
   const std::string name = unique_name("seg");
   SyncPipe ready;

@@ -19,6 +19,7 @@
 
 #include "base/config.hpp"
 #include "core/segment_internal.hpp"
+#include "gpuipc/broker.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
@@ -82,6 +83,20 @@ TEST(Security, AnOwnerRemovesWhatItsModeKeepsItFromReading) {
         return 0;
       }),
       0);
+}
+
+TEST(Security, StoppingAnotherUsersBrokerSaysWhoseItIs) {
+  // `gpuipc daemon --stop` said only "kill failed: Operation not permitted".
+  SKIP_UNLESS_ROOT();
+  const pid_t broker = BrokerEnvironment::broker_pid();
+  EXPECT_EQ(run_child([&] {
+              GPUIPC_CHILD_CHECK(become_nobody());
+              GPUIPC_CHILD_CHECK(fails_with([] { (void)stop_broker(); }, ErrorCode::PermissionDenied,
+                                            "runs as another user: stop it as that user, or as root"));
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(BrokerEnvironment::broker_pid(), broker);  // still running
 }
 
 TEST(Security, AForgedHelloPidCannotRemoveAnotherProcessesMember) {

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -37,7 +38,15 @@ std::string describe_duration(std::uint64_t seconds) {
 
 // `gpuipc daemon status`: never starts an on-demand broker (a socket-activated one is started by systemd when
 // this connects, as by any client).
+/// Refuses (PermissionDenied, exit 6) a runtime directory the library would not use, as every other command does:
+/// one another user owns, or others may write. A missing one is left so.
+void check_runtime_dir() {
+  std::error_code ec;
+  if (std::filesystem::exists(runtime_dir(), ec)) (void)ensure_runtime_dir();
+}
+
 int daemon_status(bool json) {
+  check_runtime_dir();
   const std::string socket = socket_path();
   if (!broker_listening()) {
     if (json) {
@@ -152,6 +161,7 @@ void register_daemon(CLI::App& app, int& exit_code) {
       }
     }
     if (stop) {
+      check_runtime_dir();
       if (!broker_listening()) {
         std::cout << "no gpuipc broker is running\n";
         exit_code = kExitOk;
