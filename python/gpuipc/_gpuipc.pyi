@@ -369,6 +369,14 @@ class Block:
     @property
     def freed(self) -> bool: ...
 
+    @property
+    def pool_name(self) -> str: ...
+
+    def free(self, stream: int = 0) -> None:
+        """
+        Frees the block through its own handle on its pool (stream-ordered for device and host_pinned pools).
+        """
+
     def view(self) -> ArrayView:
         """
         The block as bytes; keeps the pool mapped (not the block: a freed block's memory may be reused).

@@ -307,8 +307,8 @@ class Channel:
             if info is None or not info.aborted:
                 return Message(self, view, header, sequence, info, stream)
             self._ch.release(handle, sequence)
-            if deadline is not None:
-                left = max(0.0, deadline - time.monotonic())
+            if deadline is not None and timeout:  # (a wait that ran out is Timeout, not 0's WouldBlock)
+                left = max(1e-9, deadline - time.monotonic())
 
     def __iter__(self) -> Iterator["Message"]:
         """Receives messages until the producers have all closed (Closed ends the loop; PeerDied is raised).

@@ -18,7 +18,7 @@ from ._devices import Device, resolve as _device
 from ._arrays import Array, Shape, make_array
 from ._ints import U32, U64, in_range
 from ._streams import stream_handle
-from .errors import InvalidArgument
+from .errors import Closed, InvalidArgument
 
 __all__ = ["Pool", "Block", "BlockRef", "BlockView"]
 
@@ -247,9 +247,14 @@ class Block(_Memory):
         return self._blk.view()
 
     def free(self, stream: Any = None) -> None:
-        """Frees the block (see :meth:`Pool.free`); idempotent."""
-        if not self._blk.freed:
-            self._pool.free(self, stream)
+        """Frees the block (see :meth:`Pool.free`); idempotent. Works after its Pool handle was closed (the block
+        keeps the pool joined)."""
+        if self._blk.freed:
+            return
+        self._blk.free(stream_handle(stream))
+        entry = _BLOCKS.get(self._address)
+        if entry is not None and entry() is self:  # (not a later Block's at the same address)
+            _forget(self._address, entry)
 
     def __enter__(self) -> "Block":
         return self
@@ -260,7 +265,7 @@ class Block(_Memory):
     def __repr__(self) -> str:
         if self.freed:
             return "<gpuipc.Block freed>"
-        return f"<gpuipc.Block of {self._pool.name!r} size={self.size} address={self.address:#x}>"
+        return f"<gpuipc.Block of {self._blk.pool_name!r} size={self.size} address={self.address:#x}>"
 
 
 class BlockView(_Memory):
@@ -294,7 +299,11 @@ class BlockView(_Memory):
         return self._view
 
     def __repr__(self) -> str:
-        return f"<gpuipc.BlockView of {self._pool.name!r} size={self.size} address={self.address:#x}>"
+        try:
+            owner = repr(self._pool.name)
+        except Closed:
+            owner = f"pool id {self._ref.pool:#x}, its handle closed"
+        return f"<gpuipc.BlockView of {owner} size={self.size} address={self.address:#x}>"
 
 
 class Pool:
@@ -378,11 +387,11 @@ class Pool:
         if not isinstance(block, Block):
             raise InvalidArgument(f"free takes a gpuipc.Block, not a {type(block).__name__}")
         if block._pool._pool is not self._pool and block._pool.id != self.id:
-            raise InvalidArgument(f"the block belongs to pool {block._pool.name!r}: free it through its own pool")
-        self._pool.free(block._blk, stream_handle(stream))
-        entry = _BLOCKS.get(block._address)
-        if entry is not None and entry() is block:  # (not a later Block's, should this one be freed again)
-            _forget(block._address, entry)
+            raise InvalidArgument(f"the block belongs to pool {block._blk.pool_name!r}: free it through its own pool")
+        _ = self.id  # a closed handle raises Closed, as its other calls do
+        if block._blk.freed:
+            raise InvalidArgument("the block was freed already (a double free?)")
+        block.free(stream)
 
     def resolve(self, ref: BlockRef) -> BlockView:
         """The memory of the block ``ref`` names, mapping its chunk the first time. Raises InvalidArgument for a

@@ -97,7 +97,10 @@ std::chrono::nanoseconds to_timeout(std::optional<double> seconds, std::string_v
                 std::string(what));
   }
   if (std::isinf(*seconds) || *seconds > 1e9) return std::chrono::nanoseconds(-1);
-  return std::chrono::nanoseconds(static_cast<std::int64_t>(*seconds * 1e9));
+  // A timeout under a nanosecond is still one (Timeout when it passes): only 0 means "only look" (WouldBlock).
+  if (*seconds > 0)
+    return std::max(std::chrono::nanoseconds(1), std::chrono::nanoseconds(static_cast<std::int64_t>(*seconds * 1e9)));
+  return std::chrono::nanoseconds(0);
 }
 
 void check_signals() {

@@ -239,11 +239,27 @@ nb::dict stats_dict(const PoolStats& s) {
 
 void bind_pool(nb::module_& m) {
   nb::class_<PyBlock>(m, "Block", "An allocated block of a pool (low level; see gpuipc.Block).")
-      .def_prop_ro("ref", [](const PyBlock& b) { return from_ref(b.get().ref()); },
-                   "(pool, generation, offset, size, chunk, index).")
+      .def_prop_ro(
+          "ref", [](const PyBlock& b) { return from_ref(b.get().ref()); },
+          "(pool, generation, offset, size, chunk, index).")
       .def_prop_ro("address", [](const PyBlock& b) { return reinterpret_cast<std::uintptr_t>(b.get().data()); })
       .def_prop_ro("size", [](const PyBlock& b) { return b.get().size(); })
       .def_prop_ro("freed", [](const PyBlock& b) { return !b.block; })
+      .def_prop_ro("pool_name", [](const PyBlock& b) { return b.pool.name(); })
+      .def(
+          "free",
+          [](PyBlock& b, std::uintptr_t stream) {
+            if (!b.block) {
+              throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
+            }
+            Block gone = std::move(b.block);
+            Pool pool = b.pool;  // the block's own handle: usable after the Python Pool it came from closed
+            GilReleased unlocked;
+            pool.free(std::move(gone), to_stream(stream));
+          },
+          "stream"_a = 0,
+          "Frees the block through its own handle on its pool (stream-ordered for device and "
+          "host_pinned pools).")
       .def(
           "view",
           [](const PyBlock& b) {

@@ -167,6 +167,21 @@ def test_a_collected_block_does_not_hide_the_block_that_took_its_memory(name):
         second.free()
 
 
+def test_a_block_outlives_its_pool_handle(name):
+    # Its free() and repr went through the Python Pool, and raised Closed once that was closed: such a block could
+    # only be freed by garbage collection (no stream= then).
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20) as pool:
+        b = pool.allocate(64)
+        r = pool.resolve(b.ref)
+    assert name in repr(b) and "handle closed" in repr(r)
+    b.free()
+    assert b.freed and repr(b) == "<gpuipc.Block freed>"
+    b.free()  # idempotent
+    with pytest.raises(gpuipc.Closed):
+        pool.free(b)
+    gpuipc.Pool.unlink(name)
+
+
 def test_share_refuses_host_memory(name):
     with pytest.raises(gpuipc.InvalidArgument, match="GPU memory"):
         gpuipc.share(name, np.zeros(16))

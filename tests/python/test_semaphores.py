@@ -36,6 +36,10 @@ def test_timeouts(name):
         assert isinstance(e.value, TimeoutError) and not isinstance(e.value, gpuipc.WouldBlock)
         with pytest.raises(gpuipc.WouldBlock):
             sem.wait_host(1, timeout=0)
+        # under a nanosecond is a timeout all the same (it rounded to 0: WouldBlock, "timeout=0")
+        with pytest.raises(gpuipc.Timeout) as e:
+            sem.wait_host(1, timeout=1e-12)
+        assert not isinstance(e.value, gpuipc.WouldBlock)
         assert sem.wait_host(0, timeout=0) == 0
         with pytest.raises(ValueError):
             sem.wait_host(1, timeout=-1)
