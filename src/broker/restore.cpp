@@ -364,6 +364,12 @@ void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejo
                  return same(u.joined) && u.joined.pid != caller.creds.pid;
                })) {
       why = "that entry is another process's, removed once it has exited";
+    } else if (std::any_of(seg.unclaimed.begin(), seg.unclaimed.end(), [&](const SegmentRecord::Unclaimed& u) {
+                 // The journal names its process: only that process takes it back (any read-write holder can read a
+                 // token; one that took another's entry kept its owner from rejoining, and its death from repair).
+                 return same(u.joined) && u.joined.pid != 0 && u.joined.pid != caller.creds.pid;
+               })) {
+      why = "the journal gives that entry to another process";
     }
   }
   if (!why.empty()) {

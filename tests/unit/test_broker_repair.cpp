@@ -642,6 +642,32 @@ TEST(BrokerRestoreMemory, ANameGivenBackKeepsAWritableDescriptionWhateverTheAnno
   EXPECT_NO_THROW(os::Mapping::map(out[0].fd.get(), 4096, true));
 }
 
+// An entry the journal names the process of is taken back by that process only. Any read-write holder can read its
+// token from the block; one that rejoined it kept its owner from rejoining, and the owner's death from repair.
+TEST_F(OwedAcrossABrokerKill, AnEntryFromTheJournalIsRejoinedOnlyByItsProcess) {
+  ASSERT_NO_FATAL_FAILURE(owe_then_kill_the_broker());
+  JournaledBroker next(journal, producer_process.pid);
+  ASSERT_NO_FATAL_FAILURE(announce(next));
+  std::uint32_t consumer = proto::kNoMember;
+  for (std::uint32_t i = 0; i < proto::kMaxMembers; ++i) {
+    if (b.h().members[i].token != 0 && b.h().members[i].role == static_cast<std::uint32_t>(proto::Role::Consumer)) {
+      consumer = i;
+    }
+  }
+  ASSERT_NE(consumer, proto::kNoMember);
+  const proto::Rejoin rejoin{
+      std::get<proto::OpenReply>(
+          next.ask(1, producer_process.pid, proto::Announce{"owed", proto::Access::ReadWrite, b.bytes}, memfd.get())
+              .body)
+          .info.id,
+      consumer, b.h().members[consumer].token, static_cast<std::uint8_t>(proto::Role::Consumer)};
+  const auto taken = next.ask(1, producer_process.pid, rejoin);  // another process's connection
+  const auto* e = std::get_if<proto::ErrorReply>(&taken.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_NE(e->message.find("the journal gives that entry to another process"), std::string::npos) << e->message;
+  EXPECT_TRUE(std::holds_alternative<proto::OkReply>(next.ask(2, ::getpid(), rejoin).body));  // its own
+}
+
 // The next broker makes the write from its journal once the channel comes back, and still not before the producer's
 // process has exited. Before, the write was lost with the broker, and a consumer's stream waiting for the message
 // waited until it was destroyed.
