@@ -28,7 +28,8 @@ nlohmann::json read(const std::string& path) {
 
 TEST(BenchResults, RecordQuickTheEnvironmentAndThePythonModule) {
   const Dir dir;
-  ASSERT_EQ(::setenv("GPUIPC_BENCH_TEST_SETTING", "a\xff" "b", 1), 0);  // not UTF-8: still a document
+  const std::string not_utf8 = std::string("a") + '\xff' + "b";  // still a document
+  ASSERT_EQ(::setenv("GPUIPC_BENCH_TEST_SETTING", not_utf8.c_str(), 1), 0);
   Result r;
   r.metrics["x_us"] = 1.5;
   note_python_module(r, {{"impl", "gpuipc"}, {"gpuipc_commit", git_commit()}, {"gpuipc_path", "/here"}});
@@ -48,7 +49,7 @@ TEST(BenchResults, RecordQuickTheEnvironmentAndThePythonModule) {
   EXPECT_EQ(doc.at("quick"), true);
   EXPECT_EQ(doc.at("commit"), git_commit());
   EXPECT_EQ(doc.at("python_commit"), git_commit() + ",0123abc");
-  EXPECT_EQ(doc.at("environment").at("GPUIPC_BENCH_TEST_SETTING"), "a\xef\xbf\xbd" "b");  // U+FFFD
+  EXPECT_EQ(doc.at("environment").at("GPUIPC_BENCH_TEST_SETTING"), std::string("a") + "\xef\xbf\xbd" + "b");  // U+FFFD
   EXPECT_EQ(doc.at("metrics").at("x_us"), 1.5);
 
   Options full;
