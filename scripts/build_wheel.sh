@@ -56,8 +56,14 @@ rm -f "$out"/gpuipc-*.whl "$out"/gpuipc-*.tar.gz
 quietly "$env/bin/python" -m build --sdist --no-isolation -o "$out" .
 "$env/bin/python" scripts/unpack_sdist.py "$out"/gpuipc-*.tar.gz "$src"
 top=$PWD
+# The sdist is no git work tree: the checkout's commit (and whether it had changes) goes in as gpuipc.__commit__.
+commit_file=$(mktemp --suffix=.txt)
+cmake -DSOURCE_DIR="$top" -DOUTPUT="$commit_file" -P bench/commit.cmake
+commit=$(cat "$commit_file")
+rm -f "$commit_file"
 (cd "$src" && quietly "$top/$env/bin/python" -m pip wheel . --no-deps --no-build-isolation -w "$top/$raw" \
-   --config-settings=build-dir="$top/build-py/sdist/{wheel_tag}")
+   --config-settings=build-dir="$top/build-py/sdist/{wheel_tag}" \
+   --config-settings=cmake.define.GPUIPC_SOURCE_COMMIT="$commit")
 # libcuda is never a dependency (src/cuda loads it with dlopen at run time); --exclude keeps it out of the wheel
 # should a NEEDED entry ever appear. auditwheel checks gpuipcd too: every ELF file of the wheel, not only the
 # extension; both need only glibc, libstdc++ and libgcc_s, which manylinux systems provide, so nothing is grafted.

@@ -61,6 +61,10 @@ inline constexpr std::chrono::milliseconds kWaitSlice{50};
 /// InvalidArgument.
 std::chrono::nanoseconds to_timeout(std::optional<double> seconds, std::string_view what);
 
+/// The git commit this module was built from ("-dirty" appended for a changed tree; "unknown" outside git): made at
+/// each build by bench/commit.cmake (build_commit.cpp in the build folder).
+const char* build_commit() noexcept;
+
 /// Throws nb::python_error when a signal handler raised (KeyboardInterrupt for Ctrl-C). Needs the GIL.
 void check_signals();
 

@@ -12,7 +12,6 @@
 #include "gpuipc/device.hpp"
 #include "gpuipc/version.hpp"
 
-#include "bench_commit.hpp"
 #include "common.hpp"
 
 namespace gpuipc::py {
@@ -119,7 +118,7 @@ NB_MODULE(_gpuipc, m) {
       },
       "Internal: gpuipc's atexit hook. Threads waiting in gpuipc from now on park instead of taking the GIL back.");
   m.def(
-      "build_commit", []() { return std::string(GPUIPC_BENCH_GIT_COMMIT); },
+      "build_commit", []() { return std::string(py::build_commit()); },
       "The git commit this module was built from, '-dirty' appended when the tree had changes; 'unknown' when it "
       "was built outside git (gpuipc.__commit__).");
   m.def(
