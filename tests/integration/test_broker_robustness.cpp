@@ -217,9 +217,19 @@ TEST(BrokerDaemon, AConnectionThatSaysNoHelloIsClosedAfterTheHelloTimeout) {
   const pid_t broker = start_program(bin, {"--runtime-dir", dir.path(), "--verbose"}, {"GPUIPC_HELLO_TIMEOUT_MS=300"},
                                      -1, dir.file("broker.log"));
   const std::string sock = dir.file("broker.sock");
-  ASSERT_TRUE(wait_until([&] { return ::access(sock.c_str(), F_OK) == 0; }, 5s));
+  // Listening, not only bound: a connect between the two was refused (the file exists from bind on).
+  os::UniqueFd silent;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        try {
+          silent = os::connect_seqpacket(sock);
+          return true;
+        } catch (const Error&) {
+          return false;
+        }
+      },
+      5s));
   const auto t0 = std::chrono::steady_clock::now();
-  const os::UniqueFd silent = os::connect_seqpacket(sock);
   const os::UniqueFd greeted = os::connect_seqpacket(sock);
   send_bytes(greeted.get(), proto::encode(proto::Message{1, proto::Hello{1, "greeted"}}));
   proto::Message msg;
