@@ -32,14 +32,19 @@ void unlink_any(std::string_view name) {
     info = Segment::stat(name);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::NotFound) throw;
-    // A pool's chunks may outlive its control block (a `gpuipc rm` of the block alone by an older release):
-    // Pool::unlink sweeps them. None there: the name's own NotFound.
-    try {
-      Pool::unlink(name);
-      return;
-    } catch (const Error&) {
-      throw e;
+    // A pool's chunks may outlive its control block (a `gpuipc rm` of the block alone by an older release), and a
+    // channel's slots its (a creator killed between the two): Pool::unlink and Channel::unlink sweep them. None
+    // there: the name's own NotFound.
+    bool swept = false;
+    for (const auto& unlink : {&Pool::unlink, &Channel::unlink}) {
+      try {
+        unlink(name);
+        swept = true;
+      } catch (const Error&) {  // NOLINT(bugprone-empty-catch): nothing of that kind left
+      }
     }
+    if (!swept) throw e;
+    return;
   }
   // Control blocks are host memory (host_pinned where a stream writes them); device memory is a plain segment, and
   // is not imported just to be removed.

@@ -120,11 +120,19 @@ TEST(CliArguments, RmOfAChannelOfAnotherReleaseOrOfAPoolsLeftChunksRemovesThemAl
   const auto pool = unique_name("halfpool");
   { auto p = Pool::create(pool, {.kind = SegmentKind::Host, .chunk_bytes = 1 << 16, .max_bytes = 1 << 17}); }
   Segment::unlink(pool);
-  const auto o = run("gpuipc", {"rm", chan, pool});
+  // A channel's slots without their control block (its creator killed between the two): no name may end in .slots,
+  // so `gpuipc rm` of the channel's name is the only way to remove them.
+  const auto half = unique_name("halfchan");
+  {
+    auto c = Channel::create(half, {.slots = 2, .slot_bytes = 4096, .kind = SegmentKind::Host}, ChannelRole::Producer);
+  }
+  Segment::unlink(half);
+  const auto o = run("gpuipc", {"rm", chan, pool, half});
   EXPECT_EQ(o.exit_code, 0) << o.err;
-  for (const auto& left : {chan, chan + ".slots", pool + ".chunk.0"}) {
+  for (const auto& left : {chan, chan + ".slots", pool + ".chunk.0", half + ".slots"}) {
     EXPECT_THROW(Segment::stat(left), Error) << left << " was left behind";
   }
+  EXPECT_THROW(Channel::unlink(half), Error);  // nothing left of it: NotFound
 }
 
 TEST(CliArguments, LeadingZerosAreDecimal) {
