@@ -22,6 +22,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <sstream>
@@ -126,6 +127,20 @@ UniqueFd signal_fd(const std::vector<int>& signals) {
   UniqueFd fd(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!fd) throw_system("signalfd", "signal fd");
   return fd;
+}
+
+void unblock_signals(const std::vector<int>& signals) noexcept {
+  sigset_t set;
+  sigemptyset(&set);
+  for (const int sig : signals) sigaddset(&set, sig);
+  ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+void die_by_signal(int sig) noexcept {
+  std::signal(sig, SIG_DFL);  // NOLINT(cert-err33-c): nothing to do with the previous disposition
+  unblock_signals({sig});
+  ::raise(sig);
+  std::_Exit(128 + sig);  // (a signal whose default action does not end the process)
 }
 
 int read_signal(int sigfd) {

@@ -62,6 +62,13 @@ UniqueFd signal_fd(const std::vector<int>& signals);
 /// Reads one pending signal number from a signalfd, or 0 when none is pending.
 int read_signal(int sigfd);
 
+/// Unblocks `signals` in the calling thread (a forked child of a process that blocked them for its signal_fd).
+void unblock_signals(const std::vector<int>& signals) noexcept;
+
+/// Ends this process by signal `sig`, as its default action does (its exit status says so to a shell: 128 + sig):
+/// the default disposition restored, the signal unblocked and raised.
+[[noreturn]] void die_by_signal(int sig) noexcept;
+
 /// eventfd (CLOEXEC | NONBLOCK) and its write/read.
 UniqueFd event_fd();
 void event_fd_signal(int efd) noexcept;

@@ -4,29 +4,28 @@
 // with the CPU. A program apart from the CLI because it launches the GPU kernels (testkit/kernels) through src/cuda, which
 // the CLI, a front end of the public API, must not link (docs/architecture.md#layers).
 #include <fmt/format.h>
-#include <poll.h>
-#include <pthread.h>
 
-#include <atomic>
-#include <cerrno>
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "cli.hpp"
+#include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
-#include "cuda/context.hpp"
 #include "cuda/stream_ops.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/log.hpp"
 #include "os/child.hpp"
+#include "os/epoll.hpp"
 #include "os/identity.hpp"
 #include "os/process.hpp"
 #include "testkit/kernels/pattern.hpp"  // host code too: the host channel's frames carry the pattern without nvcc
@@ -203,21 +202,14 @@ nlohmann::json consume(const std::string& name, const DemoOptions& o) {
   return r;
 }
 
-/// Runs `body` in a child process; its JSON report comes back through a pipe.
-/// SIGINT and SIGTERM: blocked in the command from before it starts its workers (a Ctrl-C meanwhile waits for
-/// clean_up_on_signal's thread), not in the workers.
-sigset_t stop_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
-}
+/// The signals that stop the demo (Ctrl-C, SIGTERM): blocked in the command from before it starts its workers, and
+/// read from a signalfd (collect_both); the workers unblock them.
+const std::vector<int> kStopSignals = {SIGINT, SIGTERM};
 
+/// Runs `body` in a child process; its JSON report comes back through a pipe.
 os::ReportingChild spawn(const std::function<nlohmann::json()>& body) {
   return os::fork_reporting([&] {
-    const sigset_t set = stop_signals();
-    ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    os::unblock_signals(kStopSignals);
     auto r = body();
     if (r.contains("error")) throw std::runtime_error(r["error"].get<std::string>());
     return r.dump();
@@ -234,51 +226,66 @@ nlohmann::json collect(os::ReportingChild& child) {
   }
 }
 
-/// The two workers' reports, each collected as it comes: when one fails, the other, which would wait for its peer
-/// until its own time runs out (30 s), is stopped at once.
-std::pair<nlohmann::json, nlohmann::json> collect_both(os::ReportingChild& producer, os::ReportingChild& consumer) {
-  pollfd fds[2] = {{producer.report.get(), POLLIN, 0}, {consumer.report.get(), POLLIN, 0}};
-  while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+/// Ends the demo on a stop signal: the workers killed, the channel's name removed (its memory would stay registered:
+/// 32 MiB of GPU memory a run at the defaults), then this process ended by that signal.
+[[noreturn]] void stop(int sig, const std::string& name, os::ReportingChild& producer, os::ReportingChild& consumer) {
+  for (auto* w : {&producer, &consumer}) {
+    if (w->pid <= 0) continue;  // collected already (its pid may be another process's by now)
+    try {
+      os::send_signal(w->pid, SIGKILL);
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): gone already
+    }
+    (void)collect(*w);  // reaped
   }
-  const bool producer_first = fds[0].revents != 0;
-  auto& first = producer_first ? producer : consumer;
-  auto& second = producer_first ? consumer : producer;
-  const auto a = collect(first);
-  if (a.contains("error") && second.pid > 0) ::kill(second.pid, SIGKILL);
-  auto b = collect(second);
-  if (a.contains("error")) {
-    b = nlohmann::json{{"error", fmt::format("stopped when the {} failed", producer_first ? "producer" : "consumer")}};
+  // Twice: a Create the producer sent before it died may reach the broker after the first (another connection's
+  // requests are not ordered with this one's); a tenth of a second is far more than the broker takes to read it.
+  for (int i = 0; i < 2; ++i) {
+    try {
+      Channel::unlink(name);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::NotFound) std::cerr << fmt::format("gpuipc demo: {} left: {}\n", name, e.what());
+    }
+    if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  return producer_first ? std::make_pair(a, b) : std::make_pair(b, a);
+  os::die_by_signal(sig);
 }
 
-/// Set once a signal stops the demo: the workers' ends that follow are no failure to report.
-std::atomic<bool> g_stopping{false};
-
-/// Ctrl-C or SIGTERM (blocked since before the workers started: stop_signals) stops the workers, removes the demo's
-/// channel name (whose memory the broker would keep registered otherwise: 32 MiB of GPU memory a run at the
-/// defaults) and then ends this process by that signal. A thread waits for them.
-void clean_up_on_signal(const std::string& name, pid_t producer, pid_t consumer) {
-  const sigset_t set = stop_signals();
-  std::thread([set, name, producer, consumer] {
-    int sig = 0;
-    if (::sigwait(&set, &sig) != 0) return;
-    g_stopping.store(true);
-    for (const pid_t pid : {producer, consumer}) ::kill(pid, SIGKILL);
-    // Twice: a Create the producer sent before it died may reach the broker after the first (another connection's
-    // requests are not ordered with this one's); a tenth of a second is far more than the broker takes to read it.
-    for (int i = 0; i < 2; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      try {
-        Channel::unlink(name);
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::NotFound) std::cerr << fmt::format("gpuipc demo: {} left: {}\n", name, e.what());
+/// The two workers' reports, each collected as it comes. When one fails, the other, which would wait for its peer
+/// until its own time runs out (30 s), is stopped at once; a stop signal (`stop_fd`, a signalfd) ends it all (stop).
+std::pair<nlohmann::json, nlohmann::json> collect_both(const std::string& name, os::ReportingChild& producer,
+                                                       os::ReportingChild& consumer, int stop_fd) {
+  os::Epoll ready;
+  ready.add(producer.report.get(), EPOLLIN, 0);
+  ready.add(consumer.report.get(), EPOLLIN, 1);
+  ready.add(stop_fd, EPOLLIN, 2);
+  std::array<epoll_event, 3> events{};
+  std::optional<bool> producer_first;
+  while (!producer_first) {
+    const int n = ready.wait(events, -1);
+    for (int i = 0; i < n; ++i) {
+      if (events[static_cast<std::size_t>(i)].data.u64 == 2) {
+        if (const int sig = os::read_signal(stop_fd); sig != 0) stop(sig, name, producer, consumer);
+      } else if (!producer_first) {
+        producer_first = events[static_cast<std::size_t>(i)].data.u64 == 0;
       }
     }
-    ::signal(sig, SIG_DFL);
-    ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
-    ::raise(sig);
-  }).detach();
+  }
+  auto& first = *producer_first ? producer : consumer;
+  auto& second = *producer_first ? consumer : producer;
+  const auto a = collect(first);
+  if (a.contains("error")) {
+    try {
+      os::send_signal(second.pid, SIGKILL);
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): it ended meanwhile
+    }
+  }
+  auto b = collect(second);
+  if (a.contains("error")) {
+    b = nlohmann::json{{"error", fmt::format("stopped when the {} failed", *producer_first ? "producer" : "consumer")}};
+  }
+  // A stop signal that came meanwhile still stops it (the name may be half made)
+  if (const int sig = os::read_signal(stop_fd); sig != 0) stop(sig, name, producer, consumer);
+  return *producer_first ? std::make_pair(a, b) : std::make_pair(b, a);
 }
 
 }  // namespace
@@ -326,13 +333,10 @@ int main(int argc, char** argv) {
     std::cout << fmt::format("{} frames of {} MiB through {} slots, producer and consumer in two processes\n",
                              o.frames, o.frame_bytes >> 20, o.slots);
     const std::string name = fmt::format("gpuipc-demo-{}", os::current_pid());
-    const sigset_t stop = stop_signals();
-    ::pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    const os::UniqueFd stop_fd = os::signal_fd(kStopSignals);  // blocked from here on (the workers unblock them)
     auto producer = spawn([&] { return produce(name, o); });
     auto consumer = spawn([&] { return consume(name, o); });
-    clean_up_on_signal(name, producer.pid, consumer.pid);
-    const auto [p, c] = collect_both(producer, consumer);
-    while (g_stopping.load()) ::pause();  // the signal's thread ends the process by that signal
+    const auto [p, c] = collect_both(name, producer, consumer, stop_fd.get());
     try {
       Channel::unlink(name);
     } catch (const Error&) {  // NOLINT(bugprone-empty-catch): the producer may not have created it
