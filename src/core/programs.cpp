@@ -87,15 +87,15 @@ std::uint32_t stop_broker() {
   // The kernel's pid of the process at the other end of the socket, in this PID namespace: the broker's own report
   // (HelloReply) is a pid of its namespace, which from another namespace names some other process.
   const auto pid = core::BrokerClient::instance().broker_pid_here();
-  if (pid != 0 && ::kill(static_cast<pid_t>(pid), SIGTERM) != 0) {
-    const int err = errno;
-    if (err == EPERM) {
-      throw Error(ErrorCode::PermissionDenied,
-                  fmt::format("the broker of {} (pid {}) runs as another user: stop it as that user, or as root",
-                              runtime_dir(), pid),
-                  "kill", err);
-    }
-    os::send_signal(static_cast<pid_t>(pid), SIGTERM);  // (throws, saying why)
+  if (pid == 0) return pid;
+  try {
+    os::send_signal(static_cast<pid_t>(pid), SIGTERM);
+  } catch (const Error& e) {
+    if (e.sys_errno() != EPERM) throw;
+    throw Error(ErrorCode::PermissionDenied,
+                fmt::format("the broker of {} (pid {}) runs as another user: stop it as that user, or as root",
+                            runtime_dir(), pid),
+                "kill", EPERM);
   }
   return pid;
 }
