@@ -3,12 +3,12 @@
 // as PermissionError); the translator looks them up by name.
 #include <nanobind/stl/string.h>
 
-#include <pthread.h>
-#include <unistd.h>
-
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "common.hpp"
 
@@ -109,21 +109,21 @@ void check_signals() {
 
 namespace {
 std::atomic<bool> g_exiting{false};
-std::atomic<pthread_t> g_exiting_thread{};  // the thread that runs the exit (Py_FinalizeEx): it goes on
+std::atomic<std::thread::id> g_exiting_thread{};  // the thread that runs the exit (Py_FinalizeEx): it goes on
 }  // namespace
 
 void mark_interpreter_exiting() noexcept {
-  g_exiting_thread.store(::pthread_self(), std::memory_order_relaxed);
+  g_exiting_thread.store(std::this_thread::get_id(), std::memory_order_relaxed);
   g_exiting.store(true, std::memory_order_release);
 }
 
 bool must_not_take_the_gil() noexcept {
   return g_exiting.load(std::memory_order_acquire) &&
-         ::pthread_equal(::pthread_self(), g_exiting_thread.load(std::memory_order_relaxed)) == 0;
+         std::this_thread::get_id() != g_exiting_thread.load(std::memory_order_relaxed);
 }
 
 void park_until_exit() noexcept {
-  for (;;) ::pause();
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
 }
 
 void register_errors(nb::module_& /*m*/) {
