@@ -453,23 +453,9 @@ ChannelStats Channel::stat(std::string_view name) {
 
 void Channel::unlink(std::string_view name) {
   check_channel_name(name);
-  std::optional<Error> missing;
-  try {
-    // By name alone it removed whatever `name` was (a semaphore, a pool's control block) and `name`.slots beside it.
-    if (detail::control_magic(name) != proto::kChannelMagic) {
-      throw Error(ErrorCode::InvalidArgument,
-                  fmt::format("'{}' is not a channel: remove another kind of object with its own unlink, or a plain "
-                              "segment with Segment::unlink (`gpuipc rm`)",
-                              name),
-                  "unlink");
-    }
-    Segment::unlink(name);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::NotFound) throw;
-    // Its slots may be there without it: a creator killed after it made them and before its control block (no
-    // other name may end in .slots, and `gpuipc rm` of that name alone is refused).
-    missing = e;
-  }
+  // Its slots may be there without it: a creator killed after it made them and before its control block (no other
+  // name may end in .slots, and `gpuipc rm` of that name alone is refused).
+  const std::optional<Error> missing = detail::unlink_control(name, proto::kChannelMagic, "channel");
   try {
     Segment::unlink(slots_name(name));
   } catch (const Error& e) {

@@ -246,20 +246,8 @@ Pool Pool::open(std::string_view name, const OpenOptions& options) {
 
 void Pool::unlink(std::string_view name) {
   check_pool_name(name);
-  std::optional<Error> missing;
-  try {
-    if (detail::control_magic(name) != shm::kPoolMagic) {
-      throw Error(ErrorCode::InvalidArgument,
-                  fmt::format("'{}' is not a pool: remove another kind of object with its own unlink, or a plain "
-                              "segment with Segment::unlink (`gpuipc rm`)",
-                              name),
-                  "unlink");
-    }
-    Segment::unlink(name);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::NotFound) throw;
-    missing = e;  // its chunks may outlive it (a `gpuipc rm` of the control block alone): still swept
-  }
+  // Its chunks may outlive it (a `gpuipc rm` of the control block alone): still swept.
+  const std::optional<Error> missing = detail::unlink_control(name, shm::kPoolMagic, "pool");
   // Every chunk, including one a dead creator made but never marked ready.
   const std::string prefix = std::string(name) + ".chunk.";
   bool swept = false;

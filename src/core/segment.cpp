@@ -480,6 +480,24 @@ std::uint32_t detail::control_magic(const Segment& s) noexcept {
 
 std::uint32_t detail::control_magic(std::string_view name) { return control_magic(look_at_segment(name)); }
 
+std::optional<Error> detail::unlink_control(std::string_view name, std::uint32_t magic, std::string_view what) {
+  try {
+    // By name alone it removed whatever `name` was (a semaphore, another object's control block).
+    if (control_magic(name) != magic) {
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("'{}' is not a {}: remove another kind of object with its own unlink, or a plain "
+                              "segment with Segment::unlink (`gpuipc rm`)",
+                              name, what),
+                  "unlink");
+    }
+    Segment::unlink(name);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::NotFound) throw;
+    return e;
+  }
+  return std::nullopt;
+}
+
 Segment detail::look_at_segment(std::string_view name) {
   return open_segment(name, {.access = Access::ReadOnly, .wait = {}, .device = -1}, false, 0, true);
 }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -85,6 +86,12 @@ Segment create_segment(std::string_view name, std::size_t bytes, const CreateOpt
 /// `place_at` as for create_segment.
 Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
                      std::uint64_t place_at = 0, bool look = false);
+/// Unlinks control block `name` of an object of kind `what` ("channel", "pool") when its magic is `magic`
+/// (InvalidArgument otherwise: another kind of object is removed by its own unlink). When there is no such name,
+/// returns its NotFound instead of throwing it: what the object keeps under other names (a channel's slots, a pool's
+/// chunks) may outlive it, and the caller sweeps them before it throws that.
+std::optional<Error> unlink_control(std::string_view name, std::uint32_t magic, std::string_view what);
+
 /// A read-only look at segment `name` (unregistered, CUDA-free): what stat() and the CLI take to read a control block.
 /// The broker counts it as no holder (proto::Access::Look): watchers hear nothing of it and holders() leaves it out.
 /// A broker without kFeatureLook gets a plain read-only open.
