@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 
 #include <sys/stat.h>
@@ -36,7 +38,28 @@ bool unhex(const std::string& s, proto::Uuid& u) {
   return true;
 }
 
+/// A name or an unlinked_key: what the journal's lines may name.
+bool key_ok(const std::string& key) { return proto::check_name(key).empty() || is_unlinked_key(key); }
+
 }  // namespace
+
+std::string unlinked_key(std::uint64_t dev, std::uint64_t ino) { return fmt::format("#{}:{}", dev, ino); }
+
+bool is_unlinked_key(std::string_view key) noexcept {
+  if (key.size() < 4 || key.front() != '#') return false;
+  std::uint64_t dev = 0;
+  std::uint64_t ino = 0;
+  const char* const end = key.data() + key.size();
+  const auto d = std::from_chars(key.data() + 1, end, dev);
+  if (d.ec != std::errc() || d.ptr == end || *d.ptr != ':') return false;
+  const auto i = std::from_chars(d.ptr + 1, end, ino);
+  if (i.ec != std::errc() || i.ptr != end) return false;
+  try {
+    return unlinked_key(dev, ino) == key;  // no sign, no leading zeros: one key for one file
+  } catch (...) {
+    return false;
+  }
+}
 
 std::string journal_line(const JournalEntry& e) {
   return fmt::format("L {} {} {} {} {} {} {} {} {} {} {} {} {}", e.name, static_cast<int>(e.kind), e.mode, e.size,
@@ -54,10 +77,12 @@ bool parse_journal_line(const std::string& line, JournalEntry& out) {
         e.created_unix_ns >> e.file_dev >> e.file_ino >> e.view_offset >> e.view_size)) {
     return false;
   }
-  if (tag != "L" || kind < 1 || kind > 4 || !unhex(uuid, e.device) || !proto::check_name(e.name).empty()) {
+  if (tag != "L" || kind < 1 || kind > 4 || !unhex(uuid, e.device) || !key_ok(e.name)) return false;
+  e.kind = static_cast<proto::Kind>(kind);
+  if (e.name.front() == '#' && ((e.kind != proto::Kind::Host && e.kind != proto::Kind::HostPinned) || e.flags == 0 ||
+                                e.name != unlinked_key(e.file_dev, e.file_ino))) {
     return false;
   }
-  e.kind = static_cast<proto::Kind>(kind);
   out = std::move(e);
   return true;
 }
@@ -71,7 +96,7 @@ bool parse_journal_member_line(const std::string& line, JournalMember& out) {
   std::string tag;
   JournalMember m;
   if (!(in >> tag >> m.name >> m.member >> m.token >> m.role >> m.pid >> m.start)) return false;
-  if (tag != "M" || m.token == 0 || m.member >= proto::kMaxMembers || m.pid < 0 || !proto::check_name(m.name).empty()) {
+  if (tag != "M" || m.token == 0 || m.member >= proto::kMaxMembers || m.pid < 0 || !key_ok(m.name)) {
     return false;
   }
   out = std::move(m);
@@ -111,7 +136,7 @@ struct OwedReplay {
     std::istringstream in(line);
     std::string tag;
     std::string name;
-    if (!(in >> tag >> name) || !proto::check_name(name).empty()) return false;
+    if (!(in >> tag >> name) || !key_ok(name)) return false;
     if (tag == "X") {
       std::int64_t pid = 0;
       std::uint64_t start = 0;
@@ -242,6 +267,10 @@ void Journal::unlinked(const std::string& name) noexcept {
     append("U " + name + "\n");
   } catch (...) {  // NOLINT(bugprone-empty-catch): as above
   }
+}
+
+void Journal::record(const std::string& lines) noexcept {
+  if (!lines.empty()) append(lines);
 }
 
 void Journal::joined(const JournalMember& m) noexcept {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -39,16 +40,25 @@ struct SegmentAttributes {
   const SegmentAttributes& attributes() const noexcept { return *this; }
 };
 
-/// A linked name as the journal records it.
+/// The journal's key for a control block (semaphore, channel, pool, counting semaphore) unlinked while processes
+/// still use it: "#<st_dev>:<st_ino>" of its memfd. The broker keeps journaling it, its members and what they owe
+/// under this key, so that a broker started after the last one died takes it back from a holder's fd (Announce), as
+/// it takes a name back: with no name to go by (the name may stand for another object by then), and with its members'
+/// deaths repaired as ever. No name can be a key ('#' and ':' are not a name's characters).
+std::string unlinked_key(std::uint64_t dev, std::uint64_t ino);
+/// Whether `key` is what unlinked_key makes (its two numbers in their shortest form).
+bool is_unlinked_key(std::string_view key) noexcept;
+
+/// A linked name as the journal records it (or an unlinked control block, with `name` its unlinked_key).
 struct JournalEntry : SegmentAttributes {
   std::uint64_t file_dev = 0;  ///< host kinds: the memfd's identity (st_dev, st_ino); 0 for device kinds
   std::uint64_t file_ino = 0;
 };
 
-/// A member entry of a named control block (semaphore, channel, pool, counting semaphore) as the journal records
-/// it: which entry, with which token and role, and the process that joined it (its pid as SO_PEERCRED gave it to
-/// the broker, and its start time: os::process_start_ticks). A broker started after the last one died repairs the
-/// entries whose process is gone and which nobody rejoined.
+/// A member entry of a named (or unlinked_key'd) control block (semaphore, channel, pool, counting semaphore) as the
+/// journal records it: which entry, with which token and role, and the process that joined it (its pid as SO_PEERCRED
+/// gave it to the broker, and its start time: os::process_start_ticks). A broker started after the last one died
+/// repairs the entries whose process is gone and which nobody rejoined.
 struct JournalMember {
   std::string name;
   std::uint32_t member = 0;
@@ -87,6 +97,9 @@ class Journal {
   void linked(const JournalEntry& e) noexcept;
   /// Records that `name` is no longer linked (its member entries go with it). Never throws.
   void unlinked(const std::string& name) noexcept;
+  /// Appends `lines` (journal_line, journal_member_line and journal_owed_lines, each with its newline) as one write.
+  /// Never throws.
+  void record(const std::string& lines) noexcept;
   /// Records that a process joined member entry `m.member` of `m.name` with token `m.token`. Never throws.
   void joined(const JournalMember& m) noexcept;
   /// Records that the entry `member` of `name` holding `token` was left or repaired. Never throws.
@@ -113,7 +126,8 @@ class Journal {
   std::uint64_t m_appended_bytes = 0;   // appended since
 };
 
-/// The line `linked` writes for `e` (without the newline), and its parse (false for a malformed line).
+/// The line `linked` writes for `e` (without the newline), and its parse (false for a malformed line; an
+/// unlinked_key must be a host control block's, and name the file it records).
 std::string journal_line(const JournalEntry& e);
 bool parse_journal_line(const std::string& line, JournalEntry& out);
 /// The line `joined` writes for `m` (without the newline), and its parse (false for a malformed line).

@@ -206,11 +206,11 @@ void Registry::repair_member(SegmentRecord& seg, const Joined& member, const Pro
   std::vector<proto::OwedWrite> kept;
   limit_owed(seg);
   const bool removed = seg.control && remove_member(seg.block, member, process, &kept);
-  if (seg.name.empty()) return;
+  if (seg.journal_name().empty()) return;
   // What is still owed goes into the journal before the entry's "left" line: a broker killed from here on leaves
   // the next one the writes to make (repeats are harmless: a write that has landed is skipped).
   if (removed && !seg.block.owed.empty()) journal_owed(seg, std::move(kept), process);
-  m_journal.left(seg.name, member.member, member.token);
+  m_journal.left(seg.journal_name(), member.member, member.token);
   watch_owed(seg);
 }
 
@@ -219,13 +219,13 @@ void Registry::journal_owed(const SegmentRecord& seg, std::vector<proto::OwedWri
   // Only what this member added: the replay takes the union of a name's lines since the journal's last compaction,
   // which writes them all (owed_of). Each repair wrote every write the channel owed, up to 64 tables' worth (8 MB
   // of lines), however little it added.
-  JournalOwed o{seg.name, std::move(writes), {}};
+  JournalOwed o{seg.journal_name(), std::move(writes), {}};
   if (process && process->pid > 0) o.processes.emplace_back(process->pid, process->start);
   m_journal.owed(o);
 }
 
 JournalOwed Registry::owed_of(const SegmentRecord& seg) const {
-  JournalOwed o{seg.name, seg.block.owed, {}};
+  JournalOwed o{seg.journal_name(), seg.block.owed, {}};
   for (const auto& d : seg.block.dying) {
     if (d && d->pid > 0) o.processes.emplace_back(d->pid, d->start);
   }
@@ -626,7 +626,8 @@ std::string map_control(SegmentRecord& seg, int fd, bool fresh, ErrorCode& code)
 SegmentRecord& Registry::link(SegmentRecord seg) {
   const std::uint64_t id = seg.id;
   auto& stored = m_segments.emplace(id, std::move(seg)).first->second;
-  m_names[stored.name] = id;
+  if (!stored.name.empty()) m_names[stored.name] = id;
+  if (!stored.unlinked_key.empty()) m_unlinked_keys[stored.unlinked_key] = id;
   ++m_segments_per_uid[stored.owner_uid];
   m_bytes_per_uid[stored.owner_uid] += stored.size;
   journal_linked(stored);
@@ -671,9 +672,7 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
                               .body));
       return;
     }
-    m_restore.erase(r);
-    m_restore_members.erase(req.name);
-    m_journal.unlinked(req.name);
+    drop_restore(req.name, true);  // a control block waits on under its file's identity (its members may live)
     out.push_back(reply(caller.conn, rid, proto::OkReply{}));
     return;
   }
@@ -716,7 +715,7 @@ void Registry::unlink_segment(const Caller& caller, std::uint32_t rid, SegmentRe
   // not expire into Hung events about processes that are alive.
   drop_beats(seg);
   m_names.erase(name);
-  m_journal.unlinked(name);
+  journal_unlinked(seg, name);
   bump_names_generation();
   GPUIPC_LOG_INFO("unlinked segment '{}' id {} ({} references remain)", name, id, seg.total_refs());
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));
@@ -727,6 +726,10 @@ void Registry::maybe_destroy(std::uint64_t id) {
   auto it = m_segments.find(id);
   if (it == m_segments.end() || !it->second.name.empty() || !it->second.refs.empty()) return;
   GPUIPC_LOG_INFO("freed segment id {} ({})", id, human_bytes(it->second.size));
+  if (const auto& key = it->second.unlinked_key; !key.empty()) {
+    m_journal.unlinked(key);
+    m_unlinked_keys.erase(key);
+  }
   const uid_t owner = it->second.owner_uid;
   if (auto c = m_segments_per_uid.find(owner); c != m_segments_per_uid.end() && --c->second == 0) {
     m_segments_per_uid.erase(c);
@@ -813,7 +816,7 @@ void Registry::join(const Caller& caller, std::uint32_t rid, const proto::Join& 
       ++e;
       continue;
     }
-    if (!seg.name.empty()) m_journal.left(seg.name, e->second.member, e->second.token);
+    if (!seg.journal_name().empty()) m_journal.left(seg.journal_name(), e->second.member, e->second.token);
     e = seg.joined.erase(e);
   }
   auto& joined = seg.joined.emplace(caller.conn, Joined{member, token, role})->second;
@@ -885,9 +888,9 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
   std::vector<proto::OwedWrite> kept;
   limit_owed(seg);
   const bool removed = leave_member(seg.block, member, process, &kept);
-  if (!seg.name.empty()) {
+  if (!seg.journal_name().empty()) {
     if (removed && !seg.block.leavers.empty()) journal_owed(seg, std::move(kept), process);
-    m_journal.left(seg.name, member.member, member.token);
+    m_journal.left(seg.journal_name(), member.member, member.token);
   }
   watch_owed(seg);
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));

@@ -100,7 +100,12 @@ struct SegmentRecord : SegmentAttributes {
   };
   std::map<ConnId, Beat> beats;  ///< heartbeats of connections that hold it
   std::size_t owed_charged = 0;  ///< owed writes of its block counted in its owner's Quotas::owed_writes
+  /// A control block unlinked while processes hold it: its journal key (journal.hpp, unlinked_key), under which the
+  /// journal keeps it, its members and what they owe. Empty otherwise.
+  std::string unlinked_key;
   std::uint32_t total_refs() const noexcept;
+  /// What the journal records it under: its name, or its unlinked_key (empty: not journaled).
+  const std::string& journal_name() const noexcept { return name.empty() ? unlinked_key : name; }
 };
 
 /// Checks the record memfd of a DeviceIpc Create (exact size, then sealed; proto::check_device_ipc_record against
@@ -243,6 +248,16 @@ class Registry {
   void drop_beats(SegmentRecord& seg, ConnId conn = 0) noexcept;
   /// Records a new linked name in the journal (not device_ipc shares, which die with their exporter anyway).
   void journal_linked(const SegmentRecord& seg) noexcept;
+  /// The journal's lines for `seg` as it is now (its entry, member entries and owed writes), or empty when it is not
+  /// journaled (maybe_compact_journal).
+  std::string journal_lines(const SegmentRecord& seg) const;
+  /// `name`, the name of `seg`, was removed (seg.name is empty now). A control block that processes still hold is
+  /// journaled under its unlinked_key before the name's removal is: its members' deaths are repaired after a broker
+  /// restart too (restore.cpp).
+  void journal_unlinked(SegmentRecord& seg, const std::string& name) noexcept;
+  /// Drops `name`, a journal name waiting for a holder's Announce (its owner unlinked it, or nobody announced it in
+  /// time). With `keep`, a control block goes on waiting under its unlinked_key, with its members and owed writes.
+  void drop_restore(const std::string& name, bool keep);
   /// Answers the opens parked on `seg`'s name.
   void wake_waiting(SegmentRecord& seg, std::vector<Outgoing>& out);
   /// Drops journal names nobody announced within the grace time.
@@ -321,6 +336,7 @@ class Registry {
   std::uint64_t m_next_id = 1;
   std::map<std::uint64_t, SegmentRecord> m_segments;      // by id (ordered: List pages by id)
   std::unordered_map<std::string, std::uint64_t> m_names;  // linked names -> id
+  std::unordered_map<std::string, std::uint64_t> m_unlinked_keys;  // SegmentRecord::unlinked_key -> id
   // Per uid with connections: how many, and the segments they hold references to (Quotas::opens).
   struct UidOpens {
     std::size_t connections = 0;
@@ -349,7 +365,7 @@ class Registry {
     std::int64_t deadline_ns = 0;
   };
   Journal m_journal;
-  std::map<std::string, Restore> m_restore;  // journal names waiting for a holder's Announce
+  std::map<std::string, Restore> m_restore;  // journal names (and unlinked_keys) waiting for a holder's Announce
   std::map<std::string, std::vector<JournalMember>> m_restore_members;  // their member entries, by name
   std::map<std::string, JournalOwed> m_restore_owed;  // the stream writes their dead members owed, by name
   // Segments with unclaimed member entries whose process lives (SegmentRecord::unclaimed), looked at every 20 ms.

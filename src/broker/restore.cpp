@@ -18,6 +18,11 @@ namespace {
 
 bool host_kind(proto::Kind k) { return k == proto::Kind::Host || k == proto::Kind::HostPinned; }
 
+/// How logs name `seg`: its name, or what an unlinked control block is.
+std::string shown(const SegmentRecord& seg) {
+  return seg.name.empty() ? fmt::format("unlinked {}", seg.unlinked_key) : seg.name;
+}
+
 }  // namespace
 
 void Registry::open_journal(const std::string& path, std::int64_t now_ns, std::int64_t grace_ns) {
@@ -32,8 +37,9 @@ void Registry::open_journal(const std::string& path, std::int64_t now_ns, std::i
     m_restore_owed[name] = std::move(o);
   }
   for (auto& e : state.linked) {
-    GPUIPC_LOG_INFO("segment '{}' was linked when the last broker stopped: waiting {} ms for a holder to announce it",
-                    e.name, grace_ns / 1'000'000);
+    GPUIPC_LOG_INFO("{} '{}' was {} when the last broker stopped: waiting {} ms for a holder to announce it",
+                    is_unlinked_key(e.name) ? "control block" : "segment", e.name,
+                    is_unlinked_key(e.name) ? "unlinked but held" : "linked", grace_ns / 1'000'000);
     std::string name = e.name;
     m_restore[name] = Restore{std::move(e), now_ns + grace_ns};
   }
@@ -44,10 +50,11 @@ namespace {
 /// The journal's entry for a linked segment, or nothing when it does not go in the journal (device_ipc shares die
 /// with their exporter; a host segment whose file cannot be told later is not promised back).
 std::optional<JournalEntry> journal_entry_of(const SegmentRecord& seg) noexcept {
-  if (seg.kind == proto::Kind::DeviceIpc || seg.name.empty()) return std::nullopt;
+  if (seg.kind == proto::Kind::DeviceIpc || seg.journal_name().empty()) return std::nullopt;
   JournalEntry e;
   try {
     e.attributes() = seg;
+    e.name = seg.journal_name();
     if (host_kind(seg.kind)) {
       const auto id = os::file_id(seg.memory.get());
       e.file_dev = id.dev;
@@ -72,32 +79,90 @@ void Registry::journal_joined(const SegmentRecord& seg, Joined& member, ConnId c
     if (!c->second.start) c->second.start = os::process_start_ticks(member.pid);  // once a connection: a /proc read
     member.start = *c->second.start;
   }
-  if (!m_journal || seg.name.empty()) return;
+  if (!m_journal || seg.journal_name().empty()) return;
   try {
-    m_journal.joined(JournalMember{seg.name, member.member, member.token, static_cast<std::uint32_t>(member.role),
-                                   member.pid, member.start});
+    m_journal.joined(JournalMember{seg.journal_name(), member.member, member.token,
+                                   static_cast<std::uint32_t>(member.role), member.pid, member.start});
   } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory copying the name: not journaled
   }
+}
+
+std::string Registry::journal_lines(const SegmentRecord& seg) const {
+  const auto e = journal_entry_of(seg);
+  if (!e) return {};
+  std::string text = journal_line(*e) + "\n";
+  auto members = [&](const Joined& j) {
+    text += journal_member_line(
+                JournalMember{e->name, j.member, j.token, static_cast<std::uint32_t>(j.role), j.pid, j.start}) +
+            "\n";
+  };
+  for (const auto& [conn, j] : seg.joined) members(j);
+  for (const auto& u : seg.unclaimed) members(u.joined);
+  for (const auto& u : seg.exiting) members(u.joined);
+  return text + journal_owed_lines(owed_of(seg));
+}
+
+void Registry::journal_unlinked(SegmentRecord& seg, const std::string& name) noexcept {
+  // Its holders keep using it (a common way: unlink once everyone has opened it, so that no name outlives them), and
+  // after a broker restart their watchers give it back by its fd: what the journal knows of it moves to its file's
+  // identity. Its lines go in before the name's removal, so that a broker killed between the two writes loses nothing.
+  if (m_journal && seg.control && host_kind(seg.kind) && !seg.refs.empty()) {
+    try {
+      const auto id = os::file_id(seg.memory.get());
+      std::string key = unlinked_key(id.dev, id.ino);
+      if (m_unlinked_keys.emplace(key, seg.id).second) {
+        seg.unlinked_key = std::move(key);
+        m_journal.record(journal_lines(seg));
+      }
+    } catch (const std::exception& e) {
+      GPUIPC_LOG_WARN("control block '{}' (id {}) unlinked while held: not journaled ({}); a broker restart loses it",
+                      name, seg.id, e.what());
+    }
+  }
+  m_journal.unlinked(name);
+}
+
+void Registry::drop_restore(const std::string& name, bool keep) {
+  auto r = m_restore.find(name);
+  if (r == m_restore.end()) return;
+  Restore kept = std::move(r->second);
+  m_restore.erase(r);
+  std::vector<JournalMember> members;
+  if (auto m = m_restore_members.find(name); m != m_restore_members.end()) {
+    members = std::move(m->second);
+    m_restore_members.erase(m);
+  }
+  JournalOwed owed;
+  if (auto o = m_restore_owed.find(name); o != m_restore_owed.end()) {
+    owed = std::move(o->second);
+    m_restore_owed.erase(o);
+  }
+  const JournalEntry& e = kept.entry;
+  if (keep && m_journal && e.flags != 0 && host_kind(e.kind) && !is_unlinked_key(name)) {
+    std::string key = unlinked_key(e.file_dev, e.file_ino);
+    if (m_restore.count(key) == 0 && m_unlinked_keys.count(key) == 0) {
+      kept.entry.name = key;
+      std::string text = journal_line(kept.entry) + "\n";
+      for (auto& m : members) {
+        m.name = key;
+        text += journal_member_line(m) + "\n";
+      }
+      owed.name = key;
+      text += journal_owed_lines(owed);
+      m_journal.record(text);
+      if (!members.empty()) m_restore_members[key] = std::move(members);
+      if (!owed.writes.empty()) m_restore_owed[key] = std::move(owed);
+      m_restore[key] = std::move(kept);
+    }
+  }
+  m_journal.unlinked(name);
 }
 
 void Registry::maybe_compact_journal() noexcept {
   if (!m_journal.wants_compaction()) return;
   try {
     std::string text;
-    auto members = [&](const std::string& name, const Joined& j) {
-      text += journal_member_line(
-                  JournalMember{name, j.member, j.token, static_cast<std::uint32_t>(j.role), j.pid, j.start}) +
-              "\n";
-    };
-    for (const auto& [id, seg] : m_segments) {
-      const auto e = journal_entry_of(seg);
-      if (!e) continue;
-      text += journal_line(*e) + "\n";
-      for (const auto& [conn, j] : seg.joined) members(seg.name, j);
-      for (const auto& u : seg.unclaimed) members(seg.name, u.joined);
-      for (const auto& u : seg.exiting) members(seg.name, u.joined);
-      text += journal_owed_lines(owed_of(seg));
-    }
+    for (const auto& [id, seg] : m_segments) text += journal_lines(seg);
     for (const auto& [name, r] : m_restore) {
       text += journal_line(r.entry) + "\n";
       if (auto m = m_restore_members.find(name); m != m_restore_members.end()) {
@@ -126,14 +191,14 @@ bool process_gone(const SegmentRecord::Unclaimed& u) {
 
 void Registry::repair_gone(SegmentRecord& seg, const Joined& member) {
   GPUIPC_LOG_INFO("member {} of '{}' (pid {}) died while no broker watched it: repairing it after the broker restart",
-                  member.member, seg.name, member.pid);
+                  member.member, shown(seg), member.pid);
   // Its process has exited, so its GPU work has too: what its stream owed is written as the turns come (no process
   // to wait for).
   repair_member(seg, member);
 }
 
 void Registry::restore_owed(SegmentRecord& seg) {
-  auto it = m_restore_owed.find(seg.name);
+  auto it = m_restore_owed.find(seg.journal_name());
   if (it == m_restore_owed.end()) return;
   const JournalOwed o = std::move(it->second);
   m_restore_owed.erase(it);
@@ -154,13 +219,13 @@ void Registry::restore_owed(SegmentRecord& seg) {
     GPUIPC_LOG_INFO(
         "channel '{}': {} stream writes dead members owed when the last broker died are made as their "
         "turns come",
-        seg.name, seg.block.owed.size());
+        shown(seg), seg.block.owed.size());
   }
   watch_owed(seg);
 }
 
 void Registry::adopt_unclaimed(SegmentRecord& seg) {
-  auto it = m_restore_members.find(seg.name);
+  auto it = m_restore_members.find(seg.journal_name());
   if (it == m_restore_members.end()) return;
   const std::vector<JournalMember> members = std::move(it->second);
   m_restore_members.erase(it);
@@ -169,7 +234,7 @@ void Registry::adopt_unclaimed(SegmentRecord& seg) {
     SegmentRecord::Unclaimed u{
         Joined{m.member, m.token, static_cast<proto::Role>(m.role), static_cast<pid_t>(m.pid), m.start}, {}};
     if (!check_rejoin(seg.block, u.joined).empty()) {
-      m_journal.left(seg.name, m.member, m.token);  // it left (cleanly) while no broker watched
+      m_journal.left(seg.journal_name(), m.member, m.token);  // it left (cleanly) while no broker watched
       continue;
     }
     u.process = watch_process(u.joined.pid, u.joined.start, seg.owner_uid);  // none: process_gone tells
@@ -182,12 +247,12 @@ void Registry::adopt_unclaimed(SegmentRecord& seg) {
       GPUIPC_LOG_INFO(
           "member {} of '{}' (pid {}) has not rejoined after the broker restart: repaired if its process "
           "exits first",
-          m.member, seg.name, m.pid);
+          m.member, shown(seg), m.pid);
     } else {
       GPUIPC_LOG_INFO(
           "member {} of '{}' (a process this broker cannot see) has not rejoined after the broker "
           "restart: it is not repaired unless it rejoins",
-          m.member, seg.name);
+          m.member, shown(seg));
     }
     seg.unclaimed.push_back(std::move(u));
   }
@@ -225,11 +290,12 @@ void Registry::expire_restores(std::int64_t now_ns) {
       ++it;
       continue;
     }
-    GPUIPC_LOG_INFO("segment '{}': nobody announced it after the broker restart; the name is gone", it->first);
-    m_journal.unlinked(it->first);
-    m_restore_members.erase(it->first);
-    m_restore_owed.erase(it->first);
-    it = m_restore.erase(it);
+    GPUIPC_LOG_INFO("{} '{}': nobody announced it after the broker restart; {}",
+                    is_unlinked_key(it->first) ? "unlinked control block" : "segment", it->first,
+                    is_unlinked_key(it->first) ? "the journal forgets it" : "the name is gone");
+    const std::string name = it->first;
+    ++it;
+    drop_restore(name, false);
   }
 }
 
@@ -244,8 +310,19 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
   }
   const int fd = fds[0].get();
   const unsigned need = req.access == proto::Access::ReadOnly ? 4U : 6U;
+  // A control block unlinked while held comes back by its file's identity (whatever its old name stands for now):
+  // `key` is what the journal (or the broker, once one holder gave it back) knows it by; else the name.
+  std::string key;
+  try {
+    const auto id = os::file_id(fd);
+    key = unlinked_key(id.dev, id.ino);
+  } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): no identity: announced by its name
+  }
+  if (m_unlinked_keys.count(key) == 0 && m_restore.count(key) == 0) key = req.name;
+  const bool unlinked = key != req.name;
   // Already given back by another holder: the same memory gets a reference too.
-  if (auto live = m_names.find(req.name); live != m_names.end()) {
+  const auto live = unlinked ? m_unlinked_keys.find(key) : m_names.find(req.name);
+  if (live != (unlinked ? m_unlinked_keys.end() : m_names.end())) {
     auto& seg = m_segments.at(live->second);
     bool same = false;
     try {
@@ -268,7 +345,7 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
     out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(seg)}));
     return;
   }
-  auto r = m_restore.find(req.name);
+  auto r = m_restore.find(key);
   if (r == m_restore.end()) {
     fail(ErrorCode::NotFound, fmt::format("no segment named '{}' to give back: it was not linked when the previous "
                                           "broker died (or it was unlinked, or its time ran out)",
@@ -319,6 +396,10 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
   SegmentRecord seg;
   seg.id = m_next_id++;
   seg.attributes() = e;
+  if (unlinked) {
+    seg.name.clear();
+    seg.unlinked_key = key;
+  }
   if (seg.flags != 0) {
     ErrorCode code{};
     if (auto why = map_control(seg, memory.get(), false, code); !why.empty()) {
@@ -336,10 +417,10 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
     restore_owed(stored);
     adopt_unclaimed(stored);
   }
-  GPUIPC_LOG_INFO("segment '{}' ({}) given back by pid {} after the broker restart: id {}", stored.name,
+  GPUIPC_LOG_INFO("segment '{}' ({}) given back by pid {} after the broker restart: id {}", shown(stored),
                   human_bytes(stored.size), caller.creds.pid, stored.id);
   out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(stored)}));
-  wake_waiting(stored, out);
+  if (!unlinked) wake_waiting(stored, out);
 }
 
 void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejoin& req, std::vector<Outgoing>& out) {

@@ -89,6 +89,52 @@ SegmentInfo to_info(const proto::SegmentInfo& p) {
 /// This process's mappings by (name, access, requested device). A hit costs a hash lookup and one atomic load
 /// of the broker's names generation: an unlink anywhere invalidates every binding made before it, and the next
 /// open of such a name asks the broker again (Stat) whether it still names the same segment.
+class MappingCache {
+ public:
+  static MappingCache& instance() {
+    static MappingCache* cache = new MappingCache();  // NOLINT: process lifetime, outlives static Segments
+    return *cache;
+  }
+
+  /// The cached mapping for `key` (nullptr when none or made through an older connection) and whether it is
+  /// fresh: bound at the current names generation of the current broker. A stale one must be checked with the broker
+  /// before reuse. A broker started after the last one died counts its generations from 1 again, and the names it was
+  /// given back are not all the names they were (a control block unlinked while held comes back with none): an entry
+  /// bound through an earlier broker is stale, whatever its number.
+  std::pair<std::shared_ptr<detail::Mapping>, bool> find(const std::string& key, std::uint64_t names_gen,
+                                                         std::uint64_t client_gen) {
+    std::lock_guard lock(m_mutex);
+    auto it = m_entries.find(key);
+    if (it == m_entries.end()) return {nullptr, false};
+    auto map = it->second.mapping.lock();
+    if (!map || map->client_generation != client_gen) {
+      m_entries.erase(it);
+      return {nullptr, false};
+    }
+    return {std::move(map),
+            names_gen != 0 && it->second.names_generation == names_gen && it->second.client_generation == client_gen};
+  }
+
+  void put(const std::string& key, const std::shared_ptr<detail::Mapping>& map, std::uint64_t names_gen) {
+    std::lock_guard lock(m_mutex);
+    m_entries[key] = Entry{map, names_gen, map->client_generation.load()};
+  }
+
+  void erase(const std::string& key) {
+    std::lock_guard lock(m_mutex);
+    m_entries.erase(key);
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<detail::Mapping> mapping;
+    std::uint64_t names_generation = 0;
+    std::uint64_t client_generation = 0;  // the broker connection it was bound through
+  };
+  std::mutex m_mutex;
+  std::unordered_map<std::string, Entry> m_entries;
+};
+
 /// Every mapping this process registered with a broker, so that a broker started after the last one died gets the
 /// names back (Announce) and the memberships (Rejoin): the library reconnects (its watcher at once, else the next
 /// call) and runs rebind().
@@ -146,47 +192,6 @@ void remember_for_restart(const std::shared_ptr<detail::Mapping>& m) {
   LiveMappings::instance().add(m);
   core::BrokerClient::instance().keep_connected();  // given back at once when the broker dies
 }
-
-class MappingCache {
- public:
-  static MappingCache& instance() {
-    static MappingCache* cache = new MappingCache();  // NOLINT: process lifetime, outlives static Segments
-    return *cache;
-  }
-
-  /// The cached mapping for `key` (nullptr when none or made through an older connection) and whether it is
-  /// fresh: bound at the current names generation. A stale one must be checked with the broker before reuse.
-  std::pair<std::shared_ptr<detail::Mapping>, bool> find(const std::string& key, std::uint64_t names_gen,
-                                                         std::uint64_t client_gen) {
-    std::lock_guard lock(m_mutex);
-    auto it = m_entries.find(key);
-    if (it == m_entries.end()) return {nullptr, false};
-    auto map = it->second.mapping.lock();
-    if (!map || map->client_generation != client_gen) {
-      m_entries.erase(it);
-      return {nullptr, false};
-    }
-    return {std::move(map), names_gen != 0 && it->second.names_generation == names_gen};
-  }
-
-  void put(const std::string& key, const std::shared_ptr<detail::Mapping>& map, std::uint64_t names_gen) {
-    std::lock_guard lock(m_mutex);
-    m_entries[key] = Entry{map, names_gen};
-  }
-
-  void erase(const std::string& key) {
-    std::lock_guard lock(m_mutex);
-    m_entries.erase(key);
-  }
-
- private:
-  struct Entry {
-    std::weak_ptr<detail::Mapping> mapping;
-    std::uint64_t names_generation = 0;
-  };
-  std::mutex m_mutex;
-  std::unordered_map<std::string, Entry> m_entries;
-};
 
 std::string cache_key(std::string_view name, Access access, int device) {
   return fmt::format("{}\x1f{}\x1f{}", name, static_cast<int>(access), device);

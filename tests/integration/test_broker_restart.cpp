@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/client.hpp"
 #include "gpuipc/broker.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/liveness.hpp"
@@ -182,12 +183,13 @@ class BrokerRestartPipeline : public ::testing::Test {
   void TearDown() override {
     if (consumer > 0 && ::kill(consumer, SIGKILL) == 0) wait_child(consumer, 10s);
     producer = Channel();
-    Channel::unlink(name);
+    if (!unlinked) Channel::unlink(name);
   }
 
   std::string name = unique_name("chan");
   Channel producer;
   pid_t consumer = 0;
+  bool unlinked = false;  // the test unlinked the channel
 };
 
 /// Waits, from another process (this one makes no broker call), until the broker lists each pid of `wanted` among
@@ -277,6 +279,70 @@ TEST_F(BrokerRestartPipeline, AMemberThatRejoinsLateIsNotRepaired) {
   }
   EXPECT_EQ(wait_child(consumer), 0);  // it received every message: it was never taken for dead
   consumer = 0;
+}
+
+// A channel unlinked while its members use it (a common way: unlink once everyone has opened it, so that no name
+// outlives them). Before, the next broker knew nothing of it: its members kept working, but a death among them was
+// never repaired again (the producer here waited until its time ran out, and no PeerDied came).
+TEST_F(BrokerRestartPipeline, AMemberOfAnUnlinkedChannelThatDiedWithTheBrokerIsRepaired) {
+  start_consumer(0);
+  fill();
+  Channel::unlink(name);
+  unlinked = true;
+  ASSERT_EQ(::kill(consumer, SIGSTOP), 0);
+  kill_broker();
+  kill_consumer();
+  // The producer's watcher gives the channel back by its memory; the journal kept the consumer's entry under it.
+  expect_told_peer_died();
+}
+
+// The same, its name taken by another segment, and the broker killed twice: the channel comes back under no name each
+// time, and the name stays the other segment's.
+TEST_F(BrokerRestartPipeline, AChannelUnlinkedWhileHeldComesBackUnderNoNameAfterEachRestart) {
+  start_consumer(0);
+  fill();
+  Channel::unlink(name);
+  unlinked = true;
+  auto other = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  for (int restart = 0; restart < 2; ++restart) {
+    kill_broker();
+    const SegmentInfo info = Segment::stat(name);  // reconnects: this process gives back what it maps
+    EXPECT_EQ(info.id, other.id());
+    EXPECT_EQ(info.size, 4096U);
+  }
+  kill_consumer();
+  expect_told_peer_died();
+  other = Segment();
+  Segment::unlink(name);
+}
+
+// A process's mapping of a name, bound through a broker that died, was taken for fresh once the next broker's names
+// generation (counted from 1 again) reached the number it was bound at: an open of the name returned it, though the
+// name stood for another segment by then.
+TEST(BrokerRestart, AnOpenAfterARestartAsksWhetherTheNameStillStandsForTheSameSegment) {
+  const auto name = unique_name();
+  auto& client = core::BrokerClient::instance();
+  Segment::unlink(Segment::create(unique_name("before"), 4096).name());  // a generation of 2 at least
+  const auto created = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  const auto mine = Segment::open(name);  // cached at this generation
+  const std::uint64_t bound = client.names_generation();
+  ASSERT_GE(bound, 2U);
+  kill_broker();
+  (void)Segment::stat(name);  // reconnects: the name is given back
+  ASSERT_LT(client.names_generation(), bound);
+  // Another process makes the name another segment's (an unlink: one generation more).
+  ASSERT_EQ(run_child([&] {
+              Segment::unlink(name);
+              (void)Segment::create(name, 8192, {.kind = SegmentKind::Host});
+              return 0;
+            }),
+            0);
+  while (client.names_generation() < bound) Segment::unlink(Segment::create(unique_name("bump"), 4096).name());
+  ASSERT_EQ(client.names_generation(), bound);
+  const auto opened = Segment::open(name);
+  EXPECT_EQ(opened.size(), 8192U);
+  EXPECT_NE(opened.id(), mine.id());
+  Segment::unlink(name);
 }
 
 TEST(BrokerRestart, AProcessThatExitsWhileItsWatcherReconnectsExitsCleanly) {

@@ -145,6 +145,52 @@ TEST(BrokerJournal, OwedStreamWritesOfNamesStillLinkedAreReplayed) {
   EXPECT_EQ(read_file(path).value_or(""), text);
 }
 
+// A control block unlinked while held is journaled under its memory's identity (unlinked_key): its lines replay as a
+// name's do, and the removal of its name does not take them. A key is one file's only, and only a host control block
+// has one: a line with any other is skipped.
+TEST(BrokerJournal, AnUnlinkedControlBlockReplaysUnderItsMemorysKey) {
+  const std::string key = broker::unlinked_key(7, 42);
+  EXPECT_EQ(key, "#7:42");
+  EXPECT_TRUE(broker::is_unlinked_key(key));
+  for (const char* bad : {"#07:42", "#7:042", "#7:", "#:42", "#7:42x", "7:42", "#-7:42", "#+7:42", "#7;42", "#7:4:2",
+                          "#99999999999999999999:1"}) {
+    EXPECT_FALSE(broker::is_unlinked_key(bad)) << bad;
+  }
+  TempDir dir;
+  const std::string path = dir.file("names.journal");
+  JournalState st;
+  {
+    Journal j = Journal::open(path, st);
+    j.linked(entry("chan-a"));  // file 7:42
+    j.joined(JournalMember{"chan-a", 0, 5, 3, 1234, 99});
+    JournalEntry unlinked = entry(key);
+    j.record(broker::journal_line(unlinked) + "\n" +
+             broker::journal_member_line(JournalMember{key, 0, 5, 3, 1234, 99}) + "\n" +
+             broker::journal_owed_lines(JournalOwed{key, {{2, 1}}, {{1234, 99}}}));
+    j.unlinked("chan-a");
+    JournalEntry device = entry(broker::unlinked_key(7, 43));
+    device.file_ino = 43;
+    device.kind = proto::Kind::Device;
+    j.linked(device);
+    j.linked(entry(broker::unlinked_key(8, 42)));  // its line records file 7:42
+    JournalEntry plain = entry(broker::unlinked_key(7, 44));
+    plain.file_ino = 44;
+    plain.flags = 0;
+    j.linked(plain);
+  }
+  Journal again = Journal::open(path, st);
+  ASSERT_EQ(st.linked.size(), 1U);
+  EXPECT_EQ(st.linked[0].name, key);
+  EXPECT_EQ(st.linked[0].flags, proto::kFlagChannel);
+  ASSERT_EQ(st.members.size(), 1U);
+  EXPECT_EQ(st.members[0].name, key);
+  EXPECT_EQ(st.members[0].token, 5U);
+  ASSERT_EQ(st.owed.size(), 1U);
+  EXPECT_EQ(st.owed[0].name, key);
+  ASSERT_EQ(st.owed[0].writes.size(), 1U);
+  EXPECT_EQ(st.owed[0].writes[0].code, 2U);
+}
+
 TEST(BrokerJournal, MalformedOwedLinesAndATornLastLineAreSkipped) {
   TempDir dir;
   const std::string path = dir.file("names.journal");

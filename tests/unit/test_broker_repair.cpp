@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <variant>
@@ -578,7 +579,8 @@ class OwedAcrossABrokerKill : public ::testing::Test {
   /// The first broker: the producer joins, publishes message 2 into slot 0 after message 0's release (its stream
   /// owes `filled` after it waits for that release's `freed`, which the consumer's stream has not written yet), and
   /// its connection closes; the consumer's stream then writes `freed`, but the producer's process has not exited.
-  void owe_then_kill_the_broker() {
+  /// `before_kill` runs last, with that broker.
+  void owe_then_kill_the_broker(const std::function<void(JournaledBroker&)>& before_kill = {}) {
     const pid_t ppid = producer_process.pid;
     auto broker = std::make_unique<JournaledBroker>(journal, ppid);
     const auto created = broker->ask(
@@ -600,11 +602,16 @@ class OwedAcrossABrokerKill : public ::testing::Test {
     b.slot(0).freed = 1;                  // the consumer's stream is done with message 0
     broker->tick();
     EXPECT_EQ(b.slot(0).filled, 1U) << "made before the producer's process exited";
+    if (before_kill) before_kill(*broker);
   }  // the broker is killed
-  /// The next broker, which the consumer gives the channel back.
-  void announce(JournaledBroker& next) {
+  /// The next broker, which the consumer gives the channel back (by the name it opened it by): under `as`.
+  void announce(JournaledBroker& next, const std::string& as = "owed") {
     const auto back = next.ask(2, ::getpid(), proto::Announce{"owed", proto::Access::ReadWrite, b.bytes}, memfd.get());
-    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(back.body));
+    const auto* r = std::get_if<proto::OpenReply>(&back.body);
+    ASSERT_NE(r, nullptr) << (std::holds_alternative<proto::ErrorReply>(back.body)
+                                  ? std::get<proto::ErrorReply>(back.body).message
+                                  : std::string("another reply"));
+    EXPECT_EQ(r->info.name, as);
     next.tick();
   }
   bool made() { return b.slot(0).filled == 3 && b.slot(0).incomplete == proto::incomplete_mark(2); }
@@ -676,6 +683,50 @@ TEST_F(OwedAcrossABrokerKill, TheNextBrokerMakesTheWritesOnceTheirProcessHasExit
   JournaledBroker next(journal, producer_process.pid);
   ASSERT_NO_FATAL_FAILURE(announce(next));
   EXPECT_EQ(b.slot(0).filled, 1U) << "made before the producer's process exited";
+  producer_process.kill();
+  next.tick();
+  EXPECT_TRUE(made()) << "filled " << b.slot(0).filled << ", incomplete " << b.slot(0).incomplete;
+}
+
+// A channel unlinked while its members use it (a common way: unlink once everyone has opened it, so that no name
+// outlives them), its name then taken by another segment. The journal keeps the channel under its memory's identity,
+// and the next broker takes it back from a holder's fd, under no name, with what its dead members owed; twice over.
+// Before, the next broker knew nothing of it: the write was never made (a consumer's stream waiting for that message
+// waited until it was destroyed), and no death among its members was repaired again.
+TEST_F(OwedAcrossABrokerKill, AChannelUnlinkedWhileHeldComesBackByItsMemory) {
+  auto other = os::memfd_create("the-name-now", 4096);
+  ASSERT_NO_FATAL_FAILURE(owe_then_kill_the_broker([&](JournaledBroker& broker) {
+    ASSERT_TRUE(std::holds_alternative<proto::OkReply>(broker.ask(2, ::getpid(), proto::Unlink{"owed"}).body));
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+        broker.ask(2, ::getpid(), proto::Create{"owed", proto::Kind::Host, 0600, 4096, {}, 0}, other.get()).body));
+  }));
+  {
+    JournaledBroker next(journal, producer_process.pid);
+    ASSERT_NO_FATAL_FAILURE(announce(next, ""));
+    EXPECT_EQ(b.slot(0).filled, 1U) << "made before the producer's process exited";
+    // The name is the other segment's, as it was.
+    const auto back = next.ask(2, ::getpid(), proto::Announce{"owed", proto::Access::ReadWrite, 4096}, other.get());
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(back.body));
+    EXPECT_EQ(std::get<proto::OpenReply>(back.body).info.name, "owed");
+    EXPECT_EQ(std::get<proto::OpenReply>(back.body).info.size, 4096U);
+  }  // killed too
+  JournaledBroker third(journal, producer_process.pid);
+  ASSERT_NO_FATAL_FAILURE(announce(third, ""));
+  producer_process.kill();
+  third.tick();
+  EXPECT_TRUE(made()) << "filled " << b.slot(0).filled << ", incomplete " << b.slot(0).incomplete;
+}
+
+// Its owner unlinks the channel after a broker restart, before any holder gave it back: it waits on under its
+// memory's identity, as a channel unlinked while the last broker ran.
+TEST_F(OwedAcrossABrokerKill, AChannelUnlinkedBeforeAnyHolderGaveItBackStillComesBack) {
+  ASSERT_NO_FATAL_FAILURE(owe_then_kill_the_broker());
+  JournaledBroker next(journal, producer_process.pid);
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(next.ask(2, ::getpid(), proto::Unlink{"owed"}).body));
+  const auto opened = next.ask(2, ::getpid(), proto::Open{"owed", proto::Access::ReadWrite, 0});
+  ASSERT_TRUE(std::holds_alternative<proto::ErrorReply>(opened.body));
+  EXPECT_EQ(std::get<proto::ErrorReply>(opened.body).code, static_cast<std::uint8_t>(ErrorCode::NotFound));
+  ASSERT_NO_FATAL_FAILURE(announce(next, ""));
   producer_process.kill();
   next.tick();
   EXPECT_TRUE(made()) << "filled " << b.slot(0).filled << ", incomplete " << b.slot(0).incomplete;
