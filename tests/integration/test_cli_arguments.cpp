@@ -153,6 +153,21 @@ TEST(CliArguments, NumbersThatAreNotFiniteAreRefused) {
   EXPECT_EQ(both.exit_code, 2) << "--once and -n do not go together: " << both.out << both.err;
 }
 
+// Seconds are a plain number in range, and the message says which: CLI11's ranges called "5s" out of range and printed
+// --timeout's open upper bound as 309 digits.
+TEST(CliArguments, SecondsThatAreNoPlainNumberOrOutOfRangeSaySo) {
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"top", "-i", "5s", "--once"}, "'5s' is not a number of seconds (write a plain number"},
+           {{"top", "-i", "0", "--once"}, "'0' is out of range: 0.01 to 3600 seconds"},
+           {{"watch", "x", "--timeout", "-1"}, "'-1' is too small: 0 seconds at least"},
+           {{"watch", "x", "--timeout", ""}, "'' is not a number of seconds"}}) {
+    const auto o = run("gpuipc", args);
+    EXPECT_EQ(o.exit_code, 2) << args[0] << " " << args[2] << ": " << o.out << o.err;
+    EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
+    EXPECT_LT(o.err.size(), 300U) << o.err;
+  }
+}
+
 TEST(CliArguments, DemoChecksItsCountsBeforeStarting) {
   for (const auto& args : std::vector<std::vector<std::string>>{{"demo", "--host", "--slots", "0"},
                                                                 {"demo", "--host", "--slots", "4097"},

@@ -1,15 +1,17 @@
 // What the gpuipc programs share (tools/gpuipc, tools/gpuipc-demo, tools/gpuipc-bench; gpuipcd its argument
 // checks): the exit codes of docs/cli/gpuipc.md, argument checks, and one main loop that turns CLI11's and the
 // library's errors into them. Header-only, over
-// the public API (include/gpuipc) and CLI11; nothing else may include it.
+// the public API (include/gpuipc), CLI11 and fmt; nothing else may include it.
 #pragma once
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <exception>
 #include <iostream>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -43,18 +45,33 @@ inline const CLI::Validator kWholeNumber(
     },
     "UINT", "WholeNumber");
 
-/// A number of seconds or the like that must be finite: CLI::Range lets NaN through (every comparison is false).
-inline const CLI::Validator kFinite(
-    [](std::string& s) -> std::string {
-      try {
-        if (std::isfinite(std::stod(s))) return {};
-      } catch (const std::out_of_range&) {  // "1e999"
-      } catch (const std::exception&) {
-        return "'" + s + "' is not a number";
-      }
-      return "'" + s + "' is not a finite number";
-    },
-    "NUMBER", "Finite");
+/// A number of seconds from `lo` to `hi`, added with ->check: a plain decimal number, finite, in range. CLI::Range let
+/// NaN through (every comparison is false), refused "5s" as "not in range" (it is no number), and printed an open
+/// upper bound as its 309 digits.
+inline CLI::Validator seconds_between(double lo, double hi = std::numeric_limits<double>::infinity()) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        std::size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(s, &used);
+        } catch (const std::out_of_range&) {
+          return "'" + s + "' is out of range";
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (s.empty() || used != s.size()) {
+          return "'" + s + "' is not a number of seconds (write a plain number: 5, 0.5, 2e-3)";
+        }
+        if (!std::isfinite(v)) return "'" + s + "' is not a finite number";
+        if (v < lo || v > hi) {
+          return std::isinf(hi) ? fmt::format("'{}' is too small: {} seconds at least", s, lo)
+                                : fmt::format("'{}' is out of range: {} to {} seconds", s, lo, hi);
+        }
+        return {};
+      },
+      "SECONDS", "Seconds");
+}
 
 /// When the command line ended without the subcommand that `app` (or the subcommand given) needs but left a word
 /// over (`gpuipc bogus`, `gpuipc mps strat`), prints "unknown command" naming it and the commands there, and returns

@@ -364,8 +364,7 @@ void register_top(CLI::App& app, int& exit_code) {
   static bool json = false;
   static std::uint64_t iterations = 0;
   cmd->add_option("-i,--interval", interval, "seconds between the two samples of a frame (rates), and between frames")
-      ->check(kFinite)
-      ->check(CLI::Range(0.01, 3600.0));
+      ->check(seconds_between(0.01, 3600.0));
   auto* once_flag = cmd->add_flag("--once", once, "print one frame and exit");
   cmd->add_flag("--json", json, "print one JSON document per frame (keys: docs/cli/top.md)");
   cmd->add_option("-n,--iterations", iterations, "print this many frames and exit (0: until Ctrl-C)")

@@ -74,8 +74,7 @@ void register_watch(CLI::App& app, int& exit_code) {
   watch->add_flag("--json", watch_json, "one JSON object per line (keys: docs/cli/watch.md)");
   watch->add_option("--count", watch_count, "exit after this many events (default: never)")->transform(kWholeNumber);
   watch->add_option("--timeout", watch_timeout, "exit after this many seconds (default: never)")
-      ->check(kFinite)
-      ->check(CLI::NonNegativeNumber);
+      ->check(seconds_between(0));
   watch->callback([&exit_code] {
     auto w = Watcher::watch(watch_name);
     // The holders at the start, then a line saying the watch is on: events after it are live.
