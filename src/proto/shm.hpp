@@ -180,8 +180,11 @@ struct alignas(64) ChannelHeader {
   std::uint32_t consumers_seen;
   std::uint32_t producers_gone;             ///< PoisonReason once producers went from >0 to 0
   std::uint32_t consumers_gone;
-  std::uint32_t orphans;                    ///< messages handed back by the repair of a dead consumer
-  std::uint32_t pad1;
+  /// Messages handed back so far (a consumer that closed holding them, the repair of a dead one; mod 2^32): they are
+  /// Published again behind the tail, where the tail path does not look. Consumers look behind the tail while it
+  /// differs from `orphans_scanned`, the count as of the start of the last look that found none there.
+  std::uint32_t orphans;
+  std::uint32_t orphans_scanned;
   std::uint64_t redelivered;                ///< messages redelivered after a consumer died holding them
   std::uint64_t abandoned;                  ///< messages whose producer died before publishing them
   alignas(64) Member members[kMaxMembers];

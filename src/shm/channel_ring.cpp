@@ -237,8 +237,12 @@ void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept {
 bool ring_try_receive(const Ring& ring, std::uint32_t member, std::uint64_t& seq, proto::PoisonReason& gone) noexcept {
   auto& h = ring.header();
   const std::uint64_t n = ring.geometry.slots;
-  if (const std::uint32_t orphans = atomic(h.orphans).load(std::memory_order_acquire); orphans > 0) {
-    // Messages a dead (or leaving) consumer held: behind the tail, back in the Published phase.
+  std::uint32_t scanned = atomic(h.orphans_scanned).load(std::memory_order_acquire);
+  if (const std::uint32_t handed = atomic(h.orphans).load(std::memory_order_acquire); handed != scanned) {
+    // Messages a dead (or leaving) consumer held: behind the tail, back in the Published phase. Taking one does not
+    // count down: a look that finds none says so for the hand-backs counted when it began. A count kept of those
+    // behind the tail was zeroed by a look that missed one handed back meanwhile (into a slot it had passed), which
+    // then stayed behind the tail for good, and the ring filled up behind it.
     const std::uint64_t tail = atomic(h.tail).load(std::memory_order_acquire);
     for (std::uint64_t i = 0; i < n; ++i) {
       auto st = atomic(ring.slot(i).state);
@@ -246,14 +250,14 @@ bool ring_try_receive(const Ring& ring, std::uint32_t member, std::uint64_t& seq
       if (proto::state_phase(s) != Phase::Published || proto::state_seq(s) >= tail) continue;
       const std::uint64_t round = proto::state_seq(s);
       if (st.compare_exchange_strong(s, proto::pack_state(round, Phase::Reading, member), std::memory_order_acq_rel)) {
-        atomic(h.orphans).fetch_sub(1);
         seq = round;
         gone = proto::PoisonReason::None;
         return true;
       }
     }
-    std::uint32_t seen = orphans;
-    atomic(h.orphans).compare_exchange_strong(seen, 0U);  // all taken already
+    // Every message handed back before `handed` was counted is taken: one handed back since counts past it, so the
+    // next call looks again. (Another consumer's look that ended first may have moved the mark: it stays.)
+    atomic(h.orphans_scanned).compare_exchange_strong(scanned, handed);
   }
   for (std::uint32_t helped = 0;;) {
     const std::uint64_t pos = atomic(h.tail).load(std::memory_order_acquire);

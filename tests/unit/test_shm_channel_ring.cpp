@@ -13,10 +13,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -187,6 +189,63 @@ TEST_F(ShmChannelRing, HandBackGoesToExactlyOneOtherConsumer) {
   EXPECT_EQ(seq, 0U);
   EXPECT_EQ(b.slot(0).state, proto::pack_state(0, Phase::Reading, c2));
   EXPECT_FALSE(ring_try_receive(b.ring(), c1, seq, gone));
+}
+
+// Two consumers look behind the tail for a message handed back while a third hands another back, into a slot one of
+// them has looked at already. A count of the messages there was zeroed by the look that found none (the other
+// consumer had taken the first): the second stayed behind the tail for good, and the ring filled up behind it (about
+// 1 run in 100).
+TEST(ShmChannelRingRace, AMessageHandedBackWhileConsumersLookIsStillDelivered) {
+  constexpr std::uint32_t kSlotsHere = 4096;
+  constexpr std::uint64_t kFirst = 4000;  // handed back before the consumers look
+  constexpr std::uint64_t kSecond = 10;   // handed back while they look
+  RingBlock b{kSlotsHere, 0};
+  const std::uint32_t c1 = b.join(1, Role::Consumer);
+  const std::uint32_t c2 = b.join(2, Role::Consumer);
+  const std::uint32_t c3 = b.join(3, Role::Consumer);
+  const std::uint32_t held = b.join(4, Role::Consumer);
+  int lost = 0;
+  for (int run = 0; run < 3000; ++run) {
+    // Messages 0..4095 received (the tail is past them all); the first handed back, the second held.
+    b.h().head = kSlotsHere;
+    b.h().tail = kSlotsHere;
+    for (std::uint64_t i = 0; i < kSlotsHere; ++i) b.slot(i).state = proto::pack_state(i, Phase::Reading, c3);
+    b.slot(kSecond).state = proto::pack_state(kSecond, Phase::Reading, held);
+    ring_hand_back(b.ring(), kFirst, c3);
+    std::atomic<bool> go{false};
+    std::array<std::uint64_t, 2> got{~0ULL, ~0ULL};
+    auto consumer = [&](std::uint32_t member, std::uint64_t& out) {
+      while (!go.load()) {
+      }
+      PoisonReason gone = PoisonReason::None;
+      if (!ring_try_receive(b.ring(), member, out, gone)) out = ~0ULL;
+    };
+    std::thread a(consumer, c1, std::ref(got[0]));
+    std::thread d(consumer, c2, std::ref(got[1]));
+    std::thread giver([&] {
+      while (!go.load()) {
+      }
+      for (int i = 0; i < (run % 200) * 20; ++i) std::atomic_signal_fence(std::memory_order_seq_cst);  // a delay
+      ring_hand_back(b.ring(), kSecond, held);
+    });
+    go.store(true);
+    a.join();
+    d.join();
+    giver.join();
+    // Whatever the two took, the rest comes to the next look: both messages, each once.
+    std::vector<std::uint64_t> delivered;
+    for (const std::uint64_t g : got) {
+      if (g != ~0ULL) delivered.push_back(g);
+    }
+    std::uint64_t seq = 0;
+    PoisonReason gone = PoisonReason::None;
+    while (ring_try_receive(b.ring(), c1, seq, gone)) delivered.push_back(seq);
+    std::sort(delivered.begin(), delivered.end());
+    if (delivered != std::vector<std::uint64_t>{kSecond, kFirst} && ++lost <= 3) {
+      ADD_FAILURE() << "run " << run << ": delivered " << delivered.size() << " of the 2 handed back";
+    }
+  }
+  EXPECT_EQ(lost, 0) << "runs that lost a message handed back";
 }
 
 TEST_F(ShmChannelRing, StreamWordsAndTheirRepair) {
@@ -497,13 +556,15 @@ class Model {
       EXPECT_GE(proto::state_seq(s1.state), proto::state_seq(s0.state)) << "state went backwards: " << m_path;
       EXPECT_GE(s1.release_mark, s0.release_mark) << "release_mark went backwards: " << m_path;
     }
-    // Every message handed back is within the consumers' reach: counted in `orphans`.
+    // Every message handed back is within the consumers' reach: counted in `orphans` since their last look.
     unsigned behind = 0;
     for (std::uint64_t i = 0; i < kSlots; ++i) {
       const std::uint64_t st = b.slot(i).state;
       if (proto::state_phase(st) == Phase::Published && proto::state_seq(st) < b.h().tail) ++behind;
     }
-    EXPECT_LE(behind, b.h().orphans) << "a message handed back out of reach: " << m_path;
+    if (behind > 0) {
+      EXPECT_NE(b.h().orphans, b.h().orphans_scanned) << "a message handed back out of reach: " << m_path;
+    }
     // No producer's GPU work is in a slot while another stream's is: a producer's stream is in it from its wait
     // for the previous release (or its claim, when none was needed) until its `filled` write, a consumer's from
     // its wait for `filled` (or its take) until its `freed` write.
