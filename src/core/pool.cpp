@@ -55,6 +55,20 @@ SegmentKind control_kind(SegmentKind kind) noexcept {
 
 namespace {
 
+/// Throws Error(InvalidArgument) unless `control` can be a pool's control block: host memory (a device segment's
+/// data() is a device address, which the host must not read), big enough for its header.
+void check_host_control(const Segment& control, std::string_view name, const char* call) {
+  if ((control.kind() == SegmentKind::Host || control.kind() == SegmentKind::HostPinned) &&
+      control.size() >= sizeof(shm::PoolHeader)) {
+    return;
+  }
+  throw Error(ErrorCode::InvalidArgument,
+              fmt::format("'{}' is not a gpuipc pool: it is a {} segment of {} bytes (a pool's name is its control "
+                          "block, host memory; its chunks are NAME.chunk.<k>)",
+                          name, to_string(control.kind()), control.size()),
+              call);
+}
+
 /// Throws Error(InvalidArgument) when the control block is a pool's of another release (another layout version).
 void check_release(const Segment& control, std::string_view name, const char* call) {
   if (const auto v = shm::pool_version_of(control.data(), control.size()); v != 0 && v != shm::kPoolVersion) {
@@ -238,6 +252,7 @@ Pool Pool::open(std::string_view name, const OpenOptions& options) {
   // it first frees with a stream (Impl::control_gpu).
   Segment control = detail::open_segment(
       name, {.access = Access::ReadWrite, .wait = options.wait, .device = options.device}, false);
+  check_host_control(control, name, "open");
   for (int i = 0; i < 1000 && atomic(static_cast<shm::PoolHeader*>(control.data())->magic).load() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));  // the creator is filling it in
   }
@@ -263,6 +278,7 @@ void Pool::unlink(std::string_view name) {
 PoolStats Pool::stat(std::string_view name) {
   check_pool_name(name);
   Segment control = detail::look_at_segment(name);
+  check_host_control(control, name, "stat");
   shm::PoolBlock b(control.data(), control.size());
   check_release(control, name, "stat");
   if (!b.valid()) {

@@ -308,12 +308,28 @@ struct Pool::Impl {
     return {.access = access, .wait = {}, .device = mapping_request()};
   }
 
-  /// Installs `seg` as chunk `c` after checking that it is one (its size and kind). Throws InvalidArgument.
+  /// Where chunk `c`'s maker records which segment it is (PoolChunk::birth). `c` < max_chunks.
+  std::atomic_ref<std::uint64_t> birth(std::uint32_t c) const noexcept {
+    return std::atomic_ref<std::uint64_t>(block.header().chunks[c].birth);
+  }
+
+  /// Installs `seg`, opened by the name of chunk `c`, after checking that it is that chunk: its size and kind, and
+  /// the segment its maker recorded (a pool unlinked while in use has no names any more: one made again under its
+  /// name has its own chunks under them). Throws InvalidArgument.
   std::byte* install_chunk(std::uint32_t c, Segment seg, std::uint64_t epoch) {
     if (seg.size() < geo().chunk_bytes || seg.kind() != kind) {
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("pool '{}': segment '{}' is not a chunk of it ({} of {} bytes)", name, seg.name(),
                               to_string(seg.kind()), seg.size()),
+                  "resolve");
+    }
+    const std::uint64_t made = birth(c).load(std::memory_order_acquire);
+    if (const auto& map = detail::SegmentAccess::mapping(seg); made != 0 && map->created_unix_ns != made) {
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("pool '{}': segment '{}' is not its chunk {} but a later segment of that name (the pool "
+                              "was unlinked, and its names are anyone's: another pool of its name?); this process "
+                              "cannot map that chunk, which its maker's processes still map",
+                              name, seg.name(), c),
                   "resolve");
     }
     return install(c, std::move(seg), epoch);
@@ -387,17 +403,28 @@ struct Pool::Impl {
                                    {}, at, chunk_mapper());
     } catch (const Error& e) {
       if (e.code() != ErrorCode::AlreadyExists) throw;
+      if (!linked) {
+        // The pool's names are anyone's now: what is there is not its chunk (another pool of its name made it?).
+        throw Error(ErrorCode::AlreadyExists,
+                    fmt::format("pool '{}' was unlinked, and segment '{}' is another's (a pool made again under its "
+                                "name?): this pool cannot add chunk {}; it has the memory it has",
+                                name, n, c),
+                    "allocate");
+      }
       seg = detail::open_segment(n, {.access = Access::ReadWrite, .wait = {}, .device = mapping_request()}, true, at);
       if (seg.size() < geo().chunk_bytes || seg.kind() != kind) throw;
       check_adoptable(seg);
     }
+    birth(c).store(detail::SegmentAccess::mapping(seg)->created_unix_ns, std::memory_order_release);
+    const Segment made = seg;
     std::byte* base = install(c, std::move(seg), epoch);
     // After Pool::unlink the pool's names are gone, its chunks' included: a chunk made now (growing, resuming) must
     // not be the one name left, keeping its memory registered after every member has gone. Members that map it
-    // keep it, as with the chunks that were unlinked.
-    if (!linked) {
+    // keep it, as with the chunks that were unlinked. Asked after the chunk is made: an unlink in between would not
+    // have found its name. (By its id: the name may stand for another segment by then.)
+    if (!linked_control()) {
       try {
-        pool_detail::unlink_if_present(n);
+        (void)detail::unlink_if_still_named(made);
       } catch (const Error& e) {
         GPUIPC_LOG_WARN("pool '{}' was unlinked: its new chunk's name '{}' stays ({}); gpuipc rm {}", name, n, e.what(),
                         n);
@@ -406,12 +433,20 @@ struct Pool::Impl {
     return base;
   }
 
-  /// A chunk's segment found made already is adopted only when one of the pool's members made it: its owner is
-  /// this process's uid, or the pool's owner while the pool's name still names this pool. The broker lets only
-  /// members make the chunk names of a pool that exists; once the name is gone they are anyone's, and another
-  /// user's segment there would get the pool's data. Throws AlreadyExists.
+  /// A chunk's segment found made already (the pool's name still names this pool) is adopted only when one of the
+  /// pool's members made it and died before it was ready: nobody else maps it, and its owner is this process's uid or
+  /// the pool's owner. The broker lets only members make the chunk names of a pool that exists; but a member of an
+  /// earlier pool of this name (unlinked, still in use) makes names of its own for a moment, and another user's
+  /// segment made before the pool would get the pool's data. Throws AlreadyExists.
   void check_adoptable(const Segment& seg) const {
     const SegmentInfo made = Segment::stat(seg.name());
+    if (made.id == seg.id() && made.mapper_count > 1) {
+      throw Error(ErrorCode::AlreadyExists,
+                  fmt::format("pool '{}': segment '{}' exists and another process maps it, so it is no leftover of "
+                              "this pool's (a member of an earlier pool of this name, unlinked, made it?); retry",
+                              name, seg.name()),
+                  "allocate");
+    }
     bool ours = made.id == seg.id() && made.owner_uid == os::current_uid();
     if (!ours && made.id == seg.id()) {
       try {

@@ -23,9 +23,7 @@
 
 namespace gpuipc {
 
-using pool_detail::chunk_name;
 using pool_detail::kLockTimeout;
-using pool_detail::unlink_if_present;
 using proto::atomic;
 
 namespace {
@@ -157,8 +155,9 @@ void Pool::pause(const PauseOptions& options) {
     }
     for (const std::uint32_t c : ready) {
       if (device) {
-        // The broker's fd goes with the name once no process has the segment open; ours with the mapping.
-        unlink_if_present(chunk_name(im.name, c));
+        // The broker's fd goes with the name once no process has the segment open; ours with the mapping. By id:
+        // after Pool::unlink the name may stand for another pool's chunk.
+        (void)detail::unlink_if_still_named(im.chunks[c]);
         released = true;
         im.unmap_chunk_locked(c);
       } else {
@@ -234,7 +233,7 @@ void Pool::resume() {
       std::optional<cuda::ScopedContext> scope;
       if (device && !made.empty()) scope.emplace(im.ctx.get());
       for (const std::uint32_t c : made) {
-        unlink_if_present(chunk_name(im.name, c));
+        (void)detail::unlink_if_still_named(im.chunks[c]);
         im.unmap_chunk_locked(c);
       }
     } catch (const std::exception& e) {

@@ -332,6 +332,7 @@ void note_broker_info(detail::Mapping& m, const proto::SegmentInfo& info) noexce
   m.owner_uid = info.owner_uid;
   m.owner_gid = info.owner_gid;
   m.mode = info.mode;
+  m.created_unix_ns = info.created_unix_ns;
 }
 
 }  // namespace
@@ -594,6 +595,31 @@ std::uint64_t detail::register_pinned_later(const Segment& segment, int ordinal)
 void Segment::unlink(std::string_view name) {
   std::string n = check_name_or_throw(name);
   core::BrokerClient::instance().request(proto::Unlink{n});
+}
+
+bool detail::unlink_if_still_named(const Segment& s) {
+  const auto& map = SegmentAccess::mapping(s);
+  if (!map) return false;
+  auto& client = core::BrokerClient::instance();
+  try {
+    if (!client.broker_has_connecting(proto::kFeatureUnlinkId)) {
+      if (Segment::stat(map->name).id != map->id.load()) return false;
+      Segment::unlink(map->name);
+      return true;
+    }
+    client.request_built([&](std::uint64_t generation) -> proto::Body {
+      // Ids are one broker's: a mapping not given back to this one has no id here (another segment may have it).
+      if (map->client_generation.load() != generation) {
+        throw Error(ErrorCode::NotFound, fmt::format("segment '{}' is not registered with this broker", map->name),
+                    "unlink");
+      }
+      return proto::UnlinkId{map->id.load()};
+    });
+    return true;
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::NotFound) throw;
+    return false;
+  }
 }
 
 SegmentInfo Segment::stat(std::string_view name) {

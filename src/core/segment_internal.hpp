@@ -36,6 +36,7 @@ struct Mapping {
   std::uint32_t owner_uid = 0;          // SegmentInfo's owner and mode when this process created or opened it
   std::uint32_t owner_gid = 0;
   unsigned mode = 0;
+  std::uint64_t created_unix_ns = 0;    // SegmentInfo::created_unix_ns: which segment of its name this is
   os::UniqueFd memory;                  // the memory's fd, kept to give the name back to a restarted broker
   os::Mapping host;                     // host kinds; device_ipc: its record (proto::DeviceIpcRecord)
   std::unique_ptr<core::GpuMemory> gpu; // device kinds, and the registration of host_pinned; set before the
@@ -86,6 +87,11 @@ Segment create_segment(std::string_view name, std::size_t bytes, const CreateOpt
 /// `place_at` as for create_segment.
 Segment open_segment(std::string_view name, const OpenOptions& options, bool register_pinned,
                      std::uint64_t place_at = 0, bool look = false);
+/// Removes the name of the segment `s` maps while the name still stands for it (UnlinkId; an older broker: a Stat,
+/// then the Unlink, which a removal in between could race). Returns false when the name is gone or stands for another
+/// segment now, or when the running broker does not know `s` (it was restarted and did not take it back). Throws
+/// what else the broker says.
+bool unlink_if_still_named(const Segment& s);
 /// Unlinks control block `name` of an object of kind `what` ("channel", "pool") when its magic is `magic`
 /// (InvalidArgument otherwise: another kind of object is removed by its own unlink). When there is no such name,
 /// returns its NotFound instead of throwing it: what the object keeps under other names (a channel's slots, a pool's

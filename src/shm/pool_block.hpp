@@ -64,7 +64,11 @@ struct PoolChunk {
   std::uint32_t creator;  ///< member creating it (state Creating)
   std::uint64_t bytes;
   std::uint64_t top;      ///< no occupied byte at or above this offset (an upper bound, for bump allocation)
-  std::uint64_t pad;
+  /// The chunk's segment as the broker registered it (SegmentInfo::created_unix_ns), written by its maker before it
+  /// is ready: a member that opens the chunk by name checks that the name still stands for it (after Pool::unlink the
+  /// names are anyone's, and a pool made again under the pool's name makes its own chunks under them). 0: not known
+  /// (a maker of an earlier release).
+  std::uint64_t birth;
 };
 static_assert(sizeof(PoolChunk) == 32);
 

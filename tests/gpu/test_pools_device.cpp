@@ -80,6 +80,29 @@ bool reads_as_written(Gpu& g, Shared<BlockRef>& refs, int i, void* p) {
   return g.k.count_mismatches(g.stream.get(), dptr(p), refs[i].size / 4, 100 + i) == 0;
 }
 
+// A device segment opened (or looked at) as a pool: the control block's magic was read through data(), a device
+// address, and the process died of SIGSEGV.
+TEST(PoolsDevice, ADeviceChunkOpenedAsAPoolIsRefusedNotReadThroughItsDeviceAddress) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("pool");
+  EXPECT_EQ(run_child(
+                [&] {
+                  Gpu g;
+                  auto pool = Pool::create(
+                      name, {.kind = SegmentKind::Device, .device = 0, .chunk_bytes = kChunk, .max_bytes = kChunk});
+                  Block b = pool.allocate(4096);
+                  GPUIPC_CHILD_CHECK(fails_with([&] { Pool::open(name + ".chunk.0"); }, ErrorCode::InvalidArgument,
+                                                "is not a gpuipc pool: it is a device segment"));
+                  GPUIPC_CHILD_CHECK(fails_with([&] { Pool::stat(name + ".chunk.0"); }, ErrorCode::InvalidArgument,
+                                                "is not a gpuipc pool: it is a device segment"));
+                  pool.free(std::move(b));
+                  return 0;
+                },
+                120s),
+            0);
+  Pool::unlink(name);
+}
+
 TEST(PoolsDevice, BlocksWrittenInAAreReadInBFromTwoChunks) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("pool");

@@ -705,7 +705,8 @@ TEST(Security, AMemberOfAnUnlinkedPoolDoesNotGrowIntoAnotherUsersSegment) {
             }),
             0);
   const Block first = pool.allocate(48 << 10);
-  EXPECT_TRUE(fails_with([&] { (void)pool.allocate(48 << 10); }, ErrorCode::System, "owned by uid 65534"));
+  EXPECT_TRUE(fails_with([&] { (void)pool.allocate(48 << 10); }, ErrorCode::System,
+                         "was unlinked, and segment '" + name + ".chunk.1' is another's"));
   Segment::unlink(name + ".chunk.1");
   const Block second = pool.allocate(48 << 10);  // its own chunk, once the name is free
   EXPECT_EQ(second.ref().chunk, 1U);
