@@ -16,6 +16,7 @@ namespace gpuipc::broker {
 std::string adopt_device_ipc_record(const proto::Create& req, int fd, os::Mapping& out) {
   if (req.flags != 0 || req.view_size != 0) return "a device_ipc segment takes no flags and no view";
   try {
+    (void)os::memfd_seals(fd);  // first: a memfd, so nothing below asks another file's filesystem (FUSE)
     const std::size_t actual = os::fd_size(fd);
     if (actual != proto::kDeviceIpcRecordBytes) {
       return fmt::format("its record memfd is {} bytes, not {}", actual, proto::kDeviceIpcRecordBytes);

@@ -2,9 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <array>
-#include <csignal>
 #include <algorithm>
+#include <array>
+#include <climits>
+#include <csignal>
 #include <fstream>
 
 #include "base/log.hpp"
@@ -129,7 +130,9 @@ void Server::run() {
       }
       timeout_ns = timeout_ns < 0 ? left : std::min(timeout_ns, left);
     }
-    const int timeout_ms = timeout_ns < 0 ? -1 : static_cast<int>((timeout_ns + 999'999) / 1'000'000);
+    // Clamped: a deadline over 24.8 days away (an idle timeout of a month) wrapped to a negative int, "for ever".
+    const int timeout_ms =
+        timeout_ns < 0 ? -1 : static_cast<int>(std::min<std::int64_t>((timeout_ns + 999'999) / 1'000'000, INT_MAX));
     const std::int64_t poll_ns = m_last_request_ns + m_options.poll.count() * 1000 - os::monotonic_ns();
     const int n = m_epoll.wait_spinning(events, timeout_ms, poll_ns);
     for (int i = 0; i < n; ++i) {
@@ -189,17 +192,28 @@ void Server::accept_all() {
       GPUIPC_LOG_WARN("dropping a connection without credentials: {}", e.what());
       continue;
     }
-    auto& count = m_per_uid[creds.uid];
-    if (count >= m_options.max_connections_per_uid || m_connections.size() >= m_options.max_connections) {
-      auto bytes = proto::encode(error_reply(0, ErrorCode::QuotaExceeded,
-                                             fmt::format("too many connections from uid {} ({} allowed); close some "
-                                                         "gpuipc clients",
-                                                         creds.uid, m_options.max_connections_per_uid)),
-                                 0);
-      (void)os::send_message(sock.get(), bytes);
+    const auto per_uid = m_per_uid.find(creds.uid);
+    const std::size_t count = per_uid == m_per_uid.end() ? 0 : per_uid->second;
+    std::string refusal;
+    if (count >= m_options.max_connections_per_uid) {
+      refusal = fmt::format("too many connections from uid {} ({} allowed); close some gpuipc clients", creds.uid,
+                            m_options.max_connections_per_uid);
+    } else if (m_connections.size() >= m_options.max_connections) {
+      refusal = fmt::format(
+          "the broker serves as many connections as it may ({}, from all users; its file "
+          "descriptor limit is {}, at most a quarter of it for connections); close some gpuipc "
+          "clients, or raise the broker's limit (LimitNOFILE=)",
+          m_options.max_connections, m_fd_limit);
+    }
+    if (!refusal.empty()) {
+      try {
+        (void)os::send_message(sock.get(), proto::encode(error_reply(0, ErrorCode::QuotaExceeded, refusal), 0));
+      } catch (const std::exception& e) {  // the refusal is a courtesy: it must not end the broker's loop
+        GPUIPC_LOG_DEBUG("refusing a connection from uid {}: {}", creds.uid, e.what());
+      }
       continue;
     }
-    ++count;
+    ++m_per_uid[creds.uid];
     const ConnId id = m_next_conn++;
     m_epoll.add(sock.get(), EPOLLIN, id);
     Connection c;
@@ -225,9 +239,20 @@ void Server::serve(ConnId id, std::uint32_t events) {
   for (int i = 0; i < kMessagesPerTurn && !c.closing; ++i) {
     std::size_t size = 0;
     std::vector<os::UniqueFd> fds;
+    std::vector<os::UniqueFd> refused;
+    // Whatever the request left of them is closed on the closer's thread (fd_closer.hpp): never here.
+    struct CloseLater {
+      FdCloser& closer;
+      std::vector<os::UniqueFd>& fds;
+      std::vector<os::UniqueFd>& refused;
+      ~CloseLater() {
+        closer.close_later(fds);
+        closer.close_later(refused);
+      }
+    } close_later{m_closer, fds, refused};
     os::IoStatus st;
     try {
-      st = os::receive_message(c.sock.get(), m_buffer, size, fds);
+      st = os::receive_message(c.sock.get(), m_buffer, size, fds, os::kMaxFds, &refused);
     } catch (const Error& e) {
       GPUIPC_LOG_WARN("connection {} (pid {}): {}", id, c.creds.pid, e.what());
       c.closing = true;
@@ -238,21 +263,31 @@ void Server::serve(ConnId id, std::uint32_t events) {
       c.closing = true;
       break;
     }
-    if (st == os::IoStatus::Truncated) {
-      // The same flag says "too large" and "the fds did not fit": the second also happens when the broker has no
-      // fd left to receive them into, which is not the client's fault. Say which.
-      const std::size_t open = os::open_fd_count();
-      const bool out_of_fds = size <= proto::kMaxMessageSize && open + 8 >= m_fd_limit;
+    if (st == os::IoStatus::FdsDropped) {
+      // The whole request came but the kernel could not give the broker its fds: the broker is out of them, which
+      // is not the client's fault. Its request is refused, saying so, and its connection stays (closing it would
+      // repair its members as if its process had died).
+      const auto header = proto::peek_header(std::span<const std::byte>(m_buffer.data(), size));
+      const std::uint32_t rid = header ? header->request_id : 0;
       queue(id, c,
-            proto::encode(out_of_fds
-                              ? error_reply(0, ErrorCode::QuotaExceeded,
-                                            fmt::format("the broker is out of file descriptors ({} open, limit {}); "
-                                                        "unlink segments you no longer need and try again",
-                                                        open, m_fd_limit))
-                              : error_reply(0, ErrorCode::Protocol,
-                                            fmt::format("message larger than {} bytes or with more than {} fds: "
-                                                        "closing",
-                                                        proto::kMaxMessageSize, os::kMaxFds)),
+            proto::encode(error_reply(rid, ErrorCode::QuotaExceeded,
+                                      fmt::format("the broker could not take the fds this request carried: it is out "
+                                                  "of file descriptors (limit {}); unlink segments you no longer "
+                                                  "need and try again",
+                                                  m_fd_limit)),
+                          0),
+            {});
+      if (rid == 0 || !c.greeted) {
+        c.closing = true;
+        break;
+      }
+      continue;
+    }
+    if (st == os::IoStatus::Truncated) {
+      queue(id, c,
+            proto::encode(error_reply(0, ErrorCode::Protocol,
+                                      fmt::format("message larger than {} bytes or with more than {} fds: closing",
+                                                  proto::kMaxMessageSize, os::kMaxFds)),
                           0),
             {});
       c.closing = true;

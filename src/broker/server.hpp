@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "broker/fd_closer.hpp"
 #include "broker/registry.hpp"
 #include "os/epoll.hpp"
 #include "os/fd.hpp"
@@ -120,6 +121,7 @@ class Server {
   std::optional<std::int64_t> expire_ungreeted(std::int64_t now);
 
   ServerOptions m_options;
+  FdCloser m_closer;  // before the rest: destroyed after them
   std::string m_socket_path;
   std::optional<os::FileIdentity> m_socket_file;  // the socket file this broker bound, to unlink on the way out
   os::UniqueFd m_lock;

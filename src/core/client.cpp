@@ -1,6 +1,7 @@
 #include "core/client.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -324,6 +325,7 @@ std::optional<Reply> BrokerClient::receive_ready_locked(bool readable) {
   std::size_t size = 0;
   const auto st = os::receive_message(m_sock.get(), buffer, size, reply.fds);
   if (st == os::IoStatus::WouldBlock) return std::nullopt;
+  if (st == os::IoStatus::FdsDropped) return out_of_fds_locked(std::span<const std::byte>(buffer.data(), size));
   if (st != os::IoStatus::Ok) {
     disconnect_locked();
     throw Error(ErrorCode::PeerDied, "the gpuipc broker closed the connection", "recv");
@@ -349,6 +351,32 @@ std::optional<Reply> BrokerClient::receive_ready_locked(bool readable) {
     disconnect_locked();
     throw error_from_reply(*err, "broker");
   }
+  return reply;
+}
+
+Reply BrokerClient::out_of_fds_locked(std::span<const std::byte> bytes) {
+  const auto header = proto::peek_header(bytes);
+  proto::Message msg;
+  std::string why;
+  if (!header || header->version != proto::kVersion || !proto::decode(bytes, header->fd_count, msg, why)) {
+    disconnect_locked();
+    throw Error(ErrorCode::Protocol, "malformed reply from the gpuipc broker: " + why, "recv");
+  }
+  if (const auto* open = std::get_if<proto::OpenReply>(&msg.body)) {
+    GPUIPC_LOG_DEBUG("answer to request {} lost its fd: giving back its reference to segment {}", msg.request_id,
+                     open->info.id);
+    m_abandoned.emplace(send_locked(proto::Close{open->info.id}, {}, deadline_in(connect_timeout())), Abandoned{});
+  }
+  rlimit limit{};
+  (void)::getrlimit(RLIMIT_NOFILE, &limit);
+  Reply reply;
+  reply.generation = m_generation.load();
+  reply.msg.request_id = msg.request_id;
+  reply.msg.body = proto::ErrorReply{
+      static_cast<std::uint8_t>(ErrorCode::QuotaExceeded), EMFILE,
+      fmt::format("this process is out of file descriptors (its limit is {}): the broker's answer carried one it "
+                  "could not receive; close files it no longer needs or raise the limit (ulimit -n, LimitNOFILE=)",
+                  limit.rlim_cur)};
   return reply;
 }
 

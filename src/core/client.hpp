@@ -148,6 +148,10 @@ class BrokerClient {
   Reply receive_locked(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds limit);
   /// One message if one is waiting (receive_locked's checks), else nullopt. `readable`: poll(2) has just said so.
   std::optional<Reply> receive_ready_locked(bool readable);
+  /// A reply (`bytes`) whose fd this process could not take (it is at its RLIMIT_NOFILE): an ErrorReply
+  /// (QuotaExceeded, saying so) for its request instead, with the reference an Open's answer counted given back. The
+  /// connection stays: the broker did nothing wrong.
+  Reply out_of_fds_locked(std::span<const std::byte> bytes);
   /// A reply that does not answer the request its reader waits for: stashed for the thread waiting in
   /// request_waiting, or an abandoned request's (discarded, and a reference it counted given back). Any other is a
   /// protocol error: the connection is dropped and Error(Protocol) thrown.

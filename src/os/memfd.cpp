@@ -40,11 +40,23 @@ void file_chmod(int fd, unsigned mode) {
   if (::fchmod(fd, static_cast<mode_t>(mode)) != 0) throw_system("fchmod", fmt::format("fd {} to {:04o}", fd, mode));
 }
 
+namespace {
+
+/// statx of `fd` from the inode as the kernel has it (AT_STATX_DONT_SYNC): the broker looks at fds clients send,
+/// and fstat of a FUSE file asks its daemon (GETATTR), which may never answer. Its file type cannot be forged that
+/// way: a FUSE inode keeps its type, and a character device opens through its driver (FUSE mounts of users are
+/// nodev). Returns false when statx fails.
+bool cached_statx(int fd, unsigned mask, struct statx& out) noexcept {
+  return ::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, mask, &out) == 0;
+}
+
+}  // namespace
+
 bool is_nvidia_export(int fd) {
   // Measured on H100 and H200 (driver 580): the exported fd is an open file of /dev/nvidiactl, 195:255.
   constexpr unsigned kNvidiaMajor = 195;
-  struct stat st {};
-  return ::fstat(fd, &st) == 0 && S_ISCHR(st.st_mode) && major(st.st_rdev) == kNvidiaMajor;
+  struct statx sx {};
+  return cached_statx(fd, STATX_TYPE, sx) && S_ISCHR(sx.stx_mode) && sx.stx_rdev_major == kNvidiaMajor;
 }
 
 void memfd_seal(int fd, unsigned seals) {
@@ -80,9 +92,10 @@ UniqueFd reopen_readwrite(int fd) {
 }
 
 FileId file_id(int fd) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw_system("fstat", fmt::format("fd {}", fd));
-  return FileId{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+  struct statx sx {};
+  if (!cached_statx(fd, STATX_INO, sx)) throw_system("statx", fmt::format("fd {}", fd));
+  // dev_t as fstat gives it (journals recorded those).
+  return FileId{static_cast<std::uint64_t>(makedev(sx.stx_dev_major, sx.stx_dev_minor)), sx.stx_ino};
 }
 
 Mapping Mapping::map(int fd, std::size_t size, bool writable, std::size_t offset) {

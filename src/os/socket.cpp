@@ -250,7 +250,7 @@ IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<co
 }
 
 IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& size, std::vector<UniqueFd>& fds,
-                         std::size_t max_fds) {
+                         std::size_t max_fds, std::vector<UniqueFd>* refused) {
   fds.clear();
   size = 0;
   iovec iov{buffer.data(), buffer.size()};
@@ -289,7 +289,18 @@ IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& siz
 
   if (n == 0 && count == 0 && (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0) return IoStatus::Closed;
   size = std::min(static_cast<std::size_t>(n), buffer.size());
-  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || count > max_fds) return IoStatus::Truncated;
+  const auto refuse = [&](IoStatus st) {
+    if (refused != nullptr) {
+      for (std::size_t i = 0; i < count; ++i) refused->push_back(std::move(arrived[i]));
+    }
+    return st;
+  };
+  // The kernel stops installing a message's fds at the receiver's RLIMIT_NOFILE and says only MSG_CTRUNC, as for
+  // fds that did not fit the buffer: fewer than kMaxFds (which always fit) means the first.
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == MSG_CTRUNC && count < kMaxFds) {
+    return refuse(IoStatus::FdsDropped);
+  }
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || count > max_fds) return refuse(IoStatus::Truncated);
   fds.reserve(count);
   for (std::size_t i = 0; i < count; ++i) fds.push_back(std::move(arrived[i]));
   return IoStatus::Ok;

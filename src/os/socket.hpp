@@ -37,6 +37,10 @@ enum class IoStatus {
   WouldBlock,  ///< non-blocking socket and nothing could be done now
   Closed,      ///< the peer closed (EOF, EPIPE, ECONNRESET)
   Truncated,   ///< received message or its control data did not fit; every fd that came with it is closed
+  /// The whole message came, but the kernel could not install every fd that came with it (MSG_CTRUNC with fewer
+  /// than kMaxFds fds: the receiver is out of file descriptors, RLIMIT_NOFILE): not the sender's fault, and the
+  /// message can still be answered. The fds that did arrive are closed (or given to the caller, as for Truncated).
+  FdsDropped,
 };
 
 /// Creates, binds and listens on a SOCK_SEQPACKET socket at `path` (an existing socket file there is unlinked
@@ -108,10 +112,11 @@ IoStatus send_message(int sock, std::span<const std::byte> payload, std::span<co
 
 /// Receives one message into `buffer`; `size` gets its length and `fds` (cleared first) the fds that came with it
 /// (at most `max_fds` are accepted; a message with more counts as Truncated). On Truncated (MSG_TRUNC or
-/// MSG_CTRUNC) every received fd is closed before returning, so nothing leaks. Throws Error(System) on other
-/// failures.
+/// MSG_CTRUNC) and FdsDropped every received fd is closed before returning, so nothing leaks, or handed to
+/// `refused` when given (the broker closes a client's fds on a thread of its own: closing a FUSE file can wait for
+/// ever). Throws Error(System) on other failures.
 IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& size, std::vector<UniqueFd>& fds,
-                         std::size_t max_fds = kMaxFds);
+                         std::size_t max_fds = kMaxFds, std::vector<UniqueFd>* refused = nullptr);
 
 /// SO_PEERCRED and SO_PEERGROUPS of a connected socket. Throws Error(System).
 Credentials peer_credentials(int sock);

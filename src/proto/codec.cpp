@@ -224,10 +224,15 @@ bool decode(std::span<const std::byte> bytes, std::size_t fds_received, Message&
 }
 
 std::optional<std::uint16_t> peek_version(std::span<const std::byte> bytes) noexcept {
+  if (const auto h = peek_header(bytes)) return h->version;
+  return std::nullopt;
+}
+
+std::optional<PeekedHeader> peek_header(std::span<const std::byte> bytes) noexcept {
   if (bytes.size() < kHeaderSize) return std::nullopt;
   const Header h = read_header(bytes);
   if (h.magic != kMagic) return std::nullopt;
-  return h.version;
+  return PeekedHeader{h.version, h.request_id, h.fd_count};
 }
 
 }  // namespace gpuipc::proto

@@ -381,4 +381,13 @@ bool decode(std::span<const std::byte> bytes, std::size_t fds_received, Message&
 /// can tell "another release" from "garbage" before decode() refuses the message.
 std::optional<std::uint16_t> peek_version(std::span<const std::byte> bytes) noexcept;
 
+/// What the header of a datagram from a gpuipc peer says (a whole header with the 'GIPC' magic), before decode():
+/// which request it is or answers, and how many fds its sender sent with it. nullopt when `bytes` is not one.
+struct PeekedHeader {
+  std::uint16_t version = 0;
+  std::uint32_t request_id = 0;
+  std::uint8_t fd_count = 0;
+};
+std::optional<PeekedHeader> peek_header(std::span<const std::byte> bytes) noexcept;
+
 }  // namespace gpuipc::proto

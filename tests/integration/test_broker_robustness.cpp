@@ -1,7 +1,10 @@
 // Hostile and broken clients against a real gpuipcd: each gets an error or its connection closed, and everyone
 // else keeps being served. Also the daemon's lifecycle: single instance, SIGTERM, idle exit.
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +12,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <set>
 #include <thread>
 
 #include "base/config.hpp"
@@ -81,6 +86,87 @@ TEST(BrokerRobustness, FdFloodLeaksNothingInTheBroker) {
   sock.reset();
   EXPECT_TRUE(wait_until([&] { return BrokerEnvironment::broker_fd_count() <= fds0; }, 2s))
       << BrokerEnvironment::broker_fd_count() << " vs " << fds0;
+  expect_still_serving();
+}
+
+/// A TCP connection over loopback whose peer never reads, its send buffer full, set to linger `seconds` on close:
+/// closing its last fd waits that long (the kernel tries to send what is queued).
+os::UniqueFd lingering_socket(int seconds, os::UniqueFd& peer) {
+  const os::UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  EXPECT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), len), 0);
+  EXPECT_EQ(::listen(listener.get(), 1), 0);
+  EXPECT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  os::UniqueFd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int small = 4096;
+  (void)::setsockopt(sock.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  EXPECT_EQ(::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), len), 0);
+  peer.reset(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  (void)::setsockopt(peer.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  os::set_nonblocking(sock.get(), true);
+  const std::vector<char> chunk(65536, 'x');
+  while (::send(sock.get(), chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0) {
+  }
+  const linger l{1, seconds};
+  EXPECT_EQ(::setsockopt(sock.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l), 0);
+  return sock;
+}
+
+// Closing an fd a client sent can take long: a socket lingering over unsent data, up to its linger time; a FUSE file
+// whose daemon does not answer FLUSH, for ever and unkillably (any user who may mount FUSE could send one, with any
+// message, garbage included). The broker closed them on its loop, and every other client waited as long. They are
+// closed on a thread of their own.
+TEST(BrokerRobustness, AnFdSlowToCloseDoesNotHoldUpTheBroker) {
+  os::UniqueFd peer;
+  os::UniqueFd slow = lingering_socket(20, peer);
+  auto sock = raw_connect();
+  const pid_t broker = BrokerEnvironment::broker_pid();
+  // Stopped, the broker cannot close its copy before ours is closed: its copy is the last, as an attacker's would be.
+  ASSERT_EQ(::kill(broker, SIGSTOP), 0);
+  std::vector<std::byte> junk(64, std::byte{0x5A});
+  const int fd = slow.get();
+  send_bytes(sock.get(), junk, std::span<const int>(&fd, 1));
+  slow.reset();
+  ASSERT_EQ(::kill(broker, SIGCONT), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error_then_closed(sock.get(), ErrorCode::Protocol);
+  expect_still_serving();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "the broker waited for the close (20 s)";
+}
+
+// A broker out of file descriptors gets a request with an fd: the kernel gives it the message and not the fd, and says
+// only MSG_CTRUNC. The broker took that for a message too large and closed the client's connection, which repaired its
+// semaphores, channels and pools as if its process had died. It refuses that request, saying why, and serves on.
+TEST(BrokerRobustness, ARequestWhoseFdTheBrokerHasNoRoomForIsRefusedAndItsConnectionStays) {
+  auto sock = raw_hello(::getpid(), "no-room");
+  const pid_t broker = BrokerEnvironment::broker_pid();
+  // The broker's lowest free fd number becomes its limit: every number below is taken.
+  std::set<int> open;
+  for (const auto& e : std::filesystem::directory_iterator(fmt::format("/proc/{}/fd", broker))) {
+    open.insert(std::stoi(e.path().filename().string()));
+  }
+  int lowest_free = 0;
+  while (open.count(lowest_free) != 0) ++lowest_free;
+  rlimit before{};
+  ASSERT_EQ(::prlimit(broker, RLIMIT_NOFILE, nullptr, &before), 0);
+  rlimit low = before;
+  low.rlim_cur = static_cast<rlim_t>(lowest_free);
+  ASSERT_EQ(::prlimit(broker, RLIMIT_NOFILE, &low, nullptr), 0);
+  const auto memfd = os::memfd_create("no-room", 4096);
+  const int fd = memfd.get();
+  const auto refused = raw_request(sock.get(), 7, proto::Create{unique_name(), proto::Kind::Host, 0600, 4096, {}, 0},
+                                   std::span<const int>(&fd, 1));
+  ASSERT_EQ(::prlimit(broker, RLIMIT_NOFILE, &before, nullptr), 0);
+  EXPECT_EQ(refused.request_id, 7U);
+  const auto* e = std::get_if<proto::ErrorReply>(&refused.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->code, static_cast<std::uint8_t>(ErrorCode::QuotaExceeded));
+  EXPECT_NE(e->message.find("out of file descriptors"), std::string::npos) << e->message;
+  // The same connection is served on.
+  EXPECT_TRUE(std::holds_alternative<proto::ListReply>(raw_request(sock.get(), 8, proto::List{0}).body));
   expect_still_serving();
 }
 

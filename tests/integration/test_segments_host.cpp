@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstring>
 
+#include "core/client.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 #include "os/fd.hpp"
@@ -309,6 +310,28 @@ TEST(SegmentsHost, ThousandCyclesKeepFdCountsFlat) {
   // Not more than before (fewer is fine: the baseline may have caught a reply's fd in flight).
   EXPECT_LE(BrokerEnvironment::broker_fd_count(), broker0);
   EXPECT_EQ(BrokerEnvironment::broker_references(), 0U);
+}
+
+// A process at its RLIMIT_NOFILE opens a segment: the broker's answer carries an fd the kernel cannot give it. It took
+// that for the broker closing the connection (PeerDied) and dropped it (the broker then repaired its semaphores and
+// channels as if it had died), and the reference the Open counted stayed. The open fails saying why; the connection
+// and the reference count are as they were.
+TEST(SegmentsHost, AnOpenInAProcessOutOfFdsSaysSoAndKeepsItsConnection) {
+  const auto name = unique_name();
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  EXPECT_EQ(run_child([&] {
+              auto mine = Segment::create(unique_name("mine"), 4096, {.kind = SegmentKind::Host});
+              const std::uint64_t connection = core::BrokerClient::instance().generation();
+              const rlimit before = use_up_fds();
+              GPUIPC_CHILD_CHECK(fails_with([&] { (void)Segment::open(name); }, ErrorCode::QuotaExceeded,
+                                            "this process is out of file descriptors"));
+              GPUIPC_CHILD_CHECK(::setrlimit(RLIMIT_NOFILE, &before) == 0);
+              GPUIPC_CHILD_CHECK(core::BrokerClient::instance().generation() == connection);
+              const auto opened = Segment::open(name);
+              GPUIPC_CHILD_CHECK(Segment::stat(name).references == 2);  // the failed open's was given back
+              return 0;
+            }),
+            0);
 }
 
 TEST(SegmentsHost, QuotaExceededIsAClearError) {

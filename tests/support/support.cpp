@@ -74,6 +74,21 @@ int run_child(const std::function<int()>& body, std::chrono::milliseconds timeou
   return wait_child(start_child(body), timeout);
 }
 
+rlimit use_up_fds() {
+  rlimit before{};
+  (void)::getrlimit(RLIMIT_NOFILE, &before);
+  int top = 0;
+  for (int fd = 0; fd < 65536 && static_cast<rlim_t>(fd) < before.rlim_cur; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0) top = fd;
+  }
+  rlimit low = before;
+  low.rlim_cur = static_cast<rlim_t>(top) + 1;
+  (void)::setrlimit(RLIMIT_NOFILE, &low);
+  while (::dup(0) >= 0) {  // the free numbers below
+  }
+  return before;
+}
+
 ::testing::AssertionResult fails_with(const std::function<void()>& call, ErrorCode code, std::string_view text) {
   const std::string expected = std::string(to_string(code)) + " with \"" + std::string(text) + "\"";
   std::string instead;

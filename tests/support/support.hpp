@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -74,6 +75,10 @@ void report_child_failure(const char* file, int line, const char* expr) noexcept
 /// (in the result, and on stderr for a child's check). For `EXPECT_TRUE(fails_with([] { ... }, ErrorCode::NotFound,
 /// "..."))` and `GPUIPC_CHILD_CHECK(fails_with(...))`.
 ::testing::AssertionResult fails_with(const std::function<void()>& call, ErrorCode code, std::string_view text);
+
+/// Lowers this process's soft RLIMIT_NOFILE to the fds it has open and fills every free number below it (the fds
+/// stay open): no fd can be made until the limit returned (the one before) is set again. For a child process.
+rlimit use_up_fds();
 
 /// Inside a start_child / run_child body: returns 1 from the body, after saying which check failed, when `cond` is
 /// false.

@@ -1,14 +1,17 @@
 // SOCK_SEQPACKET sockets with fd passing: messages, fd leaks on truncation, limits, peer exit, credentials,
 // listen/accept/connect, EINTR.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -206,6 +209,31 @@ TEST(OsSocket, TruncatedControlDataLeaksNothing) {
   EXPECT_EQ(os::receive_message(b.get(), buf, size, fds), IoStatus::Truncated);
   EXPECT_TRUE(fds.empty());
   EXPECT_EQ(os::count_open_fds(), before) << test::describe_open_fds();
+}
+
+// The kernel stops installing a message's fds at the receiver's RLIMIT_NOFILE and says only MSG_CTRUNC, as for a
+// control buffer too small: taken for "too large", a broker closed the connection of a client that did nothing wrong
+// (and repaired its members as if it had died), and a client that hit its own limit took the broker for gone.
+TEST(OsSocket, FdsTheReceiverHasNoRoomForAreSaidSoAndTheMessageStillComes) {
+  auto [a, b] = os::seqpacket_pair();
+  const os::UniqueFd memfd = memfd_with("m");
+  ASSERT_EQ(raw_send(a.get(), "request", {{memfd.get()}}), 7);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    (void)test::use_up_fds();
+    std::array<std::byte, 64> buf{};
+    std::size_t size = 0;
+    std::vector<os::UniqueFd> fds;
+    std::vector<os::UniqueFd> refused;
+    const auto st = os::receive_message(b.get(), buf, size, fds, os::kMaxFds, &refused);
+    const bool ok = st == IoStatus::FdsDropped && size == 7 && fds.empty() && refused.empty() &&
+                    std::memcmp(buf.data(), "request", 7) == 0;
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 TEST(OsSocket, OversizedMessagesAreRefusedBeforeSending) {
