@@ -224,7 +224,12 @@ struct Channel::Impl {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       const auto waited = std::chrono::steady_clock::now() - start;
       if (shm::ring_owed_room(ring(), member) > held_count) {
-        if (!forever) timeout = waited < timeout ? timeout - waited : std::chrono::nanoseconds(0);
+        // What is left, 1 ns at least: a claim given 0 would say WouldBlock, which callers take for "a zero
+        // timeout" (the documented loop stops there as if the peer were gone); with 1 ns it tries once, then says
+        // Timeout.
+        if (!forever)
+          timeout =
+              std::max(waited < timeout ? timeout - waited : std::chrono::nanoseconds(0), std::chrono::nanoseconds(1));
         return Status::Ok;
       }
       if (!forever && waited >= timeout) return Status::Timeout;

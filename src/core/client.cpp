@@ -159,6 +159,28 @@ std::string BrokerClient::find_daemon() {
 }
 
 void BrokerClient::connect_locked() {
+  // A dying broker's listener (its process exiting, not all its threads gone yet) still takes a connection and drops
+  // it unanswered: the first call after a broker was killed failed with PeerDied when it connected in that window
+  // (its retry too). Connect again, within the connect timeout.
+  const auto deadline = std::chrono::steady_clock::now() + connect_timeout();
+  auto delay = std::chrono::milliseconds(1);
+  for (;;) {
+    try {
+      connect_once_locked();
+      return;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::PeerDied || std::chrono::steady_clock::now() >= deadline) throw;
+      GPUIPC_LOG_DEBUG(
+          "the broker dropped the connection before it answered Hello (a broker going away?): connecting "
+          "again in {} ms",
+          delay.count());
+    }
+    std::this_thread::sleep_for(delay);
+    delay = std::min(delay * 2, std::chrono::milliseconds(50));
+  }
+}
+
+void BrokerClient::connect_once_locked() {
   // Checked before anything is sent: a malformed value must not throw between a request and its answer (the
   // request would take effect, and the connection would hold an answer nobody reads).
   (void)reply_poll_ns();

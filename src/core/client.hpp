@@ -133,6 +133,8 @@ class BrokerClient {
  private:
   BrokerClient() = default;
   void connect_locked();
+  /// One attempt of connect_locked: connect (starting a broker when none listens), Hello, and the rebind hook.
+  void connect_once_locked();
   /// `send()`'s reply, connecting first when there is no connection, and once more when the broker went away
   /// (PeerDied with the connection dropped). Under m_mutex.
   template <class Send>

@@ -390,6 +390,7 @@ void Pool::free(Block&& block, StreamHandle stream) {
   // A member registers the control block at its first stream-ordered free. When that fails, the free fails and the
   // caller keeps the Block: freeing it at once could hand its memory out while the stream still uses it.
   const std::uint64_t base = im.stream_ordered() ? im.control_gpu() : 0;
+  void* const data = block.m_data;
   block.m_pool.reset();
   block.m_data = nullptr;
   const auto loc = location_of(ref);
@@ -409,6 +410,12 @@ void Pool::free(Block&& block, StreamHandle stream) {
     pending = rc == CUDA_SUCCESS;
   }
   const shm::PoolStatus st = im.drop_local(loc, true, pending);
+  if (st == shm::PoolStatus::LockTimeout) {
+    // Nothing was freed: the caller keeps the Block, and may free it again.
+    block.m_pool = owner;
+    block.m_data = data;
+    throw im.lock_busy_error("free");
+  }
   if (rc != CUDA_SUCCESS) {
     throw Error(ErrorCode::Cuda,
                 fmt::format("pool '{}': cuStreamWriteValue64 for the stream-ordered free failed; the block was freed "

@@ -539,10 +539,25 @@ struct Pool::Impl {
     }
     if (it->second.owned || it->second.holds > 0) return shm::PoolStatus::Ok;
     const bool pending = it->second.pending;
-    holds.erase(it);
-    if (!here()) return shm::PoolStatus::Ok;  // a forked child's copy: the parent's hold stays the parent's
+    if (!here()) {  // a forked child's copy: the parent's hold stays the parent's
+      holds.erase(it);
+      return shm::PoolStatus::Ok;
+    }
+    const shm::PoolStatus st = block.release(member, loc, pending, pool_detail::kLockTimeout);
+    if (st == shm::PoolStatus::LockTimeout) {
+      // The shared hold stays, so the local one does too: the call can be made again. (It was dropped: a retry then
+      // said "holds no reference", and the block stayed held until the handle closed.)
+      if (owned) {
+        it->second.owned = true;
+        it->second.pending = false;
+      } else {
+        ++it->second.holds;
+      }
+      return st;
+    }
     if (pending) stream_released.store(true, std::memory_order_relaxed);
-    return block.release(member, loc, pending, pool_detail::kLockTimeout);
+    holds.erase(it);
+    return st;
   }
 
   /// What is wrong with `ref` for this pool, or empty.

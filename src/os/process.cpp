@@ -621,6 +621,8 @@ CapturedRun run_captured(const std::vector<std::string>& argv, const std::vector
       }
     }
     if (exited && !read_some) break;
+    // The pipe at EOF and the program not gone yet: nothing to poll, so the loop would spin on waitpid.
+    if (!open_pipe && !exited) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (known && WIFEXITED(status)) {
     run.exit_code = WEXITSTATUS(status);

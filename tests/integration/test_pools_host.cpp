@@ -14,6 +14,9 @@
 #include <vector>
 
 #include "gpuipc/pool.hpp"
+#include "gpuipc/segment.hpp"
+#include "proto/shm.hpp"
+#include "shm/pool_block.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
 
@@ -346,6 +349,30 @@ TEST(PoolsHost, AChunkMadeWhileThePoolIsUnlinkedLeavesNoNameBehind) {
     }
   }
   EXPECT_EQ(left_behind, 0);
+}
+
+// The pool lock stays busy (a member that died holding it, whose process has not exited yet): a release or a free
+// fails with Timeout. Both dropped this process's own reference before they tried: a retry said "holds no
+// reference", the Block was gone (and the error said InvalidArgument), and the block stayed held until the handle
+// closed. Takes 10 s: two waits for the lock.
+TEST(PoolsHost, AReleaseOrFreeThatFindsThePoolLockBusyCanBeMadeAgain) {
+  const auto name = unique_name("pool");
+  auto pool = one_chunk_pool(name);
+  auto other = Pool::open(name);
+  Block b = pool.allocate(4096);
+  const BlockRef ref = b.ref();
+  other.hold(ref);
+  const Segment control = Segment::open(name);
+  auto lock = proto::atomic(static_cast<shm::PoolHeader*>(control.data())->lock);
+  lock.store(41);  // a member that is not this process's: nobody here breaks it
+  EXPECT_TRUE(fails_with([&] { other.release(ref); }, ErrorCode::Timeout, "the pool lock stayed busy"));
+  EXPECT_TRUE(fails_with([&] { pool.free(std::move(b)); }, ErrorCode::Timeout, "the pool lock stayed busy"));
+  EXPECT_TRUE(static_cast<bool>(b)) << "the caller keeps a Block a failed free did not free";
+  lock.store(0);
+  other.release(ref);
+  pool.free(std::move(b));
+  EXPECT_EQ(pool.stats().live_blocks, 0U);
+  Pool::unlink(name);
 }
 
 TEST(PoolsHost, MapChunksMapsEveryChunkTheRefsNameInOneCall) {

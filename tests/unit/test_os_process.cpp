@@ -1,6 +1,7 @@
 // pidfd, process_alive, signalfd, eventfd, lock files, private directories, clocks and detached spawning.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -259,6 +260,21 @@ TEST(OsProcess, RunCapturedFeedsInputSetsTheEnvironmentAndCollectsBothStreams) {
   EXPECT_EQ(os::run_captured({"sh", "-c", "echo $HOME"}, {"HOME=/nowhere"}, {}, 10s).output, "/nowhere\n");
   // A program that never reads its input does not block or kill the caller.
   EXPECT_EQ(os::run_captured({"true"}, {}, std::string(1 << 20, 'x'), 10s).exit_code, 0);
+}
+
+// A program that closes its output and runs on: the pipe is at EOF, so there is nothing to poll, and the loop spun on
+// waitpid, a whole core, until the program exited.
+TEST(OsProcess, RunCapturedWaitsWithoutSpinningForAProgramThatClosedItsOutput) {
+  rusage before{};
+  ASSERT_EQ(::getrusage(RUSAGE_THREAD, &before), 0);
+  EXPECT_EQ(os::run_captured({"sh", "-c", "exec >&- 2>&-; sleep 1"}, {}, {}, 10s).exit_code, 0);
+  rusage after{};
+  ASSERT_EQ(::getrusage(RUSAGE_THREAD, &after), 0);
+  const auto cpu = [](const rusage& r) {
+    return std::chrono::seconds(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+           std::chrono::microseconds(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+  };
+  EXPECT_LT(cpu(after) - cpu(before), 300ms) << "CPU time spent waiting for a 1 s program";
 }
 
 TEST(OsProcess, RunCapturedKillsAtTheLimitAndSaysWhatIsMissing) {
