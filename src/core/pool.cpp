@@ -222,17 +222,30 @@ Pool Pool::create(std::string_view name, const PoolOptions& options) {
         [&](void* block) {
           auto* h = static_cast<shm::PoolHeader*>(block);
           h->chunks[0].bytes = g.chunk_bytes;
+          h->chunks[0].birth = detail::SegmentAccess::mapping(first)->created_unix_ns;  // PoolChunk::birth
           atomic(h->chunks[0].state).store(static_cast<std::uint32_t>(shm::ChunkState::Ready));
           shm::init_pool(block, g);
         });
   } catch (...) {
     try {
-      Segment::unlink(chunk_name(name, 0));
+      (void)detail::unlink_if_still_named(first);
     } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
     }
     throw;
   }
-  auto impl = attach(std::move(control), std::string(name), Access::ReadWrite, options.device);
+  std::shared_ptr<Pool::Impl> impl;
+  try {
+    impl = attach(control, std::string(name), Access::ReadWrite, options.device);
+  } catch (...) {
+    // Joining failed (the broker went away, a quota): nobody can use the pool, so neither name may stay, keeping
+    // the next create from it until `gpuipc rm`.
+    try {
+      (void)detail::unlink_if_still_named(control);
+      (void)detail::unlink_if_still_named(first);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one to report
+    }
+    throw;
+  }
   {
     std::lock_guard lock(impl->chunks_mutex);
     if (slot0) {

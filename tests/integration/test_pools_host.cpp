@@ -286,8 +286,9 @@ TEST(PoolsHost, APoolMadeAgainUnderAnUnlinkedPoolsNameKeepsItsChunks) {
   const Block old_first = old_pool.allocate(kChunk);
   const Block old_second = old_pool.allocate(kChunk);  // chunk 1, mapped here only
   std::memset(old_second.data(), 'A', kChunk);
-  Shared<BlockRef> refs(1);
+  Shared<BlockRef> refs(2);
   refs[0] = old_second.ref();
+  refs[1] = old_first.ref();
   SyncPipe opened, remade;
   const pid_t reader = start_child([&] {
     auto p = Pool::open(name, {.access = Access::ReadOnly});  // maps no chunk yet
@@ -295,6 +296,8 @@ TEST(PoolsHost, APoolMadeAgainUnderAnUnlinkedPoolsNameKeepsItsChunks) {
     GPUIPC_CHILD_CHECK(remade.wait(30s));
     GPUIPC_CHILD_CHECK(fails_with([&] { (void)p.resolve(refs[0]); }, ErrorCode::InvalidArgument,
                                   "is not its chunk 1 but a later segment of that name"));
+    GPUIPC_CHILD_CHECK(fails_with([&] { (void)p.resolve(refs[1]); }, ErrorCode::InvalidArgument,
+                                  "is not its chunk 0 but a later segment of that name"));
     return 0;
   });
   ASSERT_TRUE(opened.wait(30s));
