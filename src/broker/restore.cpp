@@ -155,7 +155,8 @@ void Registry::drop_restore(const std::string& name, bool keep) {
       m_restore[key] = std::move(kept);
     }
   }
-  m_journal.unlinked(name);
+  // (A key of a file gone and its inode reused by a live block unlinked since: the live one's lines stay.)
+  if (!is_unlinked_key(name) || m_unlinked_keys.count(name) == 0) m_journal.unlinked(name);
 }
 
 void Registry::maybe_compact_journal() noexcept {
