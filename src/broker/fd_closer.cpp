@@ -74,7 +74,9 @@ FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
       int fd = -1;
       {
         std::unique_lock lock(state->mutex);
-        state->work.wait(lock, [&] { return state->stop || !state->queue.empty(); });
+        // (Timed waits: an untimed condition_variable::wait is a symbol of GCC 12's libstdc++, GLIBCXX_3.4.30,
+        // newer than the wheel's manylinux_2_34 allows.)
+        while (!state->stop && state->queue.empty()) state->work.wait_for(lock, std::chrono::hours(1));
         if (state->queue.empty()) break;
         fd = state->queue.front();
         state->queue.pop_front();
@@ -101,7 +103,7 @@ FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
     std::unique_lock lock(state->mutex);
     while (!state->stop || state->closing >= 0) {
       if (state->closing < 0) {
-        state->progress.wait(lock, [&] { return state->stop || state->closing >= 0; });
+        while (!state->stop && state->closing < 0) state->progress.wait_for(lock, std::chrono::hours(1));
         continue;
       }
       state->progress.wait_for(lock, std::chrono::milliseconds(250));
