@@ -1,11 +1,5 @@
 #include "broker/fd_closer.hpp"
 
-#include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include <chrono>
@@ -16,6 +10,7 @@
 #include <thread>
 
 #include "base/log.hpp"
+#include "os/memfd.hpp"
 #include "os/process.hpp"
 
 namespace gpuipc::broker {
@@ -24,8 +19,8 @@ struct FdCloser::State {
   std::mutex mutex;
   std::condition_variable work;      // the closer: fds queued, or stop
   std::condition_variable progress;  // the watchdog and the destructor: a close began or ended, or stop
-  std::deque<int> queue;             // owned fds
-  int closing = -1;                  // the fd being closed now (owned until its close returns)
+  std::deque<os::UniqueFd> queue;
+  int closing = -1;                  // the fd being closed now (its number; owned by the closer until it is closed)
   std::uint64_t closing_dev = 0;     // its filesystem's device, numbered as the kernel numbers FUSE connections
   std::int64_t closing_since_ns = 0;
   bool abort_tried = false;  // for the close in progress
@@ -33,64 +28,31 @@ struct FdCloser::State {
   bool stop = false;
 };
 
-namespace {
-
-/// The device of `fd`'s filesystem as the kernel numbers it (MKDEV: major << 20 | minor), the name of a FUSE
-/// connection's folder under /sys/fs/fuse/connections. From the inode as the kernel has it (AT_STATX_DONT_SYNC):
-/// fstat would ask a FUSE daemon. 0 when unknown.
-std::uint64_t kernel_dev(int fd) noexcept {
-  struct statx sx {};
-  if (::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) != 0) return 0;
-  return (static_cast<std::uint64_t>(sx.stx_dev_major) << 20) | sx.stx_dev_minor;
-}
-
-/// Aborts FUSE connection `dev`: its pending requests fail, the FLUSH our close waits for included. False when
-/// there is no such connection or this process may not (not root).
-bool abort_fuse_connection(std::uint64_t dev) noexcept {
-  const std::string path = fmt::format("/sys/fs/fuse/connections/{}/abort", dev);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool ok = ::write(fd, "1", 1) == 1;
-  ::close(fd);
-  return ok;
-}
-
-}  // namespace
-
 FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
-  std::shared_ptr<State> state = m_state;
-  // The threads take no signal: the broker reads its stop signals from a signalfd, and a thread that took SIGTERM
-  // would end the broker on the spot. (They inherit the mask they are made with, whatever the broker blocks later.)
-  sigset_t all;
-  sigset_t before;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &before);
-  struct Restore {
-    sigset_t& mask;
-    ~Restore() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
-  } restore{before};
-  std::thread([state] {
+  // Without signals: the broker reads its stop signals from a signalfd, and a thread that took SIGTERM would end it
+  // on the spot.
+  os::start_thread_without_signals([state = m_state] {
     for (;;) {
-      int fd = -1;
+      os::UniqueFd fd;
       {
         std::unique_lock lock(state->mutex);
         // (Timed waits: an untimed condition_variable::wait is a symbol of GCC 12's libstdc++, GLIBCXX_3.4.30,
         // newer than the wheel's manylinux_2_34 allows.)
         while (!state->stop && state->queue.empty()) state->work.wait_for(lock, std::chrono::hours(1));
         if (state->queue.empty()) break;
-        fd = state->queue.front();
+        fd = std::move(state->queue.front());
         state->queue.pop_front();
       }
-      const std::uint64_t dev = kernel_dev(fd);
+      const std::uint64_t dev = os::filesystem_device(fd.get());
       {
         std::lock_guard lock(state->mutex);
-        state->closing = fd;
+        state->closing = fd.get();
         state->closing_dev = dev;
         state->closing_since_ns = os::monotonic_ns();
         state->abort_tried = false;
       }
       state->progress.notify_all();
-      ::close(fd);
+      fd.reset();
       {
         std::lock_guard lock(state->mutex);
         state->closing = -1;
@@ -98,8 +60,8 @@ FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
       state->progress.notify_all();
     }
     state->progress.notify_all();
-  }).detach();
-  std::thread([state] {
+  });
+  os::start_thread_without_signals([state = m_state] {
     std::unique_lock lock(state->mutex);
     while (!state->stop || state->closing >= 0) {
       if (state->closing < 0) {
@@ -114,7 +76,7 @@ FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
       state->abort_tried = true;
       const std::uint64_t dev = state->closing_dev;
       lock.unlock();
-      const bool aborted = dev != 0 && abort_fuse_connection(dev);
+      const bool aborted = dev != 0 && os::abort_fuse_connection(dev);
       lock.lock();
       if (aborted) {
         ++state->aborted;
@@ -130,7 +92,7 @@ FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
             dev >> 20, dev & 0xFFFFF);
       }
     }
-  }).detach();
+  });
 }
 
 FdCloser::~FdCloser() {
@@ -153,12 +115,10 @@ void FdCloser::close_later(std::vector<os::UniqueFd>& fds) noexcept {
     for (auto& fd : fds) {
       if (!fd) continue;
       try {
-        m_state->queue.push_back(fd.get());
-      } catch (...) {
-        continue;  // out of memory: closed here, as before
+        m_state->queue.push_back(std::move(fd));
+        any = true;
+      } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: closed here (by `fds`), as before
       }
-      (void)fd.release();
-      any = true;
     }
   }
   fds.clear();

@@ -11,11 +11,10 @@
 #include <string_view>
 #include <tuple>
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include "base/errors.hpp"
 #include "base/log.hpp"
+#include "os/identity.hpp"
+#include "os/path.hpp"
 #include "os/process.hpp"
 #include "proto/shm.hpp"
 
@@ -167,8 +166,8 @@ struct OwedReplay {
 /// back, so a file planted (or made writable) by another user in a runtime directory they may write (a sticky one,
 /// such as /tmp) would forge them.
 void check_journal_file(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return;  // none yet: this broker writes the first
+  const auto st = os::path_status(path);
+  if (!st) return;  // none yet: this broker writes the first
   const auto refuse = [&](const std::string& why) {
     throw Error(ErrorCode::PermissionDenied,
                 fmt::format("the broker's journal {} {}: the broker does not replay a journal that another user could "
@@ -177,12 +176,11 @@ void check_journal_file(const std::string& path) {
                             path, why),
                 "open_journal");
   };
-  if (!S_ISREG(st.st_mode)) refuse("is not a regular file");
-  if (st.st_uid != ::geteuid())
-    refuse(fmt::format("is owned by uid {}, not the broker's uid {}", st.st_uid, ::geteuid()));
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    refuse(fmt::format("is mode {:04o}, writable by group or others", st.st_mode & 07777));
+  if (!st->regular) refuse("is not a regular file");
+  if (st->owner != os::effective_uid()) {
+    refuse(fmt::format("is owned by uid {}, not the broker's uid {}", st->owner, os::effective_uid()));
   }
+  if ((st->mode & 022U) != 0) refuse(fmt::format("is mode {:04o}, writable by group or others", st->mode));
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "core/client.hpp"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -389,8 +388,6 @@ Reply BrokerClient::out_of_fds_locked(std::span<const std::byte> bytes) {
                      open->info.id);
     m_abandoned.emplace(send_locked(proto::Close{open->info.id}, {}, deadline_in(connect_timeout())), Abandoned{});
   }
-  rlimit limit{};
-  (void)::getrlimit(RLIMIT_NOFILE, &limit);
   Reply reply;
   reply.generation = m_generation.load();
   reply.msg.request_id = msg.request_id;
@@ -398,7 +395,7 @@ Reply BrokerClient::out_of_fds_locked(std::span<const std::byte> bytes) {
       static_cast<std::uint8_t>(ErrorCode::QuotaExceeded), EMFILE,
       fmt::format("this process is out of file descriptors (its limit is {}): the broker's answer carried one it "
                   "could not receive; close files it no longer needs or raise the limit (ulimit -n, LimitNOFILE=)",
-                  limit.rlim_cur)};
+                  os::fd_limit())};
   return reply;
 }
 

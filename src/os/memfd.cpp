@@ -52,6 +52,21 @@ bool cached_statx(int fd, unsigned mask, struct statx& out) noexcept {
 
 }  // namespace
 
+std::uint64_t filesystem_device(int fd) noexcept {
+  struct statx sx {};
+  if (!cached_statx(fd, STATX_TYPE, sx)) return 0;
+  return (static_cast<std::uint64_t>(sx.stx_dev_major) << 20) | sx.stx_dev_minor;
+}
+
+bool abort_fuse_connection(std::uint64_t dev) noexcept {
+  try {
+    const UniqueFd abort(::open(fmt::format("/sys/fs/fuse/connections/{}/abort", dev).c_str(), O_WRONLY | O_CLOEXEC));
+    return abort && ::write(abort.get(), "1", 1) == 1;
+  } catch (...) {
+    return false;
+  }
+}
+
 bool is_nvidia_export(int fd) {
   // Measured on H100 and H200 (driver 580): the exported fd is an open file of /dev/nvidiactl, 195:255.
   constexpr unsigned kNvidiaMajor = 195;

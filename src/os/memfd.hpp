@@ -40,6 +40,14 @@ void file_chmod(int fd, unsigned mode);
 /// driver's control device (character device major 195, /dev/nvidiactl), not a socket, pipe, memfd or file.
 bool is_nvidia_export(int fd);
 
+/// The device of `fd`'s filesystem as the kernel numbers it (MKDEV: major << 20 | minor; for a FUSE filesystem the
+/// name of its connection's folder under /sys/fs/fuse/connections), from the inode as the kernel has it: no FUSE
+/// daemon is asked. 0 when unknown.
+std::uint64_t filesystem_device(int fd) noexcept;
+/// Aborts FUSE connection `dev` (filesystem_device): its pending requests fail, a FLUSH a close waits for included.
+/// False when there is no such connection or this process may not (only root may).
+bool abort_fuse_connection(std::uint64_t dev) noexcept;
+
 /// Adds seals (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL, ...) with F_ADD_SEALS. Throws Error.
 void memfd_seal(int fd, unsigned seals);
 

@@ -1,6 +1,9 @@
 // Files by path: where code was loaded from, and whether a path names a program.
 #pragma once
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
 
 namespace gpuipc::os {
@@ -10,5 +13,14 @@ std::string module_path(const void* address);
 
 /// Whether `path` names an executable regular file (access X_OK).
 bool is_executable(const std::string& path) noexcept;
+
+/// What lstat(2) says of `path` itself (a symbolic link is not followed).
+struct PathStatus {
+  bool regular = false;  ///< a regular file
+  uid_t owner = 0;
+  unsigned mode = 0;  ///< the permission bits (07777)
+};
+/// nullopt when nothing is there (or it cannot be looked at).
+std::optional<PathStatus> path_status(const std::string& path) noexcept;
 
 }  // namespace gpuipc::os

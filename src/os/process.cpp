@@ -433,6 +433,12 @@ std::uint64_t raise_fd_limit() noexcept {
   return lim.rlim_cur == RLIM_INFINITY ? static_cast<std::uint64_t>(kCap) : static_cast<std::uint64_t>(lim.rlim_cur);
 }
 
+std::uint64_t fd_limit() noexcept {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;
+  return lim.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(lim.rlim_cur);
+}
+
 std::size_t open_fd_count() noexcept {
   DIR* dir = ::opendir("/proc/self/fd");
   if (dir == nullptr) return 0;

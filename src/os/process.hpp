@@ -87,6 +87,9 @@ void ensure_private_dir(const std::string& path, unsigned mode = 0755);
 /// force afterwards.
 std::uint64_t raise_fd_limit() noexcept;
 
+/// This process's soft RLIMIT_NOFILE (what it may have open), or 0 when unknown.
+std::uint64_t fd_limit() noexcept;
+
 /// How many fds this process has open (/proc/self/fd), or 0 when unknown.
 std::size_t open_fd_count() noexcept;
 
