@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include <dirent.h>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -437,17 +436,6 @@ std::uint64_t fd_limit() noexcept {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;
   return lim.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(lim.rlim_cur);
-}
-
-std::size_t open_fd_count() noexcept {
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return 0;
-  std::size_t n = 0;
-  while (const dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  ::closedir(dir);
-  return n > 0 ? n - 1 : 0;  // not the directory's own fd
 }
 
 void write_file(const std::string& path, std::string_view text) {

@@ -90,8 +90,6 @@ std::uint64_t raise_fd_limit() noexcept;
 /// This process's soft RLIMIT_NOFILE (what it may have open), or 0 when unknown.
 std::uint64_t fd_limit() noexcept;
 
-/// How many fds this process has open (/proc/self/fd), or 0 when unknown.
-std::size_t open_fd_count() noexcept;
 
 /// Writes `text` to `path` (created 0644, truncated) and checks every step (a full filesystem is an error, not an
 /// empty file). Throws Error(System) naming the path and the call.
