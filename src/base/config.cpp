@@ -22,6 +22,9 @@ constexpr std::array kRegistry{
     EnvVar{
         "GPUIPC_RESTORE_GRACE_MS", "30000",
         "After a broker restart, how long names linked before it wait for a process that maps them to announce them."},
+    EnvVar{"GPUIPC_REJOIN_GRACE_MS", "5000",
+           "How long a member whose broker connection closed while its process lives has to rejoin before it is "
+           "repaired as dead."},
     EnvVar{"GPUIPC_DAEMON", "gpuipcd next to the program or library, then $PATH",
            "Path of the gpuipcd executable the library starts on demand."},
     EnvVar{"GPUIPC_NO_AUTOSTART", "0", "When 1, the library never starts a broker; connecting fails if none runs."},

@@ -18,6 +18,7 @@ ServerOptions default_options(bool on_demand) {
   o.quotas.opens = config::env_u64("GPUIPC_QUOTA_OPENS", 65536);
   o.quotas.opens_total = config::env_u64("GPUIPC_QUOTA_OPENS_TOTAL", std::uint64_t{1} << 20);
   o.restore_grace = config::env_ms("GPUIPC_RESTORE_GRACE_MS", std::chrono::milliseconds(30000));
+  o.rejoin_grace = config::env_ms("GPUIPC_REJOIN_GRACE_MS", std::chrono::milliseconds(5000));
   o.hello_timeout = config::env_ms("GPUIPC_HELLO_TIMEOUT_MS", std::chrono::milliseconds(10000));
   o.poll =
       std::chrono::microseconds(std::min<std::uint64_t>(config::env_u64("GPUIPC_BROKER_POLL_US", 1000), 1'000'000));

@@ -116,7 +116,7 @@ void Registry::add_connection(ConnId conn, const os::Credentials& creds) {
   ++uid.connections;
 }
 
-void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
+void Registry::repair_for(SegmentRecord& seg, ConnId conn, bool lost) {
   seg.writers.erase(conn);
   auto [first, last] = seg.joined.equal_range(conn);
   const auto c = m_connections.find(conn);
@@ -125,14 +125,32 @@ void Registry::repair_for(SegmentRecord& seg, ConnId conn) {
     // Its process, while it runs (the same watch for all its entries, and for its other connections).
     const ProcessWatch process =
         pid > 0 ? watch_process(pid, it->second.pid == pid ? it->second.start : 0, c->second.creds.uid) : nullptr;
-    // A member killed while its stream may still write memory it held (a channel slot it claimed, pool blocks):
-    // that memory goes to the next user only once the process has exited (its contexts torn down).
-    if (const auto holding = process && seg.control ? repair_waits_for_exit(seg.block, it->second) : "";
-        !holding.empty() && !exited(process)) {
-      GPUIPC_LOG_INFO("'{}': member {} (pid {}) is gone holding {}: repaired once its process has exited", seg.name,
-                      it->second.member, pid, holding);
-      repair_later(seg, SegmentRecord::Unclaimed{it->second, process});
-      continue;
+    if (process && seg.control && !exited(process)) {
+      // A member killed while its stream may still write memory it held (a channel slot it claimed, pool blocks):
+      // that memory goes to the next user only once the process has exited (its contexts torn down).
+      if (const auto holding = repair_waits_for_exit(seg.block, it->second); !holding.empty()) {
+        GPUIPC_LOG_INFO("'{}': member {} (pid {}) is gone holding {}: repaired once its process has exited", shown(seg),
+                        it->second.member, pid, holding);
+        repair_later(seg, SegmentRecord::Unclaimed{it->second, process});
+        continue;
+      }
+      // A connection can close while its process lives on: the broker cut it (it read no replies, a request failed),
+      // or its library dropped it (the broker left its requests unanswered). Repaired at once, its entry would be
+      // taken from a process still using it: a counting semaphore's permits given to another while it holds them, a
+      // semaphore poisoned while its signaller runs, a consumer's messages handed to another while it reads them.
+      // Its library reconnects at once and rejoins; a process that exec'd (the connection closes, the pid lives on)
+      // never does, and is repaired when the grace runs out. A killed process is repaired once it has exited, which
+      // is also when its GPU work has stopped writing.
+      if (lost && m_rejoin_grace_ns > 0 && check_rejoin(seg.block, it->second).empty()) {
+        GPUIPC_LOG_INFO(
+            "'{}': member {} (pid {}) lost its connection before its process exited: repaired once it exits, or in "
+            "{} ms unless it rejoins",
+            shown(seg), it->second.member, pid, m_rejoin_grace_ns / 1'000'000);
+        SegmentRecord::Unclaimed u{it->second, process};
+        u.rejoin_by_ns = os::monotonic_ns() + m_rejoin_grace_ns;
+        repair_later(seg, std::move(u));
+        continue;
+      }
     }
     repair_member(seg, it->second, process);
   }
@@ -165,7 +183,7 @@ void Registry::repair_exited(std::int64_t now_ns) {
       continue;
     }
     auto& seg = s->second;
-    std::vector<Joined> gone;
+    std::vector<std::pair<Joined, ProcessWatch>> gone;
     std::optional<std::uint64_t> pending;  // one pass over the pool's records for all its leavers
     std::erase_if(seg.exiting, [&](const SegmentRecord::Unclaimed& u) {
       bool landed = false;
@@ -174,15 +192,25 @@ void Registry::repair_exited(std::int64_t now_ns) {
         landed = u.joined.member < proto::kMaxMembers && (*pending & (std::uint64_t{1} << u.joined.member)) == 0;
         any_landed = any_landed || landed;
       }
-      if (!landed && !exited(u.process)) {
+      const bool exited_now = exited(u.process);
+      const bool grace_over = u.rejoin_by_ns != 0 && now_ns >= u.rejoin_by_ns;
+      if (!landed && !exited_now && !grace_over) {
         any_left = any_left || u.left;
         return false;
       }
-      gone.push_back(u.joined);
+      if (!exited_now && grace_over) {
+        GPUIPC_LOG_INFO(
+            "'{}': member {} (pid {}) has neither rejoined nor exited within {} ms of losing its connection (it may "
+            "have exec'd): repaired as if it had died",
+            shown(seg), u.joined.member, u.process ? u.process->pid : 0, m_rejoin_grace_ns / 1'000'000);
+      }
+      // An exited process's GPU work has stopped too; a live one's stream may still make what it owes: the broker
+      // makes those writes once it exits.
+      gone.emplace_back(u.joined, exited_now ? nullptr : u.process);
       return true;
     });
     any_gone = any_gone || !gone.empty();
-    for (const auto& j : gone) repair_member(seg, j);  // exited (its GPU work has too), or its frees landed
+    for (const auto& [j, process] : gone) repair_member(seg, j, process);  // exited, frees landed, or grace over
     it = seg.exiting.empty() ? m_exiting.erase(it) : std::next(it);
   }
   if (look_at_frees) {
@@ -353,7 +381,7 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
       seg.lookers.erase(conn);
       drop_beats(seg, conn);
       if (repair) {
-        repair_for(seg, conn);
+        repair_for(seg, conn, true);
       } else {
         seg.writers.erase(conn);
         seg.joined.erase(conn);
@@ -652,7 +680,7 @@ void Registry::close(const Caller& caller, std::uint32_t rid, const proto::Close
     drop_beats(it->second, caller.conn);
     notify(it->second, proto::EventKind::Left, gone, caller.conn, out);  // (not for a look)
     it->second.lookers.erase(caller.conn);
-    repair_for(it->second, caller.conn);
+    repair_for(it->second, caller.conn, false);
     if (it->second.creator == caller.conn) creator_left(it->second, proto::PoisonReason::Closed);
   }
   out.push_back(reply(caller.conn, rid, proto::OkReply{}));

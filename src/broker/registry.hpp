@@ -86,10 +86,15 @@ struct SegmentRecord : SegmentAttributes {
     /// In `exiting`: a pool member that left (Leave) while its stream had not reached some of its frees; repaired
     /// as soon as they have landed, or its process has exited.
     bool left = false;
+    /// In `exiting`: a member whose connection closed while its process lived (a connection the broker cut, one its
+    /// library dropped): repaired at this time (monotonic ns) unless its process rejoins first (its library
+    /// reconnects at once), or once it exits if that comes sooner. 0: it waits for its exit alone.
+    std::int64_t rejoin_by_ns = 0;
   };
   std::vector<Unclaimed> unclaimed;
   /// Member entries of connections that closed whose repair waits for their process to exit (repair.hpp,
-  /// repair_waits_for_exit): repaired once `process` has exited. And pool members that left owing stream frees.
+  /// repair_waits_for_exit), or for it to exit or rejoin (a process that lives on: Unclaimed::rejoin_by_ns). And
+  /// pool members that left owing stream frees.
   std::vector<Unclaimed> exiting;
   ConnId creator = 0;                       ///< the connection that created it
   std::set<ConnId> watchers;  ///< connections that watch it (Watch)
@@ -107,6 +112,9 @@ struct SegmentRecord : SegmentAttributes {
   /// What the journal records it under: its name, or its unlinked_key (empty: not journaled).
   const std::string& journal_name() const noexcept { return name.empty() ? unlinked_key : name; }
 };
+
+/// How logs name `seg`: its name, or what an unlinked control block is.
+std::string shown(const SegmentRecord& seg);
 
 /// Checks the record memfd of a DeviceIpc Create (exact size, then sealed; proto::check_device_ipc_record against
 /// `req`; exporter_gone clear) and maps it read-write into `out` for exporter_left. Returns an empty string when
@@ -159,6 +167,9 @@ class Registry {
   std::optional<std::int64_t> next_deadline() const;
   /// Sets the quotas (the server lowers `fds` to what its RLIMIT_NOFILE allows).
   void set_quotas(const Quotas& quotas) noexcept { m_quotas = quotas; }
+  /// How long a member whose connection closed while its process lives waits to rejoin before it is repaired. 0: it
+  /// is repaired at once, its connection's close taken for its process's death.
+  void set_rejoin_grace(std::int64_t grace_ns) noexcept { m_rejoin_grace_ns = grace_ns; }
   const Quotas& quotas() const noexcept { return m_quotas; }
   /// How many times the broker has polled a process it waits for (ExitWatch::looks; for tests).
   std::uint64_t exit_looks() const noexcept { return m_exits.looks(); }
@@ -279,7 +290,8 @@ class Registry {
   /// Removes the segment if it is unlinked and nobody references it.
   void maybe_destroy(std::uint64_t id);
   /// Connection `conn` holds no more references to `seg`: remove the members it joined (if they did not leave).
-  void repair_for(SegmentRecord& seg, ConnId conn);
+  /// `lost`: the connection closed (rather than Close of its last reference), so its process may live on and rejoin.
+  void repair_for(SegmentRecord& seg, ConnId conn, bool lost);
   /// Makes the owed stream writes of dead channel members whose turn has come (repair.hpp, settle_owed), when due.
   void settle_owing(std::int64_t now_ns);
   /// A control block came back after a broker restart (restore.cpp): takes the journal's member entries of its name
@@ -379,6 +391,7 @@ class Registry {
   std::int64_t m_exiting_interval_ns = kExitingLookNs;
   std::set<std::uint64_t> m_exiting;
   std::int64_t m_exiting_check_ns = 0;
+  std::int64_t m_rejoin_grace_ns = 5'000'000'000;  // ServerOptions::rejoin_grace
   // Pool members that left owing frees (SegmentRecord::Unclaimed::left): their pools' records are read (up to a
   // pool's whole table, which its members size) 1 ms after a leave or a landing, backing off to 32 ms while none
   // lands. Their processes' exits are looked at every pass, as above.

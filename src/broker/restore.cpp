@@ -18,12 +18,11 @@ namespace {
 
 bool host_kind(proto::Kind k) { return k == proto::Kind::Host || k == proto::Kind::HostPinned; }
 
-/// How logs name `seg`: its name, or what an unlinked control block is.
+}  // namespace
+
 std::string shown(const SegmentRecord& seg) {
   return seg.name.empty() ? fmt::format("unlinked {}", seg.unlinked_key) : seg.name;
 }
-
-}  // namespace
 
 void Registry::open_journal(const std::string& path, std::int64_t now_ns, std::int64_t grace_ns) {
   JournalState state;

@@ -62,6 +62,8 @@ Server::Server(ServerOptions options)
   Quotas q = m_registry.quotas();
   q.fds = limit > kReserve + m_options.max_connections ? limit - kReserve - m_options.max_connections : 16;
   m_registry.set_quotas(q);
+  constexpr std::int64_t kMostGraceMs = std::int64_t{30} * 24 * 3600 * 1000;  // (ns past it would overflow a deadline)
+  m_registry.set_rejoin_grace(std::min<std::int64_t>(m_options.rejoin_grace.count(), kMostGraceMs) * 1'000'000);
   m_registry.open_journal(m_options.runtime_dir + "/names.journal", os::monotonic_ns(),
                           m_options.restore_grace.count() * 1'000'000);
   m_socket_path = m_options.runtime_dir + "/broker.sock";

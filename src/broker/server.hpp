@@ -47,6 +47,11 @@ struct ServerOptions {
   std::size_t max_queued_events = 64;
   /// After a restart, how long names linked when the last broker died wait for a holder to announce them.
   std::chrono::milliseconds restore_grace{30000};
+  /// How long a member whose connection closed while its process lives waits for that process to reconnect and
+  /// rejoin (GPUIPC_REJOIN_GRACE_MS) before it is repaired as if it had died; it is repaired as soon as its process
+  /// exits. A process that exec'd keeps its pid but never rejoins: its peers hear of it this much later. 0: a
+  /// connection's close is taken for its process's death at once.
+  std::chrono::milliseconds rejoin_grace{5000};
   /// After a request, how long the broker looks for the next one without sleeping (GPUIPC_BROKER_POLL_US): a
   /// client's setup calls come in bursts (an open is several requests), and a broker that sleeps between them
   /// lets its CPU halt, which virtual machines make costly to wake.

@@ -434,6 +434,7 @@ void BrokerClient::route_locked(Reply&& reply) {
     }
     return;
   }
+  m_reconnect_now.store(true, std::memory_order_release);
   disconnect_locked();
   throw Error(ErrorCode::Protocol, fmt::format("reply {} answers no request that waits for one", id), "recv");
 }
@@ -445,6 +446,7 @@ void BrokerClient::abandon_locked(std::uint32_t id, const proto::Body* body) {
                                     .join_segment = join != nullptr ? join->id : 0});
   if (m_abandoned.size() > kMaxAbandoned) {
     GPUIPC_LOG_WARN("the gpuipc broker has left {} requests unanswered: dropping the connection", m_abandoned.size());
+    m_reconnect_now.store(true, std::memory_order_release);
     disconnect_locked();
   }
 }
@@ -657,6 +659,7 @@ void BrokerClient::watch(Watched first) {
   for (bool first_turn = true;; first_turn = false) {
     std::uint64_t generation = 0;
     const proto::StatusPage* page = nullptr;
+    bool dropped = false;  // this process dropped the connection of a broker that lives
     try {
       Watched w;
       if (first_turn) {
@@ -671,7 +674,8 @@ void BrokerClient::watch(Watched first) {
       w.sock.reset();
       if (!hung_up) {
         os::event_fd_drain(wake);
-        continue;
+        dropped = m_reconnect_now.exchange(false, std::memory_order_acq_rel);
+        if (!dropped) continue;
       }
     } catch (const std::exception& e) {
       GPUIPC_LOG_WARN("the broker connection's watcher stops: {}", e.what());
@@ -687,8 +691,11 @@ void BrokerClient::watch(Watched first) {
       if (m_generation.load() == generation) disconnect_locked();
       continue;
     }
-    // Died: connect again now (starting a broker), which gives names and memberships back (the rebind hook).
+    // Died (or dropped): connect again now (starting a broker), which gives names and memberships back (the rebind
+    // hook). A broker that lives but does not answer (stopped) makes each attempt wait for its Hello; once it answers
+    // again, this process must rejoin within its grace (GPUIPC_REJOIN_GRACE_MS, 5 s), so those attempts stay close.
     auto delay = std::chrono::milliseconds(50);
+    const auto most = dropped ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(30000);
     for (;;) {
       {
         std::lock_guard lock(m_mutex);
@@ -698,14 +705,15 @@ void BrokerClient::watch(Watched first) {
         try {
           disconnect_locked();
           connect_locked();
-          GPUIPC_LOG_INFO("the broker died; reconnected to a new one and gave back what this process holds");
+          GPUIPC_LOG_INFO("{}; reconnected and gave back what this process holds",
+                          dropped ? "this process dropped the broker connection" : "the broker died");
           break;
         } catch (const std::exception& e) {
           GPUIPC_LOG_DEBUG("reconnecting after the broker died: {}; trying again in {} ms", e.what(), delay.count());
         }
       }
       std::this_thread::sleep_for(delay);
-      delay = std::min(delay * 2, std::chrono::milliseconds(30000));
+      delay = std::min(delay * 2, most);
     }
   }
 }

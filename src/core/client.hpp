@@ -182,6 +182,10 @@ class BrokerClient {
   os::ParentOnlyFd m_sock;              // a forked child gets /dev/null in its place
   os::UniqueFd m_watch_wake;            // eventfd: the connection was replaced or dropped (the watcher looks again)
   std::atomic<bool> m_watching{false};  // the watcher thread runs
+  // This process dropped the connection of a broker that lives (it left requests unanswered, it sent garbage): the
+  // watcher reconnects at once, as after a broker's death. Until this process rejoins, the broker takes its members
+  // for gone, and repairs them after a grace (GPUIPC_REJOIN_GRACE_MS).
+  std::atomic<bool> m_reconnect_now{false};
   std::atomic<std::uint64_t> m_generation{0};
   std::atomic<const proto::StatusPage*> m_status{nullptr};
   std::vector<os::Mapping> m_status_maps;  // kept for the process's life: lock-free readers may hold old pointers

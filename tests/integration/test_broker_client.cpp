@@ -1,7 +1,9 @@
 // The process's broker connection under waits: a broker that answers late does not make this process look dead
 // (its connection stays, the late answers are discarded and the references they counted given back), and an open
 // that waits for its name does not hold up the process's other threads' calls.
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -18,10 +21,12 @@
 
 #include "base/config.hpp"
 #include "core/client.hpp"
+#include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/error.hpp"
 #include "gpuipc/liveness.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
+#include "os/process.hpp"
 #include "os/socket.hpp"
 #include "proto/messages.hpp"
 #include "proto/shm.hpp"
@@ -76,6 +81,28 @@ class StoppedBroker {
   pid_t m_pid;
   bool m_ok = false;
 };
+
+/// Shuts down this process's connections to the broker (the library's, and its watcher's copy): the broker sees
+/// them close while the process lives on, as when it cuts a connection (replies not read, a request that failed) or
+/// the library drops one. Returns how many.
+int shut_broker_connections() {
+  int n = 0;
+  const std::string path = config::socket_path();
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    int type = 0;
+    socklen_t type_len = sizeof type;
+    sockaddr_un peer{};
+    socklen_t peer_len = sizeof peer;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 || type != SOCK_SEQPACKET ||
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 || peer.sun_family != AF_UNIX ||
+        path != peer.sun_path) {
+      continue;
+    }
+    if (::shutdown(fd, SHUT_RDWR) == 0) ++n;
+  }
+  return n;
+}
 
 /// The code of the Error `call` threw; nullopt when it returned.
 std::optional<ErrorCode> code_of(const std::function<void()>& call) {
@@ -191,6 +218,115 @@ TEST(BrokerClient, AChildForkedWhileTheProcessConnectsDoesNotKeepItsConnection) 
   ::kill(grandchild[0].load(), SIGKILL);  // reparented: reaped by init (or the subreaper)
   seg = Segment();
   Segment::unlink(name);
+}
+
+// A process's connection can close while it lives: the broker cuts one whose replies go unread or whose request
+// fails; the library drops one to a broker that left its requests unanswered. Its members used to be repaired at
+// once, as if it had died: a counting semaphore's permit went to another process while it held it (two processes in
+// a critical section of one), its semaphores were poisoned while it signalled. It keeps them, reconnects and
+// rejoins; its death after that is repaired as any other.
+TEST(BrokerClient, AHolderWhoseConnectionClosesWhileItRunsKeepsItsPermitAndItsDeathIsStillRepaired) {
+  const auto name = unique_name("lostconn");
+  auto mine = CountingSemaphore::create(name, {.initial = 1, .max_count = 1});
+  SyncPipe held;
+  SyncPipe go;
+  SyncPipe again;
+  const pid_t holder = start_child([&] {
+    auto sem = CountingSemaphore::open(name);
+    GPUIPC_CHILD_CHECK(sem.acquire(1, 5s) == Status::Ok);
+    GPUIPC_CHILD_CHECK(shut_broker_connections() > 0);
+    held.notify();
+    GPUIPC_CHILD_CHECK(go.wait(20s));
+    GPUIPC_CHILD_CHECK(sem.held() == 1U);
+    sem.release(1);  // still its own: not an over-release
+    GPUIPC_CHILD_CHECK(sem.acquire(1, 5s) == Status::Ok);
+    again.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(held.wait(10s));
+  // Past the grace: a member that had not rejoined by then would be repaired, and its permit come back.
+  EXPECT_EQ(mine.acquire(1, BrokerEnvironment::kRejoinGrace + 1s), Status::Timeout)
+      << "the permit of a holder whose connection closed was given to another while it held it";
+  go.notify();
+  ASSERT_TRUE(again.wait(10s));
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
+  EXPECT_EQ(mine.acquire(1, 10s), Status::Ok) << "the holder's death after it rejoined was not repaired";
+  mine.release(1);
+  mine = CountingSemaphore();
+  CountingSemaphore::unlink(name);
+}
+
+// The same when the library drops the connection itself: a stopped broker left 64 requests unanswered. Once the
+// broker runs again, the process reconnects at once and rejoins (its watcher), within the grace.
+TEST(BrokerClient, AConnectionTheLibraryDropsForUnansweredRequestsLeavesItsMembersToIt) {
+  const auto name = unique_name("dropped");
+  auto mine = CountingSemaphore::create(name, {.initial = 1, .max_count = 1});
+  auto signaller = Semaphore::create(unique_name("droppedsem"), {.kind = SegmentKind::Host});
+  const std::string sem_name = signaller.name();
+  SyncPipe held;
+  SyncPipe go;
+  SyncPipe dropped;
+  const pid_t holder = start_child([&] {
+    auto sem = CountingSemaphore::open(name);
+    auto sig = Semaphore::open(sem_name, {.role = SemaphoreRole::Signaller});
+    GPUIPC_CHILD_CHECK(sem.acquire(1, 5s) == Status::Ok);
+    held.notify();
+    GPUIPC_CHILD_CHECK(go.wait(20s));  // the broker is stopped
+    {
+      const ScopedEnv env("GPUIPC_CONNECT_TIMEOUT_MS", "20");
+      // Each times out unanswered (the broker is stopped); the library drops the connection past 64.
+      for (int i = 0; i < 80; ++i) GPUIPC_CHILD_CHECK(code_of([&] { (void)Segment::stat(name); }).has_value());
+    }
+    dropped.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(held.wait(10s));
+  signaller = Semaphore();  // the child is its only signaller now
+  auto waiter = Semaphore::open(sem_name, {.role = SemaphoreRole::Waiter});
+  {
+    StoppedBroker stopped;
+    ASSERT_TRUE(stopped.ok());
+    go.notify();
+    ASSERT_TRUE(dropped.wait(30s));
+  }
+  EXPECT_EQ(mine.acquire(1, BrokerEnvironment::kRejoinGrace + 1s), Status::Timeout)
+      << "the permit of a holder whose library dropped its connection was given to another while it held it";
+  EXPECT_EQ(waiter.status(), Status::Ok) << "poisoned while its signaller runs";
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
+  EXPECT_EQ(mine.acquire(1, 10s), Status::Ok);
+  EXPECT_EQ(waiter.wait_host(1, 10s).status, Status::PeerDied);
+  waiter = Semaphore();
+  Semaphore::unlink(sem_name);
+  mine.release(1);
+  mine = CountingSemaphore();
+  CountingSemaphore::unlink(name);
+}
+
+// A process that exec's loses its connection (close-on-exec) and keeps its pid, running a program that will never
+// rejoin: its members are repaired once the grace has run out, while it still runs.
+TEST(BrokerClient, AMemberThatExecsIsRepairedOnceTheGraceRunsOut) {
+  const auto name = unique_name("execs");
+  auto mine = CountingSemaphore::create(name, {.initial = 1, .max_count = 1});
+  SyncPipe held;
+  const pid_t holder = start_child([&] {
+    auto sem = CountingSemaphore::open(name);
+    GPUIPC_CHILD_CHECK(sem.acquire(1, 5s) == Status::Ok);
+    held.notify();
+    ::execlp("sleep", "sleep", "60", static_cast<char*>(nullptr));
+    return 2;
+  });
+  ASSERT_TRUE(held.wait(10s));
+  EXPECT_EQ(mine.acquire(1, BrokerEnvironment::kRejoinGrace + 10s), Status::Ok);
+  EXPECT_TRUE(os::process_alive(holder) && task_state(holder) != 'Z') << "the program it exec'd has exited";
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
+  mine.release(1);
+  mine = CountingSemaphore();
+  CountingSemaphore::unlink(name);
 }
 
 TEST(BrokerClient, AJoinAnsweredAfterItsTimeoutIsLeftAgain) {

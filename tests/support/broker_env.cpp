@@ -24,6 +24,8 @@ void BrokerEnvironment::SetUp() {
   ::setenv("GPUIPC_DAEMON", GPUIPC_BUILD_BIN_DIR "/gpuipcd", 1);
   ::setenv("GPUIPC_QUOTA_BYTES", std::to_string(kQuotaBytes).c_str(), 1);
   ::setenv("GPUIPC_IDLE_TIMEOUT_MS", "600000", 1);
+  // A process whose connection closes while it lives gets 2 s to rejoin (5 s by default): tests wait past it.
+  ::setenv("GPUIPC_REJOIN_GRACE_MS", std::to_string(kRejoinGrace.count()).c_str(), 1);
 }
 
 void BrokerEnvironment::TearDown() {

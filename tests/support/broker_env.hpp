@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,6 +18,8 @@ class BrokerEnvironment : public ::testing::Environment {
  public:
   /// Quota of bytes for the test broker (GPUIPC_QUOTA_BYTES): large, since host memfds are sparse.
   static constexpr std::uint64_t kQuotaBytes = 64ULL << 30;
+  /// How long a member whose connection closed while its process lives has to rejoin (GPUIPC_REJOIN_GRACE_MS).
+  static constexpr std::chrono::milliseconds kRejoinGrace{2000};
 
   void SetUp() override;
   void TearDown() override;

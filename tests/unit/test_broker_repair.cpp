@@ -541,10 +541,12 @@ TEST(RepairChannel, ALeaversOwedWritesAreLeftToItsStream) { leave_owing_a_releas
 TEST(RepairChannel, ALeaversOwedWritesAreMadeOnceItsProcessHasExited) { leave_owing_a_release(true); }
 
 /// A broker (a Registry with its journal, as the server runs it) with a producer's connection (1, from `producer`)
-/// and a consumer's (2, from this process), of this uid.
+/// and a consumer's (2, from this process), of this uid. A connection dropped stands for its process's death, though
+/// the process lives on (this one, or a LiveChild killed later): no grace to rejoin, unless a test gives one.
 struct JournaledBroker {
   JournaledBroker(const std::string& journal, pid_t producer) : registry(Quotas{}) {
     registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
+    registry.set_rejoin_grace(0);
     registry.add_connection(1, creds(producer));
     registry.add_connection(2, creds(::getpid()));
   }
