@@ -324,6 +324,11 @@ void bind_channel(nb::module_& m) {
             }
             const std::span<const std::byte> h(static_cast<const std::byte*>(header.data()), header.size());
             const Status s = g.ch().publish(to_stream(stream), h, nbytes);
+            if (s == Status::InvalidState && header.size() <= g.ch().header_bytes() && nbytes <= g.ch().slot_bytes()) {
+              throw StatusError(s, what() +
+                                       ": the broker took this process for gone (its connection closed and it "
+                                       "neither rejoined nor exited in time) and gave its slot up");
+            }
             if (s != Status::Ok) check_status(s, what());
             return sequence;
           },
@@ -380,6 +385,12 @@ void bind_channel(nb::module_& m) {
                                             *message, g.ch().name(), fmt::join(held, ", ")));
             }
             const Status s = g.ch().release(to_stream(stream));
+            if (s == Status::InvalidState) {
+              throw StatusError(s, what() +
+                                       ": the broker took this process for gone (its connection closed and it "
+                                       "neither rejoined nor exited in time) and gave the message to another "
+                                       "consumer");
+            }
             if (s != Status::Ok) check_status(s, what());
             return sequence;
           },

@@ -527,7 +527,12 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   // The host-visible publish goes first: a consumer can claim the message (and enqueue its stream wait) while
   // this thread is still in the driver call below, which keeps that call off the handoff's critical path. The
   // consumer's stream cannot run ahead: it waits for `filled`, which only our stream writes.
-  shm::ring_publish(im.ring(), seq, im.member, header, bytes, im.gpu());
+  if (!shm::ring_publish(im.ring(), seq, im.member, header, bytes, im.gpu())) {
+    // The broker took this process for gone (its connection closed, and it neither rejoined nor exited in time) and
+    // abandoned the claim: the slot is not ours to publish, nor to have our stream write.
+    im.pop_held();
+    return Status::InvalidState;
+  }
   im.pop_held();
   if (im.gpu() && im.write_after(stream, seq, offsetof(proto::Slot, filled), seq + 1) != CUDA_SUCCESS) {
     // The stream will never write it: release the consumer's stream from the host and flag the message.
@@ -609,7 +614,11 @@ Status Channel::release(StreamHandle stream) noexcept {
   const core::OwedStreamWrite owed(im.gpu());
   // As in publish: the host-visible release first, the stream write after. A producer that reclaims the slot at
   // once makes its own stream wait for `freed`, which only our stream writes, after its reads.
-  shm::ring_release(im.ring(), seq, im.member, im.gpu());
+  if (!shm::ring_release(im.ring(), seq, im.member, im.gpu())) {
+    // Handed to another consumer by the broker's repair of this member (as in publish): not ours to release.
+    im.pop_held();
+    return Status::InvalidState;
+  }
   im.pop_held();
   // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do for `freed`, but the v2 memop API we call rejects it with
   // CUDA_ERROR_INVALID_VALUE, as its documentation says.)

@@ -210,10 +210,15 @@ void ring_give_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
   bump_and_wake(h.released_seq, &h.released_sleepers);
 }
 
-void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std::span<const std::byte> header,
+bool ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std::span<const std::byte> header,
                   std::uint64_t bytes, bool stream_fills) noexcept {
   auto& h = ring.header();
   auto& s = ring.slot(seq);
+  auto state = atomic(s.state);
+  // Only while the claim is this member's: a repair that took this member for gone abandoned the round, and the
+  // slot's next round may be another producer's by now. A store of Published(seq) would move its state back.
+  std::uint64_t claimed = proto::pack_state(seq, Phase::Writing, member);
+  if (state.load(std::memory_order_acquire) != claimed) return false;
   if (!header.empty()) std::memcpy(ring.user_header(seq), header.data(), header.size());
   s.header_size = static_cast<std::uint32_t>(header.size());
   s.size = bytes;
@@ -223,10 +228,14 @@ void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
   } else {
     atomic(s.filled).store(seq + 1, std::memory_order_release);
   }
-  atomic(s.state).store(proto::pack_state(seq, Phase::Published, member), std::memory_order_release);
+  if (!state.compare_exchange_strong(claimed, proto::pack_state(seq, Phase::Published, member),
+                                     std::memory_order_acq_rel)) {
+    return false;  // abandoned meanwhile
+  }
   atomic(h.published).fetch_add(1, std::memory_order_relaxed);
   atomic(h.published_bytes).fetch_add(bytes, std::memory_order_relaxed);
   bump_and_wake(h.published_seq, &h.published_sleepers);
+  return true;
 }
 
 void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept {
@@ -290,18 +299,27 @@ void ring_hand_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
   bump_and_wake(h.published_seq);
 }
 
-void ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees) noexcept {
+bool ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees) noexcept {
   auto& h = ring.header();
   auto& s = ring.slot(seq);
+  auto state = atomic(s.state);
+  // Only while the message is this member's: a repair that took this member for gone handed it back, and another
+  // consumer may be reading it. A store of Free would hand its slot to the next producer under that reader, and
+  // this member's `freed` would release that producer's stream early.
+  std::uint64_t held = proto::pack_state(seq, Phase::Reading, member);
+  if (state.load(std::memory_order_acquire) != held) return false;
   if (stream_frees) {
     owe(ring, member, {seq | proto::kOwedFreed, 0});
   } else {
     raise_to(s.freed, seq + 1);
   }
   atomic(s.release_mark).store(seq + 1, std::memory_order_release);  // before the slot is Free for the next round
-  atomic(s.state).store(proto::pack_state(seq + ring.geometry.slots, Phase::Free, proto::kNoMember),
-                        std::memory_order_release);
+  if (!state.compare_exchange_strong(held, proto::pack_state(seq + ring.geometry.slots, Phase::Free, proto::kNoMember),
+                                     std::memory_order_acq_rel)) {
+    return false;  // handed back meanwhile
+  }
   bump_and_wake(h.released_seq, &h.released_sleepers);
+  return true;
 }
 
 bool ring_member_writes_done(const Ring& ring, std::uint32_t member) noexcept {

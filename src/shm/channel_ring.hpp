@@ -112,8 +112,10 @@ void ring_give_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
 
 /// Publishes message `seq` from its claimant `member`: copies `header` into the slot's user header (the caller
 /// checked it fits), records `bytes`, writes `filled` unless `stream_fills` (a device channel: the producer's
-/// stream writes it), makes the message visible and wakes sleeping consumers.
-void ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std::span<const std::byte> header,
+/// stream writes it), makes the message visible and wakes sleeping consumers. Returns false, having written
+/// nothing, when the claim is no longer `member`'s: the broker repaired the member as gone (its connection closed,
+/// and it neither rejoined nor exited in time) and abandoned the round, whose slot may be another producer's now.
+bool ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std::span<const std::byte> header,
                   std::uint64_t bytes, bool stream_fills) noexcept;
 
 /// Flags message `seq` incomplete and writes its `filled` from the host: a consumer stream waiting for the
@@ -131,8 +133,9 @@ void ring_hand_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
 
 /// Releases message `seq`, taken by consumer `member`: records the `freed` value the slot's next producer waits
 /// for, writes `freed` unless `stream_frees` (a device channel: the consumer's stream writes it), frees the slot
-/// for the next round and wakes sleeping producers.
-void ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees) noexcept;
+/// for the next round and wakes sleeping producers. Returns false, having written nothing, when the message is no
+/// longer `member`'s: the broker repaired the member as gone and handed the message to another consumer.
+bool ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees) noexcept;
 
 /// Whether the stream writes of `member` have landed: every `filled` of a message it published and every `freed`
 /// of one it released (its owed table). Until then a clean leave would let survivors' streams wait for writes

@@ -191,6 +191,39 @@ TEST_F(ShmChannelRing, HandBackGoesToExactlyOneOtherConsumer) {
   EXPECT_FALSE(ring_try_receive(b.ring(), c1, seq, gone));
 }
 
+// A member the broker repaired as gone while its process still ran (its connection closed, and it neither rejoined
+// nor exited within the grace) may still release or publish what it held: its round is another member's by then.
+// The late store used to overwrite that member's state: a Free under a consumer still reading (the next producer
+// then wrote the slot it read), a Published over another producer's claim of the slot's next round.
+TEST_F(ShmChannelRing, ALateReleaseOrPublishOfARepairedMemberWritesNothing) {
+  const std::uint32_t c2 = b.join(21, Role::Consumer);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+  ASSERT_TRUE(ring_publish(b.ring(), 0, p, {}, 7, false));
+  ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
+  EXPECT_TRUE(b.die(c, 20, Role::Consumer).empty());  // message 0 goes back behind the tail
+  ASSERT_TRUE(ring_try_receive(b.ring(), c2, seq, gone));
+  ASSERT_EQ(seq, 0U);
+  EXPECT_FALSE(ring_release(b.ring(), 0, c, false));
+  EXPECT_EQ(b.slot(0).state, proto::pack_state(0, Phase::Reading, c2)) << "freed under the consumer reading it";
+  EXPECT_EQ(b.slot(0).release_mark, 0U);
+  EXPECT_EQ(b.slot(0).freed, 0U);
+  EXPECT_TRUE(ring_release(b.ring(), 0, c2, false));
+
+  const std::uint32_t p2 = b.join(11, Role::Producer);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+  ASSERT_EQ(seq, 1U);
+  EXPECT_TRUE(b.die(p, 10, Role::Producer).empty());       // its claim of slot 1 is abandoned (its process has exited)
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p2, seq, gone));  // round 2, slot 0
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p2, seq, gone));  // round 3, slot 1 again
+  ASSERT_EQ(seq, 3U);
+  const std::byte header[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  EXPECT_FALSE(ring_publish(b.ring(), 1, p, header, 99, false));
+  EXPECT_EQ(b.slot(1).state, proto::pack_state(3, Phase::Writing, p2)) << "published over another producer's claim";
+  EXPECT_EQ(b.slot(1).size, 0U);
+  EXPECT_EQ(b.slot(1).filled, 0U);
+  EXPECT_EQ(b.h().published, 1U);
+}
+
 // Two consumers look behind the tail for a message handed back while a third hands another back, into a slot one of
 // them has looked at already. A count of the messages there was zeroed by the look that found none (the other
 // consumer had taken the first): the second stayed behind the tail for good, and the ring filled up behind it (about
