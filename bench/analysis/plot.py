@@ -23,7 +23,9 @@ import re
 import sys
 from typing import Any
 
-FILE_RE = re.compile(r"^(?P<suite>[A-Za-z0-9_]+)-(?P<device>.+)-(?P<date>\d{8})\.json$")
+# A suite's result on one device, as `gpuipc bench` names it: SUITE-DEVICE-DATE.json. Files with more in the name
+# (`--quick` runs, a commit, several runs, an A/B) are records kept beside them, not the study's figures.
+FILE_RE = re.compile(r"^(?P<suite>[A-Za-z0-9_]+)-(?P<device>[^-]+)-(?P<date>\d{8})\.json$")
 
 # Colours and labels shared by every plot: the same thing looks the same everywhere.
 KIND_LABEL = {"local": "local (cuMemAlloc)", "legacy": "legacy IPC (cuIpcOpenMemHandle)", "segment": "gpuipc segment"}
