@@ -208,6 +208,9 @@ void ring_give_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
   auto& h = ring.header();
   (void)abandon(h, ring.slot(seq), proto::pack_state(seq, Phase::Writing, member), ring.geometry.slots);
   bump_and_wake(h.released_seq, &h.released_sleepers);
+  // Consumers too: one asleep at this slot (the tail) while a later message was published by another producer can
+  // move past it now, and would otherwise sleep until the next publish or its timeout.
+  bump_and_wake(h.published_seq, &h.published_sleepers);
 }
 
 bool ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std::span<const std::byte> header,

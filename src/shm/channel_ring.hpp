@@ -107,7 +107,7 @@ bool ring_try_acquire(const Ring& ring, std::uint32_t member, std::uint64_t& seq
 std::uint64_t ring_free_mark(const Ring& ring, std::uint64_t seq) noexcept;
 
 /// Gives back slot `seq`, claimed by producer `member` and not published: the round is skipped (`abandoned`), no
-/// `freed` is written, and producers waiting for a slot are woken.
+/// `freed` is written, and producers and consumers waiting are woken (a later message may be waiting past it).
 void ring_give_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) noexcept;
 
 /// Publishes message `seq` from its claimant `member`: copies `header` into the slot's user header (the caller

@@ -191,6 +191,24 @@ TEST_F(ShmChannelRing, HandBackGoesToExactlyOneOtherConsumer) {
   EXPECT_FALSE(ring_try_receive(b.ring(), c1, seq, gone));
 }
 
+// A consumer asleep at the tail, whose slot a producer claimed while another producer published the next message,
+// must be woken when the first gives its slot back: it can take the next message now. Only producers were woken,
+// and the consumer slept until another publish or its timeout.
+TEST_F(ShmChannelRing, AGiveBackWakesConsumersWaitingBehindIt) {
+  const std::uint32_t p2 = b.join(11, Role::Producer);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+  ASSERT_EQ(seq, 0U);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p2, seq, gone));
+  ASSERT_EQ(seq, 1U);
+  ASSERT_TRUE(ring_publish(b.ring(), 1, p2, {}, 0, false));
+  EXPECT_FALSE(ring_try_receive(b.ring(), c, seq, gone));  // message 0 is still being written: it sleeps
+  const std::uint32_t asleep_at = b.h().published_seq;
+  ring_give_back(b.ring(), 0, p);
+  EXPECT_NE(b.h().published_seq, asleep_at) << "consumers waiting on published_seq were not woken";
+  ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
+  EXPECT_EQ(seq, 1U);
+}
+
 // A member the broker repaired as gone while its process still ran (its connection closed, and it neither rejoined
 // nor exited within the grace) may still release or publish what it held: its round is another member's by then.
 // The late store used to overwrite that member's state: a Free under a consumer still reading (the next producer
