@@ -220,22 +220,62 @@ TEST(BrokerClient, AChildForkedWhileTheProcessConnectsDoesNotKeepItsConnection) 
   Segment::unlink(name);
 }
 
+/// A counting semaphore of one permit this process created (`mine`), and a child process that holds the permit.
+class OnePermit {
+ public:
+  explicit OnePermit(const std::string& suffix)
+      : name(unique_name(suffix)), mine(CountingSemaphore::create(name, {.initial = 1, .max_count = 1})) {}
+  ~OnePermit() {
+    mine = CountingSemaphore();
+    CountingSemaphore::unlink(name);
+  }
+  OnePermit(const OnePermit&) = delete;
+  OnePermit& operator=(const OnePermit&) = delete;
+
+  /// Starts the child: it opens the semaphore (and joins semaphore `signals` as a signaller, when given), takes the
+  /// permit, then runs `then` (its result is the child's exit code). Returns once the child holds the permit.
+  pid_t start_holder(const std::function<int(CountingSemaphore&)>& then, const std::string& signals = {}) {
+    SyncPipe held;
+    const pid_t pid = start_child([&] {
+      auto sem = CountingSemaphore::open(name);
+      const Semaphore sig =
+          signals.empty() ? Semaphore() : Semaphore::open(signals, {.role = SemaphoreRole::Signaller});
+      GPUIPC_CHILD_CHECK(sem.acquire(1, 5s) == Status::Ok);
+      held.notify();
+      return then(sem);
+    });
+    EXPECT_TRUE(held.wait(10s));
+    return pid;
+  }
+
+  /// Whether the permit stays with the holder past the grace a member that has not rejoined gets.
+  bool stays_held() { return mine.acquire(1, BrokerEnvironment::kRejoinGrace + 1s) == Status::Timeout; }
+
+  /// SIGKILLs the holder: its death gives the permit back.
+  void kill_holder(pid_t holder) {
+    ::kill(holder, SIGKILL);
+    EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
+    EXPECT_EQ(mine.acquire(1, 10s), Status::Ok) << "the holder's death was not repaired";
+    mine.release(1);
+  }
+
+  const std::string name;
+  CountingSemaphore mine;
+};
+
 // A process's connection can close while it lives: the broker cuts one whose replies go unread or whose request
 // fails; the library drops one to a broker that left its requests unanswered. Its members used to be repaired at
 // once, as if it had died: a counting semaphore's permit went to another process while it held it (two processes in
 // a critical section of one), its semaphores were poisoned while it signalled. It keeps them, reconnects and
 // rejoins; its death after that is repaired as any other.
 TEST(BrokerClient, AHolderWhoseConnectionClosesWhileItRunsKeepsItsPermitAndItsDeathIsStillRepaired) {
-  const auto name = unique_name("lostconn");
-  auto mine = CountingSemaphore::create(name, {.initial = 1, .max_count = 1});
-  SyncPipe held;
+  OnePermit permit("lostconn");
+  SyncPipe shut;
   SyncPipe go;
   SyncPipe again;
-  const pid_t holder = start_child([&] {
-    auto sem = CountingSemaphore::open(name);
-    GPUIPC_CHILD_CHECK(sem.acquire(1, 5s) == Status::Ok);
+  const pid_t holder = permit.start_holder([&](CountingSemaphore& sem) {
     GPUIPC_CHILD_CHECK(shut_broker_connections() > 0);
-    held.notify();
+    shut.notify();
     GPUIPC_CHILD_CHECK(go.wait(20s));
     GPUIPC_CHILD_CHECK(sem.held() == 1U);
     sem.release(1);  // still its own: not an over-release
@@ -244,46 +284,34 @@ TEST(BrokerClient, AHolderWhoseConnectionClosesWhileItRunsKeepsItsPermitAndItsDe
     ::pause();
     return 0;
   });
-  ASSERT_TRUE(held.wait(10s));
-  // Past the grace: a member that had not rejoined by then would be repaired, and its permit come back.
-  EXPECT_EQ(mine.acquire(1, BrokerEnvironment::kRejoinGrace + 1s), Status::Timeout)
-      << "the permit of a holder whose connection closed was given to another while it held it";
+  ASSERT_TRUE(shut.wait(10s));
+  EXPECT_TRUE(permit.stays_held()) << "the permit of a holder whose connection closed was given to another";
   go.notify();
   ASSERT_TRUE(again.wait(10s));
-  ::kill(holder, SIGKILL);
-  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
-  EXPECT_EQ(mine.acquire(1, 10s), Status::Ok) << "the holder's death after it rejoined was not repaired";
-  mine.release(1);
-  mine = CountingSemaphore();
-  CountingSemaphore::unlink(name);
+  permit.kill_holder(holder);  // after it rejoined
 }
 
 // The same when the library drops the connection itself: a stopped broker left 64 requests unanswered. Once the
 // broker runs again, the process reconnects at once and rejoins (its watcher), within the grace.
 TEST(BrokerClient, AConnectionTheLibraryDropsForUnansweredRequestsLeavesItsMembersToIt) {
-  const auto name = unique_name("dropped");
-  auto mine = CountingSemaphore::create(name, {.initial = 1, .max_count = 1});
+  OnePermit permit("dropped");
   auto signaller = Semaphore::create(unique_name("droppedsem"), {.kind = SegmentKind::Host});
   const std::string sem_name = signaller.name();
-  SyncPipe held;
   SyncPipe go;
   SyncPipe dropped;
-  const pid_t holder = start_child([&] {
-    auto sem = CountingSemaphore::open(name);
-    auto sig = Semaphore::open(sem_name, {.role = SemaphoreRole::Signaller});
-    GPUIPC_CHILD_CHECK(sem.acquire(1, 5s) == Status::Ok);
-    held.notify();
-    GPUIPC_CHILD_CHECK(go.wait(20s));  // the broker is stopped
-    {
-      const ScopedEnv env("GPUIPC_CONNECT_TIMEOUT_MS", "20");
-      // Each times out unanswered (the broker is stopped); the library drops the connection past 64.
-      for (int i = 0; i < 80; ++i) GPUIPC_CHILD_CHECK(code_of([&] { (void)Segment::stat(name); }).has_value());
-    }
-    dropped.notify();
-    ::pause();
-    return 0;
-  });
-  ASSERT_TRUE(held.wait(10s));
+  const pid_t holder = permit.start_holder(
+      [&](CountingSemaphore&) {
+        GPUIPC_CHILD_CHECK(go.wait(20s));  // the broker is stopped
+        {
+          const ScopedEnv env("GPUIPC_CONNECT_TIMEOUT_MS", "20");
+          // Each times out unanswered (the broker is stopped); the library drops the connection past 64.
+          for (int i = 0; i < 80; ++i) GPUIPC_CHILD_CHECK(code_of([&] { (void)Segment::stat(sem_name); }).has_value());
+        }
+        dropped.notify();
+        ::pause();
+        return 0;
+      },
+      sem_name);
   signaller = Semaphore();  // the child is its only signaller now
   auto waiter = Semaphore::open(sem_name, {.role = SemaphoreRole::Waiter});
   {
@@ -292,41 +320,28 @@ TEST(BrokerClient, AConnectionTheLibraryDropsForUnansweredRequestsLeavesItsMembe
     go.notify();
     ASSERT_TRUE(dropped.wait(30s));
   }
-  EXPECT_EQ(mine.acquire(1, BrokerEnvironment::kRejoinGrace + 1s), Status::Timeout)
-      << "the permit of a holder whose library dropped its connection was given to another while it held it";
+  EXPECT_TRUE(permit.stays_held())
+      << "the permit of a holder whose library dropped its connection was given to another";
   EXPECT_EQ(waiter.status(), Status::Ok) << "poisoned while its signaller runs";
-  ::kill(holder, SIGKILL);
-  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
-  EXPECT_EQ(mine.acquire(1, 10s), Status::Ok);
+  permit.kill_holder(holder);
   EXPECT_EQ(waiter.wait_host(1, 10s).status, Status::PeerDied);
   waiter = Semaphore();
   Semaphore::unlink(sem_name);
-  mine.release(1);
-  mine = CountingSemaphore();
-  CountingSemaphore::unlink(name);
 }
 
 // A process that exec's loses its connection (close-on-exec) and keeps its pid, running a program that will never
 // rejoin: its members are repaired once the grace has run out, while it still runs.
 TEST(BrokerClient, AMemberThatExecsIsRepairedOnceTheGraceRunsOut) {
-  const auto name = unique_name("execs");
-  auto mine = CountingSemaphore::create(name, {.initial = 1, .max_count = 1});
-  SyncPipe held;
-  const pid_t holder = start_child([&] {
-    auto sem = CountingSemaphore::open(name);
-    GPUIPC_CHILD_CHECK(sem.acquire(1, 5s) == Status::Ok);
-    held.notify();
+  OnePermit permit("execs");
+  const pid_t holder = permit.start_holder([](CountingSemaphore&) {
     ::execlp("sleep", "sleep", "60", static_cast<char*>(nullptr));
     return 2;
   });
-  ASSERT_TRUE(held.wait(10s));
-  EXPECT_EQ(mine.acquire(1, BrokerEnvironment::kRejoinGrace + 10s), Status::Ok);
+  EXPECT_EQ(permit.mine.acquire(1, BrokerEnvironment::kRejoinGrace + 10s), Status::Ok);
   EXPECT_TRUE(os::process_alive(holder) && task_state(holder) != 'Z') << "the program it exec'd has exited";
   ::kill(holder, SIGKILL);
   EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
-  mine.release(1);
-  mine = CountingSemaphore();
-  CountingSemaphore::unlink(name);
+  permit.mine.release(1);
 }
 
 TEST(BrokerClient, AJoinAnsweredAfterItsTimeoutIsLeftAgain) {
