@@ -323,8 +323,9 @@ void bind_channel(nb::module_& m) {
                               holds(g.ch(), *slot) ? "publish the older acquired slots first" : "already published"));
             }
             const std::span<const std::byte> h(static_cast<const std::byte*>(header.data()), header.size());
+            const std::uint32_t held = g.ch().held();
             const Status s = g.ch().publish(to_stream(stream), h, nbytes);
-            if (s == Status::InvalidState && header.size() <= g.ch().header_bytes() && nbytes <= g.ch().slot_bytes()) {
+            if (s == Status::InvalidState && g.ch().held() + 1 == held) {  // the slot was dropped: not ours any more
               throw StatusError(s, what() +
                                        ": the broker took this process for gone (its connection closed and it "
                                        "neither rejoined nor exited in time) and gave its slot up");
@@ -384,8 +385,9 @@ void bind_channel(nb::module_& m) {
                                             "[{}])",
                                             *message, g.ch().name(), fmt::join(held, ", ")));
             }
+            const std::uint32_t held = g.ch().held();
             const Status s = g.ch().release(to_stream(stream));
-            if (s == Status::InvalidState) {
+            if (s == Status::InvalidState && g.ch().held() + 1 == held) {  // the message was dropped: not ours any more
               throw StatusError(s, what() +
                                        ": the broker took this process for gone (its connection closed and it "
                                        "neither rejoined nor exited in time) and gave the message to another "
