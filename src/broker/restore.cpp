@@ -442,7 +442,9 @@ void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejo
     if (std::any_of(seg.joined.begin(), seg.joined.end(), [&](const auto& e) { return same(e.second); })) {
       why = "a connection holds that entry already";
     } else if (std::any_of(seg.exiting.begin(), seg.exiting.end(), [&](const SegmentRecord::Unclaimed& u) {
-                 return same(u.joined) && u.joined.pid != caller.creds.pid;
+                 // Its process's pid, and that process still running: one that has exited (its repair not made yet,
+                 // at the next look) may have left its pid to another process by now.
+                 return same(u.joined) && (u.joined.pid != caller.creds.pid || exited(u.process));
                })) {
       why = "that entry is another process's, removed once it has exited";
     } else if (std::any_of(seg.unclaimed.begin(), seg.unclaimed.end(), [&](const SegmentRecord::Unclaimed& u) {

@@ -850,6 +850,60 @@ TEST(BrokerLeave, ACountingSemaphoresMemberLeavesGivingBackWhatItHolds) {
   EXPECT_EQ(shm::counting_available(c.block()), 3U);
 }
 
+// A member whose connection closes while its process runs keeps its entry (and what it holds) while that process
+// reconnects: its Rejoin takes the entry back, on a new connection, past the grace. Once the process has exited,
+// no Rejoin takes it, even one from its pid (another process's by then, as far as the broker can tell): it is
+// repaired at the next look.
+TEST(BrokerRepair, AMemberWhoseConnectionClosesWhileItRunsRejoinsAndOnlyItsRunningProcessMay) {
+  LiveChild process;
+  CountingOverABroker c;
+  c.broker.registry.set_rejoin_grace(5'000'000'000);
+  // Connection `conn` of the child (the process this test stands for) opens the semaphore read-write.
+  auto open_as_child = [&](ConnId conn) {
+    c.broker.registry.add_connection(conn, JournaledBroker::creds(process.pid));
+    return std::holds_alternative<proto::OpenReply>(
+        c.broker.ask(conn, process.pid, proto::Open{"cs", proto::Access::ReadWrite, 0}).body);
+  };
+  ASSERT_TRUE(open_as_child(3));
+  const auto joined = c.broker.ask(3, process.pid, proto::Join{c.id, static_cast<std::uint8_t>(proto::Role::Holder)});
+  const auto* j = std::get_if<proto::JoinReply>(&joined.body);
+  ASSERT_NE(j, nullptr);
+  ASSERT_EQ(shm::counting_apply(c.block(), j->member, false, 1, 3), shm::CountingResult::Done);
+  ASSERT_EQ(shm::counting_available(c.block()), 0U);
+  const proto::Rejoin rejoin{c.id, j->member, j->token, static_cast<std::uint8_t>(proto::Role::Holder)};
+
+  c.broker.registry.drop_connection(3);
+  for (int i = 0; i < 6; ++i) c.broker.tick();  // past the grace: it had not rejoined yet, but its process runs
+  EXPECT_EQ(shm::counting_available(c.block()), 1U) << "not repaired after the grace";
+
+  // Again, rejoining this time.
+  ASSERT_TRUE(open_as_child(4));
+  EXPECT_TRUE(std::holds_alternative<proto::ErrorReply>(c.broker.ask(4, process.pid, rejoin).body))
+      << "an entry repaired after the grace was taken back";
+  const auto joined_again =
+      c.broker.ask(4, process.pid, proto::Join{c.id, static_cast<std::uint8_t>(proto::Role::Holder)});
+  const auto* k = std::get_if<proto::JoinReply>(&joined_again.body);
+  ASSERT_NE(k, nullptr);
+  ASSERT_EQ(shm::counting_apply(c.block(), k->member, false, 1, 3), shm::CountingResult::Done);
+  const proto::Rejoin back{c.id, k->member, k->token, static_cast<std::uint8_t>(proto::Role::Holder)};
+  c.broker.registry.drop_connection(4);
+  const auto stolen = c.broker.ask(2, ::getpid(), back);  // connection 2 holds it read-write too
+  ASSERT_TRUE(std::holds_alternative<proto::ErrorReply>(stolen.body)) << "another process took the entry";
+  ASSERT_TRUE(open_as_child(5));
+  ASSERT_TRUE(std::holds_alternative<proto::OkReply>(c.broker.ask(5, process.pid, back).body));
+  for (int i = 0; i < 6; ++i) c.broker.tick();
+  EXPECT_EQ(shm::counting_available(c.block()), 0U) << "repaired though it rejoined";
+
+  // Its process exits with the connection closed: its pid no longer takes the entry back.
+  c.broker.registry.drop_connection(5);
+  process.kill();
+  ASSERT_TRUE(open_as_child(6));
+  const auto late = c.broker.ask(6, process.pid, back);
+  EXPECT_TRUE(std::holds_alternative<proto::ErrorReply>(late.body)) << "an exited process's entry was taken back";
+  c.broker.tick();
+  EXPECT_EQ(shm::counting_available(c.block()), 1U);
+}
+
 // Create and the creator's Join are two requests: a creator whose connection goes between them leaves its grant
 // available, not held by nobody.
 TEST(BrokerRepair, ACountingSemaphoresCreatorThatGoesBeforeJoiningLeavesItsGrantAvailable) {
