@@ -10,6 +10,7 @@
 #include "base/log.hpp"
 #include "broker/registry.hpp"
 #include "os/memfd.hpp"
+#include "os/process.hpp"
 
 namespace gpuipc::broker {
 
@@ -33,6 +34,42 @@ std::string adopt_device_ipc_record(const proto::Create& req, int fd, os::Mappin
   if (why.empty() && copy.exporter_gone != 0) why = "its record says the exporter is already gone";
   if (!why.empty()) out = os::Mapping();
   return why;
+}
+
+bool Registry::await_exporter(SegmentRecord& seg, ConnId conn) {
+  if (seg.kind != proto::Kind::DeviceIpc || !seg.control || seg.name.empty() || m_rejoin_grace_ns <= 0) return false;
+  const auto c = m_connections.find(conn);
+  if (c == m_connections.end() || c->second.creds.pid <= 0) return false;
+  // A connection can close while its process lives on (the broker cut it, its library dropped it): the memory lives
+  // as long as the process, so its openers keep it and its name stays for the process to announce again. A killed
+  // process's connection closes before it exits: its share ends at the exit, as a member's repair does.
+  ProcessWatch process = watch_process(c->second.creds.pid, c->second.start.value_or(0), c->second.creds.uid);
+  if (!process || exited(process)) return false;  // gone, or a process this broker cannot see
+  GPUIPC_LOG_INFO(
+      "segment '{}' id {}: its exporter (pid {}) lost its connection before its process exited: the share "
+      "ends once it exits, or in {} ms unless it announces it again",
+      seg.name, seg.id, c->second.creds.pid, m_rejoin_grace_ns / 1'000'000);
+  seg.exporter_away =
+      SegmentRecord::ExporterAway{std::move(process), c->second.creds.pid, os::monotonic_ns() + m_rejoin_grace_ns};
+  seg.creator = 0;
+  m_exiting.insert(seg.id);
+  look_at_exiting_soon(seg);
+  return true;
+}
+
+bool Registry::exporter_back_or_gone(SegmentRecord& seg, std::int64_t now_ns) {
+  if (!seg.exporter_away) return false;
+  const bool gone = exited(seg.exporter_away->process);
+  if (!gone && now_ns < seg.exporter_away->back_by_ns) return false;
+  if (!gone) {
+    GPUIPC_LOG_INFO(
+        "segment '{}' id {}: its exporter (pid {}) has neither announced it again nor exited within {} ms "
+        "of losing its connection (it may have exec'd): the share ends",
+        shown(seg), seg.id, seg.exporter_away->pid, m_rejoin_grace_ns / 1'000'000);
+  }
+  seg.exporter_away.reset();
+  exporter_left(seg, proto::PoisonReason::PeerDied);
+  return true;
 }
 
 void Registry::exporter_left(SegmentRecord& seg, proto::PoisonReason why) {

@@ -163,7 +163,10 @@ void Registry::repair_later(SegmentRecord& seg, SegmentRecord::Unclaimed u) {
     m_frees_check_ns = os::monotonic_ns() + kExitingLookNs;
   }
   seg.exiting.push_back(std::move(u));
-  // Looked at 1 ms from now, however long the others have waited.
+  look_at_exiting_soon(seg);
+}
+
+void Registry::look_at_exiting_soon(const SegmentRecord& seg) {
   const std::int64_t soon = os::monotonic_ns() + kExitingLookNs;
   const bool first = m_exiting.insert(seg.id).second && m_exiting.size() == 1;
   m_exiting_check_ns = first ? soon : std::min(m_exiting_check_ns, soon);
@@ -176,6 +179,7 @@ void Registry::repair_exited(std::int64_t now_ns) {
   bool any_landed = false;
   bool any_gone = false;
   bool any_left = false;  // pool members that left owing frees wait on
+  std::vector<std::uint64_t> ended;  // device_ipc shares whose exporter is gone: maybe_destroy after the loop
   for (auto it = m_exiting.begin(); it != m_exiting.end();) {
     auto s = m_segments.find(*it);
     if (s == m_segments.end()) {
@@ -183,6 +187,10 @@ void Registry::repair_exited(std::int64_t now_ns) {
       continue;
     }
     auto& seg = s->second;
+    if (exporter_back_or_gone(seg, now_ns)) {
+      any_gone = true;
+      ended.push_back(seg.id);
+    }
     std::vector<std::pair<Joined, ProcessWatch>> gone;
     std::optional<std::uint64_t> pending;  // one pass over the pool's records for all its leavers
     std::erase_if(seg.exiting, [&](const SegmentRecord::Unclaimed& u) {
@@ -211,8 +219,9 @@ void Registry::repair_exited(std::int64_t now_ns) {
     });
     any_gone = any_gone || !gone.empty();
     for (const auto& [j, process] : gone) repair_member(seg, j, process);  // exited, frees landed, or grace over
-    it = seg.exiting.empty() ? m_exiting.erase(it) : std::next(it);
+    it = seg.exiting.empty() && !seg.exporter_away ? m_exiting.erase(it) : std::next(it);
   }
+  for (const std::uint64_t id : ended) maybe_destroy(id);
   if (look_at_frees) {
     m_frees_interval_ns = any_landed ? kExitingLookNs : std::min(2 * m_frees_interval_ns, kFreesLookMaxNs);
     m_frees_check_ns = now_ns + m_frees_interval_ns;
@@ -390,7 +399,7 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
         // A broker stopping (no repair) says nothing of a creator's death: a device_ipc exporter lives on, and its
         // openers' memory with it. A counting semaphore's grant goes back all the same (nobody else holds it).
         if (repair) {
-          creator_left(seg, proto::PoisonReason::PeerDied);
+          if (!await_exporter(seg, conn)) creator_left(seg, proto::PoisonReason::PeerDied);
         } else if (seg.control) {
           creator_gone(seg.block);
         }

@@ -97,6 +97,16 @@ struct SegmentRecord : SegmentAttributes {
   /// pool members that left owing stream frees.
   std::vector<Unclaimed> exiting;
   ConnId creator = 0;                       ///< the connection that created it
+  /// A device_ipc share whose exporter's connection closed while its process ran (the broker cut it, or its library
+  /// dropped it): the name and the record stay, and the process may announce the share again (its library
+  /// reconnects at once) and be its exporter again. The share ends (exporter_left) once that process exits, or at
+  /// `back_by_ns` (monotonic) if it has not announced it by then: a process that exec'd never does.
+  struct ExporterAway {
+    ProcessWatch process;
+    pid_t pid = 0;
+    std::int64_t back_by_ns = 0;
+  };
+  std::optional<ExporterAway> exporter_away;
   std::set<ConnId> watchers;  ///< connections that watch it (Watch)
   struct Beat {
     std::int64_t deadline_ns = 0;  ///< the next Heartbeat is due by then
@@ -304,6 +314,13 @@ class Registry {
   void repair_exited(std::int64_t now_ns);
   /// Puts `u` in seg.exiting and has repair_exited look at it.
   void repair_later(SegmentRecord& seg, SegmentRecord::Unclaimed u);
+  /// Has repair_exited look at `seg` 1 ms from now, however long the others have waited.
+  void look_at_exiting_soon(const SegmentRecord& seg);
+  /// The exporter of device_ipc `seg` (connection `conn`) lost its connection: when its process still runs, keeps the
+  /// share for it (SegmentRecord::exporter_away) and returns true; false when the share ends now.
+  bool await_exporter(SegmentRecord& seg, ConnId conn);
+  /// Ends the share of `seg` if its away exporter has exited or let the grace run out; true when it ended.
+  bool exporter_back_or_gone(SegmentRecord& seg, std::int64_t now_ns);
   /// Repairs one member entry of `seg` no connection holds (its process is gone) and journals it.
   void repair_gone(SegmentRecord& seg, const Joined& member);
   /// Removes `member` from `seg` (remove_member: `process`, empty when exited or not to be waited for) and journals

@@ -326,11 +326,18 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
     auto& seg = m_segments.at(live->second);
     bool same = false;
     try {
-      same = host_kind(seg.kind) ? os::file_id(fd) == os::file_id(seg.memory.get())
-                                 : seg.kind == proto::Kind::Device && os::is_nvidia_export(fd) && seg.size == req.size;
+      // A device_ipc share's memory is its record's memfd (the exporter's, and each opener's read-only copy).
+      same = host_kind(seg.kind) || seg.kind == proto::Kind::DeviceIpc
+                 ? os::file_id(fd) == os::file_id(seg.memory.get())
+                 : seg.kind == proto::Kind::Device && os::is_nvidia_export(fd) && seg.size == req.size;
     } catch (const Error&) {
     }
-    if (!same || (permission_bits(caller.creds, seg.mode, seg.owner_uid, seg.owner_gid) & need) != need) {
+    // The exporter of a device_ipc share whose connection closed while it ran, back on a new one: the share is its
+    // own again (whatever the mode says of writing, as at its Create).
+    const bool exporter =
+        same && seg.exporter_away && seg.exporter_away->pid == caller.creds.pid && !exited(seg.exporter_away->process);
+    if (!same ||
+        (!exporter && (permission_bits(caller.creds, seg.mode, seg.owner_uid, seg.owner_gid) & need) != need)) {
       fail(ErrorCode::AlreadyExists,
            fmt::format("segment '{}' names other memory now (or you may not hold it): yours stays mapped, unnamed",
                        req.name));
@@ -342,6 +349,12 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
     }
     if (++seg.refs[caller.conn] == 1) note_holding(caller.conn, seg.id, true);
     if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
+    if (exporter) {
+      GPUIPC_LOG_INFO("segment '{}' id {}: its exporter (pid {}) announced it again on a new connection", seg.name,
+                      seg.id, caller.creds.pid);
+      seg.exporter_away.reset();
+      seg.creator = caller.conn;
+    }
     out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(seg)}));
     return;
   }

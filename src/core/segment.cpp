@@ -137,7 +137,8 @@ class MappingCache {
 
 /// Every mapping this process registered with a broker, so that a broker started after the last one died gets the
 /// names back (Announce) and the memberships (Rejoin): the library reconnects (its watcher at once, else the next
-/// call) and runs rebind().
+/// call) and runs rebind(). The same when a broker that runs on cut the connection (or the library dropped it): the
+/// references come back, and a device_ipc share's exporter is its exporter again.
 class LiveMappings {
  public:
   static LiveMappings& instance() {
@@ -166,7 +167,7 @@ class LiveMappings {
 /// Gives every mapping of the lost connection back to the new broker, then rejoins the memberships.
 void rebind(std::uint64_t old_generation, std::uint64_t new_generation, const core::BrokerClient::Exchange& exchange) {
   for (const auto& m : LiveMappings::instance().snapshot()) {
-    if (m->client_generation != old_generation || !m->memory || m->kind == SegmentKind::DeviceIpc) continue;
+    if (m->client_generation != old_generation || !m->memory) continue;
     proto::Announce a;
     a.name = m->name;
     a.access = m->access == Access::ReadOnly ? proto::Access::ReadOnly : proto::Access::ReadWrite;
@@ -188,7 +189,6 @@ void rebind(std::uint64_t old_generation, std::uint64_t new_generation, const co
 void remember_for_restart(const std::shared_ptr<detail::Mapping>& m) {
   static std::once_flag hook;
   std::call_once(hook, [] { core::BrokerClient::instance().set_rebind_hook(&rebind); });
-  if (m->kind == SegmentKind::DeviceIpc) return;  // dies with its exporter: nothing to give back
   LiveMappings::instance().add(m);
   core::BrokerClient::instance().keep_connected();  // given back at once when the broker dies
 }

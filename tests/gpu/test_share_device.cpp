@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "core/gpu_memory.hpp"
@@ -179,6 +180,63 @@ TEST(ShareDevice, LegacyShareDiesWithItsExporterAndOpenersGetPeerDied) {
   // The name went with the exporter.
   try {
     Segment::stat(name);
+    ADD_FAILURE() << "the name outlived its exporter";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound);
+  }
+}
+
+// A connection can close while its process lives on (the broker cuts one whose replies go unread, the library drops
+// one to a broker that leaves its requests unanswered). cudaMalloc memory lives as long as its exporter's process:
+// the share used to end with the connection (openers told PeerDied, the name removed). The exporter's library
+// reconnects and announces the share again: an opener from before keeps it and a new one opens it, past the
+// broker's grace; the exporter's own close ends it.
+TEST(ShareDevice, ALegacyShareOutlivesItsExportersLostConnection) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  SyncPipe shared, opened, cut, past, done;
+  const pid_t a = start_child([&] {
+    Gpu g;
+    auto buf = cuda::DeviceBuffer::allocate(kBytes);
+    g.k.fill_pattern(g.stream.get(), buf.get(), kWords, 5);
+    g.stream.synchronize();
+    auto seg = share(name, reinterpret_cast<void*>(buf.get()), kBytes);  // NOLINT
+    GPUIPC_CHILD_CHECK(seg.kind() == SegmentKind::DeviceIpc);
+    shared.notify();
+    GPUIPC_CHILD_CHECK(opened.wait(60s));
+    GPUIPC_CHILD_CHECK(shut_broker_connections() > 0);
+    cut.notify();
+    GPUIPC_CHILD_CHECK(done.wait(60s));
+    GPUIPC_CHILD_CHECK(seg.alive());
+    return 0;
+  });
+  ASSERT_TRUE(shared.wait(60s));
+  const pid_t b = start_child([&] {
+    Gpu g;
+    auto seg = Segment::open(name, {.access = Access::ReadOnly});
+    opened.notify();
+    GPUIPC_CHILD_CHECK(past.wait(60s));
+    GPUIPC_CHILD_CHECK(seg.alive());
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 5) == 0);
+    return 0;
+  });
+  ASSERT_TRUE(cut.wait(60s));
+  std::this_thread::sleep_for(BrokerEnvironment::kRejoinGrace + 500ms);
+  past.notify();
+  EXPECT_EQ(wait_child(b), 0) << "an opener from before the cut lost the share";
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto seg = Segment::open(name, {.access = Access::ReadOnly});
+              GPUIPC_CHILD_CHECK(seg.alive());
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 5) == 0);
+              return 0;
+            }),
+            0)
+      << "the name did not stay with its exporter";
+  done.notify();
+  EXPECT_EQ(wait_child(a), 0);
+  try {
+    Segment::stat(name);  // the exporter's close, on its new connection, ended the share
     ADD_FAILURE() << "the name outlived its exporter";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::NotFound);

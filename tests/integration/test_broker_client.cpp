@@ -82,28 +82,6 @@ class StoppedBroker {
   bool m_ok = false;
 };
 
-/// Shuts down this process's connections to the broker (the library's, and its watcher's copy): the broker sees
-/// them close while the process lives on, as when it cuts a connection (replies not read, a request that failed) or
-/// the library drops one. Returns how many.
-int shut_broker_connections() {
-  int n = 0;
-  const std::string path = config::socket_path();
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    const int fd = std::atoi(entry.path().filename().c_str());
-    int type = 0;
-    socklen_t type_len = sizeof type;
-    sockaddr_un peer{};
-    socklen_t peer_len = sizeof peer;
-    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 || type != SOCK_SEQPACKET ||
-        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 || peer.sun_family != AF_UNIX ||
-        path != peer.sun_path) {
-      continue;
-    }
-    if (::shutdown(fd, SHUT_RDWR) == 0) ++n;
-  }
-  return n;
-}
-
 /// The code of the Error `call` threw; nullopt when it returned.
 std::optional<ErrorCode> code_of(const std::function<void()>& call) {
   try {

@@ -1,12 +1,14 @@
 // Adopted memory against a real gpuipcd, without a GPU: a device_ipc share whose exporter is SIGKILLed loses its
 // name and its record says PeerDied; the public API refuses what it must with or without a driver.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "base/config.hpp"
@@ -47,24 +49,47 @@ os::UniqueFd hello(const char* who) {
   return sock;
 }
 
+/// A fabricated device_ipc record of 1000 bytes in a memfd.
+os::UniqueFd record_memfd() {
+  auto fd = os::memfd_create("record", proto::kDeviceIpcRecordBytes);
+  auto map = os::Mapping::map(fd.get(), proto::kDeviceIpcRecordBytes, true);
+  auto* r = static_cast<proto::DeviceIpcRecord*>(map.data());
+  r->magic = proto::kDeviceIpcMagic;
+  r->version = proto::kDeviceIpcVersion;
+  r->size = 1000;
+  r->alloc_size = 4096;
+  r->device[0] = 1;
+  return fd;
+}
+
+/// Creates device_ipc segment `name` over `record` on connection `sock`: true when the broker took it.
+bool create_share(int sock, const std::string& name, int record) {
+  proto::Create c{name, proto::Kind::DeviceIpc, 0644, 1000, proto::Uuid{1}, 0};
+  std::vector<os::UniqueFd> got;
+  return std::holds_alternative<proto::OpenReply>(
+      ask(sock, proto::Message{2, c}, std::span<const int>(&record, 1), got).body);
+}
+
+/// An opener's view of `name`'s record, through the broker (the connection stays open in `sock`).
+os::Mapping open_record(const std::string& name, os::UniqueFd& sock) {
+  sock = hello("opener");
+  std::vector<os::UniqueFd> fds;
+  const auto opened = ask(sock.get(), proto::Message{3, proto::Open{name, proto::Access::ReadOnly, 0}}, {}, fds);
+  if (!std::holds_alternative<proto::OpenReply>(opened.body) || fds.size() != 1) return {};
+  return os::Mapping::map(fds[0].get(), proto::kDeviceIpcRecordBytes, false);
+}
+
+std::uint32_t exporter_gone(const os::Mapping& view) {
+  return std::atomic_ref<std::uint32_t>(static_cast<proto::DeviceIpcRecord*>(view.data())->exporter_gone).load();
+}
+
 TEST(ShareHost, ExporterKilledTakesTheNameAndTheRecordSaysPeerDied) {
   const auto name = unique_name();
   SyncPipe created;
   const pid_t exporter = start_child([&] {
     auto sock = hello("exporter");
-    auto fd = os::memfd_create("record", proto::kDeviceIpcRecordBytes);
-    auto map = os::Mapping::map(fd.get(), proto::kDeviceIpcRecordBytes, true);
-    auto* r = static_cast<proto::DeviceIpcRecord*>(map.data());
-    r->magic = proto::kDeviceIpcMagic;
-    r->version = proto::kDeviceIpcVersion;
-    r->size = 1000;
-    r->alloc_size = 4096;
-    r->device[0] = 1;
-    proto::Create c{name, proto::Kind::DeviceIpc, 0644, 1000, proto::Uuid{1}, 0};
-    const int raw = fd.get();
-    std::vector<os::UniqueFd> got;
-    const auto reply = ask(sock.get(), proto::Message{2, c}, std::span<const int>(&raw, 1), got);
-    GPUIPC_CHILD_CHECK(std::holds_alternative<proto::OpenReply>(reply.body));
+    const auto fd = record_memfd();
+    GPUIPC_CHILD_CHECK(create_share(sock.get(), name, fd.get()));
     created.notify();
     ::pause();
     return 0;
@@ -76,19 +101,15 @@ TEST(ShareHost, ExporterKilledTakesTheNameAndTheRecordSaysPeerDied) {
   EXPECT_EQ(info.size, 1000U);
 
   // An opener's view of the record, through the broker.
-  auto sock = hello("opener");
-  std::vector<os::UniqueFd> fds;
-  const auto opened = ask(sock.get(), proto::Message{3, proto::Open{name, proto::Access::ReadOnly, 0}}, {}, fds);
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(opened.body));
-  ASSERT_EQ(fds.size(), 1U);
-  auto view = os::Mapping::map(fds[0].get(), proto::kDeviceIpcRecordBytes, false);
-  auto* record = static_cast<proto::DeviceIpcRecord*>(view.data());
-  EXPECT_EQ(std::atomic_ref<std::uint32_t>(record->exporter_gone).load(), 0U);
+  os::UniqueFd sock;
+  const auto view = open_record(name, sock);
+  ASSERT_TRUE(view);
+  EXPECT_EQ(exporter_gone(view), 0U);
 
   ::kill(exporter, SIGKILL);
   EXPECT_EQ(wait_child(exporter), 128 + SIGKILL);
-  EXPECT_TRUE(wait_until([&] { return std::atomic_ref<std::uint32_t>(record->exporter_gone).load() != 0; }, 5s));
-  EXPECT_EQ(record->exporter_gone, static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  EXPECT_TRUE(wait_until([&] { return exporter_gone(view) != 0; }, 5s));
+  EXPECT_EQ(exporter_gone(view), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
   try {
     Segment::open(name);
     ADD_FAILURE() << "the name outlived its exporter";
@@ -97,6 +118,51 @@ TEST(ShareHost, ExporterKilledTakesTheNameAndTheRecordSaysPeerDied) {
   }
   // Our raw reference keeps the unlinked record until this connection goes.
   EXPECT_GE(BrokerEnvironment::broker_references(), 1U);
+}
+
+// A connection can close while its process lives on (the broker cut it, its library dropped it): the exporter's
+// memory lives as long as its process, so the share did not end with the connection. The exporter announces it on
+// its new connection (its library does, at once) and is its exporter again, past the grace; its death still ends it.
+TEST(ShareHost, AnExporterWhoseConnectionClosesWhileItRunsKeepsItsShare) {
+  const auto name = unique_name();
+  SyncPipe created, opened, reconnected;
+  const pid_t exporter = start_child([&] {
+    auto sock = hello("exporter");
+    const auto fd = record_memfd();
+    GPUIPC_CHILD_CHECK(create_share(sock.get(), name, fd.get()));
+    created.notify();
+    GPUIPC_CHILD_CHECK(opened.wait(10s));
+    GPUIPC_CHILD_CHECK(::shutdown(sock.get(), SHUT_RDWR) == 0);
+    sock = hello("exporter, again");
+    const int raw = fd.get();
+    std::vector<os::UniqueFd> got;
+    const auto back = ask(sock.get(), proto::Message{2, proto::Announce{name, proto::Access::ReadWrite, 1000}},
+                          std::span<const int>(&raw, 1), got);
+    reconnected.notify();
+    GPUIPC_CHILD_CHECK(std::holds_alternative<proto::OpenReply>(back.body));  // the name is still its share
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(10s));
+  os::UniqueFd sock;
+  const auto view = open_record(name, sock);
+  ASSERT_TRUE(view);
+  opened.notify();
+  ASSERT_TRUE(reconnected.wait(10s));
+  std::this_thread::sleep_for(BrokerEnvironment::kRejoinGrace + 500ms);
+  EXPECT_EQ(exporter_gone(view), 0U) << "the share ended while its exporter ran";
+  EXPECT_EQ(Segment::stat(name).kind, SegmentKind::DeviceIpc);
+
+  ::kill(exporter, SIGKILL);
+  EXPECT_EQ(wait_child(exporter), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return exporter_gone(view) != 0; }, 5s));
+  EXPECT_EQ(exporter_gone(view), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  try {
+    Segment::stat(name);
+    ADD_FAILURE() << "the name outlived its exporter";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
+  }
 }
 
 TEST(ShareHost, CreateRefusesDeviceIpcAndShareRefusesHostMemory) {

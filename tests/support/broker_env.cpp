@@ -1,7 +1,9 @@
 #include "support/broker_env.hpp"
 
 #include <dirent.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -9,6 +11,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "base/config.hpp"
 #include "core/client.hpp"
 #include "gpuipc/segment.hpp"
 #include "os/process.hpp"
@@ -94,6 +97,25 @@ std::string unique_name(const std::string& suffix) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) c = '_';
   }
   return base + "-" + std::to_string(::getpid()) + "-" + suffix;
+}
+
+int shut_broker_connections() {
+  int n = 0;
+  const std::string path = config::socket_path();
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    int type = 0;
+    socklen_t type_len = sizeof type;
+    sockaddr_un peer{};
+    socklen_t peer_len = sizeof peer;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 || type != SOCK_SEQPACKET ||
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 || peer.sun_family != AF_UNIX ||
+        path != peer.sun_path) {
+      continue;
+    }
+    if (::shutdown(fd, SHUT_RDWR) == 0) ++n;
+  }
+  return n;
 }
 
 }  // namespace gpuipc::test

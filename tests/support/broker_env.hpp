@@ -48,6 +48,11 @@ class BrokerEnvironment : public ::testing::Environment {
 /// Registers the environment once per test binary (call from a static initializer).
 bool register_broker_environment();
 
+/// Shuts down this process's connections to the broker (the library's, and its watcher's copy): the broker sees
+/// them close while the process lives on, as when it cuts a connection (replies not read, a request that failed) or
+/// the library drops one. Returns how many.
+int shut_broker_connections();
+
 /// A name unique to this test and process: "<test-name>-<pid>-<suffix>".
 std::string unique_name(const std::string& suffix = "seg");
 

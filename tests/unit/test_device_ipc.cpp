@@ -1,15 +1,19 @@
 // Adopted legacy memory (Kind::DeviceIpc) without a GPU: the record's checks, and the broker's registry with a host
 // memfd holding a fabricated record — validated at Create, handed read-only to openers, and on the exporter's
-// leave (last Close or connection drop) the name goes and exporter_gone is written.
+// leave (last Close, or its process's exit after its connection closed) the name goes and exporter_gone is written.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <vector>
 
 #include "broker/registry.hpp"
 #include "os/memfd.hpp"
+#include "os/process.hpp"
 #include "proto/shm.hpp"
+#include "support/support.hpp"
 
 namespace gpuipc::broker {
 namespace {
@@ -66,24 +70,39 @@ TEST(DeviceIpcRecord, EveryBrokenFieldIsNamed) {
   EXPECT_NE(proto::check_device_ipc_record(zero, 0, gpu_uuid()), "");
 }
 
-/// A registry with an exporter (connection 1) and an opener (connection 2) of the same uid.
+/// The pid of a process that has exited (and was reaped): a connection's process the broker finds gone.
+pid_t exited_pid() {
+  const pid_t child = test::start_child([] { return 0; });
+  EXPECT_EQ(test::wait_child(child), 0);
+  return child;
+}
+
+/// A registry with an exporter (connection 1, process `exporter_pid`) and an opener (connection 2) of the same uid;
+/// connections 3 and up are the exporter's process again (its library reconnected).
 struct Broker {
   Registry registry{Quotas{}};
-  os::Credentials exporter{100, 1000, 1000, {}};
+  os::Credentials exporter;
   os::Credentials opener{200, 1000, 1000, {}};
   std::vector<Outgoing> out;
   std::uint32_t rid = 1;
 
-  Broker() {
+  explicit Broker(pid_t exporter_pid = exited_pid()) : exporter{exporter_pid, 1000, 1000, {}} {
     registry.add_connection(1, exporter);
     registry.add_connection(2, opener);
   }
 
   proto::Message ask(ConnId conn, proto::Body body, std::vector<os::UniqueFd> fds = {}) {
     out.clear();
-    registry.handle(Caller{conn, conn == 1 ? exporter : opener}, proto::Message{rid++, std::move(body)}, fds, 0, out);
+    registry.handle(Caller{conn, conn == 2 ? opener : exporter}, proto::Message{rid++, std::move(body)}, fds, 0, out);
     EXPECT_EQ(out.size(), 1U);
     return out.empty() ? proto::Message{} : std::move(out.back().msg);
+  }
+
+  /// Announces "t" from `conn` with the record's memfd, as a library does on its new connection.
+  proto::Message announce(ConnId conn, proto::Access access) {
+    std::vector<os::UniqueFd> fds;
+    fds.push_back(os::UniqueFd(::dup(record_fd.get())));
+    return ask(conn, proto::Announce{"t", access, kSize}, std::move(fds));
   }
 
   /// Creates "t" from connection 1 with `record` in a memfd of `bytes`; returns the reply and keeps the memfd.
@@ -92,6 +111,7 @@ struct Broker {
     auto map = os::Mapping::map(fd.get(), bytes, true);
     std::memcpy(map.data(), &record, std::min(bytes, sizeof record));
     record_map = std::move(map);
+    record_fd = os::UniqueFd(::dup(fd.get()));
     proto::Create req{"t", proto::Kind::DeviceIpc, 0640, kSize, gpu_uuid(), 0};
     std::vector<os::UniqueFd> fds;
     fds.push_back(std::move(fd));
@@ -106,6 +126,7 @@ struct Broker {
   bool named() { return std::holds_alternative<proto::StatReply>(ask(2, proto::Stat{"t"}).body); }
 
   os::Mapping record_map;  // the exporter's view of the record
+  os::UniqueFd record_fd;  // the exporter's record memfd
 };
 
 std::string error_of(const proto::Message& m) {
@@ -160,6 +181,7 @@ TEST(RegistryDeviceIpc, BadRecordsAreRefusedWithTheReason) {
   }
 }
 
+// An exporter whose process has exited by its connection's close (Broker's default) ends the share at once.
 TEST(RegistryDeviceIpc, ExporterConnectionDropUnlinksAndSaysPeerDied) {
   Broker b;
   ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
@@ -177,6 +199,81 @@ TEST(RegistryDeviceIpc, ExporterConnectionDropUnlinksAndSaysPeerDied) {
   EXPECT_EQ(b.registry.segment_count(), 1U);
   b.registry.drop_connection(2);
   EXPECT_EQ(b.registry.segment_count(), 0U);
+}
+
+/// A live exporter: a child that waits to be killed.
+struct LiveExporter {
+  LiveExporter()
+      : pid(test::start_child([] {
+          ::pause();
+          return 0;
+        })) {}
+  ~LiveExporter() { end(); }
+  void end() {
+    if (pid <= 0) return;
+    ::kill(pid, SIGKILL);
+    EXPECT_EQ(test::wait_child(pid), 128 + SIGKILL);
+    pid = 0;
+  }
+  pid_t pid;
+};
+
+// A connection can close while its process lives on (the broker cuts one whose replies go unread, the library drops
+// one to a broker that leaves its requests unanswered). The exporter's memory lives as long as its process: the
+// share used to end at once (openers told PeerDied, the name removed) while the memory was still there.
+TEST(RegistryDeviceIpc, AnExporterWhoseConnectionClosesWhileItRunsKeepsItsShareUntilItExits) {
+  LiveExporter live;
+  Broker b(live.pid);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.ask(2, proto::Open{"t", proto::Access::ReadOnly, 0}).body));
+  b.registry.drop_connection(1);
+  EXPECT_EQ(b.exporter_gone(), 0U) << "the share ended while its exporter ran";
+  EXPECT_TRUE(b.named());
+  // Its library reconnects and announces the share: the exporter again, past the grace.
+  b.registry.add_connection(3, b.exporter);
+  const auto back = b.announce(3, proto::Access::ReadWrite);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(back.body)) << error_of(back);
+  b.out.clear();
+  b.registry.expire(os::monotonic_ns() + 60'000'000'000, b.out);
+  EXPECT_EQ(b.exporter_gone(), 0U) << "the share ended though its exporter announced it again";
+  EXPECT_TRUE(b.named());
+  // Its process's death still ends the share, after a second connection loss too.
+  b.registry.drop_connection(3);
+  EXPECT_EQ(b.exporter_gone(), 0U);
+  live.end();
+  EXPECT_TRUE(test::wait_until(
+      [&] {
+        b.out.clear();
+        b.registry.expire(os::monotonic_ns(), b.out);
+        return b.exporter_gone() != 0;
+      },
+      std::chrono::seconds(10)));
+  EXPECT_EQ(b.exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  EXPECT_FALSE(b.named());
+  EXPECT_EQ(b.registry.segment_count(), 1U);  // the opener's reference
+  b.registry.drop_connection(2);
+  EXPECT_EQ(b.registry.segment_count(), 0U);
+}
+
+// A process that exec'd keeps its pid and never announces the share: it ends when the grace runs out. Another
+// process's Announce of the record gives it a reference, not the share.
+TEST(RegistryDeviceIpc, AnExporterThatDoesNotComeBackWithinTheGraceLosesItsShare) {
+  LiveExporter live;
+  Broker b(live.pid);
+  b.registry.set_rejoin_grace(50'000'000);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+  b.registry.drop_connection(1);
+  const auto other = b.announce(2, proto::Access::ReadOnly);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(other.body)) << error_of(other);
+  b.out.clear();
+  b.registry.expire(os::monotonic_ns(), b.out);
+  EXPECT_EQ(b.exporter_gone(), 0U);
+  b.registry.expire(os::monotonic_ns() + 100'000'000, b.out);
+  EXPECT_EQ(b.exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  EXPECT_FALSE(b.named());
+  // Too late: the exporter's own Announce finds no name.
+  b.registry.add_connection(3, b.exporter);
+  EXPECT_TRUE(std::holds_alternative<proto::ErrorReply>(b.announce(3, proto::Access::ReadWrite).body));
 }
 
 TEST(RegistryDeviceIpc, ABrokerStoppingDoesNotSayTheExporterDied) {
