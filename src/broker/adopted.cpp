@@ -36,21 +36,23 @@ std::string adopt_device_ipc_record(const proto::Create& req, int fd, os::Mappin
   return why;
 }
 
-bool Registry::await_exporter(SegmentRecord& seg, ConnId conn) {
-  if (seg.kind != proto::Kind::DeviceIpc || !seg.control || seg.name.empty() || m_rejoin_grace_ns <= 0) return false;
-  const auto c = m_connections.find(conn);
-  if (c == m_connections.end() || c->second.creds.pid <= 0) return false;
-  // A connection can close while its process lives on (the broker cut it, its library dropped it): the memory lives
-  // as long as the process, so its openers keep it and its name stays for the process to announce again. A killed
-  // process's connection closes before it exits: its share ends at the exit, as a member's repair does.
-  ProcessWatch process = watch_process(c->second.creds.pid, c->second.start.value_or(0), c->second.creds.uid);
+bool Registry::await_exporter(SegmentRecord& seg) {
+  if (seg.kind != proto::Kind::DeviceIpc || !seg.control || seg.name.empty() || m_rejoin_grace_ns <= 0 ||
+      seg.exporter_pid <= 0) {
+    return false;
+  }
+  // A connection can close while its process lives on (the broker cut it, its library dropped it), and a broker
+  // can die while it does: the memory lives as long as the process, so its openers keep it and its name stays for
+  // the process to announce again. A killed process's connection closes before it exits: its share ends at the
+  // exit, as a member's repair does.
+  ProcessWatch process = watch_process(seg.exporter_pid, seg.exporter_start, seg.owner_uid);
   if (!process || exited(process)) return false;  // gone, or a process this broker cannot see
   GPUIPC_LOG_INFO(
-      "segment '{}' id {}: its exporter (pid {}) lost its connection before its process exited: the share "
-      "ends once it exits, or in {} ms unless it announces it again",
-      seg.name, seg.id, c->second.creds.pid, m_rejoin_grace_ns / 1'000'000);
+      "segment '{}' id {}: its exporter (pid {}) is not connected but its process runs: the share ends "
+      "once it exits, or in {} ms unless it announces it again",
+      seg.name, seg.id, seg.exporter_pid, m_rejoin_grace_ns / 1'000'000);
   seg.exporter_away =
-      SegmentRecord::ExporterAway{std::move(process), c->second.creds.pid, os::monotonic_ns() + m_rejoin_grace_ns};
+      SegmentRecord::ExporterAway{std::move(process), seg.exporter_pid, os::monotonic_ns() + m_rejoin_grace_ns};
   seg.creator = 0;
   m_exiting.insert(seg.id);
   look_at_exiting_soon(seg);

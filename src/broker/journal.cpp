@@ -61,9 +61,11 @@ bool is_unlinked_key(std::string_view key) noexcept {
 }
 
 std::string journal_line(const JournalEntry& e) {
-  return fmt::format("L {} {} {} {} {} {} {} {} {} {} {} {} {}", e.name, static_cast<int>(e.kind), e.mode, e.size,
-                     hex(e.device), e.owner_uid, e.owner_gid, e.flags, e.created_unix_ns, e.file_dev, e.file_ino,
-                     e.view_offset, e.view_size);
+  std::string line = fmt::format("L {} {} {} {} {} {} {} {} {} {} {} {} {}", e.name, static_cast<int>(e.kind), e.mode,
+                                 e.size, hex(e.device), e.owner_uid, e.owner_gid, e.flags, e.created_unix_ns,
+                                 e.file_dev, e.file_ino, e.view_offset, e.view_size);
+  if (e.kind == proto::Kind::DeviceIpc) line += fmt::format(" {} {}", e.exporter_pid, e.exporter_start);
+  return line;
 }
 
 bool parse_journal_line(const std::string& line, JournalEntry& out) {
@@ -78,6 +80,10 @@ bool parse_journal_line(const std::string& line, JournalEntry& out) {
   }
   if (tag != "L" || kind < 1 || kind > 4 || !unhex(uuid, e.device) || !key_ok(e.name)) return false;
   e.kind = static_cast<proto::Kind>(kind);
+  if (e.kind == proto::Kind::DeviceIpc &&
+      (!(in >> e.exporter_pid >> e.exporter_start) || e.exporter_pid < 0 || e.flags != 0 || e.file_ino == 0)) {
+    return false;
+  }
   if (e.name.front() == '#' && ((e.kind != proto::Kind::Host && e.kind != proto::Kind::HostPinned) || e.flags == 0 ||
                                 e.name != unlinked_key(e.file_dev, e.file_ino))) {
     return false;

@@ -51,8 +51,12 @@ bool is_unlinked_key(std::string_view key) noexcept;
 
 /// A linked name as the journal records it (or an unlinked control block, with `name` its unlinked_key).
 struct JournalEntry : SegmentAttributes {
-  std::uint64_t file_dev = 0;  ///< host kinds: the memfd's identity (st_dev, st_ino); 0 for device kinds
+  std::uint64_t file_dev = 0;  ///< host kinds and device_ipc (its record): the memfd's identity; 0 for device kinds
   std::uint64_t file_ino = 0;
+  /// device_ipc: the exporter's process (pid as SO_PEERCRED gave it, 0 unknown; os::process_start_ticks, 0 unknown),
+  /// whose exit ends the share.
+  std::int64_t exporter_pid = 0;
+  std::uint64_t exporter_start = 0;
 };
 
 /// A member entry of a named (or unlinked_key'd) control block (semaphore, channel, pool, counting semaphore) as the

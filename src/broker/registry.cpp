@@ -399,7 +399,7 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
         // A broker stopping (no repair) says nothing of a creator's death: a device_ipc exporter lives on, and its
         // openers' memory with it. A counting semaphore's grant goes back all the same (nobody else holds it).
         if (repair) {
-          if (!await_exporter(seg, conn)) creator_left(seg, proto::PoisonReason::PeerDied);
+          if (!await_exporter(seg)) creator_left(seg, proto::PoisonReason::PeerDied);
         } else if (seg.control) {
           creator_gone(seg.block);
         }
@@ -619,7 +619,11 @@ void Registry::create(const Caller& caller, std::uint32_t rid, const proto::Crea
                       .view_offset = req.view_offset,
                       .view_size = req.view_size};
   seg.creator = caller.conn;
-  if (record) seg.control = std::move(record);
+  if (record) {
+    seg.control = std::move(record);
+    seg.exporter_pid = caller.creds.pid;
+    seg.exporter_start = process_start_of(caller.conn);
+  }
   // The creator fills the block in before Create: a name is never visible over a half-made object.
   if (req.flags != 0) {
     ErrorCode code{};

@@ -107,6 +107,10 @@ struct SegmentRecord : SegmentAttributes {
     std::int64_t back_by_ns = 0;
   };
   std::optional<ExporterAway> exporter_away;
+  /// device_ipc: the exporter's process (its pid, and its start: os::process_start_ticks, 0 unknown), journaled so
+  /// that a broker started after this one died knows whose exit ends the share.
+  pid_t exporter_pid = 0;
+  std::uint64_t exporter_start = 0;
   std::set<ConnId> watchers;  ///< connections that watch it (Watch)
   struct Beat {
     std::int64_t deadline_ns = 0;  ///< the next Heartbeat is due by then
@@ -316,9 +320,10 @@ class Registry {
   void repair_later(SegmentRecord& seg, SegmentRecord::Unclaimed u);
   /// Has repair_exited look at `seg` 1 ms from now, however long the others have waited.
   void look_at_exiting_soon(const SegmentRecord& seg);
-  /// The exporter of device_ipc `seg` (connection `conn`) lost its connection: when its process still runs, keeps the
-  /// share for it (SegmentRecord::exporter_away) and returns true; false when the share ends now.
-  bool await_exporter(SegmentRecord& seg, ConnId conn);
+  /// Device_ipc `seg` has no connection of its exporter (it lost it, or the broker restarted): when the exporter's
+  /// process still runs, keeps the share for it (SegmentRecord::exporter_away) and returns true; false when the share
+  /// ends now (the caller calls exporter_left).
+  bool await_exporter(SegmentRecord& seg);
   /// Ends the share of `seg` if its away exporter has exited or let the grace run out; true when it ended.
   bool exporter_back_or_gone(SegmentRecord& seg, std::int64_t now_ns);
   /// Repairs one member entry of `seg` no connection holds (its process is gone) and journals it.
@@ -345,6 +350,8 @@ class Registry {
   /// A channel came back after a broker restart: takes the stream writes the journal says its dead members still
   /// owed (made as their turns come, once the processes they wait for have exited).
   void restore_owed(SegmentRecord& seg);
+  /// The start (os::process_start_ticks) of connection `conn`'s process, read once a connection; 0 when unknown.
+  std::uint64_t process_start_of(ConnId conn) noexcept;
   /// Records in `member` which process joined it (connection `conn`'s), and journals it (named blocks only).
   void journal_joined(const SegmentRecord& seg, Joined& member, ConnId conn) noexcept;
   /// Compacts the journal from what is linked and joined now, when it has grown enough (Journal::wants_compaction).

@@ -46,19 +46,23 @@ void Registry::open_journal(const std::string& path, std::int64_t now_ns, std::i
 
 namespace {
 
-/// The journal's entry for a linked segment, or nothing when it does not go in the journal (device_ipc shares die
-/// with their exporter; a host segment whose file cannot be told later is not promised back).
+/// The journal's entry for a linked segment, or nothing when it does not go in the journal (a segment whose file
+/// cannot be told later is not promised back). A device_ipc share is its record's memfd and its exporter's process:
+/// a broker started after this one died gives the name back while that process lives, and ends the share once it
+/// has exited.
 std::optional<JournalEntry> journal_entry_of(const SegmentRecord& seg) noexcept {
-  if (seg.kind == proto::Kind::DeviceIpc || seg.journal_name().empty()) return std::nullopt;
+  if (seg.journal_name().empty()) return std::nullopt;
   JournalEntry e;
   try {
     e.attributes() = seg;
     e.name = seg.journal_name();
-    if (host_kind(seg.kind)) {
+    if (host_kind(seg.kind) || seg.kind == proto::Kind::DeviceIpc) {
       const auto id = os::file_id(seg.memory.get());
       e.file_dev = id.dev;
       e.file_ino = id.ino;
     }
+    e.exporter_pid = seg.exporter_pid;
+    e.exporter_start = seg.exporter_start;
   } catch (...) {
     return std::nullopt;
   }
@@ -72,11 +76,17 @@ void Registry::journal_linked(const SegmentRecord& seg) noexcept {
   if (auto e = journal_entry_of(seg)) m_journal.linked(*e);
 }
 
+std::uint64_t Registry::process_start_of(ConnId conn) noexcept {
+  const auto c = m_connections.find(conn);
+  if (c == m_connections.end()) return 0;
+  if (!c->second.start) c->second.start = os::process_start_ticks(c->second.creds.pid);  // once a connection
+  return *c->second.start;
+}
+
 void Registry::journal_joined(const SegmentRecord& seg, Joined& member, ConnId conn) noexcept {
   if (auto c = m_connections.find(conn); c != m_connections.end()) {
     member.pid = c->second.creds.pid;
-    if (!c->second.start) c->second.start = os::process_start_ticks(member.pid);  // once a connection: a /proc read
-    member.start = *c->second.start;
+    member.start = process_start_of(conn);
   }
   if (!m_journal || seg.journal_name().empty()) return;
   try {
@@ -370,13 +380,18 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
     fail(ErrorCode::QuotaExceeded, std::move(why));
     return;
   }
-  if ((permission_bits(caller.creds, e.mode, e.owner_uid, e.owner_gid) & need) != need) {
+  // A device_ipc share's exporter (the process the journal names: its pid, and its start when known) holds it as at
+  // its Create, whatever the mode says of writing.
+  const bool exporter = e.kind == proto::Kind::DeviceIpc && e.exporter_pid > 0 && caller.creds.pid == e.exporter_pid &&
+                        (e.exporter_start == 0 || process_start_of(caller.conn) == e.exporter_start);
+  if (!exporter && (permission_bits(caller.creds, e.mode, e.owner_uid, e.owner_gid) & need) != need) {
     fail(ErrorCode::PermissionDenied, fmt::format("segment '{}' is mode {:04o} owned by uid {}: you may not hold it "
                                                   "as announced",
                                                   req.name, e.mode, e.owner_uid));
     return;
   }
   os::UniqueFd memory;
+  os::Mapping record;
   try {
     if (host_kind(e.kind)) {
       if (os::file_id(fd) != os::FileId{e.file_dev, e.file_ino}) {
@@ -395,6 +410,19 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
         return;
       }
       memory = std::move(fds[0]);
+    } else if (e.kind == proto::Kind::DeviceIpc) {
+      if (os::file_id(fd) != os::FileId{e.file_dev, e.file_ino}) {
+        fail(ErrorCode::InvalidArgument, fmt::format("segment '{}': that fd is not its device_ipc record", req.name));
+        return;
+      }
+      // Openers hold a read-only description; the broker writes exporter_gone into the record when the share ends.
+      memory = os::reopen_readwrite(fd);
+      if (os::fd_size(memory.get()) != proto::kDeviceIpcRecordBytes) {  // sealed at its Create: cannot differ
+        fail(ErrorCode::InvalidArgument,
+             fmt::format("segment '{}': its record is not {} bytes", req.name, proto::kDeviceIpcRecordBytes));
+        return;
+      }
+      record = os::Mapping::map(memory.get(), proto::kDeviceIpcRecordBytes, true);
     } else {
       fail(ErrorCode::Unsupported, fmt::format("segment '{}': a {} segment cannot be given back", req.name,
                                                static_cast<int>(e.kind)));
@@ -423,17 +451,28 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
   seg.memory = std::move(memory);
   seg.refs[caller.conn] = 1;
   if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
+  if (record) {
+    seg.control = std::move(record);
+    seg.exporter_pid = static_cast<pid_t>(e.exporter_pid);
+    seg.exporter_start = e.exporter_start;
+    if (exporter) seg.creator = caller.conn;
+  }
   m_restore.erase(r);
   auto& stored = link(std::move(seg));
   note_holding(caller.conn, stored.id, true);
-  if (stored.control) {
+  if (stored.control && stored.flags != 0) {
     restore_owed(stored);
     adopt_unclaimed(stored);
   }
   GPUIPC_LOG_INFO("segment '{}' ({}) given back by pid {} after the broker restart: id {}", shown(stored),
                   human_bytes(stored.size), caller.creds.pid, stored.id);
+  // An opener gave a device_ipc share back before its exporter did: the share waits for the exporter as after a
+  // lost connection, or ends now if its process has exited meanwhile (nobody was there to tell its openers).
+  if (stored.kind == proto::Kind::DeviceIpc && !exporter && !await_exporter(stored)) {
+    exporter_left(stored, proto::PoisonReason::PeerDied);
+  }
   out.push_back(reply(caller.conn, rid, proto::OpenReply{info_of(stored)}));
-  if (!unlinked) wake_waiting(stored, out);
+  if (!unlinked && !stored.name.empty()) wake_waiting(stored, out);
 }
 
 void Registry::rejoin(const Caller& caller, std::uint32_t rid, const proto::Rejoin& req, std::vector<Outgoing>& out) {

@@ -243,6 +243,59 @@ TEST(ShareDevice, ALegacyShareOutlivesItsExportersLostConnection) {
   }
 }
 
+// A broker killed while an exporter runs: its watcher gives the share back to the next broker (the journal keeps
+// it). The name used to be lost, and the exporter's death then reached no opener (alive() stayed true over freed
+// memory). An opener from before the kill hears of the exporter's end through the next broker.
+TEST(ShareDevice, ALegacyShareOutlivesABrokerKill) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  SyncPipe shared, opened, done, ended;
+  const pid_t a = start_child([&] {
+    Gpu g;
+    auto buf = cuda::DeviceBuffer::allocate(kBytes);
+    g.k.fill_pattern(g.stream.get(), buf.get(), kWords, 6);
+    g.stream.synchronize();
+    auto seg = share(name, reinterpret_cast<void*>(buf.get()), kBytes);  // NOLINT
+    shared.notify();
+    GPUIPC_CHILD_CHECK(done.wait(60s));
+    GPUIPC_CHILD_CHECK(seg.alive());
+    return 0;
+  });
+  ASSERT_TRUE(shared.wait(60s));
+  const pid_t b = start_child([&] {
+    Gpu g;
+    auto seg = Segment::open(name, {.access = Access::ReadOnly});
+    opened.notify();
+    GPUIPC_CHILD_CHECK(ended.wait(60s));
+    GPUIPC_CHILD_CHECK(wait_until([&] { return !seg.alive(); }, 5s));
+    return 0;
+  });
+  ASSERT_TRUE(opened.wait(60s));
+  ASSERT_TRUE(BrokerEnvironment::kill_broker());
+  EXPECT_TRUE(wait_until(
+      [&] {
+        try {
+          return Segment::stat(name).kind == SegmentKind::DeviceIpc;
+        } catch (const Error&) {
+          return false;
+        }
+      },
+      10s))
+      << "the name did not come back";
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto seg = Segment::open(name, {.access = Access::ReadOnly});
+              GPUIPC_CHILD_CHECK(seg.alive());
+              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 6) == 0);
+              return 0;
+            }),
+            0);
+  done.notify();
+  EXPECT_EQ(wait_child(a), 0);
+  ended.notify();
+  EXPECT_EQ(wait_child(b), 0) << "an opener from before the kill did not hear of the exporter's end";
+}
+
 /// share() of `ptr` fails with `code` and a message containing `says`.
 bool refused(const void* ptr, std::size_t bytes, const ShareOptions& o, ErrorCode code, const char* says) {
   try {

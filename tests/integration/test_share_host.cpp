@@ -165,6 +165,48 @@ TEST(ShareHost, AnExporterWhoseConnectionClosesWhileItRunsKeepsItsShare) {
   }
 }
 
+// A broker killed while an exporter runs: the next broker gives the share back to its exporter (the journal keeps
+// it), and ends it when the exporter dies. Before, the name was lost, and the exporter's death reached no opener.
+TEST(ShareHost, AShareOutlivesABrokerKillAndEndsWithItsExporter) {
+  const auto name = unique_name();
+  SyncPipe created, killed, announced;
+  const pid_t exporter = start_child([&] {
+    auto sock = hello("exporter");
+    const auto fd = record_memfd();
+    GPUIPC_CHILD_CHECK(create_share(sock.get(), name, fd.get()));
+    created.notify();
+    GPUIPC_CHILD_CHECK(killed.wait(20s));
+    (void)Segment::list();  // the library connects to the next broker (starting it if no watcher did yet)
+    sock = hello("exporter, on the next broker");
+    const int raw = fd.get();
+    std::vector<os::UniqueFd> got;
+    const auto back = ask(sock.get(), proto::Message{2, proto::Announce{name, proto::Access::ReadWrite, 1000}},
+                          std::span<const int>(&raw, 1), got);
+    announced.notify();
+    GPUIPC_CHILD_CHECK(std::holds_alternative<proto::OpenReply>(back.body));
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(10s));
+  os::UniqueFd sock;
+  const auto view = open_record(name, sock);
+  ASSERT_TRUE(view);
+  ASSERT_TRUE(BrokerEnvironment::kill_broker());
+  killed.notify();
+  ASSERT_TRUE(announced.wait(20s));
+  try {
+    EXPECT_EQ(Segment::stat(name).kind, SegmentKind::DeviceIpc);
+  } catch (const Error& e) {
+    ADD_FAILURE() << "the name did not come back: " << e.what();
+  }
+  EXPECT_EQ(exporter_gone(view), 0U);
+
+  ::kill(exporter, SIGKILL);
+  EXPECT_EQ(wait_child(exporter), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return exporter_gone(view) != 0; }, 5s)) << "its death reached no opener";
+  EXPECT_EQ(exporter_gone(view), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+}
+
 TEST(ShareHost, CreateRefusesDeviceIpcAndShareRefusesHostMemory) {
   EXPECT_EQ(run_child([] {
               try {

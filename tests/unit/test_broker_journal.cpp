@@ -191,6 +191,39 @@ TEST(BrokerJournal, AnUnlinkedControlBlockReplaysUnderItsMemorysKey) {
   EXPECT_EQ(st.owed[0].writes[0].code, 2U);
 }
 
+// A device_ipc share (cudaMalloc memory adopted with gpuipc::share) is journaled with its record's memfd and its
+// exporter's process, whose exit ends it; a line without the process is not replayed.
+TEST(BrokerJournal, ADeviceIpcShareReplaysWithItsExportersProcess) {
+  TempDir dir;
+  const std::string path = dir.file("names.journal");
+  JournalState st;
+  {
+    Journal j = Journal::open(path, st);
+    JournalEntry share = entry("share");
+    share.kind = proto::Kind::DeviceIpc;
+    share.flags = 0;
+    share.exporter_pid = 1234;
+    share.exporter_start = 99;
+    j.linked(share);
+    JournalEntry bare = share;
+    bare.name = "bare";
+    std::string line = broker::journal_line(bare);
+    line.resize(line.rfind(" 1234 99"));
+    j.record(line + "\n");
+    JournalEntry channel = share;
+    channel.name = "flagged";
+    channel.flags = proto::kFlagChannel;
+    j.linked(channel);
+  }
+  Journal again = Journal::open(path, st);
+  ASSERT_EQ(st.linked.size(), 1U);
+  EXPECT_EQ(st.linked[0].name, "share");
+  EXPECT_EQ(st.linked[0].kind, proto::Kind::DeviceIpc);
+  EXPECT_EQ(st.linked[0].file_ino, 42U);
+  EXPECT_EQ(st.linked[0].exporter_pid, 1234);
+  EXPECT_EQ(st.linked[0].exporter_start, 99U);
+}
+
 TEST(BrokerJournal, MalformedOwedLinesAndATornLastLineAreSkipped) {
   TempDir dir;
   const std::string path = dir.file("names.journal");

@@ -7,9 +7,11 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "broker/registry.hpp"
+#include "os/fd.hpp"
 #include "os/memfd.hpp"
 #include "os/process.hpp"
 #include "proto/shm.hpp"
@@ -98,11 +100,22 @@ struct Broker {
     return out.empty() ? proto::Message{} : std::move(out.back().msg);
   }
 
-  /// Announces "t" from `conn` with the record's memfd, as a library does on its new connection.
+  /// Announces "t" from `conn` with the record's memfd, as a library does on its new connection: the exporter's
+  /// own description, or an opener's read-only one.
   proto::Message announce(ConnId conn, proto::Access access) {
     std::vector<os::UniqueFd> fds;
-    fds.push_back(os::UniqueFd(::dup(record_fd.get())));
+    fds.push_back(access == proto::Access::ReadOnly ? os::reopen_readonly(record_fd.get())
+                                                    : os::dup_fd(record_fd.get()));
     return ask(conn, proto::Announce{"t", access, kSize}, std::move(fds));
+  }
+
+  /// The broker started after this one died: a registry over the same journal, with the same record.
+  std::unique_ptr<Broker> restarted(const std::string& journal) {
+    auto next = std::make_unique<Broker>(exporter.pid);
+    next->registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
+    next->record_fd = os::dup_fd(record_fd.get());
+    next->record_map = os::Mapping::map(record_fd.get(), proto::kDeviceIpcRecordBytes, true);
+    return next;
   }
 
   /// Creates "t" from connection 1 with `record` in a memfd of `bytes`; returns the reply and keeps the memfd.
@@ -274,6 +287,61 @@ TEST(RegistryDeviceIpc, AnExporterThatDoesNotComeBackWithinTheGraceLosesItsShare
   // Too late: the exporter's own Announce finds no name.
   b.registry.add_connection(3, b.exporter);
   EXPECT_TRUE(std::holds_alternative<proto::ErrorReply>(b.announce(3, proto::Access::ReadWrite).body));
+}
+
+// A broker can die while an exporter runs: the share used to be lost (not journaled). Its name then went with the
+// broker, and worse, when its exporter died later no broker told the openers, whose alive() stayed true over freed
+// memory. The journal keeps the share with its exporter's process: the exporter's Announce makes it its own again
+// (an opener's first: the share waits for the exporter), and the exporter's death still ends it.
+TEST(RegistryDeviceIpc, AShareComesBackAfterABrokerRestartAndEndsWithItsExporter) {
+  test::TempDir dir;
+  const std::string journal = dir.file("names.journal");
+  for (const bool exporter_first : {true, false}) {
+    SCOPED_TRACE(exporter_first ? "the exporter announces first" : "an opener announces first");
+    LiveExporter live;
+    Broker b(live.pid);
+    b.registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+    const auto next = b.restarted(journal);  // `b` is never asked again: it died
+    auto announced =
+        next->announce(exporter_first ? 1 : 2, exporter_first ? proto::Access::ReadWrite : proto::Access::ReadOnly);
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announced.body)) << error_of(announced);
+    announced =
+        next->announce(exporter_first ? 2 : 1, exporter_first ? proto::Access::ReadOnly : proto::Access::ReadWrite);
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announced.body)) << error_of(announced);
+    next->out.clear();
+    next->registry.expire(os::monotonic_ns() + 60'000'000'000, next->out);  // past every grace
+    EXPECT_EQ(next->exporter_gone(), 0U) << "the share ended though its exporter gave it back";
+    EXPECT_TRUE(next->named());
+    next->registry.drop_connection(1);  // its death: the connection first, then the exit
+    live.end();
+    EXPECT_TRUE(test::wait_until(
+        [&] {
+          next->out.clear();
+          next->registry.expire(os::monotonic_ns(), next->out);
+          return next->exporter_gone() != 0;
+        },
+        std::chrono::seconds(10)));
+    EXPECT_EQ(next->exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+    EXPECT_FALSE(next->named());
+    ::unlink(journal.c_str());
+  }
+}
+
+// The exporter died while no broker ran: the first opener to give the share back learns it at once.
+TEST(RegistryDeviceIpc, AnExporterThatDiedWhileNoBrokerRanEndsTheShareWhenAnOpenerGivesItBack) {
+  test::TempDir dir;
+  const std::string journal = dir.file("names.journal");
+  LiveExporter live;
+  Broker b(live.pid);
+  b.registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+  live.end();
+  const auto next = b.restarted(journal);
+  const auto announced = next->announce(2, proto::Access::ReadOnly);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announced.body)) << error_of(announced);
+  EXPECT_EQ(next->exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  EXPECT_FALSE(next->named());
 }
 
 TEST(RegistryDeviceIpc, ABrokerStoppingDoesNotSayTheExporterDied) {
