@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "broker/registry.hpp"
+#include "os/process.hpp"
 
 namespace gpuipc::broker {
 
@@ -42,6 +43,46 @@ void Registry::notify(const SegmentRecord& seg, proto::EventKind kind, const pro
     if (w == conn) continue;
     out.push_back(reply(w, 0, e));
   }
+}
+
+void Registry::report_death(const SegmentRecord& seg, ConnId conn, std::vector<Outgoing>& out) {
+  if (seg.watchers.empty() || seg.lookers.count(conn) != 0) return;
+  auto gone = holder_of(seg, conn);
+  gone.references = 0;  // as Left: the holder after the change
+  // A connection can close while its process lives on (the broker cut it, its library dropped it): its library
+  // reconnects at once and gives its segments back. Told at once, watchers took a live process for dead (and a
+  // supervisor restarted it). A killed process's connection closes before it exits: told at its exit.
+  const auto c = m_connections.find(conn);
+  if (m_rejoin_grace_ns > 0 && c != m_connections.end() && c->second.creds.pid > 0) {
+    ProcessWatch process = watch_process(c->second.creds.pid, process_start_of(conn), c->second.creds.uid);
+    if (process && !exited(process)) {
+      const std::int64_t now = os::monotonic_ns();
+      try {
+        m_pending_deaths.push_back(PendingDeath{seg.id, gone, std::move(process), now + m_rejoin_grace_ns});
+        m_deaths_interval_ns = kExitingLookNs;
+        m_deaths_check_ns =
+            m_pending_deaths.size() == 1 ? now + kExitingLookNs : std::min(m_deaths_check_ns, now + kExitingLookNs);
+        return;
+      } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch): told now, as before
+      }
+    }
+  }
+  notify(seg, proto::EventKind::Died, gone, conn, out);
+}
+
+void Registry::report_pending_deaths(std::int64_t now_ns, std::vector<Outgoing>& out) {
+  if (m_pending_deaths.empty() || now_ns < m_deaths_check_ns) return;
+  bool any = false;
+  std::erase_if(m_pending_deaths, [&](const PendingDeath& d) {
+    const auto seg = m_segments.find(d.id);
+    if (seg == m_segments.end()) return true;  // gone, and its watchers with it
+    if (!exited(d.process) && now_ns < d.report_by_ns) return false;
+    notify(seg->second, proto::EventKind::Died, d.holder, 0, out);
+    any = true;
+    return true;
+  });
+  m_deaths_interval_ns = any ? kExitingLookNs : std::min(2 * m_deaths_interval_ns, kExitingLookMaxNs);
+  m_deaths_check_ns = now_ns + m_deaths_interval_ns;
 }
 
 void Registry::expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out) {

@@ -381,11 +381,7 @@ void Registry::drop_connection(ConnId conn, bool repair, std::vector<Outgoing>* 
     seg.watchers.erase(conn);
     if (seg.refs.count(conn) != 0) {
       // A connection that goes while holding references: its process exited or was killed without closing them.
-      if (out != nullptr && repair) {
-        auto gone = holder_of(seg, conn);
-        gone.references = 0;  // as Left: the holder after the change
-        notify(seg, proto::EventKind::Died, gone, conn, *out);
-      }
+      if (out != nullptr && repair) report_death(seg, conn, *out);
       seg.refs.erase(conn);
       seg.lookers.erase(conn);
       drop_beats(seg, conn);
@@ -798,6 +794,7 @@ void Registry::expire(std::int64_t now_ns, std::vector<Outgoing>& out) {
   settle_owing(now_ns);
   expire_restores(now_ns);
   expire_beats(now_ns, out);
+  report_pending_deaths(now_ns, out);
   while (!m_pending_by_deadline.empty() && m_pending_by_deadline.begin()->first <= now_ns) {
     Pending p = unpark(m_pending_by_deadline.begin()->second);
     out.push_back(reply(p.conn, p.request_id,
@@ -815,6 +812,7 @@ std::optional<std::int64_t> Registry::next_deadline() const {
   if (!m_owing.empty()) d = d ? std::min(*d, m_owed_check_ns) : m_owed_check_ns;
   if (!m_unclaimed.empty()) d = d ? std::min(*d, m_unclaimed_check_ns) : m_unclaimed_check_ns;
   if (!m_exiting.empty()) d = d ? std::min(*d, m_exiting_check_ns) : m_exiting_check_ns;
+  if (!m_pending_deaths.empty()) d = d ? std::min(*d, m_deaths_check_ns) : m_deaths_check_ns;
   for (const auto& [name, r] : m_restore) d = d ? std::min(*d, r.deadline_ns) : r.deadline_ns;
   if (!m_beat_deadlines.empty()) {
     const std::int64_t b = std::get<0>(*m_beat_deadlines.begin());

@@ -248,6 +248,11 @@ class Registry {
               std::vector<Outgoing>& out);
   /// Marks heartbeats whose deadline passed as hung and tells watchers.
   void expire_beats(std::int64_t now_ns, std::vector<Outgoing>& out);
+  /// Connection `conn` of a holder of `seg` closed: tells the watchers it died, at once when its process has exited,
+  /// else once it exits or the rejoin grace runs out with it not back (PendingDeath).
+  void report_death(const SegmentRecord& seg, ConnId conn, std::vector<Outgoing>& out);
+  /// Tells watchers of the pending deaths whose process has exited or whose grace ran out (when due).
+  void report_pending_deaths(std::int64_t now_ns, std::vector<Outgoing>& out);
   /// Records whether `conn` holds references to segment `id` (SegmentRecord::refs), for drop_connection, and
   /// counts it in its uid's Quotas::opens.
   void note_holding(ConnId conn, std::uint64_t id, bool holds) noexcept;
@@ -422,6 +427,18 @@ class Registry {
   static constexpr std::int64_t kFreesLookMaxNs = 32'000'000;
   std::int64_t m_frees_check_ns = 0;
   std::int64_t m_frees_interval_ns = kExitingLookNs;
+  // Holders whose connection closed while their process ran (report_death): watchers are told they died once the
+  // process exits, or when the rejoin grace runs out; nothing when the process gives the segment back (Announce) on
+  // a new connection first. Looked at 1 ms after one is added or one is reported, backing off to 32 ms.
+  struct PendingDeath {
+    std::uint64_t id = 0;
+    proto::HolderInfo holder;
+    ProcessWatch process;
+    std::int64_t report_by_ns = 0;
+  };
+  std::vector<PendingDeath> m_pending_deaths;
+  std::int64_t m_deaths_check_ns = 0;
+  std::int64_t m_deaths_interval_ns = kExitingLookNs;
   // Every heartbeat not hung, by deadline (deadline, segment id, connection): expire_beats and next_deadline look
   // at the first ones only, whatever the number of heartbeats (one uid may hold millions).
   std::set<std::tuple<std::int64_t, std::uint64_t, ConnId>> m_beat_deadlines;

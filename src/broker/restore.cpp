@@ -359,6 +359,10 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
     }
     if (++seg.refs[caller.conn] == 1) note_holding(caller.conn, seg.id, true);
     if (req.access == proto::Access::ReadWrite) seg.writers.insert(caller.conn);
+    // A holder whose connection closed while it ran, back: its watchers are told nothing (it did not die).
+    std::erase_if(m_pending_deaths, [&](const PendingDeath& d) {
+      return d.id == seg.id && d.holder.pid == static_cast<std::uint32_t>(caller.creds.pid) && !exited(d.process);
+    });
     if (exporter) {
       GPUIPC_LOG_INFO("segment '{}' id {}: its exporter (pid {}) announced it again on a new connection", seg.name,
                       seg.id, caller.creds.pid);

