@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -186,6 +187,37 @@ TEST(ShareDevice, LegacyShareDiesWithItsExporterAndOpenersGetPeerDied) {
   }
 }
 
+/// A child that shares kBytes of cuMemAlloc memory filled with `pattern` as `name`, says `shared`, runs
+/// `meanwhile` (its failure, non-zero, is the child's), and once `done` says so checks that the share is still alive
+/// (then exits, closing it).
+pid_t start_legacy_exporter(const std::string& name, std::uint32_t pattern, SyncPipe& shared, SyncPipe& done,
+                            const std::function<int()>& meanwhile = {}) {
+  return start_child([&, pattern] {
+    Gpu g;
+    auto buf = cuda::DeviceBuffer::allocate(kBytes);
+    g.k.fill_pattern(g.stream.get(), buf.get(), kWords, pattern);
+    g.stream.synchronize();
+    auto seg = share(name, reinterpret_cast<void*>(buf.get()), kBytes);  // NOLINT
+    GPUIPC_CHILD_CHECK(seg.kind() == SegmentKind::DeviceIpc);
+    shared.notify();
+    if (meanwhile && meanwhile() != 0) return 1;
+    GPUIPC_CHILD_CHECK(done.wait(60s));
+    GPUIPC_CHILD_CHECK(seg.alive());
+    return 0;
+  });
+}
+
+/// In a fresh child: opens `name` and checks it is alive and holds `pattern`. The child's exit status.
+int open_and_check(const std::string& name, std::uint32_t pattern) {
+  return run_child([&] {
+    Gpu g;
+    auto seg = Segment::open(name, {.access = Access::ReadOnly});
+    GPUIPC_CHILD_CHECK(seg.alive());
+    GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, pattern) == 0);
+    return 0;
+  });
+}
+
 // A connection can close while its process lives on (the broker cuts one whose replies go unread, the library drops
 // one to a broker that leaves its requests unanswered). cudaMalloc memory lives as long as its exporter's process:
 // the share used to end with the connection (openers told PeerDied, the name removed). The exporter's library
@@ -195,19 +227,10 @@ TEST(ShareDevice, ALegacyShareOutlivesItsExportersLostConnection) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name();
   SyncPipe shared, opened, cut, past, done;
-  const pid_t a = start_child([&] {
-    Gpu g;
-    auto buf = cuda::DeviceBuffer::allocate(kBytes);
-    g.k.fill_pattern(g.stream.get(), buf.get(), kWords, 5);
-    g.stream.synchronize();
-    auto seg = share(name, reinterpret_cast<void*>(buf.get()), kBytes);  // NOLINT
-    GPUIPC_CHILD_CHECK(seg.kind() == SegmentKind::DeviceIpc);
-    shared.notify();
+  const pid_t a = start_legacy_exporter(name, 5, shared, done, [&] {
     GPUIPC_CHILD_CHECK(opened.wait(60s));
     GPUIPC_CHILD_CHECK(shut_broker_connections() > 0);
     cut.notify();
-    GPUIPC_CHILD_CHECK(done.wait(60s));
-    GPUIPC_CHILD_CHECK(seg.alive());
     return 0;
   });
   ASSERT_TRUE(shared.wait(60s));
@@ -224,15 +247,7 @@ TEST(ShareDevice, ALegacyShareOutlivesItsExportersLostConnection) {
   std::this_thread::sleep_for(BrokerEnvironment::kRejoinGrace + 500ms);
   past.notify();
   EXPECT_EQ(wait_child(b), 0) << "an opener from before the cut lost the share";
-  EXPECT_EQ(run_child([&] {
-              Gpu g;
-              auto seg = Segment::open(name, {.access = Access::ReadOnly});
-              GPUIPC_CHILD_CHECK(seg.alive());
-              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 5) == 0);
-              return 0;
-            }),
-            0)
-      << "the name did not stay with its exporter";
+  EXPECT_EQ(open_and_check(name, 5), 0) << "the name did not stay with its exporter";
   done.notify();
   EXPECT_EQ(wait_child(a), 0);
   try {
@@ -250,17 +265,7 @@ TEST(ShareDevice, ALegacyShareOutlivesABrokerKill) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name();
   SyncPipe shared, opened, done, ended;
-  const pid_t a = start_child([&] {
-    Gpu g;
-    auto buf = cuda::DeviceBuffer::allocate(kBytes);
-    g.k.fill_pattern(g.stream.get(), buf.get(), kWords, 6);
-    g.stream.synchronize();
-    auto seg = share(name, reinterpret_cast<void*>(buf.get()), kBytes);  // NOLINT
-    shared.notify();
-    GPUIPC_CHILD_CHECK(done.wait(60s));
-    GPUIPC_CHILD_CHECK(seg.alive());
-    return 0;
-  });
+  const pid_t a = start_legacy_exporter(name, 6, shared, done);
   ASSERT_TRUE(shared.wait(60s));
   const pid_t b = start_child([&] {
     Gpu g;
@@ -282,14 +287,7 @@ TEST(ShareDevice, ALegacyShareOutlivesABrokerKill) {
       },
       10s))
       << "the name did not come back";
-  EXPECT_EQ(run_child([&] {
-              Gpu g;
-              auto seg = Segment::open(name, {.access = Access::ReadOnly});
-              GPUIPC_CHILD_CHECK(seg.alive());
-              GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, 6) == 0);
-              return 0;
-            }),
-            0);
+  EXPECT_EQ(open_and_check(name, 6), 0);
   done.notify();
   EXPECT_EQ(wait_child(a), 0);
   ended.notify();

@@ -79,8 +79,32 @@ os::Mapping open_record(const std::string& name, os::UniqueFd& sock) {
   return os::Mapping::map(fds[0].get(), proto::kDeviceIpcRecordBytes, false);
 }
 
+/// Announces device_ipc segment `name` with its `record` on connection `sock`, as the exporter's library does on a
+/// new connection: true when the broker gave it back.
+bool announce_share(int sock, const std::string& name, int record) {
+  std::vector<os::UniqueFd> got;
+  return std::holds_alternative<proto::OpenReply>(
+      ask(sock, proto::Message{2, proto::Announce{name, proto::Access::ReadWrite, 1000}},
+          std::span<const int>(&record, 1), got)
+          .body);
+}
+
 std::uint32_t exporter_gone(const os::Mapping& view) {
   return std::atomic_ref<std::uint32_t>(static_cast<proto::DeviceIpcRecord*>(view.data())->exporter_gone).load();
+}
+
+/// SIGKILLs `exporter` and checks that the record an opener maps (`view`) then says PeerDied and the name is gone.
+void kill_exporter_and_expect_the_share_ended(pid_t exporter, const os::Mapping& view, const std::string& name) {
+  ::kill(exporter, SIGKILL);
+  EXPECT_EQ(wait_child(exporter), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return exporter_gone(view) != 0; }, 5s)) << "its death reached no opener";
+  EXPECT_EQ(exporter_gone(view), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  try {
+    Segment::stat(name);
+    ADD_FAILURE() << "the name outlived its exporter";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
+  }
 }
 
 TEST(ShareHost, ExporterKilledTakesTheNameAndTheRecordSaysPeerDied) {
@@ -106,16 +130,7 @@ TEST(ShareHost, ExporterKilledTakesTheNameAndTheRecordSaysPeerDied) {
   ASSERT_TRUE(view);
   EXPECT_EQ(exporter_gone(view), 0U);
 
-  ::kill(exporter, SIGKILL);
-  EXPECT_EQ(wait_child(exporter), 128 + SIGKILL);
-  EXPECT_TRUE(wait_until([&] { return exporter_gone(view) != 0; }, 5s));
-  EXPECT_EQ(exporter_gone(view), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
-  try {
-    Segment::open(name);
-    ADD_FAILURE() << "the name outlived its exporter";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
-  }
+  kill_exporter_and_expect_the_share_ended(exporter, view, name);
   // Our raw reference keeps the unlinked record until this connection goes.
   EXPECT_GE(BrokerEnvironment::broker_references(), 1U);
 }
@@ -134,12 +149,9 @@ TEST(ShareHost, AnExporterWhoseConnectionClosesWhileItRunsKeepsItsShare) {
     GPUIPC_CHILD_CHECK(opened.wait(10s));
     GPUIPC_CHILD_CHECK(::shutdown(sock.get(), SHUT_RDWR) == 0);
     sock = hello("exporter, again");
-    const int raw = fd.get();
-    std::vector<os::UniqueFd> got;
-    const auto back = ask(sock.get(), proto::Message{2, proto::Announce{name, proto::Access::ReadWrite, 1000}},
-                          std::span<const int>(&raw, 1), got);
+    const bool back = announce_share(sock.get(), name, fd.get());
     reconnected.notify();
-    GPUIPC_CHILD_CHECK(std::holds_alternative<proto::OpenReply>(back.body));  // the name is still its share
+    GPUIPC_CHILD_CHECK(back);  // the name is still its share
     ::pause();
     return 0;
   });
@@ -153,16 +165,7 @@ TEST(ShareHost, AnExporterWhoseConnectionClosesWhileItRunsKeepsItsShare) {
   EXPECT_EQ(exporter_gone(view), 0U) << "the share ended while its exporter ran";
   EXPECT_EQ(Segment::stat(name).kind, SegmentKind::DeviceIpc);
 
-  ::kill(exporter, SIGKILL);
-  EXPECT_EQ(wait_child(exporter), 128 + SIGKILL);
-  EXPECT_TRUE(wait_until([&] { return exporter_gone(view) != 0; }, 5s));
-  EXPECT_EQ(exporter_gone(view), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
-  try {
-    Segment::stat(name);
-    ADD_FAILURE() << "the name outlived its exporter";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::NotFound) << e.what();
-  }
+  kill_exporter_and_expect_the_share_ended(exporter, view, name);
 }
 
 // A broker killed while an exporter runs: the next broker gives the share back to its exporter (the journal keeps
@@ -178,12 +181,9 @@ TEST(ShareHost, AShareOutlivesABrokerKillAndEndsWithItsExporter) {
     GPUIPC_CHILD_CHECK(killed.wait(20s));
     (void)Segment::list();  // the library connects to the next broker (starting it if no watcher did yet)
     sock = hello("exporter, on the next broker");
-    const int raw = fd.get();
-    std::vector<os::UniqueFd> got;
-    const auto back = ask(sock.get(), proto::Message{2, proto::Announce{name, proto::Access::ReadWrite, 1000}},
-                          std::span<const int>(&raw, 1), got);
+    const bool back = announce_share(sock.get(), name, fd.get());
     announced.notify();
-    GPUIPC_CHILD_CHECK(std::holds_alternative<proto::OpenReply>(back.body));
+    GPUIPC_CHILD_CHECK(back);
     ::pause();
     return 0;
   });
@@ -201,10 +201,7 @@ TEST(ShareHost, AShareOutlivesABrokerKillAndEndsWithItsExporter) {
   }
   EXPECT_EQ(exporter_gone(view), 0U);
 
-  ::kill(exporter, SIGKILL);
-  EXPECT_EQ(wait_child(exporter), 128 + SIGKILL);
-  EXPECT_TRUE(wait_until([&] { return exporter_gone(view) != 0; }, 5s)) << "its death reached no opener";
-  EXPECT_EQ(exporter_gone(view), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  kill_exporter_and_expect_the_share_ended(exporter, view, name);
 }
 
 TEST(ShareHost, CreateRefusesDeviceIpcAndShareRefusesHostMemory) {
