@@ -22,6 +22,9 @@ std::string adopt_device_ipc_record(const proto::Create& req, int fd, os::Mappin
     if (actual != proto::kDeviceIpcRecordBytes) {
       return fmt::format("its record memfd is {} bytes, not {}", actual, proto::kDeviceIpcRecordBytes);
     }
+    // Every opener gets the record read-only: one of another uid that could reopen it writable would rewrite the
+    // handle the other openers open, or clear exporter_gone under them.
+    if (auto why = keep_to_owner(fd); !why.empty()) return why;
     os::memfd_seal(fd, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
     out = os::Mapping::map(fd, proto::kDeviceIpcRecordBytes, true);
   } catch (const Error& e) {

@@ -473,6 +473,22 @@ void Registry::handle(const Caller& caller, const proto::Message& request, std::
       request.body);
 }
 
+std::string keep_to_owner(int fd) {
+  // A read-only opener gets a read-only file description; the inode must not let it reopen the file writable
+  // through /proc/self/fd/N, so no access for group or other (gpuipc's library creates memfds 0600).
+  auto owner = os::file_owner(fd);
+  if ((owner.mode & 077) == 0) return {};
+  try {
+    os::file_chmod(fd, owner.mode & 0700);
+  } catch (const Error&) {
+    return fmt::format(
+        "the memfd's inode is mode {:04o} (uid {}): another user could reopen it writable through "
+        "/proc; create it with mode 0600 (fchmod)",
+        owner.mode, owner.uid);
+  }
+  return {};
+}
+
 std::string Registry::check_memory(const proto::Create& req, int fd) {
   if (req.kind == proto::Kind::Device) {
     // The broker cannot call CUDA, but it can tell a driver export from anything else: a socket (the client's
@@ -495,18 +511,7 @@ std::string Registry::check_memory(const proto::Create& req, int fd) {
     }
     const std::size_t actual = os::fd_size(fd);
     if (actual != req.size) return fmt::format("the memfd is {} bytes but Create declares {}", actual, req.size);
-    // A read-only opener gets a read-only file description; the inode must not let it reopen the file writable
-    // through /proc/self/fd/N, so no access for group or other (gpuipc's library creates memfds 0600).
-    auto owner = os::file_owner(fd);
-    if ((owner.mode & 077) != 0) {
-      try {
-        os::file_chmod(fd, owner.mode & 0700);
-      } catch (const Error&) {
-        return fmt::format("the memfd's inode is mode {:04o} (uid {}): another user could reopen it writable "
-                           "through /proc; create it with mode 0600 (fchmod)",
-                           owner.mode, owner.uid);
-      }
-    }
+    if (auto why = keep_to_owner(fd); !why.empty()) return why;
     os::memfd_seal(fd, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
   } catch (const Error& e) {
     return fmt::format("host segments must be memfds created with MFD_ALLOW_SEALING and not yet sealed against "

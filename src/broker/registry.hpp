@@ -130,6 +130,10 @@ struct SegmentRecord : SegmentAttributes {
 /// How logs name `seg`: its name, or what an unlinked control block is.
 std::string shown(const SegmentRecord& seg);
 
+/// Takes group and other access off memfd `fd`'s inode (it is checked to be a memfd first), so that an opener given
+/// a read-only description cannot reopen it writable through /proc/self/fd. Returns why it cannot, or empty.
+std::string keep_to_owner(int fd);
+
 /// Checks the record memfd of a DeviceIpc Create (exact size, then sealed; proto::check_device_ipc_record against
 /// `req`; exporter_gone clear) and maps it read-write into `out` for exporter_left. Returns an empty string when
 /// valid, else why not. Defined in broker/adopted.cpp.

@@ -2,6 +2,7 @@
 // memfd holding a fabricated record — validated at Create, handed read-only to openers, and on the exporter's
 // leave (last Close, or its process's exit after its connection closed) the name goes and exporter_gone is written.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -118,9 +119,14 @@ struct Broker {
     return next;
   }
 
-  /// Creates "t" from connection 1 with `record` in a memfd of `bytes`; returns the reply and keeps the memfd.
-  proto::Message create(const proto::DeviceIpcRecord& record, std::size_t bytes = proto::kDeviceIpcRecordBytes) {
+  /// Creates "t" from connection 1 with `record` in a memfd of `bytes` (its inode of mode `mode`, when not 0);
+  /// returns the reply and keeps the memfd.
+  proto::Message create(const proto::DeviceIpcRecord& record, std::size_t bytes = proto::kDeviceIpcRecordBytes,
+                        unsigned mode = 0) {
     auto fd = os::memfd_create("test-record", bytes);
+    if (mode != 0) {
+      EXPECT_EQ(::fchmod(fd.get(), mode), 0);
+    }
     auto map = os::Mapping::map(fd.get(), bytes, true);
     std::memcpy(map.data(), &record, std::min(bytes, sizeof record));
     record_map = std::move(map);
@@ -167,6 +173,18 @@ TEST(RegistryDeviceIpc, CreateChecksTheRecordAndOpenersGetItReadOnly) {
   EXPECT_THROW(os::Mapping::map(b.out[0].fd.get(), proto::kDeviceIpcRecordBytes, true), Error);
   auto ro = os::Mapping::map(b.out[0].fd.get(), proto::kDeviceIpcRecordBytes, false);
   EXPECT_EQ(static_cast<const proto::DeviceIpcRecord*>(ro.data())->offset, 512U);
+}
+
+// Openers get the record read-only, but a description is not the inode: one of another uid could reopen a 0666
+// memfd writable through /proc/self/fd and rewrite the handle every other opener opens, or clear exporter_gone
+// under them. The broker keeps it to its owner, as it does host segments' memfds.
+TEST(RegistryDeviceIpc, TheRecordIsKeptToItsOwnerSoNoOpenerCanReopenItWritable) {
+  Broker b;
+  ASSERT_TRUE(
+      std::holds_alternative<proto::OpenReply>(b.create(good_record(), proto::kDeviceIpcRecordBytes, 0666).body));
+  struct stat st {};
+  ASSERT_EQ(::fstat(b.record_fd.get(), &st), 0);
+  EXPECT_EQ(st.st_mode & 077, 0U) << "mode " << std::oct << (st.st_mode & 07777);
 }
 
 TEST(RegistryDeviceIpc, BadRecordsAreRefusedWithTheReason) {
