@@ -280,7 +280,7 @@ class Registry {
   std::string pool_chunks_refusal(const os::Credentials& creds, const SegmentRecord& pool) const;
   /// Removes `conn`'s heartbeat on `seg` (all of them when `conn` is 0), and their deadlines.
   void drop_beats(SegmentRecord& seg, ConnId conn = 0) noexcept;
-  /// Records a new linked name in the journal (not device_ipc shares, which die with their exporter anyway).
+  /// Records a new linked name in the journal (a device_ipc share with its exporter's process).
   void journal_linked(const SegmentRecord& seg) noexcept;
   /// The journal's lines for `seg` as it is now (its entry, member entries and owed writes), or empty when it is not
   /// journaled (maybe_compact_journal).
@@ -370,7 +370,8 @@ class Registry {
   /// The creator of `seg` dropped its last reference or its connection: exporter_left, and a counting semaphore's
   /// grant it never joined to take is given back (creator_gone).
   void creator_left(SegmentRecord& seg, proto::PoisonReason why);
-  /// The creator of a DeviceIpc segment dropped its last reference or its connection: the memory dies with it.
+  /// The creator of a DeviceIpc segment dropped its last reference, or its process is gone (await_exporter): the
+  /// memory dies with it.
   /// Unlinks the name and writes exporter_gone = `why` into the record (broker/adopted.cpp).
   void exporter_left(SegmentRecord& seg, proto::PoisonReason why);
 

@@ -238,8 +238,9 @@ inline constexpr std::size_t channel_control_bytes(std::uint32_t slots, std::uin
 // ---------------------------------------------------------------------------------------------------------------
 // DeviceIpc segment (Kind::DeviceIpc): cudaMalloc / cuMemAlloc memory adopted with a legacy IPC handle. Its fd is a
 // host memfd of exactly kDeviceIpcRecordBytes holding this record, written once by the exporter before Create.
-// The broker validates it at Create and writes exporter_gone when the exporter's connection closes or drops its
-// last reference to the segment; openers read exporter_gone (std::atomic_ref) and report PeerDied once it is set.
+// The broker validates it at Create and writes exporter_gone when the exporter drops its last reference to the
+// segment, or when its process has exited (or not come back within the rejoin grace) after its connection closed;
+// openers read exporter_gone (std::atomic_ref) and report PeerDied once it is set.
 inline constexpr std::uint32_t kDeviceIpcMagic = 0x44494947;  // "GIID"
 inline constexpr std::uint32_t kDeviceIpcVersion = 1;
 inline constexpr std::size_t kDeviceIpcRecordBytes = 4096;
