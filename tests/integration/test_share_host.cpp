@@ -8,6 +8,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -135,26 +136,34 @@ TEST(ShareHost, ExporterKilledTakesTheNameAndTheRecordSaysPeerDied) {
   EXPECT_GE(BrokerEnvironment::broker_references(), 1U);
 }
 
+/// A raw exporter in a child: creates device_ipc segment `name`, says `created`, runs `lose` (which loses its
+/// connection one way or another; false fails the child), then connects again, announces the share as its library
+/// does, says `announced`, and waits to be killed.
+pid_t start_raw_exporter(const std::string& name, SyncPipe& created, SyncPipe& announced,
+                         const std::function<bool(int sock)>& lose) {
+  return start_child([&] {
+    auto sock = hello("exporter");
+    const auto fd = record_memfd();
+    GPUIPC_CHILD_CHECK(create_share(sock.get(), name, fd.get()));
+    created.notify();
+    GPUIPC_CHILD_CHECK(lose(sock.get()));
+    sock = hello("exporter, again");
+    const bool back = announce_share(sock.get(), name, fd.get());
+    announced.notify();
+    GPUIPC_CHILD_CHECK(back);  // the name is still its share
+    ::pause();
+    return 0;
+  });
+}
+
 // A connection can close while its process lives on (the broker cut it, its library dropped it): the exporter's
 // memory lives as long as its process, so the share did not end with the connection. The exporter announces it on
 // its new connection (its library does, at once) and is its exporter again, past the grace; its death still ends it.
 TEST(ShareHost, AnExporterWhoseConnectionClosesWhileItRunsKeepsItsShare) {
   const auto name = unique_name();
   SyncPipe created, opened, reconnected;
-  const pid_t exporter = start_child([&] {
-    auto sock = hello("exporter");
-    const auto fd = record_memfd();
-    GPUIPC_CHILD_CHECK(create_share(sock.get(), name, fd.get()));
-    created.notify();
-    GPUIPC_CHILD_CHECK(opened.wait(10s));
-    GPUIPC_CHILD_CHECK(::shutdown(sock.get(), SHUT_RDWR) == 0);
-    sock = hello("exporter, again");
-    const bool back = announce_share(sock.get(), name, fd.get());
-    reconnected.notify();
-    GPUIPC_CHILD_CHECK(back);  // the name is still its share
-    ::pause();
-    return 0;
-  });
+  const pid_t exporter = start_raw_exporter(
+      name, created, reconnected, [&](int sock) { return opened.wait(10s) && ::shutdown(sock, SHUT_RDWR) == 0; });
   ASSERT_TRUE(created.wait(10s));
   os::UniqueFd sock;
   const auto view = open_record(name, sock);
@@ -173,19 +182,10 @@ TEST(ShareHost, AnExporterWhoseConnectionClosesWhileItRunsKeepsItsShare) {
 TEST(ShareHost, AShareOutlivesABrokerKillAndEndsWithItsExporter) {
   const auto name = unique_name();
   SyncPipe created, killed, announced;
-  const pid_t exporter = start_child([&] {
-    auto sock = hello("exporter");
-    const auto fd = record_memfd();
-    GPUIPC_CHILD_CHECK(create_share(sock.get(), name, fd.get()));
-    created.notify();
-    GPUIPC_CHILD_CHECK(killed.wait(20s));
+  const pid_t exporter = start_raw_exporter(name, created, announced, [&](int) {
+    if (!killed.wait(20s)) return false;
     (void)Segment::list();  // the library connects to the next broker (starting it if no watcher did yet)
-    sock = hello("exporter, on the next broker");
-    const bool back = announce_share(sock.get(), name, fd.get());
-    announced.notify();
-    GPUIPC_CHILD_CHECK(back);
-    ::pause();
-    return 0;
+    return true;
   });
   ASSERT_TRUE(created.wait(10s));
   os::UniqueFd sock;
