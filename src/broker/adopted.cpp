@@ -40,7 +40,8 @@ std::string adopt_device_ipc_record(const proto::Create& req, int fd, os::Mappin
 }
 
 bool Registry::await_exporter(SegmentRecord& seg) {
-  if (seg.kind != proto::Kind::DeviceIpc || !seg.control || seg.name.empty() || m_rejoin_grace_ns <= 0 ||
+  // (Its name, or the unlinked_key its exporter's Announce finds it by: an unlinked share that nobody held then ends.)
+  if (seg.kind != proto::Kind::DeviceIpc || !seg.control || seg.journal_name().empty() || m_rejoin_grace_ns <= 0 ||
       seg.exporter_pid <= 0) {
     return false;
   }
@@ -53,7 +54,7 @@ bool Registry::await_exporter(SegmentRecord& seg) {
   GPUIPC_LOG_INFO(
       "segment '{}' id {}: its exporter (pid {}) is not connected but its process runs: the share ends "
       "once it exits, or in {} ms unless it announces it again",
-      seg.name, seg.id, seg.exporter_pid, m_rejoin_grace_ns / 1'000'000);
+      shown(seg), seg.id, seg.exporter_pid, m_rejoin_grace_ns / 1'000'000);
   seg.exporter_away =
       SegmentRecord::ExporterAway{std::move(process), seg.exporter_pid, os::monotonic_ns() + m_rejoin_grace_ns};
   seg.creator = 0;

@@ -84,8 +84,10 @@ bool parse_journal_line(const std::string& line, JournalEntry& out) {
       (!(in >> e.exporter_pid >> e.exporter_start) || e.exporter_pid < 0 || e.flags != 0 || e.file_ino == 0)) {
     return false;
   }
-  if (e.name.front() == '#' && ((e.kind != proto::Kind::Host && e.kind != proto::Kind::HostPinned) || e.flags == 0 ||
-                                e.name != unlinked_key(e.file_dev, e.file_ino))) {
+  // An unlinked_key names a control block (host memory, flags) or a device_ipc share (its record) held when unlinked.
+  const bool keyed_kind = ((e.kind == proto::Kind::Host || e.kind == proto::Kind::HostPinned) && e.flags != 0) ||
+                          e.kind == proto::Kind::DeviceIpc;
+  if (e.name.front() == '#' && (!keyed_kind || e.name != unlinked_key(e.file_dev, e.file_ino))) {
     return false;
   }
   out = std::move(e);

@@ -40,11 +40,12 @@ struct SegmentAttributes {
   const SegmentAttributes& attributes() const noexcept { return *this; }
 };
 
-/// The journal's key for a control block (semaphore, channel, pool, counting semaphore) unlinked while processes
-/// still use it: "#<st_dev>:<st_ino>" of its memfd. The broker keeps journaling it, its members and what they owe
-/// under this key, so that a broker started after the last one died takes it back from a holder's fd (Announce), as
-/// it takes a name back: with no name to go by (the name may stand for another object by then), and with its members'
-/// deaths repaired as ever. No name can be a key ('#' and ':' are not a name's characters).
+/// The journal's key for a control block (semaphore, channel, pool, counting semaphore), or a device_ipc share's
+/// record, unlinked while processes still use it (a share: or while its exporter is away): "#<st_dev>:<st_ino>" of its
+/// memfd. The broker keeps journaling it, its members and what they owe under this key, so that a broker started after
+/// the last one died takes it back from a holder's fd (Announce), as it takes a name back: with no name to go by (the
+/// name may stand for another object by then), and with its members' deaths repaired as ever. No name can be a key ('#'
+/// and ':' are not a name's characters).
 std::string unlinked_key(std::uint64_t dev, std::uint64_t ino);
 /// Whether `key` is what unlinked_key makes (its two numbers in their shortest form).
 bool is_unlinked_key(std::string_view key) noexcept;

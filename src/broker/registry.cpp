@@ -714,7 +714,7 @@ void Registry::unlink(const Caller& caller, std::uint32_t rid, const proto::Unli
                               .body));
       return;
     }
-    drop_restore(req.name, true);  // a control block waits on under its file's identity (its members may live)
+    drop_restore(req.name, true);  // a control block or a share waits on under its file's identity (holders may live)
     out.push_back(reply(caller.conn, rid, proto::OkReply{}));
     return;
   }
@@ -766,7 +766,10 @@ void Registry::unlink_segment(const Caller& caller, std::uint32_t rid, SegmentRe
 
 void Registry::maybe_destroy(std::uint64_t id) {
   auto it = m_segments.find(id);
-  if (it == m_segments.end() || !it->second.name.empty() || !it->second.refs.empty()) return;
+  // A device_ipc share whose exporter is away stays for its Announce (unlinked, it has no reference meanwhile).
+  if (it == m_segments.end() || !it->second.name.empty() || !it->second.refs.empty() || it->second.exporter_away) {
+    return;
+  }
   GPUIPC_LOG_INFO("freed segment id {} ({})", id, human_bytes(it->second.size));
   if (const auto& key = it->second.unlinked_key; !key.empty()) {
     m_journal.unlinked(key);

@@ -119,8 +119,9 @@ struct SegmentRecord : SegmentAttributes {
   };
   std::map<ConnId, Beat> beats;  ///< heartbeats of connections that hold it
   std::size_t owed_charged = 0;  ///< owed writes of its block counted in its owner's Quotas::owed_writes
-  /// A control block unlinked while processes hold it: its journal key (journal.hpp, unlinked_key), under which the
-  /// journal keeps it, its members and what they owe. Empty otherwise.
+  /// A control block, or a device_ipc share, unlinked while processes hold it (a share: or while its exporter is
+  /// away): its key (journal.hpp, unlinked_key), by which a holder's Announce finds it and under which the journal
+  /// keeps it, its members and what they owe. Empty otherwise.
   std::string unlinked_key;
   std::uint32_t total_refs() const noexcept;
   /// What the journal records it under: its name, or its unlinked_key (empty: not journaled).
@@ -285,12 +286,14 @@ class Registry {
   /// The journal's lines for `seg` as it is now (its entry, member entries and owed writes), or empty when it is not
   /// journaled (maybe_compact_journal).
   std::string journal_lines(const SegmentRecord& seg) const;
-  /// `name`, the name of `seg`, was removed (seg.name is empty now). A control block that processes still hold is
-  /// journaled under its unlinked_key before the name's removal is: its members' deaths are repaired after a broker
-  /// restart too (restore.cpp).
+  /// `name`, the name of `seg`, was removed (seg.name is empty now). A control block that processes still hold, or a
+  /// device_ipc share held or whose exporter is away, is keyed and journaled under its unlinked_key before the name's
+  /// removal is: its members' deaths are repaired after a broker restart too (restore.cpp), and a share's exporter
+  /// finds it by its record.
   void journal_unlinked(SegmentRecord& seg, const std::string& name) noexcept;
   /// Drops `name`, a journal name waiting for a holder's Announce (its owner unlinked it, or nobody announced it in
-  /// time). With `keep`, a control block goes on waiting under its unlinked_key, with its members and owed writes.
+  /// time). With `keep`, a control block (or a device_ipc share) goes on waiting under its unlinked_key, with its
+  /// members and owed writes.
   void drop_restore(const std::string& name, bool keep);
   /// Answers the opens parked on `seg`'s name.
   void wake_waiting(SegmentRecord& seg, std::vector<Outgoing>& out);

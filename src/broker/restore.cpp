@@ -115,17 +115,21 @@ void Registry::journal_unlinked(SegmentRecord& seg, const std::string& name) noe
   // Its holders keep using it (a common way: unlink once everyone has opened it, so that no name outlives them), and
   // after a broker restart their watchers give it back by its fd: what the journal knows of it moves to its file's
   // identity. Its lines go in before the name's removal, so that a broker killed between the two writes loses nothing.
-  if (m_journal && seg.control && host_kind(seg.kind) && !seg.refs.empty()) {
+  // A device_ipc share too: its exporter's death must still reach its openers, and an exporter whose connection
+  // closed while it ran (exporter_away) gives it back by its record's identity, having no name to give.
+  const bool kept = seg.control && (host_kind(seg.kind) || seg.kind == proto::Kind::DeviceIpc) &&
+                    (!seg.refs.empty() || seg.exporter_away);
+  if (kept) {
     try {
       const auto id = os::file_id(seg.memory.get());
       std::string key = unlinked_key(id.dev, id.ino);
       if (m_unlinked_keys.emplace(key, seg.id).second) {
         seg.unlinked_key = std::move(key);
-        m_journal.record(journal_lines(seg));
+        if (m_journal) m_journal.record(journal_lines(seg));
       }
     } catch (const std::exception& e) {
-      GPUIPC_LOG_WARN("control block '{}' (id {}) unlinked while held: not journaled ({}); a broker restart loses it",
-                      name, seg.id, e.what());
+      GPUIPC_LOG_WARN("{} '{}' (id {}) unlinked while held: not journaled ({}); a broker restart loses it",
+                      seg.kind == proto::Kind::DeviceIpc ? "share" : "control block", name, seg.id, e.what());
     }
   }
   m_journal.unlinked(name);
@@ -147,7 +151,8 @@ void Registry::drop_restore(const std::string& name, bool keep) {
     m_restore_owed.erase(o);
   }
   const JournalEntry& e = kept.entry;
-  if (keep && m_journal && e.flags != 0 && host_kind(e.kind) && !is_unlinked_key(name)) {
+  if (keep && m_journal && ((e.flags != 0 && host_kind(e.kind)) || e.kind == proto::Kind::DeviceIpc) &&
+      !is_unlinked_key(name)) {
     std::string key = unlinked_key(e.file_dev, e.file_ino);
     if (m_restore.count(key) == 0 && m_unlinked_keys.count(key) == 0) {
       kept.entry.name = key;
@@ -364,7 +369,7 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
       return d.id == seg.id && d.holder.pid == static_cast<std::uint32_t>(caller.creds.pid) && !exited(d.process);
     });
     if (exporter) {
-      GPUIPC_LOG_INFO("segment '{}' id {}: its exporter (pid {}) announced it again on a new connection", seg.name,
+      GPUIPC_LOG_INFO("segment '{}' id {}: its exporter (pid {}) announced it again on a new connection", shown(seg),
                       seg.id, caller.creds.pid);
       seg.exporter_away.reset();
       seg.creator = caller.conn;
@@ -384,10 +389,12 @@ void Registry::announce(const Caller& caller, std::uint32_t rid, const proto::An
     fail(ErrorCode::QuotaExceeded, std::move(why));
     return;
   }
-  // A device_ipc share's exporter (the process the journal names: its pid, and its start when known) holds it as at
-  // its Create, whatever the mode says of writing.
-  const bool exporter = e.kind == proto::Kind::DeviceIpc && e.exporter_pid > 0 && caller.creds.pid == e.exporter_pid &&
-                        (e.exporter_start == 0 || process_start_of(caller.conn) == e.exporter_start);
+  // A device_ipc share's exporter (the process the journal names: its pid and its start) holds it as at its Create,
+  // whatever the mode says of writing. A start the broker could not read (0) does not tell that process from a later
+  // one given its pid: then only one of the owner's uid (the exporter's, at its Create) is taken for it.
+  const bool exporter =
+      e.kind == proto::Kind::DeviceIpc && e.exporter_pid > 0 && caller.creds.pid == e.exporter_pid &&
+      (e.exporter_start != 0 ? process_start_of(caller.conn) == e.exporter_start : caller.creds.uid == e.owner_uid);
   if (!exporter && (permission_bits(caller.creds, e.mode, e.owner_uid, e.owner_gid) & need) != need) {
     fail(ErrorCode::PermissionDenied, fmt::format("segment '{}' is mode {:04o} owned by uid {}: you may not hold it "
                                                   "as announced",

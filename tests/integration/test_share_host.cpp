@@ -179,7 +179,33 @@ TEST(ShareHost, AnExporterWhoseConnectionClosesWhileItRunsKeepsItsShare) {
 
 // A broker killed while an exporter runs: the next broker gives the share back to its exporter (the journal keeps
 // it), and ends it when the exporter dies. Before, the name was lost, and the exporter's death reached no opener.
-TEST(ShareHost, AShareOutlivesABrokerKillAndEndsWithItsExporter) {
+// Openers commonly unlink a share once all of them have opened it, and a name can go while its exporter is away.
+// The exporter's Announce looked names up and found none: the share ended when the grace ran out, while it ran.
+TEST(ShareHost, AShareUnlinkedWhileItsExporterIsAwayIsItsExportersAgain) {
+  const auto name = unique_name();
+  SyncPipe created, opened, unlinked, reconnected;
+  const pid_t exporter = start_raw_exporter(name, created, reconnected, [&](int sock) {
+    return opened.wait(10s) && ::shutdown(sock, SHUT_RDWR) == 0 && unlinked.wait(10s);
+  });
+  ASSERT_TRUE(created.wait(10s));
+  os::UniqueFd sock;
+  const auto view = open_record(name, sock);
+  ASSERT_TRUE(view);
+  opened.notify();
+  // The broker has seen the exporter's connection close: only this opener's reference is left.
+  ASSERT_TRUE(wait_until([&] { return Segment::stat(name).references == 1; }, 10s));
+  Segment::unlink(name);
+  unlinked.notify();
+  ASSERT_TRUE(reconnected.wait(10s));
+  std::this_thread::sleep_for(BrokerEnvironment::kRejoinGrace + 500ms);
+  EXPECT_EQ(exporter_gone(view), 0U) << "the share ended while its exporter ran";
+
+  kill_exporter_and_expect_the_share_ended(exporter, view, name);
+}
+
+/// A raw exporter's share (unlinked first when `unlink`) through a broker kill: the next broker gives it back to the
+/// exporter, and the exporter's death still reaches an opener of the dead broker's time.
+void share_outlives_a_broker_kill(bool unlink) {
   const auto name = unique_name();
   SyncPipe created, killed, announced;
   const pid_t exporter = start_raw_exporter(name, created, announced, [&](int) {
@@ -191,18 +217,26 @@ TEST(ShareHost, AShareOutlivesABrokerKillAndEndsWithItsExporter) {
   os::UniqueFd sock;
   const auto view = open_record(name, sock);
   ASSERT_TRUE(view);
+  if (unlink) Segment::unlink(name);
   ASSERT_TRUE(BrokerEnvironment::kill_broker());
   killed.notify();
   ASSERT_TRUE(announced.wait(20s));
-  try {
-    EXPECT_EQ(Segment::stat(name).kind, SegmentKind::DeviceIpc);
-  } catch (const Error& e) {
-    ADD_FAILURE() << "the name did not come back: " << e.what();
+  if (!unlink) {
+    try {
+      EXPECT_EQ(Segment::stat(name).kind, SegmentKind::DeviceIpc);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "the name did not come back: " << e.what();
+    }
   }
   EXPECT_EQ(exporter_gone(view), 0U);
 
   kill_exporter_and_expect_the_share_ended(exporter, view, name);
 }
+
+TEST(ShareHost, AShareOutlivesABrokerKillAndEndsWithItsExporter) { share_outlives_a_broker_kill(false); }
+
+// Unlinked, the share was not journaled: its exporter's Announce was refused, and its death reached no opener.
+TEST(ShareHost, AnUnlinkedShareOutlivesABrokerKillAndEndsWithItsExporter) { share_outlives_a_broker_kill(true); }
 
 TEST(ShareHost, CreateRefusesDeviceIpcAndShareRefusesHostMemory) {
   EXPECT_EQ(run_child([] {

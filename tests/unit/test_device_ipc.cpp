@@ -1,6 +1,7 @@
 // Adopted legacy memory (Kind::DeviceIpc) without a GPU: the record's checks, and the broker's registry with a host
 // memfd holding a fabricated record — validated at Create, handed read-only to openers, and on the exporter's
 // leave (last Close, or its process's exit after its connection closed) the name goes and exporter_gone is written.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -249,6 +250,21 @@ struct LiveExporter {
   pid_t pid;
 };
 
+/// Closes the exporter's connection `conn` (the share stays: its process runs), then kills the exporter and runs the
+/// broker's timers until the share has ended; false if it ended before the kill or never did.
+bool ends_with_its_exporter(Broker& b, ConnId conn, LiveExporter& live) {
+  b.registry.drop_connection(conn);
+  if (b.exporter_gone() != 0) return false;
+  live.end();
+  return test::wait_until(
+      [&] {
+        b.out.clear();
+        b.registry.expire(os::monotonic_ns(), b.out);
+        return b.exporter_gone() != 0;
+      },
+      std::chrono::seconds(10));
+}
+
 // A connection can close while its process lives on (the broker cuts one whose replies go unread, the library drops
 // one to a broker that leaves its requests unanswered). The exporter's memory lives as long as its process: the
 // share used to end at once (openers told PeerDied, the name removed) while the memory was still there.
@@ -269,16 +285,7 @@ TEST(RegistryDeviceIpc, AnExporterWhoseConnectionClosesWhileItRunsKeepsItsShareU
   EXPECT_EQ(b.exporter_gone(), 0U) << "the share ended though its exporter announced it again";
   EXPECT_TRUE(b.named());
   // Its process's death still ends the share, after a second connection loss too.
-  b.registry.drop_connection(3);
-  EXPECT_EQ(b.exporter_gone(), 0U);
-  live.end();
-  EXPECT_TRUE(test::wait_until(
-      [&] {
-        b.out.clear();
-        b.registry.expire(os::monotonic_ns(), b.out);
-        return b.exporter_gone() != 0;
-      },
-      std::chrono::seconds(10)));
+  EXPECT_TRUE(ends_with_its_exporter(b, 3, live));
   EXPECT_EQ(b.exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
   EXPECT_FALSE(b.named());
   EXPECT_EQ(b.registry.segment_count(), 1U);  // the opener's reference
@@ -331,15 +338,7 @@ TEST(RegistryDeviceIpc, AShareComesBackAfterABrokerRestartAndEndsWithItsExporter
     next->registry.expire(os::monotonic_ns() + 60'000'000'000, next->out);  // past every grace
     EXPECT_EQ(next->exporter_gone(), 0U) << "the share ended though its exporter gave it back";
     EXPECT_TRUE(next->named());
-    next->registry.drop_connection(1);  // its death: the connection first, then the exit
-    live.end();
-    EXPECT_TRUE(test::wait_until(
-        [&] {
-          next->out.clear();
-          next->registry.expire(os::monotonic_ns(), next->out);
-          return next->exporter_gone() != 0;
-        },
-        std::chrono::seconds(10)));
+    EXPECT_TRUE(ends_with_its_exporter(*next, 1, live));  // its death: the connection first, then the exit
     EXPECT_EQ(next->exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
     EXPECT_FALSE(next->named());
     ::unlink(journal.c_str());
@@ -360,6 +359,115 @@ TEST(RegistryDeviceIpc, AnExporterThatDiedWhileNoBrokerRanEndsTheShareWhenAnOpen
   ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announced.body)) << error_of(announced);
   EXPECT_EQ(next->exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
   EXPECT_FALSE(next->named());
+}
+
+// Openers, or the exporter itself, commonly unlink a share once everyone has opened it, and a name can go while the
+// exporter is away (its connection closed while it ran). Its Announce, which looked names up, found none: the share
+// ended when the grace ran out, its openers told PeerDied while the exporter ran. Unlinked while the exporter was
+// away and nobody held it, the record was freed at once. Unlinked before, the share ended at the connection's close.
+TEST(RegistryDeviceIpc, AnUnlinkedShareIsItsExportersAgainOnItsAnnounce) {
+  for (const bool unlink_first : {true, false}) {
+    for (const bool opener_holds : {true, false}) {
+      SCOPED_TRACE(fmt::format("unlinked {} the exporter's connection closed; {}", unlink_first ? "before" : "after",
+                               opener_holds ? "an opener holds it" : "no opener"));
+      LiveExporter live;
+      Broker b(live.pid);
+      ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+      if (opener_holds) {
+        ASSERT_TRUE(
+            std::holds_alternative<proto::OpenReply>(b.ask(2, proto::Open{"t", proto::Access::ReadOnly, 0}).body));
+      }
+      if (unlink_first) {
+        ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(1, proto::Unlink{"t"}).body));
+      }
+      b.registry.drop_connection(1);
+      EXPECT_EQ(b.exporter_gone(), 0U) << "the share ended while its exporter ran";
+      // Another process of the owner's uid (here the opener's connection) unlinks it while the exporter is away.
+      if (!unlink_first) {
+        ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(2, proto::Unlink{"t"}).body));
+      }
+      b.registry.add_connection(3, b.exporter);
+      const auto back = b.announce(3, proto::Access::ReadWrite);
+      ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(back.body)) << error_of(back);
+      b.out.clear();
+      b.registry.expire(os::monotonic_ns() + 60'000'000'000, b.out);  // past the grace
+      EXPECT_EQ(b.exporter_gone(), 0U) << "the share ended though its exporter announced it again";
+      EXPECT_FALSE(b.named());
+      EXPECT_TRUE(ends_with_its_exporter(b, 3, live));
+      EXPECT_EQ(b.exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+      b.registry.drop_connection(2);
+      EXPECT_EQ(b.registry.segment_count(), 0U);
+    }
+  }
+}
+
+// The same across a broker restart: the share was not journaled once unlinked, so an opener could not give it back,
+// and the exporter's later death reached no opener (alive() stayed true over freed memory). Unlinked after the restart
+// before anyone gave it back, the journal forgot it.
+TEST(RegistryDeviceIpc, AnUnlinkedShareComesBackAfterABrokerRestartAndEndsWithItsExporter) {
+  for (const bool before : {true, false}) {
+    SCOPED_TRACE(before ? "unlinked before the broker died" : "unlinked after the restart, before any Announce");
+    test::TempDir dir;
+    const std::string journal = dir.file("names.journal");
+    LiveExporter live;
+    Broker b(live.pid);
+    b.registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.ask(2, proto::Open{"t", proto::Access::ReadOnly, 0}).body));
+    if (before) {
+      ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(1, proto::Unlink{"t"}).body));
+    }
+    const auto next = b.restarted(journal);
+    if (!before) {
+      ASSERT_TRUE(std::holds_alternative<proto::OkReply>(next->ask(2, proto::Unlink{"t"}).body));
+    }
+    auto announced = next->announce(2, proto::Access::ReadOnly);  // the opener first: the share waits for the exporter
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announced.body)) << error_of(announced);
+    EXPECT_EQ(next->exporter_gone(), 0U) << "the share ended while its exporter ran";
+    announced = next->announce(1, proto::Access::ReadWrite);
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announced.body)) << error_of(announced);
+    next->out.clear();
+    next->registry.expire(os::monotonic_ns() + 60'000'000'000, next->out);
+    EXPECT_EQ(next->exporter_gone(), 0U) << "the share ended though its exporter gave it back";
+    EXPECT_FALSE(next->named());
+    EXPECT_TRUE(ends_with_its_exporter(*next, 1, live));
+    EXPECT_EQ(next->exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
+  }
+}
+
+// The journal names a share's exporter by its pid and start time. A start the broker could not read (0) matched any
+// process given that pid: one of another uid, holding the record read-only, took the share as its exporter whatever
+// the mode said (and could end it for every opener by closing it).
+TEST(RegistryDeviceIpc, AnExporterOfUnknownStartMustBeOfItsOwnersUid) {
+  test::TempDir dir;
+  const std::string journal = dir.file("names.journal");
+  LiveExporter live;
+  Broker b(live.pid);
+  b.registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+  {  // the start as a broker that could not read it journals it
+    std::string text = test::read_file(journal).value_or("");
+    const auto line = text.find("L t ");
+    ASSERT_NE(line, std::string::npos) << text;
+    const auto end = text.find('\n', line);
+    const auto last = text.rfind(' ', end);
+    text.replace(last + 1, end - last - 1, "0");
+    test::write_file(journal, text);
+  }
+  const auto next = b.restarted(journal);
+  const os::Credentials other{live.pid, 2000, 2000, {}};  // the exporter's pid, another uid
+  next->registry.add_connection(4, other);
+  next->out.clear();
+  std::vector<os::UniqueFd> fds;
+  fds.push_back(os::reopen_readonly(next->record_fd.get()));
+  next->registry.handle(Caller{4, other}, proto::Message{1, proto::Announce{"t", proto::Access::ReadWrite, kSize}}, fds,
+                        0, next->out);
+  ASSERT_EQ(next->out.size(), 1U);
+  const auto* refused = std::get_if<proto::ErrorReply>(&next->out[0].msg.body);
+  ASSERT_NE(refused, nullptr) << "another uid's process took the share as its exporter";
+  EXPECT_EQ(refused->code, static_cast<std::uint8_t>(ErrorCode::PermissionDenied)) << refused->message;
+  const auto announced = next->announce(1, proto::Access::ReadWrite);  // the exporter itself
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announced.body)) << error_of(announced);
 }
 
 TEST(RegistryDeviceIpc, ABrokerStoppingDoesNotSayTheExporterDied) {
