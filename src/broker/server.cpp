@@ -25,6 +25,11 @@ constexpr std::uint64_t kWakeupKey = 3;
 constexpr int kMessagesPerTurn = 32;
 // How long the broker stops accepting after accept failed for want of fds.
 constexpr std::int64_t kAcceptPauseMs = 100;
+// Connections accepted per loop turn: the listener stays readable (level-triggered) while more wait. Accepting until
+// the queue was empty let a process that connects and closes in a loop keep every other client waiting: `gpuipc ls`
+// of another user took up to 2 s under such a flood, at most 0.19 s with this bound
+// (bench/analysis/experiments/connect_flood.py; bench/results/experiments/connect-flood-local-20261130.json).
+constexpr int kAcceptsPerTurn = 32;
 
 std::vector<std::byte> encode_or_error(const proto::Message& msg, std::size_t fds) {
   try {
@@ -140,7 +145,7 @@ void Server::run() {
     for (int i = 0; i < n; ++i) {
       const std::uint64_t key = events[static_cast<std::size_t>(i)].data.u64;
       if (key == kListenKey) {
-        accept_all();
+        accept_some();
       } else if (key == kSignalKey) {
         while (const int sig = os::read_signal(m_signals.get())) {
           GPUIPC_LOG_INFO("signal {}: shutting down", sig);
@@ -173,8 +178,8 @@ void Server::run() {
   if (m_socket_file) os::unlink_if_same(m_socket_path, *m_socket_file);
 }
 
-void Server::accept_all() {
-  for (;;) {
+void Server::accept_some() {
+  for (int i = 0; i < kAcceptsPerTurn; ++i) {
     os::UniqueFd sock;
     try {
       sock = os::accept_seqpacket(m_listen.get());

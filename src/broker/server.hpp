@@ -110,7 +110,8 @@ class Server {
     }
   };
 
-  void accept_all();
+  /// Accepts waiting connections, at most kAcceptsPerTurn (the rest next turn), refusing those over the limits.
+  void accept_some();
   void serve(ConnId id, std::uint32_t events);
   bool handle_message(ConnId id, Connection& c, std::span<const std::byte> bytes, std::vector<os::UniqueFd>& fds);
   void dispatch(std::vector<Outgoing>& out);
