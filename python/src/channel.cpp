@@ -44,6 +44,9 @@ struct ChannelState {
 
 struct PyChannel {
   explicit PyChannel(std::shared_ptr<ChannelState> s) noexcept : state(std::move(s)) {}
+  PyChannel(PyChannel&&) noexcept = default;
+  PyChannel& operator=(PyChannel&&) noexcept = default;
+  ~PyChannel() { drop_without_gil(state); }  // a handle Python frees without close() (common.hpp)
   std::shared_ptr<ChannelState> state;
   LiveCount<Live::Channel> counted;
 };

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,6 +21,12 @@
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
 #include "gpuipc/stream.hpp"
+
+#ifdef Py_LIMITED_API
+// Public C API since Python 3.4 that every CPython exports, but outside the 3.12 limited API the abi3 wheel builds
+// against (drop_without_gil needs it: a DLPack deleter may run on a thread that does not hold the GIL).
+extern "C" int PyGILState_Check(void);
+#endif
 
 namespace gpuipc::py {
 
@@ -94,6 +101,33 @@ class GilReleased {
  private:
   PyThreadState* m_state;
 };
+
+/// Destroys what `handle` holds (a gpuipc handle) without the GIL when this thread holds it. Dropping a handle can
+/// wait: its Close or Leave goes to the broker under the library's connection lock, which a reconnect holds while a
+/// new broker starts (seconds), and a pool or channel whose stream still owes work may wait for that stream. Python
+/// runs destructors with the GIL held (garbage, or a refcount that reached 0), so every other Python thread used
+/// to wait too. On a thread without the GIL (a DLPack deleter may run there) it is destroyed as it is.
+template <class Handle>
+void drop_without_gil(Handle& handle) noexcept {
+  if (!handle) return;
+  Handle gone = std::move(handle);
+  if (PyGILState_Check() == 0) return;
+  GilReleased unlocked;
+  Handle last = std::move(gone);  // destroyed before `unlocked` takes the GIL back
+}
+
+/// The same for a shared owner: only its last reference does anything worth the GIL's release (which can cost the
+/// next turn of another thread holding it, up to Python's switch interval).
+template <class T>
+void drop_without_gil(std::shared_ptr<T>& owner) noexcept {
+  if (owner && owner.use_count() == 1) {
+    std::shared_ptr<T> gone = std::move(owner);
+    if (PyGILState_Check() == 0) return;
+    GilReleased unlocked;
+    gone.reset();
+  }
+  owner.reset();
+}
 
 /// Calls attempt(slice) without the GIL in slices of at most kWaitSlice until it returns anything but
 /// Status::Timeout or `timeout` (negative: forever) has passed, checking for signals between slices. A zero

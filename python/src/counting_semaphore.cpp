@@ -22,6 +22,9 @@ namespace {
 /// look at every 50 ms: they leave the queue and raise Closed, so close does not wait for them for ever.
 struct PyCountingSemaphore {
   explicit PyCountingSemaphore(CountingSemaphore s) noexcept : sem(std::move(s)) {}
+  PyCountingSemaphore(PyCountingSemaphore&&) noexcept = default;
+  PyCountingSemaphore& operator=(PyCountingSemaphore&&) noexcept = default;
+  ~PyCountingSemaphore() { drop_without_gil(sem); }  // a handle Python frees without close() (common.hpp)
   std::unique_ptr<std::shared_mutex> mutex = std::make_unique<std::shared_mutex>();
   std::unique_ptr<std::atomic<bool>> closing = std::make_unique<std::atomic<bool>>(false);
   CountingSemaphore sem;

@@ -37,6 +37,9 @@ RefTuple from_ref(const BlockRef& r) { return {r.pool, r.generation, r.offset, r
 
 struct PyPool {
   explicit PyPool(Pool p) noexcept : pool(std::move(p)) {}
+  PyPool(PyPool&&) noexcept = default;
+  PyPool& operator=(PyPool&&) noexcept = default;
+  ~PyPool() { drop_without_gil(pool); }  // a handle Python frees without close() (common.hpp)
   Pool pool;
   LiveCount<Live::Pool> counted;
 
@@ -53,6 +56,14 @@ struct PyBlock {
   Pool pool;
   Block block;
   LiveCount<Live::Block> counted;
+
+  PyBlock(Pool p, Block b) noexcept : pool(std::move(p)), block(std::move(b)) {}
+  PyBlock(PyBlock&&) noexcept = default;
+  PyBlock& operator=(PyBlock&&) noexcept = default;
+  ~PyBlock() {  // a block Python frees without free(), and the pool's handle it kept (common.hpp)
+    drop_without_gil(block);
+    drop_without_gil(pool);
+  }
 
   const Block& get() const {
     if (!block) throw Error(ErrorCode::InvalidArgument, "the block was freed", "block");
@@ -323,7 +334,7 @@ void bind_pool(nb::module_& m) {
           "allocate",
           [](PyPool& p, std::size_t nbytes, std::size_t alignment) {
             Pool pool = p.get();
-            PyBlock b{.pool = pool, .block = {}, .counted = {}};
+            PyBlock b(pool, Block());
             {
               GilReleased unlocked;
               b.block = pool.allocate(nbytes, alignment);

@@ -16,6 +16,9 @@ namespace {
 
 struct PySegment {
   explicit PySegment(Segment s) noexcept : seg(std::move(s)) {}
+  PySegment(PySegment&&) noexcept = default;
+  PySegment& operator=(PySegment&&) noexcept = default;
+  ~PySegment() { drop_without_gil(seg); }  // a handle Python frees without close() (common.hpp)
   Segment seg;
   LiveCount<Live::Segment> counted;
 

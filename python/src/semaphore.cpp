@@ -20,6 +20,9 @@ namespace {
 /// alone, so the semaphore is never destroyed under a waiter.
 struct PySemaphore {
   explicit PySemaphore(Semaphore s) noexcept : sem(std::move(s)) {}
+  PySemaphore(PySemaphore&&) noexcept = default;
+  PySemaphore& operator=(PySemaphore&&) noexcept = default;
+  ~PySemaphore() { drop_without_gil(sem); }  // a handle Python frees without close() (common.hpp)
   std::unique_ptr<std::shared_mutex> mutex = std::make_unique<std::shared_mutex>();
   /// Set by close before it takes the lock alone: a wait_host looks at it between its 50 ms slices and raises
   /// Closed, so close does not wait for a waiter with no timeout for ever.

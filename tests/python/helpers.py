@@ -560,3 +560,43 @@ def close_while_waiting(handle, wait) -> object:
     assert not t.is_alive() and time.monotonic() - t0 < 5, "the close or the wait hung"
     assert len(result) == 1, result
     return result[0]
+
+
+def drop_while_the_broker_restarts(name: str, wrapper: str, slow: str, started: str) -> dict:
+    """In a fresh process: drops a segment handle (no close(): Python's refcount frees it) while the library's watcher
+    reconnects to a broker that takes 2 s to start (`wrapper`, as GPUIPC_DAEMON, sleeps while `slow` exists and says
+    so in `started`). Another Python thread counts meanwhile. Returns how long the drop took and how many counts the
+    other thread made while it ran (0.2 s margins)."""
+    import signal
+    import threading
+    import time
+
+    os.environ["GPUIPC_DAEMON"] = wrapper
+    os.environ["GPUIPC_CONNECT_TIMEOUT_MS"] = "30000"
+    kept = gpuipc.Segment.create(name, 4096)
+    dropped = gpuipc.Segment.create(name + "b", 4096)
+    with open(os.path.join(os.environ["GPUIPC_RUNTIME_DIR"], "broker.pid")) as f:
+        broker = int(f.read())
+    open(slow, "w").close()
+    os.kill(broker, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(started) and time.monotonic() < deadline:  # the watcher is starting the slow one
+        time.sleep(0.005)
+    ticks: List[float] = []
+    stop = False
+
+    def count() -> None:
+        while not stop:
+            ticks.append(time.monotonic())
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    del dropped
+    t1 = time.monotonic()
+    stop = True
+    counter.join()
+    kept.close()
+    return {"drop_s": t1 - t0, "counts_during": sum(1 for t in ticks if t0 + 0.2 < t < t1 - 0.2)}
