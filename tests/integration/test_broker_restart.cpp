@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/config.hpp"
 #include "core/client.hpp"
 #include "gpuipc/broker.hpp"
 #include "gpuipc/channel.hpp"
@@ -374,6 +375,47 @@ TEST(BrokerRestart, AProcessThatExitsWhileItsWatcherReconnectsExitsCleanly) {
   EXPECT_TRUE(bad.empty()) << bad;
   seg = Segment();
   Segment::unlink(name);
+}
+
+// The watcher gives the names back under the connection's lock, holding a reference to each mapping meanwhile. A
+// handle the program drops during that time leaves the watcher with the last reference: the mapping's Close then
+// takes the lock its own thread holds (BrokerClient's mutex is recursive for this; with a plain mutex the process
+// hung here, every later broker call with it). Each trial drops the handles 2 ms later after the next broker
+// started, to land in the window (on a 2-core machine, trials 3 to 12 of 40 did).
+TEST(BrokerRestart, HandlesDroppedWhileTheWatcherGivesNamesBackDoNotHangTheProcess) {
+  constexpr int kSegments = 600;
+  const std::string base = unique_name("drop");
+  const auto name_of = [&](int trial, int i) { return fmt::format("{}-{}-{}", base, trial, i); };
+  std::string hung;
+  for (int trial = 0; trial < 30; ++trial) {
+    SyncPipe ready;
+    SyncPipe go;
+    const pid_t kid = start_child([&, trial] {
+      std::vector<Segment> segs;
+      for (int i = 0; i < kSegments; ++i) segs.push_back(Segment::create(name_of(trial, i), 4096));
+      const std::string pid_file = config::runtime_dir() + "/broker.pid";
+      const auto first = read_file(pid_file);
+      ready.notify();
+      if (!go.wait(10s)) return 3;
+      // The next broker runs (the watcher started it): it is about to be given the names back, or being given them.
+      if (!wait_until([&] { return read_file(pid_file) != first; }, 10s)) return 4;
+      std::this_thread::sleep_for(std::chrono::milliseconds(trial * 2));
+      segs.clear();           // while the watcher may be giving them back
+      (void)Segment::list();  // must be answered
+      return 0;
+    });
+    ASSERT_TRUE(ready.wait(30s));
+    kill_broker();
+    go.notify();
+    if (const int code = wait_child(kid, 20s); code != 0) hung += fmt::format(" trial {}: {}", trial, code);
+    for (int i = 0; i < kSegments; ++i) {
+      try {
+        Segment::unlink(name_of(trial, i));
+      } catch (const Error&) {  // NOLINT(bugprone-empty-catch): not given back (its process hung)
+      }
+    }
+  }
+  EXPECT_TRUE(hung.empty()) << "children that did not finish:" << hung;
 }
 
 TEST(BrokerRestart, ABrokerStoppedOnPurposeIsNotStartedAgainBehindItsBack) {
