@@ -95,7 +95,7 @@ bool parse_journal_line(const std::string& line, JournalEntry& out) {
 }
 
 std::string journal_member_line(const JournalMember& m) {
-  return fmt::format("M {} {} {} {} {} {}", m.name, m.member, m.token, m.role, m.pid, m.start);
+  return fmt::format("M {} {} {} {} {} {}{}", m.name, m.member, m.token, m.role, m.pid, m.start, m.left ? " 1" : "");
 }
 
 bool parse_journal_member_line(const std::string& line, JournalMember& out) {
@@ -103,6 +103,8 @@ bool parse_journal_member_line(const std::string& line, JournalMember& out) {
   std::string tag;
   JournalMember m;
   if (!(in >> tag >> m.name >> m.member >> m.token >> m.role >> m.pid >> m.start)) return false;
+  std::uint32_t left = 0;
+  m.left = (in >> left) && left == 1;  // absent: joined
   if (tag != "M" || m.token == 0 || m.member >= proto::kMaxMembers || m.pid < 0 || !key_ok(m.name)) {
     return false;
   }

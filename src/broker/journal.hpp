@@ -71,6 +71,9 @@ struct JournalMember {
   std::uint32_t role = 0;   ///< a proto::Role
   std::int64_t pid = 0;     ///< 0: unknown (another PID namespace)
   std::uint64_t start = 0;  ///< 0: unknown
+  /// A pool member that left (Leave) while its stream had not reached some of its frees: it never rejoins; the
+  /// broker removes it once they have landed or its process has exited (an eighth field, "1", on its line).
+  bool left = false;
 };
 
 /// The stream writes dead members of channel `name` owed when the last broker stopped writing (what it kept in

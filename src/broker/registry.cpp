@@ -928,6 +928,14 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
     // those blocks, go once the frees have landed or the process has exited. The journal keeps it joined until then.
     seg.joined.erase(j);
     repair_later(seg, SegmentRecord::Unclaimed{member, std::move(process), true});
+    // Journaled as having left: a broker started after this one died waits for its frees too, not for a Rejoin.
+    if (m_journal && !seg.journal_name().empty()) {
+      try {
+        m_journal.joined(JournalMember{seg.journal_name(), member.member, member.token,
+                                       static_cast<std::uint32_t>(member.role), member.pid, member.start, true});
+      } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory copying the name: journaled as joined
+      }
+    }
     out.push_back(reply(caller.conn, rid, proto::OkReply{}));
     return;
   }

@@ -100,14 +100,14 @@ std::string Registry::journal_lines(const SegmentRecord& seg) const {
   const auto e = journal_entry_of(seg);
   if (!e) return {};
   std::string text = journal_line(*e) + "\n";
-  auto members = [&](const Joined& j) {
+  auto members = [&](const Joined& j, bool left) {
     text += journal_member_line(
-                JournalMember{e->name, j.member, j.token, static_cast<std::uint32_t>(j.role), j.pid, j.start}) +
+                JournalMember{e->name, j.member, j.token, static_cast<std::uint32_t>(j.role), j.pid, j.start, left}) +
             "\n";
   };
-  for (const auto& [conn, j] : seg.joined) members(j);
-  for (const auto& u : seg.unclaimed) members(u.joined);
-  for (const auto& u : seg.exiting) members(u.joined);
+  for (const auto& [conn, j] : seg.joined) members(j, false);
+  for (const auto& u : seg.unclaimed) members(u.joined, false);
+  for (const auto& u : seg.exiting) members(u.joined, u.left);
   return text + journal_owed_lines(owed_of(seg));
 }
 
@@ -255,6 +255,12 @@ void Registry::adopt_unclaimed(SegmentRecord& seg) {
     u.process = watch_process(u.joined.pid, u.joined.start, seg.owner_uid);  // none: process_gone tells
     if (process_gone(u)) {
       repair_gone(seg, u.joined);
+      continue;
+    }
+    if (m.left && (seg.flags & proto::kFlagPool) != 0 && u.process) {
+      // It left owing stream frees: removed once they have landed or its process has exited, as before the restart.
+      u.left = true;
+      repair_later(seg, std::move(u));
       continue;
     }
     if (u.joined.pid > 0) {

@@ -93,6 +93,29 @@ TEST(BrokerJournal, MemberEntriesOfNamesStillLinkedAreReplayed) {
             broker::journal_line(linked[0]) + "\n" + broker::journal_member_line(members[0]) + "\n");
 }
 
+// A pool member that left owing stream frees is recorded again with an eighth field: the later line wins, and a
+// line without the field (a broker before it) reads as joined.
+TEST(BrokerJournal, AMemberThatLeftOwingFreesIsReplayedAsLeft) {
+  TempDir dir;
+  const std::string path = dir.file("names.journal");
+  JournalState st;
+  {
+    Journal j = Journal::open(path, st);
+    j.linked(entry("pool-a"));
+    j.joined(JournalMember{"pool-a", 0, 5, 2, 1234, 99});
+    j.joined(JournalMember{"pool-a", 0, 5, 2, 1234, 99, true});
+    j.joined(JournalMember{"pool-a", 1, 6, 2, 1235, 100});
+  }
+  EXPECT_EQ(broker::journal_member_line(JournalMember{"pool-a", 0, 5, 2, 1234, 99, true}), "M pool-a 0 5 2 1234 99 1");
+  EXPECT_EQ(broker::journal_member_line(JournalMember{"pool-a", 1, 6, 2, 1235, 100}), "M pool-a 1 6 2 1235 100");
+  for (int pass = 0; pass < 2; ++pass) {  // as appended, then as compacted by the first open
+    Journal again = Journal::open(path, st);
+    ASSERT_EQ(st.members.size(), 2U);
+    EXPECT_TRUE(st.members[0].left);
+    EXPECT_FALSE(st.members[1].left);
+  }
+}
+
 TEST(BrokerJournal, MalformedMemberLinesAreSkipped) {
   TempDir dir;
   const std::string path = dir.file("names.journal");

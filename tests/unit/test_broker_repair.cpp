@@ -1068,6 +1068,36 @@ TEST(BrokerLeave, APoolMemberOwingAStreamFreeIsRemovedOnceItLandsOrItsProcessExi
   }
 }
 
+// The journal kept a member that left owing a stream free as joined: a broker started after this one died took it
+// for a member that had not rejoined yet, and kept its entry and the draining block until its process exited,
+// however long after the free had landed.
+TEST(BrokerLeave, APoolMemberThatLeftOwingAFreeIsRemovedOnceItLandsAfterABrokerRestart) {
+  for (const bool compacted : {false, true}) {
+    SCOPED_TRACE(compacted ? "the journal compacted before the kill" : "the journal as appended");
+    LiveChild holder_process;
+    PoolOverABroker p(holder_process.pid);
+    ASSERT_NE(p.member, proto::kNoMember);
+    const shm::BlockLocation loc = p.owe_a_free_and_leave_locally();
+    ASSERT_TRUE(std::holds_alternative<proto::OkReply>(
+        p.broker.ask(1, holder_process.pid, proto::Leave{p.id, p.member, p.token}).body));
+    if (compacted) {  // the next broker replays this one's compacted lines first
+      JournaledBroker middle(p.dir.file("names.journal"), holder_process.pid);
+      ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+          middle.ask(2, ::getpid(), proto::Announce{"pool", proto::Access::ReadWrite, p.bytes}, p.memfd.get()).body));
+    }
+    JournaledBroker next(p.dir.file("names.journal"), holder_process.pid);  // p.broker was killed
+    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(
+        next.ask(2, ::getpid(), proto::Announce{"pool", proto::Access::ReadWrite, p.bytes}, p.memfd.get()).body));
+    next.tick();
+    EXPECT_EQ(p.block.header().members[p.member].token, p.token) << "removed before the free landed";
+    EXPECT_EQ(p.state(loc), shm::RecordState::Draining);
+    proto::atomic(p.block.record(loc.record).released).store(loc.generation);  // what the stream writes
+    next.tick();
+    EXPECT_EQ(p.block.header().members[p.member].token, 0U) << "kept while its process ran, the free landed";
+    EXPECT_EQ(p.state(loc), shm::RecordState::Unused);
+  }
+}
+
 /// A control block of a channel of two slots in a memfd, and the test's view of it (`b`).
 struct ChannelMemory {
   ChannelMemory()
