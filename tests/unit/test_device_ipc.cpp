@@ -265,6 +265,18 @@ bool ends_with_its_exporter(Broker& b, ConnId conn, LiveExporter& live) {
       std::chrono::seconds(10));
 }
 
+/// A broker with a journal, and share "t" of a live exporter created through it (`b`).
+struct JournaledShare {
+  JournaledShare() {
+    b.registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
+    EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+  }
+  test::TempDir dir;
+  const std::string journal = dir.file("names.journal");
+  LiveExporter live;
+  Broker b{live.pid};
+};
+
 // A connection can close while its process lives on (the broker cuts one whose replies go unread, the library drops
 // one to a broker that leaves its requests unanswered). The exporter's memory lives as long as its process: the
 // share used to end at once (openers told PeerDied, the name removed) while the memory was still there.
@@ -319,15 +331,10 @@ TEST(RegistryDeviceIpc, AnExporterThatDoesNotComeBackWithinTheGraceLosesItsShare
 // memory. The journal keeps the share with its exporter's process: the exporter's Announce makes it its own again
 // (an opener's first: the share waits for the exporter), and the exporter's death still ends it.
 TEST(RegistryDeviceIpc, AShareComesBackAfterABrokerRestartAndEndsWithItsExporter) {
-  test::TempDir dir;
-  const std::string journal = dir.file("names.journal");
   for (const bool exporter_first : {true, false}) {
     SCOPED_TRACE(exporter_first ? "the exporter announces first" : "an opener announces first");
-    LiveExporter live;
-    Broker b(live.pid);
-    b.registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
-    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
-    const auto next = b.restarted(journal);  // `b` is never asked again: it died
+    JournaledShare s;
+    const auto next = s.b.restarted(s.journal);  // `b` is never asked again: it died
     auto announced =
         next->announce(exporter_first ? 1 : 2, exporter_first ? proto::Access::ReadWrite : proto::Access::ReadOnly);
     ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announced.body)) << error_of(announced);
@@ -338,23 +345,17 @@ TEST(RegistryDeviceIpc, AShareComesBackAfterABrokerRestartAndEndsWithItsExporter
     next->registry.expire(os::monotonic_ns() + 60'000'000'000, next->out);  // past every grace
     EXPECT_EQ(next->exporter_gone(), 0U) << "the share ended though its exporter gave it back";
     EXPECT_TRUE(next->named());
-    EXPECT_TRUE(ends_with_its_exporter(*next, 1, live));  // its death: the connection first, then the exit
+    EXPECT_TRUE(ends_with_its_exporter(*next, 1, s.live));  // its death: the connection first, then the exit
     EXPECT_EQ(next->exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
     EXPECT_FALSE(next->named());
-    ::unlink(journal.c_str());
   }
 }
 
 // The exporter died while no broker ran: the first opener to give the share back learns it at once.
 TEST(RegistryDeviceIpc, AnExporterThatDiedWhileNoBrokerRanEndsTheShareWhenAnOpenerGivesItBack) {
-  test::TempDir dir;
-  const std::string journal = dir.file("names.journal");
-  LiveExporter live;
-  Broker b(live.pid);
-  b.registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
-  live.end();
-  const auto next = b.restarted(journal);
+  JournaledShare s;
+  s.live.end();
+  const auto next = s.b.restarted(s.journal);
   const auto announced = next->announce(2, proto::Access::ReadOnly);
   ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(announced.body)) << error_of(announced);
   EXPECT_EQ(next->exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
@@ -407,17 +408,13 @@ TEST(RegistryDeviceIpc, AnUnlinkedShareIsItsExportersAgainOnItsAnnounce) {
 TEST(RegistryDeviceIpc, AnUnlinkedShareComesBackAfterABrokerRestartAndEndsWithItsExporter) {
   for (const bool before : {true, false}) {
     SCOPED_TRACE(before ? "unlinked before the broker died" : "unlinked after the restart, before any Announce");
-    test::TempDir dir;
-    const std::string journal = dir.file("names.journal");
-    LiveExporter live;
-    Broker b(live.pid);
-    b.registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
-    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
-    ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.ask(2, proto::Open{"t", proto::Access::ReadOnly, 0}).body));
+    JournaledShare s;
+    ASSERT_TRUE(
+        std::holds_alternative<proto::OpenReply>(s.b.ask(2, proto::Open{"t", proto::Access::ReadOnly, 0}).body));
     if (before) {
-      ASSERT_TRUE(std::holds_alternative<proto::OkReply>(b.ask(1, proto::Unlink{"t"}).body));
+      ASSERT_TRUE(std::holds_alternative<proto::OkReply>(s.b.ask(1, proto::Unlink{"t"}).body));
     }
-    const auto next = b.restarted(journal);
+    const auto next = s.b.restarted(s.journal);
     if (!before) {
       ASSERT_TRUE(std::holds_alternative<proto::OkReply>(next->ask(2, proto::Unlink{"t"}).body));
     }
@@ -430,7 +427,7 @@ TEST(RegistryDeviceIpc, AnUnlinkedShareComesBackAfterABrokerRestartAndEndsWithIt
     next->registry.expire(os::monotonic_ns() + 60'000'000'000, next->out);
     EXPECT_EQ(next->exporter_gone(), 0U) << "the share ended though its exporter gave it back";
     EXPECT_FALSE(next->named());
-    EXPECT_TRUE(ends_with_its_exporter(*next, 1, live));
+    EXPECT_TRUE(ends_with_its_exporter(*next, 1, s.live));
     EXPECT_EQ(next->exporter_gone(), static_cast<std::uint32_t>(proto::PoisonReason::PeerDied));
   }
 }
@@ -439,23 +436,18 @@ TEST(RegistryDeviceIpc, AnUnlinkedShareComesBackAfterABrokerRestartAndEndsWithIt
 // process given that pid: one of another uid, holding the record read-only, took the share as its exporter whatever
 // the mode said (and could end it for every opener by closing it).
 TEST(RegistryDeviceIpc, AnExporterOfUnknownStartMustBeOfItsOwnersUid) {
-  test::TempDir dir;
-  const std::string journal = dir.file("names.journal");
-  LiveExporter live;
-  Broker b(live.pid);
-  b.registry.open_journal(journal, os::monotonic_ns(), 10'000'000'000);
-  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(b.create(good_record()).body));
+  JournaledShare s;
   {  // the start as a broker that could not read it journals it
-    std::string text = test::read_file(journal).value_or("");
+    std::string text = test::read_file(s.journal).value_or("");
     const auto line = text.find("L t ");
     ASSERT_NE(line, std::string::npos) << text;
     const auto end = text.find('\n', line);
     const auto last = text.rfind(' ', end);
     text.replace(last + 1, end - last - 1, "0");
-    test::write_file(journal, text);
+    test::write_file(s.journal, text);
   }
-  const auto next = b.restarted(journal);
-  const os::Credentials other{live.pid, 2000, 2000, {}};  // the exporter's pid, another uid
+  const auto next = s.b.restarted(s.journal);
+  const os::Credentials other{s.live.pid, 2000, 2000, {}};  // the exporter's pid, another uid
   next->registry.add_connection(4, other);
   next->out.clear();
   std::vector<os::UniqueFd> fds;
