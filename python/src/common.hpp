@@ -24,7 +24,7 @@
 
 #ifdef Py_LIMITED_API
 // Public C API since Python 3.4 that every CPython exports, but outside the 3.12 limited API the abi3 wheel builds
-// against (drop_without_gil needs it: a DLPack deleter may run on a thread that does not hold the GIL).
+// against (drop_without_gil needs it: a handle's C++ copy may go on a thread that does not hold the GIL).
 extern "C" int PyGILState_Check(void);
 #endif
 
@@ -106,7 +106,9 @@ class GilReleased {
 /// wait: its Close or Leave goes to the broker under the library's connection lock, which a reconnect holds while a
 /// new broker starts (seconds), and a pool or channel whose stream still owes work may wait for that stream. Python
 /// runs destructors with the GIL held (garbage, or a refcount that reached 0), so every other Python thread used
-/// to wait too. On a thread without the GIL (a DLPack deleter may run there) it is destroyed as it is.
+/// to wait too. On a thread without the GIL it is destroyed as it is. Only for handles (Segment, Pool, Channel,
+/// Semaphore, CountingSemaphore): views, DLPack exports and blocks come and go by the thousand, and each release
+/// could wait up to Python's switch interval (5 ms) for the GIL back while another thread runs Python.
 template <class Handle>
 void drop_without_gil(Handle& handle) noexcept {
   if (!handle) return;

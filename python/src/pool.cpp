@@ -57,14 +57,6 @@ struct PyBlock {
   Block block;
   LiveCount<Live::Block> counted;
 
-  PyBlock(Pool p, Block b) noexcept : pool(std::move(p)), block(std::move(b)) {}
-  PyBlock(PyBlock&&) noexcept = default;
-  PyBlock& operator=(PyBlock&&) noexcept = default;
-  ~PyBlock() {  // a block Python frees without free(), and the pool's handle it kept (common.hpp)
-    drop_without_gil(block);
-    drop_without_gil(pool);
-  }
-
   const Block& get() const {
     if (!block) throw Error(ErrorCode::InvalidArgument, "the block was freed", "block");
     return block;
@@ -334,7 +326,7 @@ void bind_pool(nb::module_& m) {
           "allocate",
           [](PyPool& p, std::size_t nbytes, std::size_t alignment) {
             Pool pool = p.get();
-            PyBlock b(pool, Block());
+            PyBlock b{.pool = pool, .block = {}, .counted = {}};
             {
               GilReleased unlocked;
               b.block = pool.allocate(nbytes, alignment);

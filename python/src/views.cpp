@@ -26,7 +26,6 @@ struct Exported {
   std::vector<std::int64_t> large;      // more dimensions
   std::shared_ptr<const void> owner;
   LiveCount<Live::DLPackExport> counted;
-  ~Exported() { drop_without_gil(owner); }  // its consumer's deleter: often with the GIL (a tensor Python freed)
 };
 
 void delete_versioned(dlpack::ManagedTensorVersioned* t) { delete static_cast<Exported*>(t->manager_ctx); }

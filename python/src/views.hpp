@@ -45,13 +45,6 @@ struct ArrayView {
   std::string typestr = "|u1";      ///< __cuda_array_interface__ typestr
   LiveCount<Live::ArrayView> counted;
 
-  ArrayView() = default;
-  ArrayView(const ArrayView&) = default;
-  ArrayView(ArrayView&&) noexcept = default;
-  ArrayView& operator=(const ArrayView&) = default;
-  ArrayView& operator=(ArrayView&&) noexcept = default;
-  ~ArrayView() { drop_without_gil(owner); }  // the last view of a closed handle unmaps (common.hpp)
-
   /// An untyped (bytes) view of [address, address + nbytes).
   static ArrayView bytes(std::shared_ptr<const void> owner, std::uintptr_t address, std::size_t nbytes, bool readonly,
                          int device_type, int device_id);
