@@ -925,10 +925,10 @@ void Registry::leave(const Caller& caller, std::uint32_t rid, const proto::Leave
   }
   if (pool) {
     // A pool member whose stream has not reached some of its frees (it released its holds itself): its entry, and
-    // those blocks, go once the frees have landed or the process has exited. The journal keeps it joined until then.
+    // those blocks, go once the frees have landed or the process has exited. The journal keeps its entry until then,
+    // marked as having left: a broker started after this one died waits for its frees too, not for a Rejoin.
     seg.joined.erase(j);
     repair_later(seg, SegmentRecord::Unclaimed{member, std::move(process), true});
-    // Journaled as having left: a broker started after this one died waits for its frees too, not for a Rejoin.
     if (m_journal && !seg.journal_name().empty()) {
       try {
         m_journal.joined(JournalMember{seg.journal_name(), member.member, member.token,
