@@ -27,8 +27,8 @@ constexpr int kMessagesPerTurn = 32;
 constexpr std::int64_t kAcceptPauseMs = 100;
 // Connections accepted per loop turn: the listener stays readable (level-triggered) while more wait. Accepting until
 // the queue was empty let a process that connects and closes in a loop keep every other client waiting: `gpuipc ls`
-// of another user took up to 1.0-2.9 s under such a flood, at most 0.10-0.20 s with this bound
-// (bench/analysis/experiments/connect_flood.py; bench/results/experiments/connect-flood-local-20261130.json).
+// of another user took up to 1.4-2.9 s under such a flood, at most 0.10-0.20 s with this bound (6 runs each:
+// bench/analysis/experiments/connect_flood.py; bench/results/experiments/connect-flood-local-20261130*.json).
 constexpr int kAcceptsPerTurn = 32;
 
 std::vector<std::byte> encode_or_error(const proto::Message& msg, std::size_t fds) {
