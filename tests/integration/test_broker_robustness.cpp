@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "base/config.hpp"
@@ -339,6 +340,70 @@ TEST(BrokerDaemon, AConnectionThatSaysNoHelloIsClosedAfterTheHelloTimeout) {
   EXPECT_EQ(wait_child(broker, 10s), 0);
   const std::string log = read_file(dir.file("broker.log")).value_or("");
   EXPECT_NE(log.find("said no Hello within 300 ms"), std::string::npos) << log;
+}
+
+TEST(BrokerDaemon, AFloodOfConnectsDoesNotHoldOffAConnectedClientsRequest) {
+  // Connections that wait to be accepted are taken at most 32 a turn, between which the broker serves requests:
+  // a process that connects in a loop kept every other client waiting while the broker accepted until the queue
+  // was empty. The broker is stopped while 64 connections queue up behind a request of a connected client; its
+  // log (one line per accepted connection, one for the request) shows which it served first. (64: the log takes
+  // 100 lines a second, and drops the rest.)
+  TempDir dir("gpuipc-rt-flood");
+  const pid_t broker = start_program(GPUIPC_BUILD_BIN_DIR "/gpuipcd", {"--runtime-dir", dir.path(), "--verbose"}, {},
+                                     -1, dir.file("broker.log"));
+  const std::string sock = dir.file("broker.sock");
+  os::UniqueFd client;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        try {
+          client = os::connect_seqpacket(sock);
+          return true;
+        } catch (const Error&) {
+          return false;
+        }
+      },
+      5s));
+  send_bytes(client.get(), proto::encode(proto::Message{1, proto::Hello{1, "served"}}));
+  proto::Message msg;
+  ASSERT_EQ(receive(client.get(), msg), os::IoStatus::Ok);
+  ASSERT_TRUE(std::holds_alternative<proto::HelloReply>(msg.body));
+  ASSERT_EQ(::kill(broker, SIGSTOP), 0);
+  ASSERT_TRUE(wait_until([&] { return task_state(broker) == 'T'; }, 5s)) << task_state(broker);
+  // The listener is ready first (its first connection), the client's socket after: the broker's next turn sees
+  // them in that order.
+  constexpr int kFlood = 64;
+  std::vector<os::UniqueFd> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    flood.push_back(os::connect_seqpacket(sock, 0ms));
+    send_bytes(flood.back().get(), proto::encode(proto::Message{1, proto::Hello{1, "flood"}}));
+  }
+  const std::vector<std::byte> malformed(4, std::byte{0x5a});  // shorter than any header: logged, then closed
+  send_bytes(client.get(), malformed);
+  ASSERT_EQ(::kill(broker, SIGCONT), 0);
+  EXPECT_EQ(receive(client.get(), msg, 10000), os::IoStatus::Ok);
+  // Every one of them is served too.
+  for (auto& f : flood) {
+    ASSERT_EQ(receive(f.get(), msg, 10000), os::IoStatus::Ok);
+    ASSERT_TRUE(std::holds_alternative<proto::HelloReply>(msg.body));
+  }
+  flood.clear();
+  ::kill(broker, SIGTERM);
+  EXPECT_EQ(wait_child(broker, 10s), 0);
+  const std::string log = read_file(dir.file("broker.log")).value_or("");
+  // Connections accepted after the client's and before its request was served.
+  std::istringstream lines(log);
+  std::string line;
+  int accepted = -1;  // the client's own comes first
+  bool served = false;
+  while (std::getline(lines, line)) {
+    if (line.find("malformed message") != std::string::npos) {
+      served = true;
+      break;
+    }
+    if (line.find(" from pid ") != std::string::npos && line.find("connection ") != std::string::npos) ++accepted;
+  }
+  ASSERT_TRUE(served) << log;
+  EXPECT_LE(accepted, 32) << "connections accepted before the connected client's request was served\n" << log;
 }
 
 TEST(BrokerDaemon, AClientWithAMalformedPollSettingFailsSayingSo) {
