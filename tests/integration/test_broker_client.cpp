@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,6 +83,18 @@ class StoppedBroker {
   pid_t m_pid;
   bool m_ok = false;
 };
+
+/// The sockets this process has open ("socket:[inode]", from /proc/self/fd).
+std::set<std::string> socket_fds() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), link_ec).string();
+    if (!link_ec && target.starts_with("socket:")) out.insert(target);
+  }
+  return out;
+}
 
 /// The code of the Error `call` threw; nullopt when it returned.
 std::optional<ErrorCode> code_of(const std::function<void()>& call) {
@@ -155,8 +169,20 @@ TEST(BrokerClient, AChildForkedWhileTheProcessConnectsDoesNotKeepItsConnection) 
   Shared<std::atomic<pid_t>> grandchild;
   const pid_t proc = start_child([&] {
     GPUIPC_CHILD_CHECK(go.wait(10s));
+    const std::set<std::string> before = socket_fds();
     std::thread forker([&] {
-      std::this_thread::sleep_for(300ms);  // the main thread is in its connect by now: the broker is stopped
+      // The main thread is in its connect once its new socket exists and it sleeps (between two attempts: the
+      // broker is stopped, its backlog full).
+      const bool connecting = wait_until(
+          [&] {
+            return std::ranges::any_of(socket_fds(), [&](const std::string& s) { return !before.contains(s); }) &&
+                   task_state(::getpid()) == 'S';
+          },
+          10s);
+      if (!connecting) {  // the parent's wait for `forked` fails the test
+        report_child_failure(__FILE__, __LINE__, "the main thread never waited in its connect");
+        return;
+      }
       const pid_t kid = ::fork();
       if (kid == 0) {
         ::pause();  // lives on, holding whatever fds it inherited
