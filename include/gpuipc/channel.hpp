@@ -69,7 +69,9 @@ struct MessageView {
   std::span<const std::byte> header;
   std::uint64_t sequence = 0;
   /// The producer died after publishing but before its stream finished writing: the data may be partial.
-  /// Check after this consumer's stream has passed receive (e.g. after a synchronize) — see docs/channels.md.
+  /// Check after this consumer's stream has passed receive (e.g. after a synchronize) — see docs/channels.md. Also
+  /// after the message was released (in stream order, its stream then still reading it), while the channel handle
+  /// that received it is open.
   bool incomplete() const noexcept;
   const std::uint32_t* flags = nullptr;  ///< internal: the slot's incomplete mark, which incomplete() reads
 };
@@ -181,8 +183,9 @@ class Channel {
   /// The sequence of the `index`-th oldest of them (0: the one the next publish or release takes); 0 when
   /// `index` >= held().
   std::uint64_t held_sequence(std::uint32_t index) const noexcept;
-  /// Consumer: whether held message `sequence` may be partial (MessageView::incomplete); nullopt when this handle
-  /// does not hold it (released, never received, or a producer).
+  /// Consumer: whether message `sequence` may be partial (MessageView::incomplete), held or already released;
+  /// false for a message not flagged (yet), or not published. nullopt for a producer or an empty handle. A
+  /// released message's flag is kept until a later message in its slot is flagged (at least `slots` messages on).
   std::optional<bool> incomplete(std::uint64_t sequence) const noexcept;
   /// The buffers' segment (`name`.slots) as this member mapped it (read-only for consumers): a second handle on
   /// the same mapping, so views of slots can outlive this channel handle. Empty for an empty handle.

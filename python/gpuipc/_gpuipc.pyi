@@ -256,7 +256,7 @@ class Channel:
 
     def incomplete(self, sequence: int) -> bool:
         """
-        Whether held message ``sequence`` may be partial (its producer died while writing).
+        Whether message ``sequence`` may be partial (its producer died while writing), held or released.
         """
 
     @property

@@ -635,8 +635,8 @@ class Message:
     @property
     def incomplete(self) -> bool:
         """The producer died after publishing but before its stream finished writing: the data may be partial.
-        Check after this consumer's stream has passed receive (device channels: e.g. after synchronizing it)."""
-        self._check_held()
+        Check after this consumer's stream has passed receive (device channels: e.g. after synchronizing it). Also
+        after :meth:`release` (or the ``with`` block) released it in stream order, while the channel is open."""
         return self._channel._ch.incomplete(self.sequence)
 
     def as_array(self, dtype: Any = "uint8", shape: Shape = None, offset: int = 0) -> Array:

@@ -408,9 +408,10 @@ void bind_channel(nb::module_& m) {
           [](PyChannel& c, std::uint64_t sequence) {
             const Locked g = lock(c);
             if (const auto partial = g.ch().incomplete(sequence)) return *partial;
-            throw Error(ErrorCode::InvalidArgument, fmt::format("message {} is not held", sequence), "incomplete");
+            throw Error(ErrorCode::InvalidArgument, "only a consumer receives messages", "incomplete");
           },
-          "sequence"_a, "Whether held message ``sequence`` may be partial (its producer died while writing).")
+          "sequence"_a,
+          "Whether message ``sequence`` may be partial (its producer died while writing), held or released.")
       .def_prop_ro("name", [](PyChannel& c) { return lock(c).ch().name(); })
       .def_prop_ro("role", [](PyChannel& c) { return role_name(lock(c).ch().role()); })
       .def_prop_ro("kind", [](PyChannel& c) { return std::string(to_string(lock(c).ch().kind())); })

@@ -664,15 +664,10 @@ std::uint64_t Channel::held_sequence(std::uint32_t index) const noexcept {
 
 std::optional<bool> Channel::incomplete(std::uint64_t sequence) const noexcept {
   if (!m_impl || m_impl->role != ChannelRole::Consumer) return std::nullopt;
-  for (std::uint32_t i = 0; i < held(); ++i) {
-    if (held_sequence(i) == sequence) {
-      MessageView message;
-      message.sequence = sequence;
-      message.flags = &m_impl->slot(sequence).incomplete;
-      return message.incomplete();
-    }
-  }
-  return std::nullopt;
+  MessageView message;
+  message.sequence = sequence;
+  message.flags = &m_impl->slot(sequence).incomplete;
+  return message.incomplete();
 }
 
 Segment Channel::slots_segment() const noexcept { return m_impl ? m_impl->data : Segment(); }

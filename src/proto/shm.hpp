@@ -138,7 +138,8 @@ struct alignas(64) Slot {
   std::uint32_t header_size;
   std::uint32_t reserved0;
   /// incomplete_mark(seq) once message `seq`'s producer died before its GPU work finished (0: none). It names the
-  /// message because the broker's flag can land after the slot moved on to a later round, whose publish cleared it.
+  /// message because the broker's flag can land after the slot moved on to a later round. A publish leaves it: the
+  /// consumer of an earlier round may read it after releasing that round in stream order.
   std::uint32_t incomplete;
   std::uint32_t reserved1;
   /// Host-only: the `freed` value the slot's next producer must see before it writes, i.e. seq + 1 of the last
@@ -154,6 +155,13 @@ static_assert(sizeof(Slot) == 192);
 /// messages apart.
 inline constexpr std::uint32_t incomplete_mark(std::uint64_t seq) noexcept {
   return static_cast<std::uint32_t>(seq % 0xFFFF'FFFFULL) + 1;
+}
+/// Whether mark `a` names a later message than mark `b` (neither 0): less than 2^31 rounds ahead of it, modulo the
+/// marks' cycle. 0 (no mark) is later than nothing.
+inline constexpr bool incomplete_mark_is_later(std::uint32_t a, std::uint32_t b) noexcept {
+  if (a == 0 || b == 0) return false;
+  const std::uint64_t ahead = (std::uint64_t{a} + 0xFFFF'FFFFULL - b) % 0xFFFF'FFFFULL;
+  return ahead != 0 && ahead < (1ULL << 31);
 }
 
 struct alignas(64) ChannelHeader {

@@ -126,8 +126,10 @@ bool made(const Ring& ring, std::uint32_t member, const proto::OwedWrite& w) noe
   return s != proto::pack_state(seq, owed_freed(w) ? Phase::Reading : Phase::Writing, member);
 }
 
-/// Writes an owed word as its stream would have. A `filled` written for a dead producer flags its message
-/// incomplete while it is still in the slot (its data may be partly written).
+/// Writes an owed word as its stream would have. A `filled` written for a producer that did not write it flags its
+/// message incomplete (its data may be partly written): also once the message has left the slot, since a consumer
+/// that released it in stream order checks the flag after its stream has read the data. The mark names the message,
+/// so a later round of the slot is not flagged by it.
 void write_owed(const Ring& ring, const proto::OwedWrite& w) noexcept {
   const std::uint64_t seq = owed_seq(w);
   auto& slot = ring.slot(seq);
@@ -135,13 +137,7 @@ void write_owed(const Ring& ring, const proto::OwedWrite& w) noexcept {
     raise_to(slot.freed, seq + 1);
     return;
   }
-  const std::uint64_t s = atomic(slot.state).load(std::memory_order_acquire);
-  const Phase phase = proto::state_phase(s);
-  if (proto::state_seq(s) == seq && (phase == Phase::Published || phase == Phase::Reading)) {
-    ring_mark_incomplete(slot, seq);
-  } else {
-    raise_to(slot.filled, seq + 1);
-  }
+  ring_mark_incomplete(slot, seq);
 }
 
 /// Whether the stream that owed `w` would be past its wait before the write: a producer's stream waits for the
@@ -225,7 +221,7 @@ bool ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
   if (!header.empty()) std::memcpy(ring.user_header(seq), header.data(), header.size());
   s.header_size = static_cast<std::uint32_t>(header.size());
   s.size = bytes;
-  atomic(s.incomplete).store(0);
+  // `incomplete` is left alone: a mark names its message, and an earlier round's stays for that round's consumer.
   if (stream_fills) {
     owe(ring, member, {seq, ring_free_mark(ring, seq)});
   } else {
@@ -242,7 +238,13 @@ bool ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
 }
 
 void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept {
-  atomic(slot.incomplete).store(proto::incomplete_mark(seq));
+  // Never over a later round's mark: a dead producer's `filled` can be written after the slot's next round was
+  // published (its consumer released in stream order) and flagged by its own producer (a failed enqueue).
+  const std::uint32_t mark = proto::incomplete_mark(seq);
+  auto word = atomic(slot.incomplete);
+  std::uint32_t cur = word.load(std::memory_order_acquire);
+  while (!proto::incomplete_mark_is_later(cur, mark) && !word.compare_exchange_weak(cur, mark)) {
+  }
   raise_to(slot.filled, seq + 1);
 }
 

@@ -375,6 +375,50 @@ TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
   Channel::unlink(name);
 }
 
+TEST(ChannelsDevice, AMessageReleasedInStreamOrderIsFlaggedIncompleteWhenItsProducerDies) {
+  // The consumer flow of docs/channels.md: receive, enqueue the reads, release in stream order, check afterwards.
+  // The host release comes at once, while the consumer's stream still waits for the message's `filled`; the
+  // producer, its stream stuck short of `filled`, is killed then. Before, the broker flagged the message only while
+  // it was still in its slot, and this consumer read partial data flagged complete.
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("relflag");
+  SyncPipe published, created;
+  const pid_t prod = start_child([&] {
+    Gpu g;
+    auto ch = Channel::create(
+        name,
+        {.slots = 2, .slot_bytes = 1 << 20, .header_bytes = 0, .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+        ChannelRole::Producer);
+    created.notify();
+    return publish_stuck_then_pause(g, ch, 1 << 20, published);
+  });
+  ASSERT_TRUE(created.wait(60s));
+  SyncPipe released;
+  const pid_t cons = start_child([&] {
+    Gpu g;
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);  // on the host now; the stream waits for `filled`
+    GPUIPC_CHILD_CHECK(ch.held() == 0);
+    released.notify();
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));  // the producer died: the broker wrote `filled`
+    GPUIPC_CHILD_CHECK(m.incomplete());
+    GPUIPC_CHILD_CHECK(ch.incomplete(m.sequence) == std::optional<bool>(true));
+    MessageView next;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 5s, next) == Status::PeerDied);
+    return 0;
+  });
+  ASSERT_TRUE(published.wait(60s));
+  ASSERT_TRUE(released.wait(60s));
+  std::this_thread::sleep_for(500ms);
+  ::kill(prod, SIGKILL);
+  EXPECT_EQ(wait_child(prod), 128 + SIGKILL);
+  EXPECT_EQ(wait_child(cons, 60s), 0);
+  Channel::unlink(name);
+}
+
 /// A one-slot device channel of kSlotBytes that `role` creates.
 Channel create_one_slot(const std::string& name, ChannelRole role) {
   return Channel::create(

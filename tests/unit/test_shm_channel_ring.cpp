@@ -385,7 +385,7 @@ TEST_F(ShmChannelRing, ADeadProducersFilledDoesNotReleaseALaterRoundsStreamWait)
   ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
   ASSERT_EQ(seq, 2U);
   EXPECT_FALSE(stream_wait_passes(b.slot(0).filled, 3));
-  EXPECT_EQ(b.slot(0).incomplete, 0U);  // round 2 is not flagged incomplete
+  EXPECT_NE(b.slot(0).incomplete, proto::incomplete_mark(2));  // round 2 is not flagged incomplete
   // If round 2's producer dies too, its write releases the wait.
   EXPECT_TRUE(b.die(p2, 11, Role::Producer).empty());
   EXPECT_TRUE(stream_wait_passes(b.slot(0).filled, 3));
@@ -412,11 +412,58 @@ TEST_F(ShmChannelRing, ALateIncompleteFlagDoesNotFlagALaterRound) {
   EXPECT_EQ(b.slot(2).filled, 3U);
 }
 
+// The consumer flow docs/channels.md shows releases a message in stream order: the host release comes at once,
+// while the consumer's stream still waits for the message's `filled`. A producer that dies then, its stream short
+// of `filled`, left a message the consumer reads partly written, and its flag must still say so once the consumer's
+// stream is past it (when the consumer checks). Before, the broker flagged a message only while it was in its slot,
+// and the slot's next publish cleared the flag.
+TEST_F(ShmChannelRing, AMessageReleasedInStreamOrderIsFlaggedWhenItsProducerDiesBeforeWritingIt) {
+  const std::uint32_t p2 = b.join(11, Role::Producer);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+  ring_publish(b.ring(), 0, p, {}, 0, true);  // message 0: its stream has not written `filled`
+  ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
+  ring_release(b.ring(), 0, c, true);  // in stream order: `freed` is owed by the consumer's stream
+  // What MessageView::incomplete reads.
+  const auto flagged = [&](std::uint64_t message) { return b.slot(0).incomplete == proto::incomplete_mark(message); };
+  EXPECT_FALSE(flagged(0));
+  EXPECT_TRUE(b.die(p, 10, Role::Producer).empty());
+  EXPECT_TRUE(stream_wait_passes(b.slot(0).filled, 1));  // the consumer's stream goes on
+  EXPECT_TRUE(flagged(0));
+  // The slot's next round, published by the second producer, neither clears the flag nor is flagged by it.
+  b.slot(0).freed = 1;  // the consumer's stream reached its release
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p2, seq, gone));
+  ring_give_back(b.ring(), 1, p2);
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p2, seq, gone));
+  ASSERT_EQ(seq, 2U);
+  ring_publish(b.ring(), 2, p2, {}, 0, false);
+  EXPECT_TRUE(flagged(0));
+  EXPECT_FALSE(flagged(2));
+}
+
+// A flag lands late (the broker's, for a dead producer's message released in stream order) on a slot whose later
+// round was flagged first (its producer's enqueue of `filled` failed): the later round keeps its flag.
+TEST_F(ShmChannelRing, ALateFlagDoesNotTakeALaterRoundsFlag) {
+  ring_mark_incomplete(b.slot(0), 2);
+  ring_mark_incomplete(b.slot(0), 0);
+  EXPECT_EQ(b.slot(0).incomplete, proto::incomplete_mark(2));
+  ring_mark_incomplete(b.slot(0), 4);
+  EXPECT_EQ(b.slot(0).incomplete, proto::incomplete_mark(4));
+  EXPECT_EQ(b.slot(0).filled, 5U);
+}
+
 TEST(ShmChannelRingInit, IncompleteMarksAreNeverZeroAndDifferForNearbyRounds) {
   EXPECT_EQ(proto::incomplete_mark(0), 1U);
   EXPECT_NE(proto::incomplete_mark(0xFFFF'FFFEULL), 0U);
   EXPECT_NE(proto::incomplete_mark(0xFFFF'FFFFULL), 0U);
   EXPECT_NE(proto::incomplete_mark(1ULL << 40), proto::incomplete_mark((1ULL << 40) + 4096));
+  // Which of two marks names the later message, across the marks' wrap too.
+  EXPECT_TRUE(proto::incomplete_mark_is_later(proto::incomplete_mark(2), proto::incomplete_mark(0)));
+  EXPECT_FALSE(proto::incomplete_mark_is_later(proto::incomplete_mark(0), proto::incomplete_mark(2)));
+  EXPECT_FALSE(proto::incomplete_mark_is_later(proto::incomplete_mark(3), proto::incomplete_mark(3)));
+  EXPECT_TRUE(proto::incomplete_mark_is_later(proto::incomplete_mark(0xFFFF'FFFFULL + 1),
+                                              proto::incomplete_mark(0xFFFF'FFFEULL)));
+  EXPECT_FALSE(proto::incomplete_mark_is_later(0, proto::incomplete_mark(0)));
+  EXPECT_FALSE(proto::incomplete_mark_is_later(proto::incomplete_mark(0), 0));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
