@@ -24,7 +24,9 @@ void BrokerEnvironment::SetUp() {
   s_dir = std::make_unique<TempDir>("gpuipc-rt");
   ::chmod(s_dir->path().c_str(), 0755);
   ::setenv("GPUIPC_RUNTIME_DIR", s_dir->path().c_str(), 1);
-  ::setenv("GPUIPC_DAEMON", GPUIPC_BUILD_BIN_DIR "/gpuipcd", 1);
+  // The gpuipcd beside this test binary (build/tests -> build/bin), wherever the tree was copied: not the path it
+  // was built at, which on another machine may hold another build, or none.
+  ::setenv("GPUIPC_DAEMON", (build_bin_dir() + "/gpuipcd").c_str(), 1);
   ::setenv("GPUIPC_QUOTA_BYTES", std::to_string(kQuotaBytes).c_str(), 1);
   ::setenv("GPUIPC_IDLE_TIMEOUT_MS", "600000", 1);
   // A process whose connection closes while it lives gets 2 s to rejoin (5 s by default): tests wait past it.
