@@ -333,46 +333,73 @@ TEST(ChannelsDevice, ProducerAndConsumerThreadsOnOneSharedStream) {
   run_two_threads_one_process(false);
 }
 
-TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
-  GPUIPC_REQUIRE_GPU();
-  const auto name = unique_name("dead");
-  SyncPipe published, created;
-  // The producer publishes on the host, but its stream is stuck behind a kernel that spins on a flag nobody sets:
-  // its `filled` write never happens. Then it is killed.
+/// A child that creates device channel `name` (two 1 MiB slots) as its producer and publishes message 0 on the
+/// host while its stream is stuck behind a kernel that spins on a flag nobody sets: its `filled` write never
+/// happens. Returns its pid once it has published (a failed wait fails the test), for the test to kill it.
+pid_t start_stuck_producer(const std::string& name) {
+  SyncPipe published;
   const pid_t prod = start_child([&] {
     Gpu g;
-    auto ch = Channel::create(name, {.slots = 2, .slot_bytes = 1 << 20, .header_bytes = 0,
-                                     .kind = SegmentKind::Device, .device = 0, .mode = 0600},
-                              ChannelRole::Producer);
-    created.notify();
+    auto ch = Channel::create(
+        name,
+        {.slots = 2, .slot_bytes = 1 << 20, .header_bytes = 0, .kind = SegmentKind::Device, .device = 0, .mode = 0600},
+        ChannelRole::Producer);
     return publish_stuck_then_pause(g, ch, 1 << 20, published);
   });
-  ASSERT_TRUE(created.wait(60s));
-  SyncPipe received;
-  const pid_t cons = start_child([&] {
-    Gpu g;
-    auto ch = Channel::open(name, ChannelRole::Consumer);
-    MessageView m;
-    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
-    received.notify();
-    // The consumer's stream now waits for the producer's `filled`, which never comes by itself.
-    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
-    // ... until the producer dies and the broker poisons it: then the stream moves on within bounded time.
-    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
-    GPUIPC_CHILD_CHECK(m.incomplete());
-    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
-    MessageView next;
-    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 5s, next) == Status::PeerDied);
-    g.stream.synchronize();
-    return 0;
-  });
-  ASSERT_TRUE(published.wait(60s));
-  ASSERT_TRUE(received.wait(60s));
+  EXPECT_TRUE(published.wait(60s));
+  return prod;
+}
+
+/// SIGKILLs the stuck producer `prod` (start_stuck_producer) once `ready` says its consumer `cons` waits, and
+/// expects the consumer to pass its checks.
+void kill_stuck_producer(pid_t prod, const SyncPipe& ready, pid_t cons) {
+  EXPECT_TRUE(ready.wait(60s));
   std::this_thread::sleep_for(500ms);
   ::kill(prod, SIGKILL);
   EXPECT_EQ(wait_child(prod), 128 + SIGKILL);
   EXPECT_EQ(wait_child(cons, 60s), 0);
+}
+
+/// A consumer of the stuck producer's message 0 (start_stuck_producer): receives it, releases it in stream order
+/// first when `release_first` (the host release at once, the stream still waiting for `filled`), says so on
+/// `ready`, then checks that its stream waits until the producer dies, moves on then, and that the message is
+/// flagged incomplete, and that the next receive reports PeerDied.
+int consume_stuck_message(const std::string& name, bool release_first, const SyncPipe& ready) {
+  Gpu g;
+  auto ch = Channel::open(name, ChannelRole::Consumer);
+  MessageView m;
+  GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+  if (release_first) {
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    GPUIPC_CHILD_CHECK(ch.held() == 0);
+  }
+  ready.notify();
+  // The consumer's stream now waits for the producer's `filled`, which never comes by itself ...
+  GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
+  // ... until the producer dies and the broker writes it: then the stream moves on within bounded time.
+  GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
+  GPUIPC_CHILD_CHECK(m.incomplete());
+  GPUIPC_CHILD_CHECK(ch.incomplete(m.sequence) == std::optional<bool>(true));
+  if (!release_first) GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+  MessageView next;
+  GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 5s, next) == Status::PeerDied);
+  g.stream.synchronize();
+  return 0;
+}
+
+/// A stuck producer's message 0 and its consumer (consume_stuck_message), the producer killed once the consumer
+/// waits.
+void consume_a_dead_producers_message(const std::string& name, bool release_first) {
+  const pid_t prod = start_stuck_producer(name);
+  SyncPipe ready;
+  const pid_t cons = start_child([&] { return consume_stuck_message(name, release_first, ready); });
+  kill_stuck_producer(prod, ready, cons);
   Channel::unlink(name);
+}
+
+TEST(ChannelsDevice, ConsumerStreamBlockedOnADeadProducerIsReleased) {
+  GPUIPC_REQUIRE_GPU();
+  consume_a_dead_producers_message(unique_name("dead"), false);
 }
 
 TEST(ChannelsDevice, AMessageReleasedInStreamOrderIsFlaggedIncompleteWhenItsProducerDies) {
@@ -381,42 +408,7 @@ TEST(ChannelsDevice, AMessageReleasedInStreamOrderIsFlaggedIncompleteWhenItsProd
   // producer, its stream stuck short of `filled`, is killed then. Before, the broker flagged the message only while
   // it was still in its slot, and this consumer read partial data flagged complete.
   GPUIPC_REQUIRE_GPU();
-  const auto name = unique_name("relflag");
-  SyncPipe published, created;
-  const pid_t prod = start_child([&] {
-    Gpu g;
-    auto ch = Channel::create(
-        name,
-        {.slots = 2, .slot_bytes = 1 << 20, .header_bytes = 0, .kind = SegmentKind::Device, .device = 0, .mode = 0600},
-        ChannelRole::Producer);
-    created.notify();
-    return publish_stuck_then_pause(g, ch, 1 << 20, published);
-  });
-  ASSERT_TRUE(created.wait(60s));
-  SyncPipe released;
-  const pid_t cons = start_child([&] {
-    Gpu g;
-    auto ch = Channel::open(name, ChannelRole::Consumer);
-    MessageView m;
-    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
-    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);  // on the host now; the stream waits for `filled`
-    GPUIPC_CHILD_CHECK(ch.held() == 0);
-    released.notify();
-    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
-    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));  // the producer died: the broker wrote `filled`
-    GPUIPC_CHILD_CHECK(m.incomplete());
-    GPUIPC_CHILD_CHECK(ch.incomplete(m.sequence) == std::optional<bool>(true));
-    MessageView next;
-    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 5s, next) == Status::PeerDied);
-    return 0;
-  });
-  ASSERT_TRUE(published.wait(60s));
-  ASSERT_TRUE(released.wait(60s));
-  std::this_thread::sleep_for(500ms);
-  ::kill(prod, SIGKILL);
-  EXPECT_EQ(wait_child(prod), 128 + SIGKILL);
-  EXPECT_EQ(wait_child(cons, 60s), 0);
-  Channel::unlink(name);
+  consume_a_dead_producers_message(unique_name("relflag"), true);
 }
 
 /// A one-slot device channel of kSlotBytes that `role` creates.

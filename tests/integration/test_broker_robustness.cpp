@@ -302,6 +302,23 @@ TEST(BrokerDaemon, PollSettingIsCheckedAtStartAndZeroStillServes) {
   EXPECT_EQ(wait_child(broker, 10s), 0) << read_file(dir.file("broker.log")).value_or("");
 }
 
+/// A connection to the broker just started at `sock`, once it listens (not only bound: a connect between the two
+/// is refused, the file existing from bind on); none when it does not within 5 s.
+os::UniqueFd connect_once_listening(const std::string& sock) {
+  os::UniqueFd conn;
+  (void)wait_until(
+      [&] {
+        try {
+          conn = os::connect_seqpacket(sock);
+          return true;
+        } catch (const Error&) {
+          return false;
+        }
+      },
+      5s);
+  return conn;
+}
+
 TEST(BrokerDaemon, AConnectionThatSaysNoHelloIsClosedAfterTheHelloTimeout) {
   TempDir dir("gpuipc-rt-hello");
   const std::string bin = GPUIPC_BUILD_BIN_DIR "/gpuipcd";
@@ -311,18 +328,8 @@ TEST(BrokerDaemon, AConnectionThatSaysNoHelloIsClosedAfterTheHelloTimeout) {
   const pid_t broker = start_program(bin, {"--runtime-dir", dir.path(), "--verbose"}, {"GPUIPC_HELLO_TIMEOUT_MS=300"},
                                      -1, dir.file("broker.log"));
   const std::string sock = dir.file("broker.sock");
-  // Listening, not only bound: a connect between the two was refused (the file exists from bind on).
-  os::UniqueFd silent;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        try {
-          silent = os::connect_seqpacket(sock);
-          return true;
-        } catch (const Error&) {
-          return false;
-        }
-      },
-      5s));
+  os::UniqueFd silent = connect_once_listening(sock);
+  ASSERT_TRUE(silent);
   const auto t0 = std::chrono::steady_clock::now();
   const os::UniqueFd greeted = os::connect_seqpacket(sock);
   send_bytes(greeted.get(), proto::encode(proto::Message{1, proto::Hello{1, "greeted"}}));
@@ -352,17 +359,8 @@ TEST(BrokerDaemon, AFloodOfConnectsDoesNotHoldOffAConnectedClientsRequest) {
   const pid_t broker = start_program(GPUIPC_BUILD_BIN_DIR "/gpuipcd", {"--runtime-dir", dir.path(), "--verbose"}, {},
                                      -1, dir.file("broker.log"));
   const std::string sock = dir.file("broker.sock");
-  os::UniqueFd client;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        try {
-          client = os::connect_seqpacket(sock);
-          return true;
-        } catch (const Error&) {
-          return false;
-        }
-      },
-      5s));
+  const os::UniqueFd client = connect_once_listening(sock);
+  ASSERT_TRUE(client);
   send_bytes(client.get(), proto::encode(proto::Message{1, proto::Hello{1, "served"}}));
   proto::Message msg;
   ASSERT_EQ(receive(client.get(), msg), os::IoStatus::Ok);
