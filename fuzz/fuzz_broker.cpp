@@ -2,11 +2,13 @@
 // connections of three users (two of one uid and this process's pid, one of that uid whose process is gone, one of
 // another uid, one of root), with real memfds for the memory, control blocks made the way the library makes them
 // (or not), waiting opens, time passing, connections dropping with and without repair, broker restarts over the
-// journal (names given back by Announce), any message the wire decoder accepts, and writes of any bytes into the
+// journal (names given back by Announce), as written or cut, overwritten or appended to, any message the wire decoder accepts, and writes of any bytes into the
 // control blocks the connections share with the broker. The broker serves every user of the machine, so beyond
 // "never crashes, never reads out of bounds, never hangs" (ASan + UBSan, libFuzzer's -timeout) it checks what the
 // server relies on: every message the registry hands back encodes (the server sends it as is), and once every
 // connection has gone no reference and no waiting open is left.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -355,6 +357,7 @@ class Session {
         break;
       case 17: {  // the broker dies and a new one starts over its journal; connections come back
         m_registry.reset();
+        damage_journal(code / 20, in);  // 17 (the seeds' code): a journal as written
         start_broker();  // the processes keep their ids and member entries, to give back (Announce, Rejoin)
         for (std::size_t c = 0; c < m_conn.size(); ++c) connect(c);
         break;
@@ -369,6 +372,25 @@ class Session {
         break;
       }
     }
+  }
+
+  /// What a full disk, a crash of the machine or a bad block leaves of the journal the next broker reads: `how` 1
+  /// cuts it anywhere, 2 overwrites up to 32 bytes anywhere with the input's, 3 appends up to 255 of them; else it
+  /// is left as written. The next broker must start over whatever it finds, or it would not start at all.
+  void damage_journal(unsigned how, Input& in) const {
+    if (how < 1 || how > 3) return;
+    struct stat st {};
+    if (::stat(m_journal.c_str(), &st) != 0) return;
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    const os::UniqueFd fd(::open(m_journal.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) return;
+    if (how == 1) {
+      (void)::ftruncate(fd.get(), static_cast<off_t>(in.u32() % (size + 1)));
+      return;
+    }
+    const std::uint64_t at = how == 2 ? in.u32() % (size + 1) : size;
+    const std::span<const std::byte> bytes = in.take(how == 2 ? in.byte() % 33 : in.byte());
+    (void)::pwrite(fd.get(), bytes.data(), bytes.size(), static_cast<off_t>(at));
   }
 
   std::string m_journal;
