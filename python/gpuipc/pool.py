@@ -520,7 +520,8 @@ class Pool:
         return self._pool.closed
 
     def close(self) -> None:
-        """Drops this handle (idempotent); blocks and views keep the pool joined until they go."""
+        """Drops this handle (idempotent); blocks and views keep the pool joined until they go. Whichever goes last
+        leaves the pool without holding the GIL, so other threads run while it tells the broker."""
         self._pool.close()
 
     def __enter__(self) -> "Pool":

@@ -171,7 +171,9 @@ class Segment:
 
     # Lifetime ----------------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Drops this handle (idempotent). Arrays made from it keep the mapping until they go."""
+        """Drops this handle (idempotent). Arrays made from it keep the mapping until they go; whichever goes last
+        (this handle, or an array the garbage collector frees) unmaps without holding the GIL, so other threads run
+        while it tells the broker."""
         self._seg.close()
 
     def __enter__(self) -> "Segment":

@@ -62,7 +62,7 @@ ChannelRole parse_role(std::string_view role) {
 PyChannel attach(Channel ch) {
   auto st = std::make_shared<ChannelState>();
   st->slots = ch.slots_segment();
-  if (st->slots) st->slots_owner = std::make_shared<const Segment>(st->slots);
+  if (st->slots) st->slots_owner = shared_without_gil(Segment(st->slots));
   st->name = ch.name();
   st->ch = std::move(ch);
   return PyChannel(std::move(st));

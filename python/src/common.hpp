@@ -113,7 +113,8 @@ template <class Handle>
 void drop_without_gil(Handle& handle) noexcept {
   if (!handle) return;
   Handle gone = std::move(handle);
-  if (PyGILState_Check() == 0) return;
+  // (Not after the interpreter has gone: a DLPack consumer may free its last export then.)
+  if (Py_IsInitialized() == 0 || PyGILState_Check() == 0) return;
   GilReleased unlocked;
   Handle last = std::move(gone);  // destroyed before `unlocked` takes the GIL back
 }
@@ -124,11 +125,32 @@ template <class T>
 void drop_without_gil(std::shared_ptr<T>& owner) noexcept {
   if (owner && owner.use_count() == 1) {
     std::shared_ptr<T> gone = std::move(owner);
-    if (PyGILState_Check() == 0) return;
+    if (Py_IsInitialized() == 0 || PyGILState_Check() == 0) return;
     GilReleased unlocked;
     gone.reset();
   }
   owner.reset();
+}
+
+/// A handle that its shared owners (shared_without_gil) drop without the GIL, when the last of them goes.
+template <class Handle>
+struct DroppedWithoutGil {
+  Handle handle;
+  explicit DroppedWithoutGil(Handle h) noexcept : handle(std::move(h)) {}
+  DroppedWithoutGil(const DroppedWithoutGil&) = delete;
+  DroppedWithoutGil& operator=(const DroppedWithoutGil&) = delete;
+  ~DroppedWithoutGil() { drop_without_gil(handle); }
+};
+
+/// `handle` (a Segment or a Pool) as the one shared owner that a Python handle and everything made from it (views,
+/// DLPack exports, blocks, holds) keep: whichever of them goes last, often a view the garbage collector frees
+/// after the handle's close(), unmaps and tells the broker without the GIL (drop_without_gil), and only that one.
+/// Views used to own a copy of the handle each: the last of those went with the GIL held, and every other Python
+/// thread waited while its Close waited for the broker.
+template <class Handle>
+std::shared_ptr<Handle> shared_without_gil(Handle handle) {
+  auto box = std::make_shared<DroppedWithoutGil<Handle>>(std::move(handle));
+  return std::shared_ptr<Handle>(box, &box->handle);
 }
 
 /// Calls attempt(slice) without the GIL in slices of at most kWaitSlice until it returns anything but

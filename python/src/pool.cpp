@@ -36,24 +36,23 @@ BlockRef to_ref(const RefTuple& t) {
 RefTuple from_ref(const BlockRef& r) { return {r.pool, r.generation, r.offset, r.size, r.chunk, r.index}; }
 
 struct PyPool {
-  explicit PyPool(Pool p) noexcept : pool(std::move(p)) {}
-  PyPool(PyPool&&) noexcept = default;
-  PyPool& operator=(PyPool&&) noexcept = default;
-  ~PyPool() { drop_without_gil(pool); }  // a handle Python frees without close() (common.hpp)
-  Pool pool;
+  explicit PyPool(Pool p) : pool(shared_without_gil(std::move(p))) {}
+  /// Shared with the blocks, holds and views made from it: the last of them (or this handle, freed without
+  /// close()) leaves the pool without the GIL (common.hpp).
+  std::shared_ptr<Pool> pool;
   LiveCount<Live::Pool> counted;
 
-  /// A handle of its own (one reference count): a method that releases the GIL keeps the pool joined while
-  /// another thread closes this one.
-  Pool get() const {
+  /// The handle, shared: a method that releases the GIL keeps the pool joined while another thread closes this one.
+  std::shared_ptr<Pool> get() const {
     if (!pool) raise_closed("pool");
     return pool;
   }
 };
 
-/// An allocated block. The Pool copy keeps the pool joined (and its chunks mapped) for views made from the block.
+/// An allocated block. Its pool's shared handle keeps the pool joined (and its chunks mapped) for views made from
+/// the block.
 struct PyBlock {
-  Pool pool;
+  std::shared_ptr<Pool> pool;
   Block block;
   LiveCount<Live::Block> counted;
 
@@ -69,14 +68,14 @@ bool is_gpu(SegmentKind kind) noexcept { return kind == SegmentKind::Device || k
 /// it goes, on whatever thread that happens (DLPack deleters may run without the GIL: no Python here). Made with
 /// make_shared, the memory comes first, so a failed allocation leaves no hold behind.
 struct HeldBlock {
-  Pool pool;
+  std::shared_ptr<Pool> pool;
   BlockRef ref;
-  HeldBlock(Pool p, const BlockRef& r) : pool(std::move(p)), ref(r) { pool.hold(ref); }
+  HeldBlock(std::shared_ptr<Pool> p, const BlockRef& r) : pool(std::move(p)), ref(r) { pool->hold(ref); }
   HeldBlock(const HeldBlock&) = delete;
   HeldBlock& operator=(const HeldBlock&) = delete;
   ~HeldBlock() {
     try {
-      pool.release(ref);
+      pool->release(ref);
     } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor; the broker releases what a process leaves
     }
   }
@@ -87,24 +86,24 @@ using Dtype = std::tuple<std::tuple<int, int, int>, std::string>;
 
 /// Holds on several blocks of one pool, given back together (spans_of).
 struct HeldBlocks {
-  Pool pool;
+  std::shared_ptr<Pool> pool;
   std::vector<BlockRef> refs;
-  explicit HeldBlocks(Pool p) : pool(std::move(p)) {}
+  explicit HeldBlocks(std::shared_ptr<Pool> p) : pool(std::move(p)) {}
   HeldBlocks(const HeldBlocks&) = delete;
   HeldBlocks& operator=(const HeldBlocks&) = delete;
   void hold(const BlockRef& r) {
-    pool.hold(r);
+    pool->hold(r);
     try {
       refs.push_back(r);
     } catch (...) {  // out of memory: give the hold back, or it would never be
-      pool.release(r);
+      pool->release(r);
       throw;
     }
   }
   ~HeldBlocks() {
     for (const BlockRef& r : refs) {
       try {
-        pool.release(r);
+        pool->release(r);
       } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor; the broker releases what a process leaves
       }
     }
@@ -135,26 +134,24 @@ ArrayView block_view(const Pool& pool, std::shared_ptr<const void> owner, std::u
 
 /// Bytes views of the blocks that `raw` (concatenated BlockRefs) names, each resolved and (with `hold`) held.
 /// Releases the GIL while it works.
-std::vector<ArrayView> held_views(Pool& pool, const std::byte* data, std::size_t n, bool readonly, bool hold) {
-  readonly = readonly || pool.access() == Access::ReadOnly;  // a read-only mapping never gives a writable view
+std::vector<ArrayView> held_views(const std::shared_ptr<Pool>& pool, const std::byte* data, std::size_t n,
+                                  bool readonly, bool hold) {
+  readonly = readonly || pool->access() == Access::ReadOnly;  // a read-only mapping never gives a writable view
   std::vector<ArrayView> views;
   views.reserve(n);
   GilReleased unlocked;
   for (std::size_t i = 0; i < n; ++i) {
     const BlockRef r = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
-    std::shared_ptr<const void> owner;
-    if (hold) {
-      owner = std::make_shared<const HeldBlock>(pool, r);
-    } else {
-      owner = std::make_shared<const Pool>(pool);
-    }
-    const auto address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
-    views.push_back(block_view(pool, std::move(owner), address, r.size, readonly));
+    std::shared_ptr<const void> owner = pool;
+    if (hold) owner = std::make_shared<const HeldBlock>(pool, r);
+    const auto address = reinterpret_cast<std::uintptr_t>(pool->resolve(r));
+    views.push_back(block_view(*pool, std::move(owner), address, r.size, readonly));
   }
   return views;
 }
 
-std::vector<ArrayView> held_views(Pool& pool, const nb::bytes& raw, bool readonly, bool hold, const char* call) {
+std::vector<ArrayView> held_views(const std::shared_ptr<Pool>& pool, const nb::bytes& raw, bool readonly, bool hold,
+                                  const char* call) {
   return held_views(pool, static_cast<const std::byte*>(raw.data()), ref_count(raw, call), readonly, hold);
 }
 
@@ -248,7 +245,7 @@ void bind_pool(nb::module_& m) {
       .def_prop_ro("address", [](const PyBlock& b) { return reinterpret_cast<std::uintptr_t>(b.get().data()); })
       .def_prop_ro("size", [](const PyBlock& b) { return b.get().size(); })
       .def_prop_ro("freed", [](const PyBlock& b) { return !b.block; })
-      .def_prop_ro("pool_name", [](const PyBlock& b) { return b.pool.name(); })
+      .def_prop_ro("pool_name", [](const PyBlock& b) { return b.pool->name(); })
       .def(
           "free",
           [](PyBlock& b, std::uintptr_t stream) {
@@ -256,9 +253,10 @@ void bind_pool(nb::module_& m) {
               throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
             }
             Block gone = std::move(b.block);
-            Pool pool = b.pool;  // the block's own handle: usable after the Python Pool it came from closed
+            const std::shared_ptr<Pool> pool =
+                b.pool;  // the block's own handle: usable after the Python Pool it came from closed
             GilReleased unlocked;
-            pool.free(std::move(gone), to_stream(stream));
+            pool->free(std::move(gone), to_stream(stream));
           },
           "stream"_a = 0,
           "Frees the block through its own handle on its pool (stream-ordered for device and "
@@ -267,8 +265,7 @@ void bind_pool(nb::module_& m) {
           "view",
           [](const PyBlock& b) {
             const Block& blk = b.get();
-            return block_view(b.pool, std::make_shared<const Pool>(b.pool),
-                              reinterpret_cast<std::uintptr_t>(blk.data()), blk.size(), false);
+            return block_view(*b.pool, b.pool, reinterpret_cast<std::uintptr_t>(blk.data()), blk.size(), false);
           },
           "The block as bytes; keeps the pool mapped (not the block: a freed block's memory may be reused).");
 
@@ -325,11 +322,11 @@ void bind_pool(nb::module_& m) {
       .def(
           "allocate",
           [](PyPool& p, std::size_t nbytes, std::size_t alignment) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             PyBlock b{.pool = pool, .block = {}, .counted = {}};
             {
               GilReleased unlocked;
-              b.block = pool.allocate(nbytes, alignment);
+              b.block = pool->allocate(nbytes, alignment);
             }
             return b;
           },
@@ -337,39 +334,36 @@ void bind_pool(nb::module_& m) {
       .def(
           "free",
           [](PyPool& p, PyBlock& b, std::uintptr_t stream) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             if (!b.block)
               throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
             Block gone = std::move(b.block);
             GilReleased unlocked;
-            pool.free(std::move(gone), to_stream(stream));
+            pool->free(std::move(gone), to_stream(stream));
           },
           "block"_a, "stream"_a = 0, "Frees ``block`` (stream-ordered for device and host_pinned pools).")
       .def(
           "resolve",
           [](PyPool& p, const RefTuple& ref) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             GilReleased unlocked;
-            return reinterpret_cast<std::uintptr_t>(pool.resolve(to_ref(ref)));
+            return reinterpret_cast<std::uintptr_t>(pool->resolve(to_ref(ref)));
           },
           "ref"_a, "The address of the block ``ref`` names (maps its chunk the first time).")
       .def(
           "view",
           [](PyPool& p, const RefTuple& ref, bool readonly, bool hold) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             const BlockRef r = to_ref(ref);
             std::shared_ptr<const void> owner;
             std::uintptr_t address = 0;
             {
               GilReleased unlocked;
-              if (hold) {
-                owner = std::make_shared<const HeldBlock>(pool, r);
-              } else {
-                owner = std::make_shared<const Pool>(pool);
-              }
-              address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
+              owner = pool;
+              if (hold) owner = std::make_shared<const HeldBlock>(pool, r);
+              address = reinterpret_cast<std::uintptr_t>(pool->resolve(r));
             }
-            return block_view(pool, std::move(owner), address, r.size, readonly);
+            return block_view(*pool, std::move(owner), address, r.size, readonly);
           },
           "ref"_a, "readonly"_a, "hold"_a = false,
           "The block ``ref`` names as bytes (resolving it). ``hold``: take a hold that the view (and every array\n"
@@ -379,7 +373,7 @@ void bind_pool(nb::module_& m) {
           [](PyPool& p, nb::bytes raw, bool readonly, bool hold, bool dlpack) {
             // One call for a whole index: decodes the 40-byte refs, holds and resolves each, and makes its view
             // (or, with dlpack, its legacy DLPack capsule) on the pool's mapping GPU (Pool::mapping_device).
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             const std::vector<ArrayView> views = held_views(pool, raw, readonly, hold, "views_of");
             nb::list out;
             for (const ArrayView& v : views) {
@@ -399,14 +393,14 @@ void bind_pool(nb::module_& m) {
       .def(
           "map_chunks",
           [](PyPool& p, nb::bytes raw) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             const auto* data = static_cast<const std::byte*>(raw.data());
             std::vector<BlockRef> refs(ref_count(raw, "map_chunks"));
             for (std::size_t i = 0; i < refs.size(); ++i) {
               refs[i] = decode_block_ref(std::span(data + i * kBlockRefBytes, kBlockRefBytes));
             }
             GilReleased unlocked;
-            pool.map_chunks(refs);
+            pool->map_chunks(refs);
           },
           "raw"_a,
           "Maps the chunks that the blocks ``raw`` (concatenated 40-byte BlockRefs) lie in, one broker round trip\n"
@@ -423,10 +417,10 @@ void bind_pool(nb::module_& m) {
             const std::vector<std::int64_t> flat = int64_words(flat_bytes), sflat = int64_words(sflat_bytes);
             std::vector<IndexTensor> fast = index_tensors(flat, sflat, first, count, dtypes.size());
             std::erase_if(fast, [&](const IndexTensor& t) { return !dtypes[t.dtype].has_value(); });
-            Pool pool = p.get();
-            const bool ro = readonly || pool.access() == Access::ReadOnly;
-            const int device_type = is_gpu(pool.kind()) ? kDLCUDA : kDLCPU;
-            const int device_id = is_gpu(pool.kind()) ? pool.mapping_device() : 0;
+            const std::shared_ptr<Pool> pool = p.get();
+            const bool ro = readonly || pool->access() == Access::ReadOnly;
+            const int device_type = is_gpu(pool->kind()) ? kDLCUDA : kDLCPU;
+            const int device_id = is_gpu(pool->kind()) ? pool->mapping_device() : 0;
             const auto bad = [](const char* why) {
               return Error(ErrorCode::InvalidArgument, std::string("malformed tensor index: ") + why,
                            "tensors_of_index");
@@ -441,12 +435,12 @@ void bind_pool(nb::module_& m) {
             {
               GilReleased unlocked;
               // Without holds, one handle on the pool keeps it joined for every capsule.
-              const std::shared_ptr<const void> joined = hold ? nullptr : std::make_shared<const Pool>(pool);
+              const std::shared_ptr<const void> joined = hold ? nullptr : std::shared_ptr<const void>(pool);
               const auto* data = static_cast<const std::byte*>(raw.data());
               for (const IndexTensor& t : fast) {
                 const BlockRef r = decode_block_ref(std::span(data + t.storage * kBlockRefBytes, kBlockRefBytes));
                 std::shared_ptr<const void> owner = hold ? std::make_shared<const HeldBlock>(pool, r) : joined;
-                const auto address = reinterpret_cast<std::uintptr_t>(pool.resolve(r));
+                const auto address = reinterpret_cast<std::uintptr_t>(pool->resolve(r));
                 const auto nbytes = static_cast<std::uint64_t>(sflat[4 * (first + t.storage) + 1]);
                 const auto offset = static_cast<std::uint64_t>(sflat[4 * (first + t.storage) + 2]);
                 if (offset > r.size || nbytes > r.size - offset) throw bad("a storage outside its block");
@@ -480,7 +474,7 @@ void bind_pool(nb::module_& m) {
             // end, rounded up to 256 bytes within the chunk) instead of one per block, so that a framework makes
             // one tensor per chunk and cheap views of it. The holds of a chunk's blocks are given back together
             // when the chunk's view (and everything made from it) goes.
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             const auto* data = static_cast<const std::byte*>(raw.data());
             const std::size_t n = ref_count(raw, "spans_of");
             struct Span {
@@ -501,7 +495,7 @@ void bind_pool(nb::module_& m) {
                   it = spans.end() - 1;
                 }
                 if (hold) it->held->hold(r);  // a stale ref throws here: the holds taken so far go with `spans`
-                it->base = reinterpret_cast<std::uintptr_t>(pool.resolve(r)) - r.offset;
+                it->base = reinterpret_cast<std::uintptr_t>(pool->resolve(r)) - r.offset;
                 it->begin = std::min(it->begin, r.offset);
                 it->end = std::max(it->end, r.offset + r.size);
                 where[i] = {static_cast<std::size_t>(it - spans.begin()), r.offset};
@@ -509,9 +503,10 @@ void bind_pool(nb::module_& m) {
             }
             nb::list views;
             for (const Span& s : spans) {
-              const std::uint64_t end = std::min<std::uint64_t>((s.end + 255) / 256 * 256, pool.chunk_bytes());
+              const std::uint64_t end = std::min<std::uint64_t>((s.end + 255) / 256 * 256, pool->chunk_bytes());
               std::shared_ptr<const void> owner = s.held;
-              ArrayView v = block_view(pool, std::move(owner), s.base + s.begin, std::max(end, s.end) - s.begin, readonly);
+              ArrayView v =
+                  block_view(*pool, std::move(owner), s.base + s.begin, std::max(end, s.end) - s.begin, readonly);
               views.append(dlpack ? dlpack_export(v, nb::none(), std::nullopt, std::nullopt, std::nullopt) : nb::cast(v));
             }
             nb::list span_of;
@@ -530,63 +525,61 @@ void bind_pool(nb::module_& m) {
       .def(
           "hold",
           [](PyPool& p, const RefTuple& ref) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             GilReleased unlocked;
-            pool.hold(to_ref(ref));
+            pool->hold(to_ref(ref));
           },
           "ref"_a, "Takes a hold on the block: its memory is not reused until released.")
       .def(
           "release",
           [](PyPool& p, const RefTuple& ref) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             GilReleased unlocked;
-            pool.release(to_ref(ref));
+            pool->release(to_ref(ref));
           },
           "ref"_a, "Gives back one hold.")
       .def(
           "pause",
           [](PyPool& p, bool keep_contents, bool keep_buffer) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             GilReleased unlocked;
-            pool.pause({.keep_contents = keep_contents, .keep_buffer = keep_buffer});
+            pool->pause({.keep_contents = keep_contents, .keep_buffer = keep_buffer});
           },
           nb::kw_only(), "keep_contents"_a = false, "keep_buffer"_a = false,
           "Releases the memory of every chunk, keeping names, blocks and addresses (see gpuipc.Pool.pause).")
       .def(
           "resume",
           [](PyPool& p) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             GilReleased unlocked;
-            pool.resume();
+            pool->resume();
           },
           "Backs the chunks with memory again at the same addresses, restoring kept contents.")
       .def(
           "refresh",
           [](PyPool& p) {
-            Pool pool = p.get();
+            const std::shared_ptr<Pool> pool = p.get();
             GilReleased unlocked;
-            pool.refresh();
+            pool->refresh();
           },
           "Drops mappings of memory a pause released; maps the new memory at the same addresses once resumed.")
-      .def_prop_ro("paused", [](PyPool& p) { return p.get().paused(); })
+      .def_prop_ro("paused", [](PyPool& p) { return p.get()->paused(); })
       .def(
-          "stats", [](PyPool& p) { return stats_dict(p.get().stats()); }, "Current statistics as a dict.")
-      .def_prop_ro("name", [](PyPool& p) { return p.get().name(); })
-      .def_prop_ro("kind", [](PyPool& p) { return std::string(to_string(p.get().kind())); })
-      .def_prop_ro("id", [](PyPool& p) { return p.get().id(); })
-      .def_prop_ro("owner_uid", [](PyPool& p) { return p.get().owner_uid(); })
-      .def_prop_ro("owner_gid", [](PyPool& p) { return p.get().owner_gid(); })
-      .def_prop_ro("mode", [](PyPool& p) { return p.get().mode(); })
-      .def_prop_ro("fixed", [](PyPool& p) { return p.get().pool_mode() == PoolMode::Fixed; })
-      .def_prop_ro("chunk_bytes", [](PyPool& p) { return p.get().chunk_bytes(); })
-      .def_prop_ro("block_bytes", [](PyPool& p) { return p.get().block_bytes(); })
+          "stats", [](PyPool& p) { return stats_dict(p.get()->stats()); }, "Current statistics as a dict.")
+      .def_prop_ro("name", [](PyPool& p) { return p.get()->name(); })
+      .def_prop_ro("kind", [](PyPool& p) { return std::string(to_string(p.get()->kind())); })
+      .def_prop_ro("id", [](PyPool& p) { return p.get()->id(); })
+      .def_prop_ro("owner_uid", [](PyPool& p) { return p.get()->owner_uid(); })
+      .def_prop_ro("owner_gid", [](PyPool& p) { return p.get()->owner_gid(); })
+      .def_prop_ro("mode", [](PyPool& p) { return p.get()->mode(); })
+      .def_prop_ro("fixed", [](PyPool& p) { return p.get()->pool_mode() == PoolMode::Fixed; })
+      .def_prop_ro("chunk_bytes", [](PyPool& p) { return p.get()->chunk_bytes(); })
+      .def_prop_ro("block_bytes", [](PyPool& p) { return p.get()->block_bytes(); })
       .def_prop_ro("closed", [](PyPool& p) { return !p.pool; })
       .def(
           "close",
           [](PyPool& p) {
-            Pool gone = std::move(p.pool);
-            GilReleased unlocked;
-            gone = Pool();
+            p.pool.reset();  // leaves the pool (without the GIL) unless blocks or views keep it
           },
           "Drops this handle; blocks and views keep the pool joined until they go.");
 

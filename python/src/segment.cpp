@@ -15,16 +15,15 @@ using namespace nb::literals;
 namespace {
 
 struct PySegment {
-  explicit PySegment(Segment s) noexcept : seg(std::move(s)) {}
-  PySegment(PySegment&&) noexcept = default;
-  PySegment& operator=(PySegment&&) noexcept = default;
-  ~PySegment() { drop_without_gil(seg); }  // a handle Python frees without close() (common.hpp)
-  Segment seg;
+  explicit PySegment(Segment s) : seg(shared_without_gil(std::move(s))) {}
+  /// Shared with the views made from it: the last of them (or this handle, freed without close()) unmaps without
+  /// the GIL (common.hpp).
+  std::shared_ptr<Segment> seg;
   LiveCount<Live::Segment> counted;
 
   const Segment& get() const {
     if (!seg) raise_closed("segment");
-    return seg;
+    return *seg;
   }
 };
 
@@ -119,18 +118,12 @@ void bind_segment(nb::module_& m) {
           [](const PySegment& s) {
             const Segment& g = s.get();
             const bool gpu = g.kind() == SegmentKind::Device || g.kind() == SegmentKind::DeviceIpc;
-            return ArrayView::bytes(std::make_shared<const Segment>(g), reinterpret_cast<std::uintptr_t>(g.data()),
-                                    g.size(), g.access() == Access::ReadOnly, gpu ? kDLCUDA : kDLCPU,
-                                    gpu ? g.device() : 0);
+            return ArrayView::bytes(s.seg, reinterpret_cast<std::uintptr_t>(g.data()), g.size(),
+                                    g.access() == Access::ReadOnly, gpu ? kDLCUDA : kDLCPU, gpu ? g.device() : 0);
           },
           "The whole segment as bytes (GPU memory for device segments, host memory otherwise).")
       .def(
-          "close",
-          [](PySegment& s) {
-            Segment gone = std::move(s.seg);
-            GilReleased unlocked;
-            gone.close();
-          },
+          "close", [](PySegment& s) { s.seg.reset(); },  // unmaps (without the GIL) unless views keep the mapping
           "Drops this handle; views keep the mapping until they go.");
 
   m.def(

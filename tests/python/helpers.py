@@ -8,7 +8,7 @@ import struct
 import subprocess
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -562,11 +562,13 @@ def close_while_waiting(handle, wait) -> object:
     return result[0]
 
 
-def drop_while_the_broker_restarts(name: str, wrapper: str, slow: str, started: str) -> dict:
-    """In a fresh process: drops a segment handle (no close(): Python's refcount frees it) while the library's watcher
-    reconnects to a broker that takes 2 s to start (`wrapper`, as GPUIPC_DAEMON, sleeps while `slow` exists and says
-    so in `started`). Another Python thread counts meanwhile. Returns how long the drop took and how many counts the
-    other thread made while it ran (0.2 s margins)."""
+def drop_while_the_broker_restarts(name: str, wrapper: str, slow: str, started: str, what: str = "segment") -> dict:
+    """In a fresh process: drops the last reference of a segment or pool (no close(): Python's refcount frees it)
+    while the library's watcher reconnects to a broker that takes 2 s to start (`wrapper`, as GPUIPC_DAEMON, sleeps
+    while `slow` exists and says so in `started`). `what`: "segment" (the handle), "segment-view" (an array of a
+    closed segment), "pool-view" (an array of a closed pool's block, the block freed) or "held-view" (a held view of
+    a closed pool's block). Another Python thread counts meanwhile. Returns how long the drop took and how many counts
+    the other thread made while it ran (0.2 s margins)."""
     import signal
     import threading
     import time
@@ -574,7 +576,23 @@ def drop_while_the_broker_restarts(name: str, wrapper: str, slow: str, started: 
     os.environ["GPUIPC_DAEMON"] = wrapper
     os.environ["GPUIPC_CONNECT_TIMEOUT_MS"] = "30000"
     kept = gpuipc.Segment.create(name, 4096)
-    dropped = gpuipc.Segment.create(name + "b", 4096)
+    dropped: Any
+    if what == "segment":
+        dropped = gpuipc.Segment.create(name + "b", 4096)
+    elif what == "segment-view":
+        seg = gpuipc.Segment.create(name + "b", 4096)
+        dropped = seg.as_array("uint8")
+        seg.close()
+    else:
+        pool = gpuipc.Pool.create(name + "p", chunk_bytes=1 << 20, max_bytes=1 << 20)
+        block = pool.allocate(4096)
+        if what == "held-view":  # as open_tensors makes them: the view holds the block
+            dropped = pool._pool.view(block.ref._tuple(), False, True)
+        else:
+            dropped = block.as_array("uint8")
+        block.free()
+        pool.close()
+        del block, pool
     with open(os.path.join(os.environ["GPUIPC_RUNTIME_DIR"], "broker.pid")) as f:
         broker = int(f.read())
     open(slow, "w").close()

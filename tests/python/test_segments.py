@@ -184,10 +184,13 @@ def test_weakref_finalizer_runs_on_drop(name):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to another uid")
-def test_a_dropped_handle_lets_other_threads_run_while_it_waits_for_the_broker(name, spawn, runtime_dir):
+@pytest.mark.parametrize("what", ["segment", "segment-view", "pool-view", "held-view"])
+def test_a_dropped_handle_lets_other_threads_run_while_it_waits_for_the_broker(name, spawn, runtime_dir, what):
     # A handle Python frees (no close()) tells the broker, under the library's lock, which a reconnect holds while a
     # broker starts. Its destructor ran with the GIL held: every other Python thread stopped until the new broker
-    # was up (a pool or a channel whose stream still works waits for it the same way).
+    # was up (a pool or a channel whose stream still works waits for it the same way). So did the last view of a
+    # closed handle's memory, which owned a copy of the handle: now the handle and its views share one, which goes
+    # without the GIL.
     import shutil
 
     daemon = os.path.join(os.path.dirname(gpuipc.__file__), "gpuipcd")
@@ -198,7 +201,7 @@ def test_a_dropped_handle_lets_other_threads_run_while_it_waits_for_the_broker(n
     with open(wrapper, "w") as f:
         f.write(f'#!/bin/sh\nif [ -e "{slow}" ]; then touch "{started}"; sleep 2; fi\nexec "{daemon}" "$@"\n')
     os.chmod(wrapper, 0o755)
-    r = spawn(helpers.drop_while_the_broker_restarts, name, wrapper, slow, started)
+    r = spawn(helpers.drop_while_the_broker_restarts, name, wrapper, slow, started, what)
     assert r["drop_s"] > 1.0, f"the drop did not wait for the reconnect ({r}): this test no longer tests anything"
     assert r["counts_during"] > 0, f"no other thread ran while the dropped handle waited for the broker: {r}"
 
