@@ -57,15 +57,18 @@ Server::Server(ServerOptions options)
                 "flock");
   }
   os::write_file(m_options.runtime_dir + "/broker.pid", fmt::format("{}\n", os::current_pid()));
-  // fds are what a broker holds for everyone (one per segment, one per connection): take all the kernel allows,
-  // then share it out (connections first, the rest for segments, at most half of that for one uid).
+  // fds are what a broker holds for everyone (one per segment, one per connection, one per reply waiting to be
+  // read with an fd): take all the kernel allows, then share it out (connections first, an eighth for replies,
+  // the rest for segments; at most half of each of the last two for one uid).
   const std::uint64_t limit = os::raise_fd_limit();
   m_fd_limit = limit;
   constexpr std::uint64_t kReserve = 64;  // listener, signalfd, eventfd, logs, fds in flight
   m_options.max_connections =
       static_cast<std::size_t>(std::min<std::uint64_t>(m_options.max_connections, std::max<std::uint64_t>(limit / 4, 8)));
+  m_queued_fds_budget = std::max<std::uint64_t>(limit / 8, 16);
   Quotas q = m_registry.quotas();
-  q.fds = limit > kReserve + m_options.max_connections ? limit - kReserve - m_options.max_connections : 16;
+  const std::uint64_t taken = kReserve + m_options.max_connections + m_queued_fds_budget;
+  q.fds = limit > taken ? limit - taken : 16;
   m_registry.set_quotas(q);
   constexpr std::int64_t kMostGraceMs = std::int64_t{30} * 24 * 3600 * 1000;  // (ns past it would overflow a deadline)
   m_registry.set_rejoin_grace(std::min<std::int64_t>(m_options.rejoin_grace.count(), kMostGraceMs) * 1'000'000);
@@ -94,9 +97,9 @@ Server::Server(ServerOptions options)
   m_epoll.add(m_signals.get(), EPOLLIN, kSignalKey);
   m_epoll.add(m_wakeup.get(), EPOLLIN, kWakeupKey);
   os::ignore_signal(SIGPIPE);  // sends use MSG_NOSIGNAL; this is belt and braces
-  GPUIPC_LOG_INFO("gpuipcd {} pid {} ({}) serving {} (fd limit {}: {} connections, {} segments)", GPUIPC_VERSION_STRING,
-                  os::current_pid(), proto::broker_mode_name(m_options.mode), m_socket_path, limit,
-                  m_options.max_connections, q.fds);
+  GPUIPC_LOG_INFO("gpuipcd {} pid {} ({}) serving {} (fd limit {}: {} connections, {} unread replies, {} segments)",
+                  GPUIPC_VERSION_STRING, os::current_pid(), proto::broker_mode_name(m_options.mode), m_socket_path,
+                  limit, m_options.max_connections, m_queued_fds_budget, q.fds);
 }
 
 Server::~Server() = default;
@@ -407,15 +410,43 @@ void Server::queue_event(ConnId id, Connection& c, const proto::Message& msg) {
 }
 
 void Server::queue(ConnId id, Connection& c, std::vector<std::byte> bytes, os::UniqueFd fd) {
+  // A reply that waits (the client has not read those before it) holds its fd in the broker: so many a connection,
+  // and, over all of a uid's connections, half the broker's budget for them (a uid's 512 connections would hold
+  // 32768, more than a broker with a limit of a few thousand fds has). A reply that can go at once is not held.
+  const std::size_t uid_fds = fd && !c.outbox.empty() ? queued_fds_of(c.creds.uid) : 0;
   if (c.outbox.size() >= m_options.max_queued_replies || c.outbox_bytes + bytes.size() > m_options.max_queued_bytes ||
-      (fd && c.outbox_fds >= m_options.max_queued_fds)) {
-    GPUIPC_LOG_WARN("connection {} (pid {}) does not read its replies ({} queued, {} bytes, {} fds): closing", id,
-                    c.creds.pid, c.outbox.size(), c.outbox_bytes, c.outbox_fds);
+      (fd && c.outbox_fds >= m_options.max_queued_fds) ||
+      (fd && !c.outbox.empty() && (uid_fds >= m_queued_fds_budget / 2 || m_queued_fds_total >= m_queued_fds_budget))) {
+    GPUIPC_LOG_WARN(
+        "connection {} (pid {} uid {}) does not read its replies ({} queued, {} bytes, {} fds; its uid's connections "
+        "{} fds of {}, all {} of {}): closing",
+        id, c.creds.pid, c.creds.uid, c.outbox.size(), c.outbox_bytes, c.outbox_fds, uid_fds, m_queued_fds_budget / 2,
+        m_queued_fds_total, m_queued_fds_budget);
     c.closing = true;
     return;
   }
+  const bool holds_fd = static_cast<bool>(fd);
   c.push_back(Connection::Queued{std::move(bytes), std::move(fd)});
+  if (holds_fd) count_queued_fds(c.creds.uid, 1);
   if (c.outbox.size() == 1) flush(id, c);
+}
+
+std::size_t Server::queued_fds_of(uid_t uid) const noexcept {
+  const auto it = m_queued_fds.find(uid);
+  return it == m_queued_fds.end() ? 0 : it->second;
+}
+
+void Server::count_queued_fds(uid_t uid, std::ptrdiff_t delta) {
+  if (delta == 0) return;
+  m_queued_fds_total = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(m_queued_fds_total) + delta);
+  auto& n = m_queued_fds[uid];
+  n = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(n) + delta);
+  if (n == 0) m_queued_fds.erase(uid);
+}
+
+void Server::pop_sent(Connection& c) {
+  if (c.outbox.front().fd) count_queued_fds(c.creds.uid, -1);
+  c.pop_front();
 }
 
 void Server::flush(ConnId id, Connection& c) {
@@ -452,7 +483,7 @@ void Server::flush(ConnId id, Connection& c) {
       c.closing = true;
       return;
     }
-    c.pop_front();
+    pop_sent(c);
   }
   m_epoll.modify(c.sock.get(), EPOLLIN, id);
 }
@@ -464,6 +495,7 @@ void Server::close_connection(ConnId id, bool repair) {
   m_epoll.remove(it->second.sock.get());
   auto count = m_per_uid.find(it->second.creds.uid);
   if (count != m_per_uid.end() && --count->second == 0) m_per_uid.erase(count);
+  count_queued_fds(it->second.creds.uid, -static_cast<std::ptrdiff_t>(it->second.outbox_fds));
   std::vector<Outgoing> out;
   m_registry.drop_connection(id, repair, &out);
   m_connections.erase(it);
@@ -506,7 +538,7 @@ void Server::reap_closing() {
       } catch (const Error&) {
         break;
       }
-      c.pop_front();
+      pop_sent(c);
     }
     close_connection(id);
   }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -39,7 +40,8 @@ struct ServerOptions {
   std::size_t max_queued_replies = 256;       ///< per connection, before it is closed as not reading
   /// Per connection, what its unread replies may hold past the socket's own buffer before it is closed as not
   /// reading: bytes (List replies are up to 17 KiB), and fds (an Open's reply carries one; a client sends at most
-  /// 64 requests before it reads, and the socket's buffer takes about 200 replies first).
+  /// 64 requests before it reads, and the socket's buffer takes about 200 replies first). The fds are bounded over
+  /// all of a uid's connections too: half of an eighth of the broker's fd limit.
   std::size_t max_queued_bytes = std::size_t{1} << 20;
   std::size_t max_queued_fds = 64;
   /// Per watcher connection, events waiting past the socket's buffer before further ones are dropped (and the
@@ -120,6 +122,12 @@ class Server {
   /// kMaxQueuedEvents waiting unread: a watcher that falls behind is told Lost, not cut off.
   void queue_event(ConnId id, Connection& c, const proto::Message& msg);
   void flush(ConnId id, Connection& c);
+  /// Fds that replies waiting in the outboxes of `uid`'s connections hold.
+  std::size_t queued_fds_of(uid_t uid) const noexcept;
+  /// Adds `delta` to the fds that `uid`'s waiting replies hold, and to all of them.
+  void count_queued_fds(uid_t uid, std::ptrdiff_t delta);
+  /// Pops `c`'s oldest reply, sent.
+  void pop_sent(Connection& c);
   void close_connection(ConnId id, bool repair = true);
   void reap_closing();
   /// Drops the entries of m_ungreeted that said Hello or went, marks those past their time closing (as of `now`),
@@ -144,6 +152,11 @@ class Server {
   std::int64_t m_last_request_ns = 0;  // when a client's message was last served: polling goes on until `poll` after
   std::int64_t m_accept_paused_until_ns = 0;  // accept failed for want of fds: listener unwatched until then
   std::uint64_t m_fd_limit = 1024;
+  /// Fds that waiting replies may hold in all (an eighth of the limit, at least 16), at most half of them for one
+  /// uid's connections; and what they hold, per uid and in all.
+  std::uint64_t m_queued_fds_budget = 128;
+  std::unordered_map<uid_t, std::size_t> m_queued_fds;
+  std::size_t m_queued_fds_total = 0;
   std::vector<std::byte> m_buffer;
 };
 

@@ -3,7 +3,10 @@
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -402,6 +405,99 @@ TEST(BrokerDaemon, AFloodOfConnectsDoesNotHoldOffAConnectedClientsRequest) {
   }
   ASSERT_TRUE(served) << log;
   EXPECT_LE(accepted, 32) << "connections accepted before the connected client's request was served\n" << log;
+}
+
+/// Open fds of process `pid`: the least of six reads over ~20 ms, so that an fd caught in flight (a reply's, dup'ed
+/// for sendmsg and closed right after) does not count.
+int settled_fd_count(pid_t pid) {
+  const auto count = [&] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(fmt::format("/proc/{}/fd", pid))) ++n;
+    return n;
+  };
+  int least = count();
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(4ms);
+    least = std::min(least, count());
+  }
+  return least;
+}
+
+/// A connection to the broker at `sock` that said Hello.
+os::UniqueFd greeted_connection(const std::string& sock) {
+  os::UniqueFd conn = os::connect_seqpacket(sock);
+  send_bytes(conn.get(), proto::encode(proto::Message{1, proto::Hello{1, "raw"}}));
+  proto::Message msg;
+  EXPECT_EQ(receive(conn.get(), msg), os::IoStatus::Ok);
+  EXPECT_TRUE(std::holds_alternative<proto::HelloReply>(msg.body));
+  return conn;
+}
+
+/// Whether the broker closed `conn` (seen without reading what waits in it).
+bool hung_up(int conn) {
+  pollfd p{conn, 0, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP) != 0;
+}
+
+TEST(BrokerDaemon, OneUidsUnreadRepliesCannotTakeEveryFdOfTheBroker) {
+  // A reply that waits to be read holds its fd in the broker (an Open's: the segment's memory). Each connection
+  // could hold 64 so, and one uid has 512 connections: more than a broker with a limit of a few thousand fds has
+  // for everyone. They are bounded over a uid's connections too, to half of an eighth of the broker's limit (here
+  // 256: 16 fds). Five connections of this uid ask for a segment without reading the replies, each until 8 to 15 of
+  // them wait in the broker (the rest of each sits in its socket, where it holds no fd of the broker's).
+  TempDir dir("gpuipc-rt-fds");
+  const pid_t broker = start_program(
+      "/bin/sh",
+      {"-c", "ulimit -n 256 && exec \"$0\" \"$@\"", GPUIPC_BUILD_BIN_DIR "/gpuipcd", "--runtime-dir", dir.path()}, {},
+      -1, dir.file("broker.log"));
+  const std::string sock = dir.file("broker.sock");
+  ASSERT_TRUE(connect_once_listening(sock));
+  const os::UniqueFd owner = greeted_connection(sock);
+  const auto memfd = os::memfd_create("fds", 4096);
+  const int fd = memfd.get();
+  const auto made =
+      raw_request(owner.get(), 2, proto::Create{"fds", proto::Kind::Host, 0600, 4096, {}, 0}, std::span(&fd, 1));
+  ASSERT_TRUE(std::holds_alternative<proto::OpenReply>(made.body));
+  const int base = settled_fd_count(broker);
+  std::vector<os::UniqueFd> deaf;
+  std::vector<int> held;  // fds each one's unread replies hold in the broker
+  for (int k = 0; k < 5; ++k) {
+    deaf.push_back(greeted_connection(sock));
+    const int conn = deaf.back().get();
+    const int before = settled_fd_count(broker);
+    int queued = 0;
+    for (std::uint32_t rid = 2; rid < 2000 && queued < 8 && !hung_up(conn); rid += 8) {
+      for (std::uint32_t i = 0; i < 8; ++i) {
+        (void)os::send_message(conn,
+                               proto::encode(proto::Message{rid + i, proto::Open{"fds", proto::Access::ReadWrite, 0}}));
+      }
+      // Until the broker has read them all: it answers each as it reads it.
+      int unread = 1;
+      for (int t = 0; t < 1000 && unread > 0; ++t) {
+        if (::ioctl(conn, SIOCOUTQ, &unread) != 0) unread = 0;
+        if (unread > 0) std::this_thread::sleep_for(1ms);
+      }
+      queued = settled_fd_count(broker) - before;
+    }
+    held.push_back(hung_up(conn) ? -1 : queued);
+  }
+  const int holding = settled_fd_count(broker) - base;
+  // Another connection of the uid is served.
+  const os::UniqueFd other = greeted_connection(sock);
+  std::vector<os::UniqueFd> fds;
+  const auto opened = raw_request(other.get(), 2, proto::Open{"fds", proto::Access::ReadOnly, 0}, {}, &fds);
+  EXPECT_TRUE(std::holds_alternative<proto::OpenReply>(opened.body) && fds.size() == 1)
+      << (std::holds_alternative<proto::ErrorReply>(opened.body) ? std::get<proto::ErrorReply>(opened.body).message
+                                                                 : "no reply");
+  // The first keeps its replies; the others are cut off once the uid's 16 are taken.
+  EXPECT_GE(held.front(), 8);
+  EXPECT_LE(holding, 16 + 4)
+      << "fds the broker holds for these connections and their unread replies (replies after each: " << held[0] << ", "
+      << held[1] << ", " << held[2] << ", " << held[3] << ", " << held[4] << "; -1: cut off)";
+  EXPECT_EQ(std::count(held.begin(), held.end(), -1), 4);
+  deaf.clear();
+  ::kill(broker, SIGTERM);
+  EXPECT_EQ(wait_child(broker, 10s), 0) << read_file(dir.file("broker.log")).value_or("");
 }
 
 TEST(BrokerDaemon, AClientWithAMalformedPollSettingFailsSayingSo) {

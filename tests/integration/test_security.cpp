@@ -496,7 +496,7 @@ TEST(Security, TheBrokerSurvivesMembersRaceingAndScribblingOnTheirChannel) {
 
 TEST(Security, TheBrokersFdBudgetFollowsItsLimitAndIsSharedBetweenUsers) {
   TempDir dir("gpuipc-fds");
-  // A broker whose RLIMIT_NOFILE is 128: 32 connections, 32 segments, 16 for one uid.
+  // A broker whose RLIMIT_NOFILE is 128: 32 connections, 16 fds for unread replies, 16 segments, 8 for one uid.
   const pid_t broker = start_child([&] {
     const rlimit lim{128, 128};
     if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return 90;
@@ -509,8 +509,8 @@ TEST(Security, TheBrokersFdBudgetFollowsItsLimitAndIsSharedBetweenUsers) {
   EXPECT_EQ(run_child([&] {
               ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);
               std::vector<Segment> held;
-              for (int i = 0; i < 16; ++i) held.push_back(Segment::create("fd-" + std::to_string(i), 4096));
-              GPUIPC_CHILD_CHECK(fails_with([&] { held.push_back(Segment::create("fd-16", 4096)); },
+              for (int i = 0; i < 8; ++i) held.push_back(Segment::create("fd-" + std::to_string(i), 4096));
+              GPUIPC_CHILD_CHECK(fails_with([&] { held.push_back(Segment::create("fd-8", 4096)); },
                                             ErrorCode::QuotaExceeded, "file descriptor budget"));
               return 0;
             }),
