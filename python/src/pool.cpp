@@ -253,8 +253,8 @@ void bind_pool(nb::module_& m) {
               throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
             }
             Block gone = std::move(b.block);
-            const std::shared_ptr<Pool> pool =
-                b.pool;  // the block's own handle: usable after the Python Pool it came from closed
+            // The block's own share of its pool's handle: usable after the Python Pool it came from closed.
+            const std::shared_ptr<Pool> pool = b.pool;
             GilReleased unlocked;
             pool->free(std::move(gone), to_stream(stream));
           },

@@ -437,11 +437,20 @@ std::size_t Server::queued_fds_of(uid_t uid) const noexcept {
 }
 
 void Server::count_queued_fds(uid_t uid, std::ptrdiff_t delta) {
+  // Saturating at 0: a count that missed an increment (out of memory in a map insertion) must not wrap, which
+  // would cut off every later reply of the uid that waits.
+  const auto add = [delta](std::size_t n) {
+    return delta >= 0 ? n + static_cast<std::size_t>(delta) : n - std::min(n, static_cast<std::size_t>(-delta));
+  };
   if (delta == 0) return;
-  m_queued_fds_total = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(m_queued_fds_total) + delta);
-  auto& n = m_queued_fds[uid];
-  n = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(n) + delta);
-  if (n == 0) m_queued_fds.erase(uid);
+  m_queued_fds_total = add(m_queued_fds_total);
+  auto it = m_queued_fds.find(uid);
+  if (it == m_queued_fds.end()) {
+    if (delta > 0) m_queued_fds.emplace(uid, static_cast<std::size_t>(delta));
+    return;
+  }
+  it->second = add(it->second);
+  if (it->second == 0) m_queued_fds.erase(it);
 }
 
 void Server::pop_sent(Connection& c) {

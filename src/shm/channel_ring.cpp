@@ -239,11 +239,13 @@ bool ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
 
 void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept {
   // Never over a later round's mark: a dead producer's `filled` can be written after the slot's next round was
-  // published (its consumer released in stream order) and flagged by its own producer (a failed enqueue).
+  // published (its consumer released in stream order) and flagged by its own producer (a failed enqueue). Bounded:
+  // the broker runs this, and a member that keeps writing the word must not hold it here.
   const std::uint32_t mark = proto::incomplete_mark(seq);
   auto word = atomic(slot.incomplete);
   std::uint32_t cur = word.load(std::memory_order_acquire);
-  while (!proto::incomplete_mark_is_later(cur, mark) && !word.compare_exchange_weak(cur, mark)) {
+  for (int tries = 0; tries < 64 && !proto::incomplete_mark_is_later(cur, mark); ++tries) {
+    if (word.compare_exchange_weak(cur, mark)) break;
   }
   raise_to(slot.filled, seq + 1);
 }
