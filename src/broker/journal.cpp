@@ -90,6 +90,17 @@ bool parse_journal_line(const std::string& line, JournalEntry& out) {
   if (e.name.front() == '#' && (!keyed_kind || e.name != unlinked_key(e.file_dev, e.file_ino))) {
     return false;
   }
+  // Attributes a Create could have given (a key stands for a name here): anything else is what a full disk, a
+  // crash of the machine or a bad block left, and a segment restored with it could not be described to a client.
+  const proto::Create as_made{.name = e.name.front() == '#' ? "k" : e.name,
+                              .kind = e.kind,
+                              .mode = e.mode,
+                              .size = e.size,
+                              .device = e.device,
+                              .flags = e.flags,
+                              .view_offset = e.view_offset,
+                              .view_size = e.view_size};
+  if (!proto::check_create(as_made).empty()) return false;
   out = std::move(e);
   return true;
 }

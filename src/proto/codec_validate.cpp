@@ -323,6 +323,8 @@ std::string validate(const Body& body, const Path& path) {
 
 }  // namespace detail
 
+std::string check_create(const Create& create) { return validate(create, Path{"Create"}); }
+
 std::string check_name(std::string_view name) {
   if (name.empty()) return "empty name";
   if (name.size() > kMaxNameLength) {

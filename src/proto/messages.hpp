@@ -364,6 +364,11 @@ std::size_t max_fds(MessageType type) noexcept;
 /// Whether `name` is a valid object name (see kMaxNameLength). Returns an empty string when valid, else why not.
 std::string check_name(std::string_view name);
 
+/// Whether `create` passes the checks a Create's encode and decode run (name, kind, mode, size, device, flags,
+/// view): empty when it does, else "Create.<field>: why". The broker checks what its journal says of a segment with
+/// it, since a segment no Create could have made cannot be described to a client either.
+std::string check_create(const Create& create);
+
 /// The pool that a name of a pool's chunk (`POOL.chunk.<digits>`) belongs to, else empty. The broker lets only a
 /// pool's members create such names while the pool exists, and refuses a pool whose chunk names another uid holds.
 std::string_view pool_of_chunk(std::string_view name) noexcept;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -132,6 +133,37 @@ TEST(BrokerJournal, MalformedMemberLinesAreSkipped) {
   ASSERT_EQ(st.members.size(), 1U);
   EXPECT_EQ(st.members[0].member, 1U);
   EXPECT_EQ(st.members[0].token, 2U);
+}
+
+// A line whose attributes no Create could have given (the journal is the broker's own file, but a full disk, a crash
+// of the machine or a bad block can leave anything in it) is skipped: the segment it would restore could not be
+// described to a client (its OpenReply does not encode: fuzz_broker found a host segment given a view).
+TEST(BrokerJournal, ALineOfAttributesNoCreateCouldGiveIsSkipped) {
+  TempDir dir;
+  const std::string path = dir.file("names.journal");
+  int lines = 0;
+  const auto line = [&](const std::function<void(JournalEntry&)>& change) {
+    JournalEntry e = entry("seg-" + std::to_string(lines++));
+    e.flags = 0;
+    change(e);
+    return broker::journal_line(e) + "\n";
+  };
+  write_file(path, line([](JournalEntry& e) { e.view_size = 4096; }) +  // a host segment with a view
+                       line([](JournalEntry& e) { e.size = 0; }) +
+                       line([](JournalEntry& e) { e.size = proto::kMaxSegmentSize + 1; }) +
+                       line([](JournalEntry& e) { e.mode = 01777; }) + line([](JournalEntry& e) { e.flags = 0x40; }) +
+                       line([](JournalEntry& e) { e.device[0] = 1; }) +  // a GPU's uuid on host memory
+                       line([](JournalEntry& e) {
+                         e.kind = proto::Kind::Device;
+                         e.view_offset = 1;  // an offset without a view
+                       }));
+  JournalState st;
+  Journal j = Journal::open(path, st);
+  EXPECT_TRUE(st.linked.empty()) << st.linked.size() << " of " << lines << " restored, the first "
+                                 << (st.linked.empty() ? "" : st.linked.front().name);
+  write_file(path, line([](JournalEntry&) {}));
+  Journal again = Journal::open(path, st);
+  EXPECT_EQ(st.linked.size(), 1U);
 }
 
 // The stream writes a killed broker was still to make for dead channel members: the next broker makes them. A write
