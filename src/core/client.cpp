@@ -616,6 +616,7 @@ bool BrokerClient::request_on(std::uint64_t generation, const proto::Body& body)
 }
 
 void BrokerClient::set_rebind_hook(RebindHook hook) noexcept { g_rebind.store(hook); }
+BrokerClient::RebindHook BrokerClient::rebind_hook() noexcept { return g_rebind.load(); }
 
 void BrokerClient::disconnect_locked() noexcept {
   m_sock.reset();

@@ -95,6 +95,8 @@ class BrokerClient {
   /// memberships back with it (Announce, Rejoin). Runs under this client's lock: it must use `exchange` only.
   using RebindHook = void (*)(std::uint64_t old_generation, std::uint64_t new_generation, const Exchange& exchange);
   void set_rebind_hook(RebindHook hook) noexcept;
+  /// The hook set last (null before any): lets a test wrap it.
+  static RebindHook rebind_hook() noexcept;
 
   /// From now on, keeps this process connected on its own: a thread watches the connection, and when the broker
   /// dies (the connection closes and the status page does not say it stopped on purpose) it connects again at

@@ -12,8 +12,10 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "base/config.hpp"
@@ -23,6 +25,7 @@
 #include "gpuipc/liveness.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
+#include "proto/messages.hpp"
 #include "support/broker_env.hpp"
 #include "support/support.hpp"
 
@@ -380,42 +383,62 @@ TEST(BrokerRestart, AProcessThatExitsWhileItsWatcherReconnectsExitsCleanly) {
 // The watcher gives the names back under the connection's lock, holding a reference to each mapping meanwhile. A
 // handle the program drops during that time leaves the watcher with the last reference: the mapping's Close then
 // takes the lock its own thread holds (BrokerClient's mutex is recursive for this; with a plain mutex the process
-// hung here, every later broker call with it). Each trial drops the handles 2 ms later after the next broker
-// started, to land in the window (on a 2-core machine, trials 3 to 12 of 40 did).
+// hung here, every later broker call with it). The child wraps the library's rebind hook so that the first Announce
+// waits until the program has dropped its handles: the drop lands in the window every time.
+namespace drop_while_giving_back {
+core::BrokerClient::RebindHook g_library_hook = nullptr;
+const SyncPipe* g_in_hook = nullptr;
+const SyncPipe* g_dropped = nullptr;
+
+void hook(std::uint64_t old_generation, std::uint64_t new_generation, const core::BrokerClient::Exchange& exchange) {
+  bool paused = false;
+  const core::BrokerClient::Exchange pausing = [&](const proto::Body& body, std::span<const int> fds) {
+    if (!paused && std::holds_alternative<proto::Announce>(body)) {
+      paused = true;
+      g_in_hook->notify();
+      (void)g_dropped->wait(10s);
+    }
+    return exchange(body, fds);
+  };
+  g_library_hook(old_generation, new_generation, pausing);
+}
+}  // namespace drop_while_giving_back
+
 TEST(BrokerRestart, HandlesDroppedWhileTheWatcherGivesNamesBackDoNotHangTheProcess) {
-  constexpr int kSegments = 600;
+  constexpr int kSegments = 8;
   const std::string base = unique_name("drop");
-  const auto name_of = [&](int trial, int i) { return fmt::format("{}-{}-{}", base, trial, i); };
-  std::string hung;
-  for (int trial = 0; trial < 30; ++trial) {
-    SyncPipe ready;
-    SyncPipe go;
-    const pid_t kid = start_child([&, trial] {
-      std::vector<Segment> segs;
-      for (int i = 0; i < kSegments; ++i) segs.push_back(Segment::create(name_of(trial, i), 4096));
-      const std::string pid_file = config::runtime_dir() + "/broker.pid";
-      const auto first = read_file(pid_file);
-      ready.notify();
-      if (!go.wait(10s)) return 3;
-      // The next broker runs (the watcher started it): it is about to be given the names back, or being given them.
-      if (!wait_until([&] { return read_file(pid_file) != first; }, 10s)) return 4;
-      std::this_thread::sleep_for(std::chrono::milliseconds(trial * 2));
-      segs.clear();           // while the watcher may be giving them back
-      (void)Segment::list();  // must be answered
-      return 0;
-    });
-    ASSERT_TRUE(ready.wait(30s));
-    kill_broker();
-    go.notify();
-    if (const int code = wait_child(kid, 20s); code != 0) hung += fmt::format(" trial {}: {}", trial, code);
-    for (int i = 0; i < kSegments; ++i) {
-      try {
-        Segment::unlink(name_of(trial, i));
-      } catch (const Error&) {  // NOLINT(bugprone-empty-catch): not given back (its process hung)
-      }
+  const auto name_of = [&](int i) { return fmt::format("{}-{}", base, i); };
+  SyncPipe ready;
+  SyncPipe go;
+  SyncPipe in_hook;
+  SyncPipe dropped;
+  const pid_t kid = start_child([&] {
+    std::vector<Segment> segs;
+    for (int i = 0; i < kSegments; ++i) segs.push_back(Segment::create(name_of(i), 4096));
+    namespace d = drop_while_giving_back;
+    d::g_library_hook = core::BrokerClient::rebind_hook();
+    if (d::g_library_hook == nullptr) return 5;
+    d::g_in_hook = &in_hook;
+    d::g_dropped = &dropped;
+    core::BrokerClient::instance().set_rebind_hook(&d::hook);
+    ready.notify();
+    if (!go.wait(10s)) return 3;
+    if (!in_hook.wait(10s)) return 4;  // the watcher reconnected and is giving the names back
+    segs.clear();                      // the watcher now holds the last references
+    dropped.notify();
+    (void)Segment::list();  // must be answered
+    return 0;
+  });
+  ASSERT_TRUE(ready.wait(30s));
+  kill_broker();
+  go.notify();
+  EXPECT_EQ(wait_child(kid, 20s), 0) << "3, 4: a step timed out; 5: no rebind hook; otherwise the child hung";
+  for (int i = 0; i < kSegments; ++i) {
+    try {
+      Segment::unlink(name_of(i));
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): not given back (its process hung)
     }
   }
-  EXPECT_TRUE(hung.empty()) << "children that did not finish:" << hung;
 }
 
 TEST(BrokerRestart, ABrokerStoppedOnPurposeIsNotStartedAgainBehindItsBack) {
