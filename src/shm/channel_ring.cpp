@@ -244,7 +244,7 @@ void ring_mark_incomplete(proto::Slot& slot, std::uint64_t seq) noexcept {
   const std::uint32_t mark = proto::incomplete_mark(seq);
   auto word = atomic(slot.incomplete);
   std::uint32_t cur = word.load(std::memory_order_acquire);
-  for (int tries = 0; tries < 64 && !proto::incomplete_mark_is_later(cur, mark); ++tries) {
+  for (int tries = 0; tries < kMostCasTries && !proto::incomplete_mark_is_later(cur, mark); ++tries) {
     if (word.compare_exchange_weak(cur, mark)) break;
   }
   raise_to(slot.filled, seq + 1);

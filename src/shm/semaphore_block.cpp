@@ -36,7 +36,7 @@ proto::PoisonReason semaphore_raise(proto::SemaphoreBlock& block, std::uint64_t 
   std::uint64_t cur = v.load(std::memory_order_acquire);
   for (;;) {
     if (const auto why = semaphore_poison(block, cur); why != proto::PoisonReason::None) return why;
-    if (cur >= value) break;
+    if (!garbage(cur) && cur >= value) break;
     if (v.compare_exchange_weak(cur, value, std::memory_order_acq_rel)) break;
   }
   bump_and_wake(block.wake_seq);
@@ -57,7 +57,12 @@ bool semaphore_remove_member(proto::SemaphoreBlock& block, std::uint32_t index, 
   if (saturating_decrement(block.signallers) <= 1) {
     // The reason word first: a waiter that sees the poison bit reads why.
     atomic(block.poison_reason).store(static_cast<std::uint32_t>(reason), std::memory_order_release);
-    atomic(block.value).fetch_or(proto::kPoisonBit, std::memory_order_acq_rel);
+    // The value bits kept, a garbage top bit cleared: poison must pass every stream wait for a value.
+    auto v = atomic(block.value);
+    std::uint64_t cur = v.load(std::memory_order_acquire);
+    for (int tries = 0; tries < kMostCasTries; ++tries) {
+      if (v.compare_exchange_weak(cur, (cur & proto::kMaxValue) | proto::kPoisonBit, std::memory_order_acq_rel)) break;
+    }
     bump_and_wake(block.wake_seq);
   }
   return true;

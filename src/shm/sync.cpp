@@ -22,7 +22,10 @@ void bump_and_wake(std::uint32_t& word, std::uint32_t* sleepers) noexcept {
 void raise_to(std::uint64_t& word, std::uint64_t value) noexcept {
   auto a = atomic(word);
   std::uint64_t cur = a.load(std::memory_order_acquire);
-  while ((cur & ~proto::kPoisonBit) < value && !a.compare_exchange_weak(cur, value, std::memory_order_acq_rel)) {
+  // Bounded: the broker runs this on words every member may write.
+  for (int tries = 0; tries < kMostCasTries; ++tries) {
+    if (!garbage(cur) && (cur & ~proto::kPoisonBit) >= value) return;
+    if (a.compare_exchange_weak(cur, value, std::memory_order_acq_rel)) return;
   }
 }
 

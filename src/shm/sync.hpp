@@ -18,7 +18,17 @@ namespace gpuipc::shm {
 /// system call is made only when someone sleeps: the common case of a busy peer costs no syscall.
 void bump_and_wake(std::uint32_t& word, std::uint32_t* sleepers = nullptr) noexcept;
 
-/// Stores max(word, value), ignoring the poison bit of the current value: GPU-visible words only ever grow.
+/// Most compare-and-swap attempts on a word other processes may write: a member that keeps writing it must not
+/// hold up the broker, so after these the write is given up (that member garbles its own object, no more).
+inline constexpr int kMostCasTries = 64;
+
+/// Whether a 64-bit value word holds what no value is: its top bit set (values stay below 2^62, with the poison
+/// bit below 2^63). Only a member that wrote garbage leaves one; as a number it passes every host comparison, yet a
+/// stream waiting on the word compares cyclically and sees it below every value, so it is always replaced.
+constexpr bool garbage(std::uint64_t word) noexcept { return (word >> 63) != 0; }
+
+/// Stores max(word, value), ignoring the poison bit of the current value: GPU-visible words only ever grow. A
+/// garbage word is replaced by `value`.
 void raise_to(std::uint64_t& word, std::uint64_t value) noexcept;
 
 /// Decrements `word` unless it is already 0 (a count never wraps, whatever another process wrote into it).

@@ -1482,6 +1482,32 @@ TEST(RepairSemaphore, PoisonsOnlyWhenTheLastSignallerGoes) {
   }
 }
 
+// A signaller that wrote a value with the top bit set and died: poisoning or'ed the poison bit into it, and the word
+// stayed cyclically below every value, so the streams waiting on it (a reader of another uid among them) stayed
+// blocked for good. Before that, the host raise took the garbage for a value already reached and did nothing.
+TEST(RepairSemaphore, PoisonReleasesEveryStreamWaitWhateverTheDeadSignallerWrote) {
+  for (const std::uint64_t garbage :
+       {std::uint64_t{0xBFFF'FFFF'FFFF'FFFF}, std::uint64_t{1} << 63, ~std::uint64_t{0}}) {
+    proto::SemaphoreBlock s{};
+    s.magic = proto::kSemaphoreMagic;
+    s.version = proto::kSemaphoreVersion;
+    s.members[0] = {100, static_cast<std::uint32_t>(proto::Role::Signaller)};
+    s.signallers = 1;
+    s.signallers_seen = 1;
+    s.value = garbage;
+    if ((garbage & proto::kPoisonBit) == 0) {  // (with the poison bit it reads as poisoned, as any such write does)
+      EXPECT_EQ(shm::semaphore_raise(s, 5), proto::PoisonReason::None);  // an honest signal replaces it
+      EXPECT_EQ(s.value, 5U);
+    }
+    s.value = garbage;
+    EXPECT_EQ(repair_semaphore(&s, sizeof s, 100), 1);
+    EXPECT_EQ(s.value & proto::kPoisonBit, proto::kPoisonBit);
+    for (std::uint64_t v : {std::uint64_t{0}, std::uint64_t{8}, std::uint64_t{1} << 40, proto::kMaxValue}) {
+      EXPECT_GE(static_cast<std::int64_t>(s.value - v), 0) << std::hex << garbage << " waiting for " << v;
+    }
+  }
+}
+
 TEST(RepairChannel, OnlyTheJoinedTokenCountsAndCountsNeverWrap) {
   ChannelBlock b(4);
   b.member(3, 42, proto::Role::Producer);

@@ -392,6 +392,23 @@ TEST_F(ShmChannelRing, ADeadProducersFilledDoesNotReleaseALaterRoundsStreamWait)
   EXPECT_EQ(b.slot(0).incomplete, proto::incomplete_mark(2));
 }
 
+// A producer that wrote its slot's `filled` with the top bit set and died owing the write: the broker's raise took
+// the garbage for a value above the owed one, wrote nothing and dropped the entry, and the consumer's stream (a
+// cyclic >=) waited for good, the slot's next producer behind it. The same for a consumer's `freed`.
+TEST_F(ShmChannelRing, ADeadMembersOwedWriteReplacesGarbageWithTheTopBitSet) {
+  constexpr std::uint64_t kGarbage = 0xC000'0000'0000'0000;
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+  ring_publish(b.ring(), 0, p, {}, 0, true);
+  ASSERT_TRUE(ring_try_receive(b.ring(), c, seq, gone));
+  b.slot(0).filled = kGarbage;
+  EXPECT_TRUE(b.die(p, 10, Role::Producer).empty());
+  EXPECT_TRUE(stream_wait_passes(b.slot(0).filled, 1));
+  ring_release(b.ring(), 0, c, true);  // in stream order: the consumer's stream owes `freed`
+  b.slot(0).freed = kGarbage;
+  EXPECT_TRUE(b.die(c, 20, Role::Consumer).empty());
+  EXPECT_TRUE(stream_wait_passes(b.slot(0).freed, ring_free_mark(b.ring(), 0)));
+}
+
 // The broker decides to flag a dead producer's message incomplete from the slot's state, and its flag can land after
 // the slot moved on: the message consumed and released, a later round published (which clears the flag). The flag
 // names its message, so the later round is not reported incomplete. Before, it was one bit, and the later message
