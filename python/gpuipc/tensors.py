@@ -8,6 +8,7 @@ one copy per storage. The index is the host segment NAME (format: gpuipc/_index.
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 import time
@@ -102,6 +103,8 @@ def _plan(tensors: Mapping[str, Any], adopt: bool) -> _Plan:
             current = _Storage(lo - lo % _ALIGN, hi, info.device_type, info.device_id)
             storages.append(current)
         current.members.append(i)
+    for st in storages:
+        _align_start(st, infos)
     placement: List[Tuple[int, int]] = [(-1, 0)] * len(infos)
     for s, st in enumerate(storages):
         for i in st.members:
@@ -123,11 +126,36 @@ def shared_block(info: TensorInfo) -> Optional[Any]:
 def _adopted_range(info: TensorInfo, block: Any) -> Tuple[int, int]:
     """The bytes of ``block`` that the tensor's storage covers: its framework storage (a torch storage) where that
     lies in the block, else from the tensor's first byte (rounded down to _ALIGN, not before the block) to its
-    last."""
+    last. It starts at a whole number of the tensor's elements before the tensor (a block need only be aligned to
+    what it was allocated with)."""
     lo, hi = info.address, info.address + info.extent
+    item = info.dtype.itemsize
     if info.storage is not None and info.storage[0] <= lo and hi <= info.storage[1]:
-        return max(info.storage[0], block.address), min(info.storage[1], block.address + block.size)
-    return max(block.address, lo - lo % _ALIGN), hi
+        start = max(info.storage[0], block.address)
+        return start + (lo - start) % item, min(info.storage[1], block.address + block.size)
+    start = max(block.address, lo - lo % _ALIGN)
+    return start + (lo - start) % item, hi
+
+
+def _align_start(st: _Storage, infos: List[Tuple[str, TensorInfo]]) -> None:
+    """Moves the storage's start up to a multiple of every member's element size, so that each member is a whole
+    number of elements in (its offset is recorded in elements). Every member is aligned to its own element size,
+    so such a start exists at or below the first member unless the storage cannot begin that early (an adopted
+    block starts later): then two overlapping views of different element sizes cannot be one storage there."""
+    step = 1
+    for i in st.members:
+        step = math.lcm(step, infos[i][1].dtype.itemsize)
+    if st.lo % step == 0:
+        return
+    lo = st.lo + (-st.lo) % step
+    first = min(st.members, key=lambda i: infos[i][1].address)
+    if lo > infos[first][1].address:
+        raise InvalidArgument(
+            f"tensor {infos[first][0]!r} and the tensors overlapping it cannot be one storage: its block starts "
+            f"{st.lo % step} bytes past a multiple of their largest element ({step} bytes); allocate the block "
+            f"with alignment >= {step}, or pass copies"
+        )
+    st.lo = lo
 
 
 def _pool_kind(plan: _Plan, kind: Optional[str]) -> Tuple[str, int]:

@@ -233,6 +233,7 @@ ArrayView typed(const ArrayView& v, std::tuple<int, int, int> element, const std
   out.nbytes = count * item;
   out.dtype = dtype;
   out.shape = shape;
+  out.strides.clear();  // contiguous: a strided parent's strides would step past what was checked
   out.typestr = typestr;
   return out;
 }

@@ -35,6 +35,24 @@ def test_a_strided_view_whose_span_wraps_round_is_refused(name):
         assert v.as_strided((1, 8, 1), "|u1", [4, 7], [7, 1], 0).nbytes == 28  # a plain one still works
 
 
+def test_typed_on_a_strided_view_is_contiguous(name):
+    """typed() of a strided view kept the parent's strides: its bounds check counted contiguous elements, the export
+    stepped by the old strides (past the segment: a crash, or another mapping's bytes read and written)."""
+    size = 1 << 16
+    with gpuipc.Segment.create(name, size) as seg:
+        base = np.frombuffer(seg.view(), dtype=np.uint8)
+        base[:] = np.arange(size, dtype=np.uint32).astype(np.uint8)
+        spread = seg.view().as_strided((2, 32, 1), "<f4", [2], [size // 4 - 1], 0)  # bytes 0 and size - 4
+        assert spread.strides == (size // 4 - 1,)
+        t = spread.typed((1, 8, 1), "|u1", [2, 2], size - 8)  # 4 bytes near the end, contiguous
+        assert t.strides is None
+        a = np.from_dlpack(t)
+        assert a.strides == (2, 1)
+        np.testing.assert_array_equal(a.ravel(), base[size - 8 : size - 4])
+        a[1, 1] = 7
+        assert base[size - 5] == 7
+
+
 #: (case, body changes, tensor column, what the error names). The storage is a real 64-byte float32 block.
 _FORGED = [
     ("past its storage", {}, [0, 0, 0, 0, 1, 17, 1], "outside its storage"),

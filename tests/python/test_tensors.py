@@ -99,6 +99,37 @@ def test_a_pool_array_smaller_than_its_block_is_shared_and_opened(name):
         blk.free()
 
 
+def test_arrays_in_a_block_aligned_below_their_elements_keep_their_offsets(name):
+    # A block allocated with alignment 4 (8 mod 8 = 4 here) holding a 4-byte header and float64s after it: the
+    # storage began at the block, 4 bytes before the float64s, and their offset was recorded as 4 // 8 = 0 elements.
+    # The opener read the wrong bytes, and update_from wrote 4 bytes early, over the header.
+    with gpuipc.Pool.create(name + "-user", kind="host", chunk_bytes=1 << 20, max_bytes=1 << 20) as pool:
+        pad = pool.allocate(4, alignment=4)
+        blk = pool.allocate(64, alignment=4)
+        assert blk.address % 8 == 4
+        raw = blk.numpy("uint8")
+        raw[:] = 0
+        hdr = raw[:4].view(np.int32)
+        hdr[0] = 1234
+        w = raw[4:36].view(np.float64)
+        w[:] = np.arange(4)
+        with gpuipc.publish_tensors(name, {"hdr": hdr, "w": w}) as pub:
+            got = gpuipc.open_tensors(name, versioned=True)
+            np.testing.assert_array_equal(got.tensors["w"], np.arange(4))
+            assert got.tensors["hdr"][0] == 1234
+            pub.update_from({"w": np.full(4, 9.0)})
+            assert hdr[0] == 1234
+            np.testing.assert_array_equal(w, np.full(4, 9.0))
+            np.testing.assert_array_equal(got.tensors["w"], np.full(4, 9.0))
+            got.close()
+        # Overlapping views of 4- and 8-byte elements starting at the block: no start of one storage fits both.
+        both = {"as_int32": raw[:16].view(np.int32), "as_float64": raw[4:20].view(np.float64)}
+        with pytest.raises(gpuipc.InvalidArgument, match="alignment >= 8"):
+            gpuipc.share_tensors(name + "-both", both)
+        blk.free()
+        pad.free()
+
+
 def test_views_hold_their_memory_after_close(name):
     with gpuipc.share_tensors(name, {"x": np.full(1000, 3.0)}) as shared:
         got = gpuipc.open_tensors(name)
