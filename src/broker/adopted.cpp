@@ -17,7 +17,13 @@ namespace gpuipc::broker {
 std::string adopt_device_ipc_record(const proto::Create& req, int fd, os::Mapping& out) {
   if (req.flags != 0 || req.view_size != 0) return "a device_ipc segment takes no flags and no view";
   try {
-    (void)os::memfd_seals(fd);  // first: a memfd, so nothing below asks another file's filesystem (FUSE)
+    // First a memfd that can still be sealed, so that nothing below asks another file's filesystem (FUSE) or
+    // chmods another file: F_GET_SEALS fails on any other file, and a tmpfs file or a memfd made without
+    // MFD_ALLOW_SEALING reports F_SEAL_SEAL (a root broker chmodded such a file of another user to 0600).
+    if ((os::memfd_seals(fd) & F_SEAL_SEAL) != 0) {
+      return "its record must be a memfd created with MFD_ALLOW_SEALING; this fd is sealed against sealing (a memfd "
+             "without MFD_ALLOW_SEALING, or a tmpfs file)";
+    }
     const std::size_t actual = os::fd_size(fd);
     if (actual != proto::kDeviceIpcRecordBytes) {
       return fmt::format("its record memfd is {} bytes, not {}", actual, proto::kDeviceIpcRecordBytes);

@@ -2,11 +2,14 @@
 // nobody snoops"), each reproduced through the library's own calls or the wire protocol, as another uid where
 // that matters (CI runs as root: children setuid to 65534; without root those tests skip and say so).
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "base/config.hpp"
 #include "core/segment_internal.hpp"
@@ -293,6 +297,46 @@ TEST(Security, AHostCreateTouchesNoFileThatIsNotASealableMemfd) {
   ASSERT_NE(e, nullptr);
   EXPECT_NE(e->message.find("MFD_ALLOW_SEALING"), std::string::npos) << e->message;
   EXPECT_EQ(os::file_owner(unsealable.get()).mode, 0644U);
+}
+
+TEST(Security, ADeviceIpcCreateTouchesNoFileThatIsNotASealableMemfd) {
+  // The record of an adopted cudaIpc share (kind device_ipc) was checked only for F_GET_SEALS working, which a tmpfs
+  // file and a memfd made without MFD_ALLOW_SEALING pass (they report F_SEAL_SEAL): a broker run as root then
+  // chmodded such a file of another user to 0600 before the seal refused it.
+  struct Case {
+    std::string what;
+    os::UniqueFd fd;
+  };
+  std::vector<Case> cases;
+  cases.push_back(
+      {"a memfd without MFD_ALLOW_SEALING", os::UniqueFd(::memfd_create("gpuipc-unsealable", MFD_CLOEXEC))});
+  std::string shm_file;
+  if (struct statfs fs{}; ::statfs("/dev/shm", &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+    shm_file = fmt::format("/dev/shm/gpuipc-test-record-{}", ::getpid());
+    write_file(shm_file, std::string(proto::kDeviceIpcRecordBytes, '\0'));
+    cases.push_back({"a tmpfs file", os::UniqueFd(::open(shm_file.c_str(), O_RDONLY | O_CLOEXEC))});
+  }
+  auto sock = raw_hello(1, "not-a-record");
+  std::uint32_t rid = 2;
+  for (const Case& c : cases) {
+    ASSERT_TRUE(c.fd) << c.what;
+    if (c.what.starts_with("a memfd")) {
+      ASSERT_EQ(::ftruncate(c.fd.get(), proto::kDeviceIpcRecordBytes), 0);
+    }
+    ASSERT_EQ(::fchmod(c.fd.get(), 0644), 0);
+    proto::Create create;
+    create.name = unique_name();
+    create.kind = proto::Kind::DeviceIpc;
+    create.size = 4096;
+    create.mode = 0600;
+    const int raw = c.fd.get();
+    auto r = raw_request(sock.get(), rid++, create, std::span<const int>(&raw, 1));
+    const auto* e = std::get_if<proto::ErrorReply>(&r.body);
+    ASSERT_NE(e, nullptr) << c.what;
+    EXPECT_NE(e->message.find("MFD_ALLOW_SEALING"), std::string::npos) << e->message;
+    EXPECT_EQ(os::file_owner(c.fd.get()).mode, 0644U) << c.what << " was chmodded by the broker";
+  }
+  if (!shm_file.empty()) ::unlink(shm_file.c_str());
 }
 
 TEST(Security, ParkedOpensAreCappedPerConnection) {
