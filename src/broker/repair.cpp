@@ -287,7 +287,7 @@ bool remove_member(ControlBlock& block, const Joined& m, const ProcessWatch& pro
     if (shm::holds_token(members, m.member, m.token)) {
       // Its holds first (blocks it held last are freed, its stream frees complete, a lock it died in is broken),
       // then the entry: until then nobody else can be member `m.member`.
-      if (shm::pool_remove_member(block.data, block.size, m.member) < 0) {
+      if (shm::pool_remove_member(block.data, block.size, m.member, false, shm::kRepairLockWait) < 0) {
         // The lock stayed taken: the removal is recorded in the block and the lock's next holder finishes it,
         // freeing the entry too (a member that died holding the lock is repaired next, or a live one lets go).
         GPUIPC_LOG_INFO("pool member {} is gone; its lock was taken, the next lock holder releases its holds",

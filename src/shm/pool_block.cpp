@@ -12,10 +12,6 @@ using proto::atomic;
 
 namespace {
 
-/// How long a removal waits for the pool lock before it leaves its work to the lock's next holder: a live member
-/// holds it for microseconds, and the broker (single-threaded) must not stall on a lock whose owner is dead.
-constexpr auto kRepairLockTimeout = std::chrono::milliseconds(5);
-
 template <typename T>
 T load(T& word) noexcept {
   return atomic(word).load(std::memory_order_acquire);
@@ -556,18 +552,20 @@ void PoolBlock::remove_deferred() noexcept {
   atomic(m_header->deferred).fetch_and(~dead, std::memory_order_acq_rel);
 }
 
-int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index, bool keep_pending_frees) noexcept {
+int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index, bool keep_pending_frees,
+                       std::chrono::nanoseconds lock_wait) noexcept {
   PoolBlock b(control, size);
   if (!b.valid() || member_index >= proto::kMaxMembers) return -1;
   const bool dead_owner = load(b.m_header->lock) == member_index + 1;
   if (keep_pending_frees) {  // a live member: it holds no lock now, and its entry stays for the broker's removal
-    if (!b.lock(member_index, kRepairLockTimeout)) return -1;
+    if (!b.lock(member_index, lock_wait)) return -1;
     const int released = b.remove_locked(bit(member_index), true);
     b.unlock();
     wake(b.m_header->wake_seq);
     return released;
   }
-  if (!b.lock(member_index, kRepairLockTimeout, member_index)) {
+  const bool deferred_before = load(b.m_header->deferred) != 0;
+  if (!b.lock(member_index, deferred_before ? std::chrono::nanoseconds{0} : lock_wait, member_index)) {
     // The lock stays taken (most likely by another dead member whose repair comes next): whoever takes the lock
     // next finishes this removal, and frees the member's entry then.
     atomic(b.m_header->deferred).fetch_or(bit(member_index), std::memory_order_acq_rel);

@@ -248,8 +248,8 @@ class PoolBlock {
   std::uint64_t largest_free(std::vector<OccupiedRange>& scratch) const noexcept;
 
  private:
-  friend int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index,
-                                bool keep_pending_frees) noexcept;
+  friend int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index, bool keep_pending_frees,
+                                std::chrono::nanoseconds lock_wait) noexcept;
   bool lock(std::uint32_t owner, std::chrono::nanoseconds timeout, std::uint32_t breakable = proto::kNoMember) noexcept;
   void unlock() noexcept;
   /// Frees or drains a record that just lost its last holder (under the lock).
@@ -280,20 +280,27 @@ class PoolBlock {
   PoolGeometry m_geo;
 };
 
+/// How long a member's removal waits for the pool lock: a process leaving its pool, and the broker repairing a dead
+/// member (single-threaded: every other client waits meanwhile). A live member holds the lock for microseconds.
+inline constexpr std::chrono::microseconds kLeaveLockWait{5000};
+inline constexpr std::chrono::microseconds kRepairLockWait{50};
+
 /// Releases every hold of member `member_index` (a block it was the last holder of is freed, or drained when its
 /// stream-ordered free is still pending: a dead process's stream will never write it, so the block is freed), resets
 /// a chunk it was creating and, when it died holding the pool lock, breaks the lock and undoes its half-made
 /// allocation. The member entry itself is left to the caller (core's release, or the broker's repair). Safe on any
 /// memory contents; returns the number of holds released, or -1 when the block does not validate or the lock could
-/// not be taken within 5 ms: then the removal is recorded in the header and whoever takes the lock next finishes
-/// it and frees the member's entry (the caller must leave the entry alone).
+/// not be taken within `lock_wait`: then the removal is recorded in the header and whoever takes the lock next
+/// finishes it and frees the member's entry (the caller must leave the entry alone). A removal that finds another
+/// recorded already does not wait for the lock at all: it did not come free for that one either (the broker
+/// removing a connection's many entries must not wait for each while a member keeps the lock word taken).
 ///
 /// `keep_pending_frees`: the member lives on and leaves while its stream has not reached some of its frees (a close
 /// that hands its leave to the broker, which removes it once they have landed or its process has exited): those
 /// blocks stay draining, reused only once the stream writes `released`, and the member entry must stay. When the
 /// lock stays taken, nothing is recorded and -1 is returned.
-int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index,
-                       bool keep_pending_frees = false) noexcept;
+int pool_remove_member(void* control, std::size_t size, std::uint32_t member_index, bool keep_pending_frees = false,
+                       std::chrono::nanoseconds lock_wait = kLeaveLockWait) noexcept;
 
 /// Lock-free: whether member `member_index` freed blocks on a stream that has not written their `released` yet.
 bool pool_member_frees_pending(void* control, std::size_t size, std::uint32_t member_index) noexcept;
