@@ -1,10 +1,13 @@
 #include "broker/fd_closer.hpp"
 
 #include <fmt/format.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -15,25 +18,47 @@
 
 namespace gpuipc::broker {
 
+namespace {
+
+/// A close in progress, on one closer thread.
+struct Closing {
+  int fd = -1;            // its number (owned by the thread until it is closed)
+  std::uint64_t dev = 0;  // its filesystem's device, numbered as the kernel numbers FUSE connections
+  std::int64_t since_ns = 0;
+  bool abort_tried = false;
+  bool replaced = false;  // another thread took over the queue: this one ends once its close returns
+  bool reported = false;  // said to be stuck while kMostStuck others were
+};
+
+/// A socket a client sent is closed at once, whatever it was set to do: a TCP socket set to linger (SO_LINGER) with
+/// unsent data would make its close wait for the peer, for as long as the sender chose.
+void do_not_linger(int fd) noexcept {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
+  const linger none{1, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_LINGER, &none, sizeof none);
+}
+
+}  // namespace
+
 struct FdCloser::State {
   std::mutex mutex;
-  std::condition_variable work;      // the closer: fds queued, or stop
+  std::condition_variable work;      // the closers: fds queued, or stop
   std::condition_variable progress;  // the watchdog and the destructor: a close began or ended, or stop
   std::deque<os::UniqueFd> queue;
-  int closing = -1;                  // the fd being closed now (its number; owned by the closer until it is closed)
-  std::uint64_t closing_dev = 0;     // its filesystem's device, numbered as the kernel numbers FUSE connections
-  std::int64_t closing_since_ns = 0;
-  bool abort_tried = false;  // for the close in progress
+  std::list<Closing> closing;  // one per thread in a close
+  unsigned replaced = 0;       // threads replaced while their close went on (at most kMostStuck at once)
   std::uint64_t aborted = 0;
   bool stop = false;
 };
 
-FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
+void FdCloser::start_closer(const std::shared_ptr<State>& shared) {
   // Without signals: the broker reads its stop signals from a signalfd, and a thread that took SIGTERM would end it
   // on the spot.
-  os::start_thread_without_signals([state = m_state] {
+  os::start_thread_without_signals([state = shared] {
     for (;;) {
       os::UniqueFd fd;
+      std::list<Closing>::iterator mine;
       {
         std::unique_lock lock(state->mutex);
         // (Timed waits: an untimed condition_variable::wait is a symbol of GCC 12's libstdc++, GLIBCXX_3.4.30,
@@ -42,54 +67,83 @@ FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
         if (state->queue.empty()) break;
         fd = std::move(state->queue.front());
         state->queue.pop_front();
+        mine = state->closing.insert(state->closing.end(), Closing{fd.get(), 0, os::monotonic_ns()});
       }
       const std::uint64_t dev = os::filesystem_device(fd.get());
+      do_not_linger(fd.get());
       {
         std::lock_guard lock(state->mutex);
-        state->closing = fd.get();
-        state->closing_dev = dev;
-        state->closing_since_ns = os::monotonic_ns();
-        state->abort_tried = false;
+        mine->dev = dev;
       }
       state->progress.notify_all();
       fd.reset();
+      bool replaced = false;
       {
         std::lock_guard lock(state->mutex);
-        state->closing = -1;
+        replaced = mine->replaced;
+        if (replaced) --state->replaced;
+        state->closing.erase(mine);
       }
       state->progress.notify_all();
+      if (replaced) return;  // another thread serves the queue now
     }
     state->progress.notify_all();
   });
+}
+
+FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
+  start_closer(m_state);
   os::start_thread_without_signals([state = m_state] {
     std::unique_lock lock(state->mutex);
-    while (!state->stop || state->closing >= 0) {
-      if (state->closing < 0) {
-        while (!state->stop && state->closing < 0) state->progress.wait_for(lock, std::chrono::hours(1));
+    while (!state->stop || !state->closing.empty()) {
+      if (state->closing.empty()) {
+        while (!state->stop && state->closing.empty()) state->progress.wait_for(lock, std::chrono::hours(1));
         continue;
       }
       state->progress.wait_for(lock, std::chrono::milliseconds(250));
-      if (state->closing < 0 || state->abort_tried ||
-          os::monotonic_ns() - state->closing_since_ns < FdCloser::kStuckNs) {
-        continue;
-      }
-      state->abort_tried = true;
-      const std::uint64_t dev = state->closing_dev;
-      lock.unlock();
-      const bool aborted = dev != 0 && os::abort_fuse_connection(dev);
-      lock.lock();
-      if (aborted) {
-        ++state->aborted;
-        GPUIPC_LOG_WARN(
-            "closing an fd a client sent has waited over a second (a FUSE file whose daemon does not answer): "
-            "aborted that FUSE connection ({})",
-            dev);
-      } else {
+      for (auto& c : state->closing) {
+        if (c.replaced || os::monotonic_ns() - c.since_ns < FdCloser::kStuckNs) continue;
+        if (c.reported && state->replaced >= FdCloser::kMostStuck) continue;
+        if (!c.abort_tried) {
+          c.abort_tried = true;
+          const std::uint64_t dev = c.dev;
+          lock.unlock();
+          const bool aborted = dev != 0 && os::abort_fuse_connection(dev);
+          lock.lock();
+          if (aborted) {
+            ++state->aborted;
+            GPUIPC_LOG_WARN(
+                "closing an fd a client sent has waited over a second (a FUSE file whose daemon does not answer): "
+                "aborted that FUSE connection ({})",
+                dev);
+            break;  // (the list may have changed meanwhile) the next look gives it time to return
+          }
+        }
+        // Not a FUSE file, or the abort did not end it (aborting needs root): the queue goes on on a new thread,
+        // with at most kMostStuck threads left waiting at once; past that the queue waits for one of them.
+        if (state->replaced >= FdCloser::kMostStuck) {
+          if (!c.reported) {
+            GPUIPC_LOG_ERROR(
+                "closing an fd a client sent has waited over a second (a file of device {}:{}) and {} "
+                "such closes are waiting already: what clients send is closed once one of them returns",
+                c.dev >> 20, c.dev & 0xFFFFF, state->replaced);
+          }
+          c.reported = true;
+          break;
+        }
+        c.replaced = true;
+        ++state->replaced;
         GPUIPC_LOG_ERROR(
-            "closing an fd a client sent has waited over a second (a file of device {}:{}, a FUSE file whose daemon "
-            "does not answer?) and cannot be ended from here (aborting a FUSE connection needs root): the broker "
-            "serves on, but its exit will wait for that close",
-            dev >> 20, dev & 0xFFFFF);
+            "closing an fd a client sent has waited over a second (a file of device {}:{}, a FUSE file "
+            "whose daemon does not answer?) and cannot be ended from here: another thread closes what "
+            "follows; the broker's exit will wait for that close",
+            c.dev >> 20, c.dev & 0xFFFFF);
+        try {
+          start_closer(state);
+        } catch (const std::exception& e) {
+          GPUIPC_LOG_ERROR("cannot start another closer thread: {}", e.what());
+        }
+        break;  // (the list may have changed meanwhile)
       }
     }
   });
@@ -102,10 +156,12 @@ FdCloser::~FdCloser() {
   m_state->progress.notify_all();
   // Up to a few seconds for what is queued (a stuck close is aborted after kStuckNs); past that the threads are left
   // to it, holding their own reference to the state.
-  const bool done = m_state->progress.wait_for(lock, std::chrono::seconds(3), [&] {
-    return m_state->queue.empty() && m_state->closing < 0;
-  });
-  if (!done) GPUIPC_LOG_ERROR("{} fds sent by clients are still being closed; leaving them", m_state->queue.size() + 1);
+  const bool done = m_state->progress.wait_for(lock, std::chrono::seconds(3),
+                                               [&] { return m_state->queue.empty() && m_state->closing.empty(); });
+  if (!done) {
+    GPUIPC_LOG_ERROR("{} fds sent by clients are still being closed; leaving them",
+                     m_state->queue.size() + m_state->closing.size());
+  }
 }
 
 void FdCloser::close_later(std::vector<os::UniqueFd>& fds) noexcept {
@@ -127,7 +183,7 @@ void FdCloser::close_later(std::vector<os::UniqueFd>& fds) noexcept {
 
 std::size_t FdCloser::pending() const noexcept {
   std::lock_guard lock(m_state->mutex);
-  return m_state->queue.size() + (m_state->closing >= 0 ? 1 : 0);
+  return m_state->queue.size() + m_state->closing.size();
 }
 
 std::uint64_t FdCloser::aborted() const noexcept {

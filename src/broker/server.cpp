@@ -507,6 +507,11 @@ void Server::close_connection(ConnId id, bool repair) {
   count_queued_fds(it->second.creds.uid, -static_cast<std::ptrdiff_t>(it->second.outbox_fds));
   std::vector<Outgoing> out;
   m_registry.drop_connection(id, repair, &out);
+  // Closed on the closer's thread: the socket's unread messages go with it, and the last close of an fd one carries
+  // (a client's file whose close blocks) would run on this loop.
+  std::vector<os::UniqueFd> sock;
+  sock.push_back(std::move(it->second.sock));
+  m_closer.close_later(sock);
   m_connections.erase(it);
   dispatch(out);  // watchers hear of the death
 }

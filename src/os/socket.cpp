@@ -30,12 +30,19 @@
 namespace gpuipc::os {
 namespace {
 
-// Control buffer for kMaxFds descriptors, aligned for cmsghdr, plus room for the SCM_CREDENTIALS cmsg that the kernel
-// puts before the fds when SO_PASSCRED is on (otherwise that would leave room for fewer than kMaxFds fds).
+// The most descriptors one message can carry (the kernel's SCM_MAX_FD, for all its SCM_RIGHTS cmsgs together).
+constexpr std::size_t kMostFdsInAMessage = 253;
+
+// Control buffer for every descriptor a message can carry, aligned for cmsghdr, plus room for the SCM_CREDENTIALS
+// cmsg that the kernel puts before the fds when SO_PASSCRED is on. Not only kMaxFds: the kernel closes the fds that
+// do not fit inside recvmsg, on the receiver's thread, and a client's file whose last close blocks (a TCP socket
+// lingering with unsent data) held the broker's loop there; every fd that arrives is closed where the receiver
+// decides (the broker: its closer thread).
 union ControlBuffer {
-  char buf[CMSG_SPACE(kMaxFds * sizeof(int)) + CMSG_SPACE(sizeof(ucred))];
+  char buf[CMSG_SPACE(kMostFdsInAMessage * sizeof(int)) + CMSG_SPACE(sizeof(ucred))];
   cmsghdr align;
 };
+static_assert(kMaxFds <= kMostFdsInAMessage);
 
 // The most descriptors that can arrive in one ControlBuffer, however the sender split them into cmsgs.
 constexpr std::size_t kMaxArrivingFds = sizeof(ControlBuffer) / sizeof(int);
@@ -296,8 +303,8 @@ IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& siz
     return st;
   };
   // The kernel stops installing a message's fds at the receiver's RLIMIT_NOFILE and says only MSG_CTRUNC, as for
-  // fds that did not fit the buffer: fewer than kMaxFds (which always fit) means the first.
-  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == MSG_CTRUNC && count < kMaxFds) {
+  // fds that did not fit the buffer: fewer than fit in it means the first.
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == MSG_CTRUNC && count < kMostFdsInAMessage) {
     return refuse(IoStatus::FdsDropped);
   }
   if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || count > max_fds) return refuse(IoStatus::Truncated);

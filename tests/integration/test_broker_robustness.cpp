@@ -93,32 +93,6 @@ TEST(BrokerRobustness, FdFloodLeaksNothingInTheBroker) {
   expect_still_serving();
 }
 
-/// A TCP connection over loopback whose peer never reads, its send buffer full, set to linger `seconds` on close:
-/// closing its last fd waits that long (the kernel tries to send what is queued).
-os::UniqueFd lingering_socket(int seconds, os::UniqueFd& peer) {
-  const os::UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  EXPECT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), len), 0);
-  EXPECT_EQ(::listen(listener.get(), 1), 0);
-  EXPECT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  os::UniqueFd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  const int small = 4096;
-  (void)::setsockopt(sock.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
-  EXPECT_EQ(::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), len), 0);
-  peer.reset(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-  (void)::setsockopt(peer.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  os::set_nonblocking(sock.get(), true);
-  const std::vector<char> chunk(65536, 'x');
-  while (::send(sock.get(), chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0) {
-  }
-  const linger l{1, seconds};
-  EXPECT_EQ(::setsockopt(sock.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l), 0);
-  return sock;
-}
-
 // Closing an fd a client sent can take long: a socket lingering over unsent data, up to its linger time; a FUSE file
 // whose daemon does not answer FLUSH, for ever and unkillably (any user who may mount FUSE could send one, with any
 // message, garbage included). The broker closed them on its loop, and every other client waited as long. They are
@@ -139,6 +113,72 @@ TEST(BrokerRobustness, AnFdSlowToCloseDoesNotHoldUpTheBroker) {
   expect_error_then_closed(sock.get(), ErrorCode::Protocol);
   expect_still_serving();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "the broker waited for the close (20 s)";
+}
+
+/// Sends `bytes` with `fds` in one message, however many (os::send_message takes at most kMaxFds).
+void send_with_fds(int sock, const std::vector<std::byte>& bytes, const std::vector<int>& fds) {
+  iovec iov{const_cast<std::byte*>(bytes.data()), bytes.size()};
+  std::vector<char> control(CMSG_SPACE(fds.size() * sizeof(int)));
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+  std::memcpy(CMSG_DATA(cmsg), fds.data(), fds.size() * sizeof(int));
+  ASSERT_EQ(::sendmsg(sock, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size())) << std::strerror(errno);
+}
+
+/// Another connection's List is answered within 3 s (a close on the broker's loop would hold it 20 s).
+void expect_answered_meanwhile() {
+  auto other = raw_hello(::getpid(), "meanwhile");
+  const auto r = raw_request(other.get(), 2, proto::List{});
+  EXPECT_TRUE(std::holds_alternative<proto::ListReply>(r.body)) << "the broker did not answer within 3 s";
+}
+
+// Two ways a client's fd was still closed on the broker's loop, though a closer thread takes those it is given: fds
+// beyond what the receive buffer had room for (24), which the kernel closed inside recvmsg, and fds in a message
+// still unread when the broker closed the connection, which the kernel closed with the socket. A socket lingering
+// over unsent data, sent either way, held every other client off for its 20 s.
+TEST(BrokerRobustness, NoFdAClientSendsIsClosedOnTheBrokersLoop) {
+  const pid_t broker = BrokerEnvironment::broker_pid();
+  const std::vector<std::byte> junk(64, std::byte{0x5A});
+  for (const bool unread : {false, true}) {
+    SCOPED_TRACE(unread ? "in a message left unread" : "beyond the receive buffer");
+    os::UniqueFd peer;
+    os::UniqueFd slow = lingering_socket(20, peer);
+    std::vector<os::UniqueFd> memfds;
+    std::vector<int> fds;
+    if (!unread) {
+      for (int i = 0; i < 29; ++i) {
+        memfds.push_back(os::memfd_create("many", 4096));
+        fds.push_back(memfds.back().get());
+      }
+    }
+    fds.push_back(slow.get());
+    auto sock = raw_connect();
+    // Stopped, the broker cannot close its copy before ours is closed: its copy is the last, as an attacker's would be.
+    ASSERT_EQ(::kill(broker, SIGSTOP), 0);
+    if (unread) send_bytes(sock.get(), junk);  // the broker answers this one and closes the connection
+    send_with_fds(sock.get(), junk, fds);
+    slow.reset();
+    memfds.clear();
+    ASSERT_EQ(::kill(broker, SIGCONT), 0);
+    if (unread) {  // (closed over an unread message, the socket tells this end ECONNRESET before the reply)
+      proto::Message msg;
+      while (receive(sock.get(), msg) == os::IoStatus::Ok) {
+      }
+    } else {
+      expect_error_then_closed(sock.get(), ErrorCode::Protocol);
+    }
+    sock.reset();
+    expect_answered_meanwhile();
+    peer.reset();  // ends the linger: the broker's closer is free again
+  }
+  expect_still_serving();
 }
 
 // A broker out of file descriptors gets a request with an fd: the kernel gives it the message and not the fd, and says

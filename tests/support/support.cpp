@@ -2,8 +2,11 @@
 
 extern char** environ;
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +31,7 @@ extern char** environ;
 
 #include "os/child.hpp"
 #include "os/process.hpp"
+#include "os/socket.hpp"
 
 namespace gpuipc::test {
 namespace {
@@ -414,6 +418,30 @@ bool holds_pattern(const void* p, std::size_t n, std::uint64_t seed) {
     if (b[i] != pattern_byte(seed, i)) return false;
   }
   return true;
+}
+
+os::UniqueFd lingering_socket(int seconds, os::UniqueFd& peer) {
+  const os::UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  EXPECT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), len), 0);
+  EXPECT_EQ(::listen(listener.get(), 1), 0);
+  EXPECT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  os::UniqueFd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int small = 4096;
+  (void)::setsockopt(sock.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  EXPECT_EQ(::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), len), 0);
+  peer.reset(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  (void)::setsockopt(peer.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  os::set_nonblocking(sock.get(), true);
+  const std::vector<char> chunk(65536, 'x');
+  while (::send(sock.get(), chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0) {
+  }
+  const linger l{1, seconds};
+  EXPECT_EQ(::setsockopt(sock.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l), 0);
+  return sock;
 }
 
 }  // namespace gpuipc::test

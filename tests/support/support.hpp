@@ -106,6 +106,10 @@ class SyncPipe {
   os::UniqueFd m_write;
 };
 
+/// A TCP connection over loopback whose peer never reads, its send buffer full, set to linger `seconds` on close:
+/// closing its last fd waits that long (the kernel tries to send what is queued), or until `peer` is closed.
+os::UniqueFd lingering_socket(int seconds, os::UniqueFd& peer);
+
 /// Polls `pred` every `interval` until it returns true (-> true) or `timeout` passed (-> false, after one last try).
 bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
                 std::chrono::milliseconds interval = 2ms);

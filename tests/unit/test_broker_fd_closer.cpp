@@ -4,13 +4,18 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include "broker/fd_closer.hpp"
+#include "os/memfd.hpp"
+#include "os/socket.hpp"
 #include "support/support.hpp"
 
 namespace gpuipc::test {
@@ -62,6 +67,33 @@ TEST(BrokerFdCloser, ItsThreadsAreMadeWithEverySignalBlocked) {
     ASSERT_EQ(sigwait(&term, &sig), 0);  // taken back
   }
   ASSERT_EQ(pthread_sigmask(SIG_SETMASK, &before, nullptr), 0);
+}
+
+// A close that cannot be ended (a TCP socket lingering over unsent data, sent inside a unix socket's unread message,
+// where the broker cannot unset SO_LINGER first) held every fd queued after it: the broker's fd count grew to its
+// limit. Another thread closes what follows.
+TEST(BrokerFdCloser, AStuckCloseDoesNotHoldUpTheFdsAfterIt) {
+  os::UniqueFd peer;
+  os::UniqueFd slow = lingering_socket(30, peer);
+  int pair[2] = {-1, -1};
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair), 0);
+  os::UniqueFd sender(pair[0]);
+  os::UniqueFd carrier(pair[1]);
+  const std::vector<std::byte> byte(1, std::byte{1});
+  const int inside = slow.get();
+  ASSERT_EQ(os::send_message(sender.get(), byte, std::span<const int>(&inside, 1), 16), os::IoStatus::Ok);
+  slow.reset();
+  sender.reset();
+  broker::FdCloser closer;
+  std::vector<os::UniqueFd> first;
+  first.push_back(std::move(carrier));  // its close closes the lingering socket's last reference
+  closer.close_later(first);
+  std::vector<os::UniqueFd> later;
+  for (int i = 0; i < 4; ++i) later.push_back(os::memfd_create("after-the-stuck-one", 4096));
+  closer.close_later(later);
+  EXPECT_TRUE(wait_until([&] { return closer.pending() == 1; }, 10s)) << closer.pending() << " not closed";
+  peer.reset();  // the lingering close ends (the peer resets the connection)
+  EXPECT_TRUE(wait_until([&] { return closer.pending() == 0; }, 10s)) << closer.pending();
 }
 
 }  // namespace
