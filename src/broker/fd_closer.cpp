@@ -116,8 +116,10 @@ FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
                 "closing an fd a client sent has waited over a second (a FUSE file whose daemon does not answer): "
                 "aborted that FUSE connection ({})",
                 dev);
-            break;  // (the list may have changed meanwhile) the next look gives it time to return
           }
+          // `c` may be gone (its close returned while the lock was let go): the next look replaces its thread if
+          // the close still waits, an aborted one having had the time to return.
+          break;
         }
         // Not a FUSE file, or the abort did not end it (aborting needs root): the queue goes on on a new thread,
         // with at most kMostStuck threads left waiting at once; past that the queue waits for one of them.
