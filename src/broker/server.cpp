@@ -200,6 +200,7 @@ void Server::accept_some() {
       creds = os::peer_credentials(sock.get());
     } catch (const Error& e) {
       GPUIPC_LOG_WARN("dropping a connection without credentials: {}", e.what());
+      close_off_loop(std::move(sock));
       continue;
     }
     const auto per_uid = m_per_uid.find(creds.uid);
@@ -221,6 +222,7 @@ void Server::accept_some() {
       } catch (const std::exception& e) {  // the refusal is a courtesy: it must not end the broker's loop
         GPUIPC_LOG_DEBUG("refusing a connection from uid {}: {}", creds.uid, e.what());
       }
+      close_off_loop(std::move(sock));  // a client can send before it is accepted: what it sent goes with it
       continue;
     }
     ++m_per_uid[creds.uid];
@@ -497,6 +499,15 @@ void Server::flush(ConnId id, Connection& c) {
   m_epoll.modify(c.sock.get(), EPOLLIN, id);
 }
 
+void Server::close_off_loop(os::UniqueFd sock) noexcept {
+  try {
+    std::vector<os::UniqueFd> fds;
+    fds.push_back(std::move(sock));
+    m_closer.close_later(fds);
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: closed here, as before
+  }
+}
+
 void Server::close_connection(ConnId id, bool repair) {
   auto it = m_connections.find(id);
   if (it == m_connections.end()) return;
@@ -507,11 +518,7 @@ void Server::close_connection(ConnId id, bool repair) {
   count_queued_fds(it->second.creds.uid, -static_cast<std::ptrdiff_t>(it->second.outbox_fds));
   std::vector<Outgoing> out;
   m_registry.drop_connection(id, repair, &out);
-  // Closed on the closer's thread: the socket's unread messages go with it, and the last close of an fd one carries
-  // (a client's file whose close blocks) would run on this loop.
-  std::vector<os::UniqueFd> sock;
-  sock.push_back(std::move(it->second.sock));
-  m_closer.close_later(sock);
+  close_off_loop(std::move(it->second.sock));
   m_connections.erase(it);
   dispatch(out);  // watchers hear of the death
 }

@@ -128,6 +128,9 @@ class Server {
   void count_queued_fds(uid_t uid, std::ptrdiff_t delta);
   /// Pops `c`'s oldest reply, sent.
   void pop_sent(Connection& c);
+  /// Closes a client's connection socket on the closer's thread: the messages it has not read go with it, and the
+  /// last close of an fd one carries (a client's file whose close blocks) would otherwise run on this loop.
+  void close_off_loop(os::UniqueFd sock) noexcept;
   void close_connection(ConnId id, bool repair = true);
   void reap_closing();
   /// Drops the entries of m_ungreeted that said Hello or went, marks those past their time closing (as of `now`),

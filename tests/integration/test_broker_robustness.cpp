@@ -540,6 +540,39 @@ TEST(BrokerDaemon, OneUidsUnreadRepliesCannotTakeEveryFdOfTheBroker) {
   EXPECT_EQ(wait_child(broker, 10s), 0) << read_file(dir.file("broker.log")).value_or("");
 }
 
+// A client can send before the broker accepts its connection. A connection the broker refused (too many) was closed
+// on its loop with what it had sent, fds included: a socket lingering over unsent data so held every other client
+// off for its linger time. Here the broker (64 fds: 16 connections) is full, and the 17th sends one.
+TEST(BrokerDaemon, ARefusedConnectionsFdsAreNotClosedOnTheBrokersLoop) {
+  TempDir dir("gpuipc-rt-refused");
+  const pid_t broker = start_program(
+      "/bin/sh",
+      {"-c", "ulimit -n 64 && exec \"$0\" \"$@\"", GPUIPC_BUILD_BIN_DIR "/gpuipcd", "--runtime-dir", dir.path()}, {},
+      -1, dir.file("broker.log"));
+  const std::string path = dir.file("broker.sock");
+  ASSERT_TRUE(connect_once_listening(path));
+  std::vector<os::UniqueFd> conns;
+  for (int i = 0; i < 16; ++i) conns.push_back(greeted_connection(path));
+  os::UniqueFd peer;
+  os::UniqueFd slow = lingering_socket(20, peer);
+  ASSERT_EQ(::kill(broker, SIGSTOP), 0);
+  const os::UniqueFd extra = os::connect_seqpacket(path);
+  const int fd = slow.get();
+  send_bytes(extra.get(), proto::encode(proto::Message{1, proto::Hello{1, "refused"}}), std::span<const int>(&fd, 1));
+  slow.reset();
+  ASSERT_EQ(::kill(broker, SIGCONT), 0);
+  proto::Message msg;  // the refusal, unless the close over the unread Hello (ECONNRESET) comes first
+  while (receive(extra.get(), msg) == os::IoStatus::Ok) {
+  }
+  // A connection already served is answered meanwhile (within raw_request's 3 s; the linger is 20 s).
+  const auto r = raw_request(conns.front().get(), 2, proto::List{});
+  EXPECT_TRUE(std::holds_alternative<proto::ListReply>(r.body)) << "the broker did not answer within 3 s";
+  peer.reset();
+  conns.clear();
+  ::kill(broker, SIGTERM);
+  EXPECT_EQ(wait_child(broker, 10s), 0) << read_file(dir.file("broker.log")).value_or("");
+}
+
 TEST(BrokerDaemon, AClientWithAMalformedPollSettingFailsSayingSo) {
   // The client checks the value when it connects, before it sends anything.
   const auto o = run_program(GPUIPC_BUILD_BIN_DIR "/gpuipc", {"ls"},
