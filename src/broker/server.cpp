@@ -500,6 +500,9 @@ void Server::flush(ConnId id, Connection& c) {
 }
 
 void Server::close_off_loop(os::UniqueFd sock) noexcept {
+  // Most have nothing unread (a client that exited, one refused before it sent anything): closed here at once,
+  // so that a flood of refused connections does not hold the broker's fds while the closer catches up.
+  if (!os::shut_down_with_unread(sock.get())) return;
   try {
     std::vector<os::UniqueFd> fds;
     fds.push_back(std::move(sock));

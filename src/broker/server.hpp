@@ -128,8 +128,8 @@ class Server {
   void count_queued_fds(uid_t uid, std::ptrdiff_t delta);
   /// Pops `c`'s oldest reply, sent.
   void pop_sent(Connection& c);
-  /// Closes a client's connection socket on the closer's thread: the messages it has not read go with it, and the
-  /// last close of an fd one carries (a client's file whose close blocks) would otherwise run on this loop.
+  /// Closes a client's connection socket, on the closer's thread when messages it has not read are left: they go
+  /// with it, and the last close of an fd one carries (a client's file whose close blocks) would run on this loop.
   void close_off_loop(os::UniqueFd sock) noexcept;
   void close_connection(ConnId id, bool repair = true);
   void reap_closing();

@@ -339,6 +339,27 @@ bool Credentials::in_group(gid_t g) const noexcept {
   return gid == g || std::find(groups.begin(), groups.end(), g) != groups.end();
 }
 
+bool shut_down_with_unread(int sock) noexcept {
+  // After shutdown (under the socket's lock, as every send to it takes), nothing more can be queued: the peer's
+  // sends fail with EPIPE. Then a peek at the first message: with SO_PASSCRED on and no control buffer, the kernel
+  // flags any message MSG_CTRUNC (whether or not it carries fds), and only the end of the stream reads as 0 bytes
+  // without it. (The queue's memory cannot tell: a unix socket's queued messages are charged to their sender.)
+  (void)::shutdown(sock, SHUT_RDWR);
+  const int on = 1;
+  if (::setsockopt(sock, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0) return true;
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a pending socket error (ECONNRESET) is read once, then gone
+    char byte = 0;
+    iovec iov{&byte, 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    const ssize_t n = ::recvmsg(sock, &msg, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 && (msg.msg_flags & MSG_CTRUNC) == 0) return false;
+    if (n >= 0 || (errno != ECONNRESET && errno != EPIPE && errno != EINTR)) return true;
+  }
+  return true;
+}
+
 void set_nonblocking(int fd, bool on) {
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0) throw_system("fcntl(F_GETFL)", fmt::format("fd {}", fd));

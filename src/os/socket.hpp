@@ -124,6 +124,11 @@ Credentials peer_credentials(int sock);
 /// Sets or clears O_NONBLOCK.
 void set_nonblocking(int fd, bool on);
 
+/// Shuts both directions of a connected SOCK_SEQPACKET socket down (the peer can send nothing more to it) and says
+/// whether any message it was sent is still unread, whose fds its close would close: true also where it cannot
+/// tell. A zero-length message counts (it may carry fds). Leaves SO_PASSCRED on.
+bool shut_down_with_unread(int sock) noexcept;
+
 /// poll(2) for POLLIN on one fd, retrying EINTR with the remaining time. timeout_ms < 0 waits forever.
 /// Returns true when readable (or hung up), false on timeout.
 bool wait_readable(int fd, int timeout_ms);

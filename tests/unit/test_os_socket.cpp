@@ -8,12 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -637,6 +639,70 @@ TEST(OsSocketEintr, BlockingAcceptRetriesAfterSignals) {
     EXPECT_EQ(os::peer_credentials(conn.get()).pid, child);
   }
   EXPECT_EQ(test::wait_child(child), 0);
+}
+
+// What the broker asks before it closes a client's connection on its loop: whether a message (which could carry a
+// client's fd whose close blocks) is still unread. A zero-length message counts, with or without fds; the end of
+// the stream, with the peer gone or still there, does not; and after it nothing more can arrive.
+TEST(OsSocket, ShutDownWithUnreadSeesEveryMessageLeft) {
+  // (send_message refuses an empty message: the peer's side of an attacker is raw sendmsg.)
+  const auto send_raw = [](int sock, std::size_t bytes, int fd) {
+    char data = 7;
+    iovec iov{&data, bytes};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    return ::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes);
+  };
+  const auto pair = [] {
+    int sv[2] = {-1, -1};
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    return std::array<os::UniqueFd, 2>{os::UniqueFd(sv[0]), os::UniqueFd(sv[1])};
+  };
+  const auto memfd = os::memfd_create("unread", 4096);
+  const int fd = memfd.get();
+  {  // nothing sent, the peer still there: and then it cannot send
+    auto s = pair();
+    EXPECT_FALSE(os::shut_down_with_unread(s[0].get()));
+    EXPECT_EQ(::send(s[1].get(), "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT), -1);
+  }
+  {  // nothing sent, the peer gone
+    auto s = pair();
+    s[1].reset();
+    EXPECT_FALSE(os::shut_down_with_unread(s[0].get()));
+  }
+  {  // a message read already
+    auto s = pair();
+    ASSERT_TRUE(send_raw(s[1].get(), 1, -1));
+    char b = 0;
+    ASSERT_EQ(::recv(s[0].get(), &b, 1, 0), 1);
+    EXPECT_FALSE(os::shut_down_with_unread(s[0].get()));
+  }
+  for (const bool with_fd : {false, true}) {
+    for (const bool empty : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} message, {}", empty ? "a zero-length" : "a 1-byte", with_fd ? "an fd" : "no fd"));
+      auto s = pair();
+      ASSERT_TRUE(send_raw(s[1].get(), empty ? 0 : 1, with_fd ? fd : -1));
+      s[1].reset();  // gone too: the message stays
+      EXPECT_TRUE(os::shut_down_with_unread(s[0].get()));
+    }
+  }
+  {  // an empty message first, one with an fd behind it
+    auto s = pair();
+    ASSERT_TRUE(send_raw(s[1].get(), 0, -1));
+    ASSERT_TRUE(send_raw(s[1].get(), 1, fd));
+    EXPECT_TRUE(os::shut_down_with_unread(s[0].get()));
+  }
 }
 
 }  // namespace
