@@ -79,6 +79,13 @@ int main(int argc, char** argv) {
   }
   std::printf("master: %u tasks (tiles of %ux%u of C = A x B, %ux%ux%u) on %s memory, %zu workers spawned\n", tasks,
               tile, tile, n, k, n, device ? "GPU" : "host", workers.size());
+  // The workers it spawned join the task queue once they can work (a GPU context takes a second or more to make):
+  // tasks go out once all have, so each gets its share (with --crash-one, the first must get two). Workers that
+  // join later, or that it did not spawn, take tasks as they come.
+  const double joined_by = example::now_s() + static_cast<double>(args.num("--timeout-s", 60));
+  while (task_queue.stats().consumers < workers.size() && example::now_s() < joined_by) {
+    std::this_thread::sleep_for(1ms);
+  }
 
   cudaStream_t stream = nullptr;
   if (device) CUDA_CHECK(cudaStreamCreate(&stream));

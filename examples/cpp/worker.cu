@@ -38,13 +38,14 @@ int main(int argc, char** argv) {
   const int gpu = static_cast<int>(args.num("--device", 0));
   if (device) CUDA_CHECK(cudaSetDevice(gpu));
 
-  gpuipc::Channel tasks = gpuipc::Channel::open(name + ".tasks", gpuipc::ChannelRole::Consumer, {.wait = 10s});
   gpuipc::Channel results =
       gpuipc::Channel::open(name + ".results", gpuipc::ChannelRole::Producer, {.wait = 10s, .device = gpu});
   const gpuipc::Segment matrices = gpuipc::Segment::open(
       name + ".matrices", {.access = gpuipc::Access::ReadOnly, .wait = 10s, .device = device ? gpu : -1});
   cudaStream_t stream = nullptr;
   if (device) CUDA_CHECK(cudaStreamCreate(&stream));
+  // Last, once it can work: a master that spawned its workers hands tasks out once all have joined the queue.
+  gpuipc::Channel tasks = gpuipc::Channel::open(name + ".tasks", gpuipc::ChannelRole::Consumer, {.wait = 10s});
 
   long taken = 0;
   for (;;) {
