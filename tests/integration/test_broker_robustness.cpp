@@ -479,6 +479,15 @@ bool hung_up(int conn) {
   return ::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP) != 0;
 }
 
+/// A gpuipcd of its own in `dir`, limited to `fds` file descriptors (its budgets follow: a quarter for connections),
+/// its log in dir/broker.log.
+pid_t start_broker_with_fds(const TempDir& dir, int fds) {
+  return start_program("/bin/sh",
+                       {"-c", fmt::format("ulimit -n {} && exec \"$0\" \"$@\"", fds), GPUIPC_BUILD_BIN_DIR "/gpuipcd",
+                        "--runtime-dir", dir.path()},
+                       {}, -1, dir.file("broker.log"));
+}
+
 TEST(BrokerDaemon, OneUidsUnreadRepliesCannotTakeEveryFdOfTheBroker) {
   // A reply that waits to be read holds its fd in the broker (an Open's: the segment's memory). Each connection
   // could hold 64 so, and one uid has 512 connections: more than a broker with a limit of a few thousand fds has
@@ -486,10 +495,7 @@ TEST(BrokerDaemon, OneUidsUnreadRepliesCannotTakeEveryFdOfTheBroker) {
   // 256: 16 fds). Five connections of this uid ask for a segment without reading the replies, each until 8 to 15 of
   // them wait in the broker (the rest of each sits in its socket, where it holds no fd of the broker's).
   TempDir dir("gpuipc-rt-fds");
-  const pid_t broker = start_program(
-      "/bin/sh",
-      {"-c", "ulimit -n 256 && exec \"$0\" \"$@\"", GPUIPC_BUILD_BIN_DIR "/gpuipcd", "--runtime-dir", dir.path()}, {},
-      -1, dir.file("broker.log"));
+  const pid_t broker = start_broker_with_fds(dir, 256);
   const std::string sock = dir.file("broker.sock");
   ASSERT_TRUE(connect_once_listening(sock));
   const os::UniqueFd owner = greeted_connection(sock);
@@ -545,10 +551,7 @@ TEST(BrokerDaemon, OneUidsUnreadRepliesCannotTakeEveryFdOfTheBroker) {
 // off for its linger time. Here the broker (64 fds: 16 connections) is full, and the 17th sends one.
 TEST(BrokerDaemon, ARefusedConnectionsFdsAreNotClosedOnTheBrokersLoop) {
   TempDir dir("gpuipc-rt-refused");
-  const pid_t broker = start_program(
-      "/bin/sh",
-      {"-c", "ulimit -n 64 && exec \"$0\" \"$@\"", GPUIPC_BUILD_BIN_DIR "/gpuipcd", "--runtime-dir", dir.path()}, {},
-      -1, dir.file("broker.log"));
+  const pid_t broker = start_broker_with_fds(dir, 64);
   const std::string path = dir.file("broker.sock");
   ASSERT_TRUE(connect_once_listening(path));
   std::vector<os::UniqueFd> conns;
