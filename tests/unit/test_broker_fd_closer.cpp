@@ -92,6 +92,8 @@ TEST(BrokerFdCloser, AStuckCloseDoesNotHoldUpTheFdsAfterIt) {
   for (int i = 0; i < 4; ++i) later.push_back(os::memfd_create("after-the-stuck-one", 4096));
   closer.close_later(later);
   EXPECT_TRUE(wait_until([&] { return closer.pending() == 1; }, 10s)) << closer.pending() << " not closed";
+  // The one left is the stuck close (its linger is 30 s): else the test would pass testing nothing.
+  EXPECT_FALSE(wait_until([&] { return closer.pending() == 0; }, 500ms)) << "the carrier's close did not block";
   peer.reset();  // the lingering close ends (the peer resets the connection)
   EXPECT_TRUE(wait_until([&] { return closer.pending() == 0; }, 10s)) << closer.pending();
 }
