@@ -1,8 +1,6 @@
 #include "broker/fd_closer.hpp"
 
 #include <fmt/format.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -15,6 +13,7 @@
 #include "base/log.hpp"
 #include "os/memfd.hpp"
 #include "os/process.hpp"
+#include "os/socket.hpp"
 
 namespace gpuipc::broker {
 
@@ -29,15 +28,6 @@ struct Closing {
   bool replaced = false;  // another thread took over the queue: this one ends once its close returns
   bool reported = false;  // said to be stuck while kMostStuck others were
 };
-
-/// A socket a client sent is closed at once, whatever it was set to do: a TCP socket set to linger (SO_LINGER) with
-/// unsent data would make its close wait for the peer, for as long as the sender chose.
-void do_not_linger(int fd) noexcept {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
-  const linger none{1, 0};
-  (void)::setsockopt(fd, SOL_SOCKET, SO_LINGER, &none, sizeof none);
-}
 
 }  // namespace
 
@@ -70,7 +60,7 @@ void FdCloser::start_closer(const std::shared_ptr<State>& shared) {
         mine = state->closing.insert(state->closing.end(), Closing{fd.get(), 0, os::monotonic_ns()});
       }
       const std::uint64_t dev = os::filesystem_device(fd.get());
-      do_not_linger(fd.get());
+      os::close_without_lingering(fd.get());  // a TCP socket set to linger would wait for its peer
       {
         std::lock_guard lock(state->mutex);
         mine->dev = dev;
@@ -142,7 +132,9 @@ FdCloser::FdCloser() : m_state(std::make_shared<State>()) {
             c.dev >> 20, c.dev & 0xFFFFF);
         try {
           start_closer(state);
-        } catch (const std::exception& e) {
+        } catch (const std::exception& e) {  // this thread serves the queue again once its close returns
+          c.replaced = false;
+          --state->replaced;
           GPUIPC_LOG_ERROR("cannot start another closer thread: {}", e.what());
         }
         break;  // (the list may have changed meanwhile)

@@ -339,6 +339,13 @@ bool Credentials::in_group(gid_t g) const noexcept {
   return gid == g || std::find(groups.begin(), groups.end(), g) != groups.end();
 }
 
+void close_without_lingering(int fd) noexcept {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
+  const linger none{1, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_LINGER, &none, sizeof none);
+}
+
 bool shut_down_with_unread(int sock) noexcept {
   // After shutdown (under the socket's lock, as every send to it takes), nothing more can be queued: the peer's
   // sends fail with EPIPE. Then a peek at the first message: with SO_PASSCRED on and no control buffer, the kernel

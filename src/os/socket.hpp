@@ -124,6 +124,10 @@ Credentials peer_credentials(int sock);
 /// Sets or clears O_NONBLOCK.
 void set_nonblocking(int fd, bool on);
 
+/// If `fd` is a socket, sets it to close at once (SO_LINGER 0): a TCP socket someone set to linger over unsent data
+/// would make its last close wait for the peer, for as long as they chose. Anything else is left as it is.
+void close_without_lingering(int fd) noexcept;
+
 /// Shuts both directions of a connected SOCK_SEQPACKET socket down (the peer can send nothing more to it) and says
 /// whether any message it was sent is still unread, whose fds its close would close: true also where it cannot
 /// tell. A zero-length message counts (it may carry fds). Leaves SO_PASSCRED on.

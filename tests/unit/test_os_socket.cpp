@@ -705,5 +705,22 @@ TEST(OsSocket, ShutDownWithUnreadSeesEveryMessageLeft) {
   }
 }
 
+// The broker's closer sets every socket a client sent to close at once; anything else it leaves alone.
+TEST(OsSocket, CloseWithoutLingeringUnsetsSoLingerOnSocketsOnly) {
+  const os::UniqueFd tcp(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(tcp);
+  const linger lingering{1, 30};
+  ASSERT_EQ(::setsockopt(tcp.get(), SOL_SOCKET, SO_LINGER, &lingering, sizeof lingering), 0);
+  os::close_without_lingering(tcp.get());
+  linger now{};
+  socklen_t len = sizeof now;
+  ASSERT_EQ(::getsockopt(tcp.get(), SOL_SOCKET, SO_LINGER, &now, &len), 0);
+  EXPECT_EQ(now.l_onoff, 1);
+  EXPECT_EQ(now.l_linger, 0);
+  const auto memfd = os::memfd_create("not-a-socket", 4096);
+  os::close_without_lingering(memfd.get());  // nothing to do, nothing broken
+  EXPECT_EQ(os::fd_size(memfd.get()), 4096U);
+}
+
 }  // namespace
 }  // namespace gpuipc
