@@ -149,6 +149,12 @@ inline int wait_exit(pid_t pid) {
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }
 
+/// Whether child `pid` has exited; it stays a zombie, for wait_exit.
+inline bool has_exited(pid_t pid) {
+  siginfo_t info{};
+  return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+}
+
 /// Runs `program` like spawn and waits for it (wait_exit's code); what it prints goes to stdout as it comes, and
 /// into `said`.
 inline int run_tee(const std::string& program, const std::vector<std::string>& args, std::string& said) {

@@ -81,9 +81,17 @@ int main(int argc, char** argv) {
               tile, tile, n, k, n, device ? "GPU" : "host", workers.size());
   // The workers it spawned join the task queue once they can work (a GPU context takes a second or more to make):
   // tasks go out once all have, so each gets its share (with --crash-one, the first must get two). Workers that
-  // join later, or that it did not spawn, take tasks as they come.
+  // join later, or that it did not spawn, take tasks as they come. One that exits before it joins is not waited for.
   const double joined_by = example::now_s() + static_cast<double>(args.num("--timeout-s", 60));
-  while (task_queue.stats().consumers < workers.size() && example::now_s() < joined_by) {
+  std::vector<bool> gone(workers.size(), false);
+  std::size_t running = workers.size();
+  while (task_queue.stats().consumers < running && example::now_s() < joined_by) {
+    for (std::size_t w = 0; w < workers.size(); ++w) {
+      if (gone[w] || !example::has_exited(workers[w])) continue;
+      gone[w] = true;
+      --running;
+      std::fprintf(stderr, "master: worker %d exited before it joined the task queue\n", workers[w]);
+    }
     std::this_thread::sleep_for(1ms);
   }
 

@@ -49,6 +49,30 @@ TEST_F(Examples, MasterWorkerTaskOfAKilledWorkerIsDoneAgainExactlyOnce) {
   EXPECT_EQ(listed().find("tiles."), std::string::npos) << listed();
 }
 
+TEST_F(Examples, MasterWorkerDoesNotWaitForASpawnedWorkerThatExitedBeforeJoining) {
+  // The master spawns gpuipc-example-worker from its own folder: a copy of it beside a worker that exits at once
+  // the first time, then runs the real one. The master must go on with the worker that joined, not wait out
+  // --timeout-s for the one that is gone (it then has that long again for the tasks).
+  const std::string bin = m_dir.file("bin");
+  std::filesystem::create_directory(bin);
+  std::filesystem::copy_file(program("master"), bin + "/gpuipc-example-master");
+  write_file(bin + "/gpuipc-example-worker", "#!/bin/sh\nif mkdir '" + m_dir.file("first") +
+                                                 "' 2>/dev/null; then exit 3; fi\nexec '" + program("worker") +
+                                                 "' \"$@\"\n");
+  std::filesystem::permissions(bin + "/gpuipc-example-worker", std::filesystem::perms::owner_exec,
+                               std::filesystem::perm_options::add);
+  const ProgramOutcome o =
+      run_program(bin + "/gpuipc-example-master",
+                  {"--kind", "host", "--spawn", "2", "--tile", "16", "--tiles", "4", "--k", "64", "--timeout-s", "30"},
+                  env(), -1, std::chrono::seconds(25));
+  std::printf("--- stdout\n%s--- stderr\n%s", o.out.c_str(), o.err.c_str());
+  ASSERT_NE(o.exit_code, kChildTimedOut) << "the master waited for the worker that had exited";
+  ASSERT_EQ(o.exit_code, 0);
+  EXPECT_NE(o.err.find("exited before it joined the task queue"), std::string::npos);
+  EXPECT_NE(o.out.find("master: 16 tiles back, 0 wrong, 0 duplicates"), std::string::npos);
+  EXPECT_NE(o.out.find("exited with 3"), std::string::npos);
+}
+
 TEST_F(Examples, PipelineOverHostChannelsChecksEveryFrame) {
   const std::string out = m_dir.file("frames");
   std::filesystem::create_directory(out);
