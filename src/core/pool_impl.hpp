@@ -611,10 +611,13 @@ struct Pool::Impl {
           return st;
         }
         block.chunk_created(member, out.chunk, true);
-        continue;
+      } else if (st != shm::PoolStatus::ChunkBusy) {
+        return st;
       }
-      if (st != shm::PoolStatus::ChunkBusy) return st;
+      // Also after a chunk made: a pool runs out of chunks to add long before this, unless a member keeps setting
+      // chunks back to absent (then this process would make chunks for good).
       if (std::chrono::steady_clock::now() >= deadline) return shm::PoolStatus::LockTimeout;
+      if (st == shm::PoolStatus::NeedChunk) continue;
       const std::uint32_t seen = proto::atomic(block.header().wake_seq).load();
       core::futex_sleep(block.header().wake_seq, seen, std::chrono::milliseconds(1));
     }

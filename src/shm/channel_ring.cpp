@@ -431,7 +431,8 @@ namespace {
 unsigned repair_slot(proto::ChannelHeader& h, proto::Slot& slot, std::uint64_t n, std::uint32_t idx) noexcept {
   unsigned wake = 0;
   auto st = atomic(slot.state);
-  for (;;) {
+  // Bounded: the broker runs this on a word every member may write; one that keeps rewriting it keeps its slot.
+  for (int tries = 0; tries < kMostCasTries; ++tries) {
     const std::uint64_t s = st.load(std::memory_order_acquire);
     if (proto::state_member(s) != idx) break;
     const auto phase = proto::state_phase(s);

@@ -32,7 +32,8 @@ void raise_to(std::uint64_t& word, std::uint64_t value) noexcept {
 std::uint32_t saturating_decrement(std::uint32_t& word) noexcept {
   auto a = atomic(word);
   std::uint32_t cur = a.load(std::memory_order_acquire);
-  while (cur != 0 && !a.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel)) {
+  for (int tries = 0; tries < kMostCasTries && cur != 0; ++tries) {  // bounded, as raise_to
+    if (a.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel)) break;
   }
   return cur;
 }
@@ -40,8 +41,8 @@ std::uint32_t saturating_decrement(std::uint32_t& word) noexcept {
 std::uint32_t saturating_increment(std::uint32_t& word) noexcept {
   auto a = atomic(word);
   std::uint32_t cur = a.load(std::memory_order_acquire);
-  while (cur != std::numeric_limits<std::uint32_t>::max() &&
-         !a.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) {
+  for (int tries = 0; tries < kMostCasTries && cur != std::numeric_limits<std::uint32_t>::max(); ++tries) {
+    if (a.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) break;
   }
   return cur;
 }

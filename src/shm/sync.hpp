@@ -32,10 +32,11 @@ constexpr bool garbage(std::uint64_t word) noexcept { return (word >> 63) != 0; 
 void raise_to(std::uint64_t& word, std::uint64_t value) noexcept;
 
 /// Decrements `word` unless it is already 0 (a count never wraps, whatever another process wrote into it).
-/// Returns the value before the decrement.
+/// Returns the value before the decrement. Like raise_to, gives up after kMostCasTries lost races: only a member
+/// rewriting the word all the while makes it, and that garbles the count of its own object.
 std::uint32_t saturating_decrement(std::uint32_t& word) noexcept;
 
-/// Increments `word` unless it is at its maximum. Returns the value before.
+/// Increments `word` unless it is at its maximum. Returns the value before. Bounded as saturating_decrement.
 std::uint32_t saturating_increment(std::uint32_t& word) noexcept;
 
 }  // namespace gpuipc::shm
