@@ -331,12 +331,20 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
                                       const std::optional<std::uint32_t>& ahead) {
   auto impl = std::make_unique<Channel::Impl>();
   auto* h = static_cast<proto::ChannelHeader*>(control.data());
-  const auto g = shm::ring_geometry(control.data(), control.size());
+  const auto g =
+      detail::host_readable(control.kind()) ? shm::ring_geometry(control.data(), control.size()) : std::nullopt;
   const std::uint64_t slot_bytes = g ? atomic(h->slot_bytes).load() : 0;
-  if (!g || slot_bytes == 0 || slot_bytes > data.size() / g->slots) {
+  // The buffers are of the kind the control block was made for, and that kind's control block: host buffers are
+  // written with memcpy, a device channel's stream waits and writes go to its host_pinned control block. (A .slots
+  // name of another kind had the host write into GPU addresses, or streams wait at address 0.)
+  const SegmentKind dk = data.kind();
+  const bool kinds_match =
+      g && atomic(h->data_kind).load() == static_cast<std::uint32_t>(dk) &&
+      (dk == SegmentKind::Host || (dk == SegmentKind::Device && control.kind() == SegmentKind::HostPinned));
+  if (!g || slot_bytes == 0 || slot_bytes > data.size() / g->slots || !kinds_match) {
     throw Error(ErrorCode::InvalidArgument,
-                fmt::format("'{}' is not a gpuipc channel (version {}) or its buffers do not match it", control.name(),
-                            proto::kChannelVersion),
+                fmt::format("'{}' is not a gpuipc channel (version {}) or its buffers ('{}', {}) do not match it",
+                            control.name(), proto::kChannelVersion, data.name(), to_string(dk)),
                 "open");
   }
   impl->h = h;
@@ -448,7 +456,8 @@ ChannelStats Channel::stat(std::string_view name) {
   check_channel_name(name);
   // A CUDA-free read-only look: the host_pinned control block of a device channel is mapped without registering it.
   const Segment control = detail::look_at_segment(name);
-  const auto g = shm::ring_geometry(control.data(), control.size());
+  const auto g =
+      detail::host_readable(control.kind()) ? shm::ring_geometry(control.data(), control.size()) : std::nullopt;
   if (!g) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("'{}' is not a gpuipc channel (version {})", name, proto::kChannelVersion), "stat");

@@ -58,8 +58,7 @@ namespace {
 /// Throws Error(InvalidArgument) unless `control` can be a pool's control block: host memory (a device segment's
 /// data() is a device address, which the host must not read), big enough for its header.
 void check_host_control(const Segment& control, std::string_view name, const char* call) {
-  if ((control.kind() == SegmentKind::Host || control.kind() == SegmentKind::HostPinned) &&
-      control.size() >= sizeof(shm::PoolHeader)) {
+  if (detail::host_readable(control.kind()) && control.size() >= sizeof(shm::PoolHeader)) {
     return;
   }
   throw Error(ErrorCode::InvalidArgument,

@@ -476,9 +476,7 @@ std::optional<Segment> cached_open(const std::string& n, const OpenOptions& opti
 }  // namespace
 
 std::uint32_t detail::control_magic(const Segment& s) noexcept {
-  if (s.size() < sizeof(std::uint32_t) || (s.kind() != SegmentKind::Host && s.kind() != SegmentKind::HostPinned)) {
-    return 0;
-  }
+  if (s.size() < sizeof(std::uint32_t) || !host_readable(s.kind())) return 0;
   std::uint32_t magic = 0;
   std::memcpy(&magic, s.data(), sizeof magic);
   return magic;

@@ -127,6 +127,11 @@ std::uint64_t register_pinned_later(const Segment& segment, int ordinal);
 std::uint32_t control_magic(std::string_view name);
 /// The same, of a segment already mapped.
 std::uint32_t control_magic(const Segment& segment) noexcept;
+/// Whether this process reads `segment`'s bytes at data(): host or host_pinned. A device segment's data() is a GPU
+/// address, which the host must not load from (a name taken by such a segment is not a control block).
+constexpr bool host_readable(SegmentKind kind) noexcept {
+  return kind == SegmentKind::Host || kind == SegmentKind::HostPinned;
+}
 
 /// The checked name, or throws Error(InvalidArgument) saying which names are allowed.
 std::string check_name_or_throw(std::string_view name);

@@ -116,14 +116,22 @@ void wake_host_waiters(void* data) {
   shm::bump_and_wake(block->wake_seq);
 }
 
+/// The semaphore block of `seg`, or Error(InvalidArgument): a segment of another kind of object (or a device
+/// segment, whose data() the host cannot read) is not one.
+proto::SemaphoreBlock* block_of(const Segment& seg, std::string_view name, const char* call) {
+  proto::SemaphoreBlock* b = detail::host_readable(seg.kind()) ? shm::semaphore_block(seg.data(), seg.size()) : nullptr;
+  if (b == nullptr) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("'{}' is not a gpuipc semaphore (version {}); `gpuipc stat {}` says what it is", name,
+                            proto::kSemaphoreVersion, name),
+                call);
+  }
+  return b;
+}
+
 std::unique_ptr<Semaphore::Impl> attach(Segment seg, SemaphoreRole role) {
   auto impl = std::make_unique<Semaphore::Impl>();
-  impl->block = shm::semaphore_block(seg.data(), seg.size());
-  if (impl->block == nullptr) {
-    throw Error(ErrorCode::InvalidArgument, fmt::format("'{}' is not a gpuipc semaphore (version {})", seg.name(),
-                                                        proto::kSemaphoreVersion),
-                "open");
-  }
+  impl->block = block_of(seg, seg.name(), "open");
   if (seg.kind() == SegmentKind::HostPinned) {
     impl->device_value = seg.device_pointer() + offsetof(proto::SemaphoreBlock, value);
     impl->ctx = cuda::PrimaryContext(seg.device());
@@ -176,11 +184,7 @@ void Semaphore::unlink(std::string_view name) { Segment::unlink(name); }
 SemaphoreStats Semaphore::stat(std::string_view name) {
   // A CUDA-free read-only look: a host_pinned page is mapped without registering it with the GPU.
   Segment seg = detail::look_at_segment(name);
-  proto::SemaphoreBlock* b = shm::semaphore_block(seg.data(), seg.size());
-  if (b == nullptr) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("'{}' is not a gpuipc semaphore (version {})", name, proto::kSemaphoreVersion), "stat");
-  }
+  proto::SemaphoreBlock* b = block_of(seg, name, "stat");
   SemaphoreStats st;
   const std::uint64_t v = atomic(b->value).load(std::memory_order_acquire);
   st.value = v & proto::kMaxValue;

@@ -23,6 +23,7 @@
 #include "gpuipc/channel.hpp"
 #include "gpuipc/liveness.hpp"
 #include "gpuipc/semaphore.hpp"
+#include "gpuipc/share.hpp"
 #include "os/process.hpp"
 #include "proto/shm.hpp"
 #include "shm/channel_ring.hpp"
@@ -1146,6 +1147,51 @@ TEST(ChannelsDevice, ProducersKilledWhileTheirStreamsFillClaimedSlotsCorruptNoLa
   EXPECT_GE(st.abandoned, kKills / 2);  // most kills came while the victim held its claim
   ::munmap(mem, sizeof(Shared));
   Channel::unlink(name);
+}
+
+TEST(ChannelsDevice, BuffersOfAnotherKindThanTheChannelsAreRefused) {
+  // A channel's buffers are the segment X.slots, which another user can take or replace: the opener trusted
+  // whatever kind it was. A host channel with device buffers had the host memcpy into GPU addresses (and stream
+  // waits at address 0 for a device-kind channel's control block of host memory); shared cudaMalloc memory in a
+  // device channel's place was written as host memory.
+  GPUIPC_REQUIRE_GPU();
+  enum class Swap { DeviceForHost, SharedForDevice, HostForDevice };
+  for (const Swap swap : {Swap::DeviceForHost, Swap::SharedForDevice, Swap::HostForDevice}) {
+    SCOPED_TRACE(static_cast<int>(swap));
+    const auto name = unique_name();
+    SyncPipe swapped, tried;
+    const pid_t maker = start_child([&] {
+      Gpu g;
+      const SegmentKind kind = swap == Swap::DeviceForHost ? SegmentKind::Host : SegmentKind::Device;
+      Channel ch = Channel::create(name, {.slots = 4, .slot_bytes = 1 << 16, .kind = kind}, ChannelRole::Consumer);
+      Segment::unlink(name + ".slots");
+      std::optional<cuda::DeviceBuffer> buf;
+      Segment slots;
+      if (swap == Swap::SharedForDevice) {
+        buf = cuda::DeviceBuffer::allocate(4 << 16);
+        slots = share(name + ".slots", reinterpret_cast<void*>(buf->get()), 4 << 16);  // NOLINT
+      } else {
+        const SegmentKind other = swap == Swap::DeviceForHost ? SegmentKind::Device : SegmentKind::Host;
+        slots = detail::create_segment(name + ".slots", 4 << 16, {.kind = other, .device = 0, .mode = 0600}, 0);
+      }
+      swapped.notify();
+      GPUIPC_CHILD_CHECK(tried.wait(60s));
+      return 0;
+    });
+    ASSERT_TRUE(swapped.wait(60s));
+    EXPECT_EQ(run_child([&] {
+                Gpu g;
+                for (const ChannelRole role : {ChannelRole::Producer, ChannelRole::Consumer}) {
+                  GPUIPC_CHILD_CHECK(fails_with([&] { (void)Channel::open(name, role); }, ErrorCode::InvalidArgument,
+                                                "do not match it"));
+                }
+                return 0;
+              }),
+              0);
+    tried.notify();
+    EXPECT_EQ(wait_child(maker, 60s), 0);
+    Channel::unlink(name);
+  }
 }
 
 TEST(SemaphoresDevice, StreamsSignalAndWaitAcrossProcesses) {

@@ -5,8 +5,10 @@
 
 #include <csignal>
 
+#include "gpuipc/channel.hpp"
 #include "gpuipc/counting_semaphore.hpp"
 #include "gpuipc/segment.hpp"
+#include "gpuipc/semaphore.hpp"
 #include "support/broker_env.hpp"
 #include "support/gpu.hpp"
 #include "support/gpu_worker.hpp"
@@ -36,6 +38,32 @@ TEST(SegmentsDevice, ACountingSemaphoreOpenOrStatOfADeviceSegmentIsRefused) {
               return 0;
             }),
             0);
+  Segment::unlink(name);
+}
+
+TEST(SegmentsDevice, ASemaphoreOrChannelOpenOrStatOfADeviceSegmentIsRefused) {
+  // Semaphore::open and stat, and Channel::stat, read the block at the segment's address like the counting
+  // semaphore did: a name another user took with a device segment crashed the process that opened it (or `gpuipc
+  // top`, when a name changed hands between its list and its stat).
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  EXPECT_EQ(
+      run_child([&] {
+        Gpu g;
+        auto seg = Segment::create(name, 1 << 20, {.kind = SegmentKind::Device, .device = 0, .mode = 0600});
+        for (const auto& call :
+             {std::function<void()>([&] { (void)Semaphore::open(name); }),
+              std::function<void()>([&] { (void)Semaphore::open(name, {.role = SemaphoreRole::Waiter}); }),
+              std::function<void()>([&] { (void)Semaphore::stat(name); })}) {
+          GPUIPC_CHILD_CHECK(fails_with(call, ErrorCode::InvalidArgument, "is not a gpuipc semaphore"));
+        }
+        for (const auto& call : {std::function<void()>([&] { (void)Channel::stat(name); }),
+                                 std::function<void()>([&] { (void)Channel::open(name, ChannelRole::Consumer); })}) {
+          GPUIPC_CHILD_CHECK(fails_with(call, ErrorCode::InvalidArgument, "is not a"));
+        }
+        return 0;
+      }),
+      0);
   Segment::unlink(name);
 }
 
