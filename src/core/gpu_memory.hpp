@@ -75,9 +75,11 @@ std::unique_ptr<GpuMemory> borrow_device_memory(std::uint64_t ptr, int ordinal);
 /// Another process's cuMemAlloc allocation, opened with cuIpcOpenMemHandle from the 64-byte `handle` on device
 /// `requested` (as mapping_ordinal) — once per allocation and device in this process: every open of the same
 /// handle shares one mapping, closed (cuIpcCloseMemHandle) when the last result goes. device_pointer() is the
-/// allocation's base. Throws Error(Cuda) (e.g. the exporter freed it), NoDevice, Unsupported, NoDriver.
+/// allocation's base. `bytes` is set to the allocation's size as the driver maps it here (0 when it cannot say): what
+/// the exporter's record claims is checked against it. Throws Error(Cuda) (e.g. the exporter freed it), NoDevice,
+/// Unsupported, NoDriver.
 std::unique_ptr<GpuMemory> open_legacy_memory(std::span<const std::uint8_t> handle, const proto::Uuid& owner,
-                                              int requested);
+                                              int requested, std::uint64_t& bytes);
 
 /// How many distinct legacy IPC allocations this process has open now (tests, benchmarks).
 std::size_t legacy_open_count();

@@ -10,6 +10,7 @@
 #include "core/gpu_memory.hpp"
 #include "cuda/context.hpp"
 #include "cuda/legacy_ipc.hpp"
+#include "cuda/pointer.hpp"
 #include "proto/shm.hpp"
 
 namespace gpuipc::core {
@@ -19,6 +20,7 @@ namespace {
 struct LegacyOpen {
   cuda::PrimaryContext ctx;
   cuda::IpcMapping mapping;
+  std::uint64_t bytes = 0;  ///< the allocation's size here (cuMemGetAddressRange of the base), 0 if unknown
 };
 
 class LegacyCache {
@@ -48,6 +50,12 @@ class LegacyCache {
     CUipcMemHandle h{};
     std::memcpy(h.reserved, handle.data(), sizeof h.reserved);
     open->mapping = cuda::IpcMapping::open(h);
+    try {
+      if (const auto range = cuda::address_range(open->mapping.get()); range && range->base == open->mapping.get()) {
+        open->bytes = range->size;
+      }
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): bytes stays 0, and the opener refuses the record
+    }
     m_open[key] = open;
     return open;
   }
@@ -78,12 +86,14 @@ class LegacyMemory final : public GpuMemory {
 }  // namespace
 
 std::unique_ptr<GpuMemory> open_legacy_memory(std::span<const std::uint8_t> handle, const proto::Uuid& owner,
-                                              int requested) {
+                                              int requested, std::uint64_t& bytes) {
   if (handle.size() != proto::kIpcHandleBytes) {
     throw Error(ErrorCode::InvalidArgument, "a legacy IPC handle has 64 bytes", "cuIpcOpenMemHandle");
   }
   const int ordinal = mapping_ordinal(owner, requested);
-  return std::make_unique<LegacyMemory>(LegacyCache::instance().open(handle, ordinal));
+  std::shared_ptr<LegacyOpen> open = LegacyCache::instance().open(handle, ordinal);
+  bytes = open->bytes;
+  return std::make_unique<LegacyMemory>(std::move(open));
 }
 
 std::size_t legacy_open_count() { return LegacyCache::instance().count(); }

@@ -189,12 +189,23 @@ void detail::open_device_ipc(Mapping& m, int fd, const proto::SegmentInfo& info,
     throw Error(ErrorCode::Protocol, fmt::format("segment '{}': malformed device_ipc record: {}", m.name, why), "open");
   }
   if (!m.alive()) throw exporter_gone_error(m.name);
+  std::uint64_t mapped = 0;
   try {
-    m.gpu = core::open_legacy_memory(record.handle, info.device, requested_device);
+    m.gpu = core::open_legacy_memory(record.handle, info.device, requested_device, mapped);
   } catch (const Error&) {
     // The exporter may have gone between the check and the open: say so rather than the driver's error.
     if (!m.alive()) throw exporter_gone_error(m.name);
     throw;
+  }
+  // The record's range was checked against the record's own alloc_size only: against what the handle opened, so
+  // that an exporter cannot hand out a view past its allocation (the opener's first kernel would fault there).
+  if (record.size > mapped || record.offset > mapped - record.size) {
+    m.gpu.reset();
+    throw Error(ErrorCode::Protocol,
+                fmt::format("segment '{}': malformed device_ipc record: bytes [{}, {} + {}) do not lie inside the "
+                            "allocation the handle opens ({} bytes)",
+                            m.name, record.offset, record.offset, record.size, mapped),
+                "open");
   }
   m.view_offset = record.offset;
 }

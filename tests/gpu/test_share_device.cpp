@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/gpu_memory.hpp"
+#include "core/segment_internal.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/vmm.hpp"
 #include "gpuipc/share.hpp"
@@ -216,6 +217,37 @@ int open_and_check(const std::string& name, std::uint32_t pattern) {
     GPUIPC_CHILD_CHECK(g.k.count_mismatches(g.stream.get(), seg.device_pointer(), kWords, pattern) == 0);
     return 0;
   });
+}
+
+TEST(ShareDevice, ARecordClaimingMoreThanTheAllocationIsRefused) {
+  // An opener checked the exporter's record against the record's own alloc_size only: an exporter that wrote a
+  // larger one (and an offset past its memory) had the opener's device_pointer() point outside the mapping, and its
+  // first kernel fault there. The opener now checks the range against what the handle opened.
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name();
+  SyncPipe shared, done;
+  const pid_t a = start_child([&] {
+    Gpu g;
+    auto buf = cuda::DeviceBuffer::allocate(kBytes);
+    auto seg = share(name, reinterpret_cast<void*>(buf.get()), kOffset);  // NOLINT
+    proto::DeviceIpcRecord* r = detail::SegmentAccess::mapping(seg)->record();
+    GPUIPC_CHILD_CHECK(r != nullptr && r->alloc_size >= kBytes);
+    r->alloc_size = 1ULL << 30;  // the record still agrees with itself, and with the broker's check at Create
+    r->offset = (1ULL << 30) - kOffset;
+    shared.notify();
+    GPUIPC_CHILD_CHECK(done.wait(60s));
+    return 0;
+  });
+  ASSERT_TRUE(shared.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              GPUIPC_CHILD_CHECK(fails_with([&] { (void)Segment::open(name, {.access = Access::ReadOnly}); },
+                                            ErrorCode::Protocol, "do not lie inside the allocation the handle opens"));
+              return 0;
+            }),
+            0);
+  done.notify();
+  EXPECT_EQ(wait_child(a), 0);
 }
 
 // A connection can close while its process lives on (the broker cuts one whose replies go unread, the library drops
