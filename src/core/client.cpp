@@ -179,6 +179,26 @@ void BrokerClient::connect_locked() {
   }
 }
 
+namespace {
+
+/// The broker on `sock` runs as this process's uid or as root (the shared broker): another user's broker would get
+/// this process's memory fds, and could hand it memory of its choosing under any name. (The same rule as for the
+/// runtime directory, which only the broker and `gpuipc daemon` checked: a GPUIPC_RUNTIME_DIR or XDG_RUNTIME_DIR of
+/// another user, kept by sudo -E or su, took every call to that user's broker.)
+void check_broker_is_trusted(int sock, const std::string& path) {
+  const uid_t broker = os::peer_credentials(sock).uid;
+  const uid_t me = ::getuid();
+  if (broker == me || broker == 0) return;
+  throw Error(ErrorCode::PermissionDenied,
+              fmt::format("the gpuipc broker on {} runs as uid {}, and this process as uid {}: it is another user's, "
+                          "which would get this process's memory; use a runtime directory of your own "
+                          "(GPUIPC_RUNTIME_DIR, or unset it and XDG_RUNTIME_DIR) or the shared broker, root's",
+                          path, broker, me),
+              "connect");
+}
+
+}  // namespace
+
 void BrokerClient::connect_once_locked() {
   // Checked before anything is sent: a malformed value must not throw between a request and its answer (the
   // request would take effect, and the connection would hold an answer nobody reads).
@@ -197,6 +217,7 @@ void BrokerClient::connect_once_locked() {
       os::connect_seqpacket(sock.get(), path,
                             std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
                                 deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{})));
+      check_broker_is_trusted(sock.get(), path);
       m_sock = std::move(sock);
       break;
     } catch (const Error& e) {

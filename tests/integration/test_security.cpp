@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -101,6 +102,32 @@ TEST(Security, StoppingAnotherUsersBrokerSaysWhoseItIs) {
             }),
             0);
   EXPECT_EQ(BrokerEnvironment::broker_pid(), broker);  // still running
+}
+
+TEST(Security, NoProcessTalksToAnotherUsersBroker) {
+  // Only the broker and `gpuipc daemon` checked who owns the runtime directory: a GPUIPC_RUNTIME_DIR or an
+  // XDG_RUNTIME_DIR of another user (kept by sudo -E or su) had every call go to that user's broker, which got the
+  // caller's memory fds (root's 0600 segments, read by nobody through its own broker). The library now refuses a
+  // broker that runs as neither its uid nor root.
+  SKIP_UNLESS_ROOT();
+  TempDir top("gpuipc-other-broker");
+  ASSERT_EQ(::chmod(top.path().c_str(), 0755), 0);
+  const std::string run = top.file("run");
+  ASSERT_EQ(::mkdir(run.c_str(), 0755), 0);
+  ASSERT_EQ(::chown(run.c_str(), kNobody, kNobody), 0);
+  const pid_t broker = start_child([&] {
+    GPUIPC_CHILD_CHECK(become_nobody());
+    const std::string daemon = build_bin_dir() + "/gpuipcd";
+    ::execl(daemon.c_str(), daemon.c_str(), "--runtime-dir", run.c_str(), "--idle-timeout-ms", "0", nullptr);
+    return 127;
+  });
+  ASSERT_TRUE(wait_until([&] { return std::filesystem::exists(run + "/broker.sock"); }, 10s));
+  const ProgramOutcome o = run_program(build_bin_dir() + "/gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + run});
+  EXPECT_EQ(o.exit_code, 6) << o.out << o.err;
+  EXPECT_NE(o.err.find("runs as uid 65534, and this process as uid 0: it is another user's"), std::string::npos)
+      << o.err;
+  ::kill(broker, SIGTERM);
+  EXPECT_EQ(wait_child(broker, 10s), 0);
 }
 
 TEST(Security, AForgedHelloPidCannotRemoveAnotherProcessesMember) {

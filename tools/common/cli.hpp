@@ -109,8 +109,10 @@ inline int run(CLI::App& app, int argc, char** argv, const int& exit_code) {
     return rc == 0 ? 0 : kExitUsage;
   } catch (const Error& e) {
     std::cerr << "gpuipc: " << e.what() << "\n";
-    // The broker could not be reached or started (connect, hello, or a dead connection).
-    if (e.call() == "connect" || e.call() == "hello" || e.call() == "send" || e.call() == "recv") {
+    // The broker could not be reached or started (connect, hello, or a dead connection); a broker or socket the
+    // caller may not use (another user's) is a permission matter.
+    if (e.code() != ErrorCode::PermissionDenied &&
+        (e.call() == "connect" || e.call() == "hello" || e.call() == "send" || e.call() == "recv")) {
       return kExitBroker;
     }
     switch (e.code()) {
