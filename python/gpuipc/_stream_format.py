@@ -69,6 +69,14 @@ def _join_mode(mode: int) -> int:
     return mode | ((mode & 0o444) >> 1)
 
 
+def _signal_mode(mode: int) -> int:
+    """A timeline's mode (NAME.version, NAME.filled, a reader's slot): only its owner signals it, everyone who may
+    read the object waits on it. With the object's own mode (0o660 for readers that record holds in its pool), any
+    reader opened it as a signaller: it could announce versions or buckets never published, and, holding it open,
+    keep the broker from poisoning it when the publisher died (the last signaller had not gone)."""
+    return mode & ~0o022
+
+
 def _slot_name(name: str, i: int) -> str:
     return f"{name}.reader.{i}"
 

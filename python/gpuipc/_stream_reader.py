@@ -52,6 +52,7 @@ from ._stream_format import (
     _raise_poisoned,
     _read_desc,
     _read_header,
+    _signal_mode,
     _join_name,
     _slot_name,
     _torch,
@@ -169,7 +170,7 @@ class StreamReader:
             for i in range(h.readers):
                 try:
                     self._slot_sem = Semaphore.create(_slot_name(self.name, i), initial=0, kind=kind,
-                                                      device=self._device, mode=h.mode)
+                                                      device=self._device, mode=_signal_mode(h.mode))
                 except AlreadyExists:
                     continue
                 self._announce()

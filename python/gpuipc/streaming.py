@@ -131,6 +131,7 @@ from ._stream_format import (
     _nbytes,
     _numpy_bytes,
     _join_mode,
+    _signal_mode,
     _join_name,
     _slot_name,
     _torch,
@@ -390,7 +391,8 @@ class StreamPublisher:
             self._blocks = [self._pool.allocate(self._bucket_bytes) for _ in range(B)]
             sem_kind = "host_pinned" if device_kind else "host"
             try:
-                self._filled = Semaphore.create(name + ".filled", initial=0, kind=sem_kind, device=self._device, mode=self._mode)
+                self._filled = Semaphore.create(name + ".filled", initial=0, kind=sem_kind, device=self._device,
+                                                mode=_signal_mode(self._mode))
             except AlreadyExists:
                 raise AlreadyExists(f"stream_publisher: semaphore {name + '.filled'!r} is taken: gpuipc.unlink_stream({name!r})") from None
             self._made.append(("semaphore", name + ".filled"))

@@ -15,6 +15,7 @@ import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from . import _gpuipc, _index
+from ._stream_format import _signal_mode
 from ._streams import stream_handle
 from ._tensorinfo import DL_CUDA, describe
 from .errors import AlreadyExists, Closed, Error, InvalidArgument, InvalidState, PeerDied, QuotaExceeded
@@ -70,7 +71,8 @@ class Publisher(SharedTensors):
     def _setup_extra(self) -> None:
         try:
             self._sem = Semaphore.create(
-                self.name + ".version", initial=1, kind=self._sem_kind, device=self._sem_device, mode=self._mode
+                self.name + ".version", initial=1, kind=self._sem_kind, device=self._sem_device,
+                mode=_signal_mode(self._mode)
             )
         except AlreadyExists:
             raise _taken(self.name, ".version", "semaphore") from None

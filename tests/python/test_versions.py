@@ -208,3 +208,18 @@ def test_wait_version_host_path_and_stream_on_host_memory(name):
         assert r.status == "closed"
         with pytest.raises(gpuipc.Closed):
             r.wait_version(3, timeout=5)
+
+
+def test_only_the_owner_signals_the_version_counter_and_the_stream_timelines(name):
+    """The timelines took the object's mode: with 0o660 (readers that record holds in the pool) every reader could
+    open NAME.version, NAME.filled or another reader's slot as a signaller, announce versions or buckets never
+    published, and by holding it keep the broker from poisoning it when the publisher died."""
+    with gpuipc.publish_tensors(name, {"w": np.zeros(8)}, versions=2, mode=0o660):
+        assert gpuipc.Segment.stat(name + ".pool").mode == 0o660
+        assert gpuipc.Segment.stat(name + ".version").mode == 0o640
+    stream = name + "s"
+    with gpuipc.stream_publisher(stream, 4096, 2, readers=1, kind="host", mode=0o662) as pub:
+        pub.init()
+        assert gpuipc.Segment.stat(stream + ".filled").mode == 0o640
+        with gpuipc.stream_reader(stream):
+            assert gpuipc.Segment.stat(stream + ".reader.0").mode == 0o640
