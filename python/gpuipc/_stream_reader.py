@@ -526,6 +526,11 @@ class StreamReader:
                 # An iterator let go (closed, collected) after a later call drained the rest of its version: that
                 # call gave this bucket back and read past it, and a release now would take the reader back to it.
                 current = d.seq == self._next
+                if current and d.flags & _D_LAST and self._handed_all and not self._head.device_staging:
+                    # The copies out of the version's last bucket are done (host): a reader evicted while it made them
+                    # may have read a slot or blocks the publisher rewrote since, so the version is not reported.
+                    # (Earlier buckets: the next bucket's read checks.)
+                    self._check_evicted()
                 if current and not early:
                     self._release(d.seq, sig)
                 if current and d.flags & (_D_LAST | _D_ABORT):

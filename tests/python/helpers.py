@@ -449,6 +449,21 @@ def stream_receive_slowly(name: str, hold: float, go: Optional[str] = None) -> d
     return {"got": got, "items": items, "done": done}
 
 
+def stream_receive_slow_last(name: str, last: str, hold: float) -> tuple:
+    """Receives one version with receive_iter, holding its piece of tensor `last` (the version's last) `hold` seconds
+    before copying it: ("raised", class name, message) or ("ok", version, {name: sorted distinct values})."""
+    got = {}
+    with gpuipc.stream_reader(name, wait=30) as rd:
+        try:
+            for item in rd.receive_iter(timeout=60):
+                if item.name == last:
+                    time.sleep(hold)
+                got[item.name] = np.array(item.view)
+        except gpuipc.Error as e:
+            return ("raised", type(e).__name__, str(e))
+        return ("ok", rd.version, {k: sorted(set(v.reshape(-1).tolist())) for k, v in got.items()})
+
+
 def stream_reader_holds_first(name: str, ready: str, cuda: bool = False) -> None:
     """Takes the first piece of the first version and never lets its bucket go; creates `ready` and sleeps until
     killed. cuda: a torch CUDA context first (device staging)."""

@@ -587,6 +587,20 @@ def test_descriptor_only_buckets_go_back_once_read(name, start):
         assert all(np.all(r["got"][k] == r["got"][k][0]) for k in "abc")
 
 
+def test_a_reader_evicted_while_it_copies_the_last_bucket_does_not_report_the_version(name, start):
+    """Eviction was checked before each bucket's read only: a reader that took longer than reader_timeout over the
+    version's last bucket, while the publisher's next version overwrote that ring slot under it, ended the loop
+    normally and reported the version with the next one's bytes in it."""
+    with gpuipc.stream_publisher(name, 4096, 2, kind="host", reader_timeout=0.3) as pub:
+        fut = start(helpers.stream_receive_slow_last, name, "c", 1.5)
+        assert pub.wait_readers(1, timeout=60) == 1
+        assert pub.publish({k: np.full(1024, 1.0, np.float32) for k in "abc"}) == 1  # a bucket each, a ring of 2
+        time.sleep(0.3)
+        assert pub.publish({k: np.full(1024, 2.0, np.float32) for k in "abc"}) == 2  # evicts the reader, then
+        r = fut.result(timeout=60)  # rewrites the slot of version 1's last bucket
+        assert r[0] == "raised" and r[1] == "InvalidState" and "evicted" in r[2], r
+
+
 def test_source_changed_after_wait_consumed_is_not_seen(name, start):
     """finish() (host staging) returns only after the reader has copied the references out of the last bucket, so
     the publisher may write its tensors once publish() returns; wait_consumed() then returns at once."""
