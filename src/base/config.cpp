@@ -112,7 +112,7 @@ std::uint64_t env_u64(std::string_view name, std::uint64_t fallback) {
 
 std::chrono::milliseconds env_ms(std::string_view name, std::chrono::milliseconds fallback) {
   const auto v = env_u64(name, static_cast<std::uint64_t>(fallback.count()));
-  return std::chrono::milliseconds(static_cast<std::int64_t>(std::min<std::uint64_t>(v, INT64_MAX)));
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::min<std::uint64_t>(v, kMostEnvMs.count())));
 }
 
 bool env_bool(std::string_view name, bool fallback) {

@@ -32,7 +32,12 @@ std::optional<std::string> env_raw(std::string_view name);
 /// `fallback`. A malformed value throws Error(InvalidArgument) naming the variable and the value.
 std::uint64_t env_u64(std::string_view name, std::uint64_t fallback);
 
-/// The variable as a duration in milliseconds, else `fallback`.
+/// The longest duration env_ms gives: 100 years ("unlimited", and anything longer). Any clock's now() plus it still
+/// fits a 64-bit count of nanoseconds (INT64_MAX ms, as it was, made every deadline computed from it wrap into the
+/// past: a connect that gave up at once, a restore grace of -1 ms that dropped every journaled name).
+inline constexpr std::chrono::milliseconds kMostEnvMs{std::int64_t{100} * 365 * 24 * 3600 * 1000};
+
+/// The variable as a duration in milliseconds, at most kMostEnvMs, else `fallback`.
 std::chrono::milliseconds env_ms(std::string_view name, std::chrono::milliseconds fallback);
 
 /// The variable as a boolean (1/0, true/false, yes/no, on/off), else `fallback`.

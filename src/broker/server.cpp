@@ -73,7 +73,7 @@ Server::Server(ServerOptions options)
   constexpr std::int64_t kMostGraceMs = std::int64_t{30} * 24 * 3600 * 1000;  // (ns past it would overflow a deadline)
   m_registry.set_rejoin_grace(std::min<std::int64_t>(m_options.rejoin_grace.count(), kMostGraceMs) * 1'000'000);
   m_registry.open_journal(m_options.runtime_dir + "/names.journal", os::monotonic_ns(),
-                          m_options.restore_grace.count() * 1'000'000);
+                          std::min<std::int64_t>(m_options.restore_grace.count(), kMostGraceMs) * 1'000'000);
   m_socket_path = m_options.runtime_dir + "/broker.sock";
   if (m_options.listen_fd) {
     m_listen = std::move(m_options.listen_fd);

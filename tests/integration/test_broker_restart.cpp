@@ -62,6 +62,18 @@ TEST(BrokerRestart, ANameSomeoneStillMapsComesBackWithItsOwnerAndMode) {
   Segment::unlink(name);
 }
 
+TEST(BrokerRestart, AnUnlimitedGraceGivesANameBackToItsHolder) {
+  // "unlimited" was INT64_MAX ms, which the broker turned into a grace of -1 ms: every journaled name went at
+  // once, before any holder could announce it.
+  ::setenv("GPUIPC_RESTORE_GRACE_MS", "unlimited", 1);  // for the broker the library starts next
+  const auto name = unique_name();
+  auto seg = Segment::create(name, 4096);
+  kill_broker();
+  EXPECT_NO_THROW((void)Segment::stat(name));
+  ::unsetenv("GPUIPC_RESTORE_GRACE_MS");
+  Segment::unlink(name);
+}
+
 TEST(BrokerRestart, ANameNobodyMapsWaitsItsGraceTimeThenGoes) {
   ::setenv("GPUIPC_RESTORE_GRACE_MS", "1500", 1);  // for the broker the library starts next
   const auto name = unique_name();

@@ -228,6 +228,17 @@ TEST(CliArguments, ABrokerThatCannotBeStartedExits7NamingGpuipcDaemon) {
   EXPECT_NE(o.err.find("GPUIPC_DAEMON"), std::string::npos) << o.err;
 }
 
+TEST(CliArguments, AnUnlimitedConnectTimeoutWaitsForTheBrokerItStarts) {
+  // "unlimited" was INT64_MAX ms: the connect's deadline wrapped into the past, and a command that had to start the
+  // broker gave up at once ("did not start listening ... within 9223372036854775807 ms", exit 7).
+  const TempDir dir("gpuipc-args");
+  const std::vector<std::string> env{"GPUIPC_RUNTIME_DIR=" + dir.file("run"), "GPUIPC_CONNECT_TIMEOUT_MS=unlimited",
+                                     "GPUIPC_DAEMON=" + build_bin_dir() + "/gpuipcd"};
+  const auto o = run("gpuipc", {"ls"}, env);
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(run("gpuipc", {"daemon", "--stop"}, env).exit_code, 0);
+}
+
 TEST(CliArguments, ARuntimeDirectoryThatIsAFileIsRefusedAsUnsafe) {
   // `daemon status` and `daemon --stop` connected without the check (status then reported a broker, or said none
   // runs; --stop signalled whatever listened there).

@@ -27,6 +27,19 @@ TEST(ConfigEnv, NumbersSuffixesAndUnlimited) {
   EXPECT_EQ(parse("010"), 10U);  // decimal, not octal
 }
 
+TEST(ConfigEnv, AnUnlimitedDurationMakesDeadlinesInTheFuture) {
+  // INT64_MAX ms: now() + it wrapped into the past (a connect that gave up at once, a restore grace of -1 ms).
+  for (const char* value : {"unlimited", "100000000000000", "18446744073709551615"}) {
+    ::setenv("GPUIPC_CONNECT_TIMEOUT_MS", value, 1);  // NOLINT(concurrency-mt-unsafe): single-threaded test
+    const auto ms = config::env_ms("GPUIPC_CONNECT_TIMEOUT_MS", std::chrono::milliseconds(5));
+    ::unsetenv("GPUIPC_CONNECT_TIMEOUT_MS");  // NOLINT(concurrency-mt-unsafe)
+    EXPECT_EQ(ms, config::kMostEnvMs) << value;
+    const auto now = std::chrono::steady_clock::now();
+    EXPECT_GT(now + ms, now) << value;
+    EXPECT_GT(std::chrono::system_clock::now() + ms, std::chrono::system_clock::now()) << value;
+  }
+}
+
 // stoull takes a sign and leading blanks: "-1" read as 2^64 - 1, no limit at all, where the docs promise an error.
 TEST(ConfigEnv, ASignOrAnythingButDigitsFirstIsRefused) {
   for (const char* bad : {"-1", "+5", "-0", "abc", "5x", "0x10", "99999999999999999999", "16E"}) {
