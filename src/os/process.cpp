@@ -349,8 +349,19 @@ void spawn_detached(const std::vector<std::string>& argv, const std::string& log
   UniqueFd null_fd = above_stdio(std::move(opened_null), "/dev/null");
   UniqueFd log_fd;
   if (!log_path.empty()) {
-    UniqueFd opened(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    // Not through a symlink, nor into a FIFO or another user's file: in a sticky directory others may write, anyone
+    // can put one there first (a root broker appended its log to whatever file the link named).
+    UniqueFd opened(
+        ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600));
     if (!opened) throw_system("open", fmt::format("log file {} of {}", log_path, program));
+    struct stat st {};
+    if (::fstat(opened.get(), &st) != 0) throw_system("fstat", fmt::format("log file {} of {}", log_path, program));
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+      throw Error(ErrorCode::PermissionDenied,
+                  fmt::format("log file {} of {} is not a regular file of yours (uid {}, mode {:o}); remove it",
+                              log_path, program, st.st_uid, st.st_mode),
+                  "open");
+    }
     log_fd = above_stdio(std::move(opened), "log file");
   }
   const int err_fd = log_fd ? log_fd.get() : null_fd.get();

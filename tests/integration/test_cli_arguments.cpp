@@ -239,6 +239,29 @@ TEST(CliArguments, AnUnlimitedConnectTimeoutWaitsForTheBrokerItStarts) {
   EXPECT_EQ(run("gpuipc", {"daemon", "--stop"}, env).exit_code, 0);
 }
 
+TEST(CliArguments, TheBrokerLogIsNeitherASymlinkFollowedNorAFifoWaitedOn) {
+  // The library opened broker.log to start a broker with O_CREAT|O_APPEND only: a symlink put there (in a sticky
+  // directory another user can write) had it append to any file, and a FIFO held the command for good.
+  const TempDir dir("gpuipc-args");
+  const std::string run = dir.file("run"), victim = dir.file("victim");
+  ASSERT_EQ(::mkdir(run.c_str(), 0755), 0);
+  write_file(victim, "keep\n");
+  ASSERT_EQ(::symlink(victim.c_str(), (run + "/broker.log").c_str()), 0);
+  const std::vector<std::string> env{"GPUIPC_RUNTIME_DIR=" + run, "GPUIPC_DAEMON=" + build_bin_dir() + "/gpuipcd",
+                                     "GPUIPC_LOG=info"};
+  auto o = run_program(build_bin_dir() + "/gpuipc", {"ls"}, env, -1, 20s);
+  EXPECT_NE(o.exit_code, 0) << o.out << o.err;
+  EXPECT_NE(o.err.find("broker.log"), std::string::npos) << o.err;
+  EXPECT_EQ(read_file(victim).value_or(""), "keep\n");
+  ASSERT_EQ(::unlink((run + "/broker.log").c_str()), 0);
+  ASSERT_EQ(::mkfifo((run + "/broker.log").c_str(), 0600), 0);
+  o = run_program(build_bin_dir() + "/gpuipc", {"ls"}, env, -1, 20s);
+  EXPECT_NE(o.exit_code, kChildTimedOut) << "waited on the FIFO";
+  EXPECT_NE(o.exit_code, 0) << o.out << o.err;
+  EXPECT_NE(o.err.find("broker.log"), std::string::npos) << o.err;
+  run_program(build_bin_dir() + "/gpuipc", {"daemon", "--stop"}, env);
+}
+
 TEST(CliArguments, ARuntimeDirectoryThatIsAFileIsRefusedAsUnsafe) {
   // `daemon status` and `daemon --stop` connected without the check (status then reported a broker, or said none
   // runs; --stop signalled whatever listened there).
