@@ -1,6 +1,8 @@
 #include "broker/journal.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -186,8 +188,7 @@ struct OwedReplay {
 /// Refuses a journal someone else could have written: its lines name owners and memory that the next broker gives
 /// back, so a file planted (or made writable) by another user in a runtime directory they may write (a sticky one,
 /// such as /tmp) would forge them.
-void check_journal_file(const std::string& path) {
-  const auto st = os::path_status(path);
+void check_journal_file(const std::string& path, const std::optional<os::PathStatus>& st) {
   if (!st) return;  // none yet: this broker writes the first
   const auto refuse = [&](const std::string& why) {
     throw Error(ErrorCode::PermissionDenied,
@@ -207,11 +208,15 @@ void check_journal_file(const std::string& path) {
 }  // namespace
 
 Journal Journal::open(const std::string& path, JournalState& state) {
-  check_journal_file(path);
+  // Checked on the file read, through its fd: a check of the path, then an open, replayed a file another user put
+  // there in between (in a sticky directory).
+  std::optional<os::PathStatus> st;
+  std::string text = os::read_text(path, &st);
+  check_journal_file(path, st);
   std::map<std::string, JournalEntry> names;
   std::map<std::tuple<std::string, std::uint32_t, std::uint32_t>, JournalMember> joined;
   std::map<std::string, OwedReplay> owed;
-  std::istringstream in(os::read_text(path));
+  std::istringstream in(std::move(text));
   for (std::string line; std::getline(in, line);) {
     if (in.eof()) break;  // no newline: a line torn by a full disk or a crash of the machine is skipped
     if (line.rfind("U ", 0) == 0) {
@@ -266,11 +271,20 @@ Journal Journal::open(const std::string& path, JournalState& state) {
 
 void Journal::append(const std::string& line) noexcept {
   if (!m_fd) return;
+  // Its size first: a write the disk cut short leaves part of the line, which the next line would be glued onto
+  // (replay skips only a torn last line: the glued one, an unlink, was lost, and the name came back).
+  struct stat st {};
+  const bool sized = ::fstat(m_fd.get(), &st) == 0;
   try {
     os::append_text(m_fd.get(), line);
     m_appended_bytes += line.size();
   } catch (const std::exception& e) {
-    GPUIPC_LOG_WARN("names journal: {}; names changed now will not survive a broker restart", e.what());
+    GPUIPC_LOG_WARN("names journal: {}; this change will not survive a broker restart", e.what());
+    if (!sized || ::ftruncate(m_fd.get(), st.st_size) != 0) {
+      // The part stays, as the last line, which replay skips; nothing more is written after it.
+      m_fd.reset();
+      GPUIPC_LOG_WARN("names journal: cannot take a cut line back; it is no longer written");
+    }
   }
 }
 

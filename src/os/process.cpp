@@ -480,11 +480,18 @@ void append_text(int fd, std::string_view text) {
   }
 }
 
-std::string read_text(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+std::string read_text(const std::string& path, std::optional<PathStatus>* status) {
+  if (status != nullptr) status->reset();
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (!fd) {
     if (errno == ENOENT) return {};
     throw_system("open", fmt::format("file {}", path));
+  }
+  if (status != nullptr) {
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw_system("fstat", fmt::format("file {}", path));
+    *status = PathStatus{S_ISREG(st.st_mode), st.st_uid, static_cast<unsigned>(st.st_mode & 07777)};
+    if (!S_ISREG(st.st_mode)) return {};  // (the caller refuses it; a FIFO or device is not read)
   }
   std::string out;
   char buf[65536];

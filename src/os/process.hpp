@@ -7,11 +7,13 @@
 #include <csignal>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "os/fd.hpp"
+#include "os/path.hpp"
 
 namespace gpuipc::os {
 
@@ -102,8 +104,11 @@ UniqueFd open_append(const std::string& path, unsigned mode);
 /// short or failed write (a full filesystem).
 void append_text(int fd, std::string_view text);
 
-/// The whole content of `path`, or an empty string when it does not exist. Throws Error(System) on other errors.
-std::string read_text(const std::string& path);
+/// The whole content of `path`, or an empty string when it does not exist (not through a symbolic link; a FIFO is
+/// not waited on). With `status`, what fstat says of the file read (nullopt when there is none): checks made on it
+/// hold for what was read, where a check of the path before could be of another file. Throws Error(System) on other
+/// errors.
+std::string read_text(const std::string& path, std::optional<PathStatus>* status = nullptr);
 
 /// Replaces `path` with `text` atomically (a temporary file beside it, then rename). Throws Error(System).
 void replace_file(const std::string& path, std::string_view text, unsigned mode);

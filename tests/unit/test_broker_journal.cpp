@@ -1,7 +1,10 @@
 // The broker's journal (src/broker/journal.hpp): the names, member entries and owed stream writes a broker started
 // after another one died replays, and the compaction that keeps it from growing without bound.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+
+#include <csignal>
 
 #include <cstdint>
 #include <functional>
@@ -57,6 +60,37 @@ TEST(BrokerJournal, AJournalOthersCouldHaveWrittenIsNotReplayed) {
   ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
   const Journal again = Journal::open(path, state);
   EXPECT_EQ(state.linked.size(), 1U);
+}
+
+TEST(BrokerJournal, ALineTheDiskCutShortDoesNotSwallowTheNext) {
+  // A short write (a full disk) left part of a line, and the next line was glued onto it: replay skips a torn line
+  // only when it is the last, so the glued one was lost, and an unlink lost so brought its name back.
+  TempDir dir;
+  const std::string path = dir.file("names.journal");
+  EXPECT_EQ(run_child([&] {
+              JournalState state;
+              Journal j = Journal::open(path, state);
+              j.linked(entry("gone"));
+              // RLIMIT_FSIZE cuts the next write a few bytes past the end, as a full disk does (and SIGXFSZ, ignored,
+              // makes writes past it fail with EFBIG).
+              ::signal(SIGXFSZ, SIG_IGN);
+              struct stat st {};
+              GPUIPC_CHILD_CHECK(::stat(path.c_str(), &st) == 0);
+              rlimit lim{static_cast<rlim_t>(st.st_size) + 5, RLIM_INFINITY};
+              GPUIPC_CHILD_CHECK(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
+              j.linked(entry("torn"));
+              lim.rlim_cur = RLIM_INFINITY;
+              GPUIPC_CHILD_CHECK(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
+              j.unlinked("gone");
+              j.linked(entry("after"));
+              return 0;
+            }),
+            0);
+  JournalState state;
+  const Journal again = Journal::open(path, state);
+  std::vector<std::string> names;
+  for (const JournalEntry& e : state.linked) names.push_back(e.name);
+  EXPECT_EQ(names, std::vector<std::string>{"after"});
 }
 
 TEST(BrokerJournal, MemberEntriesOfNamesStillLinkedAreReplayed) {
