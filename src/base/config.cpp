@@ -125,7 +125,18 @@ bool env_bool(std::string_view name, bool fallback) {
 }
 
 std::string runtime_dir() {
-  if (auto dir = env_raw("GPUIPC_RUNTIME_DIR")) return *dir;
+  if (auto dir = env_raw("GPUIPC_RUNTIME_DIR")) {
+    // Relative, it named another directory after a chdir: the process's next connect (after a broker restart) went
+    // to another broker, or started one there, and the names it held were given back to none.
+    if (dir->front() != '/') {
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("GPUIPC_RUNTIME_DIR='{}' is a relative path, which would name another directory after "
+                              "a change of directory; give an absolute one (e.g. \"$PWD/{}\")",
+                              *dir, *dir),
+                  "runtime_dir");
+    }
+    return *dir;
+  }
   const char* xdg = std::getenv("XDG_RUNTIME_DIR");  // NOLINT(concurrency-mt-unsafe): see env_raw
   if (xdg != nullptr && *xdg == '/') return std::string(xdg) + "/gpuipc";
   // /tmp is everyone's: another user can make /tmp/gpuipc-$UID first (the broker then refuses it as unsafe, and

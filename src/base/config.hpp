@@ -44,7 +44,8 @@ std::chrono::milliseconds env_ms(std::string_view name, std::chrono::millisecond
 bool env_bool(std::string_view name, bool fallback);
 
 /// The broker's runtime directory: $GPUIPC_RUNTIME_DIR, else $XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID
-/// unless another user made that first, then $HOME/.gpuipc.
+/// unless another user made that first, then $HOME/.gpuipc. Throws Error(InvalidArgument) for a relative
+/// GPUIPC_RUNTIME_DIR.
 std::string runtime_dir();
 
 /// The broker's socket path inside runtime_dir().

@@ -40,6 +40,22 @@ TEST(ConfigEnv, AnUnlimitedDurationMakesDeadlinesInTheFuture) {
   }
 }
 
+TEST(ConfigEnv, ARelativeRuntimeDirectoryIsRefused) {
+  // It named another directory after a chdir: a process that held names went, at its next connect (a broker
+  // restart), to another broker or started one there, and its names were given back to none.
+  ::setenv("GPUIPC_RUNTIME_DIR", "rel/run", 1);  // NOLINT(concurrency-mt-unsafe): single-threaded test
+  try {
+    (void)config::runtime_dir();
+    ADD_FAILURE() << "a relative GPUIPC_RUNTIME_DIR was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("is a relative path"), std::string::npos) << e.what();
+  }
+  ::setenv("GPUIPC_RUNTIME_DIR", "/abs/run", 1);  // NOLINT(concurrency-mt-unsafe)
+  EXPECT_EQ(config::runtime_dir(), "/abs/run");
+  ::unsetenv("GPUIPC_RUNTIME_DIR");  // NOLINT(concurrency-mt-unsafe)
+}
+
 // stoull takes a sign and leading blanks: "-1" read as 2^64 - 1, no limit at all, where the docs promise an error.
 TEST(ConfigEnv, ASignOrAnythingButDigitsFirstIsRefused) {
   for (const char* bad : {"-1", "+5", "-0", "abc", "5x", "0x10", "99999999999999999999", "16E"}) {
