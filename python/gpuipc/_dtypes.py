@@ -91,7 +91,7 @@ def _dtype_of(spec: Any) -> DType:
         spec = name
     try:
         return _from_numpy(np.dtype(spec))
-    except TypeError as e:
+    except (TypeError, ValueError, SyntaxError) as e:  # np.dtype("i4,(") raises SyntaxError
         raise TypeError(f"not an element type gpuipc understands: {spec!r} ({e})") from None
 
 
@@ -122,6 +122,6 @@ def dlpack_of_name(name: str) -> Optional[Tuple[Tuple[int, int, int], str]]:
         return _BFLOAT16_LAYOUT
     try:
         dt = _from_numpy(np.dtype(name))
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):  # names from shared memory: np.dtype("i4,(") raises SyntaxError
         return None
     return dt.dlpack, dt.typestr

@@ -60,6 +60,8 @@ _FORGED = [
     ("elements and no storage", {}, [-1, 0, 0, 0, 2, 3, 4, 4, 1], "elements and no storage"),
     ("an unknown dtype", {"dtypes": ["nonsense"]}, [0, 0, 0, 0, 1, 4, 1], "dtype 'nonsense'"),
     ("a dtype that is no string", {"dtypes": [5]}, [0, 0, 0, 0, 1, 4, 1], "no string"),
+    # np.dtype raises SyntaxError for it, which escaped as a bare SyntaxError
+    ("a dtype numpy cannot parse", {"dtypes": ["i4,("]}, [0, 0, 0, 0, 1, 4, 1], "dtype 'i4,('"),
     ("a pool name that is no string", {"pools": [7]}, [0, 0, 0, 0, 1, 4, 1], "no string"),
     ("a name twice", {"names": ["a", "a"]}, [0, 0, 0, 0, 1, 4, 1] * 2, "a tensor name twice"),
     ("versioning that is no dict", {"versioning": "yes"}, [0, 0, 0, 0, 1, 4, 1], "versioning"),
