@@ -67,9 +67,13 @@ Membership join_member(const Segment& control, proto::Role role) {
   const auto* r = std::get_if<proto::JoinReply>(&reply.msg.body);
   if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered Join with something else", "join");
   auto& reg = registry();
-  std::lock_guard lock(reg.mutex);
-  reg.joined[{r->member, r->token}] = Joined{detail::SegmentAccess::mapping(control), role, forks_so_far()};
-  BrokerClient::instance().keep_connected();  // rejoins at once when the broker dies (its mapping did this already)
+  {
+    std::lock_guard lock(reg.mutex);
+    reg.joined[{r->member, r->token}] = Joined{detail::SegmentAccess::mapping(control), role, forks_so_far()};
+  }
+  // Rejoins at once when the broker dies (its mapping did this already). Not under reg.mutex: keep_connected may
+  // take the client's mutex, which a reconnect holds while its rebind hook takes reg.mutex (rejoin_members).
+  BrokerClient::instance().keep_connected();
   return Membership{r->member, r->token, forks_so_far()};
 }
 
