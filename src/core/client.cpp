@@ -430,34 +430,53 @@ void BrokerClient::route_locked(Reply&& reply) {
   if (const auto abandoned = m_abandoned.find(id); abandoned != m_abandoned.end()) {
     const Abandoned undo = abandoned->second;
     m_abandoned.erase(abandoned);
-    // Its caller had its Timeout. A reference the answer counted is this connection's: give it back, unanswered
-    // too (its own answer is discarded the same way).
-    if (const auto* open = std::get_if<proto::OpenReply>(&reply.msg.body)) {
-      // A Create's name would keep its memory (a GPU allocation, for a device segment) registered for ever, and
-      // the name taken, with nobody holding either. Removed by id: the name may be someone else's by now.
-      if (undo.create && broker_has(proto::kFeatureUnlinkId)) {
-        GPUIPC_LOG_DEBUG("late answer to request {}: unlinking the segment {} it created", id, open->info.id);
-        m_abandoned.emplace(send_locked(proto::UnlinkId{open->info.id}, {}, deadline_in(connect_timeout())),
-                            Abandoned{});
-      }
-      GPUIPC_LOG_DEBUG("late answer to request {}: giving back its reference to segment {}", id, open->info.id);
-      const std::uint32_t close = send_locked(proto::Close{open->info.id}, {}, deadline_in(connect_timeout()));
-      m_abandoned.emplace(close, Abandoned{});
-    }
-    // So is a member entry: a member nobody uses would keep a semaphore from being poisoned when its last real
-    // signaller leaves (its waiters would wait until this process exits), and would be repaired as dead then.
-    if (const auto* join = std::get_if<proto::JoinReply>(&reply.msg.body); join != nullptr && undo.join_segment != 0) {
-      GPUIPC_LOG_DEBUG("late answer to request {}: leaving member {} of segment {}", id, join->member,
-                       undo.join_segment);
-      const std::uint32_t leave =
-          send_locked(proto::Leave{undo.join_segment, join->member, join->token}, {}, deadline_in(connect_timeout()));
-      m_abandoned.emplace(leave, Abandoned{});
-    }
+    // Its caller had its Timeout.
+    undo_locked(reply, undo);
     return;
   }
   m_reconnect_now.store(true, std::memory_order_release);
   disconnect_locked();
   throw Error(ErrorCode::Protocol, fmt::format("reply {} answers no request that waits for one", id), "recv");
+}
+
+void BrokerClient::undo_locked(const Reply& reply, const Abandoned& undo) {
+  const std::uint32_t id = reply.msg.request_id;
+  // A reference the answer counted is this connection's: give it back, unanswered too (its own answer is
+  // discarded the same way).
+  if (const auto* open = std::get_if<proto::OpenReply>(&reply.msg.body)) {
+    // A Create's name would keep its memory (a GPU allocation, for a device segment) registered for ever, and
+    // the name taken, with nobody holding either. Removed by id: the name may be someone else's by now.
+    if (undo.create && broker_has(proto::kFeatureUnlinkId)) {
+      GPUIPC_LOG_DEBUG("late answer to request {}: unlinking the segment {} it created", id, open->info.id);
+      m_abandoned.emplace(send_locked(proto::UnlinkId{open->info.id}, {}, deadline_in(connect_timeout())), Abandoned{});
+    }
+    GPUIPC_LOG_DEBUG("late answer to request {}: giving back its reference to segment {}", id, open->info.id);
+    const std::uint32_t close = send_locked(proto::Close{open->info.id}, {}, deadline_in(connect_timeout()));
+    m_abandoned.emplace(close, Abandoned{});
+  }
+  // So is a member entry: a member nobody uses would keep a semaphore from being poisoned when its last real
+  // signaller leaves (its waiters would wait until this process exits), and would be repaired as dead then.
+  if (const auto* join = std::get_if<proto::JoinReply>(&reply.msg.body); join != nullptr && undo.join_segment != 0) {
+    GPUIPC_LOG_DEBUG("late answer to request {}: leaving member {} of segment {}", id, join->member, undo.join_segment);
+    const std::uint32_t leave =
+        send_locked(proto::Leave{undo.join_segment, join->member, join->token}, {}, deadline_in(connect_timeout()));
+    m_abandoned.emplace(leave, Abandoned{});
+  }
+}
+
+void BrokerClient::undo_answered_locked(std::span<const proto::Body> bodies, std::vector<Answer>& answers) noexcept {
+  for (std::size_t k = 0; k < answers.size() && m_sock; ++k) {
+    if (!answers[k].reply) continue;
+    const auto* join = std::get_if<proto::Join>(&bodies[k]);
+    try {
+      undo_locked(*answers[k].reply, Abandoned{.create = std::holds_alternative<proto::Create>(bodies[k]),
+                                               .join_segment = join != nullptr ? join->id : 0});
+    } catch (const std::exception& e) {
+      // The connection failed too: what it counted goes with it.
+      GPUIPC_LOG_DEBUG("an answer of a failed batch not undone: {}", e.what());
+    }
+    answers[k].reply.reset();
+  }
 }
 
 void BrokerClient::abandon_locked(std::uint32_t id, const proto::Body* body) {
@@ -498,6 +517,17 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
                                                               std::chrono::milliseconds timeout) {
   std::vector<Answer> out(bodies.size());
   std::lock_guard lock(m_mutex);
+  // A batch that fails (a Timeout, a dropped connection) after some answers came: what those counted (an Open's
+  // reference, a Join's member entry) is given back as for a late answer, since its caller gets only the error.
+  struct UndoAnswered {
+    BrokerClient& client;
+    std::span<const proto::Body> bodies;
+    std::vector<Answer>& out;
+    bool done = false;
+    ~UndoAnswered() {
+      if (!done) client.undo_answered_locked(bodies, out);
+    }
+  } undo_answered{*this, bodies, out};
   for (std::size_t first = 0; first < bodies.size(); first += kMaxBatch) {
     const std::size_t n = std::min(kMaxBatch, bodies.size() - first);
     for (int attempt = 0;; ++attempt) {
@@ -553,6 +583,7 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
       }
     }
   }
+  undo_answered.done = true;
   return out;
 }
 

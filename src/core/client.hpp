@@ -160,6 +160,12 @@ class BrokerClient {
   /// request_waiting, or an abandoned request's (discarded, and a reference it counted given back). Any other is a
   /// protocol error: the connection is dropped and Error(Protocol) thrown.
   void route_locked(Reply&& reply);
+  struct Abandoned;
+  /// What an answer given to nobody counted is given back (an Open's or Create's reference, a Create's name, a
+  /// Join's member entry), as `undo` says. Sends on the connection; throws what send_locked throws.
+  void undo_locked(const Reply& reply, const Abandoned& undo);
+  /// undo_locked of every answer in `answers` (to `bodies`, one each) of a batch that failed; each is reset.
+  void undo_answered_locked(std::span<const proto::Body> bodies, std::vector<Answer>& answers) noexcept;
   /// Request `id` (`body`, when known) timed out: its answer, when it comes, is discarded, and what it did undone.
   /// Drops the connection when too many are outstanding (a broker that answers nothing).
   void abandon_locked(std::uint32_t id, const proto::Body* body = nullptr);

@@ -144,6 +144,57 @@ TEST(BrokerBatch, ABatchThatTimesOutKeepsTheConnectionAndGivesBackWhatItsLateAns
   EXPECT_EQ(wait_child(child), 0);
 }
 
+TEST(BrokerBatch, ABatchThatTimesOutGivesBackWhatItsAnsweredOpensCounted) {
+  // Only the unanswered requests were abandoned: the answers that had come were dropped with the exception, and the
+  // references their Opens counted stayed on the connection until the process exited (an unlinked pool chunk's GPU
+  // memory with them).
+  TempDir dir("gpuipc-batch");
+  const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
+  const pid_t child = start_child([&] {
+    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
+    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
+    ::setenv("GPUIPC_CONNECT_TIMEOUT_MS", "300", 1);        // NOLINT(concurrency-mt-unsafe)
+    std::vector<proto::Body> bodies;
+    bodies.emplace_back(proto::Open{"a", proto::Access::ReadOnly, 0});
+    bodies.emplace_back(proto::Open{"b", proto::Access::ReadOnly, 0});
+    try {
+      (void)core::BrokerClient::instance().request_batch(bodies);
+      return 3;
+    } catch (const Error& e) {
+      GPUIPC_CHILD_CHECK(e.code() == ErrorCode::Timeout);
+    }
+    const auto r = core::BrokerClient::instance().request(proto::Stat{"c"});
+    GPUIPC_CHILD_CHECK(std::holds_alternative<proto::StatReply>(r.msg.body));
+    return 0;
+  });
+  const auto sock = accept_and_greet(listener.get());
+  ASSERT_TRUE(sock);
+  proto::Message a, b;
+  ASSERT_EQ(receive(sock.get(), a, 3000), os::IoStatus::Ok);
+  ASSERT_EQ(receive(sock.get(), b, 3000), os::IoStatus::Ok);
+  proto::OpenReply opened;
+  opened.info.id = 77;
+  opened.info.name = "a";
+  opened.info.size = 4096;
+  send_bytes(sock.get(), proto::encode(reply_to(a.request_id, opened)));  // in time; b is never answered
+  std::vector<std::uint64_t> closed;
+  for (proto::Message m; receive(sock.get(), m, 5000) == os::IoStatus::Ok;) {
+    if (const auto* c = std::get_if<proto::Close>(&m.body)) {
+      closed.push_back(c->id);
+      send_bytes(sock.get(), proto::encode(reply_to(m.request_id, proto::OkReply{})));
+    } else if (const auto* st = std::get_if<proto::Stat>(&m.body)) {
+      proto::StatReply answer;
+      answer.info.name = st->name;
+      answer.info.id = 79;
+      answer.info.size = 4096;
+      send_bytes(sock.get(), proto::encode(reply_to(m.request_id, answer)));
+      break;
+    }
+  }
+  EXPECT_EQ(closed, std::vector<std::uint64_t>{77});
+  EXPECT_EQ(wait_child(child), 0);
+}
+
 /// In a client process: the send buffer of its connection to the broker (the one connected seqpacket socket that
 /// is not listening) made as small as the kernel allows, so that a few unread requests fill it. False when none.
 bool shrink_broker_connection_send_buffer() {
