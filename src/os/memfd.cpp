@@ -119,6 +119,14 @@ Mapping Mapping::map(int fd, std::size_t size, bool writable, std::size_t offset
                        writable ? "read-write" : "read-only");
   };
   if (size == 0) throw Error(ErrorCode::InvalidArgument, what() + ": mmap failed: the size is 0", "mmap", EINVAL);
+  // A file shorter than the mapping maps without error, and the first touch past its end raises SIGBUS: the fd came
+  // from another process (the broker's answer, a client's create), which says how large it is.
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_system("fstat", what());
+  if (S_ISREG(st.st_mode) &&
+      (static_cast<std::uint64_t>(st.st_size) < offset || static_cast<std::uint64_t>(st.st_size) - offset < size)) {
+    throw Error(ErrorCode::Protocol, fmt::format("{}: the file holds only {} bytes", what(), st.st_size), "mmap");
+  }
   const int prot = PROT_READ | (writable ? PROT_WRITE : 0);
   void* data = ::mmap(nullptr, size, prot, MAP_SHARED, fd, static_cast<off_t>(offset));
   if (data == MAP_FAILED) throw_system("mmap", what());

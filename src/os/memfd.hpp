@@ -65,7 +65,8 @@ UniqueFd reopen_readonly(int fd);
 class Mapping {
  public:
   Mapping() noexcept = default;
-  /// mmap(MAP_SHARED) of `size` bytes of fd at `offset`, PROT_READ and, if writable, PROT_WRITE. Throws Error.
+  /// mmap(MAP_SHARED) of `size` bytes of fd at `offset`, PROT_READ and, if writable, PROT_WRITE. Throws Error;
+  /// Error(Protocol) when fd is a file shorter than offset + size (touching past its end would raise SIGBUS).
   static Mapping map(int fd, std::size_t size, bool writable, std::size_t offset = 0);
   /// Anonymous private read-write memory (MAP_PRIVATE | MAP_ANONYMOUS).
   static Mapping anonymous(std::size_t size);

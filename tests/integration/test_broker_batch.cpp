@@ -1,7 +1,8 @@
 // Requests sent together (BrokerClient::request_batch): the client sends them all before it reads an answer (one
 // round trip's latency for all), matches each answer to its request by id, gives each request its own error, and
 // goes over the broker's bound of queued replies in several batches. Against a broker played by the test (which
-// reads every request before it answers any, and answers them in reverse) and against the real gpuipcd.
+// reads every request before it answers any, and answers them in reverse) and against the real gpuipcd. Also what
+// the library does with answers such a played broker gets wrong.
 #include <gtest/gtest.h>
 
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 
 #include "core/client.hpp"
 #include "gpuipc/segment.hpp"
+#include "os/memfd.hpp"
 #include "os/socket.hpp"
 #include "proto/messages.hpp"
 #include "support/broker_env.hpp"
@@ -24,25 +26,6 @@ namespace gpuipc::test {
 namespace {
 
 const bool kRegistered = register_broker_environment();
-
-proto::Message reply_to(std::uint32_t rid, proto::Body body) {
-  proto::Message m;
-  m.request_id = rid;
-  m.body = std::move(body);
-  return m;
-}
-
-/// The fake broker's side of a client's connect: accepts it and answers its Hello. An empty fd when it did not come.
-os::UniqueFd accept_and_greet(int listener) {
-  if (!os::wait_readable(listener, 10000)) return {};
-  auto sock = os::accept_seqpacket(listener);
-  proto::Message hello;
-  if (!sock || receive(sock.get(), hello) != os::IoStatus::Ok || !std::holds_alternative<proto::Hello>(hello.body)) {
-    return {};
-  }
-  send_bytes(sock.get(), proto::encode(reply_to(hello.request_id, proto::HelloReply{1, 0, 0, "test"})));
-  return sock;
-}
 
 TEST(BrokerBatch, EveryRequestIsSentBeforeAnyAnswerAndAnswersAreMatchedById) {
   TempDir dir("gpuipc-batch");
@@ -193,6 +176,53 @@ TEST(BrokerBatch, ABatchThatTimesOutGivesBackWhatItsAnsweredOpensCounted) {
   }
   EXPECT_EQ(closed, std::vector<std::uint64_t>{77});
   EXPECT_EQ(wait_child(child), 0);
+}
+
+proto::SegmentInfo host_info(std::uint64_t id, const std::string& name, std::uint64_t size) {
+  proto::SegmentInfo i;
+  i.id = id;
+  i.name = name;
+  i.kind = proto::Kind::Host;
+  i.mode = 0600;
+  i.size = size;
+  i.references = 1;
+  i.mapper_count = 1;
+  return i;
+}
+
+TEST(BrokerBatch, MemoryShorterThanTheBrokerSaysIsRefusedNotABusError) {
+  // The library mapped a broker's fds at the sizes the broker's answer gave: an Open whose memfd was shorter than
+  // its size, or a status page of 0 bytes, mapped without error and raised SIGBUS at the first touch past the end.
+  TempDir dir("gpuipc-batch");
+  const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
+  const pid_t child = start_child([&] {
+    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
+    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
+    GPUIPC_CHILD_CHECK(fails_with(
+        [] {
+          const Segment s = Segment::open("short", {.access = Access::ReadOnly});
+          (void)static_cast<const volatile char*>(s.data())[s.size() - 1];
+        },
+        ErrorCode::Protocol, "the file holds only 4096 bytes"));
+    return 0;
+  });
+  const auto empty_page = os::memfd_create("status", 0);
+  const auto sock = accept_and_greet(listener.get(), empty_page.get());
+  ASSERT_TRUE(sock);
+  proto::Message open;
+  if (receive(sock.get(), open, 5000) == os::IoStatus::Ok && std::holds_alternative<proto::Open>(open.body)) {
+    const auto memory = os::memfd_create("short", 4096);
+    const int fd = memory.get();
+    send_bytes(sock.get(),
+               proto::encode(reply_to(open.request_id, proto::OpenReply{host_info(7, "short", 1 << 20)}), 1),
+               std::span<const int>(&fd, 1));
+    for (proto::Message m; receive(sock.get(), m, 2000) == os::IoStatus::Ok;) {
+      send_bytes(sock.get(), proto::encode(reply_to(m.request_id, proto::OkReply{})));  // the refused open's Close
+    }
+  } else {
+    ADD_FAILURE() << "the client sent no Open (it died at its Hello?)";
+  }
+  EXPECT_EQ(wait_child(child), 0) << "128 + 7: SIGBUS";
 }
 
 /// In a client process: the send buffer of its connection to the broker (the one connected seqpacket socket that

@@ -66,4 +66,24 @@ void expect_still_serving() {
   Segment::unlink(name);
 }
 
+proto::Message reply_to(std::uint32_t rid, proto::Body body) {
+  proto::Message m;
+  m.request_id = rid;
+  m.body = std::move(body);
+  return m;
+}
+
+os::UniqueFd accept_and_greet(int listener, int status_page) {
+  if (!os::wait_readable(listener, 10000)) return {};
+  auto sock = os::accept_seqpacket(listener);
+  proto::Message hello;
+  if (!sock || receive(sock.get(), hello) != os::IoStatus::Ok || !std::holds_alternative<proto::Hello>(hello.body)) {
+    return {};
+  }
+  const bool page = status_page >= 0;
+  send_bytes(sock.get(), proto::encode(reply_to(hello.request_id, proto::HelloReply{1, 0, 0, "test"}), page ? 1 : 0),
+             page ? std::span<const int>(&status_page, 1) : std::span<const int>());
+  return sock;
+}
+
 }  // namespace gpuipc::test

@@ -35,4 +35,13 @@ void expect_error_then_closed(int sock, ErrorCode code);
 /// Creates and unlinks a segment through the library: the broker still serves.
 void expect_still_serving();
 
+// A broker played by the test (a listening socket of its own, which the library of a child process connects to).
+
+/// A reply to request `rid`.
+proto::Message reply_to(std::uint32_t rid, proto::Body body);
+
+/// The played broker's side of a client's connect: accepts it and answers its Hello, with `status_page` as the
+/// status page's fd when >= 0. An empty fd when it did not come.
+os::UniqueFd accept_and_greet(int listener, int status_page = -1);
+
 }  // namespace gpuipc::test
