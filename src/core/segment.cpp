@@ -635,9 +635,17 @@ std::vector<SegmentInfo> Segment::list() {
     auto reply = core::BrokerClient::instance().request(proto::List{after});
     const auto* r = std::get_if<proto::ListReply>(&reply.msg.body);
     if (r == nullptr) throw Error(ErrorCode::Protocol, "the broker answered List with something else", "list");
-    for (const auto& e : r->entries) out.push_back(to_info(e));
+    // Pages come in id order, each past `after`: a broker that answered the same page again (more = true) kept this
+    // loop asking for ever, and `out` growing.
+    for (const auto& e : r->entries) {
+      if (e.id <= after) {
+        throw Error(ErrorCode::Protocol,
+                    fmt::format("the broker's list went back (segment id {} after {})", e.id, after), "list");
+      }
+      out.push_back(to_info(e));
+      after = e.id;
+    }
     if (!r->more || r->entries.empty()) break;
-    after = r->entries.back().id;
   }
   return out;
 }

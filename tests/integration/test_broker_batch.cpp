@@ -225,6 +225,30 @@ TEST(BrokerBatch, MemoryShorterThanTheBrokerSaysIsRefusedNotABusError) {
   EXPECT_EQ(wait_child(child), 0) << "128 + 7: SIGBUS";
 }
 
+TEST(BrokerBatch, AListThatDoesNotGoForwardIsAProtocolErrorNotALoop) {
+  // Segment::list asked for the next page until `more` was false: a broker that answered the same page again kept
+  // it asking for ever, its result growing.
+  TempDir dir("gpuipc-batch");
+  const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
+  const pid_t child = start_child([&] {
+    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
+    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
+    GPUIPC_CHILD_CHECK(fails_with([] { (void)Segment::list(); }, ErrorCode::Protocol, "the broker's list went back"));
+    return 0;
+  });
+  const auto sock = accept_and_greet(listener.get());
+  ASSERT_TRUE(sock);
+  int pages = 0;
+  for (proto::Message m; pages < 1000 && receive(sock.get(), m, 2000) == os::IoStatus::Ok; ++pages) {
+    proto::ListReply page;
+    page.entries.push_back(host_info(5, "same", 4096));
+    page.more = true;
+    send_bytes(sock.get(), proto::encode(reply_to(m.request_id, page)));
+  }
+  EXPECT_EQ(pages, 2);
+  EXPECT_EQ(wait_child(child, 10s), 0);
+}
+
 /// In a client process: the send buffer of its connection to the broker (the one connected seqpacket socket that
 /// is not listening) made as small as the kernel allows, so that a few unread requests fill it. False when none.
 bool shrink_broker_connection_send_buffer() {
