@@ -150,7 +150,8 @@ class Publisher(SharedTensors):
     @property
     def tensors(self) -> Dict[str, Any]:
         """Writable views to put the next version in: versions=1 the live memory, versions=2 the back buffer
-        (holding a copy of the current version at first)."""
+        (holding a copy of the current version at first). versions=2: take them again after each update(); views
+        from before it are of the version just published, and after the next one of freed memory."""
         if self._versions == 1:
             return self._views(self._blocks)
         return self._views(list(self._ensure_back(copy_front=True)))
