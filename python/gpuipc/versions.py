@@ -339,6 +339,7 @@ class Reader:
         """(version, tensors) of the latest version. With versions=2 the arrays hold that version's memory while
         they live: it never changes under them. Raises PeerDied when the publisher is gone and nothing was read."""
         idx, mem = self._index, self._mem
+        stale_since: Optional[Tuple[int, float]] = None  # (version, when) a ref of that version was first stale
         for _ in range(10000):
             v = self._sem.value
             k = v % idx.slots
@@ -359,6 +360,20 @@ class Reader:
                     if self._last is not None:
                         return self._last
                     raise PeerDied(f"the publisher of {self.name!r} died and its last version was freed") from None
+                if self._sem.value == v:
+                    # Freed, and no newer version: usually one on its way (update() frees the old front after it
+                    # signals). One that stays so is a block the live publisher freed while its version was current
+                    # (a tensor shared by reference, replaced without an update): say which, rather than retry
+                    # 10000 times and call it a death.
+                    now = time.monotonic()
+                    if stale_since is None or stale_since[0] != v:
+                        stale_since = (v, now)
+                    elif now - stale_since[1] > 0.2:
+                        raise InvalidArgument(
+                            f"tensors {self.name!r}: version {v} names memory its publisher freed while it was "
+                            f"current ({e}); the publisher must update() after replacing a tensor"
+                        ) from None
+                    time.sleep(0.0005)
                 continue  # freed under us: a newer version is out
             if _index.read_stamp(idx, mem, k) == want:
                 self._last = (v, out)

@@ -223,3 +223,20 @@ def test_only_the_owner_signals_the_version_counter_and_the_stream_timelines(nam
         assert gpuipc.Segment.stat(stream + ".filled").mode == 0o640
         with gpuipc.stream_reader(stream):
             assert gpuipc.Segment.stat(stream + ".reader.0").mode == 0o640
+
+
+def test_a_block_freed_while_its_version_is_current_is_named_not_taken_for_a_death(name):
+    """versions=1 shares pool tensors by reference: a block the live publisher freed (a replaced tensor) made the
+    reader retry 10000 times, resolving every storage each time, then raise PeerDied "could not read a consistent
+    version" while the publisher was alive."""
+    with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20) as pool:
+        blk = pool.allocate(4096)
+        a = blk.numpy("float32", (1024,))
+        a[:] = 1
+        with gpuipc.publish_tensors(name, {"a": a}, versions=1):
+            del a
+            blk.free()
+            with gpuipc.open_tensors(name, versioned=True) as r:
+                with pytest.raises(gpuipc.InvalidArgument, match="freed while it was current"):
+                    r.tensors
+                assert r.status == "ok"
