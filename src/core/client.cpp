@@ -247,6 +247,15 @@ void BrokerClient::connect_once_locked() {
         try {
           os::spawn_detached({daemon, "--on-demand", "--runtime-dir", dir}, dir + "/broker.log");
         } catch (const Error& failed) {
+          // A directory this user may not write (the shared broker's, stopped): the daemon is not what is wrong.
+          if (failed.sys_errno() == EACCES || failed.code() == ErrorCode::PermissionDenied) {
+            throw Error(ErrorCode::PermissionDenied,
+                        fmt::format("no gpuipc broker listens on {}, and this user cannot start one there: {}; start "
+                                    "the broker that serves {} (the shared one: systemctl start gpuipcd.socket), or "
+                                    "set GPUIPC_RUNTIME_DIR to a directory of your own",
+                                    path, failed.what(), dir),
+                        "connect", failed.sys_errno());
+          }
           throw Error(failed.code(),
                       fmt::format("could not start the gpuipc broker {} for {}: {}; check GPUIPC_DAEMON, or install "
                                   "gpuipcd",

@@ -130,6 +130,24 @@ TEST(Security, NoProcessTalksToAnotherUsersBroker) {
   EXPECT_EQ(wait_child(broker, 10s), 0);
 }
 
+TEST(Security, AUserWhoCannotStartTheBrokerOfADirectoryIsToldWhatToDo) {
+  // The shared broker's directory (root's, 0755) with no broker running: another user's call could not write
+  // broker.log there, and was told to "check GPUIPC_DAEMON, or install gpuipcd" (exit 7).
+  SKIP_UNLESS_ROOT();
+  TempDir top("gpuipc-shared-dir");
+  ASSERT_EQ(::chmod(top.path().c_str(), 0755), 0);
+  const std::string run = top.file("run");
+  ASSERT_EQ(::mkdir(run.c_str(), 0755), 0);
+  EXPECT_EQ(run_child([&] {
+              GPUIPC_CHILD_CHECK(become_nobody());
+              ::setenv("GPUIPC_RUNTIME_DIR", run.c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
+              GPUIPC_CHILD_CHECK(fails_with([] { (void)Segment::list(); }, ErrorCode::PermissionDenied,
+                                            "and this user cannot start one there"));
+              return 0;
+            }),
+            0);
+}
+
 TEST(Security, AForgedHelloPidCannotRemoveAnotherProcessesMember) {
   SKIP_UNLESS_ROOT();
   const auto name = unique_name("chan");
