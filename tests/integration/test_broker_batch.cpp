@@ -32,8 +32,7 @@ TEST(BrokerBatch, EveryRequestIsSentBeforeAnyAnswerAndAnswersAreMatchedById) {
   const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
   const std::vector<std::string> names = {"a", "missing", "b", "c", "d"};
   const pid_t child = start_child([&] {
-    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
-    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
+    use_played_broker(dir.path());
     std::vector<proto::Body> bodies;
     for (const auto& n : names) bodies.emplace_back(proto::Stat{n});
     auto answers = core::BrokerClient::instance().request_batch(bodies);
@@ -75,9 +74,7 @@ TEST(BrokerBatch, ABatchThatTimesOutKeepsTheConnectionAndGivesBackWhatItsLateAns
   TempDir dir("gpuipc-batch");
   const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
   const pid_t child = start_child([&] {
-    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
-    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
-    ::setenv("GPUIPC_CONNECT_TIMEOUT_MS", "300", 1);        // NOLINT(concurrency-mt-unsafe)
+    use_played_broker(dir.path(), "300");
     std::vector<proto::Body> bodies;
     bodies.emplace_back(proto::Open{"a", proto::Access::ReadOnly, 0});
     bodies.emplace_back(proto::Stat{"b"});
@@ -134,9 +131,7 @@ TEST(BrokerBatch, ABatchThatTimesOutGivesBackWhatItsAnsweredOpensCounted) {
   TempDir dir("gpuipc-batch");
   const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
   const pid_t child = start_child([&] {
-    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
-    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
-    ::setenv("GPUIPC_CONNECT_TIMEOUT_MS", "300", 1);        // NOLINT(concurrency-mt-unsafe)
+    use_played_broker(dir.path(), "300");
     std::vector<proto::Body> bodies;
     bodies.emplace_back(proto::Open{"a", proto::Access::ReadOnly, 0});
     bodies.emplace_back(proto::Open{"b", proto::Access::ReadOnly, 0});
@@ -196,8 +191,7 @@ TEST(BrokerBatch, MemoryShorterThanTheBrokerSaysIsRefusedNotABusError) {
   TempDir dir("gpuipc-batch");
   const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
   const pid_t child = start_child([&] {
-    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
-    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
+    use_played_broker(dir.path());
     GPUIPC_CHILD_CHECK(fails_with(
         [] {
           const Segment s = Segment::open("short", {.access = Access::ReadOnly});
@@ -231,8 +225,7 @@ TEST(BrokerBatch, AListThatDoesNotGoForwardIsAProtocolErrorNotALoop) {
   TempDir dir("gpuipc-batch");
   const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
   const pid_t child = start_child([&] {
-    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
-    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
+    use_played_broker(dir.path());
     GPUIPC_CHILD_CHECK(fails_with([] { (void)Segment::list(); }, ErrorCode::Protocol, "the broker's list went back"));
     return 0;
   });
@@ -270,9 +263,7 @@ TEST(BrokerBatch, ABrokerThatStopsReadingGivesTimeoutInsteadOfASendThatBlocks) {
   const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
   const SyncPipe timed_out;
   const pid_t child = start_child([&] {
-    ::setenv("GPUIPC_RUNTIME_DIR", dir.path().c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here
-    ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);                // NOLINT(concurrency-mt-unsafe)
-    ::setenv("GPUIPC_CONNECT_TIMEOUT_MS", "300", 1);        // NOLINT(concurrency-mt-unsafe)
+    use_played_broker(dir.path(), "300");
     auto& client = core::BrokerClient::instance();
     (void)client.request(proto::Stat{"first"});
     GPUIPC_CHILD_CHECK(shrink_broker_connection_send_buffer());

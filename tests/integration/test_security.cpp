@@ -104,6 +104,14 @@ TEST(Security, StoppingAnotherUsersBrokerSaysWhoseItIs) {
   EXPECT_EQ(BrokerEnvironment::broker_pid(), broker);  // still running
 }
 
+/// `top`/run, a runtime directory of root's (mode 0755) that every user reaches.
+std::string runtime_dir_all_reach(const TempDir& top) {
+  EXPECT_EQ(::chmod(top.path().c_str(), 0755), 0);
+  const std::string run = top.file("run");
+  EXPECT_EQ(::mkdir(run.c_str(), 0755), 0);
+  return run;
+}
+
 TEST(Security, NoProcessTalksToAnotherUsersBroker) {
   // Only the broker and `gpuipc daemon` checked who owns the runtime directory: a GPUIPC_RUNTIME_DIR or an
   // XDG_RUNTIME_DIR of another user (kept by sudo -E or su) had every call go to that user's broker, which got the
@@ -111,9 +119,7 @@ TEST(Security, NoProcessTalksToAnotherUsersBroker) {
   // broker that runs as neither its uid nor root.
   SKIP_UNLESS_ROOT();
   TempDir top("gpuipc-other-broker");
-  ASSERT_EQ(::chmod(top.path().c_str(), 0755), 0);
-  const std::string run = top.file("run");
-  ASSERT_EQ(::mkdir(run.c_str(), 0755), 0);
+  const std::string run = runtime_dir_all_reach(top);
   ASSERT_EQ(::chown(run.c_str(), kNobody, kNobody), 0);
   const pid_t broker = start_child([&] {
     GPUIPC_CHILD_CHECK(become_nobody());
@@ -135,9 +141,7 @@ TEST(Security, AUserWhoCannotStartTheBrokerOfADirectoryIsToldWhatToDo) {
   // broker.log there, and was told to "check GPUIPC_DAEMON, or install gpuipcd" (exit 7).
   SKIP_UNLESS_ROOT();
   TempDir top("gpuipc-shared-dir");
-  ASSERT_EQ(::chmod(top.path().c_str(), 0755), 0);
-  const std::string run = top.file("run");
-  ASSERT_EQ(::mkdir(run.c_str(), 0755), 0);
+  const std::string run = runtime_dir_all_reach(top);
   EXPECT_EQ(run_child([&] {
               GPUIPC_CHILD_CHECK(become_nobody());
               ::setenv("GPUIPC_RUNTIME_DIR", run.c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread here

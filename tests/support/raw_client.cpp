@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "base/config.hpp"
@@ -64,6 +65,12 @@ void expect_still_serving() {
   const auto name = unique_name("alive");
   auto s = Segment::create(name, 4096);
   Segment::unlink(name);
+}
+
+void use_played_broker(const std::string& dir, const char* connect_timeout_ms) {
+  ::setenv("GPUIPC_RUNTIME_DIR", dir.c_str(), 1);  // NOLINT(concurrency-mt-unsafe): documented: one thread
+  ::setenv("GPUIPC_NO_AUTOSTART", "1", 1);         // NOLINT(concurrency-mt-unsafe)
+  if (connect_timeout_ms != nullptr) ::setenv("GPUIPC_CONNECT_TIMEOUT_MS", connect_timeout_ms, 1);  // NOLINT
 }
 
 proto::Message reply_to(std::uint32_t rid, proto::Body body) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <vector>
 
 #include "gpuipc/error.hpp"
@@ -36,6 +37,10 @@ void expect_error_then_closed(int sock, ErrorCode code);
 void expect_still_serving();
 
 // A broker played by the test (a listening socket of its own, which the library of a child process connects to).
+
+/// In the client process (one thread, before its first library call): its library connects to the broker played in
+/// `dir` (never starting one), and with `connect_timeout_ms` gives up on an answer after that long.
+void use_played_broker(const std::string& dir, const char* connect_timeout_ms = nullptr);
 
 /// A reply to request `rid`.
 proto::Message reply_to(std::uint32_t rid, proto::Body body);
