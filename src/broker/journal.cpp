@@ -1,8 +1,6 @@
 #include "broker/journal.hpp"
 
 #include <fmt/format.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -271,16 +269,15 @@ Journal Journal::open(const std::string& path, JournalState& state) {
 
 void Journal::append(const std::string& line) noexcept {
   if (!m_fd) return;
-  // Its size first: a write the disk cut short leaves part of the line, which the next line would be glued onto
-  // (replay skips only a torn last line: the glued one, an unlink, was lost, and the name came back).
-  struct stat st {};
-  const bool sized = ::fstat(m_fd.get(), &st) == 0;
+  // A write the disk cut short leaves part of the line, which the next line would be glued onto (replay skips only a
+  // torn last line: the glued one, an unlink, was lost, and the name came back): append_text takes it back.
+  bool cut_left = false;
   try {
-    os::append_text(m_fd.get(), line);
+    os::append_text(m_fd.get(), line, &cut_left);
     m_appended_bytes += line.size();
   } catch (const std::exception& e) {
     GPUIPC_LOG_WARN("names journal: {}; this change will not survive a broker restart", e.what());
-    if (!sized || ::ftruncate(m_fd.get(), st.st_size) != 0) {
+    if (cut_left) {
       // The part stays, as the last line, which replay skips; nothing more is written after it.
       m_fd.reset();
       GPUIPC_LOG_WARN("names journal: cannot take a cut line back; it is no longer written");

@@ -187,7 +187,7 @@ namespace {
 /// another user, kept by sudo -E or su, took every call to that user's broker.)
 void check_broker_is_trusted(int sock, const std::string& path) {
   const uid_t broker = os::peer_credentials(sock).uid;
-  const uid_t me = ::getuid();
+  const uid_t me = os::current_uid();
   if (broker == me || broker == 0) return;
   throw Error(ErrorCode::PermissionDenied,
               fmt::format("the gpuipc broker on {} runs as uid {}, and this process as uid {}: it is another user's, "
@@ -526,17 +526,19 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
                                                               std::chrono::milliseconds timeout) {
   std::vector<Answer> out(bodies.size());
   std::lock_guard lock(m_mutex);
-  // A batch that fails (a Timeout, a dropped connection) after some answers came: what those counted (an Open's
-  // reference, a Join's member entry) is given back as for a late answer, since its caller gets only the error.
-  struct UndoAnswered {
-    BrokerClient& client;
-    std::span<const proto::Body> bodies;
-    std::vector<Answer>& out;
-    bool done = false;
-    ~UndoAnswered() {
-      if (!done) client.undo_answered_locked(bodies, out);
-    }
-  } undo_answered{*this, bodies, out};
+  try {
+    request_batch_locked(bodies, timeout, out);
+  } catch (...) {
+    // A batch that fails (a Timeout, a dropped connection) after some answers came: what those counted (an Open's
+    // reference, a Join's member entry) is given back as for a late answer, since its caller gets only the error.
+    undo_answered_locked(bodies, out);
+    throw;
+  }
+  return out;
+}
+
+void BrokerClient::request_batch_locked(std::span<const proto::Body> bodies, std::chrono::milliseconds timeout,
+                                        std::vector<Answer>& out) {
   for (std::size_t first = 0; first < bodies.size(); first += kMaxBatch) {
     const std::size_t n = std::min(kMaxBatch, bodies.size() - first);
     for (int attempt = 0;; ++attempt) {
@@ -592,8 +594,6 @@ std::vector<BrokerClient::Answer> BrokerClient::request_batch(std::span<const pr
       }
     }
   }
-  undo_answered.done = true;
-  return out;
 }
 
 Reply BrokerClient::request_waiting(const proto::Body& body, std::chrono::milliseconds timeout) {

@@ -166,6 +166,9 @@ class BrokerClient {
   void undo_locked(const Reply& reply, const Abandoned& undo);
   /// undo_locked of every answer in `answers` (to `bodies`, one each) of a batch that failed; each is reset.
   void undo_answered_locked(std::span<const proto::Body> bodies, std::vector<Answer>& answers) noexcept;
+  /// request_batch's work, its answers put in `out` as they come (the caller undoes them when this throws).
+  void request_batch_locked(std::span<const proto::Body> bodies, std::chrono::milliseconds timeout,
+                            std::vector<Answer>& out);
   /// Request `id` (`body`, when known) timed out: its answer, when it comes, is discarded, and what it did undone.
   /// Drops the connection when too many are outstanding (a broker that answers nothing).
   void abandon_locked(std::uint32_t id, const proto::Body* body = nullptr);

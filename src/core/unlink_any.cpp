@@ -48,7 +48,7 @@ void unlink_any(std::string_view name) {
   }
   // Control blocks are host memory (host_pinned where a stream writes them); device memory is a plain segment, and
   // is not imported just to be removed.
-  if (info->kind == SegmentKind::Host || info->kind == SegmentKind::HostPinned) {
+  if (detail::host_readable(info->kind)) {
     std::uint32_t magic = 0;
     try {
       magic = detail::control_magic(name);

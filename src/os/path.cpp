@@ -17,10 +17,4 @@ bool is_executable(const std::string& path) noexcept {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
-std::optional<PathStatus> path_status(const std::string& path) noexcept {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return std::nullopt;
-  return PathStatus{S_ISREG(st.st_mode), st.st_uid, static_cast<unsigned>(st.st_mode & 07777)};
-}
-
 }  // namespace gpuipc::os

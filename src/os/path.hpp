@@ -3,7 +3,6 @@
 
 #include <sys/types.h>
 
-#include <optional>
 #include <string>
 
 namespace gpuipc::os {
@@ -14,13 +13,11 @@ std::string module_path(const void* address);
 /// Whether `path` names an executable regular file (access X_OK).
 bool is_executable(const std::string& path) noexcept;
 
-/// What lstat(2) says of `path` itself (a symbolic link is not followed).
+/// What fstat(2) says of a file (read_text's, through the fd it read).
 struct PathStatus {
   bool regular = false;  ///< a regular file
   uid_t owner = 0;
   unsigned mode = 0;  ///< the permission bits (07777)
 };
-/// nullopt when nothing is there (or it cannot be looked at).
-std::optional<PathStatus> path_status(const std::string& path) noexcept;
 
 }  // namespace gpuipc::os

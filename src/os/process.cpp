@@ -470,13 +470,18 @@ UniqueFd open_append(const std::string& path, unsigned mode) {
   return fd;
 }
 
-void append_text(int fd, std::string_view text) {
+void append_text(int fd, std::string_view text, bool* cut_left) {
+  if (cut_left != nullptr) *cut_left = false;
+  struct stat st {};
+  const bool sized = ::fstat(fd, &st) == 0;
   for (;;) {
     const ssize_t n = ::write(fd, text.data(), text.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_system("write", fmt::format("fd {}", fd));
-    if (static_cast<std::size_t>(n) != text.size()) throw_system("write", fmt::format("fd {} (short)", fd), ENOSPC);
-    return;
+    if (n >= 0 && static_cast<std::size_t>(n) == text.size()) return;
+    const int err = n < 0 ? errno : ENOSPC;
+    // A write the filesystem cut short (a full disk) left part of the text.
+    if (n > 0 && (!sized || ::ftruncate(fd, st.st_size) != 0) && cut_left != nullptr) *cut_left = true;
+    throw_system("write", fmt::format("fd {}{}", fd, n < 0 ? "" : " (short)"), err);
   }
 }
 

@@ -101,8 +101,10 @@ void write_file(const std::string& path, std::string_view text);
 UniqueFd open_append(const std::string& path, unsigned mode);
 
 /// Appends `text` with one write(2) per call (lines of one writer never interleave). Throws Error(System) on a
-/// short or failed write (a full filesystem).
-void append_text(int fd, std::string_view text);
+/// short or failed write (a full filesystem); a part of `text` such a write left is taken back (the file truncated to
+/// its size before), so that the next text does not join it. When that cannot be done, `*cut_left` (if given) is
+/// set: the file then ends with that part.
+void append_text(int fd, std::string_view text, bool* cut_left = nullptr);
 
 /// The whole content of `path`, or an empty string when it does not exist (not through a symbolic link; a FIFO is
 /// not waited on). With `status`, what fstat says of the file read (nullopt when there is none): checks made on it

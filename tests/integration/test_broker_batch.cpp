@@ -70,25 +70,28 @@ TEST(BrokerBatch, EveryRequestIsSentBeforeAnyAnswerAndAnswersAreMatchedById) {
   EXPECT_EQ(wait_child(child), 0);
 }
 
+/// In a child, against the broker played in `dir` (300 ms for an answer): `bodies` as one batch must time out, and a
+/// Stat of "c" sent after it on the same connection must get its own answer. The child's exit status.
+int batch_times_out_then_stat(const std::string& dir, std::vector<proto::Body> bodies) {
+  use_played_broker(dir, "300");
+  try {
+    (void)core::BrokerClient::instance().request_batch(bodies);
+    return 3;
+  } catch (const Error& e) {
+    GPUIPC_CHILD_CHECK(e.code() == ErrorCode::Timeout);
+  }
+  // The same connection: the late answers come first, and this request gets its own.
+  const auto r = core::BrokerClient::instance().request(proto::Stat{"c"});
+  const auto* st = std::get_if<proto::StatReply>(&r.msg.body);
+  GPUIPC_CHILD_CHECK(st != nullptr && st->info.name == "c");
+  return 0;
+}
+
 TEST(BrokerBatch, ABatchThatTimesOutKeepsTheConnectionAndGivesBackWhatItsLateAnswersCounted) {
   TempDir dir("gpuipc-batch");
   const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
   const pid_t child = start_child([&] {
-    use_played_broker(dir.path(), "300");
-    std::vector<proto::Body> bodies;
-    bodies.emplace_back(proto::Open{"a", proto::Access::ReadOnly, 0});
-    bodies.emplace_back(proto::Stat{"b"});
-    try {
-      (void)core::BrokerClient::instance().request_batch(bodies);
-      return 3;
-    } catch (const Error& e) {
-      GPUIPC_CHILD_CHECK(e.code() == ErrorCode::Timeout);
-    }
-    // The same connection: the late answers come first, and this request gets its own.
-    const auto r = core::BrokerClient::instance().request(proto::Stat{"c"});
-    const auto* st = std::get_if<proto::StatReply>(&r.msg.body);
-    GPUIPC_CHILD_CHECK(st != nullptr && st->info.name == "c");
-    return 0;
+    return batch_times_out_then_stat(dir.path(), {proto::Open{"a", proto::Access::ReadOnly, 0}, proto::Stat{"b"}});
   });
   const auto sock = accept_and_greet(listener.get());
   ASSERT_TRUE(sock);
@@ -131,19 +134,8 @@ TEST(BrokerBatch, ABatchThatTimesOutGivesBackWhatItsAnsweredOpensCounted) {
   TempDir dir("gpuipc-batch");
   const auto listener = os::listen_seqpacket(dir.path() + "/broker.sock", 0600);
   const pid_t child = start_child([&] {
-    use_played_broker(dir.path(), "300");
-    std::vector<proto::Body> bodies;
-    bodies.emplace_back(proto::Open{"a", proto::Access::ReadOnly, 0});
-    bodies.emplace_back(proto::Open{"b", proto::Access::ReadOnly, 0});
-    try {
-      (void)core::BrokerClient::instance().request_batch(bodies);
-      return 3;
-    } catch (const Error& e) {
-      GPUIPC_CHILD_CHECK(e.code() == ErrorCode::Timeout);
-    }
-    const auto r = core::BrokerClient::instance().request(proto::Stat{"c"});
-    GPUIPC_CHILD_CHECK(std::holds_alternative<proto::StatReply>(r.msg.body));
-    return 0;
+    return batch_times_out_then_stat(
+        dir.path(), {proto::Open{"a", proto::Access::ReadOnly, 0}, proto::Open{"b", proto::Access::ReadOnly, 0}});
   });
   const auto sock = accept_and_greet(listener.get());
   ASSERT_TRUE(sock);
