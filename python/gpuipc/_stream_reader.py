@@ -125,6 +125,7 @@ class StreamReader:
         # versions keep naming them; and those the version being read named (what is kept after it).
         self._held: Optional[HeldBlocks] = None
         self._used: set = set()
+        self._sent: Dict[str, List[Any]] = {}  # this version's tensors so far: [dtype, shape, bytes sent, bytes]
         # The tables of blocks (descriptors' `blocks` lists, by id, kept alive here so that an id is not reused) whose
         # chunks were mapped ahead (_map_ahead), cleared with the held blocks. A publisher that sends the same tensors
         # sends the same descriptor bodies, which decode to the same table objects (_read_desc's layouts).
@@ -506,6 +507,7 @@ class StreamReader:
             d = self._next_bucket(deadline)
             if not self._in_version:
                 self._used = set()
+                self._sent = {}
             self._in_version = True
             slot = d.seq % self._head.buckets
             self._map_ahead(d)
@@ -517,6 +519,7 @@ class StreamReader:
             try:
                 if d.flags & _D_ABORT:
                     raise InvalidState(f"stream {self.name!r}: the publisher abandoned version {d.version}{abandoned}")
+                self._follow(d)
                 if early:
                     self._release(d.seq, sig, True)
                 self._verify(d, slot, s)
@@ -540,6 +543,29 @@ class StreamReader:
                     self._received(d)
             if d.flags & _D_LAST:
                 return
+
+    def _follow(self, d: _Desc) -> None:
+        """ProtocolError unless bucket ``d`` continues its version: a tensor's pieces keep the dtype and shape of its
+        first, each starts where the one before ended, and none is left short at the version's last bucket. (Each
+        piece was checked against its own shape alone: a later piece claiming another shape, or a version that left
+        a tensor half sent, was applied whole, with stale bytes in it.)"""
+        sent = self._sent
+        for piece in d.pieces:
+            key, dtype, shape, pos, n = piece[:5]
+            had = sent.get(key)
+            if had is None:
+                had = sent[key] = [dtype, shape, 0, math.prod(shape) * dtype_of(dtype).itemsize]
+            elif had[0] != dtype or had[1] != shape:
+                raise ProtocolError(f"stream {self.name!r}: a piece of {key!r} is {dtype}{shape}; its first was "
+                                    f"{had[0]}{had[1]}")
+            if pos != had[2]:
+                raise ProtocolError(f"stream {self.name!r}: a piece of {key!r} starts at byte {pos}, not {had[2]} "
+                                    "where its last ended")
+            had[2] += n
+        if d.flags & _D_LAST:
+            short = [k for k, v in sent.items() if v[2] != v[3]]
+            if short:
+                raise ProtocolError(f"stream {self.name!r}: version {d.version} ended with {short[0]!r} sent in part")
 
     def _received(self, d: _Desc) -> None:
         """The version of last bucket `d` is in: :attr:`version`; the publisher's blocks it did not name are let go

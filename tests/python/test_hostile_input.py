@@ -121,11 +121,11 @@ def test_open_waits_for_a_slot_its_owner_is_rewriting(name):
         block.free()
 
 
-def _put_desc(mem, ring, readers, seq, pieces, blocks=()):
+def _put_desc(mem, ring, readers, seq, pieces, blocks=(), index=0, flags=F._D_LAST):
     body = json.dumps({"pieces": pieces, "blocks": list(blocks)}).encode()
     d = F._desc_view(mem, ring, readers, seq % ring)
     d[:] = 0
-    d[: F._DESC.size] = np.frombuffer(F._DESC.pack(seq, 7, 0, F._D_LAST, 4096, 0, len(body), 0), np.uint8)
+    d[: F._DESC.size] = np.frombuffer(F._DESC.pack(seq, 7, index, flags, 4096, 0, len(body), 0), np.uint8)
     d[F._DESC.size : F._DESC.size + len(body)] = np.frombuffer(body, np.uint8)
 
 
@@ -162,6 +162,32 @@ def test_a_stream_reader_stops_at_a_malformed_bucket(name, pieces, blocks):
                 rd.receive({"a": np.zeros(64, np.float32)}, timeout=2)
 
 
+@pytest.mark.parametrize("second, says", [
+    (["a", "float32", [1024], 128, 128, 0], "is float32\\[1024\\]; its first was float32\\[64\\]"),
+    (["a", "int32", [64], 128, 128, 0], "is int32\\[64\\]; its first was float32\\[64\\]"),
+    (["a", "float32", [64], 192, 64, 0], "starts at byte 192, not 128"),
+    (["b", "float32", [4], 0, 16, 0], "ended with 'a' sent in part"),
+], ids=["larger-shape", "other-dtype", "gap", "left-short"])
+def test_a_version_whose_pieces_do_not_make_up_its_tensors_is_refused(name, second, says):
+    """A split tensor's pieces must keep the shape and dtype of its first, follow each other, and all arrive before
+    the version ends: each was checked against its own shape alone, so a later piece claiming a larger shape, or a
+    version that left a tensor half sent, was reported whole with stale bytes in it."""
+    with gpuipc.stream_publisher(name, 4096, 2, readers=1, kind="host") as pub:
+        with gpuipc.stream_reader(name) as rd:
+            t = threading.Thread(target=pub.publish, args=({"a": np.arange(64, dtype=np.float32)},))
+            t.start()
+            assert rd.receive({"a": np.zeros(64, np.float32)}, timeout=10) == 1
+            t.join()
+            e = rd._next
+            _put_desc(pub._mem, 2, 1, e, [["a", "float32", [64], 0, 128, 0]], index=0, flags=0)
+            _put_desc(pub._mem, 2, 1, e + 1, [second], index=1)
+            pub._filled.signal_host(e + 1)
+            into = {"a": np.zeros(64, np.float32), "b": np.zeros(4, np.float32)}
+            with pytest.raises(gpuipc.ProtocolError, match=says):
+                rd.receive(into, timeout=2)
+            assert rd.version == 1  # not the torn version 7
+
+
 def test_a_bucket_naming_a_block_of_something_that_is_no_pool_is_a_protocol_error(name):
     """A reference piece whose table names a segment that is no pool: ProtocolError naming the block, not the
     InvalidState that says the publisher freed a tensor (which a stale ref of a real pool gets)."""
@@ -173,7 +199,7 @@ def test_a_bucket_naming_a_block_of_something_that_is_no_pool_is_a_protocol_erro
         t.start()
         assert rd.receive({"a": np.zeros(64, np.float32)}, timeout=10) == 1
         t.join()
-        _put_desc(pub._mem, 2, 1, rd._next, [["a", "float32", [64], 0, 16, 0, 0]], [[name + "-s", ref]])
+        _put_desc(pub._mem, 2, 1, rd._next, [["a", "float32", [64], 0, 256, 0, 0]], [[name + "-s", ref]])
         pub._filled.signal_host(rd._next)
         with pytest.raises(gpuipc.ProtocolError, match="cannot use"):
             rd.receive({"a": np.zeros(64, np.float32)}, timeout=2)
