@@ -70,6 +70,8 @@ struct ChannelMember {
   proto::Role role = proto::Role::None;
   std::deque<std::uint64_t> held;  // claimed slots (producer) or received messages (consumer), oldest first
   shm::RingGeometry geometry;      // as this member read it when it opened the channel
+  shm::OwnOwed own;                // its own record of what it owes (core's Channel keeps one); empty: the table's
+  shm::OwnOwed* record() noexcept { return own.entries.empty() ? nullptr : &own; }
 };
 
 void run_channel(Input& in) {
@@ -101,12 +103,14 @@ void run_channel(Input& in) {
         if (joined) break;
         const proto::Role role = (in.byte() & 1) != 0 ? proto::Role::Producer : proto::Role::Consumer;
         const std::uint32_t index = shm::channel_join(broker, token_for(number), role);
-        if (index != proto::kNoMember) m = ChannelMember{index, token_for(number), role, {}, *created};
+        if (index != proto::kNoMember) m = ChannelMember{index, token_for(number), role, {}, *created, {}};
+        if (index != proto::kNoMember && number % 2 == 0) m.own.entries.resize(proto::owed_capacity(slots));
         break;
       }
       case 1:  // acquire, with room for the write it will owe (as core does)
-        if (joined && m.role == proto::Role::Producer && m.held.size() < 8 && shm::ring_owed_room(ring, m.index) > 0 &&
-            shm::ring_try_acquire(ring, m.index, seq, gone) && gone == proto::PoisonReason::None) {
+        if (joined && m.role == proto::Role::Producer && m.held.size() < 8 &&
+            shm::ring_owed_room(ring, m.index, m.record()) > 0 && shm::ring_try_acquire(ring, m.index, seq, gone) &&
+            gone == proto::PoisonReason::None) {
           (void)shm::ring_free_mark(ring, seq);
           m.held.push_back(seq);
         }
@@ -114,7 +118,8 @@ void run_channel(Input& in) {
       case 2:  // publish the oldest claim
         if (joined && m.role == proto::Role::Producer && !m.held.empty()) {
           const std::size_t n = std::min<std::size_t>(in.byte(), m.geometry.header_bytes);
-          shm::ring_publish(ring, m.held.front(), m.index, std::span(header, n), in.u32(), (in.byte() & 1) != 0);
+          shm::ring_publish(ring, m.held.front(), m.index, std::span(header, n), in.u32(), (in.byte() & 1) != 0,
+                            m.record());
           m.held.pop_front();
         }
         break;
@@ -125,15 +130,16 @@ void run_channel(Input& in) {
         }
         break;
       case 4:  // receive
-        if (joined && m.role == proto::Role::Consumer && m.held.size() < 8 && shm::ring_owed_room(ring, m.index) > 0 &&
-            shm::ring_try_receive(ring, m.index, seq, gone) && gone == proto::PoisonReason::None) {
+        if (joined && m.role == proto::Role::Consumer && m.held.size() < 8 &&
+            shm::ring_owed_room(ring, m.index, m.record()) > 0 && shm::ring_try_receive(ring, m.index, seq, gone) &&
+            gone == proto::PoisonReason::None) {
           m.held.push_back(seq);
         }
         break;
       case 5:  // release the oldest message, or hand the newest back
         if (joined && m.role == proto::Role::Consumer && !m.held.empty()) {
           if ((in.byte() & 1) != 0) {
-            shm::ring_release(ring, m.held.front(), m.index, (in.byte() & 1) != 0);
+            shm::ring_release(ring, m.held.front(), m.index, (in.byte() & 1) != 0, m.record());
             m.held.pop_front();
           } else {
             shm::ring_hand_back(ring, m.held.back(), m.index);
@@ -149,8 +155,8 @@ void run_channel(Input& in) {
       }
       case 7:  // what a member and the broker read without changing anything
         if (joined) {
-          (void)shm::ring_member_writes_done(ring, m.index);
-          (void)shm::ring_owed_room(ring, m.index);
+          (void)shm::ring_member_writes_done(ring, m.index, m.record());
+          (void)shm::ring_owed_room(ring, m.index, m.record());
         }
         (void)shm::ring_member_claims(broker, in.byte());
         shm::ring_mark_incomplete(broker.slot(in.u32()), in.u32());
@@ -168,12 +174,14 @@ void run_channel(Input& in) {
         break;
       case 9:  // a clean leave of its own
         if (joined) {
+          if (m.record() != nullptr) shm::ring_restore_owed(ring, m.index, m.own);
           (void)shm::channel_remove_member(b.data, m.geometry, m.index, m.token, m.role, proto::PoisonReason::Closed);
           m = ChannelMember{};
         }
         break;
       case 10:  // a leave through the broker, which takes the owed writes over
         if (joined) {
+          if (m.record() != nullptr) shm::ring_restore_owed(ring, m.index, m.own);
           owed.resize(proto::owed_capacity(slots));
           owed.resize(shm::ring_take_owed(broker, m.index, owed));
           shm::ring_forget_owed(broker, m.index);

@@ -66,6 +66,10 @@ struct Channel::Impl {
   std::vector<std::uint64_t> held;
   std::size_t held_first = 0;
   std::size_t held_count = 0;
+  // Device channels: the stream writes this member owes, as it recorded them (shm::OwnOwed): its room to claim and
+  // whether its writes are done are judged from this, not from its table in the control block, which every member
+  // can write.
+  shm::OwnOwed owed;
   // Device channels: how long acquire and receive watch a word on the host before they enqueue a stream wait.
   std::chrono::nanoseconds pacing{0};
   // How many messages a pacing producer may run ahead of the consumers' streams (n: the whole ring).
@@ -177,14 +181,16 @@ struct Channel::Impl {
       forget();  // a forked child's copy of its parent's handle: the entry, its slots and messages are the parent's
       return;
     }
-    if (gpu() && !shm::ring_member_writes_done(ring(), member) &&
+    // Its table as this member recorded it: the broker takes it over, or the removal below writes what is left.
+    if (gpu()) shm::ring_restore_owed(ring(), member, owed);
+    if (gpu() && !shm::ring_member_writes_done(ring(), member, &owed) &&
         core::leave_through_broker(control, core::Membership{member, token})) {
       forget();
       return;
     }
     if (gpu()) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (!shm::ring_member_writes_done(ring(), member) && std::chrono::steady_clock::now() < deadline) {
+      while (!shm::ring_member_writes_done(ring(), member, &owed) && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }
@@ -214,16 +220,17 @@ struct Channel::Impl {
   /// A device channel's member claims a slot or a message only with room in its owed table for the stream write
   /// each of its claims will owe (src/shm/channel_ring.hpp). A stream that fell that far behind its host holds the
   /// host back here: it waits, within `timeout` (what is left of it on return; negative: for ever), for its
-  /// oldest write to land.
-  Status owed_room(std::chrono::nanoseconds& timeout) const noexcept {
-    if (!gpu() || shm::ring_owed_room(ring(), member) > held_count) return Status::Ok;
+  /// oldest write to land. (Judged from `owed`: entries another member wrote into the table, which never land,
+  /// held this member back for good.)
+  Status owed_room(std::chrono::nanoseconds& timeout) noexcept {
+    if (!gpu() || shm::ring_owed_room(ring(), member, &owed) > held_count) return Status::Ok;
     if (timeout.count() == 0) return Status::WouldBlock;
     const bool forever = timeout.count() < 0;
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       const auto waited = std::chrono::steady_clock::now() - start;
-      if (shm::ring_owed_room(ring(), member) > held_count) {
+      if (shm::ring_owed_room(ring(), member, &owed) > held_count) {
         // What is left, 1 ns at least: a claim given 0 would say WouldBlock, which callers take for "a zero
         // timeout" (the documented loop stops there as if the peer were gone); with 1 ns it tries once, then says
         // Timeout.
@@ -356,6 +363,7 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
   if (impl->gpu()) {
     impl->control_device = control.device_pointer();
     impl->ctx = cuda::PrimaryContext(data.device());
+    impl->owed.entries.assign(proto::owed_capacity(g->slots), proto::OwedWrite{});
   }
   impl->held.assign(impl->n, 0);
   impl->pacing = initial_pacing(pacing);
@@ -536,7 +544,7 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   // The host-visible publish goes first: a consumer can claim the message (and enqueue its stream wait) while
   // this thread is still in the driver call below, which keeps that call off the handoff's critical path. The
   // consumer's stream cannot run ahead: it waits for `filled`, which only our stream writes.
-  if (!shm::ring_publish(im.ring(), seq, im.member, header, bytes, im.gpu())) {
+  if (!shm::ring_publish(im.ring(), seq, im.member, header, bytes, im.gpu(), &im.owed)) {
     // The broker took this process for gone (its connection closed, and it neither rejoined nor exited in time) and
     // abandoned the claim: the slot is not ours to publish, nor to have our stream write.
     im.pop_held();
@@ -623,7 +631,7 @@ Status Channel::release(StreamHandle stream) noexcept {
   const core::OwedStreamWrite owed(im.gpu());
   // As in publish: the host-visible release first, the stream write after. A producer that reclaims the slot at
   // once makes its own stream wait for `freed`, which only our stream writes, after its reads.
-  if (!shm::ring_release(im.ring(), seq, im.member, im.gpu())) {
+  if (!shm::ring_release(im.ring(), seq, im.member, im.gpu(), &im.owed)) {
     // Handed to another consumer by the broker's repair of this member (as in publish): not ours to release.
     im.pop_held();
     return Status::InvalidState;

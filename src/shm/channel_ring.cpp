@@ -105,16 +105,41 @@ bool landed(const Ring& ring, const proto::OwedWrite& w) noexcept {
   return (atomic(owed_word(ring, w)).load(std::memory_order_acquire) & proto::kMaxValue) >= owed_seq(w) + 1;
 }
 
-/// Records a write `member`'s stream will owe, before the host-visible step that others act on. The caller made
-/// room (ring_owed_room); a full table (a caller that did not) records nothing.
-void owe(const Ring& ring, std::uint32_t member, proto::OwedWrite w) noexcept {
+/// Whether `own` is a record to use for a ring of this geometry (OwnOwed).
+bool usable(const Ring& ring, const OwnOwed* own) noexcept {
+  return own != nullptr && own->entries.size() == proto::owed_capacity(ring.geometry.slots);
+}
+
+/// Records a write `member`'s stream will owe, before the host-visible step that others act on: in `own` when
+/// given, and in the member's table (its bounds rewritten from `own`). The caller made room (ring_owed_room); a
+/// full table (a caller that did not) records nothing. Returns whether it recorded.
+bool owe(const Ring& ring, std::uint32_t member, proto::OwedWrite w, OwnOwed* own) noexcept {
   auto& t = ring_owed_table(ring, member);
-  const std::uint64_t end = atomic(t.end).load(std::memory_order_relaxed);
-  if (end - atomic(t.begin).load(std::memory_order_relaxed) >= proto::owed_capacity(ring.geometry.slots)) return;
+  const std::uint64_t cap = proto::owed_capacity(ring.geometry.slots);
+  const bool mine = usable(ring, own);
+  const std::uint64_t begin = mine ? own->begin : atomic(t.begin).load(std::memory_order_relaxed);
+  const std::uint64_t end = mine ? own->end : atomic(t.end).load(std::memory_order_relaxed);
+  if (end - begin >= cap) return false;
   auto& e = owed_entry(ring, t, end);
   atomic(e.code).store(w.code, std::memory_order_relaxed);
   atomic(e.after).store(w.after, std::memory_order_relaxed);
+  if (mine) {
+    own->entries[end % cap] = w;
+    own->end = end + 1;
+    atomic(t.begin).store(begin, std::memory_order_relaxed);
+  }
   atomic(t.end).store(end + 1, std::memory_order_release);
+  return true;
+}
+
+/// Takes back the write just recorded (owe) whose host-visible step did not happen: its stream will not be asked
+/// for it (publish and release return false before they enqueue it), so it would never land. Only in `own`: the
+/// table's `end` goes back with it, and the broker reading the table meanwhile takes no write whose step was not
+/// made (made()).
+void unowe(const Ring& ring, std::uint32_t member, OwnOwed* own) noexcept {
+  if (!usable(ring, own) || own->end == own->begin) return;
+  --own->end;
+  atomic(ring_owed_table(ring, member).end).store(own->end, std::memory_order_release);
 }
 
 /// Whether member `member` made the host-visible step of owed write `w` (its publish or release; it records the
@@ -210,7 +235,7 @@ void ring_give_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
 }
 
 bool ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std::span<const std::byte> header,
-                  std::uint64_t bytes, bool stream_fills) noexcept {
+                  std::uint64_t bytes, bool stream_fills, OwnOwed* own) noexcept {
   auto& h = ring.header();
   auto& s = ring.slot(seq);
   auto state = atomic(s.state);
@@ -222,13 +247,15 @@ bool ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std
   s.header_size = static_cast<std::uint32_t>(header.size());
   s.size = bytes;
   // `incomplete` is left alone: a mark names its message, and an earlier round's stays for that round's consumer.
+  bool owed = false;
   if (stream_fills) {
-    owe(ring, member, {seq, ring_free_mark(ring, seq)});
+    owed = owe(ring, member, {seq, ring_free_mark(ring, seq)}, own);
   } else {
     atomic(s.filled).store(seq + 1, std::memory_order_release);
   }
   if (!state.compare_exchange_strong(claimed, proto::pack_state(seq, Phase::Published, member),
                                      std::memory_order_acq_rel)) {
+    if (owed) unowe(ring, member, own);
     return false;  // abandoned meanwhile
   }
   atomic(h.published).fetch_add(1, std::memory_order_relaxed);
@@ -306,7 +333,7 @@ void ring_hand_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
   bump_and_wake(h.published_seq);
 }
 
-bool ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees) noexcept {
+bool ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees, OwnOwed* own) noexcept {
   auto& h = ring.header();
   auto& s = ring.slot(seq);
   auto state = atomic(s.state);
@@ -315,21 +342,29 @@ bool ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, boo
   // this member's `freed` would release that producer's stream early.
   std::uint64_t held = proto::pack_state(seq, Phase::Reading, member);
   if (state.load(std::memory_order_acquire) != held) return false;
+  bool owed = false;
   if (stream_frees) {
-    owe(ring, member, {seq | proto::kOwedFreed, 0});
+    owed = owe(ring, member, {seq | proto::kOwedFreed, 0}, own);
   } else {
     raise_to(s.freed, seq + 1);
   }
   atomic(s.release_mark).store(seq + 1, std::memory_order_release);  // before the slot is Free for the next round
   if (!state.compare_exchange_strong(held, proto::pack_state(seq + ring.geometry.slots, Phase::Free, proto::kNoMember),
                                      std::memory_order_acq_rel)) {
+    if (owed) unowe(ring, member, own);
     return false;  // handed back meanwhile
   }
   bump_and_wake(h.released_seq, &h.released_sleepers);
   return true;
 }
 
-bool ring_member_writes_done(const Ring& ring, std::uint32_t member) noexcept {
+bool ring_member_writes_done(const Ring& ring, std::uint32_t member, const OwnOwed* own) noexcept {
+  if (usable(ring, own)) {
+    for (std::uint64_t i = own->begin; i < own->end; ++i) {
+      if (!landed(ring, own->entries[i % own->entries.size()])) return false;
+    }
+    return true;
+  }
   auto& t = ring_owed_table(ring, member);
   const auto [begin, end] = owed_range(ring, t);
   for (std::uint64_t i = begin; i < end; ++i) {
@@ -345,10 +380,17 @@ proto::OwedTable& ring_owed_table(const Ring& ring, std::uint32_t member) noexce
                                                          proto::owed_table_bytes(ring.geometry.slots));  // NOLINT
 }
 
-std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member) noexcept {
+std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member, OwnOwed* own) noexcept {
   auto& t = ring_owed_table(ring, member);
-  auto [begin, end] = owed_range(ring, t);
   const std::uint64_t cap = proto::owed_capacity(ring.geometry.slots);
+  if (usable(ring, own)) {
+    if (own->end - own->begin >= cap / 2) {  // as below, from its own record
+      while (own->begin < own->end && landed(ring, own->entries[own->begin % cap])) ++own->begin;
+      atomic(t.begin).store(own->begin, std::memory_order_relaxed);
+    }
+    return cap - (own->end - own->begin);
+  }
+  auto [begin, end] = owed_range(ring, t);
   // Forgets landed writes only once half the table is used: the handoff's path then reads no word a stream
   // wrote (a cache miss each), only its own two counters. (A member holds at most a quarter of the table.)
   if (end - begin >= cap / 2) {
@@ -375,6 +417,18 @@ bool ring_member_claims(const Ring& ring, std::uint32_t member) noexcept {
     if (proto::state_phase(s) == Phase::Writing && proto::state_member(s) == member) return true;
   }
   return false;
+}
+
+void ring_restore_owed(const Ring& ring, std::uint32_t member, const OwnOwed& own) noexcept {
+  if (!usable(ring, &own)) return;
+  auto& t = ring_owed_table(ring, member);
+  for (std::uint64_t i = own.begin; i < own.end; ++i) {
+    auto& e = owed_entry(ring, t, i);
+    atomic(e.code).store(own.entries[i % own.entries.size()].code, std::memory_order_relaxed);
+    atomic(e.after).store(own.entries[i % own.entries.size()].after, std::memory_order_relaxed);
+  }
+  atomic(t.begin).store(own.begin, std::memory_order_relaxed);
+  atomic(t.end).store(own.end, std::memory_order_release);
 }
 
 void ring_forget_owed(const Ring& ring, std::uint32_t member) noexcept {

@@ -56,6 +56,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "proto/shm.hpp"
 
@@ -110,13 +111,25 @@ std::uint64_t ring_free_mark(const Ring& ring, std::uint64_t seq) noexcept;
 /// `freed` is written, and producers and consumers waiting are woken (a later message may be waiting past it).
 void ring_give_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) noexcept;
 
+/// A device channel member's own record of the stream writes it owes, in its process's memory (Channel::Impl). The
+/// table in the control block is there for the broker, which takes the writes over when the member dies or leaves;
+/// every member can write it, and a member that judged its room by it could be held back for good by another's
+/// garbage (entries that never land). Given one, ring_publish and ring_release record into both (the table's
+/// `begin` and `end` rewritten from this record each time), and ring_owed_room and ring_member_writes_done read
+/// only this one. Sized owed_capacity(slots) by its maker; one of another size is ignored (the table is used).
+struct OwnOwed {
+  std::vector<proto::OwedWrite> entries;  ///< [begin, end) modulo entries.size(), oldest first
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
 /// Publishes message `seq` from its claimant `member`: copies `header` into the slot's user header (the caller
 /// checked it fits), records `bytes`, writes `filled` unless `stream_fills` (a device channel: the producer's
 /// stream writes it), makes the message visible and wakes sleeping consumers. Returns false, having written
 /// nothing, when the claim is no longer `member`'s: the broker repaired the member as gone (its connection closed,
 /// and it neither rejoined nor exited in time) and abandoned the round, whose slot may be another producer's now.
 bool ring_publish(const Ring& ring, std::uint64_t seq, std::uint32_t member, std::span<const std::byte> header,
-                  std::uint64_t bytes, bool stream_fills) noexcept;
+                  std::uint64_t bytes, bool stream_fills, OwnOwed* own = nullptr) noexcept;
 
 /// Flags message `seq` incomplete and writes its `filled` from the host: a consumer stream waiting for the
 /// producer's stream write that will never come (a failed enqueue) is released, and the consumer is told.
@@ -135,12 +148,13 @@ void ring_hand_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
 /// for, writes `freed` unless `stream_frees` (a device channel: the consumer's stream writes it), frees the slot
 /// for the next round and wakes sleeping producers. Returns false, having written nothing, when the message is no
 /// longer `member`'s: the broker repaired the member as gone and handed the message to another consumer.
-bool ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees) noexcept;
+bool ring_release(const Ring& ring, std::uint64_t seq, std::uint32_t member, bool stream_frees,
+                  OwnOwed* own = nullptr) noexcept;
 
 /// Whether the stream writes of `member` have landed: every `filled` of a message it published and every `freed`
 /// of one it released (its owed table). Until then a clean leave would let survivors' streams wait for writes
 /// still queued.
-bool ring_member_writes_done(const Ring& ring, std::uint32_t member) noexcept;
+bool ring_member_writes_done(const Ring& ring, std::uint32_t member, const OwnOwed* own = nullptr) noexcept;
 
 /// Member `member`'s table of owed stream writes (after the slot records).
 proto::OwedTable& ring_owed_table(const Ring& ring, std::uint32_t member) noexcept;
@@ -148,7 +162,11 @@ proto::OwedTable& ring_owed_table(const Ring& ring, std::uint32_t member) noexce
 /// Returns how many more writes `member`'s table can record, first forgetting those that have landed, oldest
 /// first, once half of it is used. A device channel's member claims a slot (or a message) only while this is more than
 /// the slots (or messages) it holds: each will owe one write at its publish (or release).
-std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member) noexcept;
+std::uint64_t ring_owed_room(const Ring& ring, std::uint32_t member, OwnOwed* own = nullptr) noexcept;
+
+/// Writes member `member`'s own record back over its table in the control block, entries and bounds (before a leave
+/// hands the table to the broker, or writes what is left of it: another member may have scribbled over it).
+void ring_restore_owed(const Ring& ring, std::uint32_t member, const OwnOwed& own) noexcept;
 
 /// The writes that dead member `member`'s stream still owed (broker, before channel_remove_member changes the
 /// slots): every entry of its table whose publish or release it made and whose word has not reached it, oldest

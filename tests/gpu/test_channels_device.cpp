@@ -869,6 +869,46 @@ TEST(ChannelsDevice, AProducerWhoseStreamFellSixtyFourMessagesBehindWaitsInAcqui
   Semaphore::unlink(name + ".hold");
 }
 
+/// Any member can write into any member's owed-write table in the control block: filled with writes that never
+/// land, it held every member's acquire and receive back for good (Timeout every time, whatever the peers did; no
+/// timeout: a hang). Each member judges its room from its own record of what it owes.
+TEST(ChannelsDevice, AnOwedTableFilledWithWritesThatNeverLandHoldsNoMemberBack) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("scribbled");
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto producer = create_one_slot(name, ChannelRole::Producer);
+              auto consumer = Channel::open(name, ChannelRole::Consumer);
+              {
+                Segment control =
+                    detail::open_segment(name, {.access = Access::ReadWrite, .wait = {}, .device = -1}, false);
+                const auto geometry = shm::ring_geometry(control.data(), control.size());
+                GPUIPC_CHILD_CHECK(geometry.has_value());
+                const shm::Ring ring{control.data(), *geometry};
+                const std::uint64_t cap = proto::owed_capacity(geometry->slots);
+                for (std::uint32_t m = 0; m < proto::kMaxMembers; ++m) {
+                  auto& t = shm::ring_owed_table(ring, m);
+                  auto* e = reinterpret_cast<proto::OwedWrite*>(&t + 1);
+                  for (std::uint64_t i = 0; i < cap; ++i) e[i] = {(1ULL << 40) + i, 0};
+                  t.begin = 0;
+                  t.end = cap;
+                }
+              }
+              for (unsigned i = 0; i < 3; ++i) {
+                SlotView s;
+                GPUIPC_CHILD_CHECK(producer.acquire(g.stream.get(), 2s, s) == Status::Ok);
+                GPUIPC_CHILD_CHECK(producer.publish(g.stream.get(), {}, 0) == Status::Ok);
+                MessageView m;
+                GPUIPC_CHILD_CHECK(consumer.receive(g.stream.get(), 2s, m) == Status::Ok);
+                GPUIPC_CHILD_CHECK(consumer.release(g.stream.get()) == Status::Ok);
+              }
+              g.stream.synchronize();
+              Channel::unlink(name);
+              return 0;
+            }),
+            0);
+}
+
 /// The control block of channel `name` as it stands, read CUDA-free: every slot's words and every member's owed
 /// writes that have not landed (what a hung ring is waiting for).
 std::string dump_ring(const std::string& name) {

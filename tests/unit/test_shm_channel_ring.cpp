@@ -357,6 +357,43 @@ TEST_F(ShmChannelRing, AScribbledOwedTableIsReadNoFurtherThanItsCapacity) {
   EXPECT_TRUE(channel_remove_member(b.ring().control, b.ring().geometry, c, 20, Role::Consumer, PoisonReason::Closed));
 }
 
+// A member's own record (Channel keeps one): its room and whether its writes are done are judged from it, so
+// entries another member wrote into its table, which never land, do not hold it back; the table is written from it
+// again before a leave hands it over.
+TEST_F(ShmChannelRing, AMembersOwnRecordOfWhatItOwesIsNotHeldBackByAScribbledTable) {
+  const std::uint64_t cap = proto::owed_capacity(2);
+  OwnOwed own{std::vector<proto::OwedWrite>(cap), 0, 0};
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+  ASSERT_TRUE(ring_publish(b.ring(), seq, p, {}, 0, true, &own));  // owed: message 0's `filled`
+  EXPECT_EQ(own.end, 1U);
+  auto& t = ring_owed_table(b.ring(), p);
+  auto* e = reinterpret_cast<proto::OwedWrite*>(&t + 1);
+  for (std::uint64_t i = 0; i < cap; ++i) e[i] = {(1ULL << 40) + i, 0};  // writes that never land
+  t.begin = 0;
+  t.end = cap;
+  EXPECT_EQ(ring_owed_room(b.ring(), p), 0U);  // the table alone: no room, for good
+  EXPECT_EQ(ring_owed_room(b.ring(), p, &own), cap - 1);
+  EXPECT_FALSE(ring_member_writes_done(b.ring(), p, &own));
+  raise_to(b.slot(0).filled, 1);  // the stream writes it
+  EXPECT_TRUE(ring_member_writes_done(b.ring(), p, &own));
+  EXPECT_FALSE(ring_member_writes_done(b.ring(), p));  // (the scribbled table never is)
+
+  // The next publish rewrites the table's bounds from the record; a restore rewrites its entries too, and what the
+  // broker takes over is what the member owes.
+  ASSERT_TRUE(ring_try_acquire(b.ring(), p, seq, gone));
+  ASSERT_TRUE(ring_publish(b.ring(), seq, p, {}, 0, true, &own));
+  EXPECT_EQ(t.begin, 0U);
+  EXPECT_EQ(t.end, 2U);
+  std::vector<proto::OwedWrite> out(cap);
+  ring_restore_owed(b.ring(), p, own);
+  ASSERT_EQ(ring_take_owed(b.ring(), p, out), 1U);
+  EXPECT_EQ(out[0].code, seq);
+
+  // A record of another size is not used: the table is.
+  OwnOwed wrong{std::vector<proto::OwedWrite>(cap + 1), 0, 0};
+  EXPECT_EQ(ring_owed_room(b.ring(), p, &wrong), ring_owed_room(b.ring(), p));
+}
+
 /// Whether a GPU stream wait for `value` passes on `word`: a cyclic 64-bit >= (CU_STREAM_WAIT_VALUE_GEQ).
 bool stream_wait_passes(std::uint64_t word, std::uint64_t value) {
   return static_cast<std::int64_t>(word - value) >= 0;
