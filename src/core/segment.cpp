@@ -19,6 +19,9 @@ namespace gpuipc {
 namespace detail {
 
 Mapping::~Mapping() {
+  // The registrations first, while the host memory they cover is still mapped (host_registration.hpp): a late one
+  // (a member, destroyed after this body) was unregistered after the munmap, when another mapping may be there.
+  late_gpu.reset();
   gpu.reset();
   host = os::Mapping();
   if (client_generation == 0) return;  // never registered
