@@ -9,11 +9,12 @@
 
 #include "base/log.hpp"
 #include "core/client.hpp"
-#include "core/membership.hpp"
 #include "core/gpu_memory.hpp"
+#include "core/membership.hpp"
 #include "core/segment_internal.hpp"
-#include "os/memfd.hpp"
+#include "cuda/context.hpp"
 #include "cuda/trace.hpp"
+#include "os/memfd.hpp"
 
 namespace gpuipc {
 namespace detail {
@@ -437,6 +438,10 @@ Segment map_opened(const std::string& n, const OpenOptions& options, bool regist
   if (place_at == 0) {
     MappingCache::instance().put(cache_key(n, options.access, cache_device(options, register_pinned, look)), m,
                                  names_gen);
+    // Device memory opened for "any device" is mapped on one GPU: cached under it too, where an open for "any
+    // device" from a thread current on that GPU finds it (cached_open) when the "any" entry maps on another.
+    if (options.device < 0 && !look && m->gpu && (m->kind == SegmentKind::Device || m->kind == SegmentKind::DeviceIpc))
+      MappingCache::instance().put(cache_key(n, options.access, m->gpu->device()), m, names_gen);
   }
   return detail::SegmentAccess::make(std::move(m));
 }
@@ -444,6 +449,23 @@ Segment map_opened(const std::string& n, const OpenOptions& options, bool regist
 }  // namespace
 
 namespace {
+
+/// A device kind's mapping for "any device" (-1) is made on the calling thread's current context's GPU, else on the
+/// owner's, and only that GPU may access it. A cached one serves such an open only when it maps on the GPU the
+/// open would choose: nullopt when it does (or the open asked for a device, or no context is current), else the
+/// current context's ordinal. (A thread current on another GPU was given the other GPU's mapping, and its first
+/// kernel on it faulted.)
+std::optional<int> other_mapping_device(const detail::Mapping& m, const OpenOptions& options, bool look) noexcept {
+  if (look || options.device >= 0 || !m.gpu || (m.kind != SegmentKind::Device && m.kind != SegmentKind::DeviceIpc))
+    return std::nullopt;
+  if (cuda::current_context_or_null() == nullptr) return std::nullopt;
+  try {
+    const int here = cuda::current_ordinal();
+    return here == m.gpu->device() ? std::nullopt : std::optional<int>(here);
+  } catch (const Error&) {
+    return std::nullopt;  // (the driver could not say: as before)
+  }
+}
 
 /// open_segment's cache lookup: the process's mapping of `n` when it has one that still names the segment (a stale
 /// entry, made before an unlink somewhere, is checked with a Stat), else nullopt. Throws PeerDied for an adopted
@@ -459,6 +481,11 @@ std::optional<Segment> cached_open(const std::string& n, const OpenOptions& opti
   if (!hit->alive()) {
     cache.erase(key);
     throw detail::exporter_gone_error(n);
+  }
+  if (const auto other = other_mapping_device(*hit, options, look)) {
+    OpenOptions there = options;  // this process's mapping on the current GPU, if it made one; else a new open
+    there.device = *other;
+    return cached_open(n, there, register_pinned, look);
   }
   if (fresh) return detail::SegmentAccess::make(std::move(hit));
   // An unlink happened somewhere since this binding was made: is the name still this segment?

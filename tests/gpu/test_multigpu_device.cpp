@@ -95,6 +95,44 @@ TEST(MultiGpu, SegmentOfGpu1OpenedReadWriteFromGpu0) {
   Segment::unlink(name);
 }
 
+/// "Any device" means the calling thread's current context's GPU: two threads of one process, current on GPU 0 and
+/// on GPU 1, each get a mapping its GPU can use. The process's cache gave the second thread the first one's mapping
+/// (accessible from GPU 0 only), and its first kernel on it faulted.
+TEST(MultiGpu, ThreadsCurrentOnTwoGpusEachGetAMappingTheirGpuCanUse) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto name = unique_name("any-dev");
+  SyncPipe created, done;
+  const pid_t owner = start_owner(name, 0, 3, 3, created, done);
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              Gpu g0(0);
+              auto first = Segment::open(name);
+              GPUIPC_CHILD_CHECK(first.device() == 0);
+              int second_device = -2;
+              std::uint64_t wrong = 1;
+              std::thread other([&] {
+                Gpu g1(1);
+                auto second = Segment::open(name);
+                second_device = second.device();
+                if (second_device == 1)
+                  wrong = g1.k.count_mismatches(g1.stream.get(), second.device_pointer(), kWords, 3);
+                auto again = Segment::open(name);  // cached now: the same mapping
+                if (again.device_pointer() != second.device_pointer()) second_device = -3;
+              });
+              other.join();
+              GPUIPC_CHILD_CHECK(second_device == 1);
+              GPUIPC_CHILD_CHECK(wrong == 0);
+              auto back = Segment::open(name);  // GPU 0's thread again
+              GPUIPC_CHILD_CHECK(back.device() == 0);
+              GPUIPC_CHILD_CHECK(g0.k.count_mismatches(g0.stream.get(), back.device_pointer(), kWords, 3) == 0);
+              return 0;
+            }),
+            0);
+  done.notify();
+  EXPECT_EQ(wait_child(owner), 0);
+  Segment::unlink(name);
+}
+
 TEST(MultiGpu, WriteThroughReadOnlyPeerMappingFaultsOnlyTheWriter) {
   GPUIPC_REQUIRE_TWO_GPUS();
   const auto name = unique_name("peer-ro");
