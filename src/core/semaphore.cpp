@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/membership.hpp"
 #include "core/segment_internal.hpp"
@@ -32,6 +35,90 @@ Status poison_status_of(const proto::SemaphoreBlock& b, std::uint64_t v) noexcep
   return status_of(shm::semaphore_poison(b, v));
 }
 
+/// What a handle's streams may still touch of its page (host_pinned) when it closes: a write of a `signal`, a
+/// `wait` polling for its value, a `wake_host` callback bumping the wake word. Nothing orders them before the
+/// page's unregistration and unmap when the last handle of the mapping goes (cuMemHostUnregister does not wait for
+/// streams): a callback that ran after it touched an unmapped page, and a stream wait polled an unregistered
+/// address. The callbacks get this as their data; a handle that closes with any of it outstanding parks its segment
+/// (with this) until none is (`park`).
+struct StreamUse {
+  proto::SemaphoreBlock* block = nullptr;
+  std::atomic<std::uint32_t> callbacks{0};  // wake_host callbacks enqueued and not yet run
+  std::uint64_t signalled = 0;              // highest value handed to a stream to write
+  std::uint64_t waited = 0;                 // highest value a stream was told to wait for
+
+  /// Whether no stream work of this handle can touch the page any more.
+  bool done() const noexcept {
+    if (callbacks.load(std::memory_order_acquire) != 0) return false;
+    const std::uint64_t v = atomic(block->value).load(std::memory_order_acquire);
+    // A queued write lands whatever the poison (it writes the whole word); a wait passes at the poison.
+    return (v & proto::kMaxValue) >= signalled && ((v & proto::kMaxValue) >= waited || (v & proto::kPoisonBit) != 0);
+  }
+};
+
+void wake_host_waiters(void* data) {
+  auto* use = static_cast<StreamUse*>(data);
+  shm::bump_and_wake(use->block->wake_seq);
+  use->callbacks.fetch_sub(1, std::memory_order_release);  // the last touch: the page and `use` may go after it
+}
+
+/// Segments of closed handles whose streams may still touch them, kept mapped until they cannot (process-wide, never
+/// destroyed: at exit they stay mapped, as a stream may still run).
+struct Parked {
+  Segment segment;
+  std::unique_ptr<StreamUse> use;
+};
+struct ParkedList {
+  std::mutex mutex;
+  std::vector<Parked> list;
+};
+ParkedList& parked() {
+  static auto* p = new ParkedList;  // NOLINT: deliberately never destroyed (see above)
+  return *p;
+}
+
+/// Lets go of the parked segments whose streams are done with them (outside the lock: the last handle of a mapping
+/// sends the broker a Close).
+void reap_parked() noexcept {
+  std::vector<Parked> done;
+  {
+    auto& p = parked();
+    const std::lock_guard lock(p.mutex);
+    if (p.list.empty()) return;
+    for (auto it = p.list.begin(); it != p.list.end();) {
+      if (it->use->done()) {
+        done.push_back(std::move(*it));
+        it = p.list.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+/// Keeps `segment` mapped, with `use`, until its streams are done with it (reap_parked, at later opens and closes
+/// of semaphores in this process). Without memory to park it, waits for them (bounded), then lets it go.
+void park(Segment& segment, std::unique_ptr<StreamUse>& use) noexcept {
+  auto& p = parked();
+  {
+    const std::lock_guard lock(p.mutex);
+    bool room = true;
+    try {
+      p.list.reserve(p.list.size() + 1);
+    } catch (const std::bad_alloc&) {
+      room = false;
+    }
+    if (room) {
+      p.list.push_back(Parked{std::move(segment), std::move(use)});  // (no allocation: reserved)
+      return;
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!use->done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 }  // namespace
 
 struct Semaphore::Impl {
@@ -48,7 +135,7 @@ struct Semaphore::Impl {
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;             // the broker's token in our member entry
   std::uint32_t forks = 0;             // core::forks_so_far() at the join
-  std::uint64_t stream_signalled = 0;  // highest value handed to a stream: leave() waits for it to land
+  std::unique_ptr<StreamUse> use = std::make_unique<StreamUse>();  // host_pinned: what its streams may still touch
   CUevent legacy_probe = nullptr;      // made at the first signal(wake_host) on the legacy default stream,
   CUcontext probe_ctx = nullptr;       // in this context (made again when the caller's current context is another)
 
@@ -58,6 +145,8 @@ struct Semaphore::Impl {
   ~Impl() {
     leave();
     if (legacy_probe != nullptr) cuda::destroy_event(legacy_probe);
+    reap_parked();
+    if (device_value != 0 && block != nullptr && !use->done()) park(segment, use);
   }
 
   /// Whether a write enqueued on `s` now would land at once (see signal): the stream and whatever it would wait
@@ -96,7 +185,7 @@ struct Semaphore::Impl {
     }
     // A signal still queued on a stream would land after the poison and erase it: wait for ours (bounded).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while ((atomic(block->value).load(std::memory_order_acquire) & proto::kMaxValue) < stream_signalled &&
+    while ((atomic(block->value).load(std::memory_order_acquire) & proto::kMaxValue) < use->signalled &&
            (atomic(block->value).load() & proto::kPoisonBit) == 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -110,11 +199,6 @@ struct Semaphore::Impl {
 };
 
 namespace {
-
-void wake_host_waiters(void* data) {
-  auto* block = static_cast<proto::SemaphoreBlock*>(data);
-  shm::bump_and_wake(block->wake_seq);
-}
 
 /// The semaphore block of `seg`, or Error(InvalidArgument): a segment of another kind of object (or a device
 /// segment, whose data() the host cannot read) is not one.
@@ -130,8 +214,10 @@ proto::SemaphoreBlock* block_of(const Segment& seg, std::string_view name, const
 }
 
 std::unique_ptr<Semaphore::Impl> attach(Segment seg, SemaphoreRole role) {
+  reap_parked();
   auto impl = std::make_unique<Semaphore::Impl>();
   impl->block = block_of(seg, seg.name(), "open");
+  impl->use->block = impl->block;
   if (seg.kind() == SegmentKind::HostPinned) {
     impl->device_value = seg.device_pointer() + offsetof(proto::SemaphoreBlock, value);
     impl->ctx = cuda::PrimaryContext(seg.device());
@@ -212,9 +298,14 @@ Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_hos
     return status_of(shm::semaphore_raise(*m_impl->block, value));
   }
   if (cuda::stream_write_value64(s, m_impl->device_value, value) != CUDA_SUCCESS) return Status::DriverError;
-  m_impl->stream_signalled = std::max(m_impl->stream_signalled, value);
-  if (wake_host && cuda::launch_host_func(s, wake_host_waiters, m_impl->block) != CUDA_SUCCESS) {
-    return Status::DriverError;
+  auto& use = *m_impl->use;
+  use.signalled = std::max(use.signalled, value);
+  if (wake_host) {
+    use.callbacks.fetch_add(1, std::memory_order_relaxed);
+    if (cuda::launch_host_func(s, wake_host_waiters, &use) != CUDA_SUCCESS) {
+      use.callbacks.fetch_sub(1, std::memory_order_relaxed);
+      return Status::DriverError;
+    }
   }
   return Status::Ok;
 }
@@ -231,6 +322,7 @@ Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
   if (cuda::stream_wait_value64(static_cast<CUstream>(stream), m_impl->device_value, value) != CUDA_SUCCESS) {
     return Status::DriverError;
   }
+  m_impl->use->waited = std::max(m_impl->use->waited, value);
   return Status::Ok;
 }
 

@@ -1314,6 +1314,80 @@ TEST(SemaphoresDevice, WakeHostSignalKeepsStreamOrderAndIsImmediateOnAnIdleStrea
   Semaphore::unlink(gate_name);
 }
 
+/// A waiter that closes its handle (the process's last of the semaphore) while its stream still waits for a value:
+/// the page stays registered and mapped until the wait has passed. It was unregistered at the close, and the
+/// stream polled an address no longer mapped for the GPU.
+TEST(SemaphoresDevice, AWaiterClosedWhileItsStreamWaitsKeepsThePageUntilTheWaitPasses) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("csem");
+  SyncPipe created, closed, signalled;
+  const pid_t signaller = start_child([&] {
+    Gpu g;
+    auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    created.notify();
+    GPUIPC_CHILD_CHECK(closed.wait(60s));
+    std::this_thread::sleep_for(200ms);
+    GPUIPC_CHILD_CHECK(sem.signal_host(5) == Status::Ok);
+    GPUIPC_CHILD_CHECK(signalled.wait(60s));
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              {
+                auto sem = Semaphore::open(name, {.role = SemaphoreRole::Waiter});
+                GPUIPC_CHILD_CHECK(sem.wait(g.stream.get(), 5) == Status::Ok);
+              }
+              closed.notify();
+              const bool passed = stream_done_within(g.stream, 20s);
+              signalled.notify();
+              GPUIPC_CHILD_CHECK(passed);
+              g.stream.synchronize();  // (a fault of the wait shows here)
+              // The page was kept for the wait; a new handle (its close parks nothing now) goes on as usual.
+              auto again = Semaphore::open(name, {.role = SemaphoreRole::Waiter});
+              GPUIPC_CHILD_CHECK(again.wait(g.stream.get(), 5) == Status::Ok);
+              g.stream.synchronize();
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(wait_child(signaller, 60s), 0);
+  Semaphore::unlink(name);
+}
+
+/// A signaller closed right after a wake_host signal on a busy stream: its close returns once the value landed,
+/// before the host callback that wakes host waiters has run (~100 us after). The page stays until the callback ran;
+/// it was unmapped at the close, and the callback wrote into it then.
+TEST(SemaphoresDevice, ASignallerClosedRightAfterAWakeHostSignalOutlivesNoCallback) {
+  GPUIPC_REQUIRE_GPU();
+  const auto gate_name = unique_name("cgate");
+  EXPECT_EQ(run_child([&] {
+              Gpu g;
+              auto gate = Semaphore::create(gate_name,
+                                            {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+              for (std::uint64_t i = 1; i <= 40; ++i) {
+                const auto name = unique_name("csig");
+                {
+                  auto sem = Semaphore::create(
+                      name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+                  GPUIPC_CHILD_CHECK(gate.wait(g.stream.get(), i) == Status::Ok);  // the stream is busy
+                  GPUIPC_CHILD_CHECK(sem.signal(g.stream.get(), 1, true) == Status::Ok);
+                  std::thread open_gate([&gate, i] {
+                    std::this_thread::sleep_for(2ms);
+                    (void)gate.signal_host(i);
+                  });
+                  open_gate.detach();  // the close below waits for value 1, which needs the gate open
+                }
+                std::this_thread::sleep_for(5ms);  // the callback runs here
+                Semaphore::unlink(name);
+              }
+              GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));
+              g.stream.synchronize();
+              return 0;
+            }),
+            0);
+  Semaphore::unlink(gate_name);
+}
+
 TEST(SemaphoresDevice, PoisonReleasesAStreamBlockedOnADeadSignaller) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("psem");
