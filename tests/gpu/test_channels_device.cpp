@@ -1340,12 +1340,15 @@ TEST(SemaphoresDevice, AWaiterClosedWhileItsStreamWaitsKeepsThePageUntilTheWaitP
               }
               closed.notify();
               const bool passed = stream_done_within(g.stream, 20s);
-              signalled.notify();
+              const auto release_signaller = [&] { signalled.notify(); };  // (its close poisons the semaphore)
+              if (!passed) release_signaller();
               GPUIPC_CHILD_CHECK(passed);
               g.stream.synchronize();  // (a fault of the wait shows here)
               // The page was kept for the wait; a new handle (its close parks nothing now) goes on as usual.
               auto again = Semaphore::open(name, {.role = SemaphoreRole::Waiter});
-              GPUIPC_CHILD_CHECK(again.wait(g.stream.get(), 5) == Status::Ok);
+              const Status st = again.wait(g.stream.get(), 5);
+              release_signaller();
+              GPUIPC_CHILD_CHECK(st == Status::Ok);
               g.stream.synchronize();
               return 0;
             }),
@@ -1355,20 +1358,28 @@ TEST(SemaphoresDevice, AWaiterClosedWhileItsStreamWaitsKeepsThePageUntilTheWaitP
 }
 
 /// A signaller closed right after a wake_host signal on a busy stream: its close returns once the value landed,
-/// before the host callback that wakes host waiters has run (~100 us after). The page stays until the callback ran;
-/// it was unmapped at the close, and the callback wrote into it then.
+/// maybe before the host callback that wakes host waiters has run. Here the callback is held back behind another
+/// stream's slow host function (the driver runs a context's host functions one at a time): the page stays until the
+/// callback ran. (On an H200, driver 580, this passed on the code that unmapped the page at the close too: the
+/// driver's unregistration seems to wait for the callback, or the hold-back did not hold. It stays as a check of the
+/// parked path with callbacks outstanding.)
 TEST(SemaphoresDevice, ASignallerClosedRightAfterAWakeHostSignalOutlivesNoCallback) {
   GPUIPC_REQUIRE_GPU();
   const auto gate_name = unique_name("cgate");
   EXPECT_EQ(run_child([&] {
               Gpu g;
+              auto other = cuda::Stream::create();
               auto gate = Semaphore::create(gate_name,
                                             {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
-              for (std::uint64_t i = 1; i <= 40; ++i) {
+              for (std::uint64_t i = 1; i <= 10; ++i) {
                 const auto name = unique_name("csig");
                 {
                   auto sem = Semaphore::create(
                       name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+                  GPUIPC_CHILD_CHECK(gate.wait(other.get(), i) == Status::Ok);
+                  GPUIPC_CHILD_CHECK(cuda::launch_host_func(
+                                         other.get(), +[](void*) { std::this_thread::sleep_for(50ms); }, nullptr) ==
+                                     CUDA_SUCCESS);
                   GPUIPC_CHILD_CHECK(gate.wait(g.stream.get(), i) == Status::Ok);  // the stream is busy
                   GPUIPC_CHILD_CHECK(sem.signal(g.stream.get(), 1, true) == Status::Ok);
                   std::thread open_gate([&gate, i] {
@@ -1377,10 +1388,10 @@ TEST(SemaphoresDevice, ASignallerClosedRightAfterAWakeHostSignalOutlivesNoCallba
                   });
                   open_gate.detach();  // the close below waits for value 1, which needs the gate open
                 }
-                std::this_thread::sleep_for(5ms);  // the callback runs here
+                std::this_thread::sleep_for(120ms);  // the callbacks run here
                 Semaphore::unlink(name);
               }
-              GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));
+              GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s) && stream_done_within(other, 20s));
               g.stream.synchronize();
               return 0;
             }),
