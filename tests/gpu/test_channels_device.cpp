@@ -1315,8 +1315,9 @@ TEST(SemaphoresDevice, WakeHostSignalKeepsStreamOrderAndIsImmediateOnAnIdleStrea
 }
 
 /// A waiter that closes its handle (the process's last of the semaphore) while its stream still waits for a value:
-/// the page stays registered and mapped until the wait has passed. It was unregistered at the close, and the
-/// stream polled an address no longer mapped for the GPU.
+/// the close returns at once and the page stays registered and mapped until the wait has passed. The close
+/// unregistered the page, and on an H200 (driver 580) that blocked until the stream's wait passed: here, where the
+/// value comes only after the close, for good (the child was killed at 20 s).
 TEST(SemaphoresDevice, AWaiterClosedWhileItsStreamWaitsKeepsThePageUntilTheWaitPasses) {
   GPUIPC_REQUIRE_GPU();
   const auto name = unique_name("csem");
@@ -1361,8 +1362,8 @@ TEST(SemaphoresDevice, AWaiterClosedWhileItsStreamWaitsKeepsThePageUntilTheWaitP
 /// maybe before the host callback that wakes host waiters has run. Here the callback is held back behind another
 /// stream's slow host function (the driver runs a context's host functions one at a time): the page stays until the
 /// callback ran. (On an H200, driver 580, this passed on the code that unmapped the page at the close too: the
-/// driver's unregistration seems to wait for the callback, or the hold-back did not hold. It stays as a check of the
-/// parked path with callbacks outstanding.)
+/// driver's unregistration waits for the stream, as the test above shows. It stays as a check of the parked path
+/// with callbacks outstanding.)
 TEST(SemaphoresDevice, ASignallerClosedRightAfterAWakeHostSignalOutlivesNoCallback) {
   GPUIPC_REQUIRE_GPU();
   const auto gate_name = unique_name("cgate");
