@@ -15,7 +15,6 @@ be reached, started or heard from.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -159,14 +158,25 @@ def _print_doctor(r: Dict[str, Any]) -> None:
 
 
 def _info_dict(i: Any) -> Dict[str, Any]:
-    d = dataclasses.asdict(i)
-    d["unlinked"] = not i.name
-    d["mode"] = f"{i.mode:04o}"
-    d["mapper_pids"] = list(i.mapper_pids)
-    d["created"] = datetime.datetime.fromtimestamp(i.created_unix_ns / 1e9, datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ"
-    )
-    return d
+    """The keys and values of ``gpuipc ls --json`` / ``gpuipc stat --json`` (tools/gpuipc/cmd_segments.cpp), so that a
+    script reads either tool's output the same way."""
+    return {
+        "id": i.id,
+        "name": i.name,
+        "unlinked": not i.name,
+        "kind": i.kind,
+        "size": i.size,
+        "device": i.device_uuid,
+        "owner_uid": i.owner_uid,
+        "owner_gid": i.owner_gid,
+        "mode": f"{i.mode:04o}",
+        "created": datetime.datetime.fromtimestamp(i.created_unix_ns / 1e9, datetime.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        ),
+        "references": i.references,
+        "mapper_count": i.mapper_count,
+        "mapper_pids": list(i.mapper_pids),
+    }
 
 
 def _pids(i: Any) -> str:

@@ -62,7 +62,13 @@ def test_ls_and_stat_list_host_objects(name):
 
         r = _run("stat", name, "--json")
         assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["name"] == name
+        got = json.loads(r.stdout)
+        assert got["name"] == name
+        # The keys of `gpuipc stat --json` (docs/cli/stat.md), no others: it printed `device_uuid` for `device`, and
+        # `created_unix_ns` besides `created`.
+        assert set(got) == set(row) == {"id", "name", "unlinked", "kind", "size", "device", "owner_uid", "owner_gid",
+                                        "mode", "created", "references", "mapper_count", "mapper_pids"}, sorted(got)
+        assert got["device"] == ""  # a host segment's
         r = _run("stat", name)
         assert "size:       8.0 KiB (8192 bytes)" in r.stdout
     finally:
