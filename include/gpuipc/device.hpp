@@ -100,7 +100,7 @@ struct PeerLink {
   /// native peer atomics go over NVLink and not over PCIe (link_source "cuda"); "none" when nothing said.
   std::string link = "unknown";
   std::string link_source = "none";
-  int nvlinks = -1;       ///< active NVLinks from `from` whose far end is `to` (NVML); -1 unknown
+  int nvlinks = -1;       ///< active NVLinks from `from` that reach `to`: ending at `to`, or at NVSwitches (NVML); -1 unknown
   std::string pcie_path;  ///< NVML's common PCIe ancestor: board, switch, switches, host_bridge, numa_node, system
 };
 
