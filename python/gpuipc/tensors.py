@@ -12,6 +12,7 @@ import math
 import struct
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
@@ -391,6 +392,22 @@ def _torch_if_all(index: _index.Index) -> Any:
     return torch
 
 
+def warn_writable_cpu_tensors(out: Dict[str, Any], name: str) -> None:
+    """A UserWarning when a read-only open gave torch CPU tensors: torch has no read-only tensors (a DLPack
+    capsule's read-only flag, or a NumPy array's, is not kept), so they look writable over memory mapped read-only,
+    and a write kills the process with SIGSEGV. torch.from_numpy warns the same way of a non-writable array."""
+    for key, t in out.items():
+        if getattr(t, "is_cpu", False) and t.numel() > 0:
+            warnings.warn(
+                f"open_tensors({name!r}, readonly=True) gave torch CPU tensors (e.g. {key!r}) over memory mapped "
+                "read-only: torch has no read-only tensors, and writing to one (an in-place op, load_state_dict into "
+                "it) kills the process with SIGSEGV. Copy (t.clone()) what you change, or open with readonly=False.",
+                UserWarning,
+                stacklevel=4,
+            )
+            return
+
+
 def build(tensors: List[Dict[str, Any]], views: List[Any], readonly: bool) -> Dict[str, Any]:
     """Arrays for the tensor records over storage views (ArrayViews or, for torch, DLPack capsules of them; None
     for storages without memory)."""
@@ -668,9 +685,10 @@ class _Opened:
         """The tensors of the index over the slot's raw refs: torch tensors when every record is torch's (see
         torch_tensors), else arrays over per-storage views."""
         torch = _torch_if_all(self.index)
-        if torch is not None:
-            return self.torch_tensors(torch, raw)
-        return build(self.index.tensors, self.views(raw), readonly)
+        out = self.torch_tensors(torch, raw) if torch is not None else build(self.index.tensors, self.views(raw), readonly)
+        if readonly and any(p.kind != "device" for p in self.pools.values()):
+            warn_writable_cpu_tensors(out, self.name)
+        return out
 
     def _dtype_layouts(self) -> List[Any]:
         """((code, bits, lanes), typestr) of each dtype of the index, or None where DLPack has none."""

@@ -4,6 +4,8 @@ storage), read-only views, tensors already in pool memory shared by ref, errors.
 from __future__ import annotations
 
 import contextlib
+import warnings
+
 import numpy as np
 import pytest
 
@@ -220,6 +222,24 @@ def _slow_path_names(monkeypatch):
     monkeypatch.setattr(tensors, "build_torch", recording)
     yield names
     monkeypatch.setattr(tensors, "build_torch", real)
+
+
+def test_a_read_only_open_of_torch_cpu_tensors_warns_that_they_look_writable(name):
+    """torch has no read-only tensors: a read-only open of host memory gave torch CPU tensors that look writable
+    over memory mapped read-only, and a write killed the interpreter (SIGSEGV) with no word before. It warns now, as
+    torch.from_numpy does of a non-writable array; a writable open does not."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    t = torch.arange(16, dtype=torch.float32)
+    with gpuipc.share_tensors(name, {"t": t}):
+        with pytest.warns(UserWarning, match="torch has no read-only tensors"):
+            got = gpuipc.open_tensors(name)
+        assert torch.equal(got["t"], t)
+        del got
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = gpuipc.open_tensors(name, readonly=False)
+            got["t"][0] = 5.0  # writable: no warning, and no crash
+        del got
 
 
 def test_torch_tensor_in_an_adopted_block_larger_than_itself_is_one_typed_import(name, monkeypatch):
