@@ -52,6 +52,8 @@ struct SemaphoreStats {
   std::uint32_t signallers = 0;  ///< signaller handles joined now (a process may hold several)
 };
 
+/// A handle may be used from several threads at once (its calls keep no state a second thread could tear); moving
+/// or destroying it while another thread uses it is the caller's to avoid, as for any object.
 class Semaphore {
  public:
   /// Creates semaphore `name` with `options.initial`; the creator is a signaller. Throws Error like

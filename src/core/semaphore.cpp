@@ -44,15 +44,24 @@ Status poison_status_of(const proto::SemaphoreBlock& b, std::uint64_t v) noexcep
 struct StreamUse {
   proto::SemaphoreBlock* block = nullptr;
   std::atomic<std::uint32_t> callbacks{0};  // wake_host callbacks enqueued and not yet run
-  std::uint64_t signalled = 0;              // highest value handed to a stream to write
-  std::uint64_t waited = 0;                 // highest value a stream was told to wait for
+  std::atomic<std::uint64_t> signalled{0};  // highest value handed to a stream to write
+  std::atomic<std::uint64_t> waited{0};     // highest value a stream was told to wait for
+
+  /// `word` = max(word, v): a handle may be used from several threads at once.
+  static void raise(std::atomic<std::uint64_t>& word, std::uint64_t v) noexcept {
+    std::uint64_t cur = word.load(std::memory_order_relaxed);
+    while (cur < v && !word.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    }
+  }
 
   /// Whether no stream work of this handle can touch the page any more.
   bool done() const noexcept {
     if (callbacks.load(std::memory_order_acquire) != 0) return false;
     const std::uint64_t v = atomic(block->value).load(std::memory_order_acquire);
     // A queued write lands whatever the poison (it writes the whole word); a wait passes at the poison.
-    return (v & proto::kMaxValue) >= signalled && ((v & proto::kMaxValue) >= waited || (v & proto::kPoisonBit) != 0);
+    const std::uint64_t value = v & proto::kMaxValue;
+    return value >= signalled.load(std::memory_order_relaxed) &&
+           (value >= waited.load(std::memory_order_relaxed) || (v & proto::kPoisonBit) != 0);
   }
 };
 
@@ -138,6 +147,7 @@ struct Semaphore::Impl {
   std::unique_ptr<StreamUse> use = std::make_unique<StreamUse>();  // host_pinned: what its streams may still touch
   CUevent legacy_probe = nullptr;      // made at the first signal(wake_host) on the legacy default stream,
   CUcontext probe_ctx = nullptr;       // in this context (made again when the caller's current context is another)
+  std::mutex probe_mutex;              // guards both: threads current on other contexts would each remake them
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -156,6 +166,7 @@ struct Semaphore::Impl {
     if (s != nullptr && s != CU_STREAM_LEGACY) return cuda::stream_reached_now(s);
     const CUcontext current = cuda::current_context_or_null();
     if (current == nullptr) return false;
+    const std::lock_guard lock(probe_mutex);
     if (legacy_probe == nullptr || probe_ctx != current) {
       if (legacy_probe != nullptr) cuda::destroy_event(legacy_probe);
       legacy_probe = cuda::create_probe_event();
@@ -185,7 +196,7 @@ struct Semaphore::Impl {
     }
     // A signal still queued on a stream would land after the poison and erase it: wait for ours (bounded).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while ((atomic(block->value).load(std::memory_order_acquire) & proto::kMaxValue) < use->signalled &&
+    while ((atomic(block->value).load(std::memory_order_acquire) & proto::kMaxValue) < use->signalled.load() &&
            (atomic(block->value).load() & proto::kPoisonBit) == 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -299,7 +310,7 @@ Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_hos
   }
   if (cuda::stream_write_value64(s, m_impl->device_value, value) != CUDA_SUCCESS) return Status::DriverError;
   auto& use = *m_impl->use;
-  use.signalled = std::max(use.signalled, value);
+  StreamUse::raise(use.signalled, value);
   if (wake_host) {
     use.callbacks.fetch_add(1, std::memory_order_relaxed);
     if (cuda::launch_host_func(s, wake_host_waiters, &use) != CUDA_SUCCESS) {
@@ -322,7 +333,7 @@ Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
   if (cuda::stream_wait_value64(static_cast<CUstream>(stream), m_impl->device_value, value) != CUDA_SUCCESS) {
     return Status::DriverError;
   }
-  m_impl->use->waited = std::max(m_impl->use->waited, value);
+  StreamUse::raise(m_impl->use->waited, value);
   return Status::Ok;
 }
 
