@@ -14,19 +14,24 @@
 
 using namespace std::chrono_literals;
 
-constexpr const char* kUsage = "gpuipc-example-benchmark [--mib 256] [--reps 20] [--name NAME]\n";
+constexpr const char* kUsage =
+    "gpuipc-example-benchmark [--mib 256 (1-65536)] [--reps 20] [--name NAME]\n"
+    "  The P2P row needs two GPUs with peer access; it says why when it is skipped.\n";
+
+namespace {
 
 /// The second process: creates device segments NAME.0 (GPU 0) and, with two GPUs, NAME.1, then waits until the
 /// measuring process signals NAME.stop (or dies: the wait then returns PeerDied).
 int serve(const std::string& name, std::size_t bytes, int gpus) {
   std::vector<gpuipc::Segment> segs;
-  for (int d = 0; d < std::min(gpus, 2); ++d)
+  for (int d = 0; d < std::min(gpus, 2); ++d) {
     segs.push_back(gpuipc::Segment::create(name + "." + std::to_string(d), bytes,
                                            {.kind = gpuipc::SegmentKind::Device, .device = d}));
+    example::remove_at_exit(segs.back().name(), gpuipc::Segment::unlink);
+  }
   gpuipc::Semaphore stop = gpuipc::Semaphore::open(name + ".stop", {.wait = 30s});
   stop.wait_host(1, std::chrono::hours(1));
-  for (const gpuipc::Segment& s : segs) gpuipc::Segment::unlink(s.name());
-  return 0;
+  return 0;  // the segments go on the way out (run_main)
 }
 
 /// Median GB/s of `reps` copies of `bytes` from `src` to `dst` on `s`.
@@ -50,11 +55,11 @@ double gbs(void* dst, const void* src, std::size_t bytes, int reps, cudaStream_t
   return example::percentile(rates, 50);
 }
 
-int main(int argc, char** argv) {
+int benchmark(int argc, char** argv) {
   const example::Args args(argc, argv, kUsage, {"--mib", "--reps", "--name", "--serve"});
   const std::string name = args.get("--name", "bandwidth");
-  const std::size_t bytes = static_cast<std::size_t>(args.num("--mib", 256)) << 20;
-  const int reps = static_cast<int>(args.num("--reps", 20));
+  const std::size_t bytes = static_cast<std::size_t>(args.num("--mib", 256, 1, 65536)) << 20;
+  const int reps = static_cast<int>(args.num("--reps", 20, 1, 100000));
   std::string why;
   const int gpus = example::gpu_count(&why);
   if (gpus == 0) {
@@ -64,11 +69,13 @@ int main(int argc, char** argv) {
   if (args.flag("--serve")) return serve(name, bytes, gpus);
 
   gpuipc::Semaphore stop = gpuipc::Semaphore::create(name + ".stop", {.kind = gpuipc::SegmentKind::Host});
+  example::remove_at_exit(name + ".stop", gpuipc::Semaphore::unlink);
   const pid_t server =
       example::spawn("gpuipc-example-benchmark", {"--serve", "--name", name, "--mib", std::to_string(bytes >> 20)});
   CUDA_CHECK(cudaSetDevice(0));
   const gpuipc::Segment seg0 = gpuipc::Segment::open(name + ".0", {.wait = 30s, .device = 0});
   void *pageable = std::malloc(bytes), *pinned = nullptr, *d0 = nullptr, *d0b = nullptr;
+  if (pageable == nullptr) example::fail(1, "cannot allocate %zu MiB of host memory", bytes >> 20);
   std::memset(pageable, 1, bytes);
   CUDA_CHECK(cudaMallocHost(&pinned, bytes));
   CUDA_CHECK(cudaMalloc(&d0, bytes));
@@ -98,7 +105,10 @@ int main(int argc, char** argv) {
   row("D2H pageable (GPU 0)", pageable, pageable, d0, ipc0);
   row("D2H pinned (GPU 0)", pinned, pinned, d0, ipc0);
   row("D2D (GPU 0 -> GPU 0)", d0b, ipc0, d0, d0);
-  if (gpus > 1) {
+  if (gpus > 1 && !example::peer_access(0, 1)) {
+    // A segment made on GPU 1 cannot be mapped into GPU 0's context without it (Segment::open: Unsupported).
+    std::printf("%-28s %s\n", "P2P", "skipped: GPUs 0 and 1 have no peer access");
+  } else if (gpus > 1) {
     // Peer to peer: GPU 0's buffer to GPU 1's memory, a cudaMalloc on GPU 1 beside a segment another process made on
     // GPU 1 and this process mapped into GPU 0's context (peer access).
     const gpuipc::Segment seg1 = gpuipc::Segment::open(name + ".1", {.wait = 30s, .device = 0});
@@ -114,7 +124,11 @@ int main(int argc, char** argv) {
     std::printf("%-28s %s\n", "P2P", "skipped: one GPU");
   }
   stop.signal_host(1);
-  const int server_exit = example::wait_exit(server);
-  gpuipc::Semaphore::unlink(name + ".stop");
-  return server_exit;
+  return example::wait_exit(server);  // .stop goes on the way out (run_main)
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return example::run_main("benchmark", [&] { return benchmark(argc, argv); });
 }

@@ -5,6 +5,12 @@
 
 namespace example {
 
+/// The header of each frame on the producer's channel: its number and how many the producer sends, so that the
+/// consumer knows when a stream ended early.
+struct FrameHeader {
+  std::uint64_t number, of;
+};
+
 __host__ __device__ inline std::uint32_t pattern_word(std::uint64_t seed, std::size_t i) {
   return static_cast<std::uint32_t>(i * 2654435761u + seed * 40503u + 1);
 }

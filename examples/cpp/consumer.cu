@@ -15,7 +15,11 @@
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-constexpr const char* kUsage = "gpuipc-example-consumer [--dir DIR] [--name NAME] [--mib 64 (as the producer's)]\n";
+constexpr const char* kUsage =
+    "gpuipc-example-consumer [--dir DIR] [--name NAME] [--mib 64 (as the producer's)]\n"
+    "Fails when the producer dies before it sent every frame.\n";
+
+namespace {
 
 /// Words of `p` (device memory) that differ from the pattern `seed`.
 unsigned long long count_wrong(const void* p, std::size_t bytes, std::uint64_t seed, cudaStream_t s,
@@ -28,10 +32,12 @@ unsigned long long count_wrong(const void* p, std::size_t bytes, std::uint64_t s
   return wrong;
 }
 
-int main(int argc, char** argv) {
+int consumer(int argc, char** argv) {
   const example::Args args(argc, argv, kUsage, {"--dir", "--name", "--mib"});
   const fs::path dir = args.get("--dir", ".");
   const std::string name = args.get("--name", "handoff");
+  // The size is not in the handle: the two sides must agree on it some other way (here: --mib).
+  const std::size_t raw_bytes = static_cast<std::size_t>(args.num("--mib", 64, 1, 65536)) << 20;
   std::string why;
   if (example::gpu_count(&why) == 0) {
     std::fprintf(stderr, "consumer: needs a GPU (%s)\n", why.c_str());
@@ -53,8 +59,6 @@ int main(int argc, char** argv) {
   double t0 = example::now_s();
   CUDA_CHECK(cudaIpcOpenMemHandle(&raw, handle, cudaIpcMemLazyEnablePeerAccess));
   const double raw_open_us = (example::now_s() - t0) * 1e6;
-  // The size is not in the handle: the two sides must agree on it some other way (here: --mib).
-  const std::size_t raw_bytes = static_cast<std::size_t>(args.num("--mib", 64)) << 20;
   unsigned long long wrong = count_wrong(raw, raw_bytes, 1, nullptr, counter);
   CUDA_CHECK(cudaIpcCloseMemHandle(raw));
   std::ofstream(dir / "raw.done").put('1');
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
 
   // 2. gpuipc: open by name (waiting for it to appear), with its size; tell the producer through a semaphore. ------
   gpuipc::Semaphore done = gpuipc::Semaphore::create(name + ".done", {.kind = gpuipc::SegmentKind::Host});
+  example::remove_at_exit(name + ".done", gpuipc::Semaphore::unlink);
   t0 = example::now_s();
   gpuipc::Segment seg = gpuipc::Segment::open(name, {.access = gpuipc::Access::ReadOnly, .wait = 30s});
   const double open_us = (example::now_s() - t0) * 1e6;
@@ -85,18 +90,20 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
   CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof *counter, stream));
-  std::uint64_t frames = 0, out_of_order = 0;
+  std::uint64_t frames = 0, out_of_order = 0, sent = 0;  // sent: how many the producer said it sends
   double first = 0;
+  gpuipc::Status st;
   for (;;) {
     gpuipc::MessageView msg;
-    const gpuipc::Status st = in.receive(stream, 1s, msg);
+    st = in.receive(stream, 1s, msg);
     if (st == gpuipc::Status::Timeout) continue;
-    if (st != gpuipc::Status::Ok) break;  // Closed: the producer is done and everything was received
+    if (st != gpuipc::Status::Ok) break;  // Closed: the producer is done; PeerDied: it died (both after the drain)
     if (frames == 0) first = example::now_s();
-    std::uint64_t f;
-    std::memcpy(&f, msg.header.data(), sizeof f);
-    out_of_order += f != frames++;
-    example::check_kernel<<<64, 256, 0, stream>>>(static_cast<const std::uint32_t*>(msg.data), msg.size / 4, f,
+    example::FrameHeader h;
+    std::memcpy(&h, msg.header.data(), sizeof h);
+    sent = h.of;
+    out_of_order += h.number != frames++;
+    example::check_kernel<<<64, 256, 0, stream>>>(static_cast<const std::uint32_t*>(msg.data), msg.size / 4, h.number,
                                                   counter);
     in.release(stream);  // the producer's stream may overwrite the slot once this stream gets here
   }
@@ -107,6 +114,18 @@ int main(int argc, char** argv) {
               (unsigned long long)frames, wrong, (unsigned long long)out_of_order, frames / seconds,
               frames * double(1 << 20) / seconds / 1e9);
   wrong_total += wrong + out_of_order;
-  gpuipc::Semaphore::unlink(name + ".done");  // the producer has long opened it (it made the channel after)
-  return wrong_total == 0 && frames > 0 ? 0 : 1;
+  // Only Closed is the end of the stream: the producer left after publishing. PeerDied is a crash.
+  if (st != gpuipc::Status::Closed || frames == 0 || frames != sent) {
+    std::fprintf(stderr, "consumer: channel: %s after %llu of %llu frames: %s\n", gpuipc::to_string(st).data(),
+                 (unsigned long long)frames, (unsigned long long)sent,
+                 st == gpuipc::Status::PeerDied ? "the producer died" : "the stream ended early");
+    return 1;
+  }
+  return wrong_total == 0 ? 0 : 1;  // .done goes on the way out (run_main): the producer has long opened it
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return example::run_main("consumer", [&] { return consumer(argc, argv); });
 }

@@ -21,8 +21,11 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 constexpr const char* kUsage =
-    "gpuipc-example-producer [--dir DIR] [--name NAME] [--mib 64] [--frames 1000]\n"
-    "Start gpuipc-example-consumer with the same --dir and --name.\n";
+    "gpuipc-example-producer [--dir DIR] [--name NAME] [--mib 64 (1-65536)] [--frames 1000]\n"
+    "Start gpuipc-example-consumer with the same --dir and --name. Removes DIR/raw.handle and DIR/raw.done that a\n"
+    "run before left, first.\n";
+
+namespace {
 
 /// Waits up to 30 s for `path` to exist (the raw IPC way of learning that the other side is done).
 bool wait_for_file(const fs::path& path) {
@@ -30,11 +33,18 @@ bool wait_for_file(const fs::path& path) {
   return fs::exists(path);
 }
 
-int main(int argc, char** argv) {
+/// Removes a file of the raw IPC handoff (example::remove_at_exit's type).
+void remove_file(std::string_view path) {
+  std::error_code ignored;
+  fs::remove(fs::path(path), ignored);
+}
+
+int producer(int argc, char** argv) {
   const example::Args args(argc, argv, kUsage, {"--dir", "--name", "--mib", "--frames"});
   const fs::path dir = args.get("--dir", ".");
   const std::string name = args.get("--name", "handoff");
-  const std::size_t bytes = static_cast<std::size_t>(args.num("--mib", 64)) << 20, words = bytes / 4;
+  const std::size_t bytes = static_cast<std::size_t>(args.num("--mib", 64, 1, 65536)) << 20, words = bytes / 4;
+  const auto frames = static_cast<std::uint64_t>(args.num("--frames", 1000, 1, 1LL << 40));
   std::string why;
   if (example::gpu_count(&why) == 0) {
     std::fprintf(stderr, "producer: needs a GPU (%s)\n", why.c_str());
@@ -43,6 +53,12 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaSetDevice(0));
 
   // 1. Raw CUDA IPC. -------------------------------------------------------------------------------------------
+  // Files a run before left would hand the consumer a dead handle, or this run a "done" nobody said: gone first,
+  // and on every way out of this one.
+  for (const char* f : {"raw.handle.tmp", "raw.handle", "raw.done"}) {
+    remove_file((dir / f).string());
+    example::remove_at_exit((dir / f).string(), remove_file);
+  }
   void* raw = nullptr;
   CUDA_CHECK(cudaMalloc(&raw, bytes));
   example::fill_kernel<<<256, 256>>>(static_cast<std::uint32_t*>(raw), words, 1);
@@ -78,11 +94,11 @@ int main(int argc, char** argv) {
   // 3. A channel of frames. -----------------------------------------------------------------------------------
   const std::size_t frame_bytes = 1 << 20;
   gpuipc::Channel out = gpuipc::Channel::create(
-      name + ".frames", {.slots = 8, .slot_bytes = frame_bytes, .header_bytes = sizeof(std::uint64_t)},
+      name + ".frames", {.slots = 8, .slot_bytes = frame_bytes, .header_bytes = sizeof(example::FrameHeader)},
       gpuipc::ChannelRole::Producer);
+  example::remove_at_exit(name + ".frames", gpuipc::Channel::unlink);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
-  const auto frames = static_cast<std::uint64_t>(args.num("--frames", 1000));
   for (std::uint64_t f = 0; f < frames; ++f) {
     gpuipc::SlotView slot;
     gpuipc::Status st;
@@ -93,10 +109,19 @@ int main(int argc, char** argv) {
       return 1;
     }
     example::fill_kernel<<<64, 256, 0, stream>>>(static_cast<std::uint32_t*>(slot.data), frame_bytes / 4, f);
-    out.publish(stream, std::as_bytes(std::span(&f, 1)), frame_bytes);
+    const example::FrameHeader h{f, frames};
+    out.publish(stream, std::as_bytes(std::span(&h, 1)), frame_bytes);
   }
   CUDA_CHECK(cudaStreamSynchronize(stream));
+  // The name goes with this process: not before the consumer has the channel open (8 frames fit in its slots).
+  for (int i = 0; i < 30000 && out.stats().consumers == 0 && out.stats().tail == 0; ++i)
+    std::this_thread::sleep_for(1ms);
   std::printf("channel: %llu frames of 1 MiB published\n", static_cast<unsigned long long>(frames));
-  gpuipc::Channel::unlink(name + ".frames");
-  return 0;
+  return 0;  // the consumer has the channel open: its name goes now (run_main), the frames stay for it
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return example::run_main("producer", [&] { return producer(argc, argv); });
 }

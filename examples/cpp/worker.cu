@@ -27,15 +27,18 @@ __global__ void tile_kernel(const float* a, const float* b, float* c, Task t) {
   const std::uint32_t n = t.tile * t.tiles, i = t.row * t.tile + r, j = t.col * t.tile + col;
   float sum = 0;
   for (std::uint32_t k = 0; k < t.k; ++k) sum += a[std::size_t{i} * t.k + k] * b[std::size_t{k} * n + j];
-  c[r * t.tile + col] = sum;
+  c[std::size_t{r} * t.tile + col] = sum;
 }
 
-int main(int argc, char** argv) {
+namespace {
+
+int worker(int argc, char** argv) {
   const example::Args args(argc, argv, kUsage, {"--name", "--kind", "--device", "--task-ms", "--die-in-task"});
   const std::string name = args.get("--name", "tiles");
-  const bool device = args.get("--kind", "host") == "device";
-  const long die_in_task = args.num("--die-in-task", 0);
-  const int gpu = static_cast<int>(args.num("--device", 0));
+  const bool device = args.choice("--kind", "host", {"host", "device"}) == "device";
+  const long long die_in_task = args.num("--die-in-task", 0, 0, LLONG_MAX);
+  const long long task_ms = args.num("--task-ms", 0, 0, 3600000);
+  const int gpu = static_cast<int>(args.num("--device", 0, 0, 1023));
   if (device) CUDA_CHECK(cudaSetDevice(gpu));
 
   gpuipc::Channel results =
@@ -47,7 +50,7 @@ int main(int argc, char** argv) {
   // Last, once it can work: a master that spawned its workers hands tasks out once all have joined the queue.
   gpuipc::Channel tasks = gpuipc::Channel::open(name + ".tasks", gpuipc::ChannelRole::Consumer, {.wait = 10s});
 
-  long taken = 0;
+  long long taken = 0;
   for (;;) {
     gpuipc::MessageView msg;
     gpuipc::Status st = tasks.receive(nullptr, 1s, msg);
@@ -60,7 +63,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       std::raise(SIGKILL);
     }
-    if (args.num("--task-ms", 0) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(args.num("--task-ms", 0)));
+    if (task_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(task_ms));
 
     const std::size_t n = std::size_t{t.tile} * t.tiles;
     const auto* a = static_cast<const float*>(matrices.data());
@@ -76,7 +79,8 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaGetLastError());
     } else {
       for (std::uint32_t r = 0; r < t.tile; ++r)
-        for (std::uint32_t col = 0; col < t.tile; ++col) c[r * t.tile + col] = example::tile_element(a, b, t, r, col);
+        for (std::uint32_t col = 0; col < t.tile; ++col)
+          c[std::size_t{r} * t.tile + col] = example::tile_element(a, b, t, r, col);
     }
     const Result r{t.id, ::getpid()};
     results.publish(stream, std::as_bytes(std::span(&r, 1)), std::size_t{t.tile} * t.tile * sizeof(float));
@@ -87,6 +91,12 @@ int main(int argc, char** argv) {
     tasks.release(nullptr);
   }
   if (device) CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::printf("worker %d: %ld tasks\n", ::getpid(), taken);
+  std::printf("worker %d: %lld tasks\n", ::getpid(), taken);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return example::run_main("worker", [&] { return worker(argc, argv); });
 }
