@@ -88,6 +88,7 @@ int producer(int argc, char** argv) {
       gpuipc::Semaphore::open(name + ".done", {.role = gpuipc::SemaphoreRole::Waiter, .wait = 30s});
   const gpuipc::WaitResult w = done.wait_host(1, 30s);
   std::printf("gpuipc: consumer done: %s\n", gpuipc::to_string(w.status).data());
+  std::fflush(stdout);
   shared.close();  // removes the name; openers' alive() turns false
   CUDA_CHECK(cudaFree(buf));
 

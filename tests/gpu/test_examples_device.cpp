@@ -1,8 +1,11 @@
 // The C++ examples (examples/cpp) on GPUs, as a user runs them: each program in its device mode, with its own broker
 // (a private runtime directory; the examples start the gpuipcd installed beside them). Skips without a GPU.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/examples.hpp"
@@ -86,6 +89,72 @@ TEST_F(ExamplesDevice, SupervisorWithADevicePoolLeaksNothing) {
   ASSERT_EQ(o.exit_code, 0);
   EXPECT_NE(o.out.find("2 restarts, last worker exited 0"), std::string::npos);
   EXPECT_NE(o.out.find("nothing leaked"), std::string::npos);
+}
+
+// Failure paths. ------------------------------------------------------------------------------------------------
+
+TEST_F(ExamplesDevice, ProducerRemovesStaleRawIpcFilesFirst) {
+  GPUIPC_REQUIRE_GPU();
+  // A run before left its files: the consumer must not take the old handle, nor the producer the old "done".
+  const std::string dir = m_dir.file("handoff");
+  std::filesystem::create_directory(dir);
+  write_file(dir + "/raw.handle", std::string(64, '\x5a'));
+  write_file(dir + "/raw.done", "1");
+  const std::string log = m_dir.file("producer.log");
+  const pid_t producer =
+      start_program(program("producer"), {"--dir", dir, "--mib", "16", "--frames", "50"}, env(), -1, log);
+  std::this_thread::sleep_for(2s);  // the producer first: it owns the files
+  const auto consumer = run("consumer", {"--dir", dir, "--mib", "16"});
+  const int producer_exit = wait_child(producer, 60s);
+  std::printf("--- producer\n%s", read_file(log).value_or("").c_str());
+  EXPECT_EQ(producer_exit, 0);
+  ASSERT_EQ(consumer.exit_code, 0);
+  EXPECT_NE(consumer.out.find("16 MiB checked, 0 words wrong"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/raw.handle"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/raw.done"));
+}
+
+TEST_F(ExamplesDevice, ConsumerFailsWhenTheProducerDiesMidStream) {
+  GPUIPC_REQUIRE_GPU();
+  const std::string dir = m_dir.file("handoff");
+  std::filesystem::create_directory(dir);
+  const pid_t producer = start_program(program("producer"), {"--dir", dir, "--mib", "16", "--frames", "100000000"},
+                                       env(), -1, m_dir.file("producer.log"));
+  const pid_t consumer =
+      start_program(program("consumer"), {"--dir", dir, "--mib", "16"}, env(), -1, m_dir.file("consumer.log"));
+  // Killed once frames flow: the channel is made after the consumer's segment step, then it has had a consumer and
+  // messages for a while. (Asked of `gpuipc ls`: the producer's log is a file, whose lines may sit in its buffer.)
+  const bool streaming = wait_until([&] { return listed().find("handoff.frames") != std::string::npos; }, 60s, 100ms);
+  std::this_thread::sleep_for(2s);
+  ::kill(producer, SIGKILL);
+  EXPECT_EQ(wait_child(producer, 30s), 128 + SIGKILL);
+  const int consumer_exit = wait_child(consumer, 60s);
+  const std::string said = read_file(m_dir.file("consumer.log")).value_or("");
+  std::printf("--- consumer\n%s", said.c_str());
+  ASSERT_TRUE(streaming);
+  EXPECT_EQ(consumer_exit, 1);
+  EXPECT_NE(said.find("PeerDied"), std::string::npos);
+  // The consumer removed its semaphore (the SIGKILLed producer could not remove its channel: gpuipc rm).
+  EXPECT_EQ(listed().find("handoff.done"), std::string::npos) << listed();
+}
+
+TEST_F(ExamplesDevice, PipelinePostOnGpu0WithoutPeerAccess) {
+  GPUIPC_REQUIRE_GPU();
+  if (!two_gpus_without_peer_access()) GTEST_SKIP() << "needs GPUs 0 and 1 without peer access";
+  const auto o = run("pipeline", {"--kind", "device", "--frames", "100", "--width", "256", "--height", "256",
+                                  "--ppm-every", "0", "--name", "pl-nopeer"});
+  ASSERT_EQ(o.exit_code, 0);
+  EXPECT_NE(o.out.find("post on GPU 0 (GPUs 0 and 1 have no peer access)"), std::string::npos);
+  EXPECT_NE(o.out.find("sink: 100 of 100 frames checked, 0 bad"), std::string::npos);
+}
+
+TEST_F(ExamplesDevice, BenchmarkSkipsP2PWithoutPeerAccess) {
+  GPUIPC_REQUIRE_GPU();
+  if (!two_gpus_without_peer_access()) GTEST_SKIP() << "needs GPUs 0 and 1 without peer access";
+  const auto o = run("benchmark", {"--mib", "16", "--reps", "2", "--name", "bw-nopeer"});
+  ASSERT_EQ(o.exit_code, 0);
+  EXPECT_NE(o.out.find("skipped: GPUs 0 and 1 have no peer access"), std::string::npos);
+  EXPECT_EQ(listed().find("bw-nopeer"), std::string::npos) << listed();
 }
 
 }  // namespace
