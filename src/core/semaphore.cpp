@@ -36,11 +36,12 @@ Status poison_status_of(const proto::SemaphoreBlock& b, std::uint64_t v) noexcep
 }
 
 /// What a handle's streams may still touch of its page (host_pinned) when it closes: a write of a `signal`, a
-/// `wait` polling for its value, a `wake_host` callback bumping the wake word. Nothing orders them before the
-/// page's unregistration and unmap when the last handle of the mapping goes (cuMemHostUnregister does not wait for
-/// streams): a callback that ran after it touched an unmapped page, and a stream wait polled an unregistered
-/// address. The callbacks get this as their data; a handle that closes with any of it outstanding parks its segment
-/// (with this) until none is (`park`).
+/// `wait` polling for its value, a `wake_host` callback bumping the wake word. The last handle of the mapping going
+/// unregisters and unmaps the page, and the driver documents no order between that and them: on an H200 (driver
+/// 580) cuMemHostUnregister waited for them, so a close hung until a waited value came (for good when it came only
+/// after the close; tests/gpu/test_channels_device.cpp), and a driver that did not wait would let a callback write
+/// unmapped memory. The callbacks get this as their data; a handle that closes with any of it outstanding parks its
+/// segment (with this) until none is (`park`), and the close returns at once.
 struct StreamUse {
   proto::SemaphoreBlock* block = nullptr;
   std::atomic<std::uint32_t> callbacks{0};  // wake_host callbacks enqueued and not yet run
