@@ -117,6 +117,9 @@ void ring_give_back(const Ring& ring, std::uint64_t seq, std::uint32_t member) n
 /// garbage (entries that never land). Given one, ring_publish and ring_release record into both (the table's
 /// `begin` and `end` rewritten from this record each time), and ring_owed_room and ring_member_writes_done read
 /// only this one. Sized owed_capacity(slots) by its maker; one of another size is ignored (the table is used).
+/// Channel always passes one for a device channel. Without one (nullptr, the default) these functions work on the
+/// table alone, as they did before the record: that path is what the unit and model tests of this layer and half of
+/// fuzz_shm's members exercise; the table's contents (what the broker reads) are the same either way.
 struct OwnOwed {
   std::vector<proto::OwedWrite> entries;  ///< [begin, end) modulo entries.size(), oldest first
   std::uint64_t begin = 0;
