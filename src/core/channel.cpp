@@ -14,6 +14,7 @@
 #include "core/owed_stream_writes.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
+#include "core/stream_park.hpp"
 #include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/stream_ops.hpp"
@@ -41,6 +42,31 @@ constexpr std::uint64_t default_ahead(std::uint64_t n, bool time_sliced) noexcep
   return n >= 8 && !time_sliced ? n / 2 : n;
 }
 
+/// What a device channel handle's streams may still touch of its control block when it closes
+/// (src/core/stream_park.hpp): the `filled` and `freed` writes it owes, and its streams' waits for them.
+struct StreamUse final : core::StreamTouches {
+  shm::Ring ring{};
+  // The stream writes this member owes, as it recorded them (shm::OwnOwed): its room to claim and whether its
+  // writes are done are judged from this, not from its table in the control block, which every member can write.
+  // Sized for the ring (so ring_member_writes_done reads only this, whatever member it is given).
+  shm::OwnOwed owed;
+  // Per slot, the highest `filled` (2i) and `freed` (2i + 1) a stream of this handle was told to wait for. Words
+  // only grow (a poisoned one is past every value: the wait compares all 64 bits), so a wait has passed once its
+  // word is at its value.
+  std::vector<std::uint64_t> waited;
+
+  bool done() const noexcept override {
+    if (!shm::ring_member_writes_done(ring, 0, &owed)) return false;
+    for (std::size_t i = 0; i < waited.size(); ++i) {
+      if (waited[i] == 0) continue;
+      const proto::Slot& s = ring.slot(i / 2);
+      const std::uint64_t& word = i % 2 == 0 ? s.filled : s.freed;
+      if (atomic(const_cast<std::uint64_t&>(word)).load(std::memory_order_acquire) < waited[i]) return false;
+    }
+    return true;
+  }
+};
+
 }  // namespace
 
 bool MessageView::incomplete() const noexcept {
@@ -66,10 +92,8 @@ struct Channel::Impl {
   std::vector<std::uint64_t> held;
   std::size_t held_first = 0;
   std::size_t held_count = 0;
-  // Device channels: the stream writes this member owes, as it recorded them (shm::OwnOwed): its room to claim and
-  // whether its writes are done are judged from this, not from its table in the control block, which every member
-  // can write.
-  shm::OwnOwed owed;
+  // Device channels: what its streams may still touch, among it the writes it owes (StreamUse::owed).
+  std::unique_ptr<StreamUse> use = std::make_unique<StreamUse>();
   // Device channels: how long acquire and receive watch a word on the host before they enqueue a stream wait.
   std::chrono::nanoseconds pacing{0};
   // How many messages a pacing producer may run ahead of the consumers' streams (n: the whole ring).
@@ -81,7 +105,15 @@ struct Channel::Impl {
   Impl() = default;
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
-  ~Impl() { leave(); }
+  ~Impl() {
+    const bool parents = member != proto::kNoMember && !here();  // a forked child's copy: the streams are not ours
+    leave();
+    core::reap_parked();
+    if (gpu() && h != nullptr && !parents && !use->done()) {
+      std::unique_ptr<core::StreamTouches> touches = std::move(use);
+      core::park(control, data, touches);
+    }
+  }
 
   /// The ring's shared-memory transitions (src/shm/channel_ring.hpp) work on this view.
   shm::Ring ring() const noexcept { return shm::Ring{h, geometry}; }
@@ -148,7 +180,12 @@ struct Channel::Impl {
   /// (After any stream write this process owes: see src/core/owed_stream_writes.hpp.)
   CUresult wait_before(StreamHandle stream, std::uint64_t seq, std::size_t offset, std::uint64_t value) noexcept {
     core::settle_owed_stream_writes();
-    return cuda::stream_wait_value64(static_cast<CUstream>(stream), word_device(seq, offset), value);
+    const CUresult rc = cuda::stream_wait_value64(static_cast<CUstream>(stream), word_device(seq, offset), value);
+    if (rc == CUDA_SUCCESS) {
+      std::uint64_t& w = use->waited[(seq % n) * 2 + (offset == offsetof(proto::Slot, freed) ? 1 : 0)];
+      w = std::max(w, value);
+    }
+    return rc;
   }
 
   void push_held(std::uint64_t seq) noexcept {
@@ -182,15 +219,15 @@ struct Channel::Impl {
       return;
     }
     // Its table as this member recorded it: the broker takes it over, or the removal below writes what is left.
-    if (gpu()) shm::ring_restore_owed(ring(), member, owed);
-    if (gpu() && !shm::ring_member_writes_done(ring(), member, &owed) &&
+    if (gpu()) shm::ring_restore_owed(ring(), member, use->owed);
+    if (gpu() && !shm::ring_member_writes_done(ring(), member, &use->owed) &&
         core::leave_through_broker(control, core::Membership{member, token})) {
       forget();
       return;
     }
     if (gpu()) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (!shm::ring_member_writes_done(ring(), member, &owed) && std::chrono::steady_clock::now() < deadline) {
+      while (!shm::ring_member_writes_done(ring(), member, &use->owed) && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }
@@ -223,14 +260,14 @@ struct Channel::Impl {
   /// oldest write to land. (Judged from `owed`: entries another member wrote into the table, which never land,
   /// held this member back for good.)
   Status owed_room(std::chrono::nanoseconds& timeout) noexcept {
-    if (!gpu() || shm::ring_owed_room(ring(), member, &owed) > held_count) return Status::Ok;
+    if (!gpu() || shm::ring_owed_room(ring(), member, &use->owed) > held_count) return Status::Ok;
     if (timeout.count() == 0) return Status::WouldBlock;
     const bool forever = timeout.count() < 0;
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       const auto waited = std::chrono::steady_clock::now() - start;
-      if (shm::ring_owed_room(ring(), member, &owed) > held_count) {
+      if (shm::ring_owed_room(ring(), member, &use->owed) > held_count) {
         // What is left, 1 ns at least: a claim given 0 would say WouldBlock, which callers take for "a zero
         // timeout" (the documented loop stops there as if the peer were gone); with 1 ns it tries once, then says
         // Timeout.
@@ -336,6 +373,7 @@ std::uint64_t initial_ahead(const std::optional<std::uint32_t>& ahead, std::uint
 std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole role,
                                       const std::optional<std::chrono::nanoseconds>& pacing,
                                       const std::optional<std::uint32_t>& ahead) {
+  core::reap_parked();
   auto impl = std::make_unique<Channel::Impl>();
   auto* h = static_cast<proto::ChannelHeader*>(control.data());
   const auto g =
@@ -363,7 +401,9 @@ std::unique_ptr<Channel::Impl> attach(Segment control, Segment data, ChannelRole
   if (impl->gpu()) {
     impl->control_device = control.device_pointer();
     impl->ctx = cuda::PrimaryContext(data.device());
-    impl->owed.entries.assign(proto::owed_capacity(g->slots), proto::OwedWrite{});
+    impl->use->ring = impl->ring();
+    impl->use->owed.entries.assign(proto::owed_capacity(g->slots), proto::OwedWrite{});
+    impl->use->waited.assign(2 * g->slots, 0);
   }
   impl->held.assign(impl->n, 0);
   impl->pacing = initial_pacing(pacing);
@@ -544,7 +584,7 @@ Status Channel::publish(StreamHandle stream, std::span<const std::byte> header, 
   // The host-visible publish goes first: a consumer can claim the message (and enqueue its stream wait) while
   // this thread is still in the driver call below, which keeps that call off the handoff's critical path. The
   // consumer's stream cannot run ahead: it waits for `filled`, which only our stream writes.
-  if (!shm::ring_publish(im.ring(), seq, im.member, header, bytes, im.gpu(), &im.owed)) {
+  if (!shm::ring_publish(im.ring(), seq, im.member, header, bytes, im.gpu(), &im.use->owed)) {
     // The broker took this process for gone (its connection closed, and it neither rejoined nor exited in time) and
     // abandoned the claim: the slot is not ours to publish, nor to have our stream write.
     im.pop_held();
@@ -631,7 +671,7 @@ Status Channel::release(StreamHandle stream) noexcept {
   const core::OwedStreamWrite owed(im.gpu());
   // As in publish: the host-visible release first, the stream write after. A producer that reclaims the slot at
   // once makes its own stream wait for `freed`, which only our stream writes, after its reads.
-  if (!shm::ring_release(im.ring(), seq, im.member, im.gpu(), &im.owed)) {
+  if (!shm::ring_release(im.ring(), seq, im.member, im.gpu(), &im.use->owed)) {
     // Handed to another consumer by the broker's repair of this member (as in publish): not ours to release.
     im.pop_held();
     return Status::InvalidState;

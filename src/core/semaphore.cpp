@@ -13,6 +13,7 @@
 #include "core/membership.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
+#include "core/stream_park.hpp"
 #include "cuda/context.hpp"
 #include "cuda/stream_ops.hpp"
 #include "cuda/trace.hpp"
@@ -36,13 +37,10 @@ Status poison_status_of(const proto::SemaphoreBlock& b, std::uint64_t v) noexcep
 }
 
 /// What a handle's streams may still touch of its page (host_pinned) when it closes: a write of a `signal`, a
-/// `wait` polling for its value, a `wake_host` callback bumping the wake word. The last handle of the mapping going
-/// unregisters and unmaps the page, and the driver documents no order between that and them: on an H200 (driver
-/// 580) cuMemHostUnregister waited for them, so a close hung until a waited value came (for good when it came only
-/// after the close; tests/gpu/test_channels_device.cpp), and a driver that did not wait would let a callback write
-/// unmapped memory. The callbacks get this as their data; a handle that closes with any of it outstanding parks its
-/// segment (with this) until none is (`park`), and the close returns at once.
-struct StreamUse {
+/// `wait` polling for its value, a `wake_host` callback bumping the wake word (src/core/stream_park.hpp says why a
+/// close with any of it outstanding parks the segment). The callbacks get this as their data, and count it down
+/// last: the page and this may go after that.
+struct StreamUse final : core::StreamTouches {
   proto::SemaphoreBlock* block = nullptr;
   std::atomic<std::uint32_t> callbacks{0};  // wake_host callbacks enqueued and not yet run
   std::atomic<std::uint64_t> signalled{0};  // highest value handed to a stream to write
@@ -55,8 +53,7 @@ struct StreamUse {
     }
   }
 
-  /// Whether no stream work of this handle can touch the page any more.
-  bool done() const noexcept {
+  bool done() const noexcept override {
     if (callbacks.load(std::memory_order_acquire) != 0) return false;
     const std::uint64_t v = atomic(block->value).load(std::memory_order_acquire);
     // A queued write lands whatever the poison (it writes the whole word); a wait passes at the poison.
@@ -70,63 +67,6 @@ void wake_host_waiters(void* data) {
   auto* use = static_cast<StreamUse*>(data);
   shm::bump_and_wake(use->block->wake_seq);
   use->callbacks.fetch_sub(1, std::memory_order_release);  // the last touch: the page and `use` may go after it
-}
-
-/// Segments of closed handles whose streams may still touch them, kept mapped until they cannot (process-wide, never
-/// destroyed: at exit they stay mapped, as a stream may still run).
-struct Parked {
-  Segment segment;
-  std::unique_ptr<StreamUse> use;
-};
-struct ParkedList {
-  std::mutex mutex;
-  std::vector<Parked> list;
-};
-ParkedList& parked() {
-  static auto* p = new ParkedList;  // NOLINT: deliberately never destroyed (see above)
-  return *p;
-}
-
-/// Lets go of the parked segments whose streams are done with them (outside the lock: the last handle of a mapping
-/// sends the broker a Close).
-void reap_parked() noexcept {
-  std::vector<Parked> done;
-  {
-    auto& p = parked();
-    const std::lock_guard lock(p.mutex);
-    if (p.list.empty()) return;
-    for (auto it = p.list.begin(); it != p.list.end();) {
-      if (it->use->done()) {
-        done.push_back(std::move(*it));
-        it = p.list.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-}
-
-/// Keeps `segment` mapped, with `use`, until its streams are done with it (reap_parked, at later opens and closes
-/// of semaphores in this process). Without memory to park it, waits for them (bounded), then lets it go.
-void park(Segment& segment, std::unique_ptr<StreamUse>& use) noexcept {
-  auto& p = parked();
-  {
-    const std::lock_guard lock(p.mutex);
-    bool room = true;
-    try {
-      p.list.reserve(p.list.size() + 1);
-    } catch (const std::bad_alloc&) {
-      room = false;
-    }
-    if (room) {
-      p.list.push_back(Parked{std::move(segment), std::move(use)});  // (no allocation: reserved)
-      return;
-    }
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!use->done() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
 }
 
 }  // namespace
@@ -156,8 +96,12 @@ struct Semaphore::Impl {
   ~Impl() {
     leave();
     if (legacy_probe != nullptr) cuda::destroy_event(legacy_probe);
-    reap_parked();
-    if (device_value != 0 && block != nullptr && !use->done()) park(segment, use);
+    core::reap_parked();
+    if (device_value != 0 && block != nullptr && !use->done()) {
+      Segment none;
+      std::unique_ptr<core::StreamTouches> touches = std::move(use);
+      core::park(segment, none, touches);
+    }
   }
 
   /// Whether a write enqueued on `s` now would land at once (see signal): the stream and whatever it would wait
@@ -226,7 +170,7 @@ proto::SemaphoreBlock* block_of(const Segment& seg, std::string_view name, const
 }
 
 std::unique_ptr<Semaphore::Impl> attach(Segment seg, SemaphoreRole role) {
-  reap_parked();
+  core::reap_parked();
   auto impl = std::make_unique<Semaphore::Impl>();
   impl->block = block_of(seg, seg.name(), "open");
   impl->use->block = impl->block;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/segment_internal.hpp"
+#include "core/stream_park.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/stream_ops.hpp"
@@ -683,8 +684,10 @@ TEST(ChannelsDevice, ADeadConsumersOwedReleaseIsMadeAfterTheBrokerIsKilled) {
 /// 1, stays blocked (nothing is written ahead of the consumer's stream). Then the consumer lets its stream run (a
 /// semaphore), or its process exits with the stream still held: either way the write is made (by the stream, or by
 /// the broker once the process has exited) and the producer's stream goes on. (Before, close waited up to 10 s for
-/// the stream, then wrote `freed` itself, ahead of a stream that would still read the slot.) The consumer keeps a
-/// second handle open past the close: a close that unmaps the channel's memory waits for the process's GPU work.
+/// the stream, then wrote `freed` itself, ahead of a stream that would still read the slot.) The consumer holds no
+/// other handle of the channel: its close parks the channel's memory until the write has landed
+/// (src/core/stream_park.hpp). Before, the close unregistered it, which on an H200 waited for the stream, held
+/// back by this process's own semaphore until after the close: it hung (the test kept a second handle open then).
 void close_with_a_release_owed(bool process_exits) {
   const auto name = unique_name(process_exits ? "leavex" : "leaves");
   SyncPipe created, published, closed, acquired, finish;
@@ -700,8 +703,6 @@ void close_with_a_release_owed(bool process_exits) {
     Gpu g;
     auto hold = create_hold(name);
     auto ch = Channel::open(name, ChannelRole::Consumer);
-    // Keeps the channel's memory mapped past the close (unmapping it waited for this process's stream at f51b313).
-    auto second = Channel::open(name, ChannelRole::Consumer);
     GPUIPC_CHILD_CHECK(published.wait(60s));
     MessageView m;
     GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
@@ -745,6 +746,115 @@ void close_with_a_release_owed(bool process_exits) {
   EXPECT_EQ(wait_child(keeper, 60s), 0);
   Channel::unlink(name);
   Semaphore::unlink(name + ".hold");
+}
+
+/// A device channel member closes while its stream waits for a word of the control block that a peer's stream
+/// writes only after the close: a consumer's wait for `filled` (`closer` Consumer) or a producer's for `freed`
+/// (Producer). The close returns at once, the control block stays registered and mapped until the wait has passed
+/// (core::parked_count), the stream then goes on, and the next open lets it go. Before, the close unregistered the
+/// control block, and on an H200 (driver 580) that waited for the stream: for good, as the peer let its stream write
+/// only once told of the close.
+void close_while_the_stream_waits(ChannelRole closer) {
+  const auto name = unique_name(closer == ChannelRole::Consumer ? "cwaitc" : "cwaitp");
+  const bool consumer_closes = closer == ChannelRole::Consumer;
+  SyncPipe created, joined, claimed, closed, finish;
+  const pid_t peer = start_child([&] {
+    Gpu g;
+    auto hold = create_hold(name);
+    auto ch = create_one_slot(name, ChannelRole::Producer);
+    created.notify();
+    GPUIPC_CHILD_CHECK(joined.wait(60s));
+    if (consumer_closes) {
+      // Message 0 published on the host; its `filled` written by a stream held back until after the close.
+      GPUIPC_CHILD_CHECK(publish_held_back(g, ch, hold, 3) == 0);
+    } else {
+      SlotView s;
+      GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 5s, s) == Status::Ok);
+      GPUIPC_CHILD_CHECK(ch.publish(g.stream.get(), {}, 0) == Status::Ok);
+      GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 10s));
+    }
+    claimed.notify();
+    GPUIPC_CHILD_CHECK(closed.wait(60s));
+    std::this_thread::sleep_for(200ms);
+    GPUIPC_CHILD_CHECK(hold.signal_host(1) == Status::Ok);
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));
+    GPUIPC_CHILD_CHECK(finish.wait(60s));
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  const pid_t releaser = consumer_closes ? -1 : start_child([&] {
+    // The producer's peer: takes message 0 and releases it on a stream held back until after the close.
+    Gpu g;
+    auto hold = Semaphore::open(name + ".hold", {.role = SemaphoreRole::Waiter});
+    auto ch = Channel::open(name, ChannelRole::Consumer);
+    joined.notify();
+    MessageView m;
+    GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);
+    GPUIPC_CHILD_CHECK(hold.wait(g.stream.get(), 1) == Status::Ok);
+    GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    GPUIPC_CHILD_CHECK(finish.wait(60s));
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));
+    return 0;
+  });
+  const auto close_while_waiting = [&] {
+    Gpu g;
+    Channel ch;
+    if (consumer_closes) {
+      ch = Channel::open(name, ChannelRole::Consumer);
+      joined.notify();
+      GPUIPC_CHILD_CHECK(claimed.wait(60s));
+      MessageView m;
+      GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 30s, m) == Status::Ok);  // the stream waits for `filled`
+    } else {
+      GPUIPC_CHILD_CHECK(claimed.wait(60s));
+      ch = Channel::open(name, ChannelRole::Producer);
+      std::this_thread::sleep_for(100ms);  // the release (host) lands; its stream write is held back
+      SlotView s;
+      GPUIPC_CHILD_CHECK(ch.acquire(g.stream.get(), 30s, s) == Status::Ok);  // the stream waits for `freed`
+    }
+    GPUIPC_CHILD_CHECK(!stream_done_within(g.stream, 300ms));
+    const auto t0 = std::chrono::steady_clock::now();
+    ch = Channel();  // close
+    const auto took = std::chrono::steady_clock::now() - t0;
+    std::fprintf(stderr, "close took %.3f ms\n", std::chrono::duration<double, std::milli>(took).count());
+    closed.notify();
+    GPUIPC_CHILD_CHECK(took < 1s);
+    GPUIPC_CHILD_CHECK(core::parked_count() == 1);
+    GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));
+    g.stream.synchronize();  // (a fault of the wait shows here)
+    // The next open lets the parked block go, and the channel goes on: the consumer's message 0 was handed back.
+    ch = Channel::open(name, closer);
+    GPUIPC_CHILD_CHECK(core::parked_count() == 0);
+    if (consumer_closes) {
+      MessageView m;
+      GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 5s, m) == Status::Ok);
+      GPUIPC_CHILD_CHECK(m.sequence == 0);
+      GPUIPC_CHILD_CHECK(ch.release(g.stream.get()) == Status::Ok);
+    }
+    g.stream.synchronize();
+    ch = Channel();
+    GPUIPC_CHILD_CHECK(core::parked_count() == 0);  // nothing outstanding: nothing parked
+    return 0;
+  };
+  EXPECT_EQ(run_child(close_while_waiting, 60s), 0);
+  finish.notify();  // a byte for the peer,
+  finish.notify();  // and one for the releaser
+  EXPECT_EQ(wait_child(peer, 60s), 0);
+  if (releaser > 0) {
+    EXPECT_EQ(wait_child(releaser, 60s), 0);
+  }
+  Channel::unlink(name);
+  Semaphore::unlink(name + ".hold");
+}
+
+TEST(ChannelsDevice, AConsumerClosedWhileItsStreamWaitsForFilledKeepsTheControlBlockUntilTheWaitPasses) {
+  GPUIPC_REQUIRE_GPU();
+  close_while_the_stream_waits(ChannelRole::Consumer);
+}
+
+TEST(ChannelsDevice, AProducerClosedWhileItsStreamWaitsForFreedKeepsTheControlBlockUntilTheWaitPasses) {
+  GPUIPC_REQUIRE_GPU();
+  close_while_the_stream_waits(ChannelRole::Producer);
 }
 
 TEST(ChannelsDevice, ACloseOwingAReleaseLeavesTheWriteToItsStream) {
