@@ -54,6 +54,8 @@ struct StreamUse final : core::StreamTouches {
   // only grow (a poisoned one is past every value: the wait compares all 64 bits), so a wait has passed once its
   // word is at its value.
   std::vector<std::uint64_t> waited;
+  Segment control;  // parked: the control block and the buffers, kept until done()
+  Segment data;
 
   bool done() const noexcept override {
     if (!shm::ring_member_writes_done(ring, 0, &owed)) return false;
@@ -110,8 +112,9 @@ struct Channel::Impl {
     leave();
     core::reap_parked();
     if (gpu() && h != nullptr && !parents && !use->done()) {
-      std::unique_ptr<core::StreamTouches> touches = std::move(use);
-      core::park(control, data, touches);
+      use->control = std::move(control);
+      use->data = std::move(data);
+      core::park(std::move(use));
     }
   }
 

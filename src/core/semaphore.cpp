@@ -45,6 +45,7 @@ struct StreamUse final : core::StreamTouches {
   std::atomic<std::uint32_t> callbacks{0};  // wake_host callbacks enqueued and not yet run
   std::atomic<std::uint64_t> signalled{0};  // highest value handed to a stream to write
   std::atomic<std::uint64_t> waited{0};     // highest value a stream was told to wait for
+  Segment segment;                          // parked: the page, kept until done()
 
   /// `word` = max(word, v): a handle may be used from several threads at once.
   static void raise(std::atomic<std::uint64_t>& word, std::uint64_t v) noexcept {
@@ -98,9 +99,8 @@ struct Semaphore::Impl {
     if (legacy_probe != nullptr) cuda::destroy_event(legacy_probe);
     core::reap_parked();
     if (device_value != 0 && block != nullptr && !use->done()) {
-      Segment none;
-      std::unique_ptr<core::StreamTouches> touches = std::move(use);
-      core::park(segment, none, touches);
+      use->segment = std::move(segment);
+      core::park(std::move(use));
     }
   }
 

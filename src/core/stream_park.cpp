@@ -10,16 +10,10 @@ namespace gpuipc::core {
 
 namespace {
 
-struct Parked {
-  Segment first;
-  Segment second;
-  std::unique_ptr<StreamTouches> use;
-};
-
 /// Process-wide, never destroyed: at exit the parked segments stay mapped, as a stream may still run.
 struct ParkedList {
   std::mutex mutex;
-  std::vector<Parked> list;
+  std::vector<std::unique_ptr<StreamTouches>> list;
 };
 ParkedList& parked() {
   static auto* p = new ParkedList;  // NOLINT: deliberately never destroyed (see above)
@@ -28,7 +22,7 @@ ParkedList& parked() {
 
 }  // namespace
 
-void park(Segment& first, Segment& second, std::unique_ptr<StreamTouches>& use) noexcept {
+void park(std::unique_ptr<StreamTouches> use) noexcept {
   auto& p = parked();
   {
     const std::lock_guard lock(p.mutex);
@@ -39,7 +33,7 @@ void park(Segment& first, Segment& second, std::unique_ptr<StreamTouches>& use) 
       room = false;
     }
     if (room) {
-      p.list.push_back(Parked{std::move(first), std::move(second), std::move(use)});  // (no allocation: reserved)
+      p.list.push_back(std::move(use));  // (no allocation: reserved)
       return;
     }
   }
@@ -47,17 +41,16 @@ void park(Segment& first, Segment& second, std::unique_ptr<StreamTouches>& use) 
   while (!use->done() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  // Still not done: a callback may still hold it as its data. A few bytes leaked beat a write into freed memory.
-  if (!use->done()) (void)use.release();
+  if (!use->done()) (void)use.release();  // (see park's comment)
 }
 
 void reap_parked() noexcept {
-  std::vector<Parked> done;  // destroyed after the lock is let go
+  std::vector<std::unique_ptr<StreamTouches>> done;  // destroyed after the lock is let go
   auto& p = parked();
   const std::unique_lock lock(p.mutex);
   if (p.list.empty()) return;
   for (auto it = p.list.begin(); it != p.list.end();) {
-    if (!it->use->done()) {
+    if (!(*it)->done()) {
       ++it;
       continue;
     }

@@ -8,25 +8,28 @@
 // done, and are let go at later opens and closes of semaphores and channels in this process (reap_parked).
 #pragma once
 
+#include <cstddef>
 #include <memory>
-
-#include "gpuipc/segment.hpp"
 
 namespace gpuipc::core {
 
-/// What a closed handle's streams may still touch, and how to tell that they no longer can.
+/// What a closed handle's streams may still touch, and how to tell that they no longer can. Parked, it owns what
+/// must stay mapped until then (the handle moves its segments into it), and lets them go when destroyed.
 class StreamTouches {
  public:
+  StreamTouches() = default;
+  StreamTouches(const StreamTouches&) = delete;
+  StreamTouches& operator=(const StreamTouches&) = delete;
   virtual ~StreamTouches() = default;
   /// Whether no stream work of the handle can touch its segments any more. Called from any thread, under the
   /// list's lock: reads shared words only, never blocks.
   virtual bool done() const noexcept = 0;
 };
 
-/// Keeps `first` and `second` (either may be empty) mapped, with `use`, until use->done(): moves them into the
-/// process-wide list. Without memory to do so, waits for use->done() (bounded, 10 s) and leaves the segments with
-/// the caller, who lets them go (and `use` too, when done; else it is leaked).
-void park(Segment& first, Segment& second, std::unique_ptr<StreamTouches>& use) noexcept;
+/// Keeps `use`, and with it what it owns, until use->done(): moves it into the process-wide list. Without memory to
+/// do so, waits for use->done() (bounded, 10 s), then lets it go; when still not done, leaks it (a few bytes and
+/// mappings kept beat a stream or a callback touching freed memory).
+void park(std::unique_ptr<StreamTouches> use) noexcept;
 
 /// Lets go of the parked segments whose streams are done with them. Called at opens and closes of semaphores and
 /// channels (the last handle of a mapping going sends the broker a Close: done outside the list's lock).
