@@ -81,6 +81,7 @@ void check_release(const Segment& control, std::string_view name, const char* ca
 }
 
 std::shared_ptr<Pool::Impl> attach(Segment control, const std::string& name, Access access, int device) {
+  core::reap_parked();
   auto impl = std::make_shared<Pool::Impl>();
   impl->block = shm::PoolBlock(control.data(), control.size());
   check_release(control, name, "open");

@@ -23,6 +23,7 @@
 #include "core/membership.hpp"
 #include "core/segment_internal.hpp"
 #include "core/shm_wait.hpp"
+#include "core/stream_park.hpp"
 #include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/host_registration.hpp"
@@ -58,6 +59,24 @@ inline void unlink_if_present(const std::string& name) {
     if (e.code() != ErrorCode::NotFound) throw;
   }
 }
+
+}  // namespace pool_detail
+
+namespace pool_detail {
+
+/// What a closed pool handle's streams may still touch (core/stream_park.hpp): the `released` words of the blocks
+/// it freed on a stream whose writes have not landed, and the chunks those blocks are in (the stream's work before
+/// the free may still use them). Parked, it owns the control block and the chunks.
+struct StreamUse final : core::StreamTouches {
+  std::vector<shm::PendingFree> frees;
+  Segment control;
+  std::vector<core::VaSlot> slots;  // (before `chunks`: unmapped after them, as in Pool::Impl)
+  std::vector<Segment> chunks;
+
+  bool done() const noexcept override {
+    return shm::pool_frees_landed(const_cast<void*>(control.data()), control.size(), frees);
+  }
+};
 
 }  // namespace pool_detail
 
@@ -143,8 +162,32 @@ struct Pool::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
   ~Impl() {
+    // Read before the leave, while the records still name this member.
+    std::unique_ptr<pool_detail::StreamUse> use = pending_stream_use();
     leave();
     drop_saved();
+    core::reap_parked();
+    if (use && !use->done()) {
+      use->control = std::move(control);
+      use->slots = std::move(slots);
+      use->chunks = std::move(chunks);
+      core::park(std::move(use));
+    }
+  }
+
+  /// The frees this member made on a stream that has not reached them yet (null: none, or no memory to say).
+  std::unique_ptr<pool_detail::StreamUse> pending_stream_use() const noexcept {
+    if (!stream_ordered() || !stream_released.load(std::memory_order_relaxed) || member == proto::kNoMember ||
+        !block.valid() || !here()) {
+      return nullptr;
+    }
+    try {
+      auto use = std::make_unique<pool_detail::StreamUse>();
+      use->frees = shm::pool_member_pending_frees(control.data(), control.size(), member);
+      return use->frees.empty() ? nullptr : std::move(use);
+    } catch (const std::bad_alloc&) {
+      return nullptr;  // the close unmaps under the stream, as before this record
+    }
   }
 
   const shm::PoolGeometry& geo() const noexcept { return block.geometry(); }

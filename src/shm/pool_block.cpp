@@ -597,6 +597,28 @@ bool pool_member_frees_pending(void* control, std::size_t size, std::uint32_t me
   return false;
 }
 
+std::vector<PendingFree> pool_member_pending_frees(void* control, std::size_t size, std::uint32_t member_index) {
+  std::vector<PendingFree> out;
+  const PoolBlock b(control, size);
+  if (!b.valid() || member_index >= proto::kMaxMembers) return out;
+  const std::uint32_t end = b.record_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
+    BlockRecord& r = b.record(i);
+    const std::uint64_t generation = load(r.generation);
+    if (load(r.releaser) == member_index && load(r.released) < generation) out.push_back({i, generation});
+  }
+  return out;
+}
+
+bool pool_frees_landed(void* control, std::size_t size, const std::vector<PendingFree>& frees) noexcept {
+  const PoolBlock b(control, size);
+  if (!b.valid()) return true;
+  for (const PendingFree& f : frees) {
+    if (f.index < b.geometry().max_records && load(b.record(f.index).released) < f.generation) return false;
+  }
+  return true;
+}
+
 std::uint64_t pool_members_with_frees_pending(void* control, std::size_t size) noexcept {
   const PoolBlock b(control, size);
   if (!b.valid()) return 0;

@@ -305,6 +305,21 @@ int pool_remove_member(void* control, std::size_t size, std::uint32_t member_ind
 /// Lock-free: whether member `member_index` freed blocks on a stream that has not written their `released` yet.
 bool pool_member_frees_pending(void* control, std::size_t size, std::uint32_t member_index) noexcept;
 
+/// A stream-ordered free whose stream has not written `released` yet: record `index`, for block `generation`.
+struct PendingFree {
+  std::uint32_t index = 0;
+  std::uint64_t generation = 0;
+};
+
+/// Lock-free: the frees of member `member_index` whose stream has not written their `released` yet (a handle that
+/// closes with these keeps the control block and the chunks mapped until they have: core/stream_park.hpp). Throws
+/// std::bad_alloc.
+std::vector<PendingFree> pool_member_pending_frees(void* control, std::size_t size, std::uint32_t member_index);
+
+/// Lock-free: whether the streams of every one of `frees` wrote their `released` (it only grows: a record is used
+/// again only after).
+bool pool_frees_landed(void* control, std::size_t size, const std::vector<PendingFree>& frees) noexcept;
+
 /// Lock-free: the members (bit i: member i) that freed blocks on a stream that has not written their `released`
 /// yet, in one pass over the records.
 std::uint64_t pool_members_with_frees_pending(void* control, std::size_t size) noexcept;

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/stream_park.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/semaphore.hpp"
 #include "support/broker_env.hpp"
@@ -159,6 +160,50 @@ TEST(PoolsDevice, StreamOrderedFreeIsReusedOnlyAfterTheStreamPassedIt) {
               return 0;
             },
                       120s),
+            0);
+}
+
+/// A pool handle closed while the stream of a block it freed has not reached the free (held back by a semaphore the
+/// process signals only after the close): the close returns at once; the control block and the chunk stay mapped
+/// until the stream has written `released` (its fill of the block, queued before the free, runs after the close);
+/// the next open lets them go, and the block is free again. Before, the close unregistered the control block, which
+/// on an H200 (driver 580) waits for the stream: it hung.
+TEST(PoolsDevice, AHandleClosedBeforeItsStreamReachedAFreeKeepsItsMemoryUntilThen) {
+  GPUIPC_REQUIRE_GPU();
+  const auto name = unique_name("pool");
+  EXPECT_EQ(run_child(
+                [&] {
+                  Gpu g;
+                  auto gate = Semaphore::create(
+                      name + "-gate", {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+                  auto pool = Pool::create(
+                      name, {.kind = SegmentKind::Device, .device = 0, .chunk_bytes = kChunk, .max_bytes = kChunk});
+                  Block b = pool.allocate(kChunk);
+                  GPUIPC_CHILD_CHECK(gate.wait(g.stream.get(), 1) == Status::Ok);  // the stream stops here
+                  g.k.fill_pattern(g.stream.get(), dptr(b.data()), kChunk / 4, 5);
+                  pool.free(std::move(b), g.stream.get());
+                  const auto t0 = std::chrono::steady_clock::now();
+                  pool = Pool();  // close
+                  const auto took = std::chrono::steady_clock::now() - t0;
+                  std::fprintf(stderr, "close took %.3f ms\n", std::chrono::duration<double, std::milli>(took).count());
+                  const std::size_t parked = core::parked_count();
+                  GPUIPC_CHILD_CHECK(gate.signal_host(1) == Status::Ok);  // (whatever the checks say: no hang)
+                  GPUIPC_CHILD_CHECK(took < 1s);
+                  GPUIPC_CHILD_CHECK(parked == 1);
+                  g.stream.synchronize();  // the fill wrote the chunk after the close (a fault shows here)
+                  pool = Pool::open(name);
+                  GPUIPC_CHILD_CHECK(core::parked_count() == 0);
+                  GPUIPC_CHILD_CHECK(pool.stats().live_blocks == 0 && pool.stats().draining_blocks == 0);
+                  Block again;
+                  GPUIPC_CHILD_CHECK(pool.try_allocate(kChunk, 256, again) == Status::Ok);
+                  pool.free(std::move(again));
+                  pool = Pool();
+                  GPUIPC_CHILD_CHECK(core::parked_count() == 0);  // nothing outstanding: nothing parked
+                  Semaphore::unlink(name + "-gate");
+                  Pool::unlink(name);
+                  return 0;
+                },
+                60s),
             0);
 }
 

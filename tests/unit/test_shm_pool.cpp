@@ -287,6 +287,36 @@ TEST(ShmPool, ALeaveKeepingPendingFreesReleasesHoldsAndLeavesThoseBlocksDraining
   EXPECT_EQ(x.offset, freed.offset);
 }
 
+// What a closing handle parks on (core/stream_park.hpp): the frees its member's stream has not reached, and when
+// they have landed; a record reused later (a higher generation, after the write) still counts as landed.
+TEST(ShmPool, PendingFreesOfAMemberAreListedUntilTheirStreamWritesReleased) {
+  TestPool p(PoolMode::Variable, 8, 2048, 1);
+  BlockLocation a, b, c, x;
+  ASSERT_EQ(p.alloc(0, 512, a), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(0, 512, b), PoolStatus::Ok);
+  ASSERT_EQ(p.alloc(1, 512, c), PoolStatus::Ok);
+  ASSERT_EQ(p.block.release(0, a, true, kTimeout), PoolStatus::Ok);
+  ASSERT_EQ(p.block.release(0, b, false, kTimeout), PoolStatus::Ok);  // freed at once: nothing to wait for
+  ASSERT_EQ(p.block.release(1, c, true, kTimeout), PoolStatus::Ok);   // another member's
+  const auto frees = pool_member_pending_frees(p.mem.get(), p.size, 0);
+  ASSERT_EQ(frees.size(), 1U);
+  EXPECT_EQ(frees[0].index, a.record);
+  EXPECT_EQ(frees[0].generation, a.generation);
+  EXPECT_TRUE(pool_member_pending_frees(p.mem.get(), p.size, 2).empty());
+  EXPECT_TRUE(pool_member_pending_frees(p.mem.get(), p.size, proto::kMaxMembers).empty());
+  EXPECT_FALSE(pool_frees_landed(p.mem.get(), p.size, frees));
+  atomic(p.block.record(c.record).released).store(c.generation);  // the other member's stream: not ours
+  EXPECT_FALSE(pool_frees_landed(p.mem.get(), p.size, frees));
+  atomic(p.block.record(a.record).released).store(a.generation);  // what the stream writes
+  EXPECT_TRUE(pool_frees_landed(p.mem.get(), p.size, frees));
+  for (int i = 0; i < 4; ++i) {  // the records go round again
+    ASSERT_EQ(p.alloc(1, 512, x), PoolStatus::Ok);
+    ASSERT_EQ(p.block.release(1, x, false, kTimeout), PoolStatus::Ok);
+  }
+  EXPECT_TRUE(pool_frees_landed(p.mem.get(), p.size, frees));
+  EXPECT_TRUE(pool_frees_landed(p.mem.get(), p.size, {{1U << 30, ~0ULL}}));  // out of range: nothing to wait for
+}
+
 TEST(ShmPool, PauseRefusesAllocationAndHoldsUntilResumedByThePauser) {
   TestPool p(PoolMode::Variable, 8, 4096, 1);
   BlockLocation a, b;
