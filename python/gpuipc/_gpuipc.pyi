@@ -327,6 +327,11 @@ def _torch_pool_detach(device: int) -> int:
     Drops the device's active pool when torch holds nothing in it; returns the live blocks.
     """
 
+def _torch_block_view(address: int) -> ArrayView | None:
+    """
+    The block torch holds at `address` (its first byte) as bytes, where the allocator mapped it; None when there is none (torch gave it back).
+    """
+
 def _torch_block_of(address: int) -> tuple[bytes, int, str] | None:
     """
     (encoded BlockRef, block address, pool name) of the torch block containing `address`, or None.
@@ -379,7 +384,7 @@ class Block:
 
     def view(self) -> ArrayView:
         """
-        The block as bytes; keeps the pool mapped (not the block: a freed block's memory may be reused).
+        The block as bytes; keeps the block (and its pool) until the view goes, unless free() frees it first.
         """
 
 class Pool:

@@ -151,8 +151,15 @@ class _TorchBlock:
         return self.freed
 
     def view(self) -> _gpuipc.ArrayView:
-        """The block as bytes, like Block.view (update_from and Publisher.tensors copy into it)."""
-        return self.pool.resolve(self.ref).view()
+        """The block as bytes, like Block.view (update_from and Publisher.tensors copy into it), where the MemPool's
+        allocator mapped it: its pause and resume then apply to it (a view through ``self.pool``, a handle of its
+        own, mapped the chunk again, which a pause did not release and a resume left unusable). InvalidArgument
+        once torch gave the block back."""
+        v = _gpuipc._torch_block_view(self.address)
+        if v is None:
+            raise InvalidArgument(f"the gpuipc.torch block at {self.address:#x} was given back to torch (its tensor "
+                                  "was freed)")
+        return v
 
     def free(self) -> None:  # PyTorch frees it, not share_tensors
         pass
@@ -201,8 +208,9 @@ def recheck_torch_blocks(blocks: Iterator[Any]) -> None:
 
 class Block(_Memory):
     """A block allocated from a pool, owned by this process. A context manager: leaving ``with`` frees it. It is
-    also freed when garbage collected. Views made from it keep the pool mapped, not the block: do not use them
-    after the block is freed (its memory may be reused). Unlike ``cudaFree``, freeing does not wait for the GPU:
+    also freed when garbage collected, once no view made from it (an array, a tensor, a DLPack export) is left:
+    views keep the block. :meth:`free` frees it whatever views are left: do not use them after (its memory may be
+    reused). Unlike ``cudaFree``, freeing does not wait for the GPU:
     device and pinned blocks are reused once the stream given to :meth:`free` has passed the free; leaving ``with``
     frees on the legacy default stream, which waits for blocking streams only (not for a torch stream), and
     collection frees at once. Call ``free(stream=s)`` for a block that work on ``s`` still uses."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from . import _gpuipc
+from .errors import Error
 
 __all__ = ["MemPool", "block_of", "pool_stats", "detach", "pause", "resume", "paused"]
 
@@ -76,8 +77,23 @@ def MemPool(  # noqa: N802 - reads like the torch class it returns
     """
     torch = _torch()
     _gpuipc._torch_pool_attach(name, device, create, chunk_bytes, max_bytes, max_blocks, mode)
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(_gpuipc.__file__, _ALLOC, _FREE)
-    pool = torch.cuda.MemPool(allocator.allocator())
+    try:
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(_gpuipc.__file__, _ALLOC, _FREE)
+        # torch.cuda.MemPool routes the allocations of the *current* device's pool to the allocator
+        # (at::cuda::MemPool takes c10::cuda::current_device()): made on another device, tensors under
+        # use_mem_pool(pool, device=device) went to plain cudaMalloc memory, and those on the current device to a
+        # device this allocator has no pool for.
+        with torch.cuda.device(device):
+            pool = torch.cuda.MemPool(allocator.allocator())
+    except BaseException:
+        # The name was made (or joined) for this MemPool only: not left behind for a retry to find taken.
+        _gpuipc._torch_pool_detach(device)
+        if create:
+            try:
+                _gpuipc.Pool.unlink(name)
+            except Error:
+                pass
+        raise
     # Keep the allocator object alive as long as the pool (torch holds the C++ side; this is belt and braces).
     pool._gpuipc_allocator = allocator  # type: ignore[attr-defined]
     pool._gpuipc_name = name  # type: ignore[attr-defined]

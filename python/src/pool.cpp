@@ -51,14 +51,29 @@ struct PyPool {
 
 /// An allocated block. Its pool's shared handle keeps the pool joined (and its chunks mapped) for views made from
 /// the block.
-struct PyBlock {
+/// A Block shared by its Python object and the views made from it (their owner): collecting the object while a
+/// view lives (`pool.allocate(n).numpy()`) must not free memory the view still uses (it did, and the next
+/// allocations reused it). The last of them frees it, at once, as collection does; free() frees it whatever views
+/// are left. Its pool handle stays with it.
+struct SharedBlock {
   std::shared_ptr<Pool> pool;
   Block block;
+};
+
+struct PyBlock {
+  std::shared_ptr<Pool> pool;
+  std::shared_ptr<SharedBlock> shared;
   LiveCount<Live::Block> counted;
 
+  bool freed() const noexcept { return !shared || !shared->block; }
   const Block& get() const {
-    if (!block) throw Error(ErrorCode::InvalidArgument, "the block was freed", "block");
-    return block;
+    if (freed()) throw Error(ErrorCode::InvalidArgument, "the block was freed", "block");
+    return shared->block;
+  }
+  /// The block, moved out for a free (InvalidArgument when it was freed already).
+  Block take() {
+    if (freed()) throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
+    return std::move(shared->block);
   }
 };
 
@@ -244,15 +259,12 @@ void bind_pool(nb::module_& m) {
           "(pool, generation, offset, size, chunk, index).")
       .def_prop_ro("address", [](const PyBlock& b) { return reinterpret_cast<std::uintptr_t>(b.get().data()); })
       .def_prop_ro("size", [](const PyBlock& b) { return b.get().size(); })
-      .def_prop_ro("freed", [](const PyBlock& b) { return !b.block; })
+      .def_prop_ro("freed", [](const PyBlock& b) { return b.freed(); })
       .def_prop_ro("pool_name", [](const PyBlock& b) { return b.pool->name(); })
       .def(
           "free",
           [](PyBlock& b, std::uintptr_t stream) {
-            if (!b.block) {
-              throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
-            }
-            Block gone = std::move(b.block);
+            Block gone = b.take();
             // The block's own share of its pool's handle: usable after the Python Pool it came from closed.
             const std::shared_ptr<Pool> pool = b.pool;
             GilReleased unlocked;
@@ -265,9 +277,9 @@ void bind_pool(nb::module_& m) {
           "view",
           [](const PyBlock& b) {
             const Block& blk = b.get();
-            return block_view(*b.pool, b.pool, reinterpret_cast<std::uintptr_t>(blk.data()), blk.size(), false);
+            return block_view(*b.pool, b.shared, reinterpret_cast<std::uintptr_t>(blk.data()), blk.size(), false);
           },
-          "The block as bytes; keeps the pool mapped (not the block: a freed block's memory may be reused).");
+          "The block as bytes; keeps the block (and its pool) until the view goes, unless free() frees it first.");
 
   nb::class_<PyPool>(m, "Pool", "A joined gpuipc pool (low level; see gpuipc.Pool).")
       .def_static(
@@ -323,10 +335,11 @@ void bind_pool(nb::module_& m) {
           "allocate",
           [](PyPool& p, std::size_t nbytes, std::size_t alignment) {
             const std::shared_ptr<Pool> pool = p.get();
-            PyBlock b{.pool = pool, .block = {}, .counted = {}};
+            PyBlock b{.pool = pool, .shared = std::make_shared<SharedBlock>(), .counted = {}};
+            b.shared->pool = pool;
             {
               GilReleased unlocked;
-              b.block = pool->allocate(nbytes, alignment);
+              b.shared->block = pool->allocate(nbytes, alignment);
             }
             return b;
           },
@@ -335,9 +348,7 @@ void bind_pool(nb::module_& m) {
           "free",
           [](PyPool& p, PyBlock& b, std::uintptr_t stream) {
             const std::shared_ptr<Pool> pool = p.get();
-            if (!b.block)
-              throw Error(ErrorCode::InvalidArgument, "the block was freed already (a double free?)", "free");
-            Block gone = std::move(b.block);
+            Block gone = b.take();
             GilReleased unlocked;
             pool->free(std::move(gone), to_stream(stream));
           },

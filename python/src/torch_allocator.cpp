@@ -13,13 +13,16 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "gpuipc/pool.hpp"
 
 #include "common.hpp"
+#include "views.hpp"
 
 namespace gpuipc::py {
 namespace {
@@ -32,6 +35,9 @@ struct DevicePool {
   Pool pool;
   std::map<std::uintptr_t, Block> blocks;
   std::size_t failures = 0;  // allocations refused (torch then reports out of memory)
+  // Blocks torch gave back that the pool refused to free (its lock stayed taken): kept allocated until the pool is
+  // let go, since freeing them at once could hand their memory out while torch's stream still uses it.
+  std::vector<Block> unfreed;
 };
 
 std::mutex& pools_mutex() {
@@ -114,6 +120,24 @@ void bind_torch_allocator(nb::module_& m) {
         return live;
       },
       nb::arg("device"), "Drops the device's active pool when torch holds nothing in it; returns the live blocks.");
+  m.def(
+      "_torch_block_view",
+      [](std::uintptr_t address) -> std::optional<ArrayView> {
+        std::lock_guard lock(pools_mutex());
+        for (auto& [device, dp] : pools()) {
+          auto it = dp.blocks.find(address);
+          if (it == dp.blocks.end()) continue;
+          // Where the allocator mapped it, through its own handle: a second handle of the pool (opened to resolve
+          // the block) mapped the chunk again at other addresses, which a pause of the MemPool did not release and
+          // after whose resume it refused every use (InvalidState, refresh() on a handle nobody could reach).
+          return ArrayView::bytes(std::make_shared<const Pool>(dp.pool), address, it->second.size(), false, kDLCUDA,
+                                  dp.pool.mapping_device());
+        }
+        return std::nullopt;
+      },
+      nb::arg("address"),
+      "The block torch holds at `address` (its first byte) as bytes, where the allocator mapped it; None when "
+      "there is none (torch gave it back).");
   m.def(
       "_torch_block_of",
       [](std::uintptr_t address) -> std::optional<std::tuple<nb::bytes, std::uintptr_t, std::string>> {
@@ -201,7 +225,16 @@ __attribute__((visibility("default"))) void gpuipc_torch_free(void* ptr, std::si
     // Stream-ordered, like cudaFreeAsync: the memory is reused once `stream` has passed this point (and no other
     // process holds it).
     it->second.pool.free(std::move(block), static_cast<gpuipc::StreamHandle>(stream));
-  } catch (...) {  // NOLINT(bugprone-empty-catch): a block the pool refuses to free stays allocated, never reused
+  } catch (...) {
+    // Refused (LockTimeout): the Block is handed back, and letting it go here would free it at once, under the
+    // stream. Kept instead (a failed stream write frees it at once inside free, which says so: nothing to keep).
+    if (block) {
+      try {
+        it->second.unfreed.push_back(std::move(block));
+      } catch (...) {
+        (void)new (std::nothrow) gpuipc::Block(std::move(block));  // leaked rather than freed under the stream
+      }
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "dlpack.hpp"
 #include "gpuipc/device.hpp"
@@ -183,27 +184,114 @@ bool row_major(const ArrayView& v) noexcept {
   return true;
 }
 
+/// The struct-module format of element type `t`, which the buffer protocol gives its consumers (NumPy, memoryview);
+/// empty when it has none (bfloat16, several lanes).
+const char* buffer_format(const ElementType& t) noexcept {
+  if (t.lanes != 1) return "";
+  switch (t.code) {
+    case 0:  // int
+      return t.bits == 8 ? "b" : t.bits == 16 ? "h" : t.bits == 32 ? "i" : t.bits == 64 ? "q" : "";
+    case 1:  // uint
+      return t.bits == 8 ? "B" : t.bits == 16 ? "H" : t.bits == 32 ? "I" : t.bits == 64 ? "Q" : "";
+    case 2:  // float
+      return t.bits == 16 ? "e" : t.bits == 32 ? "f" : t.bits == 64 ? "d" : "";
+    case 5:  // complex
+      return t.bits == 64 ? "Zf" : t.bits == 128 ? "Zd" : "";
+    case 6:  // bool
+      return t.bits == 8 ? "?" : "";
+    default:
+      return "";
+  }
+}
+
+/// What a host view's buffer points its consumer at (Py_buffer::internal, freed by release_buffer).
+struct BufferLayout {
+  std::vector<Py_ssize_t> shape;
+  std::vector<Py_ssize_t> strides;  // in bytes
+};
+
+int refuse_buffer(Py_buffer* view, const char* why) {
+  PyErr_SetString(PyExc_BufferError, why);
+  view->obj = nullptr;
+  return -1;
+}
+
+/// The buffer protocol of a host view: its element type, shape and strides (it gave bytes only, so that
+/// `numpy.asarray(view.typed(...))` was a flat uint8 array and a strided view a 0-d object array).
 int get_buffer(PyObject* self, Py_buffer* view, int flags) {
   const ArrayView* v = nb::inst_ptr<ArrayView>(nb::handle(self));
   if (v->device_type != kDLCPU) {
-    PyErr_SetString(PyExc_BufferError,
-                    "GPU memory has no buffer interface: use DLPack (torch.from_dlpack, cupy.from_dlpack) or "
-                    "__cuda_array_interface__");
+    return refuse_buffer(view,
+                         "GPU memory has no buffer interface: use DLPack (torch.from_dlpack, cupy.from_dlpack) or "
+                         "__cuda_array_interface__");
+  }
+  if ((flags & PyBUF_WRITABLE) == PyBUF_WRITABLE && v->readonly) {
+    return refuse_buffer(view, "the view is read-only");
+  }
+  const bool contiguous = v->strides.empty() || row_major(*v);
+  if (!contiguous && (flags & PyBUF_STRIDES) != PyBUF_STRIDES) {
+    return refuse_buffer(view,
+                         "a view whose strides are not row-major has a buffer only for consumers that take strides "
+                         "(numpy.asarray does): or use numpy.from_dlpack(view)");
+  }
+  const char* format = buffer_format(v->dtype);
+  if ((flags & PyBUF_FORMAT) == PyBUF_FORMAT && *format == '\0') {
+    return refuse_buffer(view,
+                         "its element type has no buffer format (bfloat16, or several lanes): use "
+                         "numpy.from_dlpack(view) with ml_dtypes, or torch.from_dlpack(view)");
+  }
+  auto* layout = new (std::nothrow) BufferLayout;
+  if (layout == nullptr) {
+    PyErr_NoMemory();
     view->obj = nullptr;
     return -1;
   }
-  if (!v->strides.empty() && !row_major(*v)) {
-    PyErr_SetString(PyExc_BufferError,
-                    "a view whose strides are not row-major has no buffer interface: use numpy.from_dlpack(view)");
+  const auto item = static_cast<Py_ssize_t>(v->dtype.itemsize());
+  Py_ssize_t count = 1;
+  try {
+    for (std::size_t i = 0; i < v->shape.size(); ++i) {
+      layout->shape.push_back(static_cast<Py_ssize_t>(v->shape[i]));
+      count *= static_cast<Py_ssize_t>(v->shape[i]);
+    }
+    layout->strides.resize(v->shape.size());
+    Py_ssize_t step = item;  // C-contiguous strides, unless the view has its own
+    for (std::size_t i = v->shape.size(); i-- > 0;) {
+      layout->strides[i] = v->strides.empty() ? step : static_cast<Py_ssize_t>(v->strides[i]) * item;
+      step *= static_cast<Py_ssize_t>(v->shape[i]);
+    }
+  } catch (const std::bad_alloc&) {
+    delete layout;
+    PyErr_NoMemory();
     view->obj = nullptr;
     return -1;
   }
   static char empty = 0;
-  void* data = v->nbytes == 0 ? &empty : reinterpret_cast<void*>(v->address);  // NOLINT(performance-no-int-to-ptr)
-  return PyBuffer_FillInfo(view, self, data, static_cast<Py_ssize_t>(v->nbytes), v->readonly ? 1 : 0, flags);
+  view->buf = count == 0 ? &empty : reinterpret_cast<void*>(v->address);  // NOLINT(performance-no-int-to-ptr)
+  Py_INCREF(self);
+  view->obj = self;
+  view->len = count * item;
+  view->itemsize = item;
+  view->readonly = v->readonly ? 1 : 0;
+  view->format = (flags & PyBUF_FORMAT) == PyBUF_FORMAT ? const_cast<char*>(format) : nullptr;
+  if ((flags & PyBUF_ND) == PyBUF_ND) {
+    view->ndim = static_cast<int>(layout->shape.size());
+    view->shape = layout->shape.empty() ? nullptr : layout->shape.data();
+  } else {
+    view->ndim = 1;  // the consumer takes len bytes as they lie (the view is contiguous: checked above)
+    view->shape = nullptr;
+  }
+  view->strides =
+      (flags & PyBUF_STRIDES) == PyBUF_STRIDES && !layout->strides.empty() ? layout->strides.data() : nullptr;
+  view->suboffsets = nullptr;
+  view->internal = layout;
+  return 0;
 }
 
-PyType_Slot kViewSlots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(get_buffer)}, {0, nullptr}};
+void release_buffer(PyObject* /*self*/, Py_buffer* view) { delete static_cast<BufferLayout*>(view->internal); }
+
+PyType_Slot kViewSlots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(get_buffer)},
+                            {Py_bf_releasebuffer, reinterpret_cast<void*>(release_buffer)},
+                            {0, nullptr}};
 
 ArrayView typed(const ArrayView& v, std::tuple<int, int, int> element, const std::string& typestr,
                 const std::vector<std::int64_t>& shape, std::size_t offset) {

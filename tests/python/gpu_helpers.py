@@ -552,6 +552,46 @@ def torch_mempool_pause_resume(name: str) -> dict:
     return out
 
 
+def torch_mempool_pause_under_a_publisher(name: str) -> dict:
+    """A model built under gpuipc.torch.MemPool(NAME.weights), published by reference (publish_tensors, versions=1)
+    and updated in place with update_from (which writes through the blocks' views); then its pool paused with the
+    contents kept, and resumed, and updated again. The views came from a second handle of the pool, whose mapping of
+    the chunks a pause of the MemPool did not release, and after the resume update_from raised InvalidState."""
+    import gpuipc
+    import gpuipc.torch as gt
+
+    torch = torch_cuda()
+    pool = gt.MemPool(name + ".weights", device=0, chunk_bytes=256 << 20, max_bytes=1 << 30)
+    with torch.cuda.use_mem_pool(pool):
+        model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 4096)).cuda()
+    out: dict = {}
+    pub = gpuipc.publish_tensors(name, model.state_dict())
+    try:
+        new = {k: torch.full_like(v, 2) for k, v in model.state_dict().items()}
+        pub.update_from(new)
+        torch.cuda.synchronize()
+        out["updated"] = all(bool((v == 2).all()) for v in model.state_dict().values())
+        free0 = torch.cuda.mem_get_info()[0]
+        pool.pause(keep_contents=True)
+        out["freed"] = torch.cuda.mem_get_info()[0] - free0
+        out["used"] = gt.pool_stats(0)[1]
+        pool.resume()
+        try:
+            pub.update_from({k: torch.full_like(v, 3) for k, v in new.items()})
+            torch.cuda.synchronize()
+            out["updated_after_resume"] = all(bool((v == 3).all()) for v in model.state_dict().values())
+        except gpuipc.Error as e:
+            out["updated_after_resume"] = f"{type(e).__name__}: {e}"
+    finally:
+        pub.close()
+        del model, new
+        del pool
+        torch.cuda.synchronize()
+        gt.detach(0)
+        gpuipc.Pool.unlink(name + ".weights")
+    return out
+
+
 # Bucketed streaming by reference (a publisher's gpuipc.torch.MemPool tensors) -----------------------------------------
 def mempool_stream_state(torch, name: str, v: int) -> tuple:
     """torch_stream_state(v) built under the gpuipc.torch.MemPool NAME.weights (64 MiB chunks, 1 GiB at most), its

@@ -4,6 +4,7 @@ a builtin exception. Host kinds: no GPU needed."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import stat
@@ -51,6 +52,30 @@ def test_typed_on_a_strided_view_is_contiguous(name):
         np.testing.assert_array_equal(a.ravel(), base[size - 8 : size - 4])
         a[1, 1] = 7
         assert base[size - 5] == 7
+
+
+def test_the_buffer_protocol_gives_a_views_element_type_shape_and_strides(name):
+    """A typed or strided host view exported its bytes only: ``numpy.asarray(view)`` of a (2, 3) float32 view was a
+    flat uint8 array of 24 bytes, and of a strided view a 0-d object array (NumPy swallows the BufferError)."""
+    with gpuipc.Segment.create(name, 4096) as seg:
+        base = np.frombuffer(seg.view(), dtype=np.float32)
+        base[:] = np.arange(1024, dtype=np.float32)
+        v = seg.view()
+        a = np.asarray(v.typed((2, 32, 1), "<f4", [2, 3], 8))
+        assert a.dtype == np.float32 and a.shape == (2, 3)
+        np.testing.assert_array_equal(a, base[2:8].reshape(2, 3))
+        s = np.asarray(v.as_strided((0, 16, 1), "<i2", [3, 2], [4, 1], 0))  # every other pair of int16s
+        assert s.dtype == np.int16 and s.shape == (3, 2) and s.strides == (8, 2)
+        np.testing.assert_array_equal(s, np.frombuffer(seg.view(), dtype=np.int16)[:12].reshape(3, 4)[:, :2])
+        m = memoryview(v.typed((1, 64, 1), "<u8", [4], 0))
+        assert (m.format, m.itemsize, m.shape, m.nbytes) == ("Q", 8, (4,), 32)
+        assert memoryview(v).format == "B" and memoryview(v).nbytes == 4096  # a bytes view stays bytes
+        with pytest.raises(BufferError, match="no buffer format"):
+            memoryview(v.typed((4, 16, 1), "<V2", [4], 0))  # bfloat16
+        with pytest.raises(BufferError, match="not row-major"):
+            ctypes.c_char.from_buffer_copy(v.as_strided((0, 16, 1), "<i2", [3, 2], [4, 1], 0))  # asks for bytes
+        a[0, 0] = 42
+        assert base[2] == 42
 
 
 #: (case, body changes, tensor column, what the error names). The storage is a real 64-byte float32 block.

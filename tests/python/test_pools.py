@@ -151,6 +151,33 @@ def test_block_freed_by_garbage_collection(name):
         assert pool.stats()["live_blocks"] == 0
 
 
+def test_a_view_keeps_its_block_when_the_block_object_is_collected(name):
+    # `pool.allocate(n).numpy()`: the Block was collected (so freed) at once while the array lived on over its
+    # memory, and the next allocations were handed that memory (found by an audit: the array read another block's
+    # 2.0 after 255 allocations).
+    with gpuipc.Pool.create(name, chunk_bytes=1 << 20, max_bytes=4 << 20) as pool:
+        a = pool.allocate(4096).numpy("float32")
+        a[:] = 1
+        gc.collect()
+        assert pool.stats()["live_blocks"] == 1
+        others = []
+        for _ in range(300):
+            b = pool.allocate(4096)
+            assert b.address != a.ctypes.data
+            b.numpy("float32")[:] = 2
+            others.append(b)
+        assert (a == 1).all()
+        del a
+        gc.collect()
+        assert pool.stats()["live_blocks"] == 300  # the last view gone, the block is freed
+        # free() frees the block whatever views are left (documented): the view's holder is the one to drop them.
+        b = others.pop()
+        v = b.numpy()
+        b.free()
+        assert b.freed and pool.stats()["live_blocks"] == 299
+        del v, others
+
+
 def test_a_collected_block_does_not_hide_the_block_that_took_its_memory(name):
     # A Block freed, its memory handed out again, then collected: its finalizer dropped the new Block's entry, so
     # find_block (share_tensors, cupy.block_of) no longer found it, and share_tensors copied instead of sharing.

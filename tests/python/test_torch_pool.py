@@ -128,3 +128,12 @@ def test_a_paused_mempool_gives_its_memory_back_and_resumes_with_the_same_tensor
     assert r["paused"] and r["resumed"], r
     assert r["freed"] >= r["used"] * 0.9, f"the pause gave back {r['freed']} bytes of {r['used']} used: {r}"
     assert r["same_addresses"] and r["bitwise_equal"] and r["big_intact"], r
+
+
+@pytest.mark.skipif(bool(_NO_GPU), reason=f"needs a GPU: {_NO_GPU}")
+def test_a_mempool_under_a_publisher_gives_its_memory_back_on_pause_and_updates_after_resume(name, spawn):
+    pytest.importorskip("torch")
+    r = spawn(gpu_helpers.torch_mempool_pause_under_a_publisher, name, timeout=180)
+    assert r["updated"] is True, r
+    assert r["freed"] >= r["used"] * 0.9, f"the pause gave back {r['freed']} bytes of {r['used']} used: {r}"
+    assert r["updated_after_resume"] is True, r
