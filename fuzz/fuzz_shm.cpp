@@ -324,6 +324,11 @@ void run_pool(Input& in) {
         (void)shm::pool_members_with_frees_pending(b.data, b.size);
         (void)shm::pool_member_frees_pending(b.data, b.size, in.byte() % 64);
         (void)shm::pool_member_uses_memory(b.data, b.size, in.byte() % 64);
+        {  // what a closing handle parks on, and its later checks (core/stream_park.hpp), on scribbled records too
+          auto frees = shm::pool_member_pending_frees(b.data, b.size, in.byte() % 66);
+          if (!frees.empty() && in.byte() % 2 == 0) frees.front().index = in.u32();  // a record index out of range
+          (void)shm::pool_frees_landed(b.data, b.size, frees);
+        }
         break;
       case 7:  // the member's process dies: the broker's repair (repair.cpp)
         if (m.index != proto::kNoMember) {
