@@ -53,6 +53,13 @@ Worker spawn_synced(Sync* sync, std::function<nlohmann::json()> body, const Env&
       env);
 }
 
+UnlinkOnExit::~UnlinkOnExit() {
+  try {
+    m_unlink();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): never made, or already gone; the worker's error is the one to report
+  }
+}
+
 void check_status(Status st, const char* what) {
   if (st != Status::Ok) throw Error(ErrorCode::System, fmt::format("{}: {}", what, to_string(st)), "bench");
 }

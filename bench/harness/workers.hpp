@@ -36,6 +36,20 @@ std::vector<nlohmann::json> run_workers(const std::vector<std::function<nlohmann
                                         const Env& env = {},
                                         std::chrono::seconds timeout = std::chrono::seconds(300));
 
+/// Calls `unlink` when the scope ends, however it ends: the names a measurement makes outlive the workers that made
+/// them (and keep a device channel's or semaphore's GPU memory), so a worker that failed, making run_workers throw,
+/// must not leave them behind. What `unlink` throws is dropped: a worker that failed early never made the name.
+class UnlinkOnExit {
+ public:
+  explicit UnlinkOnExit(std::function<void()> unlink) : m_unlink(std::move(unlink)) {}
+  ~UnlinkOnExit();
+  UnlinkOnExit(const UnlinkOnExit&) = delete;
+  UnlinkOnExit& operator=(const UnlinkOnExit&) = delete;
+
+ private:
+  std::function<void()> m_unlink;
+};
+
 /// In a worker: throws Error(System) "<what>: <status>" unless `st` is Ok.
 void check_status(Status st, const char* what);
 

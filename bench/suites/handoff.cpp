@@ -26,6 +26,7 @@ json handoff_rtt(std::size_t bytes, int iterations, SegmentKind kind, bool drain
   const SyncPage page;
   Sync* sync = page.get();
   const std::string name = unique("handoff");
+  const UnlinkOnExit unlink_name([&] { Channel::unlink(name); });
   const auto results = run_workers(
       {[&]() -> json {
          Gpu g(gpus.producer);
@@ -85,7 +86,6 @@ json handoff_rtt(std::size_t bytes, int iterations, SegmentKind kind, bool drain
          return json{{"receive_call_us", to_json(summarize(receive_us))},
                      {"release_call_us", to_json(summarize(release_us))}};
        }});
-  Channel::unlink(name);
   json out = results[0];
   out["receive_call_us"] = results[1]["receive_call_us"];
   out["release_call_us"] = results[1]["release_call_us"];

@@ -94,6 +94,7 @@ json channel_stream(const Env& env, int frames, std::uint32_t slots, const Strea
   const SyncPage page;
   Sync* sync = page.get();
   const std::string name = unique("stream");
+  const UnlinkOnExit unlink_name([&] { Channel::unlink(name); });
   const bool timed = shape.timed;
   const int batch = static_cast<int>(std::clamp<std::uint32_t>(shape.batch, 1, slots));
   const auto results = run_workers(
@@ -156,7 +157,6 @@ json channel_stream(const Env& env, int frames, std::uint32_t slots, const Strea
                      {"host", t.summary({"receive_us", "launch_us", "release_us"})}};
        }},
       env);
-  Channel::unlink(name);
   json out = {{"fps", frames / results[1]["seconds"].get<double>()}, {"producer_host", results[0]["host"]},
               {"consumer_host", results[1]["host"]}};
   if (timed) out["timeline"] = timeline_stats(results[0]["stamps"], results[1]["stamps"]);

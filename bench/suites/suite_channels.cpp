@@ -39,6 +39,7 @@ json sem_rtt(const Env& env, int batches, int per_batch) {
   const SyncPage page;
   Sync* sync = page.get();
   const std::string name = unique("sem");
+  const UnlinkOnExit unlink_name([&] { Semaphore::unlink(name); });
   const auto results = run_workers(
       {[&]() -> json {
          Gpu g;
@@ -93,7 +94,6 @@ json sem_rtt(const Env& env, int batches, int per_batch) {
          return json::object();
        }},
       env);
-  Semaphore::unlink(name);
   return results[0];
 }
 
@@ -102,6 +102,7 @@ json sem_rtt(const Env& env, int batches, int per_batch) {
 /// docs/channels.md sets it against sem_rtt_us).
 json sem_rtt_one_context(int batches, int per_batch) {
   const std::string name = unique("sem1");
+  const UnlinkOnExit unlink_name([&] { Semaphore::unlink(name); });
   const auto results = run_workers({[&]() -> json {
     Gpu g;
     const cuda::Stream other = cuda::Stream::create();
@@ -122,7 +123,6 @@ json sem_rtt_one_context(int batches, int per_batch) {
     }
     return json{{"rtt_us", to_json(summarize(per_rtt_us))}};
   }});
-  Semaphore::unlink(name);
   return results[0];
 }
 
@@ -131,6 +131,7 @@ json sem_rtt_one_context(int batches, int per_batch) {
 /// seen by the host cost together, with no second context.
 json host_gpu_rtt(int iterations) {
   const std::string name = unique("hg");
+  const UnlinkOnExit unlink_name([&] { Semaphore::unlink(name); });
   const auto results = run_workers({[&]() -> json {
     Gpu g;
     auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
@@ -150,7 +151,6 @@ json host_gpu_rtt(int iterations) {
     g.stream.synchronize();
     return json{{"rtt_us", to_json(summarize(us))}};
   }});
-  Semaphore::unlink(name);
   return results[0];
 }
 
@@ -206,6 +206,7 @@ json ipc_event_rtt(const Env& env, int iterations) {
 // --- the cost of one stream memory operation on the host --------------------------------------------------------
 json memop_enqueue_cost(int iterations) {
   const std::string name = unique("memop");
+  const UnlinkOnExit unlink_name([&] { Semaphore::unlink(name); });
   const auto results = run_workers({[&]() -> json {
     Gpu g;
     auto sem = Semaphore::create(name, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
@@ -223,7 +224,6 @@ json memop_enqueue_cost(int iterations) {
     g.stream.synchronize();
     return json{{"write_us", to_json(summarize(write_us))}, {"wait_us", to_json(summarize(wait_us))}};
   }});
-  Semaphore::unlink(name);
   return results[0];
 }
 

@@ -6,10 +6,12 @@
 //    same handoff through sem_post / sem_wait of two named POSIX semaphores.
 #include <fcntl.h>
 #include <semaphore.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 #include <atomic>
+#include <cerrno>
 #include <string>
 #include <thread>
 
@@ -28,6 +30,9 @@ struct Shared {
 };
 
 std::string unique(const char* what) { return fmt::format("bench-{}-{}-{}", what, ::getpid(), now_ns()); }
+/// A fresh POSIX semaphore name. Not "/" + unique(what): once inlined, GCC 12 takes that for an overlapping memcpy
+/// (a -Wrestrict false positive), an error under -Werror.
+std::string posix_name(const char* what) { return fmt::format("/bench-{}-{}-{}", what, ::getpid(), now_ns()); }
 
 std::vector<double> counting_uncontended(int iters) {
   const auto name = unique("csem");
@@ -45,7 +50,7 @@ std::vector<double> counting_uncontended(int iters) {
 }
 
 std::vector<double> posix_uncontended(int iters) {
-  const auto name = "/" + unique("psem");
+  const auto name = posix_name("psem");
   sem_t* s = ::sem_open(name.c_str(), O_CREAT | O_EXCL, 0600, 1);
   if (s == SEM_FAILED) throw Error(ErrorCode::System, "sem_open failed", "sem_open", errno);
   ::sem_unlink(name.c_str());
@@ -68,6 +73,7 @@ std::vector<double> counting_handoff(int rounds) {
   auto* sh = page.as<Shared>();
   new (sh) Shared();
   auto owner = CountingSemaphore::create(name, {.initial = 1, .max_count = 1});
+  const UnlinkOnExit unlink_name([&] { CountingSemaphore::unlink(name); });
   auto side = [&name, sh, rounds](bool first) -> nlohmann::json {
     auto s = CountingSemaphore::open(name);
     std::vector<double> us;
@@ -98,7 +104,6 @@ std::vector<double> counting_handoff(int rounds) {
     return nlohmann::json{{"us", values_json(us)}};
   };
   const auto out = run_workers({[&] { return side(true); }, [&] { return side(false); }}, {}, 120s);
-  CountingSemaphore::unlink(name);
   std::vector<double> all;
   for (const auto& j : out) {
     const auto v = values_of(j, "us");
@@ -107,13 +112,41 @@ std::vector<double> counting_handoff(int rounds) {
   return all;
 }
 
-std::vector<double> posix_handoff(int rounds) {
-  const std::string names[2] = {"/" + unique("psem-a"), "/" + unique("psem-b")};
-  sem_t* sems[2];
-  for (int k = 0; k < 2; ++k) {
-    sems[k] = ::sem_open(names[k].c_str(), O_CREAT | O_EXCL, 0600, 0);
-    if (sems[k] == SEM_FAILED) throw Error(ErrorCode::System, "sem_open failed", "sem_open", errno);
+/// A named POSIX semaphore of a fresh name made of `what`, created (O_EXCL) with value 0; closed and unlinked however
+/// the measurement ends, so a failed worker leaves no /dev/shm/sem.* behind.
+class PosixSem {
+ public:
+  explicit PosixSem(const char* what)
+      : m_name(posix_name(what)), m_sem(::sem_open(m_name.c_str(), O_CREAT | O_EXCL, 0600, 0)) {
+    if (m_sem == SEM_FAILED) throw Error(ErrorCode::System, "sem_open failed: " + m_name, "sem_open", errno);
   }
+  ~PosixSem() {
+    ::sem_close(m_sem);
+    ::sem_unlink(m_name.c_str());
+  }
+  PosixSem(const PosixSem&) = delete;
+  PosixSem& operator=(const PosixSem&) = delete;
+  sem_t* get() const noexcept { return m_sem; }
+
+ private:
+  std::string m_name;
+  sem_t* m_sem;
+};
+
+/// sem_wait with the bound the gpuipc side's acquire has (10 s): a peer that died must fail the measurement, not
+/// leave this worker waiting for run_workers to kill it.
+void timed_sem_wait(sem_t* s) {
+  timespec deadline{};
+  ::clock_gettime(CLOCK_REALTIME, &deadline);  // sem_timedwait's clock
+  deadline.tv_sec += 10;
+  while (::sem_timedwait(s, &deadline) != 0) {
+    if (errno == ETIMEDOUT) throw Error(ErrorCode::Timeout, "handoff sem_timedwait timed out after 10 s", "bench");
+    if (errno != EINTR) throw Error(ErrorCode::System, "handoff sem_timedwait failed", "sem_timedwait", errno);
+  }
+}
+
+std::vector<double> posix_handoff(int rounds) {
+  const PosixSem sems[2] = {PosixSem("psem-a"), PosixSem("psem-b")};
   SharedPage page;
   auto* sh = page.as<Shared>();
   new (sh) Shared();
@@ -124,20 +157,15 @@ std::vector<double> posix_handoff(int rounds) {
       if (i % 2 == k) {
         std::this_thread::sleep_for(1us);  // let the other reach sem_wait, as the gpuipc side waits for a queue
         sh->stamp.store(now_ns());
-        ::sem_post(sems[k]);
+        ::sem_post(sems[k].get());
       } else {
-        while (::sem_wait(sems[1 - k]) != 0) {
-        }
+        timed_sem_wait(sems[1 - k].get());
         us.push_back(us_since(sh->stamp.load()));
       }
     }
     return nlohmann::json{{"us", values_json(us)}};
   };
   const auto out = run_workers({[&] { return side(0); }, [&] { return side(1); }}, {}, 120s);
-  for (int k = 0; k < 2; ++k) {
-    ::sem_close(sems[k]);
-    ::sem_unlink(names[k].c_str());
-  }
   std::vector<double> all;
   for (const auto& j : out) {
     const auto v = values_of(j, "us");

@@ -150,8 +150,9 @@ json peer_bandwidth(std::size_t bytes, int warmup, int runs) {
   return b;
 }
 
-Result run_multigpu(const Options& options, const DeviceMeta& /*meta*/) {
+Result run_multigpu(const Options& options, const DeviceMeta& meta) {
   Result result;
+  result.mps = meta.mps;
   const std::size_t bytes = options.quick ? (256ULL << 20) : (1ULL << 30);
   const int warmup = options.quick ? 2 : 5;
   const int runs = options.quick ? 10 : 40;
