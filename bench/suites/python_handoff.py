@@ -40,6 +40,7 @@ baselines (bench/suites/suite_python.cpp).
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -53,12 +54,21 @@ WARMUP = 50
 TIMEOUT_S = 60.0
 
 
+def quantile(s, q):
+    """The q-quantile of the sorted samples `s`, interpolated between its neighbours as `summarize` in
+    bench/harness/bench.cpp computes every _p99 of the suites (and bench/analysis/baselines/report.py those of the
+    baselines this is compared with)."""
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
 def summarize(samples_us, prefix=""):
     s = sorted(samples_us)
-    p99 = s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))]
     return {
         f"{prefix}p50_us": statistics.median(s),
-        f"{prefix}p99_us": p99,
+        f"{prefix}p99_us": quantile(s, 0.99),
         f"{prefix}min_us": s[0],
         f"{prefix}mean_us": statistics.fmean(s),
     }

@@ -36,3 +36,36 @@ def test_python_handoff_runs_both_protocols_on_a_host_channel():
                 "zc_acquire_call_us", "zc_slot_view_us", "zc_publish_call_us", "zc_recv_wait_us", "zc_view_us",
                 "zc_release_call_us", "recv_wait_us", "release_call_us"):
         assert isinstance(out.get(key), float) and out[key] > 0, (key, out.get(key))
+
+
+def _load(path, name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "samples, p99",
+    [([5.0], 5.0), ([1.0, 2.0], 1.99), ([float(v) for v in range(10)], 8.91),
+     ([float(v) for v in range(101)], 99.0), ([3.0, 1.0, 10.0, 2.0, 4.0], 9.76)],
+)
+def test_python_p99_is_interpolated_like_summarize(samples, p99, monkeypatch):
+    """Every _p99, the C++ suites' (`summarize` in bench/harness/bench.cpp) and the Python scripts' they are compared
+    with, is interpolated between the two nearest sorted samples (numpy.percentile's default), not the nearer one."""
+    baselines = os.path.join(SUITES, "..", "analysis", "baselines")
+    if not os.path.isdir(baselines):
+        pytest.skip("no bench/ here (an installed package without the repository)")
+    monkeypatch.syspath_prepend(baselines)  # the baselines import report.py, as they do when run
+    handoff = _load(os.path.join(baselines, "handoff.py"), "baseline_handoff")
+    py = _load(os.path.join(SUITES, "python_handoff.py"), "python_handoff")
+    report = _load(os.path.join(baselines, "report.py"), "report")
+    got = {"baselines/handoff.py": handoff.summarize(samples)["p99_us"],
+           "suites/python_handoff.py": py.summarize(samples)["p99_us"],
+           "baselines/report.py (statedict.py)": report.quantile(sorted(samples), 0.99)}
+    for where, value in got.items():
+        assert value == pytest.approx(p99, abs=1e-12), where
+    np = pytest.importorskip("numpy")
+    assert float(np.percentile(samples, 99)) == pytest.approx(p99, abs=1e-12)

@@ -20,8 +20,8 @@ WARMUP = 50
 
 def summarize(samples_us):
     s = sorted(samples_us)
-    p99 = s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))]
-    return {"p50_us": statistics.median(s), "p99_us": p99, "min_us": s[0], "mean_us": statistics.fmean(s)}
+    return {"p50_us": statistics.median(s), "p99_us": report.quantile(s, 0.99), "min_us": s[0],
+            "mean_us": statistics.fmean(s)}
 
 
 # --- torch.multiprocessing ------------------------------------------------------------------------------------

@@ -1,7 +1,17 @@
 """The result line of the baseline scripts: the one JSON object, printed last, that the suites' python runner
-(bench/harness/programs.cpp) parses."""
+(bench/harness/programs.cpp) parses; and their percentiles."""
 import json
+import math
 import traceback
+
+
+def quantile(s, q):
+    """The q-quantile of the sorted samples `s`, interpolated between its neighbours as `summarize` in
+    bench/harness/bench.cpp computes every _p99 of the suites (numpy.percentile's default, "linear")."""
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def finish(out, body):
