@@ -86,18 +86,28 @@ def main() -> int:
     gpu = not args.cpu and have_gpu()
     name = f"pipeline-{os.getpid()}"
     slot_bytes = args.size * args.size * 4
-    with gpuipc.Channel.create(name, slots=args.slots, slot_bytes=slot_bytes, kind="device" if gpu else "host",
-                               role="consumer") as ch:
-        proc = multiprocessing.get_context("spawn").Process(target=producer,
-                                                            args=(name, args.frames, args.size, gpu))
-        proc.start()
-        try:
-            seconds = consume(ch, args.frames, args.size, gpu)
-        finally:
-            proc.join(60)
-        if proc.exitcode != 0:
-            raise SystemExit(f"producer exited with {proc.exitcode}")
-    gpuipc.Channel.unlink(name)
+    ch = gpuipc.Channel.create(name, slots=args.slots, slot_bytes=slot_bytes, kind="device" if gpu else "host",
+                               role="consumer")
+    # The names (NAME and NAME.slots) outlive this process, and a device channel's memory with them: removed however
+    # the run ends (a producer that died, Ctrl-C).
+    try:
+        with ch:
+            proc = multiprocessing.get_context("spawn").Process(target=producer,
+                                                                args=(name, args.frames, args.size, gpu))
+            proc.start()
+            try:
+                seconds = consume(ch, args.frames, args.size, gpu)
+            except BaseException:
+                # The producer may be blocked in send() on slots that nobody frees any more: with the consumer
+                # gone its send fails at once (Closed) instead of after its 30 s timeout.
+                ch.close()
+                raise
+            finally:
+                proc.join(60)
+            if proc.exitcode != 0:
+                raise SystemExit(f"producer exited with {proc.exitcode}")
+    finally:
+        gpuipc.Channel.unlink(name)
     mb = args.frames * slot_bytes / 1e6
     print(f"{'GPU' if gpu else 'CPU'} pipeline: {args.frames} frames of {args.size}x{args.size} float32 checked, "
           f"{args.frames / seconds:.0f} frames/s, {mb / seconds:.0f} MB/s")

@@ -123,6 +123,9 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--name", default=f"policy-{os.getpid()}")
     args = ap.parse_args()
+    for opt in ("steps", "hidden"):  # the summary needs at least one step
+        if getattr(args, opt) < 1:
+            ap.error(f"--{opt} must be at least 1")
     why = why_no_gpu()
     if why:
         print(f"rl_weight_sync.py needs a GPU: {why}", file=sys.stderr)

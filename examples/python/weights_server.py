@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import gpuipc
 
@@ -73,11 +74,19 @@ def worker(name: str, layers: int, digest: str, wid: int) -> str:
     ok = forward_digest(torch, model) == digest
     t3 = time.perf_counter()
     if not (same and ok):
-        raise SystemExit(f"worker {wid}: {'output differs from the server' if same else 'a parameter was copied'}")
+        raise RuntimeError(f"worker {wid}: {'output differs from the server' if same else 'a parameter was copied'}")
     mib = sum(t.numel() * t.element_size() for t in weights.values()) / (1 << 20)
     return (f"worker {wid} (pid {os.getpid()}): opened {len(weights)} tensors, {mib:.1f} MiB, read-only, in "
             f"{1e3 * (t1 - t0):.2f} ms; load_state_dict(assign=True) {1e3 * (t2 - t1):.2f} ms; forward "
             f"{1e3 * (t3 - t2):.1f} ms, output equal to the server's bit for bit")
+
+
+def run_workers(fn, jobs: list) -> list:
+    """fn(*job) for each job, each in a spawned worker process; their results in order. A worker's exception is
+    raised here, and a worker that dies raises BrokenProcessPool (a RuntimeError): multiprocessing.Pool would wait
+    forever for the task of a worker that exited (SystemExit included) or was killed."""
+    with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        return [f.result() for f in [pool.submit(fn, *job) for job in jobs]]
 
 
 def main() -> int:
@@ -86,6 +95,9 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=64, help="about how large the weights are")
     ap.add_argument("--name", default=f"weights-{os.getpid()}")
     args = ap.parse_args()
+    for opt in ("workers", "mib"):
+        if getattr(args, opt) < 1:
+            ap.error(f"--{opt} must be at least 1")
     why = why_no_gpu()
     if why:
         print(f"weights_server.py needs a GPU: {why}", file=sys.stderr)
@@ -97,23 +109,27 @@ def main() -> int:
     layers = max(1, args.mib // 2)
     t0 = time.perf_counter()
     pool = gpuipc.torch.MemPool(args.name + ".weights", device=0)  # the name of the pool, for `gpuipc ls`
-    with torch.cuda.use_mem_pool(pool):
-        model = build(torch, layers).to(device="cuda", dtype=torch.bfloat16)  # parameters born in the pool
-    digest = forward_digest(torch, model)
-    t1 = time.perf_counter()
-    shared = gpuipc.share_tensors(args.name, model.state_dict())
-    t2 = time.perf_counter()
-    try:
+    shared = None
+    try:  # from here on a failure (out of memory, args.name taken, Ctrl-C) must not leave the pool's name behind
+        with torch.cuda.use_mem_pool(pool):
+            model = build(torch, layers).to(device="cuda", dtype=torch.bfloat16)  # parameters born in the pool
+        digest = forward_digest(torch, model)
+        t1 = time.perf_counter()
+        shared = gpuipc.share_tensors(args.name, model.state_dict())
+        t2 = time.perf_counter()
         how = "by reference, no copy" if shared.pool is None else "with a copy (some tensors were not in the pool)"
         print(f"server: built a {layers}-layer model in gpuipc.torch.MemPool in {1e3 * (t1 - t0):.1f} ms; shared "
               f"{len(model.state_dict())} tensors as {args.name!r} {how} in {1e3 * (t2 - t1):.2f} ms")
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(args.workers) as workers:
-            jobs = [(args.name, layers, digest, i) for i in range(args.workers)]
-            for line in workers.starmap(worker, jobs):
-                print(line)
+        try:
+            lines = run_workers(worker, [(args.name, layers, digest, i) for i in range(args.workers)])
+        except RuntimeError as e:  # a worker's check failed, or a worker died
+            print(f"weights_server.py: a worker failed: {e}", file=sys.stderr)
+            return 1
+        for line in lines:
+            print(line)
     finally:
-        shared.close()  # removes the name; the workers are done with it
+        if shared is not None:
+            shared.close()  # removes the name; the workers are done with it
         # The pool's name outlives this process like any other, and with it the memory of its chunks (docs/torch.md,
         # MemPool): unlinked, that memory goes once this process lets go of it.
         gpuipc.Pool.unlink(args.name + ".weights")

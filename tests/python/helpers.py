@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -525,6 +526,16 @@ def counting_acquire(name: str, n: int, timeout: float) -> int:
     with gpuipc.CountingSemaphore.open(name, wait=10) as sem:
         sem.acquire(n, timeout=timeout)
         return sem.held
+
+
+def check_fails(what: str) -> None:
+    """A worker whose check fails, as weights_server.py's worker does."""
+    raise RuntimeError(what)
+
+
+def killed(what: str) -> None:
+    """A worker SIGKILLed before it returns."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 _GPU_PROBE = """
