@@ -85,9 +85,11 @@ fuzz-short: fuzz-build
 	scripts/fuzz.sh $(SHORT_FUZZ_SECONDS)
 
 format:
+	@scripts/bootstrap.sh clang-format
 	git ls-files '*.cpp' '*.hpp' '*.cu' | xargs clang-format -i
 
 tidy: build
+	@scripts/bootstrap.sh clang-tidy
 	git ls-files 'src/*.cpp' | xargs clang-tidy -p build --quiet
 
 clean:
