@@ -69,13 +69,15 @@ namespace pool_detail {
 /// the free may still use them). Parked, it owns the control block and the chunks.
 struct StreamUse final : core::StreamTouches {
   std::vector<shm::PendingFree> frees;
+  // The control block's mapping, read by done(): the handle's `control` until it parks, then this one's (the same
+  // mapping, moved). (done() read `control` itself, empty before the move: it said done, and nothing was parked.)
+  void* block = nullptr;
+  std::size_t block_size = 0;
   Segment control;
   std::vector<core::VaSlot> slots;  // (before `chunks`: unmapped after them, as in Pool::Impl)
   std::vector<Segment> chunks;
 
-  bool done() const noexcept override {
-    return shm::pool_frees_landed(const_cast<void*>(control.data()), control.size(), frees);
-  }
+  bool done() const noexcept override { return shm::pool_frees_landed(block, block_size, frees); }
 };
 
 }  // namespace pool_detail
@@ -183,6 +185,8 @@ struct Pool::Impl {
     }
     try {
       auto use = std::make_unique<pool_detail::StreamUse>();
+      use->block = control.data();
+      use->block_size = control.size();
       use->frees = shm::pool_member_pending_frees(control.data(), control.size(), member);
       return use->frees.empty() ? nullptr : std::move(use);
     } catch (const std::bad_alloc&) {
