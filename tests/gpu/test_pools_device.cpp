@@ -196,9 +196,10 @@ TEST(PoolsDevice, AHandleClosedBeforeItsStreamReachedAFreeKeepsItsMemoryUntilThe
                   GPUIPC_CHILD_CHECK(pool.stats().live_blocks == 0 && pool.stats().draining_blocks == 0);
                   Block again;
                   GPUIPC_CHILD_CHECK(pool.try_allocate(kChunk, 256, again) == Status::Ok);
-                  pool.free(std::move(again));
+                  pool.free(std::move(again), g.stream.get());
+                  g.stream.synchronize();
                   pool = Pool();
-                  GPUIPC_CHILD_CHECK(core::parked_count() == 0);  // nothing outstanding: nothing parked
+                  GPUIPC_CHILD_CHECK(core::parked_count() == 0);  // its stream past the free: nothing parked
                   Semaphore::unlink(name + "-gate");
                   Pool::unlink(name);
                   return 0;
