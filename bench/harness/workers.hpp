@@ -31,7 +31,8 @@ Worker spawn_worker(const std::function<nlohmann::json()>& body, const Env& env 
 /// back as {"error": ...}.
 nlohmann::json join_worker(Worker& w, std::chrono::seconds timeout = std::chrono::seconds(300));
 
-/// Runs workers to completion; throws gpuipc::Error naming the first worker error.
+/// Runs workers to completion, `timeout` for them all (each still gets at least a second to report); throws
+/// gpuipc::Error naming the first worker error.
 std::vector<nlohmann::json> run_workers(const std::vector<std::function<nlohmann::json()>>& bodies,
                                         const Env& env = {},
                                         std::chrono::seconds timeout = std::chrono::seconds(300));

@@ -82,6 +82,9 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--cpu", action="store_true", help="a host channel and NumPy even when a GPU is present")
     args = ap.parse_args()
+    for opt in ("frames", "size", "slots"):
+        if getattr(args, opt) < 1:
+            ap.error(f"--{opt} must be at least 1")
 
     gpu = not args.cpu and have_gpu()
     name = f"pipeline-{os.getpid()}"

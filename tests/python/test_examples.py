@@ -97,6 +97,9 @@ def test_pipeline_fails_promptly_and_removes_its_names(how):
         ("rl_weight_sync.py", ["--hidden", "0"], "--hidden must be at least 1"),
         ("weights_server.py", ["--workers", "0"], "--workers must be at least 1"),
         ("weights_server.py", ["--mib", "0"], "--mib must be at least 1"),
+        ("pipeline.py", ["--size", "0"], "--size must be at least 1"),
+        ("pipeline.py", ["--slots", "0"], "--slots must be at least 1"),
+        ("pipeline.py", ["--frames", "-3"], "--frames must be at least 1"),
     ],
 )
 def test_example_rejects_bad_numbers(script, args, error):
