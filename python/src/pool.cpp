@@ -49,17 +49,16 @@ struct PyPool {
   }
 };
 
-/// An allocated block. Its pool's shared handle keeps the pool joined (and its chunks mapped) for views made from
-/// the block.
 /// A Block shared by its Python object and the views made from it (their owner): collecting the object while a
 /// view lives (`pool.allocate(n).numpy()`) must not free memory the view still uses (it did, and the next
 /// allocations reused it). The last of them frees it, at once, as collection does; free() frees it whatever views
-/// are left. Its pool handle stays with it.
+/// are left. Its pool's shared handle stays with it: the pool stays joined (and its chunks mapped) for the views.
 struct SharedBlock {
   std::shared_ptr<Pool> pool;
   Block block;
 };
 
+/// An allocated block (gpuipc.Block's handle).
 struct PyBlock {
   std::shared_ptr<Pool> pool;
   std::shared_ptr<SharedBlock> shared;

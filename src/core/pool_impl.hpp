@@ -60,10 +60,6 @@ inline void unlink_if_present(const std::string& name) {
   }
 }
 
-}  // namespace pool_detail
-
-namespace pool_detail {
-
 /// What a closed pool handle's streams may still touch (core/stream_park.hpp): the `released` words of the blocks
 /// it freed on a stream whose writes have not landed, and the chunks those blocks are in (the stream's work before
 /// the free may still use them). Parked, it owns the control block and the chunks.
