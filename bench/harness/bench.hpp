@@ -1,6 +1,6 @@
 // gpuipc's benchmark harness: suites register here; `gpuipc bench SUITE` runs them and writes the results
 // contract of docs/benchmarks.md ({"suite", "commit", "device", "driver", "date", "mps", "metrics", "samples"}) to
-// bench/results/<suite>-<device>-<YYYYMMDD>.json. Every figure a suite reports comes with the baseline it is
+// bench/results/<suite>[-quick]-<device>-<YYYYMMDD>.json. Every figure a suite reports comes with the baseline it is
 // compared to, measured in the same run.
 #pragma once
 
@@ -15,7 +15,7 @@ namespace gpuipc::bench {
 
 struct Options {
   bool quick = false;        ///< fewer iterations and sizes (CI-sized, < 1 min a suite)
-  std::string json_path;     ///< where to write; empty: bench/results/<suite>-<device>-<date>.json under out_dir
+  std::string json_path;     ///< where to write; empty: <suite>[-quick]-<device>-<date>.json under out_dir
   std::string out_dir = "bench/results";
   bool progress = true;      ///< a progress line on stderr when it is a terminal
 };

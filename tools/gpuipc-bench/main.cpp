@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   bool no_progress = false;
   bool verbose = false;
   app.add_option("SUITE", names, "suites to run ('list' shows them, 'all' runs every one)")->required();
-  app.add_option("--json", json_path, "write the result here (one suite only); default OUT_DIR/<suite>-<device>-<date>.json");
+  app.add_option("--json", json_path, "write the result here (one suite only); default OUT_DIR/<suite>[-quick]-<device>-<date>.json");
   app.add_option("--out-dir", out_dir, "directory of result files")->capture_default_str();
   app.add_flag("--quick", quick, "fewer sizes and iterations");
   app.add_flag("--no-progress", no_progress, "no progress line on stderr");
