@@ -8,10 +8,11 @@ from collections.abc import Sequence
 class ArrayView:
     """
     A window on mapped gpuipc memory that keeps the mapping alive while it (or anything made
-    from it) lives. Host memory: the buffer protocol (``numpy.asarray(view)``). GPU memory:
-    DLPack (``torch.from_dlpack(view)``, ``cupy.from_dlpack(view)``, ``jax.dlpack.from_dlpack``)
-    and ``__cuda_array_interface__`` (CuPy, Numba). C-contiguous; read-only when the memory
-    was opened read-only.
+    from it) lives. Host memory: the buffer protocol (``numpy.asarray(view)``), with the
+    view's element type, shape and strides. GPU memory: DLPack (``torch.from_dlpack(view)``,
+    ``cupy.from_dlpack(view)``, ``jax.dlpack.from_dlpack``) and ``__cuda_array_interface__``
+    (CuPy, Numba). C-contiguous unless made by as_strided; read-only when the memory was opened
+    read-only.
     """
 
     @property

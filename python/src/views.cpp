@@ -464,10 +464,11 @@ ArrayView ArrayView::bytes(std::shared_ptr<const void> owner, std::uintptr_t add
 void bind_views(nb::module_& m) {
   nb::class_<ArrayView>(m, "ArrayView", nb::type_slots(kViewSlots),
                         "A window on mapped gpuipc memory that keeps the mapping alive while it (or anything made\n"
-                        "from it) lives. Host memory: the buffer protocol (``numpy.asarray(view)``). GPU memory:\n"
-                        "DLPack (``torch.from_dlpack(view)``, ``cupy.from_dlpack(view)``, ``jax.dlpack.from_dlpack``)\n"
-                        "and ``__cuda_array_interface__`` (CuPy, Numba). C-contiguous; read-only when the memory\n"
-                        "was opened read-only.")
+                        "from it) lives. Host memory: the buffer protocol (``numpy.asarray(view)``), with the\n"
+                        "view's element type, shape and strides. GPU memory: DLPack (``torch.from_dlpack(view)``,\n"
+                        "``cupy.from_dlpack(view)``, ``jax.dlpack.from_dlpack``) and ``__cuda_array_interface__``\n"
+                        "(CuPy, Numba). C-contiguous unless made by as_strided; read-only when the memory was opened\n"
+                        "read-only.")
       .def_prop_ro("address", [](const ArrayView& v) { return v.address; },
                    "Host address (host memory) or device address (GPU memory) of the first byte.")
       .def_prop_ro("nbytes", [](const ArrayView& v) { return v.nbytes; }, "Size in bytes.")
