@@ -184,6 +184,26 @@ bool row_major(const ArrayView& v) noexcept {
   return true;
 }
 
+/// Whether view `v`'s elements lie in column-major (Fortran) order with no gaps (a dimension of one element may have
+/// any stride); a view of at most one dimension of more than one element is both this and row-major.
+bool column_major(const ArrayView& v) noexcept {
+  if (v.strides.empty()) {  // C-contiguous: Fortran order too when at most one dimension has more than one element
+    int longer = 0;
+    for (auto d : v.shape) {
+      if (d == 0) return true;  // no elements
+      longer += d > 1 ? 1 : 0;
+    }
+    return longer <= 1;
+  }
+  std::int64_t expected = 1;
+  for (std::size_t i = 0; i < v.shape.size(); ++i) {
+    if (v.shape[i] == 0) return true;  // no elements
+    if (v.shape[i] != 1 && v.strides[i] != expected) return false;
+    expected *= v.shape[i];
+  }
+  return true;
+}
+
 /// The struct-module format of element type `t`, which the buffer protocol gives its consumers (NumPy, memoryview);
 /// empty when it has none (bfloat16, several lanes).
 const char* buffer_format(const ElementType& t) noexcept {
@@ -233,6 +253,17 @@ int get_buffer(PyObject* self, Py_buffer* view, int flags) {
     return refuse_buffer(view,
                          "a view whose strides are not row-major has a buffer only for consumers that take strides "
                          "(numpy.asarray does): or use numpy.from_dlpack(view)");
+  }
+  // A consumer that asks for contiguous memory reads len bytes from buf as they lie: a strided view (a stride of 0
+  // spans less than len) must be refused, and Fortran order given only where the elements lie so.
+  const bool c_order = contiguous;
+  const bool f_order = column_major(*v);
+  if (((flags & PyBUF_C_CONTIGUOUS) == PyBUF_C_CONTIGUOUS && !c_order) ||
+      ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && !f_order) ||
+      ((flags & PyBUF_ANY_CONTIGUOUS) == PyBUF_ANY_CONTIGUOUS && !c_order && !f_order)) {
+    return refuse_buffer(view,
+                         "the view's elements do not lie in the order the consumer asked for (C or Fortran "
+                         "contiguous): take its strides (numpy.asarray does), or use numpy.from_dlpack(view)");
   }
   const char* format = buffer_format(v->dtype);
   if ((flags & PyBUF_FORMAT) == PyBUF_FORMAT && *format == '\0') {

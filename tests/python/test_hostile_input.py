@@ -76,6 +76,44 @@ def test_the_buffer_protocol_gives_a_views_element_type_shape_and_strides(name):
             ctypes.c_char.from_buffer_copy(v.as_strided((0, 16, 1), "<i2", [3, 2], [4, 1], 0))  # asks for bytes
         a[0, 0] = 42
         assert base[2] == 42
+        # A consumer that asks for contiguous memory reads len bytes from buf as they lie: a stride of 0 or the wrong
+        # order is refused (they were given: 4000 bytes read for a 4-byte footprint).
+        zero = v.as_strided((2, 32, 1), "<f4", [1000], [0], 0)
+        two_by_three = v.typed((2, 32, 1), "<f4", [2, 3], 0)
+        transposed = v.as_strided((2, 32, 1), "<f4", [3, 2], [1, 3], 0)
+        for view, granted in [(zero, set()), (two_by_three, {"C", "ANY"}), (transposed, {"F", "ANY"})]:
+            for order, flags in _CONTIGUOUS.items():
+                if order in granted:
+                    assert _buffer_len(view, flags) == view.nbytes
+                else:
+                    with pytest.raises(BufferError, match="order the consumer asked for"):
+                        _buffer_len(view, flags)
+            assert _buffer_len(view, _PYBUF_STRIDES) >= 4  # with its strides it is always given
+
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+_PYBUF_STRIDES = 0x18
+_CONTIGUOUS = {"C": 0x20 | _PYBUF_STRIDES, "F": 0x40 | _PYBUF_STRIDES, "ANY": 0x80 | _PYBUF_STRIDES}
+
+
+def _buffer_len(obj, flags: int) -> int:
+    """PyObject_GetBuffer(obj, flags)'s len, the buffer released (BufferError as the exporter raises it)."""
+    get = ctypes.pythonapi.PyObject_GetBuffer
+    get.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+    release = ctypes.pythonapi.PyBuffer_Release
+    release.argtypes = [ctypes.POINTER(_PyBuffer)]
+    b = _PyBuffer()
+    get(obj, ctypes.byref(b), flags)
+    try:
+        return b.len
+    finally:
+        release(ctypes.byref(b))
 
 
 #: (case, body changes, tensor column, what the error names). The storage is a real 64-byte float32 block.
