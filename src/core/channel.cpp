@@ -108,10 +108,13 @@ struct Channel::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
   ~Impl() {
-    const bool parents = member != proto::kNoMember && !here();  // a forked child's copy: the streams are not ours
+    // Only a handle that joined, in this process, can have stream work: not a forked child's copy (the streams are
+    // the parent's), nor one whose attach failed before its join (its record may be half made: done() would read a
+    // null ring).
+    const bool ours = member != proto::kNoMember && here();
     leave();
     core::reap_parked();
-    if (gpu() && h != nullptr && !parents && !use->done()) {
+    if (gpu() && h != nullptr && ours && !use->done()) {
       use->control = std::move(control);
       use->data = std::move(data);
       core::park(std::move(use));

@@ -86,6 +86,7 @@ struct Semaphore::Impl {
   std::uint32_t member = proto::kNoMember;
   std::uint32_t token = 0;             // the broker's token in our member entry
   std::uint32_t forks = 0;             // core::forks_so_far() at the join
+  std::uint32_t opened_forks = core::forks_so_far();               // ... at the open (waiters too)
   std::unique_ptr<StreamUse> use = std::make_unique<StreamUse>();  // host_pinned: what its streams may still touch
   CUevent legacy_probe = nullptr;      // made at the first signal(wake_host) on the legacy default stream,
   CUcontext probe_ctx = nullptr;       // in this context (made again when the caller's current context is another)
@@ -98,7 +99,9 @@ struct Semaphore::Impl {
     leave();
     if (legacy_probe != nullptr) cuda::destroy_event(legacy_probe);
     core::reap_parked();
-    if (device_value != 0 && block != nullptr && !use->done()) {
+    // (A forked child's copy parks nothing: the stream work it records is its parent's, whose callbacks never count
+    // down in the child, which would keep the page until it exits.)
+    if (device_value != 0 && block != nullptr && opened_forks == core::forks_so_far() && !use->done()) {
       use->segment = std::move(segment);
       core::park(std::move(use));
     }
