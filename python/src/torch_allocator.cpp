@@ -29,15 +29,37 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
+/// Blocks that must not be freed at once (DevicePool::unfreed): let go of by leaking them, never by ~Block, which
+/// frees at once. The process's exit gives them back (the broker releases what a process leaves).
+struct KeptBlocks {
+  std::vector<Block> blocks;
+  KeptBlocks() = default;
+  KeptBlocks(const KeptBlocks&) = delete;
+  KeptBlocks& operator=(const KeptBlocks&) = delete;
+  KeptBlocks(KeptBlocks&& other) noexcept : blocks(std::move(other.blocks)) { other.blocks.clear(); }
+  KeptBlocks& operator=(KeptBlocks&& other) noexcept {
+    leak();
+    blocks = std::move(other.blocks);
+    other.blocks.clear();
+    return *this;
+  }
+  ~KeptBlocks() { leak(); }
+  void leak() noexcept {
+    for (Block& b : blocks) (void)new (std::nothrow) Block(std::move(b));
+    blocks.clear();
+  }
+};
+
 /// One device's pool and the blocks torch holds in it, by address (ordered: a tensor's storage is found by the
 /// block that contains its address).
 struct DevicePool {
   Pool pool;
   std::map<std::uintptr_t, Block> blocks;
   std::size_t failures = 0;  // allocations refused (torch then reports out of memory)
-  // Blocks torch gave back that the pool refused to free (its lock stayed taken): kept allocated until the pool is
-  // let go, since freeing them at once could hand their memory out while torch's stream still uses it.
-  std::vector<Block> unfreed;
+  // Blocks torch gave back that the pool refused to free (its lock stayed taken): kept allocated for the process's
+  // life, since freeing them at once could hand their memory out while torch's stream still uses it (and the stream
+  // may be gone by the time a retry could name it).
+  KeptBlocks unfreed;
 };
 
 std::mutex& pools_mutex() {
@@ -230,7 +252,7 @@ __attribute__((visibility("default"))) void gpuipc_torch_free(void* ptr, std::si
     // stream. Kept instead (a failed stream write frees it at once inside free, which says so: nothing to keep).
     if (block) {
       try {
-        it->second.unfreed.push_back(std::move(block));
+        it->second.unfreed.blocks.push_back(std::move(block));
       } catch (...) {
         (void)new (std::nothrow) gpuipc::Block(std::move(block));  // leaked rather than freed under the stream
       }
