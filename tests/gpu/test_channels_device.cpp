@@ -751,7 +751,7 @@ void close_with_a_release_owed(bool process_exits) {
 /// A device channel member closes while its stream waits for a word of the control block that a peer's stream
 /// writes only after the close: a consumer's wait for `filled` (`closer` Consumer) or a producer's for `freed`
 /// (Producer). The close returns at once, the control block stays registered and mapped until the wait has passed
-/// (core::parked_count), the stream then goes on, and the next open lets it go. Before, the close unregistered the
+/// (core::parked_count), the stream then goes on, and the reaper lets it go. Before, the close unregistered the
 /// control block, and on an H200 (driver 580) that waited for the stream: for good, as the peer let its stream write
 /// only once told of the close.
 void close_while_the_stream_waits(ChannelRole closer) {
@@ -822,9 +822,10 @@ void close_while_the_stream_waits(ChannelRole closer) {
     GPUIPC_CHILD_CHECK(core::parked_count() == 1);
     GPUIPC_CHILD_CHECK(stream_done_within(g.stream, 20s));
     g.stream.synchronize();  // (a fault of the wait shows here)
-    // The next open lets the parked block go, and the channel goes on: the consumer's message 0 was handed back.
+    // The reaper lets the parked block go with no other open or close in the process (before, only the next open
+    // did), and the channel goes on: the consumer's message 0 was handed back.
+    GPUIPC_CHILD_CHECK(test::wait_until([] { return core::parked_count() == 0; }, 10s));
     ch = Channel::open(name, closer);
-    GPUIPC_CHILD_CHECK(core::parked_count() == 0);
     if (consumer_closes) {
       MessageView m;
       GPUIPC_CHILD_CHECK(ch.receive(g.stream.get(), 5s, m) == Status::Ok);
