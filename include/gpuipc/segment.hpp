@@ -50,7 +50,8 @@ struct OpenOptions {
   /// process's other threads' calls go on meanwhile (the broker connection is not held while the open waits).
   std::chrono::milliseconds wait{0};
   /// Device kinds: the device whose context maps the segment. -1: the calling thread's current context's device,
-  /// else the device the memory lives on. Another GPU than the owner's maps it through peer access.
+  /// else the device the memory lives on. Another GPU than the owner's maps it through peer access. host_pinned:
+  /// the device whose context registers it (usable from every context); -1: the current context's, else GPU 0.
   int device = -1;
 };
 

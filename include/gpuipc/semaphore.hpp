@@ -36,6 +36,8 @@ enum class SemaphoreRole : std::uint8_t {
 struct SemaphoreOpenOptions {
   SemaphoreRole role = SemaphoreRole::Waiter;
   std::chrono::milliseconds wait{0};  ///< wait this long for the semaphore to be created
+  /// host_pinned: the GPU whose context registers the page (usable from every context); -1: the calling thread's
+  /// current context's GPU, else GPU 0.
   int device = 0;
 };
 

@@ -271,11 +271,11 @@ class Reader:
         self._readonly = readonly
         try:
             # A host_pinned counter is registered in the context of the GPU this reader was given (`device`), as
-            # its pools are mapped: it was GPU 0's whatever `device` said, a context every reader on another GPU
-            # made (hundreds of MiB there, or an error when GPU 0 is exclusive). None keeps GPU 0 (a host_pinned
-            # open of device -1 registers with GPU 0 too).
+            # its pools are mapped; None: the current context's GPU (say torch's current device), else GPU 0. It was
+            # GPU 0's whatever `device` said, a context every reader on another GPU made (hundreds of MiB there, or
+            # an error when GPU 0 is exclusive).
             self._sem = Semaphore.open(index.versioning["semaphore"], role="waiter", wait=wait,
-                                       device=0 if device is None else device)
+                                       device=-1 if device is None else device)
             try:
                 self._opened = _Opened(name, index, readonly, device, vouch_of(self._seg, trust_pools))
             except BaseException:

@@ -329,6 +329,17 @@ Segment detail::create_segment(std::string_view name, std::size_t bytes, const C
 
 namespace {
 
+/// The GPU whose context registers a host_pinned open's mapping: `requested`, or for "any device" (-1) the calling
+/// thread's current context's GPU, else GPU 0. (The registration is portable: every context of the process may use
+/// it, and the GPU chosen is only whose context the open makes or keeps. -1 meant GPU 0 whatever was current, so
+/// a process working on another GPU made GPU 0's context too: hundreds of MiB there, or an error when GPU 0 is
+/// exclusive to another process.)
+int pinned_registration_device(int requested) {
+  if (requested >= 0) return requested;
+  if (cuda::current_context() == nullptr) return 0;  // (loads the driver: NoDriver as the registration would say)
+  return cuda::current_ordinal();
+}
+
 /// What a Create's or an Open's answer says of the segment that the mapping keeps: its size as registered (for
 /// Announce), its owner and mode.
 void note_broker_info(detail::Mapping& m, const proto::SegmentInfo& info) noexcept {
@@ -429,7 +440,8 @@ Segment map_opened(const std::string& n, const OpenOptions& options, bool regist
   } else {
     map_host(*m, reply.fds[0].get(), !read_only);
     if (m->kind == SegmentKind::HostPinned && register_pinned) {
-      m->gpu = core::register_host_memory(m->host.data(), m->size, options.device < 0 ? 0 : options.device, read_only);
+      m->gpu =
+          core::register_host_memory(m->host.data(), m->size, pinned_registration_device(options.device), read_only);
     }
   }
   note_broker_info(*m, r->info);

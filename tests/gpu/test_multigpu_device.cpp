@@ -321,6 +321,42 @@ TEST(MultiGpu, SemaphoreSignalledFromGpu1StreamReleasesGpu0Stream) {
   Segment::unlink(data);
 }
 
+// A host_pinned open for any device (-1) registers the page in the current context's GPU, else GPU 0. It was GPU 0
+// whatever was current: a versioned reader working on GPU 1 (its counter is such a semaphore) made GPU 0's context.
+TEST(MultiGpu, AHostPinnedOpenForAnyDeviceRegistersInTheCurrentContextsGpu) {
+  GPUIPC_REQUIRE_TWO_GPUS();
+  const auto sem = unique_name("any-pinned");
+  SyncPipe created, done;
+  const pid_t creator = start_child([&] {
+    auto s = Semaphore::create(sem, {.initial = 0, .kind = SegmentKind::HostPinned, .device = 0, .mode = 0600});
+    created.notify();
+    GPUIPC_CHILD_CHECK(done.wait(120s));
+    return 0;
+  });
+  ASSERT_TRUE(created.wait(60s));
+  EXPECT_EQ(run_child([&] {
+              Gpu g(1);
+              auto seg = Segment::open(sem, {.access = Access::ReadOnly, .wait = {}, .device = -1});
+              GPUIPC_CHILD_CHECK(seg.device() == 1);
+              // The semaphore's page, opened the same way, serves GPU 1's stream.
+              auto w = Semaphore::open(sem, {.role = SemaphoreRole::Waiter, .wait = {}, .device = -1});
+              GPUIPC_CHILD_CHECK(w.wait(g.stream.get(), 0) == Status::Ok);
+              g.stream.synchronize();
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(run_child([&] {
+              // No context current: GPU 0, as before.
+              auto seg = Segment::open(sem, {.access = Access::ReadOnly, .wait = {}, .device = -1});
+              GPUIPC_CHILD_CHECK(seg.device() == 0);
+              return 0;
+            }),
+            0);
+  done.notify();
+  EXPECT_EQ(wait_child(creator), 0);
+  Semaphore::unlink(sem);
+}
+
 TEST(MultiGpu, PoolOpenedWithoutADeviceMapsEveryChunkForTheGpuCurrentAtOpen) {
   GPUIPC_REQUIRE_TWO_GPUS();
   const auto name = unique_name("cur-pool");
