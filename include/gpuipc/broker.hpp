@@ -27,7 +27,10 @@ std::string ensure_runtime_dir();
 /// library, else on $PATH. Empty when none is found.
 std::string daemon_path();
 
-/// Whether a broker listens on socket_path() now (connects and disconnects; never starts one).
+/// Whether a broker listens on socket_path() now (connects and disconnects; never starts one): false only when
+/// nothing listens there (no socket, or one nobody accepts on). Throws Error for anything else: PermissionDenied
+/// (a socket this user may not connect to), Timeout (a broker too busy to accept), InvalidArgument (a malformed
+/// GPUIPC_* variable).
 bool broker_listening();
 
 /// How the running broker was started (its status page; docs/protocol.md#the-status-page).

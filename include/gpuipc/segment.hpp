@@ -140,8 +140,9 @@ class Segment {
 /// Removes `name` with whatever belongs to it: a pool with its chunks (Pool::unlink; chunks left after their control
 /// block went are swept too), a channel with its buffers (Channel::unlink); a semaphore, a counting semaphore or a
 /// plain segment is one name (Segment::unlink). What `gpuipc rm` does. The kind is read from the object's control
-/// block, so a channel or a pool that another gpuipc release made goes whole as well. Throws Error as the unlink it
-/// picks: NotFound, PermissionDenied.
+/// block, so a channel or a pool that another gpuipc release made goes whole as well. A part of a channel or a pool
+/// that is there (`X.slots`, `X.chunk.<n>`) is refused with InvalidArgument: remove X; a part left behind without
+/// its object goes. Throws Error as the unlink it picks: NotFound, PermissionDenied.
 void unlink_any(std::string_view name);
 
 }  // namespace gpuipc

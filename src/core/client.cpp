@@ -144,11 +144,17 @@ BrokerClient::BrokerStatus BrokerClient::broker_status() {
 }
 
 bool BrokerClient::broker_listening() {
+  // Only "nothing listens there" (no socket file, or one nobody accepts on) is false. Anything else is an error to
+  // report: a socket this user may not connect to, a malformed GPUIPC_* variable, a broker too busy to accept in
+  // time. All were false, and `gpuipc daemon --stop` said no broker was running, exit 0, while one ran.
+  const std::string path = config::socket_path();
+  const auto timeout = connect_timeout();
   try {
-    os::connect_seqpacket(config::socket_path(), connect_timeout());
+    os::connect_seqpacket(path, timeout);
     return true;
-  } catch (const Error&) {
-    return false;
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::NotFound) return false;
+    throw;
   }
 }
 

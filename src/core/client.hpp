@@ -125,7 +125,9 @@ class BrokerClient {
   /// The broker's status (connects if needed, starting a broker on demand like any call; see broker_listening).
   BrokerStatus broker_status();
 
-  /// Whether a broker listens on this process's socket path now (connects and disconnects; never starts one).
+  /// Whether a broker listens on this process's socket path now (connects and disconnects; never starts one): false
+  /// only when nothing listens there. Throws Error for anything else (PermissionDenied, Timeout, a malformed
+  /// GPUIPC_* variable).
   static bool broker_listening();
 
   /// The path of the gpuipcd the library would start: $GPUIPC_DAEMON, else next to the executable, else next

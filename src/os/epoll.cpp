@@ -15,6 +15,7 @@ namespace gpuipc::os {
 
 Epoll::Epoll() : m_fd(::epoll_create1(EPOLL_CLOEXEC)) {
   if (!m_fd) throw_system("epoll_create1", "epoll instance");
+  m_fd = above_stdio(std::move(m_fd), "epoll instance");
 }
 
 void Epoll::add(int fd, std::uint32_t events, std::uint64_t key) {

@@ -28,6 +28,13 @@ void UniqueFd::reset(int fd) noexcept {
   m_fd = fd;
 }
 
+UniqueFd above_stdio(UniqueFd fd, const char* what) {
+  if (fd.get() >= 3 || !fd) return fd;
+  const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
+  if (moved < 0) throw_system("fcntl(F_DUPFD_CLOEXEC)", what);
+  return UniqueFd(moved);
+}
+
 void replace_with_dev_null(int fd) noexcept {
   const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null < 0) return;
@@ -123,7 +130,7 @@ void ParentOnlyFd::reset() noexcept {
 }
 
 UniqueFd dup_fd(int fd, const char* what) {
-  const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);  // (above the standard streams: see above_stdio)
   if (copy < 0) throw_system("fcntl(F_DUPFD_CLOEXEC)", what ? what : "fd");
   return UniqueFd(copy);
 }

@@ -34,8 +34,16 @@ class UniqueFd {
   int m_fd = -1;
 };
 
-/// dup(2) with O_CLOEXEC. Throws Error(System) naming `what`.
+/// dup(2) with O_CLOEXEC, at a number >= 3 (see above_stdio). Throws Error(System) naming `what`.
 UniqueFd dup_fd(int fd, const char* what = "fd");
+
+/// `fd` moved to a number >= 3 (F_DUPFD_CLOEXEC) when it is 0, 1 or 2, else as it is. An fd a process keeps (a
+/// broker connection, a segment's memfd, a fd received from the broker) must not take the number of a standard
+/// stream the process closed: a write meant for that stream (a CLI's output, a printf) would go into it. (A broker
+/// connection given fd 1 carried `gpuipc ls --json >&-`'s output to the broker, which dropped the connection.) And
+/// a spawned child's dup2 onto 0..2 must never meet a source that is already one of them. Throws Error(System)
+/// naming `what` when it cannot be moved (EMFILE).
+UniqueFd above_stdio(UniqueFd fd, const char* what);
 
 /// Points `fd` at /dev/null (O_CLOEXEC), keeping its number, so that whatever it was is no longer held through it
 /// and its owner's later close is harmless. Async-signal-safe (for fork handlers); does nothing if /dev/null cannot

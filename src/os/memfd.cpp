@@ -23,6 +23,7 @@ UniqueFd memfd_create(const std::string& name, std::size_t size) {
   const std::string what = fmt::format("memfd '{}'", name);
   UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw_system("memfd_create", what);
+  fd = above_stdio(std::move(fd), what.c_str());
   if (::fchmod(fd.get(), 0600) != 0) throw_system("fchmod", what);
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     throw_system("ftruncate", fmt::format("{} ({} bytes)", what, size));
@@ -96,14 +97,14 @@ UniqueFd reopen_readonly(int fd) {
   const std::string path = fmt::format("/proc/self/fd/{}", fd);
   UniqueFd ro(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!ro) throw_system("open(O_RDONLY)", path);
-  return ro;
+  return above_stdio(std::move(ro), path.c_str());
 }
 
 UniqueFd reopen_readwrite(int fd) {
   const std::string path = fmt::format("/proc/self/fd/{}", fd);
   UniqueFd rw(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   if (!rw) throw_system("open(O_RDWR)", path);
-  return rw;
+  return above_stdio(std::move(rw), path.c_str());
 }
 
 FileId file_id(int fd) {

@@ -50,7 +50,7 @@ UniqueFd pidfd_open(pid_t pid) {
   const long fd = -1;
   const int err = ENOSYS;
 #endif
-  if (fd >= 0) return UniqueFd(static_cast<int>(fd));
+  if (fd >= 0) return above_stdio(UniqueFd(static_cast<int>(fd)), "pidfd");
   const std::string what = fmt::format("process {}", pid);
   if (err == ESRCH) {
     throw Error(ErrorCode::NotFound, fmt::format("{}: pidfd_open failed: no such process", what), "pidfd_open", err);
@@ -159,7 +159,7 @@ int read_signal(int sigfd) {
 UniqueFd event_fd() {
   UniqueFd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!fd) throw_system("eventfd", "event fd");
-  return fd;
+  return above_stdio(std::move(fd), "event fd");
 }
 
 void event_fd_signal(int efd) noexcept {
@@ -278,15 +278,6 @@ const char* stage_call(int stage) {
     default:
       return "spawn";
   }
-}
-
-// Moves fd to a number >= 3 (CLOEXEC), so that the child's dup2 onto 0..2 never meets a source that is already
-// one of them.
-UniqueFd above_stdio(UniqueFd fd, const char* what) {
-  if (fd.get() >= 3) return fd;
-  const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
-  if (moved < 0) throw_system("fcntl(F_DUPFD_CLOEXEC)", what);
-  return UniqueFd(moved);
 }
 
 [[noreturn]] void report_and_exit(int pipe_fd, int stage, int err) noexcept {

@@ -137,7 +137,7 @@ UniqueFd seqpacket_socket() {
   // with no bound (a stopped broker would hang every client). Non-blocking, it fails with EAGAIN instead.
   UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!sock) throw_system("socket", "AF_UNIX SOCK_SEQPACKET");
-  return sock;
+  return above_stdio(std::move(sock), "AF_UNIX SOCK_SEQPACKET");
 }
 
 void connect_seqpacket(int sock, const std::string& path, std::chrono::milliseconds timeout) {
@@ -309,7 +309,14 @@ IoStatus receive_message(int sock, std::span<std::byte> buffer, std::size_t& siz
   }
   if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || count > max_fds) return refuse(IoStatus::Truncated);
   fds.reserve(count);
-  for (std::size_t i = 0; i < count; ++i) fds.push_back(std::move(arrived[i]));
+  for (std::size_t i = 0; i < count; ++i) {
+    // (Numbers 0..2 only when this process closed its standard streams: moved, or kept there when it cannot be.)
+    if (arrived[i].get() < 3) {
+      const int moved = ::fcntl(arrived[i].get(), F_DUPFD_CLOEXEC, 3);
+      if (moved >= 0) arrived[i].reset(moved);
+    }
+    fds.push_back(std::move(arrived[i]));
+  }
   return IoStatus::Ok;
 }
 

@@ -79,6 +79,19 @@ TEST(CliArguments, AnUnknownCommandIsNamedWithTheCommandsThere) {
   EXPECT_NE(mps.err.find("unknown command 'strat' for 'gpuipc mps'; the commands are start, stop, status, env"),
             std::string::npos)
       << mps.err;
+  // An unknown option where a command was wanted is named too: CLI11 said only that a subcommand is required.
+  const auto option = run("gpuipc", {"--json"});
+  EXPECT_EQ(option.exit_code, 2) << option.err;
+  EXPECT_NE(option.err.find("unknown option '--json' for 'gpuipc'"), std::string::npos) << option.err;
+  EXPECT_NE(option.err.find("ls, stat, rm"), std::string::npos) << option.err;
+  EXPECT_EQ(option.err.find("A subcommand is required"), std::string::npos) << option.err;
+  const auto mps_option = run("gpuipc", {"mps", "--bogus"});
+  EXPECT_EQ(mps_option.exit_code, 2) << mps_option.err;
+  EXPECT_NE(mps_option.err.find("unknown option '--bogus' for 'gpuipc mps'"), std::string::npos) << mps_option.err;
+  EXPECT_NE(mps_option.err.find("start, stop, status, env"), std::string::npos) << mps_option.err;
+  const auto before = run("gpuipc", {"--bogus", "ls"});  // (CLI11 named it already)
+  EXPECT_EQ(before.exit_code, 2) << before.err;
+  EXPECT_NE(before.err.find("--bogus"), std::string::npos) << before.err;
   const auto none = run("gpuipc", {});  // no word left over: CLI11's own message
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_NE(none.err.find("A subcommand is required"), std::string::npos) << none.err;
@@ -219,6 +232,33 @@ TEST(CliArguments, AnInterruptedDemoLeavesNoNameBehind) {
   for (const auto& left : {name, name + ".slots"}) {
     EXPECT_THROW((void)Segment::stat(left), Error) << left << " was left behind";
   }
+}
+
+// `--out-dir ''` wrote <suite>-quick-cpu-<date>.json into the filesystem root, and `--json ''` was ignored (the
+// default file was written): an empty path is a usage error. And `list` names the suites to list.
+TEST(CliArguments, BenchRefusesAnEmptyResultPathAndListsTheSuitesNamed) {
+  if (::access((build_bin_dir() + "/gpuipc-bench").c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "this build has no gpuipc-bench (built without nvcc)";
+  }
+  // (with `list`, which runs no suite: before, these printed the listing and exited 0)
+  for (const auto& [option, says] :
+       std::vector<std::pair<std::string, std::string>>{{"--out-dir", "--out-dir: an empty path; give a directory"},
+                                                        {"--json", "--json: an empty path; give a file"}}) {
+    const auto o = run("gpuipc", {"bench", "--quick", option, "", "list"});
+    EXPECT_EQ(o.exit_code, 2) << option << ": " << o.out << o.err;
+    EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
+    EXPECT_TRUE(o.out.empty()) << o.out;
+  }
+  const auto listed = run("gpuipc", {"bench", "list", "counting"});
+  EXPECT_EQ(listed.exit_code, 0) << listed.out << listed.err;
+  EXPECT_EQ(listed.out.rfind("counting ", 0), 0U) << listed.out;
+  EXPECT_EQ(std::count(listed.out.begin(), listed.out.end(), '\n'), 1) << listed.out;
+  const auto all = run("gpuipc", {"bench", "list"});
+  EXPECT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_GT(std::count(all.out.begin(), all.out.end(), '\n'), 1) << all.out;
+  const auto unknown = run("gpuipc", {"bench", "list", "nosuchsuite"});
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.out << unknown.err;
+  EXPECT_NE(unknown.err.find("no suite 'nosuchsuite'"), std::string::npos) << unknown.err;
 }
 
 TEST(CliArguments, ABrokerThatCannotBeStartedExits7NamingGpuipcDaemon) {

@@ -94,6 +94,27 @@ TEST(CliDoctor, WithoutDriverAnUnusableRuntimeDirectoryIsAProblem) {
   EXPECT_EQ(j["advice"].size(), 1U) << j.dump();
 }
 
+// A relative GPUIPC_RUNTIME_DIR is refused, and the doctor said so of "runtime directory  is not usable" (and "path":
+// ""): the path came from the call that refused it. It shows the path as given.
+TEST(CliDoctor, ARelativeRuntimeDirectoryIsShownAsGiven) {
+  const test::TempDir dir("gpuipc-doctor");
+  auto env = base_env(dir);
+  env[1] = "GPUIPC_RUNTIME_DIR=relative-runtime";
+  const Outcome text = run_gpuipc({"doctor"}, env);
+  EXPECT_EQ(text.exit_code, 3) << text.out << text.err;
+  EXPECT_NE(text.out.find("runtime directory relative-runtime is not usable: GPUIPC_RUNTIME_DIR='relative-runtime' "
+                          "is a relative path"),
+            std::string::npos)
+      << text.out;
+  const Outcome json = run_gpuipc({"doctor", "--json"}, env);
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(json.out)) << json.out;
+  EXPECT_EQ(j["runtime_dir"]["path"], "relative-runtime") << j["runtime_dir"].dump();
+  EXPECT_EQ(j["runtime_dir"]["usable"], false);
+  EXPECT_EQ(j["exit_code"], 3) << "no driver comes first";
+  EXPECT_EQ(j["problems"].size(), 1U) << j.dump();
+}
+
 TEST(CliDoctor, UnknownFlagIsUsageError) {
   const test::TempDir dir("gpuipc-doctor");
   const Outcome o = run_gpuipc({"doctor", "--no-such-flag"}, base_env(dir));

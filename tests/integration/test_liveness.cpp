@@ -389,6 +389,30 @@ TEST(Liveness, HeartbeatNeedsAReferenceAndASaneDeadline) {
   Segment::unlink(name);
 }
 
+// `gpuipc who` and `gpuipc watch` echoed an invalid name as it was: an escape sequence in it reached the terminal,
+// a 100000-byte name was printed whole, and nothing said which names are allowed. They say it as `gpuipc stat` does.
+TEST(Liveness, AnInvalidNameIsShownEscapedAndShortWithTheRules) {
+  const std::string escape = "x\x1b[2Jy";
+  const std::string long_name(100000, 'n');
+  EXPECT_TRUE(
+      fails_with([&] { (void)holders(escape); }, ErrorCode::InvalidArgument, "invalid segment name 'x\\x1b[2Jy'"));
+  EXPECT_TRUE(fails_with([&] { (void)Watcher::watch(escape); }, ErrorCode::InvalidArgument,
+                         "invalid segment name 'x\\x1b[2Jy'"));
+  EXPECT_TRUE(fails_with([&] { heartbeat(escape, 100ms); }, ErrorCode::InvalidArgument, "invalid segment name"));
+  for (const auto& command : {"who", "watch", "stat"}) {
+    for (const auto& name : {escape, long_name}) {
+      const auto o = run_program(std::string(GPUIPC_BUILD_BIN_DIR) + "/gpuipc", {command, name});
+      EXPECT_EQ(o.exit_code, 1) << command << ": " << o.err.substr(0, 300);
+      EXPECT_EQ(o.err.find('\x1b'), std::string::npos) << command << ": the escape reached the terminal";
+      EXPECT_NE(o.err.find("gpuipc: invalid segment name '"), std::string::npos)
+          << command << ": " << o.err.substr(0, 300);
+      EXPECT_NE(o.err.find("(use 1-128 characters of A-Z a-z 0-9 . _ -"), std::string::npos)
+          << command << ": " << o.err.substr(0, 300);
+      EXPECT_LT(o.err.size(), 600U) << command << ": the name was printed whole";
+    }
+  }
+}
+
 /// The lines of `path` once it has at least `n` (or after 10 s).
 std::vector<std::string> lines_of(const std::string& path, std::size_t n) {
   std::vector<std::string> lines;
