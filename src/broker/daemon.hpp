@@ -3,15 +3,18 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <string>
 
 #include "broker/server.hpp"
 
 namespace gpuipc::broker {
 
-/// Options with their defaults from the environment registry (GPUIPC_RUNTIME_DIR, GPUIPC_QUOTA_*,
-/// GPUIPC_IDLE_TIMEOUT_MS applies only when `on_demand`).
-ServerOptions default_options(bool on_demand);
+/// Sets the options of `o` that the command line did not give (`given(flag)` false) from the environment registry
+/// (GPUIPC_RUNTIME_DIR, GPUIPC_QUOTA_*, ...; GPUIPC_IDLE_TIMEOUT_MS applies only when `on_demand`). A variable is
+/// read only for an option not given: a flag overrides a malformed variable. Throws Error (InvalidArgument) for a
+/// malformed one that applies.
+void options_from_environment(ServerOptions& o, bool on_demand, const std::function<bool(const char*)>& given);
 
 /// Adds --runtime-dir, --idle-timeout-ms, --quota-bytes, --quota-segments to `app`, bound to `options`.
 void add_options(CLI::App& app, ServerOptions& options);

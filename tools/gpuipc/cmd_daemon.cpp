@@ -122,10 +122,11 @@ void register_daemon(CLI::App& app, int& exit_code) {
   static ForegroundOptions options;
   cmd->add_flag("--foreground", foreground, "run the broker in this process until SIGTERM/SIGINT");
   cmd->add_flag("--stop", stop, "ask the running broker to shut down (SIGTERM)");
-  cmd->preparse_callback([](std::size_t) { options.runtime_dir = runtime_dir(); });
-  // The options of gpuipcd (src/broker/daemon.cpp add_options), checked here as it checks them.
-  cmd->add_option("--runtime-dir", options.runtime_dir, "directory of the socket and lock file (GPUIPC_RUNTIME_DIR)")
-      ->capture_default_str();
+  // The options of gpuipcd (src/broker/daemon.cpp add_options), passed on as given: it checks them (a relative
+  // --runtime-dir, say) after `gpuipc daemon --help` has had its say, whatever the GPUIPC_* variables hold.
+  cmd->add_option("--runtime-dir", options.runtime_dir,
+                  "directory of the socket and lock file, an absolute path (default: GPUIPC_RUNTIME_DIR, else "
+                  "$XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID)");
   cmd->add_option("--idle-timeout-ms", options.idle_timeout_ms,
                   "exit after this long with no client and nothing registered; 0 = never")
       ->transform(kWholeNumber);
@@ -180,7 +181,7 @@ void register_daemon(CLI::App& app, int& exit_code) {
       exit_code = kExitOk;
       return;
     }
-    std::cout << fmt::format("gpuipcd pid {} serves {}\n", broker_info().pid, options.runtime_dir);
+    std::cout << fmt::format("gpuipcd pid {} serves {}\n", broker_info().pid, runtime_dir());
     exit_code = kExitOk;
   });
 }

@@ -37,19 +37,11 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", verbose, "log at debug level");
   app.add_flag("--gpuipc-cli", cli_given)->group("");  // run as `gpuipc daemon --foreground`
   gpuipc::broker::ServerOptions options;
-  try {
-    options = gpuipc::broker::default_options(false);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", prefix, e.what());  // NOLINT(cert-err33-c)
-    return as_cli ? kCliFailure : 2;
-  }
-  bool idle_given = false;
   gpuipc::broker::add_options(app, options);
   for (const char* count :
        {"--idle-timeout-ms", "--quota-bytes", "--quota-segments", "--quota-opens", "--quota-opens-total"}) {
     app.get_option(count)->transform(gpuipc::cli::kWholeNumber);  // "-1" would read as 2^64 - 1, "010" as octal
   }
-  app.parse_complete_callback([&] { idle_given = app.count("--idle-timeout-ms") > 0; });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -57,13 +49,13 @@ int main(int argc, char** argv) {
     return as_cli && rc != 0 ? kCliUsage : rc;
   }
   if (verbose) gpuipc::log::set_level(gpuipc::log::Level::Debug);
-  if (on_demand && !idle_given) {
-    try {
-      options.idle_timeout = gpuipc::broker::default_options(true).idle_timeout;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: %s\n", prefix, e.what());  // NOLINT(cert-err33-c)
-      return as_cli ? kCliFailure : 2;
-    }
+  // The environment after the command line: --help and --version work whatever it holds, and a flag given
+  // overrides its variable (a malformed GPUIPC_QUOTA_BYTES failed `gpuipcd --quota-bytes 1000`).
+  try {
+    gpuipc::broker::options_from_environment(options, on_demand, [&](const char* flag) { return app.count(flag) > 0; });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", prefix, e.what());  // NOLINT(cert-err33-c)
+    return as_cli ? kCliFailure : 2;
   }
   if (on_demand) options.mode = gpuipc::proto::BrokerMode::OnDemand;
   const int rc = gpuipc::broker::run_daemon(std::move(options));
