@@ -204,6 +204,12 @@ std::string write_result(const std::string& suite, const Result& result, const D
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
   std::string path = options.json_path;
   if (path.empty()) {
+    // An empty out_dir would make the path absolute: the file would land in the filesystem's root.
+    if (options.out_dir.empty()) {
+      throw std::invalid_argument(fmt::format(
+          "no place for the result file of suite {}: the result directory is empty; give --out-dir DIR or --json FILE",
+          suite));
+    }
     path = fmt::format("{}/{}{}-{}-{:%Y%m%d}.json", options.out_dir, suite, options.quick ? "-quick" : "",
                        meta.ok ? meta.short_name : "cpu", fmt::gmtime(t));
   }

@@ -9,6 +9,7 @@
 #include "base/config.hpp"
 #include "base/deadline.hpp"
 #include "core/client.hpp"
+#include "core/segment_internal.hpp"
 #include "cuda/trace.hpp"
 #include "os/epoll.hpp"
 #include "os/identity.hpp"
@@ -53,11 +54,14 @@ Holder holder_of(const proto::HolderInfo& h) {
   return out;
 }
 
+/// The name, or Error(InvalidArgument) from `call` with Segment's text: the name escaped and cut short (it may hold
+/// control bytes, or be 100000 bytes long), and which names are allowed.
 std::string checked_name(std::string_view name, const char* call) {
-  if (auto why = proto::check_name(name); !why.empty()) {
-    throw Error(ErrorCode::InvalidArgument, fmt::format("'{}': {}", name, why), call);
+  try {
+    return detail::check_name_or_throw(name);
+  } catch (const Error& e) {
+    throw Error(e.code(), e.what(), call);
   }
-  return std::string(name);
 }
 
 }  // namespace

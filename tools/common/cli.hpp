@@ -8,7 +8,10 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <limits>
@@ -74,15 +77,13 @@ inline CLI::Validator seconds_between(double lo, double hi = std::numeric_limits
 }
 
 /// When the command line ended without the subcommand that `app` (or the subcommand given) needs but left a word
-/// over (`gpuipc bogus`, `gpuipc mps strat`), prints "unknown command" naming it and the commands there, and returns
-/// true. CLI11 would say only that a subcommand is required.
+/// over (`gpuipc bogus`, `gpuipc mps strat`, `gpuipc --json`), prints "unknown command" or "unknown option" naming it
+/// and the commands there, and returns true. CLI11 would say only that a subcommand is required.
 inline bool unknown_command(CLI::App& app) {
   CLI::App* at = &app;
   for (auto subs = at->get_subcommands(); !subs.empty(); subs = at->get_subcommands()) at = subs.front();
   const auto rest = at->remaining();
-  if (at->get_require_subcommand_min() == 0 || rest.empty() || rest.front().empty() || rest.front()[0] == '-') {
-    return false;
-  }
+  if (at->get_require_subcommand_min() == 0 || rest.empty() || rest.front().empty()) return false;
   std::string names;
   for (const CLI::App* sub : at->get_subcommands({})) {
     if (sub->get_name().empty() || sub->get_group().empty()) continue;  // (a hidden one)
@@ -90,23 +91,57 @@ inline bool unknown_command(CLI::App& app) {
   }
   std::string path = at->get_name();
   for (const CLI::App* up = at->get_parent(); up != nullptr; up = up->get_parent()) path = up->get_name() + " " + path;
-  std::cerr << "gpuipc: unknown command '" << rest.front() << "' for '" << path << "'; the commands are " << names
-            << " (" << path << " --help)\n";
+  const bool option = rest.front()[0] == '-';
+  std::cerr << "gpuipc: unknown " << (option ? "option" : "command") << " '" << rest.front() << "' for '" << path << "'"
+            << (option ? " (a command's options go after the command)" : "") << "; the commands are " << names << " ("
+            << path << " --help)\n";
   return true;
 }
 
+/// Flushes std::cout (and the C stdout under it) and returns why what was printed did not all reach standard output
+/// (the failed write's strerror: a full disk, a closed pipe), or empty when it did.
+inline std::string output_failure() {
+  errno = 0;
+  std::cout.flush();
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && std::cout.good() && std::ferror(stdout) == 0) return {};
+  return err != 0 ? std::strerror(err) : "the write failed";
+}
+
+/// The error of a failed write to standard output: "could not write to standard output: WHY".
+inline Error output_error(const std::string& why) {
+  return Error(ErrorCode::System,
+               fmt::format("could not write to standard output: {}; what it printed is incomplete", why), "write");
+}
+
+/// Flushes standard output; throws output_error() when it could not be written (run() prints it, exit status 1).
+/// For a command that prints until stopped (top, watch): it stops at the first output that fails.
+inline void flush_output() {
+  if (auto why = output_failure(); !why.empty()) throw output_error(why);
+}
+
 /// Parses `argv` into `app` (whose callbacks run the command and store its code in `exit_code`) and returns the
-/// process exit code: `exit_code`, or the code of the error that ended the command, printed as "gpuipc: ...".
+/// process exit code: `exit_code`, or the code of the error that ended the command, printed as "gpuipc: ...". What
+/// the command printed on stdout is flushed: a write that failed there is an error too, said on stderr, and turns
+/// exit status 0 into 1 (a command's own failure keeps its code).
 inline int run(CLI::App& app, int argc, char** argv, const int& exit_code) {
+  // `rc`, or kExitFailure in place of 0 when the output (a command's, or the help) could not be written.
+  auto written = [](int rc) {
+    const auto why = output_failure();
+    if (why.empty()) return rc;
+    std::cerr << "gpuipc: " << output_error(why).what() << "\n";
+    return rc == kExitOk ? kExitFailure : rc;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {
     if (unknown_command(app)) return kExitUsage;
     const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitUsage;
+    return rc == 0 ? written(0) : kExitUsage;
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitUsage;
+    return rc == 0 ? written(0) : kExitUsage;
   } catch (const Error& e) {
     std::cerr << "gpuipc: " << e.what() << "\n";
     // The broker could not be reached or started (connect, hello, or a dead connection); a broker or socket the
@@ -126,7 +161,7 @@ inline int run(CLI::App& app, int argc, char** argv, const int& exit_code) {
     std::cerr << "gpuipc: " << e.what() << "\n";
     return kExitFailure;
   }
-  return exit_code;
+  return written(exit_code);
 }
 
 }  // namespace gpuipc::cli

@@ -10,6 +10,18 @@
 #include "cli.hpp"
 #include "gpuipc/log.hpp"
 
+namespace {
+
+/// A path option that may not be empty (`--out-dir ''` named the filesystem root's files, and `--json ''` meant the
+/// default file): "an empty path; give `what`".
+CLI::Validator non_empty_path(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& s) -> std::string { return s.empty() ? "an empty path; give " + what : std::string(); },
+      "PATH", "NonEmptyPath");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace gpuipc;
   using namespace gpuipc::cli;
@@ -21,22 +33,24 @@ int main(int argc, char** argv) {
   bool quick = false;
   bool no_progress = false;
   bool verbose = false;
-  app.add_option("SUITE", names, "suites to run ('list' shows them, 'all' runs every one)")->required();
-  app.add_option("--json", json_path, "write the result here (one suite only); default OUT_DIR/<suite>[-quick]-<device>-<date>.json");
-  app.add_option("--out-dir", out_dir, "directory of result files")->capture_default_str();
+  app.add_option("SUITE", names, "suites to run ('all' runs every one; 'list [SUITE...]' shows them)")->required();
+  app.add_option("--json", json_path,
+                 "write the result here (one suite only); default OUT_DIR/<suite>[-quick]-<device>-<date>.json")
+      ->check(non_empty_path("a file, or leave --json out for the default file under --out-dir"));
+  app.add_option("--out-dir", out_dir, "directory of result files")
+      ->capture_default_str()
+      ->check(non_empty_path("a directory (\".\" for this one), or leave --out-dir out for bench/results"));
   app.add_flag("--quick", quick, "fewer sizes and iterations");
   app.add_flag("--no-progress", no_progress, "no progress line on stderr");
   app.add_flag("-v,--verbose", verbose)->group("");  // gpuipc -v bench (tools/gpuipc/cmd_programs.cpp)
   app.callback([&] {
     if (verbose) set_log_level(LogLevel::Debug);
     const auto& all = bench::suites();
-    if (names.size() == 1 && names[0] == "list") {
-      for (const auto& s : all) std::cout << fmt::format("{:<12} {}{}\n", s.name, s.description, s.needs_gpu ? "" : " (host only)");
-      exit_code = kExitOk;
-      return;
-    }
+    const bool listing = names.front() == "list";
     std::vector<const bench::Suite*> chosen;
-    for (const auto& n : names) {
+    for (std::size_t k = listing ? 1 : 0; k < names.size(); ++k) {
+      const auto& n = names[k];
+      if (n == "list") throw CLI::ValidationError("SUITE", "'list' comes first: gpuipc bench list [SUITE...]");
       bool found = false;
       for (const auto& s : all) {
         if (n == "all" || s.name == n) {
@@ -45,6 +59,16 @@ int main(int argc, char** argv) {
         }
       }
       if (!found) throw CLI::ValidationError("SUITE", fmt::format("no suite '{}' (gpuipc bench list)", n));
+    }
+    if (listing) {  // the suites named, or every one
+      if (names.size() == 1) {
+        for (const auto& s : all) chosen.push_back(&s);
+      }
+      for (const auto* s : chosen) {
+        std::cout << fmt::format("{:<12} {}{}\n", s->name, s->description, s->needs_gpu ? "" : " (host only)");
+      }
+      exit_code = kExitOk;
+      return;
     }
     if (!json_path.empty() && chosen.size() != 1) throw CLI::ValidationError("--json", "takes exactly one suite");
     const auto meta = bench::probe_device();

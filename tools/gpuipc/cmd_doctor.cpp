@@ -88,6 +88,11 @@ RuntimeDirReport check_runtime_dir() {
     r.usable = true;
   } catch (const std::exception& e) {
     r.error = e.what();
+    if (r.path.empty()) {
+      // runtime_dir() refused the setting itself (a relative GPUIPC_RUNTIME_DIR): show the path as given.
+      const char* given = std::getenv("GPUIPC_RUNTIME_DIR");  // NOLINT(concurrency-mt-unsafe): single-threaded CLI
+      if (given != nullptr) r.path = given;
+    }
   }
   return r;
 }

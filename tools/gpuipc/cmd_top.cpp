@@ -386,7 +386,8 @@ void register_top(CLI::App& app, int& exit_code) {
         if (!once && ::isatty(STDOUT_FILENO) != 0) std::cout << "\x1b[2J\x1b[H";  // not into files and pipes
         std::cout << render(j);
       }
-      std::cout.flush();
+      // A frame that could not be written ends top (a full disk; a pipe whose reader went, SIGPIPE ignored).
+      flush_output();
       before = std::move(now);
     }
     exit_code = kExitOk;

@@ -1,7 +1,13 @@
 // gpuipc who / watch: the processes that hold a name open, and their joins, leaves, deaths and missed heartbeats.
 #include <fmt/format.h>
+#include <poll.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -37,6 +43,31 @@ std::string clock_string(std::uint64_t unix_ns) {
   std::tm tm{};
   ::gmtime_r(&s, &tm);
   return fmt::format("{:02}:{:02}:{:02}.{:03}Z", tm.tm_hour, tm.tm_min, tm.tm_sec, (unix_ns / 1'000'000) % 1000);
+}
+
+/// Waits until `w` has an event (true) or `deadline` passed (false; time_point::max(): never). Throws output_error
+/// when standard output's reader went away first: a pipe's write end polls POLLERR once its read end is closed (a
+/// terminal POLLHUP once hung up), so a watch piped into `head -1` ends then, not at the next event's write, however
+/// long that is in coming.
+bool wait_for_event(const Watcher& w, std::chrono::steady_clock::time_point deadline) {
+  using clock = std::chrono::steady_clock;
+  for (;;) {
+    int wait_ms = -1;
+    if (deadline != clock::time_point::max()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now()).count();
+      wait_ms = static_cast<int>(std::clamp<std::int64_t>(left, 0, 1'000'000));
+    }
+    std::array<pollfd, 2> fds{pollfd{w.fd(), POLLIN, 0}, pollfd{STDOUT_FILENO, 0, 0}};  // (stdout: errors only)
+    const int n = ::poll(fds.data(), fds.size(), wait_ms);
+    if (const int err = errno; n < 0 && err != EINTR) {
+      throw Error(ErrorCode::System, fmt::format("poll of the watch connection failed: {}", std::strerror(err)), "poll",
+                  err);
+    }
+    if ((fds[1].revents & (POLLERR | POLLHUP)) != 0) throw output_error(std::strerror(EPIPE));
+    if ((fds[1].revents & POLLNVAL) != 0) throw output_error(std::strerror(EBADF));
+    if (n > 0 && fds[0].revents != 0) return true;
+    if (wait_ms >= 0 && clock::now() >= deadline) return false;
+  }
 }
 
 }  // namespace
@@ -79,7 +110,11 @@ void register_watch(CLI::App& app, int& exit_code) {
     auto w = Watcher::watch(watch_name);
     // The holders at the start, then a line saying the watch is on: events after it are live.
     const auto hs = holders(watch_name);
-    auto emit = [](const std::string& line) { std::cout << line << std::endl; };  // a line at a time, for pipes
+    // A line at a time, for pipes; a line that cannot be written ends the watch (exit status 1).
+    auto emit = [](const std::string& line) {
+      std::cout << line << '\n';
+      flush_output();
+    };
     for (const auto& h : hs) {
       if (watch_json) {
         auto j = to_json(h);
@@ -103,11 +138,9 @@ void register_watch(CLI::App& app, int& exit_code) {
             : clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(watch_timeout));
     std::size_t seen = 0;
     while (watch_count == 0 || seen < watch_count) {
-      const auto left = forever
-                            ? std::chrono::nanoseconds(-1)
-                            : std::max(std::chrono::nanoseconds(0), std::chrono::nanoseconds(deadline - clock::now()));
-      const auto e = w.next(left);
-      if (!e) break;  // the timeout passed
+      if (!wait_for_event(w, deadline)) break;  // the timeout passed
+      const auto e = w.next(std::chrono::nanoseconds(0));
+      if (!e) continue;  // (the connection was readable for something else)
       ++seen;
       if (e->event == LivenessEvent::Lost) {  // about no process: this watch fell behind and missed events
         if (watch_json) {
