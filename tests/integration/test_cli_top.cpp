@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -203,6 +204,55 @@ TEST(CliTop, TextFrameNamesTheObjects) {
   EXPECT_NE(o.out.find("SEMAPHORES"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find(name), std::string::npos) << o.out;
   Semaphore::unlink(name);
+}
+
+TEST(CliTop, EveryHolderOfANameIsListedBeyondTheSixteenTheBrokersListNames) {
+  // 24 children hold a semaphore (the broker's segment list names 16 pids a segment). Each holds it until told.
+  const std::string name = unique_name("many");
+  auto sem = Semaphore::create(name, {.initial = 1, .kind = SegmentKind::Host});
+  constexpr int kHolders = 24;
+  Shared<std::atomic<int>> opened;
+  Shared<std::atomic<int>> stop;
+  std::vector<pid_t> children;
+  for (int k = 0; k < kHolders; ++k) {
+    children.push_back(start_child([&] {
+      auto s = Semaphore::open(name);
+      opened[0].fetch_add(1);
+      while (stop[0].load() == 0) std::this_thread::sleep_for(5ms);
+      return 0;
+    }));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (opened[0].load() < kHolders && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(opened[0].load(), kHolders);
+
+  const Outcome o = run_gpuipc({"top", "--once", "--json", "--interval", "0.05"});
+  const Outcome text = run_gpuipc({"top", "--once", "--interval", "0.05"});
+  // Unlinked, it has no name to ask the holders of: the broker's 16 pids, and the rest counted.
+  Semaphore::unlink(name);
+  const Outcome unlinked = run_gpuipc({"top", "--once", "--interval", "0.05"});
+  stop[0].store(1);
+  for (const pid_t c : children) EXPECT_EQ(wait_child(c), 0);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  const auto j = nlohmann::json::parse(o.out);
+  const auto* s = find_named(j["semaphores"], name);
+  ASSERT_NE(s, nullptr) << o.out;
+  EXPECT_EQ((*s)["pids"].size(), static_cast<std::size_t>(kHolders + 1)) << (*s)["pids"].dump();
+  EXPECT_EQ(s->value("mapper_count", -1), kHolders + 1) << "the children and this process";
+  const auto* seg = find_named(j["segments"], name);
+  ASSERT_NE(seg, nullptr);
+  EXPECT_EQ((*seg)["mapper_pids"].size(), static_cast<std::size_t>(kHolders + 1));
+  int listed = 0;
+  for (const auto& proc : j["processes"]) {
+    const auto objects = proc["objects"].get<std::vector<std::string>>();
+    if (std::find(objects.begin(), objects.end(), name) != objects.end()) ++listed;
+  }
+  EXPECT_EQ(listed, kHolders + 1) << "one PROCESSES entry per holder";
+  for (const pid_t c : children) EXPECT_TRUE(has_pid((*s)["pids"], c)) << c;
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find(std::to_string(children.back())), std::string::npos) << text.out;
+  ASSERT_EQ(unlinked.exit_code, 0) << unlinked.err;
+  EXPECT_NE(unlinked.out.find(fmt::format(",+{}\n", kHolders + 1 - 16)), std::string::npos) << unlinked.out;
 }
 
 TEST(CliTop, IterationsPrintOneDocumentPerFrame) {

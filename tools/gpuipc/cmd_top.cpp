@@ -23,6 +23,7 @@
 #include "gpuipc/broker.hpp"
 #include "gpuipc/channel.hpp"
 #include "gpuipc/format.hpp"
+#include "gpuipc/liveness.hpp"
 #include "gpuipc/pool.hpp"
 #include "gpuipc/segment.hpp"
 #include "gpuipc/semaphore.hpp"
@@ -128,6 +129,14 @@ Sample take_sample() {
         s.semaphores[i.name] = *st;
         s.roles[k] = Role::Semaphore;
       }
+    }
+  }
+  // The list names at most 16 pids a segment; the broker's holders of a name are all of them (up to 256).
+  for (auto& i : s.segments) {
+    if (i.name.empty() || i.mapper_count <= i.mapper_pids.size()) continue;
+    if (auto all = try_read([&] { return holders(i.name); })) {
+      i.mapper_pids.clear();
+      for (const auto& h : *all) i.mapper_pids.push_back(h.pid);
     }
   }
   return s;
@@ -242,6 +251,7 @@ nlohmann::json frame(const Sample& before, const Sample& now) {
          {"bytes_per_s",
           opt(rate(had ? std::optional(prev->second.published_bytes) : std::nullopt, c.published_bytes, dt))},
          {"received_per_s", opt(rate(had ? std::optional(prev->second.tail) : std::nullopt, c.tail, dt))},
+         {"mapper_count", mapper_count_of(*info)},
          {"pids", pids_of(*info)}});
   }
   j["channels"] = std::move(chans);
@@ -260,6 +270,7 @@ nlohmann::json frame(const Sample& before, const Sample& now) {
          {"waiters", mappers > s.signallers ? mappers - s.signallers : 0},
          {"value_per_s",
           opt(rate(prev != before.semaphores.end() ? std::optional(prev->second.value) : std::nullopt, s.value, dt))},
+         {"mapper_count", mappers},
          {"pids", pids_of(*info)}});
   }
   j["semaphores"] = std::move(sems);
@@ -278,6 +289,7 @@ nlohmann::json frame(const Sample& before, const Sample& now) {
                      {"live_blocks", p.live_blocks},
                      {"draining_blocks", p.draining_blocks},
                      {"members", p.members},
+                     {"mapper_count", mapper_count_of(*by_name.at(name))},
                      {"pids", pids_of(*by_name.at(name))}});
   }
   j["pools"] = std::move(pools);
@@ -297,9 +309,13 @@ std::string rate_text(const nlohmann::json& v, bool bytes) {
   return fmt::format("{:.1f}", r);
 }
 
-std::string pids_text(const nlohmann::json& pids) {
+/// The pids listed, then ",+N" for holders the broker counted and did not name (more than it lists).
+std::string pids_text(const nlohmann::json& pids, const nlohmann::json& count) {
   std::vector<std::uint32_t> v = pids.get<std::vector<std::uint32_t>>();
-  return v.empty() ? "-" : fmt::format("{}", fmt::join(v, ","));
+  const auto n = count.get<std::uint32_t>();
+  std::string s = v.empty() ? (n == 0 ? "-" : "") : fmt::format("{}", fmt::join(v, ","));
+  if (n > v.size()) s += fmt::format("{}+{}", v.empty() ? "" : ",", n - v.size());
+  return s;
 }
 
 /// The frame as text tables (the same values as the JSON).
@@ -314,7 +330,7 @@ std::string render(const nlohmann::json& j) {
                      c["slots"].get<std::uint32_t>(), c["producers"].get<std::uint32_t>(),
                      c["consumers"].get<std::uint32_t>(), c["free_slots"].get<std::uint32_t>(),
                      c["published"].get<std::uint64_t>(), rate_text(c["messages_per_s"], false),
-                     rate_text(c["bytes_per_s"], true), pids_text(c["pids"]));
+                     rate_text(c["bytes_per_s"], true), pids_text(c["pids"], c["mapper_count"]));
   }
   o += fmt::format("\nSEMAPHORES {}\n{:<28} {:<12} {:>20} {:<9} {:>5} {:>5} {:>11}  {}\n", j["semaphores"].size(),
                    "NAME", "KIND", "VALUE", "STATUS", "SIGN", "WAIT", "VALUE/S", "PIDS");
@@ -322,7 +338,7 @@ std::string render(const nlohmann::json& j) {
     o += fmt::format("{:<28} {:<12} {:>20} {:<9} {:>5} {:>5} {:>11}  {}\n", s["name"].get<std::string>(),
                      s["kind"].get<std::string>(), s["value"].get<std::uint64_t>(), s["status"].get<std::string>(),
                      s["signallers"].get<std::uint32_t>(), s["waiters"].get<std::uint32_t>(),
-                     rate_text(s["value_per_s"], false), pids_text(s["pids"]));
+                     rate_text(s["value_per_s"], false), pids_text(s["pids"], s["mapper_count"]));
   }
   o += fmt::format("\nPOOLS {}\n{:<28} {:<12} {:>10} {:>10} {:>7} {:>10} {:>6} {:>4}  {}\n", j["pools"].size(), "NAME",
                    "KIND", "USED", "FREE", "CHUNKS", "LARGEST", "BLOCKS", "MEMB", "PIDS");
@@ -331,7 +347,8 @@ std::string render(const nlohmann::json& j) {
                      p["kind"].get<std::string>(), human_bytes(p["used_bytes"].get<std::uint64_t>()),
                      human_bytes(p["free_bytes"].get<std::uint64_t>()), p["chunks"].get<std::uint32_t>(),
                      p["max_chunks"].get<std::uint32_t>(), human_bytes(p["largest_free_block"].get<std::uint64_t>()),
-                     p["live_blocks"].get<std::uint64_t>(), p["members"].get<std::uint32_t>(), pids_text(p["pids"]));
+                     p["live_blocks"].get<std::uint64_t>(), p["members"].get<std::uint32_t>(),
+                     pids_text(p["pids"], p["mapper_count"]));
   }
   std::size_t plain = 0;
   for (const auto& s : j["segments"]) plain += s["role"] == "segment" ? 1 : 0;
@@ -344,7 +361,7 @@ std::string render(const nlohmann::json& j) {
                      name.empty() ? fmt::format("(unlinked #{})", s["id"].get<std::uint64_t>()) : name,
                      s["kind"].get<std::string>(), human_bytes(s["size"].get<std::uint64_t>()),
                      s["owner_uid"].get<std::uint32_t>(), s["mode"].get<std::string>(),
-                     s["references"].get<std::uint32_t>(), pids_text(s["mapper_pids"]));
+                     s["references"].get<std::uint32_t>(), pids_text(s["mapper_pids"], s["mapper_count"]));
   }
   o += fmt::format("\nPROCESSES {}\n{:>8} {:<16} {}\n", j["processes"].size(), "PID", "COMMAND", "OBJECTS");
   for (const auto& p : j["processes"]) {
