@@ -234,6 +234,9 @@ void BrokerClient::connect_once_locked() {
       }
       if (!spawned) {
         if (config::env_bool("GPUIPC_NO_AUTOSTART", false)) {
+          // An unsafe directory is what to mend first (exit 6, as with autostart): the advice below would fail.
+          std::error_code ec;
+          if (std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) os::ensure_private_dir(dir, 0755);
           throw Error(ErrorCode::NotFound,
                       fmt::format("no gpuipc broker listens on {} and GPUIPC_NO_AUTOSTART=1; start one with "
                                   "`gpuipc daemon --foreground` (or unset GPUIPC_NO_AUTOSTART)",
@@ -254,7 +257,9 @@ void BrokerClient::connect_once_locked() {
           os::spawn_detached({daemon, "--on-demand", "--runtime-dir", dir}, dir + "/broker.log");
         } catch (const Error& failed) {
           // A directory this user may not write (the shared broker's, stopped): the daemon is not what is wrong.
-          if (failed.sys_errno() == EACCES || failed.code() == ErrorCode::PermissionDenied) {
+          // Unless execv is what failed: a GPUIPC_DAEMON that is no program this user may run.
+          if (failed.call() != "execv" &&
+              (failed.sys_errno() == EACCES || failed.code() == ErrorCode::PermissionDenied)) {
             throw Error(ErrorCode::PermissionDenied,
                         fmt::format("no gpuipc broker listens on {}, and this user cannot start one there: {}; start "
                                     "the broker that serves {} (the shared one: systemctl start gpuipcd.socket), or "
@@ -262,7 +267,8 @@ void BrokerClient::connect_once_locked() {
                                     path, failed.what(), dir),
                         "connect", failed.sys_errno());
           }
-          throw Error(failed.code(),
+          // (execv's EACCES: the program may not be run, which is no permission matter of the caller's objects)
+          throw Error(failed.code() == ErrorCode::PermissionDenied ? ErrorCode::System : failed.code(),
                       fmt::format("could not start the gpuipc broker {} for {}: {}; check GPUIPC_DAEMON, or install "
                                   "gpuipcd",
                                   daemon, dir, failed.what()),

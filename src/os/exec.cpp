@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "gpuipc/error.hpp"
 
@@ -22,7 +23,8 @@ void exec_replace(const std::vector<std::string>& argv) {
   args.push_back(nullptr);
   ::execv(args[0], args.data());
   const int err = errno;
-  throw Error(ErrorCode::System, fmt::format("cannot run {}", argv[0]), "execv", err);
+  throw Error(ErrorCode::System, fmt::format("cannot run {}: {} (errno {})", argv[0], std::strerror(err), err), "execv",
+              err);
 }
 
 }  // namespace gpuipc::os

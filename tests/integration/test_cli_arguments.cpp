@@ -92,6 +92,13 @@ TEST(CliArguments, AnUnknownCommandIsNamedWithTheCommandsThere) {
   const auto before = run("gpuipc", {"--bogus", "ls"});  // (CLI11 named it already)
   EXPECT_EQ(before.exit_code, 2) << before.err;
   EXPECT_NE(before.err.find("--bogus"), std::string::npos) << before.err;
+  // The word as typed may hold escape sequences for the terminal, or be very long: shown escaped and cut short.
+  const auto raw = run("gpuipc", {"\x1b[2Jbogus\n" + std::string(1000, 'x')});
+  EXPECT_EQ(raw.exit_code, 2) << raw.err;
+  EXPECT_NE(raw.err.find("unknown command '\\x1b[2Jbogus\\x0axxx"), std::string::npos) << raw.err;
+  EXPECT_EQ(raw.err.find('\x1b'), std::string::npos) << raw.err;
+  EXPECT_EQ(std::count(raw.err.begin(), raw.err.end(), '\n'), 1) << raw.err;
+  EXPECT_LT(raw.err.size(), 400U) << raw.err;
   const auto none = run("gpuipc", {});  // no word left over: CLI11's own message
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_NE(none.err.find("A subcommand is required"), std::string::npos) << none.err;
@@ -266,6 +273,22 @@ TEST(CliArguments, ABrokerThatCannotBeStartedExits7NamingGpuipcDaemon) {
   const auto o = run("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_DAEMON=/nonexistent/gpuipcd"});
   EXPECT_EQ(o.exit_code, 7) << o.out << o.err;
   EXPECT_NE(o.err.find("GPUIPC_DAEMON"), std::string::npos) << o.err;
+  // A GPUIPC_DAEMON that is no program this user may run (execv's EACCES) is that, not a directory this user
+  // cannot start a broker in (exit 6, "set GPUIPC_RUNTIME_DIR to a directory of your own").
+  write_file(dir.file("not-executable"), "#!/bin/sh\n");
+  ASSERT_EQ(::chmod(dir.file("not-executable").c_str(), 0644), 0);
+  const auto denied =
+      run("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.file("run"), "GPUIPC_DAEMON=" + dir.file("not-executable")});
+  EXPECT_EQ(denied.exit_code, 7) << denied.out << denied.err;
+  EXPECT_NE(denied.err.find("GPUIPC_DAEMON"), std::string::npos) << denied.err;
+  EXPECT_NE(denied.err.find("Permission denied"), std::string::npos) << denied.err;
+  EXPECT_EQ(denied.err.find("GPUIPC_RUNTIME_DIR"), std::string::npos) << denied.err;
+  // `daemon --foreground` runs it in place: why it cannot, and which variable named it.
+  const auto foreground = run("gpuipc", {"daemon", "--foreground"},
+                              {"GPUIPC_RUNTIME_DIR=" + dir.file("run"), "GPUIPC_DAEMON=/nonexistent/gpuipcd"});
+  EXPECT_EQ(foreground.exit_code, 1) << foreground.out << foreground.err;
+  EXPECT_NE(foreground.err.find("No such file or directory"), std::string::npos) << foreground.err;
+  EXPECT_NE(foreground.err.find("GPUIPC_DAEMON"), std::string::npos) << foreground.err;
 }
 
 TEST(CliArguments, AnUnlimitedConnectTimeoutWaitsForTheBrokerItStarts) {
@@ -316,6 +339,11 @@ TEST(CliArguments, ARuntimeDirectoryThatIsAFileIsRefusedAsUnsafe) {
       EXPECT_EQ(o.exit_code, 6) << where << " " << args.back() << ": " << o.out << o.err;
       EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
     }
+    // With GPUIPC_NO_AUTOSTART=1 too: it said only "start one with gpuipc daemon --foreground" (exit 7), which then
+    // fails, the directory being unsafe.
+    const auto o = run("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.file(where), "GPUIPC_NO_AUTOSTART=1"});
+    EXPECT_EQ(o.exit_code, 6) << where << ": " << o.out << o.err;
+    EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
   }
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -110,7 +111,13 @@ struct ForegroundOptions {
   for (const auto& [flag, value] : given) {
     if (cmd.count(flag) > 0) args.insert(args.end(), {flag, *value});
   }
-  hand_over(daemon, args);
+  try {
+    hand_over(daemon, args);
+  } catch (const Error& e) {
+    if (std::getenv("GPUIPC_DAEMON") == nullptr) throw;
+    throw Error(e.code(), fmt::format("{}; GPUIPC_DAEMON names it: point it at gpuipcd, or unset it", e.what()),
+                e.call(), e.sys_errno());
+  }
 }
 
 }  // namespace
