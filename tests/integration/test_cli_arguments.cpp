@@ -31,11 +31,6 @@ const bool kRegistered = register_broker_environment();
 
 using namespace std::chrono_literals;
 
-ProgramOutcome run(const char* program, const std::vector<std::string>& args,
-                   const std::vector<std::string>& env = {}) {
-  return run_program(build_bin_dir() + "/" + program, args, env, -1, 60s);
-}
-
 TEST(CliArguments, CountsAreDecimalDigitsThatFit) {
   const TempDir dir("gpuipc-args");
   const std::vector<std::string> env{"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_NO_AUTOSTART=1"};
@@ -51,7 +46,7 @@ TEST(CliArguments, CountsAreDecimalDigitsThatFit) {
       {"daemon", "--foreground", "--idle-timeout-ms", "+5"},
   };
   for (const auto& args : bad) {
-    const auto o = run("gpuipc", args, env);
+    const auto o = run_built("gpuipc", args, env);
     EXPECT_EQ(o.exit_code, 2) << args[0] << " " << args[1] << " " << args[2] << ": " << o.out << o.err;
     EXPECT_NE(o.err.find("whole number"), std::string::npos) << o.err;
   }
@@ -62,7 +57,7 @@ TEST(CliArguments, CountsAreDecimalDigitsThatFit) {
                                                         {"--quota-opens", "-1"},
                                                         {"--quota-opens", "0x10"},
                                                         {"--quota-opens-total", "-1"}}) {
-    const auto o = run("gpuipcd", {"--runtime-dir", dir.file("d"), option, value}, env);
+    const auto o = run_built("gpuipcd", {"--runtime-dir", dir.file("d"), option, value}, env);
     EXPECT_TRUE(o.exit_code >= 100 && o.exit_code <= 127)
         << option << " " << value << ": " << o.exit_code << o.out << o.err;
     EXPECT_NE(o.err.find("whole number"), std::string::npos) << o.err;
@@ -70,36 +65,36 @@ TEST(CliArguments, CountsAreDecimalDigitsThatFit) {
 }
 
 TEST(CliArguments, AnUnknownCommandIsNamedWithTheCommandsThere) {
-  const auto top = run("gpuipc", {"-v", "bogus"});
+  const auto top = run_built("gpuipc", {"-v", "bogus"});
   EXPECT_EQ(top.exit_code, 2) << top.err;
   EXPECT_NE(top.err.find("unknown command 'bogus' for 'gpuipc'"), std::string::npos) << top.err;
   EXPECT_NE(top.err.find("ls, stat, rm"), std::string::npos) << top.err;
-  const auto mps = run("gpuipc", {"mps", "strat"});
+  const auto mps = run_built("gpuipc", {"mps", "strat"});
   EXPECT_EQ(mps.exit_code, 2) << mps.err;
   EXPECT_NE(mps.err.find("unknown command 'strat' for 'gpuipc mps'; the commands are start, stop, status, env"),
             std::string::npos)
       << mps.err;
   // An unknown option where a command was wanted is named too: CLI11 said only that a subcommand is required.
-  const auto option = run("gpuipc", {"--json"});
+  const auto option = run_built("gpuipc", {"--json"});
   EXPECT_EQ(option.exit_code, 2) << option.err;
   EXPECT_NE(option.err.find("unknown option '--json' for 'gpuipc'"), std::string::npos) << option.err;
   EXPECT_NE(option.err.find("ls, stat, rm"), std::string::npos) << option.err;
   EXPECT_EQ(option.err.find("A subcommand is required"), std::string::npos) << option.err;
-  const auto mps_option = run("gpuipc", {"mps", "--bogus"});
+  const auto mps_option = run_built("gpuipc", {"mps", "--bogus"});
   EXPECT_EQ(mps_option.exit_code, 2) << mps_option.err;
   EXPECT_NE(mps_option.err.find("unknown option '--bogus' for 'gpuipc mps'"), std::string::npos) << mps_option.err;
   EXPECT_NE(mps_option.err.find("start, stop, status, env"), std::string::npos) << mps_option.err;
-  const auto before = run("gpuipc", {"--bogus", "ls"});  // (CLI11 named it already)
+  const auto before = run_built("gpuipc", {"--bogus", "ls"});  // (CLI11 named it already)
   EXPECT_EQ(before.exit_code, 2) << before.err;
   EXPECT_NE(before.err.find("--bogus"), std::string::npos) << before.err;
   // The word as typed may hold escape sequences for the terminal, or be very long: shown escaped and cut short.
-  const auto raw = run("gpuipc", {"\x1b[2Jbogus\n" + std::string(1000, 'x')});
+  const auto raw = run_built("gpuipc", {"\x1b[2Jbogus\n" + std::string(1000, 'x')});
   EXPECT_EQ(raw.exit_code, 2) << raw.err;
   EXPECT_NE(raw.err.find("unknown command '\\x1b[2Jbogus\\x0axxx"), std::string::npos) << raw.err;
   EXPECT_EQ(raw.err.find('\x1b'), std::string::npos) << raw.err;
   EXPECT_EQ(std::count(raw.err.begin(), raw.err.end(), '\n'), 1) << raw.err;
   EXPECT_LT(raw.err.size(), 400U) << raw.err;
-  const auto none = run("gpuipc", {});  // no word left over: CLI11's own message
+  const auto none = run_built("gpuipc", {});  // no word left over: CLI11's own message
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_NE(none.err.find("A subcommand is required"), std::string::npos) << none.err;
 }
@@ -111,7 +106,7 @@ TEST(CliArguments, RmOfAPoolOrAChannelRemovesItsChunksOrBuffersToo) {
   {
     auto c = Channel::create(chan, {.slots = 2, .slot_bytes = 4096, .kind = SegmentKind::Host}, ChannelRole::Producer);
   }
-  const auto o = run("gpuipc", {"rm", pool, chan});
+  const auto o = run_built("gpuipc", {"rm", pool, chan});
   ASSERT_EQ(o.exit_code, 0) << o.err;
   for (const auto& left : {pool, pool + ".chunk.0", chan, chan + ".slots"}) {
     EXPECT_THROW(Segment::stat(left), Error) << left << " was left behind";
@@ -119,7 +114,7 @@ TEST(CliArguments, RmOfAPoolOrAChannelRemovesItsChunksOrBuffersToo) {
   // It stops at the first name it cannot remove, and says which it left.
   const auto keep = unique_name("keep");
   { auto s = Segment::create(keep, 4096, {.kind = SegmentKind::Host}); }
-  const auto stopped = run("gpuipc", {"rm", pool, keep});
+  const auto stopped = run_built("gpuipc", {"rm", pool, keep});
   EXPECT_EQ(stopped.exit_code, 5) << stopped.err;
   EXPECT_NE(stopped.err.find("not removed: '" + keep + "'"), std::string::npos) << stopped.err;
   Segment::unlink(keep);
@@ -147,7 +142,7 @@ TEST(CliArguments, RmOfAChannelOfAnotherReleaseOrOfAPoolsLeftChunksRemovesThemAl
     auto c = Channel::create(half, {.slots = 2, .slot_bytes = 4096, .kind = SegmentKind::Host}, ChannelRole::Producer);
   }
   Segment::unlink(half);
-  const auto o = run("gpuipc", {"rm", chan, pool, half});
+  const auto o = run_built("gpuipc", {"rm", chan, pool, half});
   EXPECT_EQ(o.exit_code, 0) << o.err;
   for (const auto& left : {chan, chan + ".slots", pool + ".chunk.0", half + ".slots"}) {
     EXPECT_THROW(Segment::stat(left), Error) << left << " was left behind";
@@ -156,7 +151,7 @@ TEST(CliArguments, RmOfAChannelOfAnotherReleaseOrOfAPoolsLeftChunksRemovesThemAl
 }
 
 TEST(CliArguments, LeadingZerosAreDecimal) {
-  const auto o = run("gpuipc", {"top", "--json", "-n", "010", "--interval", "0.01"});
+  const auto o = run_built("gpuipc", {"top", "--json", "-n", "010", "--interval", "0.01"});
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 10) << "octal would have made it 8";
 }
@@ -166,10 +161,10 @@ TEST(CliArguments, NumbersThatAreNotFiniteAreRefused) {
                                                                 {"top", "-i", "inf", "--once"},
                                                                 {"top", "-i", "1e999", "--once"},
                                                                 {"watch", "x", "--timeout", "nan"}}) {
-    const auto o = run("gpuipc", args);
+    const auto o = run_built("gpuipc", args);
     EXPECT_EQ(o.exit_code, 2) << args[0] << " " << args[2] << ": " << o.out << o.err;
   }
-  const auto both = run("gpuipc", {"top", "--once", "-n", "3"});
+  const auto both = run_built("gpuipc", {"top", "--once", "-n", "3"});
   EXPECT_EQ(both.exit_code, 2) << "--once and -n do not go together: " << both.out << both.err;
 }
 
@@ -181,7 +176,7 @@ TEST(CliArguments, SecondsThatAreNoPlainNumberOrOutOfRangeSaySo) {
            {{"top", "-i", "0", "--once"}, "'0' is out of range: 0.01 to 3600 seconds"},
            {{"watch", "x", "--timeout", "-1"}, "'-1' is too small: 0 seconds at least"},
            {{"watch", "x", "--timeout", ""}, "'' is not a number of seconds"}}) {
-    const auto o = run("gpuipc", args);
+    const auto o = run_built("gpuipc", args);
     EXPECT_EQ(o.exit_code, 2) << args[0] << " " << args[2] << ": " << o.out << o.err;
     EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
     EXPECT_LT(o.err.size(), 300U) << o.err;
@@ -195,7 +190,7 @@ TEST(CliArguments, DemoChecksItsCountsBeforeStarting) {
                                                                 {"demo", "--host", "--frame-mib", "-1"},
                                                                 {"demo", "--host", "--frame-mib", "100000"}}) {
     const auto t0 = std::chrono::steady_clock::now();
-    const auto o = run("gpuipc", args);
+    const auto o = run_built("gpuipc", args);
     EXPECT_EQ(o.exit_code, 2) << args[2] << " " << args[3] << ": " << o.out << o.err;
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << "refused before the workers start";
   }
@@ -205,8 +200,8 @@ TEST(CliArguments, ADemoWhoseProducerFailsStopsItsConsumerAtOnce) {
   // The consumer was collected first, and it waited 30 s for a channel the producer had failed to make.
   const TempDir dir("gpuipc-demo-quota");
   const auto start = std::chrono::steady_clock::now();
-  const auto o = run("gpuipc", {"demo", "--host", "--frames", "10"},
-                     {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_QUOTA_BYTES=1048576"});
+  const auto o = run_built("gpuipc", {"demo", "--host", "--frames", "10"},
+                           {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_QUOTA_BYTES=1048576"});
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
   EXPECT_NE(o.err.find("quota exceeded"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("consumer: stopped when the producer failed"), std::string::npos) << o.err;
@@ -251,41 +246,42 @@ TEST(CliArguments, BenchRefusesAnEmptyResultPathAndListsTheSuitesNamed) {
   for (const auto& [option, says] :
        std::vector<std::pair<std::string, std::string>>{{"--out-dir", "--out-dir: an empty path; give a directory"},
                                                         {"--json", "--json: an empty path; give a file"}}) {
-    const auto o = run("gpuipc", {"bench", "--quick", option, "", "list"});
+    const auto o = run_built("gpuipc", {"bench", "--quick", option, "", "list"});
     EXPECT_EQ(o.exit_code, 2) << option << ": " << o.out << o.err;
     EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
     EXPECT_TRUE(o.out.empty()) << o.out;
   }
-  const auto listed = run("gpuipc", {"bench", "list", "counting"});
+  const auto listed = run_built("gpuipc", {"bench", "list", "counting"});
   EXPECT_EQ(listed.exit_code, 0) << listed.out << listed.err;
   EXPECT_EQ(listed.out.rfind("counting ", 0), 0U) << listed.out;
   EXPECT_EQ(std::count(listed.out.begin(), listed.out.end(), '\n'), 1) << listed.out;
-  const auto all = run("gpuipc", {"bench", "list"});
+  const auto all = run_built("gpuipc", {"bench", "list"});
   EXPECT_EQ(all.exit_code, 0) << all.err;
   EXPECT_GT(std::count(all.out.begin(), all.out.end(), '\n'), 1) << all.out;
-  const auto unknown = run("gpuipc", {"bench", "list", "nosuchsuite"});
+  const auto unknown = run_built("gpuipc", {"bench", "list", "nosuchsuite"});
   EXPECT_EQ(unknown.exit_code, 2) << unknown.out << unknown.err;
   EXPECT_NE(unknown.err.find("no suite 'nosuchsuite'"), std::string::npos) << unknown.err;
 }
 
 TEST(CliArguments, ABrokerThatCannotBeStartedExits7NamingGpuipcDaemon) {
   const TempDir dir("gpuipc-args");
-  const auto o = run("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_DAEMON=/nonexistent/gpuipcd"});
+  const auto o =
+      run_built("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_DAEMON=/nonexistent/gpuipcd"});
   EXPECT_EQ(o.exit_code, 7) << o.out << o.err;
   EXPECT_NE(o.err.find("GPUIPC_DAEMON"), std::string::npos) << o.err;
   // A GPUIPC_DAEMON that is no program this user may run (execv's EACCES) is that, not a directory this user
   // cannot start a broker in (exit 6, "set GPUIPC_RUNTIME_DIR to a directory of your own").
   write_file(dir.file("not-executable"), "#!/bin/sh\n");
   ASSERT_EQ(::chmod(dir.file("not-executable").c_str(), 0644), 0);
-  const auto denied =
-      run("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.file("run"), "GPUIPC_DAEMON=" + dir.file("not-executable")});
+  const auto denied = run_built(
+      "gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.file("run"), "GPUIPC_DAEMON=" + dir.file("not-executable")});
   EXPECT_EQ(denied.exit_code, 7) << denied.out << denied.err;
   EXPECT_NE(denied.err.find("GPUIPC_DAEMON"), std::string::npos) << denied.err;
   EXPECT_NE(denied.err.find("Permission denied"), std::string::npos) << denied.err;
   EXPECT_EQ(denied.err.find("GPUIPC_RUNTIME_DIR"), std::string::npos) << denied.err;
   // `daemon --foreground` runs it in place: why it cannot, and which variable named it.
-  const auto foreground = run("gpuipc", {"daemon", "--foreground"},
-                              {"GPUIPC_RUNTIME_DIR=" + dir.file("run"), "GPUIPC_DAEMON=/nonexistent/gpuipcd"});
+  const auto foreground = run_built("gpuipc", {"daemon", "--foreground"},
+                                    {"GPUIPC_RUNTIME_DIR=" + dir.file("run"), "GPUIPC_DAEMON=/nonexistent/gpuipcd"});
   EXPECT_EQ(foreground.exit_code, 1) << foreground.out << foreground.err;
   EXPECT_NE(foreground.err.find("No such file or directory"), std::string::npos) << foreground.err;
   EXPECT_NE(foreground.err.find("GPUIPC_DAEMON"), std::string::npos) << foreground.err;
@@ -297,9 +293,9 @@ TEST(CliArguments, AnUnlimitedConnectTimeoutWaitsForTheBrokerItStarts) {
   const TempDir dir("gpuipc-args");
   const std::vector<std::string> env{"GPUIPC_RUNTIME_DIR=" + dir.file("run"), "GPUIPC_CONNECT_TIMEOUT_MS=unlimited",
                                      "GPUIPC_DAEMON=" + build_bin_dir() + "/gpuipcd"};
-  const auto o = run("gpuipc", {"ls"}, env);
+  const auto o = run_built("gpuipc", {"ls"}, env);
   EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
-  EXPECT_EQ(run("gpuipc", {"daemon", "--stop"}, env).exit_code, 0);
+  EXPECT_EQ(run_built("gpuipc", {"daemon", "--stop"}, env).exit_code, 0);
 }
 
 TEST(CliArguments, TheBrokerLogIsNeitherASymlinkFollowedNorAFifoWaitedOn) {
@@ -335,13 +331,13 @@ TEST(CliArguments, ARuntimeDirectoryThatIsAFileIsRefusedAsUnsafe) {
   for (const auto& [where, says] : std::vector<std::pair<std::string, std::string>>{
            {"afile", "is unsafe: it exists but is not a directory"}, {"open", "writable by group or others"}}) {
     for (const auto& args : std::vector<std::vector<std::string>>{{"ls"}, {"daemon", "status"}, {"daemon", "--stop"}}) {
-      const auto o = run("gpuipc", args, {"GPUIPC_RUNTIME_DIR=" + dir.file(where)});
+      const auto o = run_built("gpuipc", args, {"GPUIPC_RUNTIME_DIR=" + dir.file(where)});
       EXPECT_EQ(o.exit_code, 6) << where << " " << args.back() << ": " << o.out << o.err;
       EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
     }
     // With GPUIPC_NO_AUTOSTART=1 too: it said only "start one with gpuipc daemon --foreground" (exit 7), which then
     // fails, the directory being unsafe.
-    const auto o = run("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.file(where), "GPUIPC_NO_AUTOSTART=1"});
+    const auto o = run_built("gpuipc", {"ls"}, {"GPUIPC_RUNTIME_DIR=" + dir.file(where), "GPUIPC_NO_AUTOSTART=1"});
     EXPECT_EQ(o.exit_code, 6) << where << ": " << o.out << o.err;
     EXPECT_NE(o.err.find(says), std::string::npos) << o.err;
   }
@@ -351,14 +347,14 @@ TEST(CliArguments, JsonOutputStaysJsonWhenAPathOrAVariableIsNotUtf8) {
   // nlohmann's dump threw on such a string: no JSON at all, exit 1 ("[json.exception.type_error.316] invalid UTF-8
   // byte"), and doctor lost its own exit code.
   const TempDir dir("gpuipc-utf8");
-  const auto status = run("gpuipc", {"daemon", "status", "--json"},
-                          {"GPUIPC_RUNTIME_DIR=" + dir.path() + "/r\xe9", "GPUIPC_NO_AUTOSTART=1"});
+  const auto status = run_built("gpuipc", {"daemon", "status", "--json"},
+                                {"GPUIPC_RUNTIME_DIR=" + dir.path() + "/r\xe9", "GPUIPC_NO_AUTOSTART=1"});
   EXPECT_EQ(status.exit_code, 5) << status.out << status.err;  // no broker there
   nlohmann::json j;
   ASSERT_NO_THROW(j = nlohmann::json::parse(status.out)) << status.out << status.err;
   EXPECT_EQ(j["running"], false);
-  const auto doctor = run("gpuipc", {"doctor", "--json"},
-                          {"CUDA_VISIBLE_DEVICES=\xff", "GPUIPC_CUDA_LIBRARY=/nonexistent/libcuda.so.1"});
+  const auto doctor = run_built("gpuipc", {"doctor", "--json"},
+                                {"CUDA_VISIBLE_DEVICES=\xff", "GPUIPC_CUDA_LIBRARY=/nonexistent/libcuda.so.1"});
   ASSERT_NO_THROW(j = nlohmann::json::parse(doctor.out)) << doctor.out << doctor.err;
   EXPECT_EQ(doctor.exit_code, j["exit_code"].get<int>()) << doctor.err;
 }
@@ -375,7 +371,7 @@ TEST(CliArguments, TopJsonShowsAProcessNameThatIsNotUtf8) {
     return done.wait(60s) ? 0 : 1;
   });
   ASSERT_TRUE(ready.wait(30s));
-  const auto o = run("gpuipc", {"top", "--once", "--json", "--interval", "0.01"});
+  const auto o = run_built("gpuipc", {"top", "--once", "--json", "--interval", "0.01"});
   done.notify();
   EXPECT_EQ(wait_child(child), 0);
   Segment::unlink(name);

@@ -32,16 +32,11 @@ const bool kRegistered = register_broker_environment();
 
 using namespace std::chrono_literals;
 
-ProgramOutcome run(const char* program, const std::vector<std::string>& args,
-                   const std::vector<std::string>& env = {}) {
-  return run_program(build_bin_dir() + "/" + program, args, env, -1, 60s);
-}
-
 TEST(CliBrokerFacts, DaemonStatusAndStopReportAnErrorInsteadOfNoBroker) {
   (void)Segment::list();  // a broker runs (started on demand)
   ASSERT_TRUE(broker_listening());
   for (const std::vector<std::string>& args : {std::vector<std::string>{"daemon", "status"}, {"daemon", "--stop"}}) {
-    const auto o = run("gpuipc", args, {"GPUIPC_CONNECT_TIMEOUT_MS=abc"});
+    const auto o = run_built("gpuipc", args, {"GPUIPC_CONNECT_TIMEOUT_MS=abc"});
     EXPECT_EQ(o.exit_code, 1) << args[1] << ": " << o.out << o.err;
     EXPECT_EQ(o.out.find("no gpuipc broker"), std::string::npos) << o.out;
     EXPECT_NE(o.err.find("GPUIPC_CONNECT_TIMEOUT_MS"), std::string::npos) << o.err;
@@ -49,16 +44,16 @@ TEST(CliBrokerFacts, DaemonStatusAndStopReportAnErrorInsteadOfNoBroker) {
   EXPECT_TRUE(broker_listening()) << "the broker was stopped";
   // Nothing listening is still "no broker" (exit 5 for status, 0 for --stop).
   const TempDir dir("gpuipc-facts");
-  EXPECT_EQ(run("gpuipc", {"daemon", "status"}, {"GPUIPC_RUNTIME_DIR=" + dir.path()}).exit_code, 5);
-  EXPECT_EQ(run("gpuipc", {"daemon", "--stop"}, {"GPUIPC_RUNTIME_DIR=" + dir.path()}).exit_code, 0);
+  EXPECT_EQ(run_built("gpuipc", {"daemon", "status"}, {"GPUIPC_RUNTIME_DIR=" + dir.path()}).exit_code, 5);
+  EXPECT_EQ(run_built("gpuipc", {"daemon", "--stop"}, {"GPUIPC_RUNTIME_DIR=" + dir.path()}).exit_code, 0);
 }
 
 TEST(CliBrokerFacts, GpuipcdReadsAVariableOnlyForAnOptionNotGiven) {
-  EXPECT_EQ(run("gpuipcd", {"--version"}, {"GPUIPC_QUOTA_BYTES=abc"}).exit_code, 0);
-  EXPECT_EQ(run("gpuipcd", {"--help"}, {"GPUIPC_HELLO_TIMEOUT_MS=zz"}).exit_code, 0);
-  EXPECT_EQ(run("gpuipc", {"daemon", "--help"}, {"GPUIPC_RUNTIME_DIR=relative"}).exit_code, 0);
+  EXPECT_EQ(run_built("gpuipcd", {"--version"}, {"GPUIPC_QUOTA_BYTES=abc"}).exit_code, 0);
+  EXPECT_EQ(run_built("gpuipcd", {"--help"}, {"GPUIPC_HELLO_TIMEOUT_MS=zz"}).exit_code, 0);
+  EXPECT_EQ(run_built("gpuipc", {"daemon", "--help"}, {"GPUIPC_RUNTIME_DIR=relative"}).exit_code, 0);
   // A malformed variable whose option is not given still fails, saying which.
-  const auto bad = run("gpuipcd", {"--idle-timeout-ms", "0"}, {"GPUIPC_QUOTA_BYTES=abc"});
+  const auto bad = run_built("gpuipcd", {"--idle-timeout-ms", "0"}, {"GPUIPC_QUOTA_BYTES=abc"});
   EXPECT_EQ(bad.exit_code, 2) << bad.err;
   EXPECT_NE(bad.err.find("GPUIPC_QUOTA_BYTES"), std::string::npos) << bad.err;
   // Given, the option wins: the broker starts (and is stopped again).
@@ -70,15 +65,15 @@ TEST(CliBrokerFacts, GpuipcdReadsAVariableOnlyForAnOptionNotGiven) {
   const std::vector<std::string> here{"GPUIPC_RUNTIME_DIR=" + dir.path(), "GPUIPC_NO_AUTOSTART=1"};
   EXPECT_TRUE(wait_until(
       [&] {
-        return run("gpuipc", {"daemon", "status"}, here).exit_code == 0;
+        return run_built("gpuipc", {"daemon", "status"}, here).exit_code == 0;
       },
       20s, 50ms))
       << read_file(log).value_or("");
-  EXPECT_EQ(run("gpuipc", {"daemon", "--stop"}, here).exit_code, 0);
+  EXPECT_EQ(run_built("gpuipc", {"daemon", "--stop"}, here).exit_code, 0);
   EXPECT_EQ(wait_child(broker, 20s), 0) << read_file(log).value_or("");
   // A relative --runtime-dir is a bad command line (CLI11's 105): clients refuse relative directories, so it would
   // serve nobody.
-  const auto rel = run("gpuipcd", {"--runtime-dir", "relative-dir"});
+  const auto rel = run_built("gpuipcd", {"--runtime-dir", "relative-dir"});
   EXPECT_EQ(rel.exit_code, 105) << rel.err;
   EXPECT_NE(rel.err.find("absolute"), std::string::npos) << rel.err;
 }
@@ -89,7 +84,7 @@ TEST(CliBrokerFacts, RmOfAPartAloneOfALiveChannelOrPoolIsRefused) {
   auto c = Channel::create(chan, {.slots = 2, .slot_bytes = 4096, .kind = SegmentKind::Host}, ChannelRole::Producer);
   auto p = Pool::create(pool, {.kind = SegmentKind::Host, .chunk_bytes = 1 << 16, .max_bytes = 1 << 16});
   for (const auto& [part, owner] : {std::pair{chan + ".slots", chan}, std::pair{pool + ".chunk.0", pool}}) {
-    const auto o = run("gpuipc", {"rm", part});
+    const auto o = run_built("gpuipc", {"rm", part});
     EXPECT_EQ(o.exit_code, 1) << part << ": " << o.err;
     EXPECT_NE(o.err.find("gpuipc rm " + owner), std::string::npos) << o.err;
     EXPECT_NO_THROW(Segment::stat(part)) << part << " was removed";
@@ -99,13 +94,13 @@ TEST(CliBrokerFacts, RmOfAPartAloneOfALiveChannelOrPoolIsRefused) {
   // Whole, they go.
   c = Channel();
   p = Pool();
-  const auto o = run("gpuipc", {"rm", chan, pool});
+  const auto o = run_built("gpuipc", {"rm", chan, pool});
   EXPECT_EQ(o.exit_code, 0) << o.err;
   // A part left behind without its object may go on its own: the pool's chunk after its control block.
   auto q = Pool::create(pool, {.kind = SegmentKind::Host, .chunk_bytes = 1 << 16, .max_bytes = 1 << 16});
   q = Pool();
   Segment::unlink(pool);  // the control block alone
-  EXPECT_EQ(run("gpuipc", {"rm", pool + ".chunk.0"}).exit_code, 0);
+  EXPECT_EQ(run_built("gpuipc", {"rm", pool + ".chunk.0"}).exit_code, 0);
 }
 
 TEST(CliBrokerFacts, ClosedStandardStreamsAreNotTakenByTheLibrarysFds) {

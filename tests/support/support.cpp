@@ -345,6 +345,11 @@ void plan_exec(ExecPlan& plan, const std::string& program, const std::vector<std
 
 }  // namespace
 
+ProgramOutcome run_built(const char* program, const std::vector<std::string>& args,
+                         const std::vector<std::string>& env) {
+  return run_program(build_bin_dir() + "/" + program, args, env, -1, std::chrono::seconds(60));
+}
+
 ProgramOutcome run_program(const std::string& program, const std::vector<std::string>& args,
                            const std::vector<std::string>& env, int keep_fd, std::chrono::milliseconds timeout) {
   int out_pipe[2];

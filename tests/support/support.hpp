@@ -211,6 +211,10 @@ ProgramOutcome run_program(const std::string& program, const std::vector<std::st
                            const std::vector<std::string>& env = {}, int keep_fd = -1,
                            std::chrono::milliseconds timeout = 30s);
 
+/// run_program of `program` ("gpuipc", "gpuipcd") from this build's bin directory, with 60 s to finish.
+ProgramOutcome run_built(const char* program, const std::vector<std::string>& args,
+                         const std::vector<std::string>& env = {});
+
 /// Starts `program` like run_program (same `env` and `keep_fd` rules) but does not wait: its stdout and stderr go
 /// to `log_path`. Returns its pid; the caller must wait_child it.
 pid_t start_program(const std::string& program, const std::vector<std::string>& args,
