@@ -237,7 +237,7 @@ class Channel:
 
     def publish(self, header: bytes, nbytes: int, stream: int, slot: int | None = None) -> int:
         """
-        Publishes the oldest acquired slot; returns its sequence. ``slot``: the sequence it must have (InvalidState otherwise: already published, or older slots are still acquired).
+        Publishes the oldest acquired slot; returns its sequence. ``slot``: the one to publish: on a host channel, one behind older acquired slots is published once they are; InvalidState when already published, or, on a device channel, when older slots are still acquired.
         """
 
     def send_copy(self, source: int, nbytes: int, header: bytes, stream: int, timeout: float | None = None) -> int:
@@ -250,9 +250,9 @@ class Channel:
         Takes the next message: (read-only bytes view of its payload, header bytes, sequence).
         """
 
-    def release(self, stream: int, message: int | None = None) -> int | None:
+    def release(self, stream: int, message: int | None = None, skipped: bool = False) -> int | None:
         """
-        Releases the oldest received message; returns its sequence. ``message``: the sequence it must have: None when that one is no longer held (released, or this handle closed), InvalidState when older ones are.
+        Releases the oldest received message; returns its sequence. ``message``: the one to release: None when it is no longer held (released, or this handle closed); on a host channel (or ``skipped``: an aborted message recv skips), one behind older held messages is released once they are; on a device channel InvalidState.
         """
 
     def incomplete(self, sequence: int) -> bool:
@@ -293,6 +293,12 @@ class Channel:
     def held(self) -> list[int]:
         """
         Sequences of the slots this producer acquired and has not published, or of the messages this consumer received and has not released, oldest first.
+        """
+
+    @property
+    def held_back(self) -> int:
+        """
+        How many slots published, or messages released, ahead of older ones wait for those (host channels).
         """
 
     @property

@@ -9,9 +9,11 @@ Two levels, mirroring the C++ API:
   returns a :class:`Message` whose ``.array`` is a zero-copy view of the slot (NumPy for host channels, an
   ArrayView for ``torch.from_dlpack`` / ``cupy.from_dlpack`` for device channels).
 
-Every received message must be released (``msg.release()`` or ``with ch.recv() as msg:``), oldest first: its
-slot is reused afterwards, so views of it must not be used after release (they stay mapped, but the producer
-overwrites them).
+Every received message must be released (``msg.release()`` or ``with ch.recv() as msg:``): its slot is reused
+afterwards, so views of it must not be used after release (they stay mapped, but the producer overwrites them). A
+handle publishes and releases in order: on a host channel a slot published, or a message released, ahead of older
+ones of the handle (threads sharing it) waits for them; on a device channel that is InvalidState (a handle per
+thread).
 
 The array header ``send`` writes and ``Message.array`` reads (dtype, shape, size, ``meta``) is defined once in C++,
 ``include/gpuipc/array_header.hpp``, where a C++ consumer decodes it; ``_array_header.py`` reads that layout.
@@ -306,7 +308,7 @@ class Channel:
                 return Message(self, view, header, sequence, False, stream)
             if info is None or not info.aborted:
                 return Message(self, view, header, sequence, info, stream)
-            self._ch.release(handle, sequence)
+            self._ch.release(handle, sequence, True)  # (behind older held ones: released once they are)
             if deadline is not None and timeout:  # (a wait that ran out is Timeout, not 0's WouldBlock)
                 left = max(1e-9, deadline - time.monotonic())
 
@@ -451,7 +453,9 @@ class Channel:
         another consumer may take one and release it, letting the producer rewrite the slot while this consumer's
         reads of it are still queued; synchronize the streams that read held messages first (or release them on
         those streams)."""
-        if self._acquired and not self._ch.closed and self._ch.kind == "device":
+        # A host channel's slots published ahead of older ones (threads sharing this handle) go once those are: the
+        # older ones are published as aborted, so that the published ones are not given up with them.
+        if self._acquired and not self._ch.closed and (self._ch.kind == "device" or self._ch.held_back):
             try:
                 for sequence in self._ch.held:
                     self._abort(sequence)
@@ -526,8 +530,9 @@ class Slot:
         return self._channel._torch_view(self._view, key, dtype, shape)
 
     def publish(self, nbytes: int, *, header: bytes = b"", stream: Any = None) -> int:
-        """Publishes this slot (it must be the oldest acquired one) with ``nbytes`` and a raw ``header``, in
-        ``stream`` order (None: the stream it was acquired on)."""
+        """Publishes this slot with ``nbytes`` and a raw ``header``, in ``stream`` order (None: the stream it was
+        acquired on). On a host channel a slot acquired after others of this handle that are not published yet is
+        published once they are; on a device channel it must be the oldest acquired one (InvalidState)."""
         ch = self._channel
         return ch._publish(as_bytes(header, "header"), nbytes, ch._slot_handle(self.sequence, stream), self.sequence)
 
@@ -646,7 +651,10 @@ class Message:
 
     def release(self, *, stream: Any = None) -> None:
         """Gives the slot back in ``stream`` order (device channels: once ``stream`` has finished reading; None:
-        the stream it was received on). Messages are released oldest first: InvalidState otherwise. Idempotent."""
+        the stream it was received on). Idempotent. On a host channel in any order: one released ahead of older
+        messages of this handle (threads sharing it) is given back once they are (and if the handle closes first,
+        goes back to the queue with them). A device channel's messages are released oldest first: InvalidState
+        otherwise (give each thread a handle of its own)."""
         ch = self._channel
         ch._ch.release(ch._handle(stream if stream is not None else self._stream), self.sequence)
 

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -39,7 +40,16 @@ struct ChannelState {
   /// What a view of a slot holds: one shared handle on `slots`, made once (a view per acquire and receive).
   std::shared_ptr<const void> slots_owner;
   std::string name;  // the channel's, for messages while the state is not locked
-  Channel ch;        // declared last: leaves the channel first
+  /// A slot published or a message released ahead of older ones of this handle (threads sharing it), by sequence.
+  /// The core Channel publishes and releases the oldest only: these go once every older one has. Host channels
+  /// (device channels: only an aborted message that recv skips, released from the host; their other calls keep
+  /// the order, as a stream kept for later might be destroyed meanwhile).
+  struct Early {
+    std::string header;      // a publish's
+    std::size_t nbytes = 0;  // a publish's
+  };
+  std::map<std::uint64_t, Early> early;
+  Channel ch;  // declared last: leaves the channel first
 };
 
 struct PyChannel {
@@ -140,12 +150,43 @@ std::shared_ptr<const void> owner_of(const Locked& g, std::uintptr_t address) {
   return g.state;
 }
 
-/// Whether this handle holds `sequence` (an acquired slot or a received message).
-bool holds(const Channel& ch, std::uint64_t sequence) {
-  for (std::uint32_t i = 0; i < ch.held(); ++i) {
-    if (ch.held_sequence(i) == sequence) return true;
+/// Whether this handle holds `sequence` (an acquired slot or a received message) and has not published or released
+/// it ahead of older ones.
+bool holds(const ChannelState& st, std::uint64_t sequence) {
+  if (st.early.count(sequence) != 0) return false;
+  for (std::uint32_t i = 0; i < st.ch.held(); ++i) {
+    if (st.ch.held_sequence(i) == sequence) return true;
   }
   return false;
+}
+
+/// What this handle holds and has not published or released, oldest first.
+std::vector<std::uint64_t> held_sequences(const ChannelState& st) {
+  std::vector<std::uint64_t> held;
+  for (std::uint32_t i = 0; i < st.ch.held(); ++i) {
+    if (st.early.count(st.ch.held_sequence(i)) == 0) held.push_back(st.ch.held_sequence(i));
+  }
+  return held;
+}
+
+/// After the oldest went: publishes or releases, from the host, those that waited for it (ChannelState::early).
+void settle_early(ChannelState& st) {
+  while (st.ch.held() > 0) {
+    const auto at = st.early.find(st.ch.held_sequence(0));
+    if (at == st.early.end()) return;
+    const std::uint64_t sequence = at->first;
+    const ChannelState::Early e = std::move(at->second);
+    st.early.erase(at);
+    const auto what = [&] {
+      return fmt::format("{} of {} {} on channel '{}' (held back until the older ones went)",
+                         st.ch.role() == ChannelRole::Producer ? "publish" : "release",
+                         st.ch.role() == ChannelRole::Producer ? "slot" : "message", sequence, st.name);
+    };
+    const std::span<const std::byte> h(reinterpret_cast<const std::byte*>(e.header.data()), e.header.size());
+    const Status s =
+        st.ch.role() == ChannelRole::Producer ? st.ch.publish(nullptr, h, e.nbytes) : st.ch.release(nullptr);
+    if (s != Status::Ok) check_status(s, what());
+  }
 }
 
 std::string role_name(ChannelRole r) { return r == ChannelRole::Producer ? "producer" : "consumer"; }
@@ -317,13 +358,23 @@ void bind_channel(nb::module_& m) {
              std::optional<std::uint64_t> slot) {
             const Locked g = lock(c);
             auto what = [&] { return "publish on channel '" + g.ch().name() + "'"; };
+            if (slot && !holds(*g.state, *slot)) {
+              throw StatusError(Status::InvalidState,
+                                fmt::format("slot {} of channel '{}': already published", *slot, g.ch().name()));
+            }
             if (g.ch().held() == 0) throw StatusError(Status::InvalidState, what() + ": no slot is acquired");
             const std::uint64_t sequence = g.ch().held_sequence(0);
             if (slot && *slot != sequence) {
-              throw StatusError(
-                  Status::InvalidState,
-                  fmt::format("slot {} of channel '{}': {}", *slot, g.ch().name(),
-                              holds(g.ch(), *slot) ? "publish the older acquired slots first" : "already published"));
+              if (g.ch().kind() == SegmentKind::Device) {
+                throw StatusError(Status::InvalidState,
+                                  fmt::format("slot {} of channel '{}': publish the older acquired slots first (a "
+                                              "device channel's slots are published in the order acquired: give each "
+                                              "thread a handle of its own)",
+                                              *slot, g.ch().name()));
+              }
+              // A host channel: published once the older ones are (another thread of this handle has them).
+              g.state->early[*slot] = {std::string(header.c_str(), header.size()), nbytes};
+              return *slot;
             }
             const std::span<const std::byte> h(static_cast<const std::byte*>(header.data()), header.size());
             const std::uint32_t held = g.ch().held();
@@ -334,11 +385,13 @@ void bind_channel(nb::module_& m) {
                                        "neither rejoined nor exited in time) and gave its slot up");
             }
             if (s != Status::Ok) check_status(s, what());
+            settle_early(*g.state);
             return sequence;
           },
           "header"_a, "nbytes"_a, "stream"_a, "slot"_a = nb::none(),
-          "Publishes the oldest acquired slot; returns its sequence. ``slot``: the sequence it must have "
-          "(InvalidState otherwise: already published, or older slots are still acquired).")
+          "Publishes the oldest acquired slot; returns its sequence. ``slot``: the one to publish: on a host "
+          "channel, one behind older acquired slots is published once they are; InvalidState when already "
+          "published, or, on a device channel, when older slots are still acquired.")
       .def(
           "send_copy",
           [](PyChannel& c, std::uintptr_t source, std::size_t nbytes, nb::bytes header, std::uintptr_t stream,
@@ -372,21 +425,26 @@ void bind_channel(nb::module_& m) {
           "Takes the next message: (read-only bytes view of its payload, header bytes, sequence).")
       .def(
           "release",
-          [](PyChannel& c, std::uintptr_t stream,
-             std::optional<std::uint64_t> message) -> std::optional<std::uint64_t> {
+          [](PyChannel& c, std::uintptr_t stream, std::optional<std::uint64_t> message,
+             bool skipped) -> std::optional<std::uint64_t> {
             if (message && !c.state) return std::nullopt;  // a closed handle gave its messages back
             const Locked g = lock(c);
             auto what = [&] { return "release on channel '" + g.ch().name() + "'"; };
-            if (message && !holds(g.ch(), *message)) return std::nullopt;  // released already
+            if (message && !holds(*g.state, *message)) return std::nullopt;  // released already
             if (g.ch().held() == 0) throw StatusError(Status::InvalidState, what() + ": no message is held");
             const std::uint64_t sequence = g.ch().held_sequence(0);
             if (message && *message != sequence) {
-              std::vector<std::uint64_t> held;
-              for (std::uint32_t i = 0; i < g.ch().held(); ++i) held.push_back(g.ch().held_sequence(i));
-              throw StatusError(Status::InvalidState,
-                                fmt::format("message {} of channel '{}': release the older messages first (held: "
-                                            "[{}])",
-                                            *message, g.ch().name(), fmt::join(held, ", ")));
+              if (g.ch().kind() == SegmentKind::Device && !skipped) {
+                throw StatusError(Status::InvalidState,
+                                  fmt::format("message {} of channel '{}': release the older messages first (held: "
+                                              "[{}]; a device channel's messages are released in the order received: "
+                                              "give each thread a handle of its own)",
+                                              *message, g.ch().name(), fmt::join(held_sequences(*g.state), ", ")));
+              }
+              // Released once the older ones are (another thread of this handle has them), from the host: a host
+              // channel's release waits for no stream, and an aborted message was read by none.
+              g.state->early[*message] = {};
+              return *message;
             }
             const std::uint32_t held = g.ch().held();
             const Status s = g.ch().release(to_stream(stream));
@@ -397,12 +455,14 @@ void bind_channel(nb::module_& m) {
                                        "consumer");
             }
             if (s != Status::Ok) check_status(s, what());
+            settle_early(*g.state);
             return sequence;
           },
-          "stream"_a, "message"_a = nb::none(),
-          "Releases the oldest received message; returns its sequence. ``message``: the sequence it must have: "
-          "None when that one is no longer held (released, or this handle closed), InvalidState when older ones "
-          "are.")
+          "stream"_a, "message"_a = nb::none(), "skipped"_a = false,
+          "Releases the oldest received message; returns its sequence. ``message``: the one to release: None when "
+          "it is no longer held (released, or this handle closed); on a host channel (or ``skipped``: an aborted "
+          "message recv skips), one behind older held messages is released once they are; on a device channel "
+          "InvalidState.")
       .def(
           "incomplete",
           [](PyChannel& c, std::uint64_t sequence) {
@@ -424,21 +484,17 @@ void bind_channel(nb::module_& m) {
           "holds",
           [](const PyChannel& c, std::uint64_t sequence) {
             if (!c.state) return false;
-            return holds(lock(c).ch(), sequence);
+            return holds(*lock(c).state, sequence);
           },
           "sequence"_a,
           "Whether this handle holds ``sequence`` (an acquired slot, a received message); False once closed.")
       .def_prop_ro(
-          "held",
-          [](PyChannel& c) {
-            const Locked g = lock(c);
-            std::vector<std::uint64_t> held;
-            held.reserve(g.ch().held());
-            for (std::uint32_t i = 0; i < g.ch().held(); ++i) held.push_back(g.ch().held_sequence(i));
-            return held;
-          },
+          "held", [](PyChannel& c) { return held_sequences(*lock(c).state); },
           "Sequences of the slots this producer acquired and has not published, or of the messages this consumer "
           "received and has not released, oldest first.")
+      .def_prop_ro(
+          "held_back", [](PyChannel& c) { return lock(c).state->early.size(); },
+          "How many slots published, or messages released, ahead of older ones wait for those (host channels).")
       .def_prop_ro("stats", [](PyChannel& c) { return stats_dict(lock(c).ch().stats()); })
       .def_prop_rw(
           "pacing", [](PyChannel& c) { return std::chrono::duration<double>(lock(c).ch().pacing()).count(); },

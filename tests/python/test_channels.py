@@ -56,16 +56,14 @@ def test_message_order_and_release_rules(name):
             tx.send(np.full(3, i, dtype=np.uint8))
         m0, m1 = rx.recv(timeout=5), rx.recv(timeout=5)
         assert (m0.sequence, m1.sequence) == (0, 1)
-        with pytest.raises(gpuipc.InvalidState, match="older messages first"):
-            m1.release()
+        arr = m0.array
         m0.release()
         m0.release()  # idempotent
         assert m0.released and not m1.released
         with pytest.raises(gpuipc.InvalidState, match="released"):
             m0.array
-        arr = m1.array
+        assert arr[0] == 0  # still mapped (but the slot may be reused: views must not outlive release)
         m1.release()
-        assert arr[0] == 1  # still mapped (but the slot may be reused: views must not outlive release)
         with rx.recv(timeout=5) as m2:
             assert m2.array[0] == 2
         with pytest.raises(gpuipc.InvalidState):
@@ -73,165 +71,99 @@ def test_message_order_and_release_rules(name):
         assert "released" in repr(m2)
 
 
-def test_back_pressure_and_timeouts(name):
-    with _host_channel(name, slots=2) as tx, gpuipc.Channel.open(name, "consumer") as rx:
-        tx.send(np.zeros(4))
-        tx.send(np.ones(4))
-        t0 = time.monotonic()
-        with pytest.raises(gpuipc.Timeout):
-            tx.send(np.ones(4), timeout=0.2)
-        assert time.monotonic() - t0 >= 0.15
+def test_a_host_channel_publishes_and_releases_out_of_order_once_the_older_ones_go(name):
+    # The core Channel publishes and releases a handle's oldest only; threads sharing a handle cannot keep that
+    # order. A slot published (a message released) ahead of older ones waited for nothing and was refused: the
+    # Slot's `with` then failed to give it up too, and the handle held it for good.
+    with _host_channel(name, slots=4) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        s0, s1, s2 = (tx.acquire(timeout=1) for _ in range(3))
+        assert s1.publish(3) == 1 and s1.published and not s0.published
+        assert tx._ch.held == [0, 2] and tx._ch.held_back == 1
         with pytest.raises(gpuipc.WouldBlock):
-            tx.acquire(timeout=0)
-        assert tx.stats.head == 2  # the timed-out send claimed nothing
-        rx.recv(timeout=1).release()
-        tx.send(np.full(4, 2.0), timeout=1)
-        got = []
-        for _ in range(2):
-            with rx.recv(timeout=1) as m:
-                got.append(float(m.array[0]))
-        assert got == [1.0, 2.0]
+            rx.receive(timeout=0)  # message 1 waits for message 0
+        assert s0.publish(5) == 0 and tx._ch.held == [2] and tx._ch.held_back == 0
+        m0, m1 = rx.receive(timeout=1), rx.receive(timeout=1)
+        assert (m0.sequence, m0.size, m1.sequence, m1.size) == (0, 5, 1, 3)
+        m1.release()
+        assert m1.released and not m0.released and rx._ch.held == [0] and rx._ch.held_back == 1
+        assert rx.stats.free_slots == 1  # slot 3, never used: message 1's goes once message 0 does
+        m1.release()  # idempotent
+        m0.release()
+        assert rx._ch.held == [] and rx._ch.held_back == 0
+        with s2:  # given up: published as aborted, skipped by recv
+            pass
         with pytest.raises(gpuipc.WouldBlock):
             rx.recv(timeout=0)
-        with pytest.raises(gpuipc.Timeout):
-            rx.recv(timeout=0.1)
 
 
-def test_too_big_is_refused_before_acquiring(name):
-    with _host_channel(name, slot_bytes=256, header_bytes=64) as tx, gpuipc.Channel.open(name, "consumer"):
-        with pytest.raises(gpuipc.InvalidArgument, match="do not fit in a slot"):
-            tx.send(np.zeros(1000))
-        with pytest.raises(gpuipc.InvalidArgument, match="header"):
-            tx.send(np.zeros([1] * 6))  # 24 + 48 bytes of header > 64
-        with pytest.raises(gpuipc.InvalidArgument, match="header"):
-            tx.send(np.zeros(2), meta=b"x" * 64)
-        with pytest.raises(TypeError):
-            tx.send(np.array([object()]))
-        with pytest.raises(TypeError):
-            tx.send("text")
-        assert tx.stats.head == 0 and tx.stats.free_slots == 4
-
-
-def test_zero_copy_slots_and_raw_messages(name):
+def test_recv_skips_an_aborted_message_behind_a_held_one(name):
+    # recv released the aborted message it skipped while the caller held an older one: InvalidState about a message
+    # the caller never saw, and the handle held the aborted one for good.
     with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
-        slot = tx.acquire(timeout=1)
-        assert slot.capacity == 4096 and not slot.published
-        a = slot.as_array("float32", (4, 4))
-        a[:] = np.eye(4)
-        assert slot.publish_array("float32", (4, 4), meta=b"eye") == slot.sequence
-        assert slot.published
-        # Raw: any header, any bytes.
-        raw = tx.acquire(timeout=1)
-        np.frombuffer(raw.data, dtype=np.uint8, count=5)[:] = np.frombuffer(b"hello", dtype=np.uint8)
-        raw.publish(5, header=b"\x01\x02")
-        with rx.receive(timeout=1) as m:
-            assert np.array_equal(m.array, np.eye(4, dtype=np.float32)) and m.meta == b"eye"
-        with rx.receive(timeout=1) as m:
-            assert m.header == b"\x01\x02" and m.size == 5
-            assert bytes(np.asarray(m.data)) == b"hello"
-            assert bytes(m.as_array("uint8", 5)) == b"hello"
-            with pytest.raises(gpuipc.InvalidState, match="not sent with Channel.send"):
-                m.array
-
-
-def test_publish_array_headers_follow_each_spelling(name):
-    """publish_array remembers each (dtype, shape, meta) spelling's header: alternating spellings, unhashable ones
-    and bad ones each give their own header or error."""
-    with _host_channel(name, slots=2, slot_bytes=4096, header_bytes=64) as tx, gpuipc.Channel.open(
-        name, "consumer"
-    ) as rx:
-        spellings = [
-            ("float32", (4, 4), b"a"),
-            ("int16", (2, 3), b""),
-            ("float32", (4, 4), b"a"),
-            (np.dtype("float64"), [3], bytearray(b"bb")),  # a list shape and bytearray meta: not remembered
-            ("uint8", 5, b""),
-            ("int16", (2, 3), b""),
-            ("float32", (16,), b"a"),
-        ]
-        for round_ in range(2):
-            for dtype, shape, meta in spellings:
-                slot = tx.acquire(timeout=1)
-                slot.publish_array(dtype, shape, meta=meta)
-                with rx.recv(timeout=1) as m:
-                    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-                    want = np.dtype(dtype)
-                    assert (m.dtype, m.shape, m.meta, m.size) == (want, dims, bytes(meta), want.itemsize * int(np.prod(dims)))
-        for bad, error, match in [
-            (("float32", (2000,), b""), gpuipc.InvalidArgument, "do not fit in a slot"),
-            (("uint8", (-1, 4), b""), gpuipc.InvalidArgument, "negative dimension"),
-            (("uint8", (1,) * 6, b""), gpuipc.InvalidArgument, "header"),
-            (("no-such-type", (1,), b""), TypeError, "element type"),
-        ]:
-            slot = tx.acquire(timeout=1)
-            for _ in range(2):  # refused the same way again (an error is not remembered)
-                with pytest.raises(error, match=match):
-                    slot.publish_array(*bad[:2], meta=bad[2])
-            assert not slot.published
-            slot.publish(0)
-            rx.recv(timeout=1).release()
-        assert tx.stats.free_slots == 2
-
-
-def test_unpublished_slot_is_skipped_by_recv(name):
-    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
-        with pytest.raises(RuntimeError, match="boom"):
-            with tx.acquire(timeout=1) as slot:
-                slot.as_array("uint8", 1)[0] = 1
-                raise RuntimeError("boom")
-        with tx.acquire(timeout=1):
-            pass  # forgotten: published as aborted too
-        tx.send(np.array([7, 8, 9]))
-        with rx.recv(timeout=1) as m:
-            assert list(m.array) == [7, 8, 9] and m.sequence == 2
-        assert tx.stats.free_slots == 4
-        assert not tx._acquired  # the streams of slots acquired are forgotten once published or aborted
-
-
-def test_a_slot_given_up_on_a_channel_with_short_headers(name):
-    """With header_bytes under 24 there is no room for the aborted mark: a slot given up is published as an empty
-    message, and the exception that left the block is the one raised. Before, the failed abort raised InvalidState in
-    its place and left the slot acquired, refusing every later publish."""
-    with _host_channel(name, header_bytes=0) as tx, gpuipc.Channel.open(name, "consumer") as rx:
-        with pytest.raises(RuntimeError, match="boom"):
-            with tx.acquire(timeout=1):
-                raise RuntimeError("boom")
-        assert not tx._ch.held
-        slot = tx.acquire(timeout=1)
-        slot.as_array("uint8", 3)[:] = [1, 2, 3]
-        slot.publish(3)
-        with rx.receive(timeout=1) as m0:
-            assert (m0.sequence, m0.size, m0.header) == (0, 0, b"")
-        with rx.receive(timeout=1) as m1:
-            assert m1.sequence == 1 and m1.as_array("uint8", 3).tolist() == [1, 2, 3]
-
-
-def test_an_array_of_an_element_type_numpy_lacks_is_received_raw(name):
-    """A C++ producer may send an array header of a type NumPy has no dtype for (float8: DLPack float, 8 bits).
-    recv returns the message, whose .array raises TypeError saying so; it can be released. Before, recv raised
-    TypeError and kept the message held with no handle to release it by."""
-    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
-        fp8 = _array_header._HEADER.pack(_array_header.ARRAY_HEADER_MAGIC, _array_header._VERSION, 1, 0, 2, 8, 1, 0, 4)
-        slot = tx.acquire(timeout=1)
-        slot.publish(4, header=fp8 + struct.pack("<q", 4))
         tx.send(np.arange(3))
-        msg = rx.recv(timeout=1)
-        assert msg.sequence == 0 and msg.size == 4 and "Message 0" in repr(msg)
-        with pytest.raises(TypeError, match="code=2, bits=8"):
-            msg.array
-        msg.release()
-        with rx.recv(timeout=1) as m1:
-            assert m1.array.tolist() == [0, 1, 2]
+        with tx.acquire(timeout=1):  # given up: aborted
+            pass
+        tx.send(np.arange(5))
+        m0 = rx.recv(timeout=1)
+        m2 = rx.recv(timeout=1)
+        assert (m0.sequence, m2.sequence) == (0, 2) and m2.array.shape == (5,)
+        assert rx._ch.held == [0, 2]
+        m0.release()
+        m2.release()
+        assert rx._ch.held == [] and rx._ch.held_back == 0
+
+
+def test_threads_sharing_one_handle_of_each_role(name):
+    # Two producer threads and two consumer threads, each pair on one handle, each thread with its own `with`
+    # blocks: every message arrives once (the handles were wedged at the first release or publish out of order).
+    import threading
+
+    per_thread = 500
+    with _host_channel(name, slots=8, slot_bytes=64) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        got, errors = [], []
+
+        def produce(base):
+            try:
+                for i in range(per_thread):
+                    with tx.acquire(timeout=30) as slot:
+                        slot.as_array("int64", (1,))[0] = base + i
+                        slot.publish_array("int64", (1,))
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        def consume():
+            try:
+                while True:
+                    try:
+                        with rx.recv(timeout=5) as msg:
+                            got.append(int(msg.array[0]))
+                    except gpuipc.Timeout:
+                        return
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=produce, args=(b,)) for b in (0, 10**6)]
+        threads += [threading.Thread(target=consume) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == []
+        assert sorted(got) == sorted(list(range(per_thread)) + [10**6 + i for i in range(per_thread)])
+        assert tx._ch.held == [] and rx._ch.held == [] and tx._ch.held_back == 0 and rx._ch.held_back == 0
 
 
 def test_publish_order_rules(name):
     with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer"):
         s0, s1 = tx.acquire(timeout=1), tx.acquire(timeout=1)
-        with pytest.raises(gpuipc.InvalidState, match="older acquired slots first"):
+        s1.publish(1)  # (held back until s0 is published)
+        with pytest.raises(gpuipc.InvalidState, match="already published"):
             s1.publish(1)
         s0.publish(1)
         with pytest.raises(gpuipc.InvalidState, match="already published"):
             s0.publish(1)
+        tx.acquire(timeout=1)
         tx.publish(1)
         with pytest.raises(gpuipc.InvalidState, match="no slot is acquired"):
             tx.publish(1)
@@ -396,14 +328,10 @@ def test_held_state_is_the_librarys(name):
     with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
         s0, s1 = tx.acquire(timeout=1), tx.acquire(timeout=1)
         assert tx._ch.held == [0, 1] and not s0.published
-        with pytest.raises(gpuipc.InvalidState, match="older acquired slots first"):
-            s1.publish(0)
         assert s0.publish(0) == 0 and s0.published and tx._ch.held == [1]
         assert tx.publish(0) == 1 and s1.published and tx._ch.held == []
         m0, m1 = rx.receive(timeout=1), rx.receive(timeout=1)
         assert rx._ch.held == [0, 1] and not m0.incomplete
-        with pytest.raises(gpuipc.InvalidState, match=r"release the older messages first \(held: \[0, 1\]\)"):
-            m1.release()
         rx.release()
         assert m0.released and not m1.released and rx._ch.held == [1]
         # A released message's flag stays readable (a device consumer releases in stream order, then checks).

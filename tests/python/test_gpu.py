@@ -98,6 +98,28 @@ def test_host_pinned_segment(name):
         assert isinstance(a, np.ndarray) and seg.device_pointer != 0 and seg.device == 0
 
 
+def test_a_device_channel_keeps_each_handles_order_and_recv_skips_an_aborted_message_behind_a_held_one(name):
+    # Out of order on a device channel stays refused (a stream kept for later might be destroyed meanwhile), saying
+    # to give each thread a handle; an aborted message recv skips is released from the host once the older go.
+    with gpuipc.Channel.create(name, slots=4, slot_bytes=256, kind="device") as tx, \
+            gpuipc.Channel.open(name, "consumer") as rx:
+        s0, s1 = tx.acquire(timeout=10), tx.acquire(timeout=10)
+        with pytest.raises(gpuipc.InvalidState, match="a handle of its own"):
+            s1.publish(8)
+        s0.publish(8)
+        with s1:  # given up: published as aborted
+            pass
+        tx.send(np.arange(4, dtype=np.int32), timeout=10)
+        m0 = rx.receive(timeout=10)
+        m2 = rx.recv(timeout=10)  # skips message 1
+        assert (m0.sequence, m2.sequence) == (0, 2) and rx._ch.held == [0, 2] and rx._ch.held_back == 1
+        with pytest.raises(gpuipc.InvalidState, match="a handle of its own"):
+            m2.release()
+        m0.release()
+        m2.release()
+        assert rx._ch.held == [] and rx._ch.held_back == 0
+
+
 def test_torch_channel_across_processes(name, start):
     torch = _torch()
     count = 40
