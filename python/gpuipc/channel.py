@@ -334,7 +334,9 @@ class Channel:
         """(payload bytes, array header) of an array of ``dtype`` and ``shape`` with ``meta``; remembered for the
         next message of the same spelling (a stream of arrays mostly repeats one)."""
         dt = dtype_of(dtype)
-        dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in (shape or ()))
+        # operator.index, as as_array's shapes: int() would cut a dimension of 1.9 to 1.
+        dims = (operator.index(shape),) if isinstance(shape, (int, np.integer)) else tuple(
+            operator.index(s) for s in (shape or ()))
         if any(d < 0 for d in dims):
             raise InvalidArgument(f"channel '{self.name}': negative dimension in shape {list(dims)}")
         nbytes = math.prod(dims) * dt.itemsize

@@ -57,6 +57,15 @@ class Error(Exception):
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
+    def __reduce__(self) -> tuple:  # type: ignore[override]
+        # Pickled whole (multiprocessing sends a worker's exception back so): OSError's own reduce kept the message
+        # only, and errno came back None.
+        return (_rebuilt, (type(self), str(self), self.code, self.call, self.errno or 0, self.cu_result))
+
+
+def _rebuilt(cls: Type[Error], message: str, code: str, call: str, errno: int, cu_result: int) -> Error:
+    return cls(message, code=code, call=call, errno=errno, cu_result=cu_result)
+
 
 class InvalidArgument(Error, ValueError):
     """A value passed in is out of range or malformed (also: using a closed object)."""

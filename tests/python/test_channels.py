@@ -96,6 +96,15 @@ def test_a_host_channel_publishes_and_releases_out_of_order_once_the_older_ones_
             rx.recv(timeout=0)
 
 
+def test_publish_array_refuses_a_dimension_that_is_no_integer(name):
+    with _host_channel(name) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        with tx.acquire(timeout=1) as slot:
+            with pytest.raises(TypeError):
+                slot.publish_array("float32", (1.9,))  # was published as shape (1,)
+        with pytest.raises(gpuipc.WouldBlock):
+            rx.recv(timeout=0)  # the slot was given up, not published
+
+
 def test_recv_skips_an_aborted_message_behind_a_held_one(name):
     # recv released the aborted message it skipped while the caller held an older one: InvalidState about a message
     # the caller never saw, and the handle held the aborted one for good.

@@ -57,6 +57,18 @@ def test_every_error_class_is_exported():
     assert (str(e), e.code, e.call, e.errno, e.cu_result) == ("no", "PermissionDenied", "open", 13, 0)
 
 
+@pytest.mark.parametrize("cls", [gpuipc.PermissionDenied, gpuipc.NotFound, gpuipc.SystemCallError, gpuipc.CudaError,
+                                 gpuipc.Timeout, gpuipc.Error])
+def test_an_error_pickles_with_its_attributes(cls):
+    # multiprocessing sends a worker's exception back pickled: the OSError ones came back with errno None.
+    import pickle
+
+    e = cls("why", code="Code", call="open", errno=13, cu_result=2)
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is cls
+    assert (str(back), back.code, back.call, back.errno, back.cu_result) == ("why", "Code", "open", 13, 2)
+
+
 def test_translated_error_carries_code_and_call(name):
     with pytest.raises(gpuipc.NotFound) as e:
         gpuipc.Segment.stat(name)
