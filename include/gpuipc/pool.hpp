@@ -157,7 +157,8 @@ class Pool {
   /// thread's current context (on a thread with none, this handle's GPU's: mapping_device() for device pools, the
   /// `device` asked for, else 0, for host_pinned ones). Memory that other processes still hold is reused after they
   /// release it. A block allocated through another handle of the same pool is freed as that handle's. Throws
-  /// Error(InvalidArgument) for an empty (already freed, moved-from) block or one of another pool; Cuda when the
+  /// Error(InvalidArgument) for an empty (already freed, moved-from) block or one of another pool; InvalidState in a
+  /// forked child for a block of its parent's handle (the parent's: the child keeps the Block); Cuda when the
   /// stream write fails (the block is then freed when the call returns).
   void free(Block&& block, StreamHandle stream = nullptr);
 

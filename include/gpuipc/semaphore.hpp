@@ -83,8 +83,8 @@ class Semaphore {
   /// interval, at most 1 ms). With `wake_host`, when a write enqueued now would land at once (the stream and what
   /// it implicitly waits for are idle; on the legacy default stream, an event recorded there completes within
   /// 100 us), the value is raised from the host instead, as signal_host does, which wakes host waiters some 100 us
-  /// sooner (docs/semaphores.md). Returns Ok, PeerDied/Closed (poisoned), InvalidState (a waiter, a host-kind
-  /// semaphore, or value > kSemaphoreMaxValue). Does not allocate or throw. `stream` nullptr (here and in wait):
+  /// sooner (docs/semaphores.md). Returns Ok, PeerDied/Closed (poisoned), InvalidState (a waiter, a forked child's
+  /// copy of its parent's handle, a host-kind semaphore, or value > kSemaphoreMaxValue). Does not allocate or throw. `stream` nullptr (here and in wait):
   /// the legacy default stream of the calling thread's current context, whichever GPU registered the page (the
   /// options' `device`, made current, on a thread with none).
   Status signal(StreamHandle stream, std::uint64_t value, bool wake_host = false) noexcept;
@@ -92,7 +92,8 @@ class Semaphore {
   /// (cuStreamWaitValue64, GEQ). A poison releases the wait. Returns Ok, PeerDied/Closed (already poisoned:
   /// nothing is enqueued), InvalidState (host-kind semaphore).
   Status wait(StreamHandle stream, std::uint64_t value) noexcept;
-  /// Raises the value to `value` from the host (never lowers it) and wakes host waiters.
+  /// Raises the value to `value` from the host (never lowers it) and wakes host waiters. InvalidState for a waiter,
+  /// a forked child's copy of its parent's handle, or value > kSemaphoreMaxValue.
   Status signal_host(std::uint64_t value) noexcept;
   /// Waits on the host until the value reaches `value`: spins briefly, then sleeps (futex). Returns Ok, Timeout,
   /// PeerDied or Closed (poisoned), with the value seen; InvalidState for value > kSemaphoreMaxValue, which the

@@ -399,6 +399,7 @@ void Pool::free(Block&& block, StreamHandle stream) {
   // membership holds the block, so its handle frees it. The Block keeps that handle's state alive.
   const std::shared_ptr<Impl> owner = block.m_pool;
   auto& im = *owner;
+  im.check_here("free");  // a forked child's copy of a parent's Block: the parent's, which this free would not touch
   const BlockRef ref = block.m_ref;
   // A member registers the control block at its first stream-ordered free. When that fails, the free fails and the
   // caller keeps the Block: freeing it at once could hand its memory out while the stream still uses it.

@@ -155,6 +155,13 @@ struct Semaphore::Impl {
   }
 
   Status poison_status(std::uint64_t v) const noexcept { return poison_status_of(*block, v); }
+
+  /// Whether this signaller's entry was joined by this process: a forked child's copy of its parent's handle holds
+  /// the parent's entry, and its signals are refused (the child is no signaller: open the semaphore again there).
+  bool signaller_here() const noexcept {
+    return role == SemaphoreRole::Signaller && member != proto::kNoMember &&
+           core::joined_here(core::Membership{member, token, forks});
+  }
 };
 
 namespace {
@@ -240,7 +247,7 @@ SemaphoreStats Semaphore::stat(std::string_view name) {
 
 Status Semaphore::signal(StreamHandle stream, std::uint64_t value, bool wake_host) noexcept {
   GPUIPC_TRACE("gpuipc::Semaphore::signal");
-  if (!m_impl || m_impl->role != SemaphoreRole::Signaller || m_impl->device_value == 0 || value > kSemaphoreMaxValue) {
+  if (!m_impl || !m_impl->signaller_here() || m_impl->device_value == 0 || value > kSemaphoreMaxValue) {
     return Status::InvalidState;
   }
   if (auto st = m_impl->poison_status(atomic(m_impl->block->value).load(std::memory_order_acquire)); st != Status::Ok) {
@@ -287,7 +294,7 @@ Status Semaphore::wait(StreamHandle stream, std::uint64_t value) noexcept {
 
 Status Semaphore::signal_host(std::uint64_t value) noexcept {
   GPUIPC_TRACE("gpuipc::Semaphore::signal_host");
-  if (!m_impl || m_impl->role != SemaphoreRole::Signaller || value > kSemaphoreMaxValue) return Status::InvalidState;
+  if (!m_impl || !m_impl->signaller_here() || value > kSemaphoreMaxValue) return Status::InvalidState;
   return status_of(shm::semaphore_raise(*m_impl->block, value));
 }
 

@@ -56,11 +56,14 @@ TEST(ForkedHandles, ASemaphoreIsNotPoisonedWhileItsSignallerLives) {
   auto sem = Semaphore::create(name, {.initial = 1, .kind = SegmentKind::Host, .device = 0, .mode = 0600});
   auto waiter = Semaphore::open(name, {.role = SemaphoreRole::Waiter});
   EXPECT_EQ(run_child([&] {
+              // Not the child's to signal: it is no signaller (the parent's value moved, silently, before).
+              GPUIPC_CHILD_CHECK(sem.signal_host(5) == Status::InvalidState);
               close_copy(sem);
               close_copy(waiter);
               return 0;
             }),
             0);
+  EXPECT_EQ(sem.value(), 1U);
   // The parent is still the semaphore's signaller: its signal arrives, and nobody was told it left.
   EXPECT_EQ(sem.signal_host(2), Status::Ok);
   const auto r = waiter.wait_host(2, 0ns);
@@ -112,6 +115,10 @@ TEST(ForkedHandles, APoolsBlocksStayTheParentsUntilItFreesThem) {
               GPUIPC_CHILD_CHECK(fails_with([&] { pool.hold(block.ref()); }, ErrorCode::InvalidState, "forked"));
               Block other;
               GPUIPC_CHILD_CHECK(pool.try_allocate(16, 256, other) == Status::InvalidState);
+              // Its free is refused too (it returned, freeing nothing), and the Block stays for close_copy.
+              GPUIPC_CHILD_CHECK(fails_with([&] { pool.free(std::move(block), nullptr); }, ErrorCode::InvalidState,
+                                            "forked"));
+              GPUIPC_CHILD_CHECK(static_cast<bool>(block));
               close_copy(block);  // the Block's destructor frees a block of the child's own, not this one
               close_copy(pool);
               return 0;
