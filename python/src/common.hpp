@@ -88,11 +88,17 @@ void mark_interpreter_exiting() noexcept;
 
 /// nb::gil_scoped_release, except that a thread that would take the GIL back once the interpreter is exiting parks
 /// (park_until_exit) instead.
+/// How many threads are in gpuipc calls without the GIL now (GilReleased), parked ones included.
+inline std::atomic<int> g_threads_without_gil{0};
+
 class GilReleased {
  public:
-  GilReleased() noexcept : m_state(PyEval_SaveThread()) {}
+  GilReleased() noexcept : m_state(PyEval_SaveThread()) {
+    g_threads_without_gil.fetch_add(1, std::memory_order_relaxed);
+  }
   ~GilReleased() {
-    if (must_not_take_the_gil()) park_until_exit();
+    if (must_not_take_the_gil()) park_until_exit();  // (still counted: it keeps what its call holds)
+    g_threads_without_gil.fetch_sub(1, std::memory_order_relaxed);
     PyEval_RestoreThread(m_state);
   }
   GilReleased(const GilReleased&) = delete;

@@ -111,10 +111,15 @@ NB_MODULE(_gpuipc, m) {
       "_exiting",
       []() {
         py::mark_interpreter_exiting();
-        // A thread whose wait ended just before, and that waits for the GIL already, takes it now (it then parks
-        // in its next wait) rather than at finalization, which would end it with pthread_exit.
-        py::GilReleased unlocked;
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        {
+          // A thread whose wait ended just before, and that waits for the GIL already, takes it now (it then parks
+          // in its next wait) rather than at finalization, which would end it with pthread_exit.
+          py::GilReleased unlocked;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        // A thread parked in a call keeps that call's objects (the handle it waits on) to the end, as documented:
+        // nanobind would report them at exit as leaks "likely caused by a reference counting issue".
+        if (py::g_threads_without_gil.load(std::memory_order_relaxed) > 0) nanobind::set_leak_warnings(false);
       },
       "Internal: gpuipc's atexit hook. Threads waiting in gpuipc from now on park instead of taking the GIL back.");
   m.def(
