@@ -411,9 +411,23 @@ void bind_channel(nb::module_& m) {
           "receive",
           [](PyChannel& c, std::uintptr_t stream, std::optional<double> timeout) {
             MessageView msg;
-            const Locked g = wait_locked(c, timeout, "receive", [&](Channel& ch, std::chrono::nanoseconds slice) {
-              return ch.receive(to_stream(stream), slice, msg);
-            });
+            const Locked g = [&] {
+              try {
+                return wait_locked(c, timeout, "receive", [&](Channel& ch, std::chrono::nanoseconds slice) {
+                  return ch.receive(to_stream(stream), slice, msg);
+                });
+              } catch (const StatusError& e) {
+                // The generic text lists five causes; a consumer holding every slot's message is the likely one.
+                if (e.status() != Status::InvalidState || !c.state) throw;
+                const Locked held = lock(c);
+                if (held.ch().role() != ChannelRole::Consumer || held.ch().held() < held.ch().slots()) throw;
+                throw StatusError(Status::InvalidState,
+                                  fmt::format("receive on channel '{}': this handle holds a message in each of its "
+                                              "{} slots; release one first (one released ahead of older ones is "
+                                              "held until they are)",
+                                              held.ch().name(), held.ch().slots()));
+              }
+            }();
             const bool gpu = g.ch().kind() == SegmentKind::Device;
             const std::uintptr_t address = gpu ? msg.device_pointer : reinterpret_cast<std::uintptr_t>(msg.data);
             auto view = ArrayView::bytes(owner_of(g, address), address, msg.size, true, gpu ? kDLCUDA : kDLCPU,

@@ -105,6 +105,19 @@ def test_publish_array_refuses_a_dimension_that_is_no_integer(name):
             rx.recv(timeout=0)  # the slot was given up, not published
 
 
+def test_a_consumer_holding_every_slot_is_told_so(name):
+    with _host_channel(name, slots=2) as tx, gpuipc.Channel.open(name, "consumer") as rx:
+        tx.send(np.arange(2))
+        tx.send(np.arange(2))
+        held = [rx.recv(timeout=1), rx.recv(timeout=1)]
+        tx.close()
+        with pytest.raises(gpuipc.InvalidState, match="holds a message in each of its 2 slots; release one first"):
+            rx.recv(timeout=0)
+        held[0].release()
+        held[1].release()
+        assert list(rx) == []  # the producers left: iteration ends
+
+
 def test_recv_skips_an_aborted_message_behind_a_held_one(name):
     # recv released the aborted message it skipped while the caller held an older one: InvalidState about a message
     # the caller never saw, and the handle held the aborted one for good.
