@@ -1,7 +1,8 @@
 // gpuipc._gpuipc.Channel: gpuipc::Channel with interruptible waits and views that keep the slot memory mapped,
 // and the array header's layout (include/gpuipc/array_header.hpp) for python/gpuipc/_array_header.py.
 // python/gpuipc/channel.py wraps it (send/recv, message objects). What a handle holds is core's (Channel::held):
-// neither this file nor channel.py keeps a copy.
+// neither this file nor channel.py keeps a copy; this file keeps only which of those a thread has already published
+// or released ahead of older ones (ChannelState::early), which the core Channel does not allow.
 #include <fmt/ranges.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
