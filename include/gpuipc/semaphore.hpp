@@ -84,9 +84,9 @@ class Semaphore {
   /// it implicitly waits for are idle; on the legacy default stream, an event recorded there completes within
   /// 100 us), the value is raised from the host instead, as signal_host does, which wakes host waiters some 100 us
   /// sooner (docs/semaphores.md). Returns Ok, PeerDied/Closed (poisoned), InvalidState (a waiter, a forked child's
-  /// copy of its parent's handle, a host-kind semaphore, or value > kSemaphoreMaxValue). Does not allocate or throw. `stream` nullptr (here and in wait):
-  /// the legacy default stream of the calling thread's current context, whichever GPU registered the page (the
-  /// options' `device`, made current, on a thread with none).
+  /// copy of its parent's handle, a host-kind semaphore, or value > kSemaphoreMaxValue). Does not allocate or throw.
+  /// `stream` nullptr (here and in wait): the legacy default stream of the calling thread's current context,
+  /// whichever GPU registered the page (the options' `device`, made current, on a thread with none).
   Status signal(StreamHandle stream, std::uint64_t value, bool wake_host = false) noexcept;
   /// Stream-ordered: work enqueued on `stream` after this waits until the value reaches `value`
   /// (cuStreamWaitValue64, GEQ). A poison releases the wait. Returns Ok, PeerDied/Closed (already poisoned:
