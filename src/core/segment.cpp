@@ -7,6 +7,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "base/format.hpp"
 #include "base/log.hpp"
 #include "core/client.hpp"
 #include "core/gpu_memory.hpp"
@@ -37,12 +38,7 @@ std::string check_name_or_throw(std::string_view name) {
   auto why = proto::check_name(name);
   if (!why.empty()) {
     // The name as printable text: a NUL in it cut what() short, and control bytes reached the terminal.
-    std::string shown;
-    for (const char c : name.substr(0, 200)) {
-      const auto u = static_cast<unsigned char>(c);
-      shown += u >= 0x20 && u < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", u);
-    }
-    if (name.size() > 200) shown += "...";
+    const std::string shown = printable(name, 200);
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("invalid segment name '{}': {} (use 1-{} characters of A-Z a-z 0-9 . _ -, not starting "
                             "with '.' or '-')",

@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "gpuipc/error.hpp"
+#include "gpuipc/format.hpp"
 
 namespace gpuipc::cli {
 
@@ -76,23 +77,6 @@ inline CLI::Validator seconds_between(double lo, double hi = std::numeric_limits
       "SECONDS", "Seconds");
 }
 
-/// `word` as it may be shown on a terminal: printable ASCII as is, other bytes as \xNN, at most 64 bytes of it
-/// (a command line may hold escape sequences, or be very long).
-inline std::string shown_word(std::string_view word) {
-  constexpr std::size_t kMaxShown = 64;
-  std::string out;
-  for (const char c : word.substr(0, kMaxShown)) {
-    const auto b = static_cast<unsigned char>(c);
-    if (b >= 0x20 && b < 0x7f && b != '\\') {
-      out += c;
-    } else {
-      out += fmt::format("\\x{:02x}", b);
-    }
-  }
-  if (word.size() > kMaxShown) out += fmt::format("... ({} bytes)", word.size());
-  return out;
-}
-
 /// When the command line ended without the subcommand that `app` (or the subcommand given) needs but left a word
 /// over (`gpuipc bogus`, `gpuipc mps strat`, `gpuipc --json`), prints "unknown command" or "unknown option" naming it
 /// and the commands there, and returns true. CLI11 would say only that a subcommand is required.
@@ -109,7 +93,7 @@ inline bool unknown_command(CLI::App& app) {
   std::string path = at->get_name();
   for (const CLI::App* up = at->get_parent(); up != nullptr; up = up->get_parent()) path = up->get_name() + " " + path;
   const bool option = rest.front()[0] == '-';
-  std::cerr << "gpuipc: unknown " << (option ? "option" : "command") << " '" << shown_word(rest.front()) << "' for '"
+  std::cerr << "gpuipc: unknown " << (option ? "option" : "command") << " '" << printable(rest.front(), 64) << "' for '"
             << path << "'" << (option ? " (a command's options go after the command)" : "") << "; the commands are "
             << names << " (" << path << " --help)\n";
   return true;
