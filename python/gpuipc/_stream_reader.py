@@ -132,6 +132,7 @@ class StreamReader:
         self._mapped: Dict[int, Any] = {}
         #: Names the last receive() skipped (sent, but not in its ``into``).
         self.skipped: List[str] = []
+        self._mem: Optional[np.ndarray] = None  # the control segment's bytes
         self._seg = Segment.open(name, readonly=True, wait=wait)
         try:
             mem = self._seg.as_array("uint8")
@@ -670,6 +671,8 @@ class StreamReader:
         if self._pool is not None:
             self._pool.close()
         self._seg.close()
+        self._mem = None  # (an array of the control segment keeps it mapped)
+        self._mapped.clear()
 
     def __enter__(self) -> "StreamReader":
         return self

@@ -22,7 +22,7 @@ from . import _gpuipc, _index
 from ._dtypes import dlpack_of_name, dtype_of
 from ._names import unlink_names
 from ._tensorinfo import DL_CUDA, TensorInfo, describe
-from .errors import AlreadyExists, Error, InvalidArgument, NotFound, PeerDied, PermissionDenied
+from .errors import AlreadyExists, Closed, Error, InvalidArgument, NotFound, PeerDied, PermissionDenied
 from .pool import Block, BlockRef, Pool, find_block
 from .segment import Segment
 
@@ -307,7 +307,15 @@ class SharedTensors:
     @property
     def tensors(self) -> Dict[str, Any]:
         """This process's views of the shared memory (the packed copies, or the adopted blocks), writable."""
+        self._check_open()
         return self._views(self._blocks)
+
+    _what = "shared tensors", "share them"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Closed(f"{self._what[0]} {self.name!r}: this handle was closed (close() or with); {self._what[1]} "
+                         "again to use it")
 
     def _teardown(self) -> None:
         for b, st in zip(self._blocks, self._plan.storages):
@@ -329,10 +337,16 @@ class SharedTensors:
         self._close_handles()
 
     def _close_handles(self) -> None:
+        """Closes the handles and drops every reference to their memory: a mapping lives while an array or a Block
+        of it does, so the packed copies, the pool's chunks and the index leave this process here, not when this
+        object is collected (arrays the caller took from :attr:`tensors` keep theirs)."""
         if self._index_seg is not None:
             self._index_seg.close()
         if self._pool is not None:
             self._pool.close()
+        self._blocks = [None] * len(self._blocks)
+        self._mem = None
+        self._index_seg = None
 
     def __enter__(self) -> "SharedTensors":
         return self

@@ -44,6 +44,8 @@ class Publisher(SharedTensors):
     """What :func:`publish_tensors` returns. Write new weights into :attr:`tensors` (versions=1: the live memory;
     versions=2: the back buffer), then :meth:`update`; or call :meth:`update_from` with a state dict."""
 
+    _what = "publisher", "publish"
+
     def __init__(self, name: str, tensors: Mapping[str, Any], versions: int, mode: int, kind: Optional[str]) -> None:
         if type(versions) is not int or versions not in (1, 2):  # (2.0 and True are "in" (1, 2) too)
             raise InvalidArgument(f"versions must be 1 (in place) or 2 (double buffered), not {versions!r}")
@@ -98,6 +100,7 @@ class Publisher(SharedTensors):
                 self._made.remove((what, n))
         if self._sem is not None:
             self._sem.close()
+            self._sem = None
         super()._teardown()
 
     @property
@@ -152,6 +155,7 @@ class Publisher(SharedTensors):
         """Writable views to put the next version in: versions=1 the live memory, versions=2 the back buffer
         (holding a copy of the current version at first). versions=2: take them again after each update(); views
         from before it are of the version just published, and after the next one of freed memory."""
+        self._check_open()
         if self._versions == 1:
             return self._views(self._blocks)
         return self._views(list(self._ensure_back(copy_front=True)))
@@ -159,8 +163,7 @@ class Publisher(SharedTensors):
     def update(self, stream: Any = None) -> int:
         """Publishes the next version once the new weights are in place and returns its number. stream: device
         pools: signal in stream order after the work that wrote them (None: from the host, now)."""
-        if self._closed or self._sem is None:
-            raise Closed(f"publisher {self.name!r}: this handle was closed (close() or with); publish again to use it")
+        self._check_open()
         handle = stream_handle(stream)  # a bad stream raises here, before anything is published
         v = self._version + 1
         if self._versions == 2:
@@ -184,8 +187,7 @@ class Publisher(SharedTensors):
         place, then :meth:`update`. Tensors it leaves out keep their values. The copies follow ``stream`` (None:
         torch's current stream on the values' device, for torch tensors) and are done when this returns. Raises
         InvalidArgument for unknown names, or another dtype or shape."""
-        if self._closed or self._sem is None:
-            raise Closed(f"publisher {self.name!r}: this handle was closed (close() or with); publish again to use it")
+        self._check_open()
         # Every entry is checked before anything is written: a bad one leaves the live memory (versions=1) and the
         # back buffer (versions=2) as they were.
         known = {t["name"]: t for t in self._index.tensors}
@@ -412,8 +414,7 @@ class Reader:
         self._last = None
         self._sem.close()
         self._opened.close()
-        if self._owns_seg:
-            self._seg.close()
+        self._let_go_of_index()
 
     def __enter__(self) -> "Reader":
         return self

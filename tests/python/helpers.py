@@ -17,6 +17,13 @@ import gpuipc
 from gpuipc import _index
 
 
+def mapped(name: str) -> List[str]:
+    """The mappings of this process of ``name`` and of the names made from it (NAME.pool.chunk.0, ...): a host
+    object's memory is a memfd named gpuipc:NAME (Linux)."""
+    with open("/proc/self/maps") as f:
+        return sorted(line.split()[5] for line in f if f"/memfd:gpuipc:{name}" in line)
+
+
 def drop_privileges() -> None:
     """Become uid/gid 65534 (nobody) for good."""
     os.setgroups([])

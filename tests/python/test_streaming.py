@@ -665,6 +665,15 @@ def test_reader_close_lets_the_publishers_blocks_go(name):
         assert pool.stats()["live_blocks"] == 0
 
 
+def test_a_readers_close_unmaps_the_stream(name):
+    with gpuipc.stream_publisher(name, 4096, 2, kind="host"):
+        before = helpers.mapped(name)
+        rd = gpuipc.stream_reader(name)
+        assert len(helpers.mapped(name)) > len(before)
+        rd.close()  # the control segment's array kept it mapped until the reader was collected
+        assert helpers.mapped(name) == before
+
+
 def test_killed_reader_does_not_hold_finish(name):
     ctx = multiprocessing.get_context("spawn")
     with gpuipc.Pool.create(name + ".src", kind="host", chunk_bytes=1 << 20, max_bytes=4 << 20) as pool, \

@@ -143,6 +143,36 @@ def test_views_hold_their_memory_after_close(name):
     del got
 
 
+@pytest.mark.parametrize("versions", [0, 1, 2])
+def test_close_gives_the_memory_back_before_the_object_goes(name, versions):
+    """close() unmaps the index, the pool and its chunks in this process at once: the object kept them (its Blocks,
+    the index's array) until it was collected, GPU memory on device kinds."""
+    a = {"w": np.arange(1000, dtype=np.float32), "b": np.ones(10, dtype=np.int64)}
+    shared = gpuipc.share_tensors(name, a) if versions == 0 else gpuipc.publish_tensors(name, a, versions=versions)
+    if versions:
+        shared.update()
+    kept = shared.tensors["w"]  # the caller's array keeps its own memory
+    assert any(".pool.chunk." in m for m in helpers.mapped(name))
+    shared.close()
+    left = helpers.mapped(name)  # the pool that `kept` is a Block of (its control segment and chunks), only
+    assert left[0] == f"/memfd:gpuipc:{name}.pool" and all(".pool.chunk." in m for m in left[1:]), left
+    assert float(kept[999]) == 999.0
+    del kept
+    assert helpers.mapped(name) == []
+    with pytest.raises(gpuipc.Closed, match="this handle was closed"):
+        shared.tensors
+
+
+def test_a_readers_close_gives_the_index_back(name):
+    with gpuipc.publish_tensors(name, {"w": np.arange(10.0)}):
+        before = helpers.mapped(name)
+        reader = gpuipc.open_tensors(name, versioned=True)
+        assert float(reader.tensors["w"][9]) == 9.0
+        assert len(helpers.mapped(name)) > len(before)
+        reader.close()
+        assert helpers.mapped(name) == before
+
+
 def test_wait_for_the_name(name, start):
     fut = start(helpers.share_later, name, 0.5)
     got = gpuipc.open_tensors(name, wait=30)
